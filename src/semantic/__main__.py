@@ -1,0 +1,7 @@
+"""`python -m semantic` is the `semantic` command."""
+
+import sys
+
+from semantic.cli import main
+
+sys.exit(main())

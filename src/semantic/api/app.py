@@ -1,0 +1,66 @@
+"""The HTTP application: routes, error handlers, request ids, and the engine's lifetime."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from semantic import __version__
+from semantic.api import errors, openai
+from semantic.config import Settings
+from semantic.engine.engine import Engine
+
+
+def create_app(engine: Engine, settings: Settings) -> FastAPI:
+    """The app serves `engine`; it starts the engine thread on startup and stops it on
+    shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    app = FastAPI(title="semantic", version=__version__, lifespan=lifespan)
+    app.state.engine = engine
+    app.state.settings = settings
+    app.state.started_at = time.time()
+    errors.install(app)
+    app.middleware("http")(_request_id)
+    app.include_router(openai.router)
+    app.add_api_route("/health/live", _live, methods=["GET"])
+    app.add_api_route("/health/ready", _ready, methods=["GET"])
+    return app
+
+
+async def _request_id(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    """Every request gets an id, echoed in the headers both SDK families read."""
+    request_id = f"req_{uuid.uuid4().hex}"
+    request.state.request_id = request_id
+    response = await call_next(request)
+    response.headers["request-id"] = request_id
+    response.headers["x-request-id"] = request_id
+    return response
+
+
+async def _live() -> dict[str, str]:
+    return {"status": "alive"}
+
+
+async def _ready(request: Request) -> Response:
+    engine: Engine = request.app.state.engine
+    body: dict[str, Any] = {"model": engine.model.name, **asdict(engine.stats())}
+    if not engine.alive:
+        return JSONResponse({"status": "not ready", **body}, status_code=503)
+    return JSONResponse({"status": "ready", **body})

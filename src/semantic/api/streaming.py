@@ -1,0 +1,106 @@
+"""Server-sent events for every API: framing, keep-alive, and abort when the client goes away.
+
+The one place that knows SSE bytes (PROTOCOLS.md §4). Protocol modules hand it an async
+iterator of already-framed events and get a response back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+T = TypeVar("T")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
+
+
+def _compact(payload: dict[str, Any]) -> str:
+    # One line of JSON: a raw newline inside `data:` would split the event.
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+
+
+def data_event(payload: dict[str, Any]) -> str:
+    """An unnamed event (OpenAI chunks)."""
+    return f"data: {_compact(payload)}\n\n"
+
+
+def named_event(name: str, payload: dict[str, Any]) -> str:
+    """A named event (Anthropic: the SDKs select events by name)."""
+    return f"event: {name}\ndata: {_compact(payload)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"
+KEEP_ALIVE = ": keep-alive\n\n"
+
+
+async def with_keep_alive(
+    events: AsyncIterator[str], interval_s: float, keep_alive: str = KEEP_ALIVE
+) -> AsyncIterator[str]:
+    """Pass `events` through, inserting `keep_alive` whenever none came for `interval_s`
+    (a long prefill must not look like a dead connection). Closing this closes `events`."""
+    pending: asyncio.Task[str] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield keep_alive
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield event
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await pending
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def sse_response(
+    events: AsyncIterator[str], headers: dict[str, str] | None = None
+) -> StreamingResponse:
+    """Stream framed events. Starlette cancels the iteration when the client disconnects, which
+    closes the engine's event stream and so aborts the request."""
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={**SSE_HEADERS, **(headers or {})}
+    )
+
+
+class ClientGone(Exception):
+    """The client disconnected before a non-streaming response was ready."""
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and so aborting its generation) if the client disconnects
+    first. Non-streaming responses need this: nothing else notices a vanished client."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise ClientGone()
+    finally:
+        for pending in (task, watcher):
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,58 @@
+"""A deterministic runner with no tensors, for scheduler, engine and API tests.
+
+Its "KV cache" is the token id stored in each slot, and its next token is a hash of the context
+it reads back through the block table. So a wrong block table, a slot written by the wrong
+sequence or a lost chunk changes the output, exactly as it would corrupt a real model's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from semantic.core import Batch, BatchItem, CacheSpec
+
+
+class FakeRunner:
+    def __init__(
+        self,
+        *,
+        num_blocks: int = 64,
+        block_tokens: int = 16,
+        vocab_size: int = 1000,
+        first_token_id: int = 0,
+        fail_on_token: int | None = None,
+    ) -> None:
+        """Tokens are drawn from `first_token_id .. vocab_size - 1` (keep special ids below it);
+        a step whose input contains `fail_on_token` raises, to test failure paths."""
+        self.cache_spec = CacheSpec(1, 1, 1, "float32", block_tokens)
+        self.num_blocks = num_blocks
+        self.vocab_size = vocab_size
+        self.first_token_id = first_token_id
+        self.fail_on_token = fail_on_token
+        self.slots: list[int | None] = [None] * (num_blocks * block_tokens)
+        self.steps: list[Batch] = []
+
+    def run(self, batch: Batch) -> list[int | None]:
+        self.steps.append(batch)
+        if self.fail_on_token is not None and any(
+            self.fail_on_token in item.token_ids for item in batch.items
+        ):
+            raise RuntimeError("injected runner failure")
+        for item in batch.items:
+            for offset, token in enumerate(item.token_ids):
+                self.slots[self._slot(item, item.start_pos + offset)] = token
+        return [self._next_token(item) if item.sample else None for item in batch.items]
+
+    def _slot(self, item: BatchItem, position: int) -> int:
+        block_tokens = self.cache_spec.block_tokens
+        return item.block_table[position // block_tokens] * block_tokens + position % block_tokens
+
+    def _next_token(self, item: BatchItem) -> int:
+        end = item.start_pos + len(item.token_ids)
+        context = [self.slots[self._slot(item, position)] for position in range(end)]
+        digest = hashlib.blake2b(repr(context).encode(), digest_size=8).digest()
+        span = self.vocab_size - self.first_token_id
+        token = self.first_token_id + int.from_bytes(digest, "little") % span
+        while token in item.suppress_token_ids:
+            token = self.first_token_id + (token + 1 - self.first_token_id) % span
+        return token

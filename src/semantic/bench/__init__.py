@@ -1,0 +1,9 @@
+"""`semantic bench`: the multi-agent, multi-turn benchmark of any OpenAI-compatible server, with
+the same model through `transformers` `generate()` as its baseline (SPEC §10)."""
+
+from __future__ import annotations
+
+from semantic.bench.report import BenchResult
+from semantic.bench.run import BenchOptions, run_bench
+
+__all__ = ["BenchOptions", "BenchResult", "run_bench"]

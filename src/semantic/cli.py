@@ -1,0 +1,168 @@
+"""The `semantic` command, and the only wiring: settings → model → runner → engine → app.
+
+Every `Settings` field is a flag here (`--cache-budget-mb`); only flags given on the command line
+are passed on, so the environment, `.env` and the TOML file still apply beneath them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import typing
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from semantic import __version__
+from semantic.config import Settings
+from semantic.errors import SemanticError
+
+if TYPE_CHECKING:
+    from semantic.engine.engine import Engine
+
+log = logging.getLogger("semantic")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (SemanticError, ValidationError) as exc:
+        print(f"semantic: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="semantic", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"semantic {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    serve = verbs.add_parser("serve", help="start the HTTP server")
+    _add_settings_flags(serve)
+    serve.set_defaults(handler=_serve)
+
+    config = verbs.add_parser("config", help="print the effective settings")
+    _add_settings_flags(config)
+    config.set_defaults(handler=_config)
+
+    models = verbs.add_parser("models", help="list the models that can be served")
+    _add_settings_flags(models)
+    models.set_defaults(handler=_models)
+
+    bench = verbs.add_parser("bench", help="benchmark an OpenAI-compatible server")
+    from semantic.bench.cli import add_bench_arguments
+
+    add_bench_arguments(bench)
+    bench.set_defaults(handler=_bench)
+    return parser
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = field.description
+        if field.annotation is bool:
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+            continue
+        choices = _literal_choices(field.annotation)
+        parser.add_argument(
+            flag,
+            default=argparse.SUPPRESS,
+            choices=choices,
+            help=help_text,
+            metavar=None if choices else name.upper(),
+        )
+
+
+def _literal_choices(annotation: Any) -> list[Any] | None:
+    if typing.get_origin(annotation) is typing.Literal:
+        return list(typing.get_args(annotation))
+    return None
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    given = {name: getattr(args, name) for name in Settings.model_fields if hasattr(args, name)}
+    return Settings(**given)
+
+
+def _config(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    for name, value in settings.model_dump().items():
+        print(f"{name} = {value}")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    from semantic.registry import ModelRegistry
+
+    settings = settings_from(args)
+    registry = ModelRegistry()
+    for source in registry.available():
+        marker = "*" if source.name == registry.resolve(settings.model).name else " "
+        print(f"{marker} {source.name:<20} {source.format:<5} {source.path}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from semantic.bench.cli import options_from_args
+    from semantic.bench.run import run_bench
+
+    run_bench(options_from_args(args))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from semantic.api.app import create_app
+
+    settings = settings_from(args)
+    if not settings.is_loopback and not settings.allow_remote:
+        raise SemanticError(
+            f"refusing to bind {settings.host}: it is not a loopback address; "
+            "pass --allow-remote to serve other machines"
+        )
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    engine = build_engine(settings)
+    app = create_app(engine, settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    return 0
+
+
+def build_engine(settings: Settings) -> Engine:
+    """Resolve and load the model, build its runner over a fresh block pool, wrap an engine."""
+    from semantic.backends import create_runner
+    from semantic.engine.engine import Engine
+    from semantic.models.checkpoint import load_checkpoint
+    from semantic.models.served import ServedModel
+    from semantic.registry import ModelRegistry
+
+    source = ModelRegistry().resolve(settings.model)
+    log.info("loading %s from %s", source.name, source.path)
+    checkpoint = load_checkpoint(source.path, progress=sys.stderr.isatty())
+    runner = create_runner(settings, checkpoint.config, checkpoint.weights())
+    context = checkpoint.config.max_position_embeddings
+    served = ServedModel(
+        name=settings.served_model_name or source.name,
+        config=checkpoint.config,
+        tokenizer=checkpoint.tokenizer,
+        chat_template=checkpoint.chat_template,
+        context_length=min(context, settings.max_model_len or context),
+    )
+    log.info(
+        "KV pool: %d blocks of %d tokens (%s)",
+        runner.num_blocks,
+        runner.cache_spec.block_tokens,
+        runner.cache_spec.tag(),
+    )
+    return Engine(runner, served, settings)

@@ -1,0 +1,186 @@
+"""The domain nouns every layer shares: requests, sequences, batches, events, cache geometry.
+
+Standard library only: the engine's pure core and the HTTP layer both import this file.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import time
+from dataclasses import dataclass, field
+
+# Agent ids name files on disk later: letters, digits, '-', '_', '.', never a leading dot.
+AGENT_ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
+
+
+def is_valid_agent_id(agent_id: str) -> bool:
+    return re.fullmatch(AGENT_ID_PATTERN, agent_id) is not None
+
+
+@dataclass(slots=True, frozen=True)
+class CacheSpec:
+    """The geometry of one model's KV cache: what a block holds and how big it is.
+
+    Cache files and prefix hashes are tagged with `tag()`, so a cache written for one geometry is
+    never read into another.
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str  # "bfloat16" | "float16" | "float32"
+    block_tokens: int
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.dtype == "float32" else 2
+
+    @property
+    def bytes_per_block(self) -> int:
+        """K and V for every layer of one block."""
+        per_layer = self.block_tokens * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * per_layer
+
+    def tag(self) -> str:
+        return (
+            f"L{self.num_layers}-kv{self.num_kv_heads}-d{self.head_dim}"
+            f"-{self.dtype}-b{self.block_tokens}"
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    """How to pick each next token and when to stop. `top_k == 0` and `top_p == 1.0` mean off;
+    `temperature == 0.0` means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    max_tokens: int = 256
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # end-of-sequence token, stop token or stop string
+    LENGTH = "length"  # max_tokens or the model's context
+    ABORT = "abort"  # the client went away or cancelled
+    ERROR = "error"  # the engine failed this request
+
+
+@dataclass(slots=True)
+class Request:
+    """One generation request, as the API layer hands it to the engine."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    agent_id: str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
+
+
+@dataclass(slots=True)
+class Sequence:
+    """The engine's state for one request: its tokens, how many have KV in the pool, its blocks.
+
+    Invariant: `num_computed_tokens <= len(token_ids)`, and `block_ids` cover at least
+    `num_computed_tokens` tokens.
+    """
+
+    seq_id: int
+    request: Request
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the cache, not from prefill
+    block_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    first_scheduled_time: float | None = None
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+
+@dataclass(slots=True, frozen=True)
+class BatchItem:
+    """One sequence's share of a step: a prefill chunk or a single decode token.
+
+    `token_ids` sit at positions `start_pos ..`; their K/V go to the slots that `block_table`
+    gives those positions. `sample` says whether the step must return the next token (the last
+    chunk of a prompt, or a decode).
+    """
+
+    seq_id: int
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    sample: bool
+    sampling: SamplingParams
+    num_output_tokens: int  # tokens generated so far: seeds the per-step random stream
+    suppress_token_ids: tuple[int, ...] = ()  # never sample these (end tokens before min_tokens)
+
+
+@dataclass(slots=True, frozen=True)
+class Batch:
+    """What the scheduler hands the runner: plain data, no tensors."""
+
+    items: list[BatchItem]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(item.token_ids) for item in self.items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+@dataclass(slots=True, frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class TokenEvent:
+    """What the engine publishes for a request after a step: new tokens and their text.
+
+    The last event of a request has `finish_reason` and `usage` set; an event with `error` set is
+    also the last one.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: Exception | None = None
+    stop_string: str | None = None  # the stop sequence that ended the output, if one did
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None

@@ -1,0 +1,309 @@
+"""The engine thread: one loop owns the scheduler, the block pool and the runner.
+
+The asyncio side never touches engine state: it sends messages (submit, abort, stop) through a
+queue, and each request's events come back through the callback it was submitted with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from semantic.cache.block_pool import BlockPool
+from semantic.config import Settings
+from semantic.core import FinishReason, Request, Sequence, TokenEvent, Usage
+from semantic.engine.runner import ModelRunner
+from semantic.engine.scheduler import Scheduler
+from semantic.errors import (
+    ContextOverflow,
+    EngineFailure,
+    InvalidRequest,
+    Overloaded,
+    PoolExhausted,
+)
+from semantic.models.served import ServedModel
+from semantic.text.detokenizer import IncrementalDetokenizer, StopMatcher
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[TokenEvent], None]
+
+
+@dataclass(slots=True)
+class _Submit:
+    request: Request
+    sink: EventSink
+
+
+@dataclass(slots=True)
+class _Abort:
+    request_id: str
+
+
+class _Stop:
+    pass
+
+
+@dataclass(slots=True)
+class _Active:
+    """A request the engine is working on, with its text state."""
+
+    seq: Sequence
+    sink: EventSink
+    detokenizer: IncrementalDetokenizer
+    stops: StopMatcher
+
+
+@dataclass(slots=True, frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    blocks_total: int
+    blocks_held: int
+    blocks_cached: int
+
+
+class Engine:
+    """Runs requests to completion, many at a time.
+
+    `stream()` is the asyncio entry point; `submit()` + `run_until_idle()` drive the engine
+    without its thread (tests). Only the engine thread (or the caller of `run_until_idle`) reads
+    or writes the scheduler, the pool and `_active`.
+    """
+
+    def __init__(self, runner: ModelRunner, model: ServedModel, settings: Settings) -> None:
+        self.runner = runner
+        self.model = model
+        self.settings = settings
+        self.pool = BlockPool(runner.num_blocks)
+        self.scheduler = Scheduler(
+            self.pool,
+            block_tokens=runner.cache_spec.block_tokens,
+            max_running=settings.max_running,
+            max_batch_tokens=settings.max_batch_tokens,
+            end_token_ids=model.tokenizer.eos_token_ids,
+        )
+        # A sequence never outgrows the context, nor the whole pool (then it could not run).
+        pool_tokens = runner.num_blocks * runner.cache_spec.block_tokens
+        self.max_seq_tokens = min(model.context_length, pool_tokens)
+        self._inbox: queue.SimpleQueue[_Submit | _Abort | _Stop] = queue.SimpleQueue()
+        self._active: dict[str, _Active] = {}
+        self._seq_ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- the asyncio side ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="semantic-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort what is running and end the thread."""
+        if self._thread is None:
+            return
+        self._inbox.put(_Stop())
+        self._thread.join(timeout)
+        self._thread = None
+
+    def stream(self, request: Request) -> AsyncIterator[TokenEvent]:
+        """Submit `request` and return its events. Raises at once if it can never run; closing
+        the iterator early (a client that went away) aborts the request."""
+        self.check(request)
+        events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def deliver(event: TokenEvent) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        self.submit(request, deliver)
+        return self._events(request.request_id, events)
+
+    async def _events(
+        self, request_id: str, events: asyncio.Queue[TokenEvent]
+    ) -> AsyncIterator[TokenEvent]:
+        finished = False
+        try:
+            while not finished:
+                event = await events.get()
+                finished = event.final
+                yield event
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def check(self, request: Request) -> None:
+        """Refuse a request that could never run: empty, or longer than a sequence can be."""
+        prompt_tokens = len(request.prompt_token_ids)
+        if prompt_tokens == 0:
+            raise InvalidRequest("the prompt is empty")
+        if prompt_tokens < self.max_seq_tokens:
+            return
+        if self.max_seq_tokens == self.model.context_length:
+            raise ContextOverflow(prompt_tokens, 0, self.model.context_length)
+        raise PoolExhausted(
+            f"the prompt has {prompt_tokens} tokens; the KV pool holds at most "
+            f"{self.max_seq_tokens} for one sequence (raise cache_budget_mb)"
+        )
+
+    def submit(self, request: Request, sink: EventSink) -> None:
+        self._inbox.put(_Submit(request, sink))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            blocks_total=self.pool.num_blocks,
+            blocks_held=self.pool.num_held,
+            blocks_cached=self.pool.num_cached,
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- the engine thread -----------------------------------------------------------------
+
+    def run_until_idle(self) -> None:
+        """Step until every message is handled and nothing is left to do (without the thread)."""
+        self.step()
+        while self.scheduler.has_work or not self._inbox.empty():
+            self.step()
+
+    def step(self) -> None:
+        """One engine step: take messages, schedule, run, postprocess, publish."""
+        self._handle_messages()
+        self._expire_waiting()
+        batch = self.scheduler.schedule()
+        if not batch:
+            return
+        try:
+            tokens = self.runner.run(batch)
+        except Exception as exc:
+            log.exception("the runner failed a step of %d sequences", len(batch.items))
+            self._fail([item.seq_id for item in batch.items], exc)
+            return
+        for seq, token in self.scheduler.update(batch, tokens):
+            self._on_token(self._active[seq.request.request_id], token)
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            if not self.scheduler.has_work:
+                self._wait_for_messages()
+            try:
+                self.step()
+            except Exception as exc:  # a bug, not a runner failure: fail what is in flight
+                log.exception("the engine loop failed; failing all requests in flight")
+                self._fail([active.seq.seq_id for active in self._active.values()], exc)
+        for request_id in list(self._active):
+            self._abort(request_id)
+
+    def _wait_for_messages(self) -> None:
+        """Sleep until a message comes, then gather what else arrives within the batch window,
+        so requests sent together start together."""
+        self._handle(self._inbox.get())
+        window_end = time.monotonic() + self.settings.batch_window_ms / 1000
+        while not self._stopping and (remaining := window_end - time.monotonic()) > 0:
+            try:
+                self._handle(self._inbox.get(timeout=remaining))
+            except queue.Empty:
+                return
+
+    def _handle_messages(self) -> None:
+        while not self._stopping:
+            try:
+                self._handle(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _handle(self, message: _Submit | _Abort | _Stop) -> None:
+        if isinstance(message, _Stop):
+            self._stopping = True
+        elif isinstance(message, _Abort):
+            self._abort(message.request_id)
+        else:
+            self._admit(message.request, message.sink)
+
+    def _admit(self, request: Request, sink: EventSink) -> None:
+        seq = Sequence(
+            seq_id=next(self._seq_ids),
+            request=request,
+            token_ids=list(request.prompt_token_ids),
+            num_prompt_tokens=len(request.prompt_token_ids),
+        )
+        tokenizer = self.model.tokenizer
+        self._active[request.request_id] = _Active(
+            seq, sink, IncrementalDetokenizer(tokenizer), StopMatcher(request.sampling.stop)
+        )
+        self.scheduler.add(seq)
+
+    def _on_token(self, active: _Active, token: int) -> None:
+        seq, params = active.seq, active.seq.request.sampling
+        ends = token in params.stop_token_ids or (
+            token in self.scheduler.end_token_ids and not params.ignore_eos
+        )
+        if ends and seq.num_output_tokens > params.min_tokens:
+            self._finish(active, FinishReason.STOP, [token], self._rest_of_text(active))
+            return
+        text, stop_string = active.stops.feed(active.detokenizer.push(token))
+        if stop_string is not None:
+            self._finish(active, FinishReason.STOP, [token], text, stop_string)
+        elif (
+            seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.max_seq_tokens
+        ):
+            self._finish(active, FinishReason.LENGTH, [token], text + self._rest_of_text(active))
+        else:
+            active.sink(TokenEvent(seq.request.request_id, [token], text))
+
+    @staticmethod
+    def _rest_of_text(active: _Active) -> str:
+        """The text held back for lack of context (a partial character or stop string), when
+        generation ends without a stop string."""
+        text, stop_string = active.stops.feed(active.detokenizer.flush())
+        return text if stop_string is not None else text + active.stops.flush()
+
+    def _finish(
+        self,
+        active: _Active,
+        reason: FinishReason,
+        token_ids: list[int],
+        text: str,
+        stop_string: str | None = None,
+        error: Exception | None = None,
+    ) -> None:
+        seq = active.seq
+        self.scheduler.finish(seq, reason)
+        del self._active[seq.request.request_id]
+        usage = Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens)
+        event = TokenEvent(
+            seq.request.request_id, token_ids, text, reason, usage, error, stop_string
+        )
+        active.sink(event)
+
+    def _abort(self, request_id: str) -> None:
+        active = self._active.get(request_id)
+        if active is not None:
+            self._finish(active, FinishReason.ABORT, [], "")
+
+    def _fail(self, seq_ids: list[int], exc: Exception) -> None:
+        error = EngineFailure(f"the engine failed while running this request: {exc}")
+        for active in [a for a in self._active.values() if a.seq.seq_id in seq_ids]:
+            self._finish(active, FinishReason.ERROR, [], "", error=error)
+
+    def _expire_waiting(self) -> None:
+        timeout = self.settings.queue_timeout_s
+        for seq in self.scheduler.expired(timeout):
+            error = Overloaded(f"no room in the KV pool within {timeout:g} s; try again later")
+            self._finish(
+                self._active[seq.request.request_id], FinishReason.ERROR, [], "", None, error
+            )

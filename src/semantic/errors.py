@@ -1,0 +1,55 @@
+"""One exception hierarchy for the whole server; `api/errors.py` maps it onto each protocol."""
+
+from __future__ import annotations
+
+
+class SemanticError(Exception):
+    """Base of every error semantic raises on purpose."""
+
+
+class InvalidRequest(SemanticError):
+    """The client sent something we cannot serve (maps to 400)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ContextOverflow(InvalidRequest):
+    """The prompt plus requested output does not fit the model's context (400)."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+        super().__init__(
+            f"This model's maximum context length is {context_length} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            param="messages",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.context_length = context_length
+
+
+class NotFound(SemanticError):
+    """An unknown model, agent or route (404)."""
+
+
+class Overloaded(SemanticError):
+    """No capacity right now: the queue wait timed out or the server is draining (503/529)."""
+
+
+class PoolExhausted(SemanticError):
+    """A request can never fit the block pool, however long it waits."""
+
+
+class CacheCorrupt(SemanticError):
+    """A cache file failed its checks; it is quarantined and counted as a miss."""
+
+
+class ModelLoadFailed(SemanticError):
+    """Weights, tokenizer or config could not be loaded."""
+
+
+class EngineFailure(SemanticError):
+    """The engine loop raised while running a step; the requests in that step fail with this."""

@@ -1,0 +1,90 @@
+"""A loaded checkpoint: config, tokenizer and chat template at once, weights lazily, any format.
+
+`load_checkpoint` is the one entry point: it dispatches on a GGUF file or a Hugging Face directory,
+and gives backends the same thing either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import track
+
+from semantic.errors import ModelLoadFailed
+from semantic.models.config import ModelConfig
+from semantic.models.gguf import GGUFFile
+from semantic.models.hf import HFDir
+from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
+from semantic.text.tokenizer import Tokenizer
+
+Weights = Callable[[], Iterator[tuple[str, np.ndarray]]]
+
+
+@dataclass(slots=True, frozen=True)
+class Checkpoint:
+    """Everything a backend and the text layer need from one checkpoint.
+
+    `weights()` yields `(Hugging Face name, float32 array)` one tensor at a time, so a backend can
+    convert each to its own dtype and device before the next is read; each call starts over.
+    """
+
+    config: ModelConfig
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+    path: Path
+    weights: Weights
+
+
+def load_checkpoint(path: Path, *, progress: bool) -> Checkpoint:
+    """Open a GGUF file or Hugging Face directory. With `progress`, iterating the weights shows a
+    progress bar when stderr is a terminal."""
+    if path.is_dir():
+        return _load_hf(path, progress)
+    if path.is_file():
+        return _load_gguf(path, progress)
+    raise ModelLoadFailed(f"no model at {path}")
+
+
+def _load_gguf(path: Path, progress: bool) -> Checkpoint:
+    gguf = GGUFFile(path)
+    config = gguf.config()
+    tokenizer = Tokenizer.from_gguf(gguf.metadata)
+
+    def weights() -> Iterator[tuple[str, np.ndarray]]:
+        return _with_progress(gguf.weights(config), gguf.num_tensors, progress)
+
+    return Checkpoint(
+        config, tokenizer, _chat_template(gguf.chat_template, tokenizer), path, weights
+    )
+
+
+def _load_hf(path: Path, progress: bool) -> Checkpoint:
+    hf = HFDir(path)
+    config = hf.config()
+    tokenizer = Tokenizer.from_hf_dir(path, extra_eos_ids=config.eos_token_ids)
+
+    def weights() -> Iterator[tuple[str, np.ndarray]]:
+        return _with_progress(hf.weights(), hf.num_tensors, progress)
+
+    return Checkpoint(config, tokenizer, _chat_template(hf.chat_template, tokenizer), path, weights)
+
+
+def _chat_template(source: str | None, tokenizer: Tokenizer) -> ChatTemplate:
+    return ChatTemplate(
+        source or CHATML_TEMPLATE, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token
+    )
+
+
+def _with_progress(
+    tensors: Iterator[tuple[str, np.ndarray]], total: int, progress: bool
+) -> Iterator[tuple[str, np.ndarray]]:
+    console = Console(stderr=True)
+    if not (progress and console.is_terminal):
+        return tensors
+    return iter(
+        track(tensors, total=total, description="Loading weights", console=console, transient=True)
+    )

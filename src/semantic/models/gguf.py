@@ -1,0 +1,158 @@
+"""Reading a GGUF file: its metadata as a `ModelConfig`, its tensors as Hugging Face-named float32.
+
+Quantized tensors are dequantized with the `gguf` package; llama.cpp's converter renames and, for
+Llama, reorders the Q/K rows, and both are undone here so backends see one naming and layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader, quants
+
+from semantic.errors import ModelLoadFailed
+from semantic.models.config import ModelConfig
+
+# GGUF architecture → Hugging Face model_type, for the families whose GGUF layout we undo.
+_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+# llama.cpp permutes Q/K rows only for these (LlamaModel.modify_tensors in convert_hf_to_gguf).
+_ROPE_PERMUTED = frozenset({"llama"})
+
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+class GGUFFile:
+    """One opened GGUF file. The tensors stay memory-mapped until `weights()` reads them, one at
+    a time, so loading never holds a second full copy of the model."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self._reader = GGUFReader(path)
+        except (OSError, ValueError, IndexError) as exc:  # a truncated file fails in numpy
+            raise ModelLoadFailed(f"{path} is not a readable GGUF file: {exc}") from exc
+        self.path = path
+        # Decoded once: the tokenizer arrays are a few tens of ms, the rest is tiny.
+        self.metadata: dict[str, Any] = {k: f.contents() for k, f in self._reader.fields.items()}
+        self.architecture = str(self.metadata.get("general.architecture"))
+        if self.architecture not in _ARCHITECTURES:
+            raise ModelLoadFailed(
+                f"{path}: GGUF architecture {self.architecture!r} is not supported "
+                f"(supported: {', '.join(sorted(_ARCHITECTURES))})"
+            )
+
+    @property
+    def num_tensors(self) -> int:
+        return len(self._reader.tensors)
+
+    @property
+    def chat_template(self) -> str | None:
+        template = self.metadata.get("tokenizer.chat_template")
+        return str(template) if template else None
+
+    def config(self) -> ModelConfig:
+        """The architecture from `<arch>.*` metadata, named as in Hugging Face `config.json`."""
+        names = {t.name for t in self._reader.tensors}
+        heads = self._arch("attention.head_count")
+        hidden = self._arch("embedding_length")
+        special = [self.metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+        return ModelConfig(
+            model_type=_ARCHITECTURES[self.architecture],
+            vocab_size=self._arch("vocab_size", None)
+            or len(self.metadata["tokenizer.ggml.tokens"]),
+            hidden_size=hidden,
+            intermediate_size=self._arch("feed_forward_length"),
+            num_hidden_layers=self._arch("block_count"),
+            num_attention_heads=heads,
+            num_key_value_heads=self._arch("attention.head_count_kv", None) or heads,
+            head_dim=self._arch("attention.key_length", None)
+            or self._arch("rope.dimension_count", None)
+            or hidden // heads,
+            max_position_embeddings=self._arch("context_length"),
+            rms_norm_eps=self._arch("attention.layer_norm_rms_epsilon", 1e-6),
+            rope_theta=self._arch("rope.freq_base", 10000.0),
+            rope_scaling=self._rope_scaling(),
+            tie_word_embeddings="output.weight" not in names,
+            attention_bias="blk.0.attn_q.bias" in names,
+            bos_token_id=self.metadata.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=tuple(dict.fromkeys(i for i in special if i is not None)),
+        )
+
+    def weights(self, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+        """Every tensor, dequantized to float32, in Hugging Face's name and layout."""
+        for tensor in self._reader.tensors:
+            name = hf_tensor_name(tensor.name)
+            # GGUF lists dims innermost first; numpy wants them outermost first.
+            shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+            array = quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+            # A copy we own: F32 tensors come back as read-only views of the memory map.
+            array = np.require(array, dtype=np.float32, requirements=["C", "W"])
+            yield name, self._undo_rope_permute(name, array, config)
+
+    def _arch(self, key: str, default: Any = ...) -> Any:
+        value = self.metadata.get(f"{self.architecture}.{key}", default)
+        if value is ...:
+            raise ModelLoadFailed(f"{self.path}: GGUF metadata lacks {self.architecture}.{key}")
+        return value
+
+    def _rope_scaling(self) -> dict[str, Any] | None:
+        kind = self._arch("rope.scaling.type", None)
+        if kind in (None, "none"):
+            return None
+        scaling: dict[str, Any] = {"rope_type": kind, "factor": self._arch("rope.scaling.factor")}
+        original = self._arch("rope.scaling.original_context_length", None)
+        if original is not None:
+            scaling["original_max_position_embeddings"] = original
+        return scaling
+
+    def _undo_rope_permute(self, name: str, array: np.ndarray, config: ModelConfig) -> np.ndarray:
+        if self.architecture not in _ROPE_PERMUTED:
+            return array
+        if name.endswith("q_proj.weight"):
+            return unpermute_rope_rows(array, config.num_attention_heads)
+        if name.endswith("k_proj.weight"):
+            return unpermute_rope_rows(array, config.num_key_value_heads)
+        return array
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """`blk.3.attn_q.weight` → `model.layers.3.self_attn.q_proj.weight`, and so on."""
+    base, _, suffix = gguf_name.rpartition(".")
+    parts = base.split(".")
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{suffix}"
+    if base in _GLOBAL_TENSORS:
+        return f"{_GLOBAL_TENSORS[base]}.{suffix}"
+    # e.g. rope_freqs (Llama 3.1 rope scaling), which our model code cannot use yet.
+    raise ModelLoadFailed(f"GGUF tensor {gguf_name!r} is not supported")
+
+
+def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf's `permute` of a Q or K projection: `weight: [heads*head_dim, in]`.
+
+    llama.cpp's RoPE rotates adjacent pairs (2i, 2i+1), Hugging Face's rotates (i, i + head_dim/2),
+    so the converter interleaves each head's two halves; this puts them back.
+    """
+    half = weight.shape[0] // num_heads // 2
+    per_head = weight.reshape(num_heads, half, 2, *weight.shape[1:])
+    return per_head.swapaxes(1, 2).reshape(weight.shape)

@@ -1,0 +1,120 @@
+"""Reading a Hugging Face model directory: `config.json` as a `ModelConfig`, the (possibly sharded)
+`*.safetensors` as float32 numpy arrays, one tensor at a time.
+
+Safetensors files are memory-mapped and parsed here rather than through `safetensors.safe_open`,
+whose numpy mode rejects bfloat16, the dtype most checkpoints ship in; torch is not needed to load.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from semantic.errors import ModelLoadFailed
+from semantic.models.config import ModelConfig
+
+# Safetensors dtypes we can widen to float32; BF16 is read as its raw 16 bits.
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+_INDEX = "model.safetensors.index.json"
+
+
+class HFDir:
+    """One Hugging Face checkpoint directory."""
+
+    def __init__(self, path: Path) -> None:
+        if not (path / "config.json").is_file():
+            raise ModelLoadFailed(f"{path} is not a Hugging Face model directory (no config.json)")
+        self.path = path
+        self.files = _safetensors_files(path)
+
+    @property
+    def num_tensors(self) -> int:
+        return sum(len(_read_header(file)[0]) for file in self.files)
+
+    @property
+    def chat_template(self) -> str | None:
+        """From `chat_template.jinja` (newer saves) or `tokenizer_config.json`."""
+        jinja = self.path / "chat_template.jinja"
+        if jinja.is_file():
+            return jinja.read_text(encoding="utf-8")
+        template = _read_json(self.path / "tokenizer_config.json").get("chat_template")
+        if isinstance(template, list):
+            # Named templates: [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+            named = {entry["name"]: entry["template"] for entry in template}
+            template = named.get("default")
+        return str(template) if template else None
+
+    def config(self) -> ModelConfig:
+        """`config.json`, with `generation_config.json`'s end tokens added to the EOS ids."""
+        try:
+            config = ModelConfig.from_hf(_read_json(self.path / "config.json"))
+        except KeyError as exc:
+            raise ModelLoadFailed(f"{self.path}/config.json lacks {exc}") from exc
+        eos = _read_json(self.path / "generation_config.json").get("eos_token_id")
+        extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        return replace(config, eos_token_ids=tuple(dict.fromkeys([*config.eos_token_ids, *extra])))
+
+    def weights(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Every tensor of every shard, as float32, in file order."""
+        for file in self.files:
+            yield from _read_safetensors(file)
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / _INDEX
+    if index.is_file():
+        weight_map: dict[str, str] = _read_json(index)["weight_map"]
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadFailed(f"{path} has no *.safetensors weights")
+    missing = [str(file) for file in files if not file.is_file()]
+    if missing:
+        raise ModelLoadFailed(f"{path}: weight shards listed in {_INDEX} are missing: {missing}")
+    return files
+
+
+def _read_header(file: Path) -> tuple[dict[str, Any], int]:
+    """The tensor table of a safetensors file and where its data starts.
+
+    Layout: u64 little-endian header length, the JSON header, then the raw tensor bytes.
+    """
+    with file.open("rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header: dict[str, Any] = json.loads(handle.read(length))
+    header.pop("__metadata__", None)
+    return header, 8 + length
+
+
+def _read_safetensors(file: Path) -> Iterator[tuple[str, np.ndarray]]:
+    header, start = _read_header(file)
+    data = np.memmap(file, dtype=np.uint8, mode="r", offset=start)
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        yield name, _to_float32(data[begin:end], entry["dtype"], entry["shape"], name)
+
+
+def _to_float32(raw: np.ndarray, dtype: str, shape: list[int], name: str) -> np.ndarray:
+    if dtype not in _DTYPES:
+        raise ModelLoadFailed(
+            f"tensor {name!r} has dtype {dtype}; only float weights are supported"
+        )
+    array = raw.view(_DTYPES[dtype]).reshape(shape)
+    if dtype == "BF16":
+        # bfloat16 is the top half of a float32: shift the 16 bits up and reinterpret.
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array.astype(np.float32)  # always a copy, so the memory map can close
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data

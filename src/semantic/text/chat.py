@@ -1,0 +1,121 @@
+"""Chat templates: messages and tools → the prompt text, rendered exactly as Hugging Face does.
+
+The environment mirrors transformers' `apply_chat_template` (sandboxed Jinja, trim/lstrip blocks,
+loop controls, `raise_exception`, `strftime_now`, its `tojson`, the `{% generation %}` tag), so the
+prompt and therefore the cached prefix are the ones the model was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from semantic.errors import InvalidRequest, ModelLoadFailed
+
+# For checkpoints that ship no template: ChatML, transformers' historical default.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# The names a message's reasoning arrives under: templates read `reasoning_content`, gpt-oss's
+# reads `thinking`.
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special-token strings it may reference."""
+
+    def __init__(self, source: str, *, bos_token: str | None, eos_token: str | None) -> None:
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ModelLoadFailed(f"the chat template does not compile: {exc}") from exc
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **template_vars: Any,
+    ) -> str:
+        """The prompt text. A template that rejects the conversation (e.g. `raise_exception` on a
+        bad role order) or chokes on its content raises `InvalidRequest` with its message."""
+        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **template_vars}
+        try:
+            return self._template.render(
+                messages=[_normalize(message) for message in messages],
+                tools=tools,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
+        except (jinja2.TemplateError, TypeError) as exc:
+            raise InvalidRequest(f"chat template error: {exc}", param="messages") from exc
+
+
+def _normalize(message: dict[str, Any]) -> dict[str, Any]:
+    """As transformers does: drop None values (templates print them as "None") and copy reasoning
+    under every name templates read it by."""
+    message = {key: value for key, value in message.items() if value is not None}
+    reasoning = next((message[key] for key in _REASONING_FIELDS if key in message), None)
+    if reasoning is not None:
+        message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return message
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}…{% endgeneration %}` marks assistant text for training masks; rendering
+    only needs its body."""
+
+    tags = {"generation"}  # noqa: RUF012 (jinja2's class attribute)
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    # Sandboxed: templates come with downloaded checkpoints and are untrusted code.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own tojson escapes HTML characters and sorts keys; templates expect plain JSON.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)

@@ -1,0 +1,204 @@
+"""The model's tokenizer: text ⇄ token ids, from a `tokenizer.json` or from GGUF metadata.
+
+A thin wrapper over the `tokenizers` library; it adds what the server needs to know about special
+tokens (which ids end a sequence, which ids to hide from the output).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
+from tokenizers.models import BPE
+
+from semantic.errors import ModelLoadFailed
+
+# llama.cpp's `tokenizer.ggml.token_type` values.
+_CONTROL = 3
+_USER_DEFINED = 4
+
+# How each llama.cpp pre-tokenizer (`tokenizer.ggml.pre`) splits text before BPE, where it differs
+# from GPT-2's regex; the same regexes transformers' GGUF conversion uses.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_PRE_TOKENIZER_SPLITS = {
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
+
+
+class Tokenizer:
+    """Encodes text with no special tokens added (chat templates write them) and decodes ids.
+
+    `eos_token_ids` is every id that ends generation (the tokenizer's EOS plus the model's own
+    list); `bos_token`/`eos_token` are the strings chat templates see.
+    """
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        bos_token: str | None,
+        eos_token: str | None,
+        eos_token_ids: Iterable[int],
+        add_bos: bool,
+    ) -> None:
+        self._backend = backend
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.bos_token_id = backend.token_to_id(bos_token) if bos_token else None
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.add_bos = add_bos  # whether a raw (untemplated) prompt should start with BOS
+        added = backend.get_added_tokens_decoder()
+        self._special_ids = frozenset(i for i, token in added.items() if token.special)
+
+    @classmethod
+    def from_hf_dir(cls, path: Path, *, extra_eos_ids: Iterable[int] = ()) -> Tokenizer:
+        """Read `tokenizer.json` and `tokenizer_config.json` from a Hugging Face directory."""
+        tokenizer_file = path / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise ModelLoadFailed(
+                f"{path} has no tokenizer.json (only fast tokenizers are supported)"
+            )
+        backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+        config = _read_json(path / "tokenizer_config.json")
+        bos, eos = _token_content(config.get("bos_token")), _token_content(config.get("eos_token"))
+        eos_id = backend.token_to_id(eos) if eos else None
+        add_bos = config.get("add_bos_token")
+        if add_bos is None:
+            # No flag: the post-processor decides, as it does for `tokenizer(text)` in transformers.
+            bos_id = backend.token_to_id(bos) if bos else None
+            add_bos = bos_id is not None and backend.encode("").ids[:1] == [bos_id]
+        eos_ids = [*([] if eos_id is None else [eos_id]), *extra_eos_ids]
+        return cls(backend, bos_token=bos, eos_token=eos, eos_token_ids=eos_ids, add_bos=add_bos)
+
+    @classmethod
+    def from_gguf(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+        """The byte-level BPE a GGUF describes in its (decoded) `tokenizer.*` metadata."""
+        kind = metadata.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ModelLoadFailed(
+                f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')"
+            )
+        tokens: list[str] = metadata["tokenizer.ggml.tokens"]
+        backend = _byte_level_bpe(tokens, metadata["tokenizer.ggml.merges"])
+        backend.pre_tokenizer = _gguf_pre_tokenizer(metadata.get("tokenizer.ggml.pre"))
+        ids = {key: metadata.get(f"tokenizer.ggml.{key}_token_id") for key in _GGUF_SPECIALS}
+        _add_gguf_added_tokens(backend, tokens, metadata.get("tokenizer.ggml.token_type"), ids)
+        bos_id, eos_id = ids["bos"], ids["eos"]
+        # EOT/EOM end a turn in Llama 3 style templates even where EOS is another token.
+        eos_ids = [i for i in (eos_id, ids["eot"], ids["eom"]) if i is not None]
+        return cls(
+            backend,
+            bos_token=None if bos_id is None else tokens[bos_id],
+            eos_token=None if eos_id is None else tokens[eos_id],
+            eos_token_ids=eos_ids,
+            add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._backend.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` with no BOS/EOS added; special tokens written in it stay whole."""
+        return list(self._backend.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def id_to_token(self, token_id: int) -> str | None:
+        token = self._backend.id_to_token(token_id)
+        return None if token is None else str(token)
+
+    def token_to_id(self, token: str) -> int | None:
+        token_id = self._backend.token_to_id(token)
+        return None if token_id is None else int(token_id)
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special_ids
+
+
+_GGUF_SPECIALS = ("bos", "eos", "unknown", "padding", "eot", "eom")
+
+
+def _byte_level_bpe(tokens: list[str], merges: list[str]) -> tokenizers.Tokenizer:
+    """GPT-2 style BPE over the byte alphabet, the same model transformers builds for a GGUF."""
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    respell = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    # A token written with characters outside the byte alphabet (a raw space, say) is respelled
+    # into it, or BPE could never produce it.
+    vocab = {
+        token if set(token) <= alphabet else respell.pre_tokenize_str(token)[0][0]: index
+        for index, token in enumerate(tokens)
+    }
+    pairs = [(left, right) for left, _, right in (merge.partition(" ") for merge in merges)]
+    model = BPE(vocab=vocab, merges=pairs, continuing_subword_prefix="", end_of_word_suffix="")
+    backend = tokenizers.Tokenizer(model)
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _gguf_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
+    split = _PRE_TOKENIZER_SPLITS.get(pre or "")
+    if split is None:
+        # GPT-2's own regex. llama.cpp's "smollm" also splits digits one by one, but SmolLM2's
+        # merges never join digits, so the ids are the same either way (as in transformers).
+        return pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def _add_gguf_added_tokens(
+    backend: tokenizers.Tokenizer,
+    tokens: list[str],
+    token_types: list[int] | None,
+    special_ids: Mapping[str, int | None],
+) -> None:
+    """Control tokens (and BOS/EOS/UNK/PAD) become special added tokens, user-defined tokens plain
+    added ones: both must match whole in text instead of being cut into pieces by BPE."""
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    types = token_types or []
+    wanted = {i for i, kind in enumerate(types) if kind == _CONTROL}
+    wanted |= {i for i in special_ids.values() if i is not None}
+    # A "control" token spelled outside the byte alphabet is a llama.cpp mislabel; adding it would
+    # grow the vocabulary past the model's embedding, so it is skipped (as transformers does).
+    control = [tokens[i] for i in sorted(wanted) if set(tokens[i]) <= alphabet]
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+    vocab = backend.get_vocab()
+    user = [
+        t for t, kind in zip(tokens, types, strict=True) if kind == _USER_DEFINED and t in vocab
+    ]
+    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def _token_content(token: str | dict[str, Any] | None) -> str | None:
+    """`tokenizer_config.json` writes a special token as a string or as a serialized AddedToken."""
+    if isinstance(token, dict):
+        return str(token["content"])
+    return token

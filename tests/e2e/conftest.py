@@ -1,0 +1,69 @@
+"""A real `semantic serve` subprocess on the default model, shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """A server process and its base URL; the log is kept for failure messages."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        command = [sys.executable, "-m", "semantic", "serve", "--port", str(self.port), *args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/health/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"server not ready after {timeout_s} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def stop(self) -> int:
+        self.process.terminate()
+        try:
+            return self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("server")
+    args = ["--cache-dir", str(root / "cache"), "--cache-budget-mb", "256"]
+    process = Server(args, root / "server.log")
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()

@@ -1,0 +1,212 @@
+"""The OpenAI API end to end: a real server on SmolLM2, the official SDK, and raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import Server
+
+pytestmark = pytest.mark.e2e
+
+PARIS = {
+    "model": "smollm2-135m",
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "temperature": 0,
+}
+
+
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def ask_paris(sdk: openai.OpenAI, **kwargs: Any) -> Any:
+    """The README's question through the SDK, with extra arguments."""
+    return sdk.chat.completions.create(**{**PARIS, **kwargs})
+
+
+def test_the_readme_curl_request_names_paris(server: Server) -> None:
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions", content=json.dumps(PARIS), timeout=60
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert "Paris" in body["choices"][0]["message"]["content"]
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["total_tokens"] == (
+        body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+    )
+    assert response.headers["x-request-id"].startswith("req_")
+
+
+def test_sdk_stream_with_usage_matches_the_non_streamed_answer(server: Server) -> None:
+    sdk = client(server)
+    whole = ask_paris(sdk, max_tokens=24)
+    stream = ask_paris(sdk, max_tokens=24, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert (
+        finishes[-1] == whole.choices[0].finish_reason and finishes.count(None) == len(finishes) - 1
+    )
+    usage_chunks = [c for c in chunks if c.usage is not None]
+    assert len(usage_chunks) == 1 and usage_chunks[0] is chunks[-1] and not chunks[-1].choices
+    assert usage_chunks[0].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_max_tokens_ends_with_finish_reason_length(server: Server) -> None:
+    answer = client(server).chat.completions.create(
+        model="anything",
+        messages=[{"role": "user", "content": "Count to one hundred."}],
+        max_tokens=5,
+        temperature=0,
+    )
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.usage is not None and answer.usage.completion_tokens == 5
+
+
+def test_stop_sequence_cuts_the_text_before_it(server: Server) -> None:
+    sdk = client(server)
+    free = ask_paris(sdk, max_tokens=24).choices[0].message.content or ""
+    assert "Paris" in free
+    cut = ask_paris(sdk, max_tokens=24, stop=["Paris"])
+    assert cut.choices[0].message.content == free[: free.index("Paris")]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible(server: Server) -> None:
+    sdk = client(server)
+    first = ask_paris(sdk, temperature=1.0, seed=1234, max_tokens=16)
+    second = ask_paris(sdk, temperature=1.0, seed=1234, max_tokens=16)
+    assert first.choices[0].message.content == second.choices[0].message.content
+
+
+def test_concurrent_requests_each_get_their_own_answer(server: Server) -> None:
+    questions = [
+        "What is the capital of France?",
+        "What is 2 + 2?",
+        "Name a color.",
+        "What is the capital of Italy?",
+    ]
+    solo = {q: _ask(server, q) for q in questions}
+    results: dict[str, str] = {}
+    threads = [
+        threading.Thread(target=lambda q=q: results.__setitem__(q, _ask(server, q)))
+        for q in questions
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == solo
+
+
+def _ask(server: Server, question: str) -> str:
+    answer = client(server).chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": question}],
+        temperature=0,
+        max_tokens=20,
+    )
+    return answer.choices[0].message.content or ""
+
+
+def test_models_lists_the_loaded_model(server: Server) -> None:
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == ["smollm2-135m"]
+
+
+def test_client_disconnect_mid_stream_aborts_the_request(server: Server) -> None:
+    body = {**PARIS, "stream": True, "max_tokens": 2000, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                break  # the first token arrived: hang up
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        ready = httpx.get(f"{server.url}/health/ready").json()
+        if ready["running"] == 0 and ready["waiting"] == 0:
+            break
+        time.sleep(0.1)
+    assert ready["running"] == 0 and ready["waiting"] == 0
+    assert ready["blocks_held"] == 0
+    assert "Paris" in _ask(server, "What is the capital of France?")
+
+
+LONG = "word " * 9000
+
+BAD_REQUESTS = [
+    ("not json", b"{this is not json"),
+    ("empty messages", {"model": "m", "messages": []}),
+    ("missing messages", {"model": "m"}),
+    ("missing model", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("messages not a list", {"model": "m", "messages": "hi"}),
+    ("content wrong type", {"model": "m", "messages": [{"role": "user", "content": 5}]}),
+    ("unknown role", {"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}),
+    ("negative max_tokens", {**PARIS, "max_tokens": -1}),
+    ("zero max_tokens", {**PARIS, "max_tokens": 0}),
+    ("huge max_tokens", {**PARIS, "max_tokens": 10**9}),
+    ("max_tokens as string", {**PARIS, "max_tokens": "10"}),
+    ("temperature too high", {**PARIS, "temperature": 3}),
+    ("top_p zero", {**PARIS, "top_p": 0}),
+    ("stream not bool", {**PARIS, "stream": "yes"}),
+    ("n above one", {**PARIS, "n": 2}),
+    (
+        "image content",
+        {
+            "model": "m",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                    ],
+                }
+            ],
+        },
+    ),
+    ("bad session id", {**PARIS, "session_id": "../../etc/passwd"}),
+    (
+        "prompt longer than the context",
+        {"model": "m", "messages": [{"role": "user", "content": LONG}]},
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "body"), BAD_REQUESTS, ids=[c for c, _ in BAD_REQUESTS])
+def test_bad_input_gets_a_400_in_the_openai_error_shape(
+    server: Server, case: str, body: object
+) -> None:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        content=content,
+        timeout=60,
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_context_overflow_says_so_in_openai_words(server: Server) -> None:
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        timeout=60,
+        json={"model": "m", "messages": [{"role": "user", "content": LONG}]},
+    )
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert "maximum context length" in response.json()["error"]["message"]
+
+
+def test_unknown_route_is_a_404_in_the_error_shape(server: Server) -> None:
+    response = httpx.get(f"{server.url}/v1/nothing-here")
+    assert response.status_code == 404 and "error" in response.json()

@@ -1,0 +1,140 @@
+"""ChatTemplate: Jinja rendering with Hugging Face's environment, and template errors as 400s."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from semantic.errors import InvalidRequest, ModelLoadFailed
+from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
+
+SMOLLM_LIKE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nDefault system<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def template(source: str, bos: str | None = "<s>", eos: str | None = "</s>") -> ChatTemplate:
+    return ChatTemplate(source, bos_token=bos, eos_token=eos)
+
+
+def test_default_system_prompt_is_added_when_the_conversation_has_none() -> None:
+    rendered = template(SMOLLM_LIKE).render([{"role": "user", "content": "hi"}])
+    assert rendered == (
+        "<|im_start|>system\nDefault system<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_add_generation_prompt_false_ends_after_the_last_message() -> None:
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    rendered = template(SMOLLM_LIKE).render(messages, add_generation_prompt=False)
+    assert rendered == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
+
+
+def test_block_tags_on_their_own_lines_leave_no_blank_lines() -> None:
+    source = (
+        "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n"
+        "{% endif %}\n{% endfor %}"
+    )
+    assert template(source).render([{"role": "user", "content": "a"}]) == "[a]\n"
+
+
+def test_bos_and_eos_tokens_are_template_variables() -> None:
+    rendered = template("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}").render(
+        [{"role": "user", "content": "x"}]
+    )
+    assert rendered == "<s>x</s>"
+
+
+def test_template_vars_reach_the_template_and_override_defaults() -> None:
+    source = "{{ bos_token }}{% if enable_thinking %}think{% endif %}"
+    assert template(source).render([], enable_thinking=True, bos_token="B") == "Bthink"
+
+
+def test_raise_exception_becomes_invalid_request_with_its_message() -> None:
+    source = (
+        "{% if messages[0].role == 'assistant' %}"
+        "{{ raise_exception('Roles must alternate') }}{% endif %}"
+    )
+    with pytest.raises(InvalidRequest, match="Roles must alternate"):
+        template(source).render([{"role": "assistant", "content": "x"}])
+
+
+def test_content_of_the_wrong_type_becomes_invalid_request() -> None:
+    with pytest.raises(InvalidRequest):
+        template(CHATML_TEMPLATE).render([{"role": "user", "content": [{"type": "text"}]}])
+
+
+def test_tojson_keeps_unicode_html_and_key_order() -> None:
+    tools = [{"name": "f", "description": "<b>héllo</b> & more", "a": 1}]
+    rendered = template("{{ tools[0] | tojson }}").render([], tools=tools)
+    assert rendered == '{"name": "f", "description": "<b>héllo</b> & more", "a": 1}'
+
+
+def test_tojson_accepts_indent_and_separators() -> None:
+    source = "{{ tools | tojson(indent=2) }}|{{ tools | tojson(separators=(',', ':')) }}"
+    tools = [{"k": [1, 2]}]
+    assert template(source).render([], tools=tools) == (
+        json.dumps(tools, indent=2) + "|" + json.dumps(tools, separators=(",", ":"))
+    )
+
+
+def test_tools_default_to_none() -> None:
+    assert template("{{ tools is none }}").render([]) == "True"
+
+
+def test_none_valued_message_keys_are_dropped() -> None:
+    source = "{{ messages[0].content is defined }}"
+    assert template(source).render([{"role": "assistant", "content": None}]) == "False"
+
+
+def test_reasoning_is_visible_under_reasoning_content_and_thinking() -> None:
+    source = "{{ messages[0].reasoning_content }}/{{ messages[0].thinking }}"
+    assert template(source).render([{"role": "assistant", "reasoning": "r"}]) == "r/r"
+
+
+def test_loop_controls_are_enabled() -> None:
+    source = (
+        "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
+        "{{ m.content }}{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    assert template(source).render(messages) == "a"
+
+
+def test_generation_tag_renders_its_body() -> None:
+    source = (
+        "{% for m in messages %}{% generation %}<{{ m.content }}>{% endgeneration %}{% endfor %}"
+    )
+    assert template(source).render([{"role": "assistant", "content": "x"}]) == "<x>"
+
+
+def test_strftime_now_is_available() -> None:
+    rendered = template("{{ strftime_now('%Y') }}").render([])
+    assert rendered.isdigit() and len(rendered) == 4
+
+
+def test_sandbox_refuses_to_mutate_the_messages() -> None:
+    with pytest.raises(InvalidRequest):
+        template("{{ messages.append(1) }}").render([])
+
+
+def test_sandbox_refuses_python_internals() -> None:
+    with pytest.raises(InvalidRequest):
+        template("{{ messages.__class__.__mro__ }}").render([])
+
+
+def test_a_template_that_does_not_compile_is_a_load_failure() -> None:
+    with pytest.raises(ModelLoadFailed):
+        template("{% for m in messages %}")
+
+
+def test_chatml_fallback_renders_im_start_blocks() -> None:
+    rendered = template(CHATML_TEMPLATE).render([{"role": "user", "content": "hi"}])
+    assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -1,0 +1,177 @@
+"""The engine over the fake runner: events, stops, failures, aborts, the thread bridge."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from semantic.backends.fake import FakeRunner
+from semantic.config import Settings
+from semantic.core import FinishReason, Request, SamplingParams, TokenEvent
+from semantic.engine.engine import Engine
+from semantic.errors import (
+    ContextOverflow,
+    EngineFailure,
+    InvalidRequest,
+    Overloaded,
+    PoolExhausted,
+)
+from semantic.models.config import ModelConfig
+from semantic.models.served import ServedModel
+from semantic.text.chat import ChatTemplate
+from semantic.text.tokenizer import Tokenizer
+
+CONTEXT = 512
+
+
+@pytest.fixture
+def served(tiny_tokenizer_dir: Path) -> ServedModel:
+    tokenizer = Tokenizer.from_hf_dir(tiny_tokenizer_dir)
+    config = ModelConfig("llama", 400, 8, 16, 1, 1, 1, 8, CONTEXT)
+    return ServedModel(
+        "tiny", config, tokenizer, ChatTemplate("", bos_token=None, eos_token=None), CONTEXT
+    )
+
+
+def make_engine(served: ServedModel, **overrides: object) -> tuple[Engine, FakeRunner]:
+    runner_args: dict[str, object] = {
+        "num_blocks": 32,
+        "block_tokens": 8,
+        "vocab_size": 400,
+        "first_token_id": 3,
+        "fail_on_token": None,
+    }
+    runner_args |= {k: overrides.pop(k) for k in list(overrides) if k in runner_args}
+    runner = FakeRunner(**runner_args)  # type: ignore[arg-type]
+    settings = Settings(max_batch_tokens=32, batch_window_ms=0, **overrides)  # type: ignore[arg-type]
+    return Engine(runner, served, settings), runner
+
+
+def request(i: int, prompt_len: int = 10, **sampling: object) -> Request:
+    prompt = [3 + (i * 13 + k) % 390 for k in range(prompt_len)]
+    params = SamplingParams(**{"temperature": 0.0, "max_tokens": 6, **sampling})  # type: ignore[arg-type]
+    return Request(f"r{i}", prompt, params)
+
+
+def collect(engine: Engine, requests: list[Request]) -> dict[str, list[TokenEvent]]:
+    events: dict[str, list[TokenEvent]] = {r.request_id: [] for r in requests}
+    for r in requests:
+        engine.submit(r, events[r.request_id].append)
+    engine.run_until_idle()
+    return events
+
+
+def test_a_request_streams_its_tokens_then_a_final_event_with_usage(served: ServedModel) -> None:
+    engine, _ = make_engine(served)
+    [events] = collect(engine, [request(0, max_tokens=5)]).values()
+    assert sum(len(e.token_ids) for e in events) == 5
+    final = events[-1]
+    assert final.finish_reason is FinishReason.LENGTH and final.usage is not None
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (10, 5)
+    assert all(not e.final for e in events[:-1])
+    token_ids = [t for e in events for t in e.token_ids]
+    assert "".join(e.text for e in events) == served.tokenizer.decode(token_ids)
+
+
+def test_a_stop_token_ends_the_request_without_its_text(served: ServedModel) -> None:
+    engine, _ = make_engine(served)
+    free = [t for e in collect(engine, [request(0, max_tokens=6)])["r0"] for t in e.token_ids]
+    engine, _ = make_engine(served)
+    stopped = collect(engine, [request(0, max_tokens=6, stop_token_ids=(free[2],))])["r0"]
+    assert [t for e in stopped for t in e.token_ids] == free[:3]
+    assert stopped[-1].finish_reason is FinishReason.STOP and stopped[-1].text == ""
+
+
+def test_min_tokens_keeps_end_tokens_from_being_sampled(served: ServedModel) -> None:
+    engine, runner = make_engine(served)
+    eos = next(iter(served.tokenizer.eos_token_ids))
+    events = collect(engine, [request(0, max_tokens=4, min_tokens=3)])["r0"]
+    sampled = [i for b in runner.steps for i in b.items if i.sample]
+    assert [eos in i.suppress_token_ids for i in sampled] == [True, True, True, False]
+    assert events[-1].usage is not None and events[-1].usage.completion_tokens == 4
+
+
+def test_many_requests_with_aborts_leave_no_block_behind(served: ServedModel) -> None:
+    engine, _ = make_engine(served)
+    rng = random.Random(7)
+    for round_ in range(20):
+        batch = [
+            request(round_ * 10 + i, rng.randint(1, 60), max_tokens=rng.randint(1, 20))
+            for i in range(rng.randint(1, 8))
+        ]
+        for r in batch:
+            engine.submit(r, lambda event: None)
+        for _ in range(rng.randint(0, 6)):
+            engine.step()
+        for r in rng.sample(batch, k=len(batch) // 2):
+            engine.abort(r.request_id)
+        engine.run_until_idle()
+        engine.pool.check_integrity()
+        assert engine.pool.num_held == 0 and not engine.scheduler.has_work
+
+
+def test_a_runner_failure_fails_only_the_requests_in_that_step(served: ServedModel) -> None:
+    engine, _ = make_engine(served, fail_on_token=3 + 5)
+    poisoned = Request("bad", [3 + 5] * 4, SamplingParams(max_tokens=3))
+    events = collect(engine, [poisoned])
+    assert isinstance(events["bad"][-1].error, EngineFailure)
+    assert events["bad"][-1].finish_reason is FinishReason.ERROR
+    healthy = collect(engine, [request(1)])
+    assert healthy["r1"][-1].finish_reason is FinishReason.LENGTH
+    assert engine.pool.num_held == 0
+
+
+def test_a_request_that_waits_past_the_queue_timeout_is_overloaded(served: ServedModel) -> None:
+    engine, _ = make_engine(served, num_blocks=4, queue_timeout_s=0.05)
+    hog = request(0, prompt_len=24, max_tokens=10_000, ignore_eos=True)  # holds every block
+    waiter = request(1, prompt_len=20)
+    events: dict[str, list[TokenEvent]] = {"r0": [], "r1": []}
+    engine.submit(hog, events["r0"].append)
+    engine.step()
+    engine.submit(waiter, events["r1"].append)
+    engine.step()
+    time.sleep(0.1)
+    engine.step()
+    assert isinstance(events["r1"][-1].error, Overloaded)
+    engine.abort("r0")
+    engine.run_until_idle()
+    assert engine.pool.num_held == 0
+
+
+def test_requests_that_can_never_run_are_refused_up_front(served: ServedModel) -> None:
+    engine, _ = make_engine(served)
+    with pytest.raises(InvalidRequest):
+        engine.check(Request("empty", [], SamplingParams()))
+    with pytest.raises(PoolExhausted):
+        engine.check(request(0, prompt_len=32 * 8))  # more than the pool holds
+    big_pool, _ = make_engine(served, num_blocks=1000)
+    with pytest.raises(ContextOverflow):
+        big_pool.check(request(0, prompt_len=CONTEXT))
+
+
+def test_the_thread_streams_events_and_closing_the_stream_aborts(served: ServedModel) -> None:
+    engine, _ = make_engine(served)
+
+    async def scenario() -> tuple[list[TokenEvent], int]:
+        complete = [e async for e in engine.stream(request(0, max_tokens=5))]
+        endless = engine.stream(request(1, max_tokens=10_000, ignore_eos=True))
+        async for _ in endless:
+            break
+        await endless.aclose()  # type: ignore[attr-defined]
+        for _ in range(100):
+            if engine.stats().running == 0:
+                break
+            await asyncio.sleep(0.01)
+        return complete, engine.stats().blocks_held
+
+    engine.start()
+    try:
+        complete, held = asyncio.run(scenario())
+    finally:
+        engine.stop()
+    assert complete[-1].finish_reason is FinishReason.LENGTH
+    assert held == 0

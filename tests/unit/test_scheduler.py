@@ -1,0 +1,129 @@
+"""The scheduler against the fake runner: batching, chunked prefill, admission, preemption."""
+
+from __future__ import annotations
+
+from semantic.backends.fake import FakeRunner
+from semantic.cache.block_pool import BlockPool
+from semantic.core import FinishReason, Request, SamplingParams, Sequence, SequenceStatus
+from semantic.engine.scheduler import Scheduler
+
+
+def make_seq(seq_id: int, prompt_len: int, max_tokens: int = 8) -> Sequence:
+    prompt = [10 + (seq_id * 7 + i) % 50 for i in range(prompt_len)]
+    request = Request(f"r{seq_id}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
+    return Sequence(seq_id, request, list(prompt), prompt_len)
+
+
+def run_to_completion(
+    scheduler: Scheduler, runner: FakeRunner, seqs: list[Sequence]
+) -> dict[int, list[int]]:
+    for seq in seqs:
+        scheduler.add(seq)
+    for _ in range(10_000):
+        if not scheduler.has_work:
+            break
+        batch = scheduler.schedule()
+        assert batch, "work is left but nothing was scheduled"
+        for seq, _token in scheduler.update(batch, runner.run(batch)):
+            if seq.num_output_tokens >= seq.request.sampling.max_tokens:
+                scheduler.finish(seq, FinishReason.LENGTH)
+        scheduler.pool.check_integrity()
+    return {seq.seq_id: seq.output_token_ids for seq in seqs}
+
+
+def make(num_blocks: int = 64, block_tokens: int = 4, max_batch_tokens: int = 16):
+    runner = FakeRunner(num_blocks=num_blocks, block_tokens=block_tokens)
+    pool = BlockPool(num_blocks)
+    scheduler = Scheduler(
+        pool, block_tokens=block_tokens, max_running=8, max_batch_tokens=max_batch_tokens
+    )
+    return scheduler, runner
+
+
+def solo_outputs(lengths: list[int], max_tokens: int = 8) -> dict[int, list[int]]:
+    outputs: dict[int, list[int]] = {}
+    for seq_id, length in enumerate(lengths):
+        scheduler, runner = make()
+        outputs |= run_to_completion(scheduler, runner, [make_seq(seq_id, length, max_tokens)])
+    return outputs
+
+
+def test_batched_sequences_get_the_tokens_they_get_alone() -> None:
+    lengths = [3, 17, 5, 40, 1, 9, 23, 4]
+    scheduler, runner = make()
+    together = run_to_completion(scheduler, runner, [make_seq(i, n) for i, n in enumerate(lengths)])
+    assert together == solo_outputs(lengths)
+    assert max(len(batch.items) for batch in runner.steps) > 1, "nothing was batched"
+    assert scheduler.pool.num_available == scheduler.pool.num_blocks
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes() -> None:
+    scheduler, runner = make(max_batch_tokens=16)
+    short, long = make_seq(0, 3, max_tokens=20), make_seq(1, 60)
+    scheduler.add(short)
+    batch = scheduler.schedule()
+    scheduler.update(batch, runner.run(batch))
+    scheduler.add(long)
+    chunk_sizes = []
+    while long.in_prefill:
+        batch = scheduler.schedule()
+        assert batch.num_tokens <= 16
+        assert any(item.seq_id == short.seq_id for item in batch.items), "decode stalled"
+        chunk_sizes += [len(i.token_ids) for i in batch.items if i.seq_id == long.seq_id]
+        scheduler.update(batch, runner.run(batch))
+    assert sum(chunk_sizes) == 60 and len(chunk_sizes) >= 4
+
+
+def test_requests_wait_while_the_pool_is_full_and_run_when_it_frees() -> None:
+    scheduler, runner = make(num_blocks=6, block_tokens=4)
+    seqs = [make_seq(i, 10, max_tokens=4) for i in range(3)]  # 3 blocks each; 2 fit at once
+    outputs = run_to_completion(scheduler, runner, seqs)
+    assert outputs == solo_outputs([10, 10, 10], max_tokens=4)
+    assert max(len(batch.items) for batch in runner.steps) <= 2
+
+
+def test_pool_exhaustion_mid_decode_preempts_the_newest_and_recomputes_it() -> None:
+    # Two sequences that each fit alone but outgrow the pool together while decoding.
+    scheduler, runner = make(num_blocks=8, block_tokens=4)
+    seqs = [make_seq(i, 8, max_tokens=12) for i in range(2)]
+    outputs = run_to_completion(scheduler, runner, seqs)
+    assert outputs == solo_outputs([8, 8], max_tokens=12)
+    recomputed = [i for b in runner.steps for i in b.items if i.start_pos == 0 and i.seq_id == 1]
+    assert len(recomputed) >= 2, "the newest sequence was never preempted"
+
+
+def test_finishing_a_waiting_or_running_sequence_frees_its_blocks() -> None:
+    scheduler, runner = make(num_blocks=4, block_tokens=4)
+    running, waiting = make_seq(0, 12), make_seq(1, 12)
+    scheduler.add(running)
+    scheduler.add(waiting)
+    scheduler.update(batch := scheduler.schedule(), runner.run(batch))
+    assert running.status is SequenceStatus.RUNNING and waiting.status is SequenceStatus.WAITING
+    scheduler.finish(waiting, FinishReason.ABORT)
+    scheduler.finish(running, FinishReason.ABORT)
+    assert not scheduler.has_work and scheduler.pool.num_available == 4
+    scheduler.pool.check_integrity()
+
+
+def test_end_tokens_are_suppressed_until_min_tokens() -> None:
+    scheduler, runner = make()
+    scheduler.end_token_ids = (5,)
+    seq = make_seq(0, 3)
+    seq.request.sampling = SamplingParams(min_tokens=2, stop_token_ids=(9,))
+    scheduler.add(seq)
+    items = []
+    for _ in range(3):
+        batch = scheduler.schedule()
+        items += batch.items
+        scheduler.update(batch, runner.run(batch))
+    assert [i.suppress_token_ids for i in items] == [(5, 9), (5, 9), ()]
+
+
+def test_waiting_requests_expire_after_the_queue_timeout() -> None:
+    scheduler, _ = make(num_blocks=2, block_tokens=4)
+    seq = make_seq(0, 30)  # can never be admitted into 2 blocks
+    scheduler.add(seq)
+    scheduler.schedule()
+    now = seq.request.arrival_time
+    assert scheduler.expired(5.0, now=now + 1) == []
+    assert scheduler.expired(5.0, now=now + 6) == [seq]
