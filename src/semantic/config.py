@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     cache_budget_mb: int = Field(512, ge=1, description="Memory for the KV block pool, in MiB.")
     block_tokens: int = Field(256, ge=1, le=4096, description="Tokens per KV block.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache directory.")
+    disk_budget_mb: int = Field(
+        10240, ge=1, description="Disk for KV blocks, in MiB; the least recently used go first."
+    )
+    agent_idle_s: float = Field(
+        300.0, gt=0, description="An agent silent this long is idle: its cache leaves memory first."
+    )
     max_running: int = Field(64, ge=1, description="Most sequences decoding at once.")
     max_batch_tokens: int = Field(
         512, ge=16, description="Most tokens computed per step (prefill chunk budget)."

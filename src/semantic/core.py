@@ -108,6 +108,7 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the cache, not from prefill
     block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # chain hashes of the full blocks
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     first_scheduled_time: float | None = None
@@ -146,16 +147,28 @@ class BatchItem:
 
 @dataclass(slots=True, frozen=True)
 class Batch:
-    """What the scheduler hands the runner: plain data, no tensors."""
+    """What the scheduler hands the runner: plain data, no tensors. `copies` are (source,
+    destination) block pairs to copy before computing (a reused partial block)."""
 
     items: list[BatchItem]
+    copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return sum(len(item.token_ids) for item in self.items)
 
     def __bool__(self) -> bool:
-        return bool(self.items)
+        return bool(self.items or self.copies)
+
+
+@dataclass(slots=True, frozen=True)
+class History:
+    """What a finished sequence leaves cached: its full blocks' chain hashes and the hash of its
+    partial last block (None when it ended on a block boundary)."""
+
+    block_hashes: list[int]
+    tail_hash: int | None
+    num_tokens: int
 
 
 @dataclass(slots=True, frozen=True)

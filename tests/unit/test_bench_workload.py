@@ -213,6 +213,17 @@ def test_error_responses_and_error_chunks_raise_bench_errors(fake: FakeServer) -
             _run(fake, lambda client, body=body: stream_chat(client, body))
 
 
+def test_an_unreachable_server_is_a_bench_error_not_a_traceback() -> None:
+    body = chat_body("m", [{"role": "user", "content": "hi"}], 2, "nobody")
+
+    async def send() -> None:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{free_port()}") as client:
+            await stream_chat(client, body)
+
+    with pytest.raises(BenchError, match="ConnectError"):
+        asyncio.run(send())
+
+
 def test_percentiles_interpolate_between_ranks() -> None:
     assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
     assert percentile([float(v) for v in range(101)], 95) == pytest.approx(95.0)

@@ -12,9 +12,9 @@ from semantic.cache.block_pool import BlockPool
 def test_allocate_and_release_return_every_block() -> None:
     pool = BlockPool(8)
     blocks = pool.allocate(5)
-    assert len(set(blocks)) == 5 and pool.num_available == 3
+    assert len(set(blocks)) == 5 and pool.num_available() == 3
     pool.release(blocks)
-    assert pool.num_available == 8
+    assert pool.num_available() == 8
     pool.check_integrity()
 
 
@@ -23,7 +23,7 @@ def test_allocation_is_all_or_nothing() -> None:
     pool.allocate(3)
     with pytest.raises(MemoryError):
         pool.allocate(2)
-    assert pool.num_available == 1
+    assert pool.num_available() == 1
     pool.check_integrity()
 
 
@@ -35,7 +35,7 @@ def test_double_release_cannot_steal_another_owners_reference() -> None:
     assert pool.refcount(block) == 1
     pool.release([block])
     pool.release([block])  # one release too many: a no-op
-    assert pool.refcount(block) == 0 and pool.num_available == 4
+    assert pool.refcount(block) == 0 and pool.num_available() == 4
     pool.check_integrity()
 
 
@@ -47,7 +47,7 @@ def test_hashed_blocks_stay_cached_and_are_reclaimed_oldest_first() -> None:
     pool.release([a])
     pool.release([b])
     pool.release([c])
-    assert pool.num_cached == 2 and pool.num_available == 3
+    assert pool.num_cached == 2 and pool.num_available() == 3
     assert pool.lookup(111) == a
     [first] = pool.allocate(1)
     assert first == c  # a free block goes before any cached one
@@ -76,8 +76,8 @@ def test_random_operations_keep_the_invariants() -> None:
     owners: list[list[int]] = []
     for step in range(2000):
         action = rng.random()
-        if action < 0.4 and pool.num_available:
-            blocks = pool.allocate(rng.randint(1, min(4, pool.num_available)))
+        if action < 0.4 and pool.num_available():
+            blocks = pool.allocate(rng.randint(1, min(4, pool.num_available())))
             if rng.random() < 0.5:
                 pool.set_hash(blocks[0], step)
             owners.append(blocks)
@@ -91,5 +91,5 @@ def test_random_operations_keep_the_invariants() -> None:
         pool.check_integrity()
     for blocks in owners:
         pool.release(blocks)
-    assert pool.num_available == 32
+    assert pool.num_available() == 32
     pool.check_integrity()

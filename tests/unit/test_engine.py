@@ -37,7 +37,9 @@ def served(tiny_tokenizer_dir: Path) -> ServedModel:
     )
 
 
-def make_engine(served: ServedModel, **overrides: object) -> tuple[Engine, FakeRunner]:
+def make_engine(
+    served: ServedModel, tmp_path: Path, **overrides: object
+) -> tuple[Engine, FakeRunner]:
     runner_args: dict[str, object] = {
         "num_blocks": 32,
         "block_tokens": 8,
@@ -47,7 +49,7 @@ def make_engine(served: ServedModel, **overrides: object) -> tuple[Engine, FakeR
     }
     runner_args |= {k: overrides.pop(k) for k in list(overrides) if k in runner_args}
     runner = FakeRunner(**runner_args)  # type: ignore[arg-type]
-    settings = Settings(max_batch_tokens=32, batch_window_ms=0, **overrides)  # type: ignore[arg-type]
+    settings = Settings(max_batch_tokens=32, batch_window_ms=0, cache_dir=tmp_path, **overrides)  # type: ignore[arg-type]
     return Engine(runner, served, settings), runner
 
 
@@ -65,8 +67,10 @@ def collect(engine: Engine, requests: list[Request]) -> dict[str, list[TokenEven
     return events
 
 
-def test_a_request_streams_its_tokens_then_a_final_event_with_usage(served: ServedModel) -> None:
-    engine, _ = make_engine(served)
+def test_a_request_streams_its_tokens_then_a_final_event_with_usage(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
     [events] = collect(engine, [request(0, max_tokens=5)]).values()
     assert sum(len(e.token_ids) for e in events) == 5
     final = events[-1]
@@ -77,17 +81,21 @@ def test_a_request_streams_its_tokens_then_a_final_event_with_usage(served: Serv
     assert "".join(e.text for e in events) == served.tokenizer.decode(token_ids)
 
 
-def test_a_stop_token_ends_the_request_without_its_text(served: ServedModel) -> None:
-    engine, _ = make_engine(served)
+def test_a_stop_token_ends_the_request_without_its_text(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
     free = [t for e in collect(engine, [request(0, max_tokens=6)])["r0"] for t in e.token_ids]
-    engine, _ = make_engine(served)
+    engine, _ = make_engine(served, tmp_path)
     stopped = collect(engine, [request(0, max_tokens=6, stop_token_ids=(free[2],))])["r0"]
     assert [t for e in stopped for t in e.token_ids] == free[:3]
     assert stopped[-1].finish_reason is FinishReason.STOP and stopped[-1].text == ""
 
 
-def test_min_tokens_keeps_end_tokens_from_being_sampled(served: ServedModel) -> None:
-    engine, runner = make_engine(served)
+def test_min_tokens_keeps_end_tokens_from_being_sampled(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, runner = make_engine(served, tmp_path)
     eos = next(iter(served.tokenizer.eos_token_ids))
     events = collect(engine, [request(0, max_tokens=4, min_tokens=3)])["r0"]
     sampled = [i for b in runner.steps for i in b.items if i.sample]
@@ -95,8 +103,10 @@ def test_min_tokens_keeps_end_tokens_from_being_sampled(served: ServedModel) -> 
     assert events[-1].usage is not None and events[-1].usage.completion_tokens == 4
 
 
-def test_many_requests_with_aborts_leave_no_block_behind(served: ServedModel) -> None:
-    engine, _ = make_engine(served)
+def test_many_requests_with_aborts_leave_no_block_behind(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
     rng = random.Random(7)
     for round_ in range(20):
         batch = [
@@ -114,8 +124,10 @@ def test_many_requests_with_aborts_leave_no_block_behind(served: ServedModel) ->
         assert engine.pool.num_held == 0 and not engine.scheduler.has_work
 
 
-def test_a_runner_failure_fails_only_the_requests_in_that_step(served: ServedModel) -> None:
-    engine, _ = make_engine(served, fail_on_token=3 + 5)
+def test_a_runner_failure_fails_only_the_requests_in_that_step(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, fail_on_token=3 + 5)
     poisoned = Request("bad", [3 + 5] * 4, SamplingParams(max_tokens=3))
     events = collect(engine, [poisoned])
     assert isinstance(events["bad"][-1].error, EngineFailure)
@@ -125,8 +137,10 @@ def test_a_runner_failure_fails_only_the_requests_in_that_step(served: ServedMod
     assert engine.pool.num_held == 0
 
 
-def test_a_request_that_waits_past_the_queue_timeout_is_overloaded(served: ServedModel) -> None:
-    engine, _ = make_engine(served, num_blocks=4, queue_timeout_s=0.05)
+def test_a_request_that_waits_past_the_queue_timeout_is_overloaded(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, num_blocks=4, queue_timeout_s=0.05)
     hog = request(0, prompt_len=24, max_tokens=10_000, ignore_eos=True)  # holds every block
     waiter = request(1, prompt_len=20)
     events: dict[str, list[TokenEvent]] = {"r0": [], "r1": []}
@@ -142,19 +156,23 @@ def test_a_request_that_waits_past_the_queue_timeout_is_overloaded(served: Serve
     assert engine.pool.num_held == 0
 
 
-def test_requests_that_can_never_run_are_refused_up_front(served: ServedModel) -> None:
-    engine, _ = make_engine(served)
+def test_requests_that_can_never_run_are_refused_up_front(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
     with pytest.raises(InvalidRequest):
         engine.check(Request("empty", [], SamplingParams()))
     with pytest.raises(PoolExhausted):
         engine.check(request(0, prompt_len=32 * 8))  # more than the pool holds
-    big_pool, _ = make_engine(served, num_blocks=1000)
+    big_pool, _ = make_engine(served, tmp_path, num_blocks=1000)
     with pytest.raises(ContextOverflow):
         big_pool.check(request(0, prompt_len=CONTEXT))
 
 
-def test_the_thread_streams_events_and_closing_the_stream_aborts(served: ServedModel) -> None:
-    engine, _ = make_engine(served)
+def test_the_thread_streams_events_and_closing_the_stream_aborts(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
 
     async def scenario() -> tuple[list[TokenEvent], int]:
         complete = [e async for e in engine.stream(request(0, max_tokens=5))]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from semantic.backends.fake import FakeRunner
 from semantic.cache.block_pool import BlockPool
+from semantic.cache.prefix import PrefixCache, root_hash
 from semantic.core import FinishReason, Request, SamplingParams, Sequence, SequenceStatus
 from semantic.engine.scheduler import Scheduler
 
@@ -33,9 +34,9 @@ def run_to_completion(
 
 def make(num_blocks: int = 64, block_tokens: int = 4, max_batch_tokens: int = 16):
     runner = FakeRunner(num_blocks=num_blocks, block_tokens=block_tokens)
-    pool = BlockPool(num_blocks)
+    prefix = PrefixCache(BlockPool(num_blocks), block_tokens, root_hash("test"))
     scheduler = Scheduler(
-        pool, block_tokens=block_tokens, max_running=8, max_batch_tokens=max_batch_tokens
+        prefix, block_tokens=block_tokens, max_running=8, max_batch_tokens=max_batch_tokens
     )
     return scheduler, runner
 
@@ -54,7 +55,7 @@ def test_batched_sequences_get_the_tokens_they_get_alone() -> None:
     together = run_to_completion(scheduler, runner, [make_seq(i, n) for i, n in enumerate(lengths)])
     assert together == solo_outputs(lengths)
     assert max(len(batch.items) for batch in runner.steps) > 1, "nothing was batched"
-    assert scheduler.pool.num_available == scheduler.pool.num_blocks
+    assert scheduler.pool.num_held == 0
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes() -> None:
@@ -101,7 +102,7 @@ def test_finishing_a_waiting_or_running_sequence_frees_its_blocks() -> None:
     assert running.status is SequenceStatus.RUNNING and waiting.status is SequenceStatus.WAITING
     scheduler.finish(waiting, FinishReason.ABORT)
     scheduler.finish(running, FinishReason.ABORT)
-    assert not scheduler.has_work and scheduler.pool.num_available == 4
+    assert not scheduler.has_work and scheduler.pool.num_held == 0
     scheduler.pool.check_integrity()
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic import __version__
 from semantic.api import errors, openai
@@ -36,6 +37,7 @@ def create_app(engine: Engine, settings: Settings) -> FastAPI:
     app.state.started_at = time.time()
     errors.install(app)
     app.middleware("http")(_request_id)
+    app.add_middleware(_JSONBodies)
     app.include_router(openai.router)
     app.add_api_route("/health/live", _live, methods=["GET"])
     app.add_api_route("/health/ready", _ready, methods=["GET"])
@@ -52,6 +54,20 @@ async def _request_id(
     response.headers["request-id"] = request_id
     response.headers["x-request-id"] = request_id
     return response
+
+
+class _JSONBodies:
+    """Every body this server takes is JSON, whatever the client's content-type says:
+    `curl -d` sends `application/x-www-form-urlencoded`, and some clients send none."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
 
 
 async def _live() -> dict[str, str]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
+
 from semantic.core import Batch, BatchItem, CacheSpec
 
 
@@ -38,10 +40,26 @@ class FakeRunner:
             self.fail_on_token in item.token_ids for item in batch.items
         ):
             raise RuntimeError("injected runner failure")
+        size = self.cache_spec.block_tokens
+        for source, destination in batch.copies:
+            copied = self.slots[source * size : (source + 1) * size]
+            self.slots[destination * size : (destination + 1) * size] = copied
         for item in batch.items:
             for offset, token in enumerate(item.token_ids):
                 self.slots[self._slot(item, item.start_pos + offset)] = token
         return [self._next_token(item) if item.sample else None for item in batch.items]
+
+    def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """The block's slots as "K" (token ids, -1 for empty); "V" is zeros."""
+        size = self.cache_spec.block_tokens
+        slots = self.slots[block * size : (block + 1) * size]
+        k = np.array([-1 if s is None else s for s in slots], np.float32).reshape(1, size, 1, 1)
+        return k, np.zeros_like(k)
+
+    def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
+        size = self.cache_spec.block_tokens
+        values = [None if x < 0 else int(x) for x in k.reshape(-1)]
+        self.slots[block * size : (block + 1) * size] = values
 
     def _slot(self, item: BatchItem, position: int) -> int:
         block_tokens = self.cache_spec.block_tokens

@@ -115,7 +115,11 @@ def _fmt(value: float | None, unit: str) -> str:
 
 
 def _ratio(figure: Figure) -> str:
-    return "—" if figure.ratio is None else f"{figure.ratio:.2f}×"
+    ratio = figure.ratio
+    if ratio is None:
+        return "—"
+    # Two significant digits below 0.1, so a 500× faster TTFT does not print as "0.00×".
+    return f"{ratio:.2f}×" if ratio >= 0.1 else f"{ratio:.2g}×"
 
 
 def _title(result: BenchResult) -> str:

@@ -74,12 +74,12 @@ class BenchOptions:
     @property
     def spec(self) -> WorkloadSpec:
         return WorkloadSpec(
-            self.agents,
-            self.turns,
-            self.system_tokens,
-            self.user_tokens,
-            self.max_tokens,
-            self.seed,
+            agents=self.agents,
+            turns=self.turns,
+            system_tokens=self.system_tokens,
+            user_tokens=self.user_tokens,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
         )
 
 

@@ -95,18 +95,25 @@ async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> Stream
     """POST one streamed chat completion and time its content deltas as they arrive."""
     state = _StreamState()
     sent_at = time.perf_counter()
-    async with client.stream("POST", CHAT_PATH, json=body) as response:
-        if response.status_code != 200:
-            detail = (await response.aread()).decode(errors="replace")[:500]
-            raise BenchError(f"HTTP {response.status_code} from {CHAT_PATH}: {detail}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue  # blank separators, `: keep-alive` comments, other SSE fields
-            data = line[5:].removeprefix(" ")
-            if data.startswith("[DONE]"):
-                break
-            state.take(json.loads(data), time.perf_counter())
+    try:
+        async with client.stream("POST", CHAT_PATH, json=body) as response:
+            await _check_status(response)
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # blank separators, `: keep-alive` comments, other SSE fields
+                data = line[5:].removeprefix(" ")
+                if data.startswith("[DONE]"):
+                    break
+                state.take(json.loads(data), time.perf_counter())
+    except httpx.TransportError as exc:
+        raise BenchError(f"{client.base_url}{CHAT_PATH}: {exc!r}") from exc
     return _finish(state, sent_at)
+
+
+async def _check_status(response: httpx.Response) -> None:
+    if response.status_code != 200:
+        detail = (await response.aread()).decode(errors="replace")[:500]
+        raise BenchError(f"HTTP {response.status_code} from {CHAT_PATH}: {detail}")
 
 
 def _finish(state: _StreamState, sent_at: float) -> StreamResult:

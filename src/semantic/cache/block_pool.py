@@ -6,6 +6,16 @@ Bookkeeping over integers only. The tensors live in the backend; this file never
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+
+# Eviction tiers of cached blocks, lowest leaves memory first (see `cache/prefix.py`).
+TIER_ONE_OFF = 0  # a request with no agent: a title, a summary, a one-off prompt
+TIER_IDLE_AGENT = 1  # an agent that has not been heard from for a while
+TIER_WORKING_AGENT = 2  # an agent mid-conversation (it may be waiting on a tool call)
+TIER_SHARED = 3  # content several agents use (a common system prompt)
+TOP_TIER = TIER_SHARED
+
+ReclaimHook = Callable[[int, int], None]
 
 
 class BlockPool:
@@ -13,93 +23,133 @@ class BlockPool:
 
     Every block is in exactly one state:
       - free: on the free list, no content worth keeping;
-      - held: refcount > 0 (one count per sequence using it);
-      - cached: refcount 0 but hashed, its content reusable; kept in LRU order and reclaimed
-        (oldest first) only when the free list is empty.
+      - held: refcount > 0 (one count per sequence or pin using it);
+      - cached: refcount 0 but hashed, its content reusable; kept in LRU order within its
+        eviction tier and reclaimed (lowest tier, oldest first) only when no block is free.
     Invariants (see `check_integrity`): free + held + cached == total; a block id appears once;
     a hash maps to one block and back. Releasing a block that is not held is a no-op, so a
-    double release cannot corrupt another owner's count.
+    double release cannot corrupt another owner's count. `on_reclaim(block, hash)` runs just
+    before a cached block's content is dropped for reuse: the last moment to save it to disk.
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, on_reclaim: ReclaimHook | None = None) -> None:
         if num_blocks < 1:
             raise ValueError("a block pool needs at least one block")
         self.num_blocks = num_blocks
+        self.on_reclaim = on_reclaim
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0 first
         self._refcount = [0] * num_blocks
         self._hash_of: dict[int, int] = {}
         self._block_of: dict[int, int] = {}
-        self._cached: OrderedDict[int, None] = OrderedDict()  # refcount-0 hashed blocks, LRU first
+        # refcount-0 hashed blocks, one LRU (oldest first) per tier
+        self._cached: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(TOP_TIER + 1)]
+        self._tier_of: dict[int, int] = {}
 
     @property
-    def num_available(self) -> int:
-        """Blocks an allocation can take now: free ones plus reclaimable cached ones."""
-        return len(self._free) + len(self._cached)
-
-    @property
-    def num_held(self) -> int:
-        return self.num_blocks - self.num_available
+    def num_free(self) -> int:
+        return len(self._free)
 
     @property
     def num_cached(self) -> int:
-        return len(self._cached)
+        return len(self._tier_of)
 
-    def allocate(self, count: int) -> list[int]:
+    @property
+    def num_held(self) -> int:
+        return self.num_blocks - self.num_free - self.num_cached
+
+    def num_available(self, max_tier: int = TOP_TIER) -> int:
+        """Blocks an allocation may take now: free ones plus cached ones up to `max_tier`."""
+        return self.num_free + sum(len(self._cached[t]) for t in range(max_tier + 1))
+
+    def allocate(self, count: int, max_tier: int = TOP_TIER) -> list[int]:
         """Take `count` blocks, each with refcount 1; all or nothing."""
-        if count > self.num_available:
-            raise MemoryError(f"asked for {count} blocks, {self.num_available} available")
+        if count > self.num_available(max_tier):
+            raise MemoryError(f"asked for {count} blocks, {self.num_available(max_tier)} available")
         blocks = [self._take_one() for _ in range(count)]
         for block in blocks:
             self._refcount[block] = 1
         return blocks
 
-    def release(self, blocks: list[int]) -> None:
-        """Drop one reference to each block; unreferenced blocks become cached or free."""
+    def release(self, blocks: list[int], tier: int = TIER_ONE_OFF) -> None:
+        """Drop one reference to each block; unreferenced blocks become cached (in `tier`) when
+        they have a hash, else free."""
         for block in blocks:
             if self._refcount[block] == 0:
                 continue
             self._refcount[block] -= 1
             if self._refcount[block] == 0:
                 if block in self._hash_of:
-                    self._cached[block] = None
+                    self._cache(block, tier)
                 else:
                     self._free.append(block)
 
     def acquire(self, block: int) -> None:
         """Add a reference to a block found by hash (held or cached)."""
         if self._refcount[block] == 0:
-            del self._cached[block]
+            del self._cached[self._tier_of.pop(block)][block]
         self._refcount[block] += 1
 
-    def set_hash(self, block: int, block_hash: int) -> None:
-        """Mark a held block's content as reusable under `block_hash` (set once per content)."""
+    def retier(self, block: int, tier: int) -> None:
+        """Move a cached block to another tier, keeping its recency; held blocks are unaffected
+        (their tier is decided when they are released)."""
+        old = self._tier_of.get(block)
+        if old is not None and old != tier:
+            del self._cached[old][block]
+            self._cache(block, tier)
+
+    def set_hash(self, block: int, block_hash: int) -> bool:
+        """Mark a held block's content as reusable under `block_hash`. False when the hash is
+        already known (another block holds the same content) or the block has one."""
         if block in self._hash_of or block_hash in self._block_of:
-            return
+            return False
         self._hash_of[block] = block_hash
         self._block_of[block_hash] = block
+        return True
 
     def lookup(self, block_hash: int) -> int | None:
         return self._block_of.get(block_hash)
 
+    def hash_of(self, block: int) -> int | None:
+        return self._hash_of.get(block)
+
     def refcount(self, block: int) -> int:
         return self._refcount[block]
+
+    def tier_of(self, block: int) -> int | None:
+        return self._tier_of.get(block)
+
+    def cached_blocks(self) -> list[int]:
+        """Cached blocks, first to be reclaimed first."""
+        return [block for tier in self._cached for block in tier]
+
+    def _cache(self, block: int, tier: int) -> None:
+        self._cached[tier][block] = None
+        self._tier_of[block] = tier
 
     def _take_one(self) -> int:
         if self._free:
             return self._free.pop()
-        block, _ = self._cached.popitem(last=False)
-        del self._block_of[self._hash_of.pop(block)]
+        tier = next(t for t in self._cached if t)
+        block, _ = tier.popitem(last=False)
+        del self._tier_of[block]
+        block_hash = self._hash_of.pop(block)
+        del self._block_of[block_hash]
+        if self.on_reclaim is not None:
+            self.on_reclaim(block, block_hash)
         return block
 
     def check_integrity(self) -> None:
         """Raise AssertionError if any invariant is broken. Cheap enough for every test."""
-        free, cached = set(self._free), set(self._cached)
+        free = set(self._free)
+        cached = {b for tier in self._cached for b in tier}
         held = {b for b in range(self.num_blocks) if self._refcount[b] > 0}
         assert len(free) == len(self._free), "a block is on the free list twice"
+        assert sum(len(t) for t in self._cached) == len(cached), "a block is cached twice"
         assert not (free & cached) and not (free & held) and not (cached & held), (
             "block in 2 states"
         )
         assert len(free) + len(cached) + len(held) == self.num_blocks, "a block is lost"
+        assert cached == set(self._tier_of), "tier index diverged"
         assert all(b in self._hash_of for b in cached), "an unhashed block is cached"
         assert not (free & self._hash_of.keys()), "a free block still has a hash"
         assert all(self._block_of[h] == b for b, h in self._hash_of.items()), "hash map diverged"

@@ -15,7 +15,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from semantic.cache.block_pool import BlockPool
+from semantic.cache.agent_store import AgentStore, Prefetch, cache_root
+from semantic.cache.block_pool import TIER_ONE_OFF, TIER_WORKING_AGENT, BlockPool
+from semantic.cache.disk import DiskTier, model_tag
+from semantic.cache.prefix import PrefixCache, root_hash
 from semantic.config import Settings
 from semantic.core import FinishReason, Request, Sequence, TokenEvent, Usage
 from semantic.engine.runner import ModelRunner
@@ -39,6 +42,7 @@ EventSink = Callable[[TokenEvent], None]
 class _Submit:
     request: Request
     sink: EventSink
+    prefetch: Prefetch | None
 
 
 @dataclass(slots=True)
@@ -58,6 +62,8 @@ class _Active:
     sink: EventSink
     detokenizer: IncrementalDetokenizer
     stops: StopMatcher
+    memory_tokens: int  # prompt tokens cached in memory on arrival (the rest came from disk)
+    miss_reason: str | None
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,6 +73,7 @@ class EngineStats:
     blocks_total: int
     blocks_held: int
     blocks_cached: int
+    blocks_free: int
 
 
 class Engine:
@@ -81,9 +88,19 @@ class Engine:
         self.runner = runner
         self.model = model
         self.settings = settings
+        spec = runner.cache_spec
         self.pool = BlockPool(runner.num_blocks)
+        tag = model_tag(model.name, spec)
+        self.prefix = PrefixCache(self.pool, spec.block_tokens, root_hash(tag))
+        disk = DiskTier(
+            cache_root(settings.cache_dir),
+            model_tag=tag,
+            spec=spec,
+            budget_bytes=settings.disk_budget_mb * 2**20,
+        )
+        self.store = AgentStore(self.prefix, runner, disk, idle_s=settings.agent_idle_s)
         self.scheduler = Scheduler(
-            self.pool,
+            self.prefix,
             block_tokens=runner.cache_spec.block_tokens,
             max_running=settings.max_running,
             max_batch_tokens=settings.max_batch_tokens,
@@ -117,19 +134,19 @@ class Engine:
         """Submit `request` and return its events. Raises at once if it can never run; closing
         the iterator early (a client that went away) aborts the request."""
         self.check(request)
+        return self._events(request)
+
+    async def _events(self, request: Request) -> AsyncIterator[TokenEvent]:
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
         def deliver(event: TokenEvent) -> None:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-        self.submit(request, deliver)
-        return self._events(request.request_id, events)
-
-    async def _events(
-        self, request_id: str, events: asyncio.Queue[TokenEvent]
-    ) -> AsyncIterator[TokenEvent]:
-        finished = False
+        # Disk reads happen here, on a worker thread, so the engine thread never waits on them.
+        prefetch = await asyncio.to_thread(self.store.prefetch, request)
+        self.submit(request, deliver, prefetch)
+        request_id, finished = request.request_id, False
         try:
             while not finished:
                 event = await events.get()
@@ -153,8 +170,8 @@ class Engine:
             f"{self.max_seq_tokens} for one sequence (raise cache_budget_mb)"
         )
 
-    def submit(self, request: Request, sink: EventSink) -> None:
-        self._inbox.put(_Submit(request, sink))
+    def submit(self, request: Request, sink: EventSink, prefetch: Prefetch | None = None) -> None:
+        self._inbox.put(_Submit(request, sink, prefetch))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -166,6 +183,7 @@ class Engine:
             blocks_total=self.pool.num_blocks,
             blocks_held=self.pool.num_held,
             blocks_cached=self.pool.num_cached,
+            blocks_free=self.pool.num_free,
         )
 
     @property
@@ -184,6 +202,7 @@ class Engine:
         """One engine step: take messages, schedule, run, postprocess, publish."""
         self._handle_messages()
         self._expire_waiting()
+        self.store.sweep()
         batch = self.scheduler.schedule()
         if not batch:
             return
@@ -207,6 +226,19 @@ class Engine:
                 self._fail([active.seq.seq_id for active in self._active.values()], exc)
         for request_id in list(self._active):
             self._abort(request_id)
+        self._persist_at_shutdown()
+
+    def _persist_at_shutdown(self) -> None:
+        try:
+            result = self.store.persist(timeout=60)
+            log.info(
+                "persisted %d blocks (%d failed) and %d agents",
+                result.blocks_written,
+                result.failed,
+                result.agents_saved,
+            )
+        finally:
+            self.store.close(timeout=60)
 
     def _wait_for_messages(self) -> None:
         """Sleep until a message comes, then gather what else arrives within the batch window,
@@ -232,18 +264,25 @@ class Engine:
         elif isinstance(message, _Abort):
             self._abort(message.request_id)
         else:
-            self._admit(message.request, message.sink)
+            self._admit(message.request, message.sink, message.prefetch)
 
-    def _admit(self, request: Request, sink: EventSink) -> None:
+    def _admit(self, request: Request, sink: EventSink, prefetch: Prefetch | None) -> None:
         seq = Sequence(
             seq_id=next(self._seq_ids),
             request=request,
             token_ids=list(request.prompt_token_ids),
             num_prompt_tokens=len(request.prompt_token_ids),
         )
-        tokenizer = self.model.tokenizer
+        self.store.begin(request)
+        in_memory = self.prefix.match(seq.token_ids).num_tokens
+        if prefetch is not None and prefetch.records:
+            anonymous = request.agent_id is None
+            tier = TIER_ONE_OFF if anonymous else TIER_WORKING_AGENT
+            self.store.restore(prefetch, tier, self.scheduler.max_tier(request))
+        detokenizer = IncrementalDetokenizer(self.model.tokenizer)
+        reason = None if prefetch is None else prefetch.miss_reason
         self._active[request.request_id] = _Active(
-            seq, sink, IncrementalDetokenizer(tokenizer), StopMatcher(request.sampling.stop)
+            seq, sink, detokenizer, StopMatcher(request.sampling.stop), in_memory, reason
         )
         self.scheduler.add(seq)
 
@@ -282,8 +321,17 @@ class Engine:
         error: Exception | None = None,
     ) -> None:
         seq = active.seq
-        self.scheduler.finish(seq, reason)
+        history = self.scheduler.finish(seq, reason)
         del self._active[seq.request.request_id]
+        from_disk = max(0, seq.num_cached_tokens - active.memory_tokens)
+        self.store.finished(
+            seq.request,
+            history,
+            seq.num_cached_tokens,
+            from_disk,
+            seq.num_prompt_tokens,
+            active.miss_reason,
+        )
         usage = Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens)
         event = TokenEvent(
             seq.request.request_id, token_ids, text, reason, usage, error, stop_string

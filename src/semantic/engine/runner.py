@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
+
 from semantic.core import Batch, CacheSpec
 
 
@@ -21,5 +23,14 @@ class ModelRunner(Protocol):
     def run(self, batch: Batch) -> list[int | None]:
         """Compute every item of `batch`, writing K/V into the pool through the items' block
         tables, and return one sampled token per item with `sample=True` (None for the others),
-        in the order of `batch.items`."""
+        in the order of `batch.items`. `batch.copies` are done first."""
+        ...
+
+    def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """A copy of one block's K and V, `[layers, block_tokens, kv_heads, head_dim]` (bf16 and
+        fp16 as their raw `np.uint16` bits), for the disk tier."""
+        ...
+
+    def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Fill one block with K and V read back from disk (the shapes `read_block` returns)."""
         ...

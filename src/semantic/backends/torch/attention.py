@@ -2,9 +2,27 @@
 where each new token's K/V goes and what each query sees, and attention over the pool in place.
 
 Kernel choice, measured on the 2-core Zen 4 CPU (torch 2.13, bf16, SmolLM2 shapes: 9 query heads,
-3 KV heads, head_dim 64, block_tokens 256, time per layer):
+3 KV heads, head_dim 64, block_tokens 256; per layer, medians on a noisy shared machine):
 
-    (filled in from benchmarks/runner_microbench.py: see the numbers in `decode_attention`)
+    decode, 8 sequences at ~1,000 tokens               µs    (1 sequence)
+      index_select gather + one SDPA, G folded (kept)  860-1150   (170)
+      advanced-indexing gather + SDPA                  1200-1900  (200)
+      gather + matmul / softmax / matmul               1100-1550  (230)
+      gather + SDPA(enable_gqa=True): math path        5300
+      block-wise online softmax, torch ops per block   3300
+      one SDPA per sequence, no padding                5500
+      torch.compile (inductor, indirect loads)         1500-2000, after a 22 s compile
+      of which: gather 130-350 (DRAM-bound when cold), SDPA 550-850 (kernel-bound)
+    prefill, 512-token chunk without / 488 with 512 of context     ms
+      SDPA, K/V heads repeated (kept)                  5-7 / 10-13
+      SDPA(enable_gqa=True): math path                 ~3x slower
+      matmul / softmax / matmul                        7-8 / 10-36
+      context and chunk apart, merged by logsumexp     - / 11-14
+      SDPA in fp32                                     6.4 / 13
+
+Gather-then-SDPA wins among stock kernels. Its cost at long context is SDPA's fused CPU kernel
+(~20 GFLOP/s on 3 queries per KV head) more than the copy; a kernel reading blocks in place
+would approach the ~250 µs it takes to read the 6 MB of K/V once.
 """
 
 from __future__ import annotations
@@ -28,12 +46,51 @@ class KVPool:
     """
 
     def __init__(self, spec: CacheSpec, num_blocks: int, device: torch.device) -> None:
-        shape = (2, spec.num_layers, num_blocks, spec.block_tokens, spec.num_kv_heads, spec.head_dim)
+        block = (spec.block_tokens, spec.num_kv_heads, spec.head_dim)
+        shape = (2, spec.num_layers, num_blocks, *block)
         self.spec = spec
         self.data = torch.zeros(shape, dtype=_DTYPES[spec.dtype], device=device)
-        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (self.data[0, i], self.data[1, i]) for i in range(spec.num_layers)
-        ]
+        scratch = GatherScratch(self.data)
+        self.layers = [LayerKV(self.data[0, i], self.data[1, i], scratch) for i in range(shape[1])]
+
+
+class GatherScratch:
+    """Two buffers, K and V, that gathers copy blocks into, reused by every layer and step.
+
+    A layer's gathered K/V are dead once its attention returns, so one pair serves all layers;
+    reusing it saves allocating (and page-faulting) megabytes per layer, ~20% of a gather.
+    """
+
+    def __init__(self, like: torch.Tensor) -> None:
+        self.buffers = [like.new_empty((0, *like.shape[3:])) for _ in range(2)]
+
+    def gather(self, cache: torch.Tensor, block_ids: torch.Tensor, which: int) -> torch.Tensor:
+        # cache: [num_blocks, bt, KVH, D], block_ids: [n] → [n, bt, KVH, D]
+        count = block_ids.shape[0]
+        if self.buffers[which].shape[0] < count:
+            self.buffers[which] = cache.new_empty((count, *cache.shape[1:]))
+        out = self.buffers[which][:count]
+        return torch.index_select(cache, 0, block_ids, out=out)
+
+
+class LayerKV:
+    """One layer's K and V pool tensors `[num_blocks, block_tokens, KVH, D]`, and the scratch."""
+
+    __slots__ = ("k", "scratch", "v")
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, scratch: GatherScratch) -> None:
+        self.k = k
+        self.v = v
+        self.scratch = scratch
+
+    def gather(self, block_ids: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each of `batch` sequences' blocks (`block_ids` [batch · m]), one copy each of K and V,
+        as [batch, KVH, m · bt, D] views. `index_select` copies whole blocks; advanced indexing
+        is ~4x slower here."""
+        k = self.scratch.gather(self.k, block_ids, 0)
+        v = self.scratch.gather(self.v, block_ids, 1)
+        shape = (batch, -1, *self.k.shape[2:])
+        return k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,8 +98,9 @@ class DecodeGroup:
     """The step's single-token items, batched: they are the first `num_tokens` of the layout."""
 
     num_tokens: int
-    block_tables: torch.Tensor  # [B, max_blocks] int64, padded with block 0
-    mask: torch.Tensor  # [B, 1, 1, S] bool: key j is visible where j < that sequence's length
+    num_keys: int  # S: the longest sequence's length
+    block_ids: torch.Tensor  # [B · max_blocks] int64: each sequence's blocks, padded with block 0
+    mask: torch.Tensor | None  # [B, 1, 1, S] bool, j < that sequence's length; None: all have S
 
 
 @dataclass(slots=True, frozen=True)
@@ -53,7 +111,7 @@ class PrefillChunk:
     offset: int
     length: int
     context_len: int
-    block_ids: torch.Tensor | None  # [n] int64 covering the context and the chunk; None if no context
+    block_ids: torch.Tensor | None  # [n] int64 covering context and chunk; None if no context
     mask: torch.Tensor | None  # [length, context_len + length] bool, causal from the chunk's start
 
 
@@ -73,14 +131,13 @@ def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    kv: tuple[torch.Tensor, torch.Tensor],
+    kv: LayerKV,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """Write the step's K/V into the pool, then attend each query to its sequence's keys.
+    """Write the step's K/V into the layer's pool, then attend each query to its sequence's keys.
 
-    q: [T, H, D]; k, v: [T, KVH, D]; kv: one layer's pool `[num_blocks, block_tokens, KVH, D]`.
-    Returns [T, H, D] in the layout order.
+    q: [T, H, D]; k, v: [T, KVH, D] → [T, H, D], in the layout order.
     """
     write_kv(kv, k, v, meta.slot_mapping)
     outs: list[torch.Tensor] = []
@@ -92,30 +149,26 @@ def paged_attention(
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def write_kv(
-    kv: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
-) -> None:
+def write_kv(kv: LayerKV, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
     """k, v: [T, KVH, D] → pool slots `slots` [T]."""
-    k_cache, v_cache = kv
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
+    kv.k.view(-1, *kv.k.shape[2:]).index_copy_(0, slots, k)
+    kv.v.view(-1, *kv.v.shape[2:]).index_copy_(0, slots, v)
 
 
 def decode_attention(
-    q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], group: DecodeGroup, scale: float
+    q: torch.Tensor, kv: LayerKV, group: DecodeGroup, scale: float
 ) -> torch.Tensor:
     """Single-token queries of B sequences of different lengths: gather each sequence's blocks
     into one padded batch, then one SDPA call with a length mask.
 
     q: [B, H, D] → [B, H, D]. Each KV head's G = H / KVH query heads are folded into the query
-    axis ([B, KVH, G, D]), so GQA needs no K/V expansion.
+    axis ([B, KVH, G, D]), so GQA needs no K/V expansion (SDPA's `enable_gqa` would leave the
+    fused CPU kernel for the slow math path).
     """
     batch, heads, dim = q.shape
-    k_cache, v_cache = kv
-    kv_heads = k_cache.shape[2]
-    keys = group.mask.shape[-1]
-    k = k_cache[group.block_tables].flatten(1, 2)[:, :keys].transpose(1, 2)  # [B, KVH, S, D]
-    v = v_cache[group.block_tables].flatten(1, 2)[:, :keys].transpose(1, 2)  # [B, KVH, S, D]
+    kv_heads = kv.k.shape[2]
+    k, v = kv.gather(group.block_ids, batch)
+    k, v = k[:, :, : group.num_keys], v[:, :, : group.num_keys]  # [B, KVH, S, D]
     qg = q.view(batch, kv_heads, heads // kv_heads, dim)  # [B, KVH, G, D]
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask, scale=scale)
     return out.view(batch, heads, dim)
@@ -125,7 +178,7 @@ def prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    kv: tuple[torch.Tensor, torch.Tensor],
+    kv: LayerKV,
     chunk: PrefillChunk,
     scale: float,
 ) -> torch.Tensor:
@@ -133,20 +186,20 @@ def prefill_attention(
 
     q: [n, H, D]; k, v: [n, KVH, D] (the chunk's own, already written) → [n, H, D]. A chunk
     with no context attends to its own K/V directly; otherwise the context is gathered from
-    the pool (it includes the chunk, written just before).
+    the pool (it includes the chunk, written just before). K/V heads are repeated for GQA:
+    cheap next to the chunk's matmuls, and it keeps SDPA on its fused CPU kernel.
     """
-    qt = q.transpose(0, 1)  # [H, n, D]
+    heads = q.shape[1]
+    qt = q.transpose(0, 1)[None]  # [1, H, n, D]: the fused kernel takes 4-D inputs only
     if chunk.block_ids is None:
-        kt, vt = k.transpose(0, 1), v.transpose(0, 1)  # [KVH, n, D]
-        out = F.scaled_dot_product_attention(
-            qt, kt, vt, is_causal=True, scale=scale, enable_gqa=True
-        )
-        return out.transpose(0, 1)
-    k_cache, v_cache = kv
-    total = chunk.context_len + chunk.length
-    kt = k_cache[chunk.block_ids].flatten(0, 1)[:total].transpose(0, 1)  # [KVH, S, D]
-    vt = v_cache[chunk.block_ids].flatten(0, 1)[:total].transpose(0, 1)  # [KVH, S, D]
+        kt, vt = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, KVH, n, D]
+    else:
+        total = chunk.context_len + chunk.length
+        kt, vt = kv.gather(chunk.block_ids, 1)
+        kt, vt = kt[:, :, :total], vt[:, :, :total]  # [1, KVH, S, D]
+    groups = heads // kt.shape[1]
+    kt, vt = kt.repeat_interleave(groups, 1), vt.repeat_interleave(groups, 1)  # [1, H, S, D]
     out = F.scaled_dot_product_attention(
-        qt, kt, vt, attn_mask=chunk.mask, scale=scale, enable_gqa=True
+        qt, kt, vt, attn_mask=chunk.mask, is_causal=chunk.mask is None, scale=scale
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)

@@ -1,0 +1,212 @@
+"""TorchRunner: the torch `ModelRunner`. Owns the model, the KV pool tensors, the per-step inputs
+(positions, slot mapping, block tables) and the choice of device, dtype and CPU kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from semantic.backends.torch.attention import (
+    AttentionMetadata,
+    DecodeGroup,
+    KVPool,
+    PrefillChunk,
+)
+from semantic.backends.torch.llama import load_weights
+from semantic.backends.torch.sampling import sample
+from semantic.core import Batch, BatchItem, CacheSpec
+from semantic.errors import ModelLoadFailed
+from semantic.models.config import ModelConfig
+
+_LLAMA_FAMILY = frozenset({"llama", "mistral"})
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+@dataclass(slots=True, frozen=True)
+class StepInputs:
+    """One step's tensors. The layout puts the single-token items first (batched decode), then
+    each prefill chunk; the sampled rows say where each sampled item's last token landed."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor | None  # [N] rows of the hidden state to sample; None: all rows
+    sampled_items: list[BatchItem]  # the N items with sample=True, in layout order
+    sampled_index: list[int]  # their batch indices
+
+
+class TorchRunner:
+    """The model bound to its block pool. Stateless between steps apart from the pool contents,
+    which the engine's block tables name."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: Iterable[tuple[str, np.ndarray]],
+        *,
+        block_tokens: int,
+        cache_budget_mb: int,
+        dtype: str = "auto",
+        device: str = "auto",
+        threads: int | None = None,
+    ) -> None:
+        if config.model_type not in _LLAMA_FAMILY:
+            raise ModelLoadFailed(f"the torch backend cannot run model_type {config.model_type!r}")
+        if threads is not None:
+            torch.set_num_threads(threads)  # process-wide: this runner is the process's compute
+        self.device = pick_device(device)
+        self.dtype = pick_dtype(dtype, self.device)
+        # Packed oneDNN weights pay off only for bf16 on CPU (see `llama.Linear`).
+        pack = self.device.type == "cpu" and self.dtype == torch.bfloat16
+        with torch.inference_mode():
+            self.model = load_weights(
+                config, weights, dtype=self.dtype, device=self.device, pack=pack
+            )
+        self.cache_spec = CacheSpec(
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            dtype=_DTYPE_NAMES[self.dtype],
+            block_tokens=block_tokens,
+        )
+        self.num_blocks = cache_budget_mb * 2**20 // self.cache_spec.bytes_per_block
+        if self.num_blocks < 1:
+            raise ModelLoadFailed(
+                f"cache_budget_mb={cache_budget_mb} holds no block of "
+                f"{self.cache_spec.bytes_per_block} bytes"
+            )
+        self.pool = KVPool(self.cache_spec, self.num_blocks, self.device)
+        self.vocab_size = config.vocab_size
+        self.eos_token_ids = config.eos_token_ids
+
+    def run(self, batch: Batch) -> list[int | None]:
+        """One step: K/V into the pool, one sampled token per item with sample=True."""
+        step = self.prepare(batch)
+        logits = self._logits(step)
+        tokens: list[int | None] = [None] * len(batch.items)
+        for index, token in zip(
+            step.sampled_index, sample(logits, step.sampled_items, self.eos_token_ids), strict=True
+        ):
+            tokens[index] = token
+        return tokens
+
+    def forward_logits(self, batch: Batch) -> torch.Tensor:
+        """Like `run` but return fp32 logits [N, V] of the sample=True items, in batch order."""
+        step = self.prepare(batch)
+        logits = self._logits(step)
+        order = sorted(range(len(step.sampled_index)), key=step.sampled_index.__getitem__)
+        return logits[order]
+
+    def _logits(self, step: StepInputs) -> torch.Tensor:
+        with torch.inference_mode():
+            hidden = self.model.forward(step.input_ids, step.positions, self.pool.layers, step.meta)
+            if step.sample_rows is not None:
+                hidden = hidden[step.sample_rows]
+            if hidden.shape[0] == 0:  # a step of mid-prompt chunks only: no head to run
+                return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
+            return self.model.logits(hidden)
+
+    def prepare(self, batch: Batch) -> StepInputs:
+        """The step's flat tokens and attention metadata, from plain Python lists."""
+        return build_step(batch, self.cache_spec.block_tokens, self.device)
+
+
+def build_step(batch: Batch, block_tokens: int, device: torch.device) -> StepInputs:
+    """The step's flat tokens, positions and attention metadata (decodes first, then chunks)."""
+    return _StepBuilder(block_tokens, device).build(batch)
+
+
+class _StepBuilder:
+    """Builds `StepInputs`: lists in Python, then a handful of tensor constructions, because
+    each small tensor op costs microseconds and a decode step has little else to do."""
+
+    def __init__(self, block_tokens: int, device: torch.device) -> None:
+        self.bt = block_tokens
+        self.device = device
+        self.ids: list[int] = []
+        self.positions: list[int] = []
+        self.slots: list[int] = []
+
+    def build(self, batch: Batch) -> StepInputs:
+        items = batch.items
+        decodes = [i for i, item in enumerate(items) if len(item.token_ids) == 1]
+        chunks = [i for i, item in enumerate(items) if len(item.token_ids) > 1]
+        decode = self._decode_group([items[i] for i in decodes]) if decodes else None
+        prefills = [self._prefill_chunk(items[i]) for i in chunks]
+        flat = torch.tensor([self.ids, self.positions, self.slots], dtype=torch.int64)
+        flat = flat.to(self.device)
+        # Each item's last token: decodes are rows 0..B-1, chunks end at offset + length - 1.
+        ends = list(range(len(decodes))) + [c.offset + c.length - 1 for c in prefills]
+        sampled = [
+            (end, i) for end, i in zip(ends, decodes + chunks, strict=True) if items[i].sample
+        ]
+        rows = [end for end, _ in sampled]
+        return StepInputs(
+            input_ids=flat[0],
+            positions=flat[1],
+            meta=AttentionMetadata(slot_mapping=flat[2], decode=decode, prefills=prefills),
+            sample_rows=self._rows(rows) if rows != list(range(len(self.ids))) else None,
+            sampled_items=[items[i] for _, i in sampled],
+            sampled_index=[i for _, i in sampled],
+        )
+
+    def _rows(self, rows: list[int]) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.int64, device=self.device)
+
+    def _decode_group(self, items: list[BatchItem]) -> DecodeGroup:
+        bt = self.bt
+        lengths = []
+        for item in items:
+            pos = item.start_pos
+            self.ids.append(item.token_ids[0])
+            self.positions.append(pos)
+            self.slots.append(item.block_table[pos // bt] * bt + pos % bt)
+            lengths.append(pos + 1)
+        keys = max(lengths)
+        width = -(-keys // bt)
+        flat = [b for item in items for b in (item.block_table + [0] * width)[:width]]
+        block_ids = torch.tensor(flat, dtype=torch.int64, device=self.device)
+        mask = None
+        if min(lengths) < keys:
+            length_t = torch.tensor(lengths, device=self.device)
+            key_pos = torch.arange(keys, device=self.device)
+            mask = (key_pos < length_t[:, None])[:, None, None, :]  # [B, 1, 1, S]
+        return DecodeGroup(len(items), keys, block_ids, mask)
+
+    def _prefill_chunk(self, item: BatchItem) -> PrefillChunk:
+        bt, start, n = self.bt, item.start_pos, len(item.token_ids)
+        offset = len(self.ids)
+        self.ids.extend(item.token_ids)
+        self.positions.extend(range(start, start + n))
+        for block in range(start // bt, -(-(start + n) // bt)):
+            base = item.block_table[block] * bt
+            lo, hi = max(start, block * bt), min(start + n, (block + 1) * bt)
+            self.slots.extend(range(base + lo - block * bt, base + hi - block * bt))
+        if start == 0:
+            return PrefillChunk(offset, n, 0, None, None)
+        total = start + n
+        block_ids = torch.tensor(item.block_table[: -(-total // bt)], device=self.device)
+        mask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril_(start)
+        return PrefillChunk(offset, n, start, block_ids, mask)
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """A named dtype, or for "auto": bf16 where the hardware computes it natively, else fp32."""
+    if dtype != "auto":
+        named = {name: torch_dtype for torch_dtype, name in _DTYPE_NAMES.items()}
+        if dtype not in named:
+            raise ModelLoadFailed(f"unknown dtype {dtype!r}; known: auto, {', '.join(named)}")
+        return named[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return torch.bfloat16 if native_bf16 else torch.float32

@@ -1,0 +1,394 @@
+"""Agents and the life of their caches beyond the pool: whose history is which blocks, the disk
+tier (eviction writes, restores, persistence, its budget), eviction tiers, and statistics.
+
+Everything here runs on the engine thread except `prefetch`, which reads disk on a worker thread
+before a request reaches the engine, so the engine never waits on a disk read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_SHARED, TIER_WORKING_AGENT, BlockPool
+from semantic.cache.disk import (
+    AgentManifest,
+    BlockRecord,
+    DiskTier,
+    DiskWriter,
+    list_manifests,
+    save_manifest,
+)
+from semantic.cache.prefix import PrefixCache, chain_hash
+from semantic.core import History, Request
+from semantic.engine.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+# Why a request's prompt was not all served from cache (besides its new tokens).
+MISS_NOTHING_CACHED = "nothing_cached"
+MISS_EVICTED = "evicted"
+MISS_CORRUPT = "corrupt"
+MISS_OTHER_MODEL = "other_model"
+
+
+@dataclass(slots=True, frozen=True)
+class Prefetch:
+    """Blocks read from disk for one request, in chain order, and why the rest will miss."""
+
+    records: list[BlockRecord]
+    miss_reason: str | None
+
+
+@dataclass(slots=True)
+class AgentStats:
+    requests: int = 0
+    hit_tokens: int = 0  # prompt tokens served from cache, memory or disk
+    disk_hit_tokens: int = 0  # of those, read back from disk
+    miss_tokens: int = 0  # prompt tokens prefilled
+    miss_reasons: Counter[str] = field(default_factory=Counter)
+    last_used: float = 0.0
+
+
+@dataclass(slots=True)
+class Agent:
+    agent_id: str
+    block_hashes: list[int] = field(default_factory=list)
+    tail_hash: int | None = None
+    num_tokens: int = 0
+    pinned: bool = False
+    working: bool = False  # heard from within `idle_s`: its blocks sit in the working tier
+    stats: AgentStats = field(default_factory=AgentStats)
+
+    @property
+    def hashes(self) -> list[int]:
+        return [*self.block_hashes, *([self.tail_hash] if self.tail_hash is not None else [])]
+
+
+@dataclass(slots=True)
+class CacheCounters:
+    """Totals since start, in the shape Prometheus counters want."""
+
+    hit_tokens_memory: int = 0
+    hit_tokens_disk: int = 0
+    miss_tokens: int = 0
+    evicted_to_disk: int = 0  # blocks written because the pool reclaimed them
+    evicted_from_disk: int = 0  # blocks the disk budget dropped (gone)
+    persisted: int = 0  # blocks written by an explicit persist or at shutdown
+    write_errors: int = 0
+    miss_reasons: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(slots=True, frozen=True)
+class PersistResult:
+    blocks_written: int
+    failed: int
+    agents_saved: int
+
+
+class AgentStore:
+    """Named agents and the disk side of the cache for one model.
+
+    Invariants: an agent's `hashes` name its last history; `_sharers[h]` counts the agents whose
+    history contains `h` (two or more puts the block in the shared tier); a pinned agent's hot
+    blocks hold one pin reference each. A block goes to disk when the pool reclaims it, on
+    `persist`, and at shutdown; manifests are written with it, never after every turn.
+    """
+
+    def __init__(
+        self,
+        prefix: PrefixCache,
+        runner: ModelRunner,
+        disk: DiskTier,
+        *,
+        idle_s: float,
+    ) -> None:
+        self.prefix = prefix
+        self.pool: BlockPool = prefix.pool
+        self.runner = runner
+        self.disk = disk
+        self.writer = DiskWriter(disk)
+        self.idle_s = idle_s
+        self.counters = CacheCounters()
+        self.agents: dict[str, Agent] = {}
+        self._sharers: Counter[int] = Counter()
+        self._pins: dict[str, list[int]] = {}
+        self._protected: frozenset[int] = frozenset()  # read by the writer thread
+        self._lock = threading.Lock()  # the counters the writer thread also updates
+        self._next_sweep = 0.0
+        prefix.on_evict = self._save_evicted
+        for manifest in list_manifests(disk.model_root):
+            self._remember(manifest)
+
+    # -- before the engine: on a worker thread ----------------------------------------------
+
+    def prefetch(self, request: Request) -> Prefetch:
+        """Read from disk the blocks of this prompt that memory lacks: the full blocks along the
+        prompt's chain, then the agent's partial tail. Stops at the first block neither has."""
+        ids, size = request.prompt_token_ids, self.prefix.block_tokens
+        records: list[BlockRecord] = []
+        parent, start, missing = self.prefix.root, 0, None
+        while start + size <= len(ids) - 1:
+            block_hash = chain_hash(parent, ids[start : start + size])
+            if not self.prefix.contains(block_hash):
+                record = self._read(block_hash)
+                if record is None:
+                    missing = block_hash
+                    break
+                records.append(record)
+            parent, start = block_hash, start + size
+        tail = self._tail_record(request.agent_id, parent)
+        if tail is not None:
+            records.append(tail)
+        return Prefetch(records, self._miss_reason(request.agent_id, start, missing))
+
+    def _read(self, block_hash: int) -> BlockRecord | None:
+        return self.disk.read(block_hash) if self.disk.contains(block_hash) else None
+
+    def _tail_record(self, agent_id: str | None, parent: int) -> BlockRecord | None:
+        agent = self.agents.get(agent_id) if agent_id else None
+        if agent is None or agent.tail_hash is None or self.prefix.contains(agent.tail_hash):
+            return None
+        record = self._read(agent.tail_hash)
+        return record if record is not None and record.parent_hash == parent else None
+
+    def _miss_reason(self, agent_id: str | None, reached: int, missing: int | None) -> str | None:
+        """Why reusable history was not found: the first missing block's story."""
+        if missing is not None and self.disk.contains(missing):
+            return MISS_CORRUPT  # on disk, but it failed its checks (now quarantined)
+        agent = self.agents.get(agent_id) if agent_id else None
+        if agent is not None and missing is not None and missing in agent.block_hashes:
+            return MISS_EVICTED  # this agent had it; memory and disk budgets let it go
+        if (
+            reached == 0
+            and agent_id is not None
+            and agent is None
+            and self._known_elsewhere(agent_id)
+        ):
+            return MISS_OTHER_MODEL
+        return MISS_NOTHING_CACHED if reached == 0 else None
+
+    def _known_elsewhere(self, agent_id: str) -> bool:
+        """Whether another model's cache has this agent (its cache cannot serve this model)."""
+        own = self.disk.model_root
+        return any(p.parent.parent != own for p in own.parent.glob(f"*/agents/{agent_id}.json"))
+
+    # -- on the engine thread ---------------------------------------------------------------
+
+    def restore(self, prefetch: Prefetch, tier: int, max_tier: int) -> int:
+        """Put prefetched blocks back into the pool as cached blocks, as far as they fit (the
+        rest is a miss); returns how many were restored."""
+        held: list[int] = []
+        for record in prefetch.records:
+            if self.prefix.contains(record.block_hash):
+                continue
+            if not self.pool.num_available(max_tier):
+                break
+            [block] = self.pool.allocate(1, max_tier)
+            self.runner.write_block(block, record.k, record.v)
+            parent = self.prefix.root if record.parent_hash is None else record.parent_hash
+            if self.prefix.insert(block, record.block_hash, parent, record.token_ids):
+                held.append(block)
+            else:
+                self.pool.release([block])
+        self.pool.release(held, tier)  # held until now so restoring never reclaims itself
+        return len(held)
+
+    def begin(self, request: Request) -> None:
+        """A request of an agent arrived (creating the agent on first sight)."""
+        if request.agent_id is None:
+            return
+        agent = self.agents.setdefault(request.agent_id, Agent(request.agent_id))
+        agent.working = True
+        agent.stats.last_used = time.time()
+
+    def finished(
+        self,
+        request: Request,
+        history: History,
+        cached: int,
+        from_disk: int,
+        prompt_tokens: int,
+        miss_reason: str | None,
+    ) -> None:
+        """Account for a finished request, and make its history the agent's."""
+        self.counters.hit_tokens_memory += cached - from_disk
+        self.counters.hit_tokens_disk += from_disk
+        self.counters.miss_tokens += prompt_tokens - cached
+        if miss_reason is not None:
+            self.counters.miss_reasons[miss_reason] += 1
+        if request.agent_id is None:
+            return
+        agent = self.agents.setdefault(request.agent_id, Agent(request.agent_id))
+        stats = agent.stats
+        stats.requests += 1
+        stats.hit_tokens += cached
+        stats.disk_hit_tokens += from_disk
+        stats.miss_tokens += prompt_tokens - cached
+        stats.last_used = time.time()
+        if miss_reason is not None:
+            stats.miss_reasons[miss_reason] += 1
+        if history.num_tokens:  # a request aborted before it ran leaves the history as it was
+            self._set_history(agent, history)
+
+    def _set_history(self, agent: Agent, history: History) -> None:
+        old = set(agent.hashes)
+        agent.block_hashes, agent.tail_hash = history.block_hashes, history.tail_hash
+        agent.num_tokens = history.num_tokens
+        new = set(agent.hashes)
+        self._sharers.update(new - old)
+        self._sharers.subtract(old - new)
+        for block_hash in new:
+            block = self.pool.lookup(block_hash)
+            if block is not None and self._sharers[block_hash] >= 2:
+                self.pool.retier(block, TIER_SHARED)
+        if agent.pinned:
+            self._pin(agent)
+
+    def sweep(self, now: float | None = None) -> None:
+        """Move agents not heard from within `idle_s` to the idle tier (at most once a second)."""
+        now = time.time() if now is None else now
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + 1.0
+        for agent in self.agents.values():
+            if agent.working and now - agent.stats.last_used > self.idle_s:
+                agent.working = False
+                for block_hash in agent.hashes:
+                    block = self.pool.lookup(block_hash)
+                    if block is not None and self.pool.tier_of(block) == TIER_WORKING_AGENT:
+                        self.pool.retier(block, TIER_IDLE_AGENT)
+
+    def pin(self, agent_id: str, pinned: bool = True) -> None:
+        """A pinned agent's hot blocks never leave memory, nor its files the disk."""
+        agent = self.agents.setdefault(agent_id, Agent(agent_id))
+        agent.pinned = pinned
+        if pinned:
+            self._pin(agent)
+        else:
+            self.pool.release(self._pins.pop(agent_id, []), TIER_WORKING_AGENT)
+        self._protected = frozenset(h for a in self.agents.values() if a.pinned for h in a.hashes)
+
+    def _pin(self, agent: Agent) -> None:
+        blocks = [b for h in agent.hashes if (b := self.pool.lookup(h)) is not None]
+        for block in blocks:
+            self.pool.acquire(block)
+        self.pool.release(self._pins.pop(agent.agent_id, []), TIER_WORKING_AGENT)
+        self._pins[agent.agent_id] = blocks
+
+    def persist(
+        self, agent_ids: Iterable[str] | None = None, timeout: float | None = None
+    ) -> PersistResult:
+        """Write the named agents' hot blocks (all hashed blocks when None) and manifests, and
+        return once they are durable."""
+        agents = (
+            list(self.agents.values())
+            if agent_ids is None
+            else [self.agents[a] for a in agent_ids if a in self.agents]
+        )
+        hashes = self.hot_hashes() if agent_ids is None else {h for a in agents for h in a.hashes}
+        failed: set[int] = set()
+        written = 0
+        for block_hash in hashes:
+            if not self.disk.contains(block_hash) and self._submit(block_hash, failed):
+                written += 1
+        self.writer.flush(timeout)
+        saved = 0
+        for agent in agents:
+            if agent.hashes and not failed & set(agent.hashes) and self._save_manifest(agent):
+                saved += 1
+        with self._lock:
+            self.counters.persisted += written - len(failed)
+        return PersistResult(written - len(failed), len(failed), saved)
+
+    def hot_hashes(self) -> set[int]:
+        return {h for h in (self.pool.hash_of(b) for b in range(self.pool.num_blocks)) if h}
+
+    def close(self, timeout: float | None = None) -> None:
+        self.writer.close(timeout)
+
+    # -- eviction to disk -------------------------------------------------------------------
+
+    def _save_evicted(
+        self, block: int, block_hash: int, parent: int, tokens: tuple[int, ...]
+    ) -> None:
+        """The pool is reclaiming a cached block: write it to disk first, unless it is there."""
+        if self.disk.contains(block_hash):
+            return
+        k, v = self.runner.read_block(block)
+        record = BlockRecord(block_hash, parent, tokens, k, v)
+        owners = [a for a in self.agents.values() if a.tail_hash == block_hash]
+        self.writer.submit(record, lambda size, error: self._evicted_written(error, owners))
+
+    def _evicted_written(self, error: BaseException | None, tail_owners: list[Agent]) -> None:
+        """On the writer thread, once an evicted block is durable (or failed)."""
+        with self._lock:
+            if error is not None:
+                self.counters.write_errors += 1
+                return
+            self.counters.evicted_to_disk += 1
+        for agent in tail_owners:  # its tail can only be found through its manifest
+            self._save_manifest(agent)
+        self._enforce_disk_budget()
+
+    def _submit(self, block_hash: int, failed: set[int]) -> bool:
+        block, content = self.pool.lookup(block_hash), self.prefix.content(block_hash)
+        if block is None or content is None:
+            return False
+        k, v = self.runner.read_block(block)
+        record = BlockRecord(block_hash, content[0], content[1], k, v)
+
+        def done(size: int, error: BaseException | None) -> None:
+            if error is not None:
+                with self._lock:
+                    self.counters.write_errors += 1
+                failed.add(block_hash)
+
+        self.writer.submit(record, done)
+        return True
+
+    def _enforce_disk_budget(self) -> None:
+        if self.disk.usage_bytes() > self.disk.budget_bytes:
+            dropped = self.disk.evict_to_budget(self._protected)
+            with self._lock:
+                self.counters.evicted_from_disk += len(dropped)
+
+    def _save_manifest(self, agent: Agent) -> bool:
+        manifest = AgentManifest(
+            agent.agent_id,
+            self.disk.model_root.name,
+            list(agent.block_hashes),
+            agent.tail_hash,
+            agent.num_tokens,
+            pinned=agent.pinned,
+        )
+        try:
+            save_manifest(self.disk.model_root, manifest)
+        except OSError as exc:
+            log.warning("manifest of agent %s not saved: %s", agent.agent_id, exc)
+            return False
+        return True
+
+    def _remember(self, manifest: AgentManifest) -> None:
+        agent = Agent(
+            manifest.agent_id,
+            list(manifest.block_hashes),
+            manifest.tail_hash,
+            manifest.num_tokens,
+            manifest.pinned,
+        )
+        agent.stats.last_used = manifest.updated_at
+        self.agents[agent.agent_id] = agent
+        self._sharers.update(agent.hashes)
+        if agent.pinned:
+            self._protected = self._protected | set(agent.hashes)
+
+
+def cache_root(cache_dir: Path) -> Path:
+    """Where the KV cache lives under the cache directory."""
+    return cache_dir / "kv"

@@ -1,0 +1,691 @@
+"""The disk tier of the KV cache: content-addressed safetensors block files and agent manifests.
+
+Owns the layout under `<cache_dir>/<model_tag>/` (`blocks/`, `agents/`, `quarantine/`), atomic
+durable writes, checksums, quarantine of bad files, LRU eviction to a byte budget, and the
+background writer that keeps disk I/O off the engine thread. Backend-neutral: KV arrives as numpy
+(bf16/fp16 as `np.uint16` raw bits), and nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import queue
+import re
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load as load_tensors
+from safetensors.numpy import save as save_tensors
+
+from semantic.core import CacheSpec, is_valid_agent_id
+from semantic.errors import CacheCorrupt, InvalidRequest
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = "1"  # block files; a different value is quarantined, never guessed at
+MANIFEST_FORMAT_VERSION = 1
+BLOCK_SUFFIX = ".safetensors"
+TMP_SUFFIX = ".tmp"
+_HASH_LIMIT = 1 << 64  # hashes are unsigned 64-bit: 16 hex digits in file names
+_HEX_HASH = re.compile(r"[0-9a-f]{16}")
+_SAFE_TAG = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+_T = TypeVar("_T")
+
+WriteCallback = Callable[[int, BaseException | None], None]
+
+
+class QuarantineReason(enum.StrEnum):
+    TRUNCATED = "truncated"  # shorter than its own header says
+    CORRUPT = "corrupt"  # unparsable header or tensors, or a name that disagrees with content
+    CHECKSUM = "checksum"  # parses, but the bytes changed since they were written
+    OTHER_MODEL = "other_model"
+    OTHER_SPEC = "other_spec"
+    VERSION = "version"
+    SHAPE = "shape"  # tensors missing or of the wrong shape or dtype for this spec
+
+
+class _Rejected(CacheCorrupt):
+    """A file failed one check; carries the reason it is quarantined under."""
+
+    def __init__(self, reason: QuarantineReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def model_tag(model_id: str, spec: CacheSpec) -> str:
+    """The folder name for one model and cache geometry: readable, filesystem-safe, and unique,
+    because a digest of the exact id and spec separates ids that sanitize alike."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", model_id).strip("._-")[-48:].lstrip("._-")
+    digest = hashlib.blake2b(f"{model_id}\0{spec.tag()}".encode(), digest_size=6).hexdigest()
+    return f"{readable or 'model'}-{spec.tag()}-{digest}"
+
+
+@dataclass(slots=True, frozen=True)
+class BlockRecord:
+    """One block's content: K and V for every layer, shaped `[layers, block_tokens, kv_heads,
+    head_dim]`, and the `token_ids` it holds (fewer than `block_tokens` for a partial tail)."""
+
+    block_hash: int
+    parent_hash: int | None
+    token_ids: tuple[int, ...]
+    k: np.ndarray
+    v: np.ndarray
+
+
+@dataclass(slots=True)
+class DiskStats:
+    """Counters since the tier opened; `files` and `bytes` describe `blocks/` now.
+    `reads` counts records returned, `misses` reads that returned None (absent or quarantined)."""
+
+    files: int = 0
+    bytes: int = 0
+    writes: int = 0
+    reads: int = 0
+    misses: int = 0
+    write_errors: int = 0
+    read_errors: int = 0
+    evicted: int = 0
+    quarantined: dict[str, int] = field(default_factory=dict)  # by QuarantineReason
+
+
+class DiskTier:
+    """One model's KV blocks on disk, addressed by block hash.
+
+    Invariants: a file under its final name is complete — it was written under a temp name,
+    fsynced and renamed — so a crash leaves the whole block or nothing; an existing block is never
+    rewritten (same hash, same content). The index (hash → size, least recently used first)
+    mirrors `blocks/`. Content is trusted only after its checks pass on read; a file that fails is
+    moved to `quarantine/` and counted, never loaded. Thread-safe: the writer thread writes while
+    the engine side reads and evicts; one lock guards the index and counters, I/O runs outside it.
+    Eviction and reads race benignly: a block deleted mid-read is a miss.
+    """
+
+    def __init__(self, root: Path, *, model_tag: str, spec: CacheSpec, budget_bytes: int) -> None:
+        if not _SAFE_TAG.fullmatch(model_tag):
+            raise ValueError(f"model tag {model_tag!r} is not a safe folder name")
+        if spec.dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"unsupported cache dtype {spec.dtype!r}")
+        self.model_tag = model_tag
+        self.spec = spec
+        self.budget_bytes = budget_bytes
+        self.model_root = root / model_tag
+        self.blocks_dir = self.model_root / "blocks"
+        self.quarantine_dir = self.model_root / "quarantine"
+        for folder in (self.blocks_dir, self.quarantine_dir, self.model_root / "agents"):
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # caches hold conversations
+        self._lock = threading.Lock()
+        self._index: OrderedDict[int, int] = OrderedDict()
+        self._bytes = 0
+        self._stats = DiskStats()
+        self._open_index()
+
+    # -- public API ----------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> DiskStats:
+        """A consistent snapshot of the counters."""
+        with self._lock:
+            quarantined = dict(self._stats.quarantined)
+            return replace(
+                self._stats, files=len(self._index), bytes=self._bytes, quarantined=quarantined
+            )
+
+    def write(self, record: BlockRecord) -> int:
+        """Store a block durably; return the bytes written, 0 when it was already on disk.
+
+        Raises OSError (ENOSPC, EIO, …) after removing its temp file, and ValueError for a record
+        that does not fit this tier's spec.
+        """
+        path = self._path(record.block_hash)
+        if path.exists():
+            self._touch(record.block_hash, path)  # a rewrite is a use: keep it from eviction
+            return 0
+        data = self._encode(record)
+        try:
+            write_durably(path, data)
+        except OSError:
+            with self._lock:
+                self._stats.write_errors += 1
+            self._adopt_if_present(record.block_hash, path)  # failed after the rename
+            raise
+        with self._lock:
+            self._add(record.block_hash, len(data))
+            self._stats.writes += 1
+        return len(data)
+
+    def read(self, block_hash: int) -> BlockRecord | None:
+        """The block, or None when it is absent or fails a check (then it is quarantined)."""
+        path = self._path(block_hash)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            self._forget_unreadable(block_hash, exc)
+            return None
+        try:
+            record = self._decode(block_hash, data)
+        except _Rejected as rejected:
+            self._quarantine(block_hash, path, rejected)
+            return None
+        self._touch(block_hash, path)
+        with self._lock:
+            self._stats.reads += 1
+        return record
+
+    def contains(self, block_hash: int) -> bool:
+        with self._lock:
+            return block_hash in self._index
+
+    def delete(self, block_hash: int) -> bool:
+        """Remove a block; True if it was there. No directory fsync: a deleted block that comes
+        back after a crash is harmless (content-addressed, verified on read)."""
+        with self._lock:
+            size = self._index.pop(block_hash, None)
+            if size is not None:
+                self._bytes -= size
+        self._path(block_hash).unlink(missing_ok=True)
+        return size is not None
+
+    def usage_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    def evict_to_budget(self, protected: AbstractSet[int] = frozenset()) -> list[int]:
+        """Delete least recently used blocks, skipping `protected`, until usage fits the budget.
+        Returns the evicted hashes, oldest first."""
+        with self._lock:
+            excess = self._bytes - self.budget_bytes
+            victims: list[int] = []
+            for block_hash, size in self._index.items():
+                if excess <= 0:
+                    break
+                if block_hash not in protected:
+                    victims.append(block_hash)
+                    excess -= size
+        evicted = [block_hash for block_hash in victims if self.delete(block_hash)]
+        with self._lock:
+            self._stats.evicted += len(evicted)
+        return evicted
+
+    # -- index ---------------------------------------------------------------------------------
+
+    def _open_index(self) -> None:
+        """Drop temp files a crash left behind, then index blocks by file name, oldest mtime
+        first. Contents are not read here: they are verified on read."""
+        for folder in (self.blocks_dir, self.model_root / "agents"):
+            remove_temp_files(folder)
+        found: list[tuple[float, int, int]] = []
+        for entry in os.scandir(self.blocks_dir):
+            block_hash = _parse_block_name(entry.name)
+            if block_hash is not None and entry.is_file():
+                stat = entry.stat()
+                found.append((stat.st_mtime, block_hash, stat.st_size))
+        for _, block_hash, size in sorted(found):
+            self._add(block_hash, size)
+
+    def _add(self, block_hash: int, size: int) -> None:
+        """Record a block as most recently used. Call with the lock held."""
+        self._bytes += size - self._index.pop(block_hash, 0)
+        self._index[block_hash] = size
+
+    def _touch(self, block_hash: int, path: Path) -> None:
+        # mtime carries the LRU order across restarts; atime is unreliable (noatime mounts).
+        try:
+            os.utime(path)
+            size = path.stat().st_size
+        except OSError:
+            return
+        with self._lock:
+            self._add(block_hash, size)
+
+    def _adopt_if_present(self, block_hash: int, path: Path) -> None:
+        with contextlib.suppress(OSError), self._lock:
+            self._add(block_hash, path.stat().st_size)
+
+    def _forget_unreadable(self, block_hash: int, exc: OSError) -> None:
+        with self._lock:
+            size = self._index.pop(block_hash, None)
+            self._bytes -= size or 0
+            self._stats.misses += 1
+            if not isinstance(exc, FileNotFoundError):
+                self._stats.read_errors += 1
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("cache block %016x unreadable, treated as a miss: %s", block_hash, exc)
+
+    def _quarantine(self, block_hash: int, path: Path, rejected: _Rejected) -> None:
+        moved = move_to_quarantine(path, self.quarantine_dir, rejected.reason)
+        with self._lock:
+            size = self._index.pop(block_hash, None)
+            self._bytes -= size or 0
+            self._stats.misses += 1
+            if moved:  # a concurrent reader may have moved it first: count it once
+                counts = self._stats.quarantined
+                counts[rejected.reason] = counts.get(rejected.reason, 0) + 1
+        log.warning("cache block %016x quarantined: %s", block_hash, rejected)
+
+    def _path(self, block_hash: int) -> Path:
+        if not 0 <= block_hash < _HASH_LIMIT:
+            raise ValueError(f"block hash {block_hash} is not an unsigned 64-bit integer")
+        return self.blocks_dir / f"{block_hash:016x}{BLOCK_SUFFIX}"
+
+    # -- encoding ------------------------------------------------------------------------------
+
+    @property
+    def _storage_dtype(self) -> np.dtype:
+        # bf16 has no numpy dtype: 16-bit KV travels as raw bits, the real dtype in metadata.
+        return np.dtype(np.float32 if self.spec.dtype == "float32" else np.uint16)
+
+    @property
+    def _kv_shape(self) -> tuple[int, int, int, int]:
+        s = self.spec
+        return (s.num_layers, s.block_tokens, s.num_kv_heads, s.head_dim)
+
+    def _encode(self, record: BlockRecord) -> bytes:
+        for name, array in (("k", record.k), ("v", record.v)):
+            if array.shape != self._kv_shape or array.dtype != self._storage_dtype:
+                raise ValueError(
+                    f"{name} is {array.dtype}{list(array.shape)}, "
+                    f"expected {self._storage_dtype}{list(self._kv_shape)}"
+                )
+        if not 1 <= len(record.token_ids) <= self.spec.block_tokens:
+            raise ValueError(f"a block holds 1..{self.spec.block_tokens} tokens")
+        tokens = np.asarray(record.token_ids, dtype=np.int32)
+        k, v = _little_endian(record.k), _little_endian(record.v)
+        parent = "" if record.parent_hash is None else f"{record.parent_hash:016x}"
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "block_hash": f"{record.block_hash:016x}",
+            "parent_hash": parent,
+            "model_tag": self.model_tag,
+            "cache_spec": self.spec.tag(),
+            "dtype": self.spec.dtype,
+        }
+        meta["checksum"] = block_checksum(k, v, tokens, meta["block_hash"], parent)
+        return save_tensors({"k": k, "v": v, "token_ids": tokens}, metadata=meta)
+
+    def _decode(self, block_hash: int, data: bytes) -> BlockRecord:
+        meta = _header_metadata(data)
+        self._check_identity(block_hash, meta)
+        try:
+            tensors = load_tensors(data)
+        except (SafetensorError, ValueError) as exc:
+            raise _Rejected(QuarantineReason.CORRUPT, str(exc)) from exc
+        k, v, tokens = self._check_tensors(tensors)
+        parent = meta["parent_hash"]
+        if block_checksum(k, v, tokens, meta["block_hash"], parent) != meta["checksum"]:
+            raise _Rejected(QuarantineReason.CHECKSUM, "content does not match its checksum")
+        return BlockRecord(
+            block_hash=block_hash,
+            parent_hash=_parse_hash(parent) if parent else None,
+            token_ids=tuple(tokens.tolist()),
+            k=k,
+            v=v,
+        )
+
+    def _check_identity(self, block_hash: int, meta: dict[str, str]) -> None:
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise _Rejected(QuarantineReason.VERSION, f"format {meta.get('format_version')!r}")
+        if meta.get("model_tag") != self.model_tag:
+            raise _Rejected(QuarantineReason.OTHER_MODEL, f"model {meta.get('model_tag')!r}")
+        if meta.get("cache_spec") != self.spec.tag() or meta.get("dtype") != self.spec.dtype:
+            raise _Rejected(QuarantineReason.OTHER_SPEC, f"spec {meta.get('cache_spec')!r}")
+        if meta.get("block_hash") != f"{block_hash:016x}":
+            raise _Rejected(QuarantineReason.CORRUPT, "file name and block hash disagree")
+        parent = meta.get("parent_hash")
+        if parent is None or (parent and not _HEX_HASH.fullmatch(parent)):
+            raise _Rejected(QuarantineReason.CORRUPT, "bad parent hash")
+        if "checksum" not in meta:
+            raise _Rejected(QuarantineReason.CORRUPT, "no checksum")
+
+    def _check_tensors(
+        self, tensors: dict[str, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if set(tensors) != {"k", "v", "token_ids"}:
+            raise _Rejected(QuarantineReason.SHAPE, f"tensors {sorted(tensors)}")
+        k, v, tokens = tensors["k"], tensors["v"], tensors["token_ids"]
+        for array in (k, v):
+            if array.shape != self._kv_shape or array.dtype != self._storage_dtype:
+                raise _Rejected(QuarantineReason.SHAPE, f"{array.dtype}{list(array.shape)}")
+        if tokens.dtype != np.int32 or tokens.ndim != 1:
+            raise _Rejected(QuarantineReason.SHAPE, f"token_ids {tokens.dtype}{tokens.shape}")
+        if not 1 <= tokens.shape[0] <= self.spec.block_tokens:
+            raise _Rejected(QuarantineReason.SHAPE, f"{tokens.shape[0]} token ids")
+        return k, v, tokens
+
+
+_Job = tuple[int, BlockRecord, WriteCallback | None]  # (sequence number, record, callback)
+
+
+class DiskWriter:
+    """Runs block writes on one background thread, so the engine thread never waits on disk.
+
+    Jobs run in submission order, so `flush` waits for the sequence number of the last job
+    submitted before it. A failed job (ENOSPC, EIO, a bad record) is reported through its
+    callback and counted; it never stops the thread, and later jobs still run. Callbacks run on
+    the writer thread before their job counts as done: once `flush` returns True, every earlier
+    job is durable or has reported its failure. Records must own their arrays (copied out of the
+    pool), since the pool may reuse the block before the write runs.
+    """
+
+    def __init__(self, tier: DiskTier) -> None:
+        self._tier = tier
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._submitted = 0
+        self._done = 0
+        self._failed = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="semantic-disk-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return self._submitted - self._done
+
+    @property
+    def failed(self) -> int:
+        with self._cond:
+            return self._failed
+
+    def submit(self, record: BlockRecord, on_done: WriteCallback | None = None) -> None:
+        """Queue a write; `on_done(bytes_written, error)` runs on the writer thread after it."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the disk writer is closed")
+            self._submitted += 1
+            self._jobs.put((self._submitted, record, on_done))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every job submitted before this call has finished (durable, or failed and
+        reported). False when `timeout` seconds pass first."""
+        with self._cond:
+            target = self._submitted
+            return self._cond.wait_for(lambda: self._done >= target, timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Finish the queued jobs and stop the thread; True when it stopped within `timeout`."""
+        with self._cond:
+            if not self._closed:
+                self._closed = True
+                self._jobs.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            seq, record, on_done = job
+            written, error = self._write(record)
+            if on_done is not None:
+                _call_quietly(on_done, written, error)
+            with self._cond:
+                self._done = seq
+                self._failed += error is not None
+                self._cond.notify_all()
+
+    def _write(self, record: BlockRecord) -> tuple[int, BaseException | None]:
+        try:
+            return self._tier.write(record), None
+        except Exception as exc:  # a failed write must not kill the writer: report it
+            log.warning("cache block %016x not written: %s", record.block_hash, exc)
+            return 0, exc
+
+
+def _call_quietly(on_done: WriteCallback, written: int, error: BaseException | None) -> None:
+    try:
+        on_done(written, error)
+    except Exception:  # a caller's bug must not stop every later write
+        log.exception("disk write callback failed")
+
+
+# -- agent manifests ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class AgentManifest:
+    """An agent's cache on disk: its full blocks' hashes in order and its partial tail block.
+
+    It only names blocks, which are shared and content-addressed, so deleting an agent removes
+    its manifest, never blocks that other agents may share. In JSON, hashes are 16-hex-digit
+    strings like the file names, since JSON numbers above 2**53 lose precision in many readers.
+    """
+
+    agent_id: str
+    model_tag: str
+    block_hashes: list[int]
+    tail_hash: int | None
+    num_tokens: int
+    pinned: bool = False
+    updated_at: float = field(default_factory=time.time)
+    format_version: int = MANIFEST_FORMAT_VERSION
+
+
+def save_manifest(root_for_model: Path, manifest: AgentManifest) -> None:
+    """Write `agents/<agent_id>.json` atomically and durably (InvalidRequest for a bad id)."""
+    if manifest.model_tag != root_for_model.name:
+        raise ValueError(f"manifest of {manifest.model_tag!r} under {root_for_model}")
+    path = _manifest_path(root_for_model, manifest.agent_id)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    raw = {
+        "format_version": manifest.format_version,
+        "agent_id": manifest.agent_id,
+        "model_tag": manifest.model_tag,
+        "block_hashes": [f"{h:016x}" for h in manifest.block_hashes],
+        "tail_hash": None if manifest.tail_hash is None else f"{manifest.tail_hash:016x}",
+        "num_tokens": manifest.num_tokens,
+        "pinned": manifest.pinned,
+        "updated_at": manifest.updated_at,
+    }
+    write_durably(path, json.dumps(raw, indent=1).encode())
+
+
+def load_manifest(root_for_model: Path, agent_id: str) -> AgentManifest | None:
+    """The agent's manifest; None when absent or bad (a bad one is moved to `quarantine/`)."""
+    path = _manifest_path(root_for_model, agent_id)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("agent manifest %s unreadable: %s", path.name, exc)
+        return None
+    try:
+        manifest = _manifest_from_json(data)
+        if manifest.model_tag != root_for_model.name or manifest.agent_id != agent_id:
+            raise _Rejected(QuarantineReason.OTHER_MODEL, "written for another model or agent")
+    except _Rejected as rejected:
+        move_to_quarantine(path, root_for_model / "quarantine", rejected.reason)
+        log.warning("agent manifest %s quarantined: %s", path.name, rejected)
+        return None
+    return manifest
+
+
+def list_manifests(root_for_model: Path) -> list[AgentManifest]:
+    """Every valid manifest of this model, by agent id; bad ones are quarantined on the way."""
+    folder = root_for_model / "agents"
+    if not folder.is_dir():
+        return []
+    ids = sorted(p.stem for p in folder.glob("*.json") if is_valid_agent_id(p.stem))
+    return [m for agent_id in ids if (m := load_manifest(root_for_model, agent_id)) is not None]
+
+
+def delete_manifest(root_for_model: Path, agent_id: str) -> bool:
+    """Remove an agent's manifest durably (a deleted agent must not return after a crash)."""
+    path = _manifest_path(root_for_model, agent_id)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    fsync_dir(path.parent)
+    return True
+
+
+def _manifest_path(root_for_model: Path, agent_id: str) -> Path:
+    if not is_valid_agent_id(agent_id):
+        raise InvalidRequest(f"invalid agent id {agent_id[:40]!r}", param="agent_id")
+    return root_for_model / "agents" / f"{agent_id}.json"
+
+
+def _manifest_from_json(data: bytes) -> AgentManifest:
+    try:
+        raw = json.loads(data)
+        if not isinstance(raw, dict):
+            raise TypeError("not a JSON object")
+        if raw.get("format_version") != MANIFEST_FORMAT_VERSION:
+            raise _Rejected(QuarantineReason.VERSION, f"format {raw.get('format_version')!r}")
+        tail = raw["tail_hash"]
+        return AgentManifest(
+            agent_id=_typed(raw, "agent_id", str),
+            model_tag=_typed(raw, "model_tag", str),
+            block_hashes=[_parse_hash(h) for h in _typed(raw, "block_hashes", list)],
+            tail_hash=None if tail is None else _parse_hash(tail),
+            num_tokens=_typed(raw, "num_tokens", int),
+            pinned=bool(raw.get("pinned", False)),
+            updated_at=float(_typed(raw, "updated_at", (int, float))),
+            format_version=MANIFEST_FORMAT_VERSION,
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _Rejected(QuarantineReason.CORRUPT, str(exc)) from exc
+
+
+def _typed(raw: dict[str, object], key: str, kind: type[_T] | tuple[type[_T], ...]) -> _T:
+    value = raw[key]
+    if not isinstance(value, kind):
+        raise TypeError(f"{key} is not a {kind}")
+    return value
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically: a temp file in the same folder, fsync, rename, fsync the
+    folder. Readers see the old state or the whole new file, never part of it; on failure the
+    temp file is removed and the OSError propagates."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _write_all(fd, data)
+            _fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    fsync_dir(path.parent)  # makes the rename itself durable
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_temp_files(folder: Path) -> int:
+    """Delete the temp files an interrupted write left in `folder`; returns how many."""
+    if not folder.is_dir():
+        return 0
+    stray = [p for p in folder.iterdir() if p.name.endswith(TMP_SUFFIX)]
+    for path in stray:
+        _unlink_quietly(path)
+    return len(stray)
+
+
+def move_to_quarantine(path: Path, quarantine_dir: Path, reason: str) -> bool:
+    """Move a bad file aside (kept for inspection, never read again); False if it was gone."""
+    target = quarantine_dir / f"{path.stem}.{reason}.{time.time_ns()}{path.suffix}"
+    try:
+        quarantine_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.replace(path, target)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        _unlink_quietly(path)  # cannot move it: deleting still keeps it from being loaded
+    return True
+
+
+def block_checksum(
+    k: np.ndarray, v: np.ndarray, tokens: np.ndarray, block: str, parent: str
+) -> str:
+    """blake2b over k, v and token_ids (little-endian raw bytes, in that order), then the block
+    and parent hash strings, so a flipped parent link is caught like flipped KV."""
+    digest = hashlib.blake2b(digest_size=16)
+    for array in (k, v, tokens):
+        digest.update(_little_endian(array).data)
+    digest.update(f"{block}:{parent}".encode())
+    return digest.hexdigest()
+
+
+def _header_metadata(data: bytes) -> dict[str, str]:
+    """The safetensors header's metadata, after checking the file is as long as it says."""
+    if len(data) < 8:
+        raise _Rejected(QuarantineReason.TRUNCATED, f"{len(data)} bytes")
+    size = int.from_bytes(data[:8], "little")
+    if len(data) < 8 + size:
+        raise _Rejected(QuarantineReason.TRUNCATED, "header cut short")
+    try:
+        header = json.loads(data[8 : 8 + size])
+        end = max(
+            (t["data_offsets"][1] for n, t in header.items() if n != "__metadata__"), default=0
+        )
+        meta = header.get("__metadata__", {})
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise _Rejected(QuarantineReason.CORRUPT, f"header: {exc}") from exc
+    if not isinstance(end, int) or len(data) < 8 + size + end:
+        raise _Rejected(QuarantineReason.TRUNCATED, "data cut short")
+    if not isinstance(meta, dict) or not all(isinstance(x, str) for x in meta.values()):
+        raise _Rejected(QuarantineReason.CORRUPT, "metadata is not strings")
+    return meta
+
+
+def _little_endian(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+
+
+def _parse_hash(text: object) -> int:
+    if not isinstance(text, str) or not _HEX_HASH.fullmatch(text):
+        raise ValueError(f"not a 16-hex-digit hash: {text!r}")
+    return int(text, 16)
+
+
+def _parse_block_name(name: str) -> int | None:
+    stem = name.removesuffix(BLOCK_SUFFIX)
+    return int(stem, 16) if stem != name and _HEX_HASH.fullmatch(stem) else None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fsync(fd: int) -> None:
+    # On macOS fsync stops at the drive's cache; F_FULLFSYNC reaches stable storage.
+    full_fsync = getattr(fcntl, "F_FULLFSYNC", None)
+    if full_fsync is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, full_fsync)
+            return
+    os.fsync(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)

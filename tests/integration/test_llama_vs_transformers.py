@@ -1,0 +1,178 @@
+"""Our Llama over the paged pool against `transformers.LlamaForCausalLM`, on tiny random weights:
+same logits, same greedy tokens, chunking and batching that change nothing."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+
+from semantic.backends.torch.runner import TorchRunner
+from semantic.core import Batch, BatchItem, SamplingParams
+from semantic.models.config import ModelConfig
+
+pytestmark = pytest.mark.integration
+
+BLOCK_TOKENS = 8
+GREEDY = SamplingParams(temperature=0.0)
+BASE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+    "rope_theta": 500000.0,
+}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "untied": {},
+    "llama3_rope": {"rope_parameters": LLAMA3_ROPE},
+    "tied": {"tie_word_embeddings": True},
+    "attention_bias": {"attention_bias": True},
+}
+
+
+class Model:
+    """A transformers reference and our runner over the same random weights."""
+
+    def __init__(self, **overrides: Any) -> None:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        hf_config = LlamaConfig(**{**BASE, **overrides})
+        self.reference = LlamaForCausalLM(hf_config).eval()
+        if hf_config.attention_bias:  # random init leaves biases at zero; make them count
+            for name, param in self.reference.named_parameters():
+                if name.endswith("bias"):
+                    param.data.normal_()
+        self.config = model_config(hf_config.to_dict())
+        weights = [(k, v.detach().numpy()) for k, v in self.reference.state_dict().items()]
+        self.runner = TorchRunner(
+            self.config,
+            weights,
+            block_tokens=BLOCK_TOKENS,
+            cache_budget_mb=4,
+            dtype="float32",
+            device="cpu",
+        )
+        self.free = list(range(self.runner.num_blocks))
+        random.Random(0).shuffle(self.free)  # scattered blocks, as a busy pool hands out
+
+    def blocks(self, tokens: int) -> list[int]:
+        return [self.free.pop() for _ in range(-(-tokens // BLOCK_TOKENS))]
+
+    @torch.no_grad()
+    def reference_logits(self, ids: list[int]) -> torch.Tensor:
+        return self.reference(torch.tensor([ids])).logits[0]  # [S, V]
+
+    def reference_greedy(self, ids: list[int], steps: int) -> list[int]:
+        ids = list(ids)
+        for _ in range(steps):
+            ids.append(int(self.reference_logits(ids)[-1].argmax()))
+        return ids[-steps:]
+
+
+def model_config(hf: dict[str, Any]) -> ModelConfig:
+    # transformers 5 writes rope settings as `rope_parameters`; ModelConfig reads the 4.x keys.
+    rope = hf.pop("rope_parameters", None) or {}
+    hf["rope_theta"] = rope.get("rope_theta", 10000.0)
+    hf["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
+    return ModelConfig.from_hf(hf)
+
+
+def prefill(seq_id: int, ids: list[int], table: list[int], start: int = 0) -> BatchItem:
+    return BatchItem(seq_id, ids[start:], start, table, True, GREEDY, 0)
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    return [random.Random(seed * 1000 + i).randrange(256) for i in range(length)]
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def model(request: pytest.FixtureRequest) -> Model:
+    return Model(**VARIANTS[request.param])
+
+
+def test_prompt_logits_equal_transformers(model: Model):
+    for seed, length in enumerate((1, 7, 8, 29)):
+        ids = prompt(length, seed)
+        ours = model.runner.forward_logits(Batch([prefill(0, ids, model.blocks(length))]))
+        expected = model.reference_logits(ids)[-1]
+        torch.testing.assert_close(ours[0], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_tokens_and_step_logits_equal_transformers(model: Model):
+    steps = 16
+    for seed, length in enumerate((3, 8, 21)):
+        ids = prompt(length, seed + 10)
+        table = model.blocks(length + steps)
+        logits = [model.runner.forward_logits(Batch([prefill(0, ids, table)]))[0]]
+        out = [int(logits[-1].argmax())]
+        for n in range(1, steps):
+            decode = BatchItem(0, [out[-1]], length + n - 1, table, True, GREEDY, n)
+            logits.append(model.runner.forward_logits(Batch([decode]))[0])
+            out.append(int(logits[-1].argmax()))
+        assert out == model.reference_greedy(ids, steps)
+        reference = model.reference_logits(ids + out[:-1])[length - 1 :]
+        torch.testing.assert_close(torch.stack(logits), reference, atol=1e-4, rtol=1e-4)
+
+
+def test_run_samples_the_greedy_tokens_of_transformers(model: Model):
+    steps = 16
+    ids = prompt(13, 99)
+    table = model.blocks(13 + steps)
+    out: list[int] = []
+    item = prefill(0, ids, table)
+    for n in range(steps):
+        (token,) = model.runner.run(Batch([item]))
+        assert token is not None
+        out.append(token)
+        item = BatchItem(0, [token], 13 + n, table, True, GREEDY, n + 1)
+    assert out == model.reference_greedy(ids, steps)
+
+
+def test_chunked_prefill_gives_the_logits_of_one_shot(model: Model):
+    ids = prompt(37, 5)
+    one_shot = model.runner.forward_logits(Batch([prefill(0, ids, model.blocks(37))]))
+    table = model.blocks(37)
+    for start, end in ((0, 5), (5, 16), (16, 17)):  # chunks not aligned to blocks
+        chunk = BatchItem(0, ids[start:end], start, table, False, GREEDY, 0)
+        assert model.runner.run(Batch([chunk])) == [None]
+    last = model.runner.forward_logits(Batch([prefill(0, ids, table, start=17)]))
+    torch.testing.assert_close(last, one_shot, atol=1e-5, rtol=1e-5)
+
+
+def test_batch_of_eight_gives_each_sequence_its_logits_alone(model: Model):
+    lengths = [1, 3, 8, 9, 15, 16, 30, 41]
+    prompts = [prompt(n, 20 + i) for i, n in enumerate(lengths)]
+    tables = [model.blocks(n + 1) for n in lengths]
+    alone = torch.cat(
+        [
+            model.runner.forward_logits(Batch([prefill(i, ids, tables[i])]))
+            for i, ids in enumerate(prompts)
+        ]
+    )
+    # Decode one token for all eight at once, and, for comparison, each alone.
+    tokens = alone.argmax(-1).tolist()
+    decodes = [
+        BatchItem(i, [tokens[i]], n, tables[i], True, GREEDY, 1) for i, n in enumerate(lengths)
+    ]
+    batched = model.runner.forward_logits(Batch(decodes))
+    singles = torch.cat([model.runner.forward_logits(Batch([d])) for d in decodes])
+    torch.testing.assert_close(batched, singles, atol=1e-5, rtol=1e-5)
+    # And prefill all eight in one mixed step (fresh blocks), against the prompts alone.
+    fresh = [model.blocks(n) for n in lengths]
+    mixed = model.runner.forward_logits(
+        Batch([prefill(i, ids, fresh[i]) for i, ids in enumerate(prompts)])
+    )
+    torch.testing.assert_close(mixed, alone, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,455 @@
+"""The disk tier: atomic block files, checks and quarantine on read, eviction, writer, manifests."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+from semantic.cache import disk
+from semantic.cache.disk import (
+    AgentManifest,
+    BlockRecord,
+    DiskTier,
+    DiskWriter,
+    delete_manifest,
+    list_manifests,
+    load_manifest,
+    model_tag,
+    save_manifest,
+)
+from semantic.core import CacheSpec
+from semantic.errors import InvalidRequest
+
+SPEC = CacheSpec(num_layers=2, num_kv_heads=1, head_dim=2, dtype="bfloat16", block_tokens=4)
+SPEC32 = CacheSpec(num_layers=2, num_kv_heads=1, head_dim=2, dtype="float32", block_tokens=4)
+TAG = model_tag("tiny-model", SPEC)
+KV_SHAPE = (2, 4, 1, 2)
+
+
+def make_record(
+    block_hash: int, spec: CacheSpec = SPEC, parent: int | None = None, n_tokens: int = 4
+) -> BlockRecord:
+    rng = np.random.default_rng(block_hash)
+    k: np.ndarray
+    v: np.ndarray
+    if spec.dtype == "float32":
+        k, v = (rng.standard_normal(KV_SHAPE).astype(np.float32) for _ in range(2))
+    else:
+        k, v = (rng.integers(0, 1 << 16, KV_SHAPE, dtype=np.uint16) for _ in range(2))
+    tokens = tuple(int(t) for t in rng.integers(0, 50_000, n_tokens))
+    return BlockRecord(block_hash=block_hash, parent_hash=parent, token_ids=tokens, k=k, v=v)
+
+
+def open_tier(
+    root: Path, spec: CacheSpec = SPEC, tag: str = TAG, budget: int = 1 << 30
+) -> DiskTier:
+    return DiskTier(root, model_tag=tag, spec=spec, budget_bytes=budget)
+
+
+def assert_same(got: BlockRecord | None, want: BlockRecord) -> None:
+    assert got is not None
+    assert (got.block_hash, got.parent_hash, got.token_ids) == (
+        want.block_hash,
+        want.parent_hash,
+        want.token_ids,
+    )
+    assert got.k.dtype == want.k.dtype and np.array_equal(got.k, want.k)
+    assert got.v.dtype == want.v.dtype and np.array_equal(got.v, want.v)
+
+
+def temp_files(tier: DiskTier) -> list[Path]:
+    return [p for p in tier.model_root.rglob("*") if p.name.endswith(".tmp")]
+
+
+# -- round trip and atomic writes ----------------------------------------------------------------
+
+
+def test_uint16_bits_round_trip_exactly_with_parent_and_tokens(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path)
+    record = make_record(0xDEADBEEF, parent=0xFFFF_FFFF_FFFF_FFFF)
+    assert tier.write(record) > 0
+    assert_same(tier.read(record.block_hash), record)
+    path = tier.blocks_dir / f"{record.block_hash:016x}.safetensors"
+    with safe_open(str(path), framework="numpy") as f:
+        meta = f.metadata()
+    assert meta["dtype"] == "bfloat16" and meta["cache_spec"] == SPEC.tag()
+    assert meta["model_tag"] == TAG and meta["format_version"] == "1"
+    assert tier.stats.reads == 1 and tier.stats.writes == 1
+
+
+def test_float32_partial_block_round_trips(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path, SPEC32)
+    record = make_record(7, SPEC32, parent=None, n_tokens=2)
+    tier.write(record)
+    got = tier.read(7)
+    assert_same(got, record)
+    assert got is not None and len(got.token_ids) == 2 and got.parent_hash is None
+
+
+def test_write_is_temp_fsync_rename_then_dir_fsync_and_leaves_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = open_tier(tmp_path)
+    calls: list[str] = []
+    real_fsync_file, real_fsync_dir, real_replace = disk._fsync, disk.fsync_dir, os.replace
+
+    def fsync_file(fd: int) -> None:
+        calls.append("fsync-file")
+        real_fsync_file(fd)
+
+    def fsync_dir(folder: Path) -> None:
+        calls.append("fsync-dir")
+        real_fsync_dir(folder)
+
+    def replace(src: str | Path, dst: str | Path) -> None:
+        assert Path(src).parent == Path(dst).parent and Path(src).name.endswith(".tmp")
+        calls.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(disk, "_fsync", fsync_file)
+    monkeypatch.setattr(disk, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(os, "replace", replace)
+    tier.write(make_record(1))
+    assert calls == ["fsync-file", "rename", "fsync-dir"]
+    assert [p.name for p in tier.blocks_dir.iterdir()] == [f"{1:016x}.safetensors"]
+    assert temp_files(tier) == []
+
+
+def test_an_existing_block_is_not_rewritten(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path)
+    record = make_record(3)
+    first = tier.write(record)
+    path = tier.blocks_dir / f"{3:016x}.safetensors"
+    inode = path.stat().st_ino
+    assert tier.write(record) == 0
+    assert path.stat().st_ino == inode and tier.stats.writes == 1
+    assert tier.usage_bytes() == first
+
+
+def test_a_record_that_does_not_fit_the_spec_is_refused(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path)
+    good = make_record(1)
+    with pytest.raises(ValueError):
+        tier.write(BlockRecord(1, None, good.token_ids, good.k.astype(np.float32), good.v))
+    with pytest.raises(ValueError):
+        tier.write(BlockRecord(1, None, (1, 2, 3, 4, 5), good.k, good.v))
+    assert not tier.contains(1)
+
+
+# -- bad files: quarantined, counted, never loaded -----------------------------------------------
+
+
+def _rewrite(path: Path, meta: dict[str, str] | None = None, **tensors: np.ndarray) -> None:
+    """Re-save a block file with some metadata or tensors replaced."""
+    with safe_open(str(path), framework="numpy") as f:
+        old_meta = f.metadata()
+    saved = load_file(str(path))
+    save_file({**saved, **tensors}, str(path), metadata={**old_meta, **(meta or {})})
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _garbage_header(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[8:20] = b"\xff" * 12
+    path.write_bytes(bytes(data))
+
+
+def _flip_kv_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-40] ^= 0x01  # inside the tensor data, which sits at the end
+    path.write_bytes(bytes(data))
+
+
+def _flip_parent(path: Path) -> None:
+    _rewrite(path, {"parent_hash": f"{0x0BAD:016x}"})
+
+
+def _other_version(path: Path) -> None:
+    _rewrite(path, {"format_version": "2"})
+
+
+def _wrong_shape(path: Path) -> None:
+    _rewrite(path, k=np.zeros((2, 4, 1, 3), dtype=np.uint16))
+
+
+def _other_model(path: Path) -> None:
+    other = open_tier(path.parent.parent.parent, tag=model_tag("other-model", SPEC))
+    other.write(make_record(42, parent=1))
+    path.write_bytes((other.blocks_dir / path.name).read_bytes())
+
+
+def _other_spec(path: Path) -> None:
+    spec = CacheSpec(num_layers=2, num_kv_heads=1, head_dim=2, dtype="float16", block_tokens=4)
+    other = open_tier(path.parent.parent.parent / "elsewhere", spec=spec)
+    other.write(make_record(42, parent=1))
+    path.write_bytes((other.blocks_dir / path.name).read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (_truncate, "truncated"),
+        (_empty, "truncated"),
+        (_garbage_header, "corrupt"),
+        (_flip_kv_bit, "checksum"),
+        (_flip_parent, "checksum"),
+        (_other_version, "version"),
+        (_wrong_shape, "shape"),
+        (_other_model, "other_model"),
+        (_other_spec, "other_spec"),
+    ],
+)
+def test_a_bad_file_is_a_miss_moved_to_quarantine_and_counted(
+    tmp_path: Path, damage: Callable[[Path], None], reason: str
+) -> None:
+    tier = open_tier(tmp_path)
+    tier.write(make_record(42, parent=1))
+    tier.write(make_record(43, parent=42))
+    path = tier.blocks_dir / f"{42:016x}.safetensors"
+    damage(path)
+    tier = open_tier(tmp_path)  # a restart: the index trusts names, content is checked on read
+    assert tier.read(42) is None
+    assert not path.exists() and not tier.contains(42)
+    assert [p.name.split(".")[1] for p in tier.quarantine_dir.iterdir()] == [reason]
+    stats = tier.stats
+    assert stats.quarantined == {reason: 1} and stats.misses == 1 and stats.files == 1
+    assert tier.read(42) is None and tier.stats.quarantined == {reason: 1}
+    assert_same(tier.read(43), make_record(43, parent=42))  # its neighbour is untouched
+
+
+def test_an_absent_block_is_a_counted_miss(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path)
+    assert tier.read(99) is None
+    assert tier.stats.misses == 1 and tier.stats.quarantined == {}
+
+
+# -- startup -------------------------------------------------------------------------------------
+
+
+def test_startup_removes_temp_files_a_crash_left_and_indexes_by_name(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path)
+    size = tier.write(make_record(5))
+    half = (tier.blocks_dir / f"{5:016x}.safetensors").read_bytes()[:100]
+    (tier.blocks_dir / f".{6:016x}.safetensors.0123abcd.tmp").write_bytes(half)  # mid-write
+    (tier.model_root / "agents" / ".a1.json.0123abcd.tmp").write_bytes(b'{"agent')
+    (tier.blocks_dir / "notes.txt").write_text("not a block")
+    tier = open_tier(tmp_path)
+    assert temp_files(tier) == []
+    assert tier.contains(5) and not tier.contains(6)
+    assert tier.usage_bytes() == size and tier.stats.files == 1
+    assert (tier.blocks_dir / "notes.txt").exists()  # not ours: left alone
+
+
+# -- disk full -----------------------------------------------------------------------------------
+
+
+def _disk_fills_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.write lands part of the first chunk, then the disk is full."""
+    real_write = os.write
+
+    def write(fd: int, data: bytes | memoryview) -> int:
+        if len(data) > 64:
+            real_write(fd, data[:64])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_disk_full_leaves_no_file_and_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = open_tier(tmp_path)
+    _disk_fills_up(monkeypatch)
+    with pytest.raises(OSError) as caught:
+        tier.write(make_record(1))
+    assert caught.value.errno == errno.ENOSPC
+    assert list(tier.blocks_dir.iterdir()) == [] and not tier.contains(1)
+    assert tier.stats.write_errors == 1
+    monkeypatch.undo()
+    tier.write(make_record(1))
+    assert_same(tier.read(1), make_record(1))
+
+
+def test_writer_reports_disk_full_and_keeps_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = open_tier(tmp_path)
+    writer = DiskWriter(tier)
+    results: dict[int, tuple[int, BaseException | None]] = {}
+
+    def done(block_hash: int) -> Callable[[int, BaseException | None], None]:
+        return lambda written, error: results.__setitem__(block_hash, (written, error))
+
+    _disk_fills_up(monkeypatch)
+    writer.submit(make_record(1), done(1))
+    assert writer.flush(timeout=10)
+    monkeypatch.undo()
+    writer.submit(make_record(2), done(2))
+    assert writer.flush(timeout=10)
+    assert writer.close(timeout=10)
+    error = results[1][1]
+    assert isinstance(error, OSError) and error.errno == errno.ENOSPC
+    assert results[2][0] > 0 and results[2][1] is None
+    assert writer.failed == 1 and not tier.contains(1) and tier.contains(2)
+    assert temp_files(tier) == []
+
+
+# -- the writer ----------------------------------------------------------------------------------
+
+
+def test_flush_returns_only_once_earlier_writes_are_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = open_tier(tmp_path)
+    writer = DiskWriter(tier)
+    disk_may_sync = threading.Event()
+    synced: list[str] = []
+    real_fsync_file, real_fsync_dir = disk._fsync, disk.fsync_dir
+
+    def slow_fsync_file(fd: int) -> None:
+        disk_may_sync.wait(timeout=10)
+        real_fsync_file(fd)
+        synced.append("file")
+
+    def fsync_dir(folder: Path) -> None:
+        real_fsync_dir(folder)
+        synced.append("folder")
+
+    monkeypatch.setattr(disk, "_fsync", slow_fsync_file)
+    monkeypatch.setattr(disk, "fsync_dir", fsync_dir)
+    acked: list[int] = []
+    writer.submit(make_record(1), lambda written, error: acked.append(written))
+    assert writer.flush(timeout=0.05) is False  # stuck in fsync: not durable yet
+    assert acked == [] and writer.pending == 1
+    disk_may_sync.set()
+    assert writer.flush(timeout=10) is True
+    assert synced == ["file", "folder"] and len(acked) == 1 and acked[0] > 0
+    assert tier.contains(1) and writer.pending == 0
+    writer.close()
+
+
+def test_a_closed_writer_refuses_jobs_and_a_callback_error_does_not_stop_it(
+    tmp_path: Path,
+) -> None:
+    tier = open_tier(tmp_path)
+    writer = DiskWriter(tier)
+
+    def broken(written: int, error: BaseException | None) -> None:
+        raise RuntimeError("caller bug")
+
+    writer.submit(make_record(1), broken)
+    writer.submit(make_record(2))
+    assert writer.close(timeout=10)
+    assert tier.contains(1) and tier.contains(2)
+    with pytest.raises(RuntimeError):
+        writer.submit(make_record(3))
+
+
+# -- eviction ------------------------------------------------------------------------------------
+
+
+def test_eviction_drops_least_recently_used_first_and_spares_protected(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path)
+    size = tier.write(make_record(1))
+    for block_hash in (2, 3, 4):
+        tier.write(make_record(block_hash))
+    tier.read(1)  # now 2 is the oldest, 1 the newest
+    tier.budget_bytes = 2 * size
+    assert tier.evict_to_budget(protected={2}) == [3, 4]
+    assert [h for h in (1, 2, 3, 4) if tier.contains(h)] == [1, 2]
+    assert sorted(p.name[:16] for p in tier.blocks_dir.iterdir()) == [f"{1:016x}", f"{2:016x}"]
+    assert tier.usage_bytes() == 2 * size and tier.stats.evicted == 2
+    assert tier.evict_to_budget() == []
+
+
+def test_eviction_order_survives_a_restart_through_mtimes(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path)
+    size = tier.write(make_record(1))
+    tier.write(make_record(2))
+    tier.write(make_record(3))
+    for block_hash, when in ((1, 3000), (2, 1000), (3, 2000)):
+        os.utime(tier.blocks_dir / f"{block_hash:016x}.safetensors", (when, when))
+    tier = open_tier(tmp_path, budget=size)
+    assert tier.evict_to_budget() == [2, 3]
+
+
+def test_everything_protected_means_nothing_is_evicted(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path, budget=0)
+    tier.write(make_record(1))
+    assert tier.evict_to_budget(protected=frozenset({1})) == [] and tier.contains(1)
+
+
+# -- manifests and tags --------------------------------------------------------------------------
+
+
+def _manifest(tier: DiskTier, agent_id: str = "agent-1") -> AgentManifest:
+    return AgentManifest(
+        agent_id=agent_id,
+        model_tag=tier.model_tag,
+        block_hashes=[1, 0xFFFF_FFFF_FFFF_FFFF],
+        tail_hash=3,
+        num_tokens=10,
+    )
+
+
+def test_manifests_round_trip_list_and_delete(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path)
+    first, second = _manifest(tier, "agent-1"), _manifest(tier, "b.2_x")
+    save_manifest(tier.model_root, first)
+    save_manifest(tier.model_root, second)
+    assert load_manifest(tier.model_root, "agent-1") == first
+    assert list_manifests(tier.model_root) == [first, second]
+    assert delete_manifest(tier.model_root, "agent-1") is True
+    assert load_manifest(tier.model_root, "agent-1") is None
+    assert delete_manifest(tier.model_root, "agent-1") is False
+    assert temp_files(tier) == []
+
+
+@pytest.mark.parametrize("bad_id", ["../x", ".hidden", "a" * 200, "a/b", ""])
+def test_manifests_refuse_ids_that_are_not_safe_names(tmp_path: Path, bad_id: str) -> None:
+    tier = open_tier(tmp_path)
+    with pytest.raises(InvalidRequest):
+        save_manifest(tier.model_root, _manifest(tier, bad_id))
+    with pytest.raises(InvalidRequest):
+        load_manifest(tier.model_root, bad_id)
+    with pytest.raises(InvalidRequest):
+        delete_manifest(tier.model_root, bad_id)
+    assert list(tmp_path.rglob("*.json")) == []
+
+
+@pytest.mark.parametrize(
+    "content", [b"{not json", b"[]", b'{"format_version": 1}', b'{"format_version": 9}']
+)
+def test_a_bad_manifest_is_quarantined_and_reads_as_none(tmp_path: Path, content: bytes) -> None:
+    tier = open_tier(tmp_path)
+    save_manifest(tier.model_root, _manifest(tier, "good"))
+    (tier.model_root / "agents" / "bad.json").write_bytes(content)
+    assert load_manifest(tier.model_root, "bad") is None
+    assert not (tier.model_root / "agents" / "bad.json").exists()
+    assert [p.name.split(".")[0] for p in tier.quarantine_dir.iterdir()] == ["bad"]
+    assert [m.agent_id for m in list_manifests(tier.model_root)] == ["good"]
+
+
+def test_model_tags_are_safe_names_and_differ_by_model_and_spec() -> None:
+    tag = model_tag("/models/Llama 3:8b/../model.gguf", SPEC)
+    assert "/" not in tag and " " not in tag and not tag.startswith(".")
+    assert model_tag("a/b", SPEC) != model_tag("a_b", SPEC)  # sanitize alike, still differ
+    assert model_tag("m", SPEC) != model_tag("m", SPEC32)
+    assert model_tag("m", SPEC) == model_tag("m", SPEC)
+    with pytest.raises(ValueError):
+        DiskTier(Path("/tmp"), model_tag="../escape", spec=SPEC, budget_bytes=0)

@@ -1,0 +1,105 @@
+"""Sampling: greedy is argmax, seeded draws are reproducible, top-k and top-p keep the right set."""
+
+from __future__ import annotations
+
+import torch
+
+from semantic.backends.torch.sampling import candidates, draw, sample
+from semantic.core import BatchItem, SamplingParams
+
+VOCAB = 50
+
+
+def item(params: SamplingParams, num_output_tokens: int = 0) -> BatchItem:
+    return BatchItem(0, [1], 5, [0], True, params, num_output_tokens)
+
+
+def random_logits(rows: int = 4, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_returns_the_argmax_of_each_row():
+    logits = random_logits()
+    tokens = sample(logits, [item(SamplingParams(temperature=0.0))] * 4)
+    assert tokens == logits.argmax(-1).tolist()
+
+
+def test_top_k_one_is_greedy_at_any_temperature():
+    logits = random_logits()
+    params = SamplingParams(temperature=1.5, top_k=1)
+    assert sample(logits, [item(params)] * 4) == logits.argmax(-1).tolist()
+
+
+def test_seeded_draw_depends_only_on_seed_and_position():
+    logits = random_logits(rows=1)[0]
+    params = SamplingParams(temperature=1.0, seed=1234)
+    first = [draw(logits.clone(), params, n) for n in range(20)]
+    again = [draw(logits.clone(), params, n) for n in range(20)]
+    assert first == again
+    assert len(set(first)) > 1  # each position draws afresh, not one repeated token
+
+
+def test_seeded_row_gives_the_same_token_whatever_it_is_batched_with():
+    logits = random_logits(rows=3)
+    seeded = item(SamplingParams(temperature=1.0, seed=7), num_output_tokens=3)
+    alone = sample(logits[1:2].clone(), [seeded])
+    others = [item(SamplingParams(temperature=1.0)), seeded, item(SamplingParams(temperature=0))]
+    batched = sample(logits.clone(), others)
+    assert batched[1] == alone[0]
+
+
+def test_different_seeds_give_different_streams():
+    logits = torch.zeros(VOCAB)
+    a = [draw(logits, SamplingParams(seed=1), n) for n in range(10)]
+    b = [draw(logits, SamplingParams(seed=2), n) for n in range(10)]
+    assert a != b
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_the_mass():
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
+    kept, ids = candidates(probs.log(), top_k=0, top_p=0.7)
+    assert ids is not None
+    assert ids.tolist() == [1, 3]  # 0.5 < 0.7 before the second; 0.8 >= 0.7 before the third
+    torch.testing.assert_close(kept, torch.tensor([0.5, 0.3]))
+
+
+def test_top_p_draws_only_from_the_nucleus():
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
+    params = SamplingParams(temperature=1.0, top_p=0.7, seed=0)
+    drawn = {draw(probs.log(), params, n) for n in range(200)}
+    assert drawn == {1, 3}
+
+
+def test_top_p_wider_than_the_candidate_window_sorts_the_whole_vocabulary():
+    logits = torch.zeros(4096)  # flat: the nucleus for 0.9 is 3,687 tokens
+    kept, ids = candidates(logits, top_k=0, top_p=0.9)
+    assert ids is not None
+    assert len(kept) == 3687
+    assert float(kept.sum()) >= 0.9
+
+
+def test_top_k_then_top_p_renormalises_over_the_top_k():
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
+    kept, ids = candidates(logits, top_k=2, top_p=0.5)
+    assert ids is not None
+    assert ids.tolist() == [0]
+    kept, ids = candidates(logits, top_k=3, top_p=1.0)
+    assert ids is not None
+    assert ids.tolist() == [0, 1, 2]
+    torch.testing.assert_close(kept.sum(), torch.tensor(1.0))
+
+
+def test_temperature_sampling_follows_the_softmax():
+    logits = torch.tensor([2.0, 1.0, 0.0])
+    params = SamplingParams(temperature=1.0, seed=42)
+    counts = torch.bincount(torch.tensor([draw(logits, params, n) for n in range(3000)]))
+    expected = logits.softmax(-1) * 3000
+    assert torch.all((counts.float() - expected).abs() < 0.1 * 3000)
+
+
+def test_min_tokens_holds_back_eos_until_reached():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 2] = 100.0  # eos would win
+    params = SamplingParams(temperature=0.0, min_tokens=3)
+    assert sample(logits.clone(), [item(params, 1)], eos_token_ids=[2]) != [2]
+    assert sample(logits.clone(), [item(params, 3)], eos_token_ids=[2]) == [2]
