@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from semantic.backends.fake import FakeRunner
-from semantic.config import Settings
 from semantic.core import FinishReason, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.errors import (
@@ -20,37 +18,8 @@ from semantic.errors import (
     Overloaded,
     PoolExhausted,
 )
-from semantic.models.config import ModelConfig
 from semantic.models.served import ServedModel
-from semantic.text.chat import ChatTemplate
-from semantic.text.tokenizer import Tokenizer
-
-CONTEXT = 512
-
-
-@pytest.fixture
-def served(tiny_tokenizer_dir: Path) -> ServedModel:
-    tokenizer = Tokenizer.from_hf_dir(tiny_tokenizer_dir)
-    config = ModelConfig("llama", 400, 8, 16, 1, 1, 1, 8, CONTEXT)
-    return ServedModel(
-        "tiny", config, tokenizer, ChatTemplate("", bos_token=None, eos_token=None), CONTEXT
-    )
-
-
-def make_engine(
-    served: ServedModel, tmp_path: Path, **overrides: object
-) -> tuple[Engine, FakeRunner]:
-    runner_args: dict[str, object] = {
-        "num_blocks": 32,
-        "block_tokens": 8,
-        "vocab_size": 400,
-        "first_token_id": 3,
-        "fail_on_token": None,
-    }
-    runner_args |= {k: overrides.pop(k) for k in list(overrides) if k in runner_args}
-    runner = FakeRunner(**runner_args)  # type: ignore[arg-type]
-    settings = Settings(max_batch_tokens=32, batch_window_ms=0, cache_dir=tmp_path, **overrides)  # type: ignore[arg-type]
-    return Engine(runner, served, settings), runner
+from tests.unit.fakes import CONTEXT, make_engine
 
 
 def request(i: int, prompt_len: int = 10, **sampling: object) -> Request:
@@ -164,7 +133,7 @@ def test_requests_that_can_never_run_are_refused_up_front(
         engine.check(Request("empty", [], SamplingParams()))
     with pytest.raises(PoolExhausted):
         engine.check(request(0, prompt_len=32 * 8))  # more than the pool holds
-    big_pool, _ = make_engine(served, tmp_path, num_blocks=1000)
+    big_pool, _ = make_engine(served, tmp_path / "big", num_blocks=1000)
     with pytest.raises(ContextOverflow):
         big_pool.check(request(0, prompt_len=CONTEXT))
 

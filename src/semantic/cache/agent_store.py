@@ -132,35 +132,32 @@ class AgentStore:
         prompt's chain, then the agent's partial tail. Stops at the first block neither has."""
         ids, size = request.prompt_token_ids, self.prefix.block_tokens
         records: list[BlockRecord] = []
-        parent, start, missing = self.prefix.root, 0, None
+        parent, start, missing, corrupt = self.prefix.root, 0, None, False
         while start + size <= len(ids) - 1:
             block_hash = chain_hash(parent, ids[start : start + size])
             if not self.prefix.contains(block_hash):
-                record = self._read(block_hash)
-                if record is None:
-                    missing = block_hash
+                on_disk = self.disk.contains(block_hash)
+                record = self.disk.read(block_hash) if on_disk else None
+                if record is None:  # absent, or failed its checks (now quarantined)
+                    missing, corrupt = block_hash, on_disk
                     break
                 records.append(record)
             parent, start = block_hash, start + size
         tail = self._tail_record(request.agent_id, parent)
         if tail is not None:
             records.append(tail)
-        return Prefetch(records, self._miss_reason(request.agent_id, start, missing))
-
-    def _read(self, block_hash: int) -> BlockRecord | None:
-        return self.disk.read(block_hash) if self.disk.contains(block_hash) else None
+        reason = MISS_CORRUPT if corrupt else self._miss_reason(request.agent_id, start, missing)
+        return Prefetch(records, reason)
 
     def _tail_record(self, agent_id: str | None, parent: int) -> BlockRecord | None:
         agent = self.agents.get(agent_id) if agent_id else None
         if agent is None or agent.tail_hash is None or self.prefix.contains(agent.tail_hash):
             return None
-        record = self._read(agent.tail_hash)
+        record = self.disk.read(agent.tail_hash) if self.disk.contains(agent.tail_hash) else None
         return record if record is not None and record.parent_hash == parent else None
 
     def _miss_reason(self, agent_id: str | None, reached: int, missing: int | None) -> str | None:
         """Why reusable history was not found: the first missing block's story."""
-        if missing is not None and self.disk.contains(missing):
-            return MISS_CORRUPT  # on disk, but it failed its checks (now quarantined)
         agent = self.agents.get(agent_id) if agent_id else None
         if agent is not None and missing is not None and missing in agent.block_hashes:
             return MISS_EVICTED  # this agent had it; memory and disk budgets let it go

@@ -114,6 +114,7 @@ class Engine:
         self._seq_ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._closed = False
 
     # -- the asyncio side ------------------------------------------------------------------
 
@@ -122,9 +123,10 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="semantic-engine", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Abort what is running and end the thread."""
+    def stop(self, timeout: float = 60.0) -> None:
+        """Abort what is running, persist every hot cache, and end the thread."""
         if self._thread is None:
+            self._shut_down()
             return
         self._inbox.put(_Stop())
         self._thread.join(timeout)
@@ -224,11 +226,14 @@ class Engine:
             except Exception as exc:  # a bug, not a runner failure: fail what is in flight
                 log.exception("the engine loop failed; failing all requests in flight")
                 self._fail([active.seq.seq_id for active in self._active.values()], exc)
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         for request_id in list(self._active):
             self._abort(request_id)
-        self._persist_at_shutdown()
-
-    def _persist_at_shutdown(self) -> None:
         try:
             result = self.store.persist(timeout=60)
             log.info(

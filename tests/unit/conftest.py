@@ -1,0 +1,15 @@
+"""Fixtures of the unit layer."""
+
+from __future__ import annotations
+
+import pytest
+
+from semantic.models.served import ServedModel
+from semantic.text.tokenizer import Tokenizer
+from tests.unit.fakes import fake_served
+
+
+@pytest.fixture
+def served(tiny_tokenizer: Tokenizer) -> ServedModel:
+    """A served model over the fake runner: the tiny tokenizer, a 512-token context."""
+    return fake_served(tiny_tokenizer)

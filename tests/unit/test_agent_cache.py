@@ -1,0 +1,233 @@
+"""The agent cache through the engine and the fake runner: reuse across turns, eviction to disk,
+restarts, and the failure modes of SPEC §9 (1, 3, 5, 6). The fake runner computes each token
+from the context it reads back through the block tables, so a wrong restore changes outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from pathlib import Path
+
+import pytest
+
+from semantic.cache.agent_store import MISS_CORRUPT, MISS_EVICTED, MISS_OTHER_MODEL
+from semantic.cache.disk import DiskTier
+from semantic.core import Request, SamplingParams, TokenEvent, Usage
+from semantic.engine.engine import Engine
+from semantic.models.served import ServedModel
+from tests.unit.fakes import fake_served, make_engine
+
+SYSTEM = [3 + (k * 7) % 380 for k in range(40)]  # five full 8-token blocks
+
+
+def turn(
+    engine: Engine, agent: str | None, prompt: list[int], max_tokens: int = 6, prefetch: bool = True
+) -> tuple[list[int], Usage]:
+    """One request through the engine (disk prefetch included); its output and usage."""
+    request = Request(
+        f"{agent}-{len(prompt)}-{id(prompt)}",
+        list(prompt),
+        SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        agent_id=agent,
+    )
+    events: list[TokenEvent] = []
+    engine.submit(request, events.append, engine.store.prefetch(request) if prefetch else None)
+    engine.run_until_idle()
+    engine.pool.check_integrity()
+    engine.prefix.check_integrity()
+    assert events[-1].usage is not None and events[-1].error is None
+    return [t for e in events for t in e.token_ids], events[-1].usage
+
+
+def conversation(engine: Engine, agent: str, turns: int) -> list[int]:
+    """Several turns of one agent; returns the last prompt's history (prompt + answer)."""
+    history = list(SYSTEM)
+    for i in range(turns):
+        history += [200 + agent.__hash__() % 50, 201 + i]
+        output, _ = turn(engine, agent, history)
+        history += output
+    return history
+
+
+def fresh_answer(served: ServedModel, tmp_path: Path, prompt: list[int]) -> list[int]:
+    engine, _ = make_engine(served, tmp_path / "fresh")
+    return turn(engine, None, prompt)[0]
+
+
+def test_a_continuing_agent_prefills_only_its_new_tokens(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, runner = make_engine(served, tmp_path)
+    history = conversation(engine, "alice", 2)
+    prompt = [*history, 300, 301, 302]
+    output, usage = turn(engine, "alice", prompt)
+    assert usage.cached_tokens == len(history) - 1  # all but the answer's last (uncomputed) token
+    prefilled = sum(len(i.token_ids) for i in runner.steps[-(usage.completion_tokens) :][0].items)
+    assert prefilled == len(prompt) - usage.cached_tokens
+    assert output == fresh_answer(served, tmp_path, prompt)
+
+
+def test_ten_agents_share_one_copy_of_a_system_prompt_in_memory_and_on_disk(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, num_blocks=64)
+    for agent in range(10):
+        _, usage = turn(engine, f"agent-{agent}", [*SYSTEM, 300 + agent, 301])
+        assert usage.cached_tokens == (0 if agent == 0 else 40)
+    system_hashes = engine.store.agents["agent-0"].block_hashes[:5]
+    for agent in range(10):
+        assert engine.store.agents[f"agent-{agent}"].block_hashes[:5] == system_hashes
+    blocks = [engine.pool.lookup(h) for h in system_hashes]
+    assert None not in blocks and len(set(blocks)) == 5
+    engine.stop()
+    files = list((engine.store.disk.blocks_dir).glob("*.safetensors"))
+    names = {int(f.stem, 16) for f in files}
+    assert set(system_hashes) <= names
+    assert len(files) == len(names)  # content-addressed: each block once
+
+
+def test_evicted_blocks_come_back_from_disk_and_change_nothing(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, num_blocks=12)
+    history = conversation(engine, "alice", 1)
+    for other in range(4):  # push alice's blocks out of the 12-block pool
+        turn(engine, f"other-{other}", [100 + other] * 60)
+    engine.store.writer.flush(10)
+    assert engine.store.counters.evicted_to_disk > 0
+    prompt = [*history, 300]
+    output, usage = turn(engine, "alice", prompt)
+    assert usage.cached_tokens == len(history) - 1
+    assert engine.store.agents["alice"].stats.disk_hit_tokens > 0
+    assert output == fresh_answer(served, tmp_path, prompt)
+
+
+def test_after_a_restart_the_first_turn_reads_its_cache_from_disk(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
+    history = conversation(engine, "alice", 2)
+    engine.stop()  # graceful: persists every hot block and the manifests
+    restarted, _ = make_engine(served, tmp_path)
+    assert restarted.store.agents["alice"].num_tokens == len(history) - 1
+    prompt = [*history, 300, 301]
+    output, usage = turn(restarted, "alice", prompt)
+    assert usage.cached_tokens == len(history) - 1
+    assert restarted.store.counters.hit_tokens_disk == usage.cached_tokens
+    assert output == fresh_answer(served, tmp_path, prompt)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
+def test_a_damaged_block_file_is_a_quarantined_miss_with_the_right_output(
+    served: ServedModel, tmp_path: Path, damage: str
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
+    history = conversation(engine, "alice", 1)
+    engine.stop()
+    first = engine.store.agents["alice"].block_hashes[0]
+    path = engine.store.disk.blocks_dir / f"{first:016x}.safetensors"
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        path.write_bytes(data[:-5] + bytes([data[-5] ^ 0x40]) + data[-4:])
+    else:
+        path.write_bytes(b"")
+    restarted, _ = make_engine(served, tmp_path)
+    prompt = [*history, 300]
+    output, usage = turn(restarted, "alice", prompt)
+    assert usage.cached_tokens == 0
+    assert restarted.store.counters.miss_reasons[MISS_CORRUPT] == 1
+    assert list(restarted.store.disk.quarantine_dir.iterdir())
+    assert output == fresh_answer(served, tmp_path, prompt)
+
+
+def test_another_models_cache_is_never_loaded(tiny_tokenizer: object, tmp_path: Path) -> None:
+    first = fake_served(tiny_tokenizer, name="model-a")  # type: ignore[arg-type]
+    engine, _ = make_engine(first, tmp_path)
+    history = conversation(engine, "alice", 1)
+    engine.stop()
+    other, _ = make_engine(fake_served(tiny_tokenizer, name="model-b"), tmp_path)  # type: ignore[arg-type]
+    _, usage = turn(other, "alice", [*history, 300])
+    assert usage.cached_tokens == 0
+    assert other.store.counters.miss_reasons[MISS_OTHER_MODEL] == 1
+
+
+def test_a_history_evicted_from_memory_and_disk_is_a_miss_named_evicted(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, num_blocks=12, disk_budget_mb=1)
+    history = conversation(engine, "alice", 1)
+    engine.store.disk.budget_bytes = 0  # nothing survives on disk
+    for other in range(4):
+        turn(engine, f"other-{other}", [100 + other] * 60)
+    engine.store.writer.flush(10)
+    _, usage = turn(engine, "alice", [*history, 300])
+    assert usage.cached_tokens == 0
+    assert engine.store.agents["alice"].stats.miss_reasons[MISS_EVICTED] == 1
+
+
+def test_disk_full_while_persisting_keeps_serving_and_loses_nothing_acknowledged(
+    served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
+    alice = conversation(engine, "alice", 1)
+    assert engine.store.persist(["alice"], timeout=10).failed == 0  # acknowledged
+    conversation(engine, "bob", 1)
+
+    def full(self: DiskTier, record: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(DiskTier, "write", full)
+    result = engine.store.persist(["bob"], timeout=10)
+    assert result.failed > 0 and result.agents_saved == 0
+    assert engine.store.counters.write_errors == result.failed
+    output, _ = turn(engine, "carol", [*SYSTEM, 9, 9])  # still serving
+    assert output
+    monkeypatch.undo()
+    engine.stop()
+    restarted, _ = make_engine(served, tmp_path)
+    _, usage = turn(restarted, "alice", [*alice, 300])
+    assert usage.cached_tokens == len(alice) - 1
+
+
+def test_a_reload_larger_than_the_free_pool_restores_what_fits(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, num_blocks=32)
+    history = conversation(engine, "alice", 3)  # about 70 tokens: 9 blocks
+    engine.stop()
+    small, _ = make_engine(served, tmp_path, num_blocks=12)
+    turn(small, "hog", [50] * 40, max_tokens=1)  # 5 blocks cached for another agent
+    restored_before = small.store.counters.hit_tokens_disk
+    prompt = [*history, 300]
+    output, usage = turn(small, "alice", prompt)
+    assert 0 < usage.cached_tokens <= len(history) - 1
+    assert small.store.counters.hit_tokens_disk > restored_before
+    assert output == fresh_answer(served, tmp_path, prompt)
+
+
+def test_two_requests_creating_the_same_agent_at_once(served: ServedModel, tmp_path: Path) -> None:
+    engine, _ = make_engine(served, tmp_path)
+
+    async def both() -> list[list[TokenEvent]]:
+        async def one(i: int) -> list[TokenEvent]:
+            request = Request(
+                f"twin-{i}",
+                [*SYSTEM, 7, i + 3],
+                SamplingParams(temperature=0.0, max_tokens=4),
+                agent_id="twin",
+            )
+            return [event async for event in engine.stream(request)]
+
+        return list(await asyncio.gather(one(0), one(1)))
+
+    engine.start()
+    try:
+        results = asyncio.run(both())
+    finally:
+        engine.stop()
+    assert all(r[-1].usage is not None and r[-1].error is None for r in results)
+    assert list(engine.store.agents) == ["twin"]
+    assert engine.store.agents["twin"].stats.requests == 2
+    assert engine.pool.num_held == 0
