@@ -84,6 +84,7 @@ class TorchRunner:
 
     def run(self, batch: Batch) -> list[int | None]:
         """One step: K/V into the pool, one sampled token per item with sample=True."""
+        self._copy_blocks(batch.copies)
         step = self.prepare(batch)
         logits = self._logits(step)
         tokens: list[int | None] = [None] * len(batch.items)
@@ -95,6 +96,7 @@ class TorchRunner:
 
     def forward_logits(self, batch: Batch) -> torch.Tensor:
         """Like `run` but return fp32 logits [N, V] of the sample=True items, in batch order."""
+        self._copy_blocks(batch.copies)
         step = self.prepare(batch)
         logits = self._logits(step)
         order = sorted(range(len(step.sampled_index)), key=step.sampled_index.__getitem__)
@@ -108,6 +110,21 @@ class TorchRunner:
             if hidden.shape[0] == 0:  # a step of mid-prompt chunks only: no head to run
                 return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
             return self.model.logits(hidden)
+
+    def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """A host copy of one block's K and V, `[layers, block_tokens, kv_heads, head_dim]`;
+        bf16/fp16 as raw uint16 bits (numpy has no bf16)."""
+        kv = self.pool.data[:, :, block].to("cpu", copy=True)  # [2, L, bt, KVH, D]
+        return _host_array(kv[0]), _host_array(kv[1])
+
+    def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
+        for index, array in enumerate((k, v)):
+            self.pool.data[index, :, block].copy_(_device_tensor(array, self.dtype))
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write of reused partial blocks: all layers, K and V, before the step."""
+        for source, destination in copies:
+            self.pool.data[:, :, destination].copy_(self.pool.data[:, :, source])
 
     def prepare(self, batch: Batch) -> StepInputs:
         """The step's flat tokens and attention metadata, from plain Python lists."""
@@ -191,6 +208,19 @@ class _StepBuilder:
         block_ids = torch.tensor(item.block_table[: -(-total // bt)], device=self.device)
         mask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril_(start)
         return PrefillChunk(offset, n, start, block_ids, mask)
+
+
+def _host_array(tensor: torch.Tensor) -> np.ndarray:
+    if tensor.dtype == torch.float32:
+        return tensor.contiguous().numpy()
+    return tensor.contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def _device_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.float32:
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+    bits = np.ascontiguousarray(array, dtype=np.uint16).view(np.int16)
+    return torch.from_numpy(bits).view(dtype)
 
 
 def pick_device(device: str) -> torch.device:
