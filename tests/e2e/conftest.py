@@ -67,3 +67,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture(scope="session")
+def fp32_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A float32 server: batched and solo runs give bit-for-bit comparable logits, so greedy
+    answers can be compared exactly (in bf16 a near-tie can flip between kernel paths)."""
+    root = tmp_path_factory.mktemp("fp32-server")
+    args = ["--cache-dir", str(root / "cache"), "--cache-budget-mb", "256", "--dtype", "float32"]
+    process = Server(args, root / "server.log")
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()

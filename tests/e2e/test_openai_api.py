@@ -88,7 +88,8 @@ def test_seeded_sampling_is_reproducible(server: Server) -> None:
     assert first.choices[0].message.content == second.choices[0].message.content
 
 
-def test_concurrent_requests_each_get_their_own_answer(server: Server) -> None:
+def test_concurrent_requests_each_get_their_own_answer(fp32_server: Server) -> None:
+    server = fp32_server
     questions = [
         "What is the capital of France?",
         "What is 2 + 2?",

@@ -176,3 +176,29 @@ def test_batch_of_eight_gives_each_sequence_its_logits_alone(model: Model):
         Batch([prefill(i, ids, fresh[i]) for i, ids in enumerate(prompts)])
     )
     torch.testing.assert_close(mixed, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_runner_tracks_the_fp32_reference(model: Model):
+    # bf16 on this CPU takes the packed oneDNN kernels for several rows and the native GEMV
+    # for one: both must compute the same function as the fp32 reference, to bf16 precision.
+    weights = [(k, v.detach().numpy()) for k, v in model.reference.state_dict().items()]
+    runner = TorchRunner(
+        model.config, weights, block_tokens=BLOCK_TOKENS, cache_budget_mb=4, dtype="bfloat16"
+    )
+    ids = prompt(19, 7)
+    table = list(range(-(-20 // BLOCK_TOKENS)))
+    prefill_logits = runner.forward_logits(Batch([prefill(0, ids, table)]))[0]
+    token = int(prefill_logits.argmax())
+    decode = BatchItem(0, [token], 19, table, True, GREEDY, 1)
+    decode_logits = runner.forward_logits(Batch([decode]))[0]
+    expected = model.reference_logits([*ids, token])[-2:]
+    for ours, ref in zip((prefill_logits, decode_logits), expected, strict=True):
+        assert torch.nn.functional.cosine_similarity(ours, ref, dim=0) > 0.999
+        assert (ours - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_a_step_of_block_copies_only_computes_nothing(model: Model):
+    source, destination = model.blocks(1)[0], model.blocks(1)[0]
+    model.runner.pool.data[:, :, source] = 1.0
+    assert model.runner.run(Batch([], copies=[(source, destination)])) == []
+    assert bool((model.runner.pool.data[:, :, destination] == 1.0).all())

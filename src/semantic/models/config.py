@@ -35,6 +35,13 @@ class ModelConfig:
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
         """Read a parsed Hugging Face `config.json`."""
         heads = config["num_attention_heads"]
+        # transformers 5 writes RoPE settings as one `rope_parameters` object; older configs
+        # have `rope_theta` and `rope_scaling` beside the rest.
+        rope = dict(config.get("rope_parameters") or {})
+        rope_theta = rope.pop("rope_theta", None) or config.get("rope_theta", 10000.0)
+        scaling = config.get("rope_scaling") or (
+            rope if rope.get("rope_type", "default") != "default" else None
+        )
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -48,8 +55,8 @@ class ModelConfig:
             head_dim=config.get("head_dim") or config["hidden_size"] // heads,
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=config.get("rope_theta", 10000.0),
-            rope_scaling=config.get("rope_scaling"),
+            rope_theta=rope_theta,
+            rope_scaling=scaling,
             tie_word_embeddings=config.get("tie_word_embeddings", False),
             attention_bias=config.get("attention_bias", False),
             bos_token_id=config.get("bos_token_id"),

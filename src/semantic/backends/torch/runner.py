@@ -103,6 +103,8 @@ class TorchRunner:
         return logits[order]
 
     def _logits(self, step: StepInputs) -> torch.Tensor:
+        if step.input_ids.shape[0] == 0:  # a step of block copies only
+            return torch.empty((0, self.vocab_size), device=self.device)
         with torch.inference_mode():
             hidden = self.model.forward(step.input_ids, step.positions, self.pool.layers, step.meta)
             if step.sample_rows is not None:
