@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import typing
 from collections.abc import Sequence
@@ -51,6 +52,17 @@ def _parser() -> argparse.ArgumentParser:
     models = verbs.add_parser("models", help="list the models that can be served")
     _add_settings_flags(models)
     models.set_defaults(handler=_models)
+
+    agents = verbs.add_parser(
+        "agents",
+        help="list, inspect or delete agents and their caches",
+        description="Asks the running server (--host/--port); without one, reads the cache "
+        "directory (--cache-dir) directly.",
+    )
+    agents.add_argument("action", nargs="?", default="list", choices=["list", "show", "delete"])
+    agents.add_argument("agent_id", nargs="?", help="the agent, for show and delete")
+    _add_settings_flags(agents)
+    agents.set_defaults(handler=_agents)
 
     bench = verbs.add_parser("bench", help="benchmark an OpenAI-compatible server")
     from semantic.bench.cli import add_bench_arguments
@@ -111,6 +123,15 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agents(args: argparse.Namespace) -> int:
+    from semantic import agents_command
+
+    settings = settings_from(args)
+    if args.action != "list" and not args.agent_id:
+        raise SemanticError(f"`semantic agents {args.action}` needs an agent id")
+    return agents_command.run(settings, args.action, args.agent_id)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from semantic.bench.cli import options_from_args
     from semantic.bench.run import run_bench
@@ -135,6 +156,10 @@ def _serve(args: argparse.Namespace) -> int:
     )
     engine = build_engine(settings)
     app = create_app(engine, settings)
+    # uvicorn stops gracefully on SIGINT/SIGTERM (the engine persists every cache on the way
+    # out), then re-raises the signal to the handler it found; a no-op one makes that exit 0.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, lambda signum, frame: None)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0
 

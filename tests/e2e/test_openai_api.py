@@ -211,3 +211,13 @@ def test_context_overflow_says_so_in_openai_words(server: Server) -> None:
 def test_unknown_route_is_a_404_in_the_error_shape(server: Server) -> None:
     response = httpx.get(f"{server.url}/v1/nothing-here")
     assert response.status_code == 404 and "error" in response.json()
+
+
+def test_min_tokens_and_ignore_eos_make_the_answer_as_long_as_asked(server: Server) -> None:
+    sdk = client(server)
+    natural = ask_paris(sdk, max_tokens=64).usage.completion_tokens
+    longer = ask_paris(sdk, max_tokens=64, extra_body={"min_tokens": natural + 10})
+    assert longer.usage.completion_tokens >= natural + 10
+    endless = ask_paris(sdk, max_tokens=48, extra_body={"ignore_eos": True})
+    assert endless.usage.completion_tokens == 48
+    assert endless.choices[0].finish_reason == "length"

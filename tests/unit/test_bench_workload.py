@@ -7,26 +7,20 @@ import asyncio
 import json
 import os
 import sys
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from semantic.bench.baseline import BaselineResult
 from semantic.bench.cli import add_bench_arguments, options_from_args
+from semantic.bench.machine import Machine
+from semantic.bench.options import BenchOptions, Phase
 from semantic.bench.plan import WorkloadSpec, build_plan
 from semantic.bench.report import BenchResult, figures, to_json, to_markdown
-from semantic.bench.run import BenchOptions, run_bench
+from semantic.bench.run import run_bench
 from semantic.bench.server import free_port, peak_rss_bytes
 from semantic.bench.workload import (
     BenchError,
@@ -41,95 +35,23 @@ from semantic.bench.workload import (
     run_workload,
     stream_chat,
 )
+from tests.unit.test_bench_fakeserver import (
+    COLD_DELAY_S,
+    TEMPLATE_TOKENS,
+    TOKEN_DELAY_S,
+    TOKENS_PER_WORD,
+    FakeServer,
+    run_with_client,
+    running,
+)
 
-COLD_DELAY_S = 0.15  # the fake "prefills" a new session this long
-WARM_DELAY_S = 0.01
-TOKEN_DELAY_S = 0.002
-TOKENS_PER_WORD = 1.5
-TEMPLATE_TOKENS = 7
-
-
-@dataclass
-class FakeServer:
-    """A stand-in OpenAI server: 1.5 tokens per word, slow first token for unseen sessions,
-    cached_tokens = the session's previous prompt. Records every request body."""
-
-    url: str = ""
-    bodies: list[dict[str, Any]] = field(default_factory=list)
-    last_prompt: dict[str, int] = field(default_factory=dict)
-
-    def app(self) -> Starlette:
-        routes = [
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/health/ready", lambda _: JSONResponse({"status": "ready"})),
-        ]
-        return Starlette(routes=routes)
-
-    async def chat(self, request: Request) -> Response:
-        body = await request.json()
-        self.bodies.append(body)
-        if body["model"] == "refuse":
-            return JSONResponse({"error": {"message": "no such model"}}, status_code=404)
-        words = sum(len(m["content"].split()) for m in body["messages"])
-        prompt = TEMPLATE_TOKENS + int(words * TOKENS_PER_WORD)
-        cached = self.last_prompt.get(body["session_id"], 0)
-        self.last_prompt[body["session_id"]] = prompt
-        delay = WARM_DELAY_S if cached else COLD_DELAY_S
-        events = self.events(body, prompt, cached, delay)
-        return StreamingResponse(events, media_type="text/event-stream")
-
-    async def events(
-        self, body: dict[str, Any], prompt: int, cached: int, delay: float
-    ) -> AsyncIterator[str]:
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            return f"data: {json.dumps({'choices': [choice]})}\n\n"
-
-        yield chunk({"role": "assistant", "content": ""})  # no content yet: not the first token
-        yield ": keep-alive\n\n"
-        await asyncio.sleep(delay)
-        if body["model"] == "broken":
-            yield 'data: {"error": {"message": "engine failed"}}\n\n'
-            return
-        for i in range(body["max_tokens"]):
-            yield chunk({"content": f"w{i} "})
-            await asyncio.sleep(TOKEN_DELAY_S)
-        yield chunk({}, finish="length")
-        usage = {
-            "prompt_tokens": prompt,
-            "completion_tokens": body["max_tokens"],
-            "total_tokens": prompt + body["max_tokens"],
-            "prompt_tokens_details": {"cached_tokens": cached},
-        }
-        yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
-        yield "data: [DONE]\n\n"
+MACHINE = Machine("AMD EPYC", 2, "Linux x86_64", "2.13.0+cpu")
 
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeServer]:
-    server = FakeServer()
-    port = free_port()
-    config = uvicorn.Config(server.app(), host="127.0.0.1", port=port, log_level="error")
-    runner = uvicorn.Server(config)
-    thread = threading.Thread(target=runner.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not runner.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    server.url = f"http://127.0.0.1:{port}"
-    yield server
-    runner.should_exit = True
-    thread.join(timeout=5)
-
-
-def _run(fake: FakeServer, work: Any) -> Any:
-    """Run `work(client)` in a fresh event loop with a client bound to the fake server."""
-
-    async def main() -> Any:
-        async with httpx.AsyncClient(base_url=fake.url, timeout=10) as client:
-            return await work(client)
-
-    return asyncio.run(main())
+    with running(FakeServer()) as server:
+        yield server
 
 
 def _plan(tag: str, agents: int = 3, turns: int = 3) -> Any:
@@ -142,7 +64,7 @@ def test_stream_chat_times_the_first_content_delta_and_takes_tokens_from_usage(
 ) -> None:
     messages = [{"role": "user", "content": "one two three four"}]
     body = chat_body("m", messages, 6, "ttft-probe")
-    reply = _run(fake, lambda client: stream_chat(client, body))
+    reply = run_with_client(fake, lambda client: stream_chat(client, body))
     assert COLD_DELAY_S <= reply.ttft_s < COLD_DELAY_S + 0.5
     assert reply.last_at - reply.first_at >= 5 * TOKEN_DELAY_S
     assert reply.text == "w0 w1 w2 w3 w4 w5 "
@@ -153,7 +75,7 @@ def test_stream_chat_times_the_first_content_delta_and_takes_tokens_from_usage(
 def test_workload_classifies_first_turns_cold_and_later_turns_warm(fake: FakeServer) -> None:
     plan = _plan("coldwarm")
     seen: list[TurnResult] = []
-    result = _run(fake, lambda client: run_workload(client, "m", plan, seen.append))
+    result = run_with_client(fake, lambda client: run_workload(client, "m", plan, seen.append))
     assert len(seen) == len(result.turns) == 9
     assert sorted((t.agent, t.turn) for t in result.turns if t.cold) == [(0, 0), (1, 0), (2, 0)]
     assert result.cold_ttft.count == 3 and result.warm_ttft.count == 6
@@ -166,7 +88,7 @@ def test_workload_classifies_first_turns_cold_and_later_turns_warm(fake: FakeSer
 
 def test_each_agent_sends_its_own_session_id_and_its_growing_history(fake: FakeServer) -> None:
     plan = _plan("sessions", agents=2, turns=3)
-    _run(fake, lambda client: run_workload(client, "m", plan, lambda _: None))
+    run_with_client(fake, lambda client: run_workload(client, "m", plan, lambda _: None))
     bodies = [b for b in fake.bodies if b["session_id"].startswith("bench-sessions-agent-")]
     by_agent = {i: [b for b in bodies if b["session_id"].endswith(f"-{i}")] for i in (0, 1)}
     assert all(len(turns) == 3 for turns in by_agent.values())
@@ -184,7 +106,7 @@ def test_each_agent_sends_its_own_session_id_and_its_growing_history(fake: FakeS
 
 def test_warm_turns_report_the_servers_cached_tokens_as_hit_rate(fake: FakeServer) -> None:
     plan = _plan("hits", agents=1, turns=2)
-    result = _run(fake, lambda client: run_workload(client, "m", plan, lambda _: None))
+    result = run_with_client(fake, lambda client: run_workload(client, "m", plan, lambda _: None))
     cold, warm = sorted(result.turns, key=lambda t: t.turn)
     assert cold.cached_tokens == 0 and warm.cached_tokens == cold.prompt_tokens
     expected = cold.prompt_tokens / (cold.prompt_tokens + warm.prompt_tokens)
@@ -192,7 +114,7 @@ def test_warm_turns_report_the_servers_cached_tokens_as_hit_rate(fake: FakeServe
 
 
 def test_calibration_reads_tokens_per_word_from_prompt_tokens(fake: FakeServer) -> None:
-    ratio = _run(fake, lambda client: calibrate(client, "m", "cal"))
+    ratio = run_with_client(fake, lambda client: calibrate(client, "m", "cal"))
     assert ratio == pytest.approx(TOKENS_PER_WORD, abs=0.01)
 
 
@@ -210,7 +132,7 @@ def test_error_responses_and_error_chunks_raise_bench_errors(fake: FakeServer) -
     for model, words in (("refuse", "HTTP 404"), ("broken", "engine failed")):
         body = chat_body(model, messages, 2, "errors")
         with pytest.raises(BenchError, match=words):
-            _run(fake, lambda client, body=body: stream_chat(client, body))
+            run_with_client(fake, lambda client, body=body: stream_chat(client, body))
 
 
 def test_an_unreachable_server_is_a_bench_error_not_a_traceback() -> None:
@@ -252,8 +174,10 @@ def _result(with_baseline: bool) -> BenchResult:
         model="smollm2-135m",
         spec=WorkloadSpec(1, 3, 1000, 50, 10),
         tokens_per_word=1.3,
-        machine="Linux x86_64, 2 CPUs",
+        machine=MACHINE,
         started_at="2025-01-02T03:04:05+00:00",
+        command="semantic bench --agents 1",
+        phases=(Phase.DECODE, Phase.PREFILL, Phase.WORKLOAD, Phase.BASELINE),
         decode=DecodeResult(21, 1.0),  # 20 tok/s: 2× the baseline
         prefill=PrefillResult(1000, 1.0),  # 1000 tok/s: 4×
         workload=_workload(ttft=0.1, tokens_per_s=40.0, cached=90),  # 8× aggregate
@@ -297,9 +221,11 @@ def test_run_bench_against_a_base_url_writes_json_and_markdown(
         baseline=False,
         json_out=json_out,
         markdown_out=markdown_out,
+        phases=(Phase.DECODE, Phase.PREFILL, Phase.WORKLOAD),
     )
     result = run_bench(options)
     assert result.target == fake.url and result.peak_rss_bytes is None
+    assert result.decode and result.workload and result.history is None
     assert result.decode.completion_tokens == 128 and result.decode.tok_s > 0
     assert len(result.workload.turns) == 4
     assert json.loads(json_out.read_text())["figures"][0]["name"] == "Single-stream decode"

@@ -97,9 +97,11 @@ def test_temperature_sampling_follows_the_softmax():
     assert torch.all((counts.float() - expected).abs() < 0.1 * 3000)
 
 
-def test_min_tokens_holds_back_eos_until_reached():
+def test_suppressed_tokens_are_never_sampled():
     logits = torch.zeros(1, VOCAB)
-    logits[0, 2] = 100.0  # eos would win
-    params = SamplingParams(temperature=0.0, min_tokens=3)
-    assert sample(logits.clone(), [item(params, 1)], eos_token_ids=[2]) != [2]
-    assert sample(logits.clone(), [item(params, 3)], eos_token_ids=[2]) == [2]
+    logits[0, 2] = 100.0  # the end token would win
+    held_back = BatchItem(0, [1], 5, [0], True, SamplingParams(temperature=0.0), 1, (2, 7))
+    assert sample(logits.clone(), [held_back]) != [2]
+    assert sample(logits.clone(), [item(SamplingParams(temperature=0.0), 3)]) == [2]
+    hot = BatchItem(0, [1], 5, [0], True, SamplingParams(temperature=1.0, seed=1), 1, (2,))
+    assert all(sample(logits.clone(), [hot]) != [2] for _ in range(5))

@@ -6,15 +6,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict
-from typing import Any
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic import __version__
-from semantic.api import errors, openai
+from semantic.api import admin, agents, errors, openai
 from semantic.config import Settings
 from semantic.engine.engine import Engine
 
@@ -39,8 +36,8 @@ def create_app(engine: Engine, settings: Settings) -> FastAPI:
     app.middleware("http")(_request_id)
     app.add_middleware(_JSONBodies)
     app.include_router(openai.router)
-    app.add_api_route("/health/live", _live, methods=["GET"])
-    app.add_api_route("/health/ready", _ready, methods=["GET"])
+    app.include_router(agents.router)
+    app.include_router(admin.router)
     return app
 
 
@@ -68,15 +65,3 @@ class _JSONBodies:
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         await self.app(scope, receive, send)
-
-
-async def _live() -> dict[str, str]:
-    return {"status": "alive"}
-
-
-async def _ready(request: Request) -> Response:
-    engine: Engine = request.app.state.engine
-    body: dict[str, Any] = {"model": engine.model.name, **asdict(engine.stats())}
-    if not engine.alive:
-        return JSONResponse({"status": "not ready", **body}, status_code=503)
-    return JSONResponse({"status": "ready", **body})

@@ -3,7 +3,8 @@ the same model through `transformers` `generate()` as its baseline (SPEC §10)."
 
 from __future__ import annotations
 
+from semantic.bench.options import BenchOptions
 from semantic.bench.report import BenchResult
-from semantic.bench.run import BenchOptions, run_bench
+from semantic.bench.run import run_bench
 
 __all__ = ["BenchOptions", "BenchResult", "run_bench"]

@@ -30,12 +30,13 @@ class BaselineModel:
 
 @dataclass(slots=True)
 class BaselineResult:
-    """The baseline's figures, measured the same way as the server's."""
+    """The baseline's figures, measured the same way as the server's; None for a phase the run
+    left out."""
 
     library: str
-    decode: DecodeResult
-    prefill: PrefillResult
-    workload: WorkloadResult
+    decode: DecodeResult | None
+    prefill: PrefillResult | None
+    workload: WorkloadResult | None
     peak_rss_bytes: int | None  # of the bench process, which holds the baseline model
 
 

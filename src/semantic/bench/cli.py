@@ -4,9 +4,13 @@ owns the parser, this file only adds the verb's arguments to it."""
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from semantic.bench.run import BenchOptions
+from semantic.bench.options import BenchOptions, Phase
+from semantic.bench.workload import BenchError
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +32,23 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=defaults.seed, help="seed of the prompt text")
     add("--no-baseline", dest="baseline", action="store_false",
         help="skip the transformers generate() baseline")  # fmt: skip
+    add("--phases", type=_phases, default=defaults.phases,
+        help="comma-separated phases to run (they run in this order): "
+        f"{','.join(Phase)} (default: all that apply)")  # fmt: skip
+    add("--history-sizes", type=_sizes, default=defaults.history_sizes,
+        help="history phase: tokens of history, comma-separated (default: 1000,2000,4000); "
+        "the restart phase uses the largest")  # fmt: skip
+    add("--repeats", type=_positive, default=defaults.repeats,
+        help="history phase: warm and cold probes per size (medians are reported)")  # fmt: skip
+    add("--restart-agents", type=_positive, default=defaults.restart_agents,
+        help="restart phase: agents whose caches must survive the restart")  # fmt: skip
+    add("--pressure-agents", type=_positive, default=defaults.pressure_agents,
+        help="pressure phase: agents taking turns round-robin")  # fmt: skip
+    add("--pressure-turns", type=_positive, default=defaults.pressure_turns,
+        help="pressure phase: turns per agent (at least 2)")  # fmt: skip
+    add("--cache-dir", type=Path,
+        help="cache folder for the spawned server (default: a fresh temporary folder, "
+        "removed afterwards, so no run reuses an old cache unless asked)")  # fmt: skip
     add("--json", dest="json_out", type=Path, help="write the full result as JSON here")
     add("--markdown", dest="markdown_out", type=Path,
         help="write a Markdown section for docs/benchmarks.md here")  # fmt: skip
@@ -35,7 +56,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="after --: flags for the spawned server, e.g. -- --cache-budget-mb 1024")  # fmt: skip
 
 
-def options_from_args(args: argparse.Namespace) -> BenchOptions:
+def options_from_args(args: argparse.Namespace, argv: Sequence[str] | None = None) -> BenchOptions:
+    """`argv` (default: this process's arguments) is quoted in the report as the command."""
     return BenchOptions(
         base_url=args.base_url,
         model=args.model,
@@ -51,6 +73,14 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         served_model=args.served_model,
         api_key=args.api_key,
         seed=args.seed,
+        phases=args.phases,
+        history_sizes=args.history_sizes,
+        repeats=args.repeats,
+        restart_agents=args.restart_agents,
+        pressure_agents=args.pressure_agents,
+        pressure_turns=args.pressure_turns,
+        cache_dir=args.cache_dir,
+        command=shlex.join(["semantic", *(sys.argv[1:] if argv is None else argv)]),
     )
 
 
@@ -59,3 +89,17 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _phases(text: str) -> tuple[Phase, ...]:
+    try:
+        return Phase.parse(text)
+    except BenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(sorted({int(size) for size in text.split(",") if size.strip()}))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected tokens like 1000,2000,4000: {exc}") from exc

@@ -84,6 +84,17 @@ class BenchPlan:
     prefill_messages: list[Message]
     agents: list[AgentScript]
     max_tokens: int
+    user_tokens: int = 50  # the size of a new user message in every phase
+    seed: int = 0
+
+    def text(self, name: str, tokens: int) -> str:
+        """About `tokens` tokens of text, the same for the same name in every run."""
+        return sized_text(f"{self.seed}-{name}", tokens, self.tokens_per_word)
+
+
+def sized_text(seed: str, tokens: int, tokens_per_word: float) -> str:
+    """`sentences()` sized in tokens through a measured tokens-per-word."""
+    return sentences(seed, max(1, round(tokens / tokens_per_word)))
 
 
 def build_plan(spec: WorkloadSpec, tokens_per_word: float, run_tag: str) -> BenchPlan:
@@ -91,9 +102,9 @@ def build_plan(spec: WorkloadSpec, tokens_per_word: float, run_tag: str) -> Benc
     nothing an earlier run left in the server's cache can turn this run's cold turns warm."""
 
     def text(seed: str, tokens: int) -> str:
-        return sentences(f"{spec.seed}-{seed}", max(1, round(tokens / tokens_per_word)))
+        return sized_text(f"{spec.seed}-{seed}", tokens, tokens_per_word)
 
-    agents = [_agent_script(spec, i, run_tag, text) for i in range(spec.agents)]
+    agents = agent_scripts(spec, run_tag, text, group="agent")
     story = f"Run {run_tag}. Tell a long story about this: " + text("story", 25)
     probe = f"Run {run_tag}, prefill probe. " + text("prefill", PREFILL_TOKENS)
     return BenchPlan(
@@ -106,19 +117,29 @@ def build_plan(spec: WorkloadSpec, tokens_per_word: float, run_tag: str) -> Benc
         ],
         agents=agents,
         max_tokens=spec.max_tokens,
+        user_tokens=spec.user_tokens,
+        seed=spec.seed,
     )
 
 
+def agent_scripts(
+    spec: WorkloadSpec, run_tag: str, text: Callable[[str, int], str], group: str
+) -> list[AgentScript]:
+    """`spec.agents` scripts; `group` ("agent", "pressure") keeps each phase's agents, session
+    ids and prompts apart from every other phase's."""
+    return [_agent_script(spec, i, run_tag, text, group) for i in range(spec.agents)]
+
+
 def _agent_script(
-    spec: WorkloadSpec, i: int, run_tag: str, text: Callable[[str, int], str]
+    spec: WorkloadSpec, i: int, run_tag: str, text: Callable[[str, int], str], group: str
 ) -> AgentScript:
     users = tuple(
-        f"Agent {i}, turn {t}: " + text(f"user-{i}-{t}", spec.user_tokens)
+        f"Agent {i}, turn {t}: " + text(f"{group}-user-{i}-{t}", spec.user_tokens)
         for t in range(spec.turns)
     )
     return AgentScript(
         index=i,
-        session_id=f"bench-{run_tag}-agent-{i}",
-        system=f"Run {run_tag}, agent {i}. " + text(f"system-{i}", spec.system_tokens),
+        session_id=f"bench-{run_tag}-{group}-{i}",
+        system=f"Run {run_tag}, {group} {i}. " + text(f"{group}-system-{i}", spec.system_tokens),
         users=users,
     )

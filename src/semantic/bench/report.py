@@ -1,20 +1,27 @@
 """The record of one bench run and its three renderings: a rich table for the terminal, JSON for
 machines, and a Markdown section for docs/benchmarks.md. Every figure sits beside its ratio to
-the `transformers` baseline, so no number is read without its reference."""
+the `transformers` baseline, so no number is read without its reference; the cache phases,
+which the baseline cannot run, carry their own ratios (`cache_report.py`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
 
+from semantic.bench import cache_report
 from semantic.bench.baseline import BaselineResult
+from semantic.bench.history import HistoryResult
+from semantic.bench.machine import Machine
+from semantic.bench.options import BASELINE_PHASES, Phase
 from semantic.bench.plan import WorkloadSpec
+from semantic.bench.pressure import PressureResult
+from semantic.bench.restart import RestartResult
 from semantic.bench.workload import DecodeResult, PrefillResult, WorkloadResult
 
 BASELINE_LABEL = "transformers generate()"
@@ -22,29 +29,41 @@ BASELINE_LABEL = "transformers generate()"
 
 @dataclass(slots=True)
 class BenchResult:
-    """Everything one run measured. `target` names the server measured ("semantic" when the
-    bench spawned it, else its base URL); `peak_rss_bytes` is None where it can't be read."""
+    """Everything one run measured; None for a phase it did not run. `target` names the server
+    measured ("semantic" when the bench spawned it, else its base URL); `peak_rss_bytes` is None
+    where it can't be read. `command` is the command line that produced it; `notes` say which
+    asked-for phases were skipped and why."""
 
     target: str
     model: str
     spec: WorkloadSpec
     tokens_per_word: float
-    machine: str
+    machine: Machine
     started_at: str  # ISO 8601, local time
-    decode: DecodeResult
-    prefill: PrefillResult
-    workload: WorkloadResult
+    command: str
+    phases: tuple[Phase, ...]
+    decode: DecodeResult | None
+    prefill: PrefillResult | None
+    workload: WorkloadResult | None
     peak_rss_bytes: int | None
     baseline: BaselineResult | None
+    history: HistoryResult | None = None
+    restart: RestartResult | None = None
+    pressure: PressureResult | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 class _Measured(Protocol):
     """What both a `BenchResult` and a `BaselineResult` carry, so one getter reads either."""
 
-    decode: DecodeResult
-    prefill: PrefillResult
-    workload: WorkloadResult
-    peak_rss_bytes: int | None
+    @property
+    def decode(self) -> DecodeResult | None: ...
+    @property
+    def prefill(self) -> PrefillResult | None: ...
+    @property
+    def workload(self) -> WorkloadResult | None: ...
+    @property
+    def peak_rss_bytes(self) -> int | None: ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,41 +88,75 @@ class Figure:
         return f"{self.name} ({self.unit}) {'↑' if self.higher_is_better else '↓'}"
 
 
+Reader = Callable[[_Measured], float | None]
+
+
+def _decode(read: Callable[[DecodeResult], float | None]) -> Reader:
+    return lambda m: read(m.decode) if m.decode else None
+
+
+def _prefill(read: Callable[[PrefillResult], float | None]) -> Reader:
+    return lambda m: read(m.prefill) if m.prefill else None
+
+
+def _workload(read: Callable[[WorkloadResult], float | None]) -> Reader:
+    return lambda m: read(m.workload) if m.workload else None
+
+
 def _per_single_stream(m: _Measured) -> float | None:
-    return m.workload.output_tok_s / m.decode.tok_s if m.decode.tok_s else None
+    if not (m.workload and m.decode and m.decode.tok_s):
+        return None
+    return m.workload.output_tok_s / m.decode.tok_s
 
 
 def _mib(m: _Measured) -> float | None:
     return m.peak_rss_bytes / 2**20 if m.peak_rss_bytes is not None else None
 
 
-def _hit_percent(m: _Measured) -> float | None:
-    rate = m.workload.cache_hit_rate
+def _hit_percent(w: WorkloadResult) -> float | None:
+    rate = w.cache_hit_rate
     return rate * 100 if rate is not None else None
 
 
-# (name, unit, higher is better, how to read it from either side)
-_ROWS: tuple[tuple[str, str, bool, Callable[[_Measured], float | None]], ...] = (
-    ("Single-stream decode", "tok/s", True, lambda m: m.decode.tok_s),
-    ("Prefill, one fresh ~1k-token prompt", "tok/s", True, lambda m: m.prefill.tok_s),
-    ("TTFT cold p50", "s", False, lambda m: m.workload.cold_ttft.p50),
-    ("TTFT cold p95", "s", False, lambda m: m.workload.cold_ttft.p95),
-    ("TTFT warm p50", "s", False, lambda m: m.workload.warm_ttft.p50),
-    ("TTFT warm p95", "s", False, lambda m: m.workload.warm_ttft.p95),
-    ("Aggregate output", "tok/s", True, lambda m: m.workload.output_tok_s),
-    ("Workload wall time", "s", False, lambda m: m.workload.wall_s),
-    ("Aggregate ÷ single-stream", "×", True, _per_single_stream),
-    ("Peak memory (RSS)", "MiB", False, _mib),
-    ("Cache hit rate", "%", True, _hit_percent),
-)
+@dataclass(slots=True, frozen=True)
+class _Row:
+    name: str
+    unit: str
+    higher_is_better: bool
+    phase: Phase | None  # the phase that measures it; None: every run
+    read: Reader
+
+
+_ROWS = (
+    _Row("Single-stream decode", "tok/s", True, Phase.DECODE, _decode(lambda d: d.tok_s)),
+    _Row("Prefill, one fresh ~1k-token prompt", "tok/s", True, Phase.PREFILL,
+         _prefill(lambda p: p.tok_s)),
+    _Row("TTFT cold p50", "s", False, Phase.WORKLOAD, _workload(lambda w: w.cold_ttft.p50)),
+    _Row("TTFT cold p95", "s", False, Phase.WORKLOAD, _workload(lambda w: w.cold_ttft.p95)),
+    _Row("TTFT warm p50", "s", False, Phase.WORKLOAD, _workload(lambda w: w.warm_ttft.p50)),
+    _Row("TTFT warm p95", "s", False, Phase.WORKLOAD, _workload(lambda w: w.warm_ttft.p95)),
+    _Row("Aggregate output", "tok/s", True, Phase.WORKLOAD, _workload(lambda w: w.output_tok_s)),
+    _Row("Workload wall time", "s", False, Phase.WORKLOAD, _workload(lambda w: w.wall_s)),
+    _Row("Aggregate ÷ single-stream", "×", True, Phase.WORKLOAD, _per_single_stream),
+    _Row("Peak memory (RSS)", "MiB", False, None, _mib),
+    _Row("Cache hit rate", "%", True, Phase.WORKLOAD, _workload(_hit_percent)),
+)  # fmt: skip
 
 
 def figures(result: BenchResult) -> list[Figure]:
-    """The report's rows, in order, each with the baseline's value when there is a baseline."""
+    """The report's rows for the phases that ran, in order, each with the baseline's value
+    when there is a baseline."""
     base = result.baseline
     return [
-        Figure(name, unit, read(result), read(base) if base else None, higher)
-        for name, unit, higher, read in _ROWS
+        Figure(
+            row.name,
+            row.unit,
+            row.read(result),
+            row.read(base) if base else None,
+            row.higher_is_better,
+        )
+        for row in _ROWS
+        if row.phase is None or row.phase in result.phases
     ]
 
 
@@ -124,6 +177,8 @@ def _ratio(figure: Figure) -> str:
 
 def _title(result: BenchResult) -> str:
     spec = result.spec
+    if Phase.WORKLOAD not in result.phases:
+        return f"{result.model}: {', '.join(result.phases)}"
     return (
         f"{result.model}: {spec.agents} agents × {spec.turns} turns, "
         f"~{spec.system_tokens}-token system prompts, {spec.max_tokens} tokens per answer"
@@ -144,6 +199,14 @@ def print_table(result: BenchResult, console: Console) -> None:
             cells += [_fmt(figure.baseline, figure.unit), _ratio(figure)]
         table.add_row(*cells)
     console.print(table)
+    cache_report.print_sections(_cache_sections(result), console)
+    console.print(f"Machine: {result.machine}. Command: {result.command}", markup=False)
+    for note in result.notes:
+        console.print(f"Note: {note}", highlight=False, markup=False)
+
+
+def _cache_sections(result: BenchResult) -> list[cache_report.Section]:
+    return cache_report.sections(result.history, result.restart, result.pressure)
 
 
 def _legend(result: BenchResult) -> str:
@@ -154,7 +217,8 @@ def to_json(result: BenchResult) -> dict[str, Any]:
     """The figures (with ratios) for a quick read, and the full record, every turn included."""
     # `ratio` is a property, not a field, so asdict() leaves it out.
     rows = [{**asdict(f), "ratio": f.ratio} for f in figures(result)]
-    return {"figures": rows, "result": asdict(result)}
+    cache = cache_report.summary(result.history, result.restart, result.pressure)
+    return {"figures": rows, "cache": cache, "result": asdict(result)}
 
 
 def write_json(result: BenchResult, path: Path) -> None:
@@ -165,6 +229,7 @@ def to_markdown(result: BenchResult) -> str:
     """A self-contained section for docs/benchmarks.md: setup line, table, how to read it."""
     base = result.baseline
     lines = [f"### {_title(result)} ({result.started_at[:10]})", "", _setup(result), ""]
+    lines += ["```", result.command, "```", ""]
     lines += [
         f"| Metric | {result.target} | {BASELINE_LABEL} | ratio |",
         "|---|---:|---:|---:|",
@@ -174,7 +239,11 @@ def to_markdown(result: BenchResult) -> str:
         lines.append(
             f"| {figure.label} | {_fmt(figure.value, figure.unit)} | {theirs} | {_ratio(figure)} |"
         )
-    lines += ["", _notes(result), ""]
+    lines += ["", *cache_report.markdown(_cache_sections(result))]
+    lines += [f"Note: {note}." for note in result.notes]
+    if set(BASELINE_PHASES) & set(result.phases):
+        lines += ["", _notes(result)]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -188,7 +257,7 @@ def _setup(result: BenchResult) -> str:
     return (
         f"Target: {result.target}. Machine: {result.machine}. "
         f"Baseline: `generate()` in-process ({how}). "
-        f"Workload prompts were sized at {result.tokens_per_word:.2f} tokens per word."
+        f"Prompts were sized at {result.tokens_per_word:.2f} tokens per word. Command:"
     )
 
 

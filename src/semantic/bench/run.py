@@ -1,35 +1,39 @@
-"""`run_bench`: reach the target server (or spawn `semantic serve` for the run), run the phases in
-order with progress shown, then the `transformers` baseline, and render the report.
+"""`run_bench`: reach the target server (or spawn `semantic serve` on a fresh cache folder), run
+the chosen phases in order with progress shown, and render the report.
 
-Phases: (1) calibration and single-stream decode, (2) prefill of one fresh ~1k-token prompt,
-(3) the concurrent multi-agent workload, (4) the baseline. A spawned server is stopped before
-the baseline, so the two never share the CPU.
+Order: calibration (always), decode, prefill, workload, history, restart — on one server;
+pressure — on a server of its own whose pool the bench sizes (on the target itself when given a
+URL); the baseline last, once every spawned server has stopped, so the two never share the CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import platform
 import secrets
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import httpx
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from semantic.bench import baseline, report
 from semantic.bench.baseline import BaselineResult
-from semantic.bench.plan import BenchPlan, WorkloadSpec, build_plan
+from semantic.bench.conversation import Chat, cold_markers
+from semantic.bench.history import HISTORY_TURNS, HistoryResult, run_history
+from semantic.bench.machine import Machine
+from semantic.bench.options import BenchOptions, Phase
+from semantic.bench.plan import BenchPlan, build_plan
+from semantic.bench.pressure import PoolBudget, PressureResult, pool_budget, run_pressure
+from semantic.bench.progress import PhaseProgress
 from semantic.bench.report import BenchResult
-from semantic.bench.server import SpawnedServer, peak_rss_bytes
+from semantic.bench.restart import RESTART_TURNS, RestartResult, run_restart
+from semantic.bench.server import RestartTiming, SpawnedServer, kv_bytes_per_token, peak_rss_bytes
 from semantic.bench.workload import (
-    BenchError,
     DecodeResult,
     PrefillResult,
     TurnResult,
@@ -40,74 +44,59 @@ from semantic.bench.workload import (
     run_workload,
 )
 
+__all__ = ["BenchOptions", "normalize_base_url", "run_bench"]
+
 READY_TIMEOUT_S = 600.0  # a cold start may load weights and warm caches from disk
 
 
 @dataclass(slots=True)
-class BenchOptions:
-    """What to measure and how. `base_url=None` spawns `semantic serve` with `server_args`.
-    `served_model` is the model name sent in requests (default: `model`), for servers such as
-    vLLM or ollama that insist on their own name; `model` also picks the baseline's weights."""
+class _ServerMeasurements:
+    """What the phases on the target measured (None: not run), and the plan they ran, which
+    the pressure phase and the baseline reuse."""
 
-    base_url: str | None = None
-    model: str = "smollm2-135m"
-    agents: int = 8
-    turns: int = 3
-    system_tokens: int = 1000
-    user_tokens: int = 50
-    max_tokens: int = 64
-    baseline: bool = True
-    json_out: Path | None = None
-    markdown_out: Path | None = None
-    server_args: list[str] = field(default_factory=list)
-    served_model: str | None = None
-    api_key: str | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        sizes = (self.agents, self.turns, self.system_tokens, self.user_tokens, self.max_tokens)
-        if min(sizes) < 1:
-            raise BenchError("agents, turns, system/user tokens and max_tokens must be ≥ 1")
-        if self.base_url is not None and self.server_args:
-            raise BenchError("server arguments after -- apply only when the bench spawns a server")
-
-    @property
-    def spec(self) -> WorkloadSpec:
-        return WorkloadSpec(
-            agents=self.agents,
-            turns=self.turns,
-            system_tokens=self.system_tokens,
-            user_tokens=self.user_tokens,
-            max_tokens=self.max_tokens,
-            seed=self.seed,
-        )
+    plan: BenchPlan
+    decode: DecodeResult | None = None
+    prefill: PrefillResult | None = None
+    workload: WorkloadResult | None = None
+    history: HistoryResult | None = None
+    restart: RestartResult | None = None
+    peak_rss_bytes: int | None = None
 
 
 def run_bench(options: BenchOptions) -> BenchResult:
-    """Run every phase, print the table, write JSON/Markdown when asked, return the record."""
+    """Run every phase that applies, print the table, write JSON/Markdown when asked."""
     started_at = datetime.now().astimezone().isoformat(timespec="seconds")
-    progress = PhaseProgress(Console(stderr=True), phases=4 if options.baseline else 3)
-    server = _start_server(options, progress) if options.base_url is None else None
-    try:
-        base_url = server.base_url if server else normalize_base_url(options.base_url or "")
-        measured = asyncio.run(_server_phases(base_url, options, progress))
-        server_peak = server.peak_rss_bytes() if server else None  # unknown for a remote server
-    finally:
-        if server:
-            server.stop()
-    base = _baseline_phase(options, measured.plan, progress) if options.baseline else None
+    phases = options.runnable_phases()
+    progress = PhaseProgress(Console(stderr=True), phases=1 + len(phases))
+    for note in options.skip_notes():
+        progress.say(note)
+    with tempfile.TemporaryDirectory(prefix="semantic-bench-") as scratch:
+        cache_dir = options.cache_dir or Path(scratch) / "cache"
+        measured = _target_phases(options, phases, cache_dir, progress)
+        pressure = None
+        if Phase.PRESSURE in phases:
+            pressure = _pressure_phase(options, measured.plan, Path(scratch), progress)
+    base = None
+    if Phase.BASELINE in phases:
+        base = _baseline_phase(options, phases, measured.plan, progress)
     result = BenchResult(
-        target="semantic" if server else base_url,
+        target="semantic" if options.spawns else normalize_base_url(options.base_url or ""),
         model=options.model,
         spec=options.spec,
         tokens_per_word=measured.plan.tokens_per_word,
-        machine=machine_description(),
+        machine=Machine.this(),
         started_at=started_at,
+        command=options.command or "run_bench() from Python",
+        phases=phases,
         decode=measured.decode,
         prefill=measured.prefill,
         workload=measured.workload,
-        peak_rss_bytes=server_peak,
+        peak_rss_bytes=measured.peak_rss_bytes,
         baseline=base,
+        history=measured.history,
+        restart=measured.restart,
+        pressure=pressure,
+        notes=options.skip_notes(),
     )
     _render(result, options)
     return result
@@ -118,10 +107,6 @@ def normalize_base_url(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1")
 
 
-def machine_description() -> str:
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"
-
-
 def _render(result: BenchResult, options: BenchOptions) -> None:
     report.print_table(result, Console())
     if options.json_out:
@@ -130,8 +115,10 @@ def _render(result: BenchResult, options: BenchOptions) -> None:
         report.write_markdown(result, options.markdown_out)
 
 
-def _start_server(options: BenchOptions, progress: PhaseProgress) -> SpawnedServer:
-    server = SpawnedServer.start(options.model, options.server_args)
+def _start_server(
+    options: BenchOptions, server_args: list[str], cache_dir: Path, progress: PhaseProgress
+) -> SpawnedServer:
+    server = SpawnedServer.start(options.model, server_args, cache_dir)
     try:
         with progress.waiting(f"starting semantic serve at {server.base_url}"):
             server.wait_ready(READY_TIMEOUT_S)
@@ -141,111 +128,156 @@ def _start_server(options: BenchOptions, progress: PhaseProgress) -> SpawnedServ
     return server
 
 
-@dataclass(slots=True)
-class _ServerMeasurements:
-    """Phases 1–3, and the plan they ran, which the baseline runs again."""
-
-    plan: BenchPlan
-    decode: DecodeResult
-    prefill: PrefillResult
-    workload: WorkloadResult
-
-
-async def _server_phases(
-    base_url: str, options: BenchOptions, progress: PhaseProgress
-) -> _ServerMeasurements:
-    model = options.served_model or options.model
+def _client(base_url: str, options: BenchOptions) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
     # A generous read timeout: on a CPU, eight agents' cold prefills can take minutes.
     timeout = httpx.Timeout(600.0, connect=10.0)
-    limits = httpx.Limits(max_connections=options.agents + 4)
-    async with httpx.AsyncClient(
-        base_url=base_url, headers=headers, timeout=timeout, limits=limits
-    ) as client:
-        with progress.phase("calibration and single-stream decode", total=2) as step:
+    limits = httpx.Limits(max_connections=max(options.agents, options.restart_agents) + 4)
+    return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, limits=limits)
+
+
+def _target_phases(
+    options: BenchOptions, phases: tuple[Phase, ...], cache_dir: Path, progress: PhaseProgress
+) -> _ServerMeasurements:
+    """Calibration and every phase up to the restart, on the target (spawned or given)."""
+    if not options.spawns:
+        base_url = normalize_base_url(options.base_url or "")
+        return asyncio.run(_server_phases(base_url, options, phases, None, progress))
+    server = _start_server(options, options.server_args, cache_dir, progress)
+    try:
+        restart = partial(server.restart, READY_TIMEOUT_S)
+        measured = asyncio.run(_server_phases(server.base_url, options, phases, restart, progress))
+        measured.peak_rss_bytes = server.peak_rss_bytes()
+    finally:
+        server.stop()
+    return measured
+
+
+async def _server_phases(
+    base_url: str,
+    options: BenchOptions,
+    phases: tuple[Phase, ...],
+    restart: Callable[[], RestartTiming] | None,
+    progress: PhaseProgress,
+) -> _ServerMeasurements:
+    model = options.served_model or options.model
+    async with _client(base_url, options) as client:
+        with progress.phase("calibration", total=1) as step:
             run_tag = secrets.token_hex(3)
             plan = build_plan(options.spec, await calibrate(client, model, run_tag), run_tag)
             step(f"{plan.tokens_per_word:.2f} tokens/word")
-            decode = await measure_decode(client, model, plan)
-            step(f"{decode.tok_s:.1f} tok/s")
+        out = _ServerMeasurements(plan)
+        await _speed_phases(client, model, options, phases, out, progress)
+        await _cache_phases(Chat(client, model, plan), options, phases, restart, out, progress)
+    return out
+
+
+async def _speed_phases(
+    client: httpx.AsyncClient,
+    model: str,
+    options: BenchOptions,
+    phases: tuple[Phase, ...],
+    out: _ServerMeasurements,
+    progress: PhaseProgress,
+) -> None:
+    plan = out.plan
+    if Phase.DECODE in phases:
+        with progress.phase("single-stream decode", total=1) as step:
+            out.decode = await measure_decode(client, model, plan)
+            step(f"{out.decode.tok_s:.1f} tok/s")
+    if Phase.PREFILL in phases:
         with progress.phase("prefill", total=1) as step:
-            prefill = await measure_prefill(client, model, plan)
-            step(f"{prefill.tok_s:.0f} tok/s")
-        with progress.phase("multi-agent workload", total=len(plan.agents) * options.turns) as step:
-            workload = await run_workload(client, model, plan, lambda t: step(_turn_note(t)))
-    return _ServerMeasurements(plan, decode, prefill, workload)
+            out.prefill = await measure_prefill(client, model, plan)
+            step(f"{out.prefill.tok_s:.0f} tok/s")
+    if Phase.WORKLOAD in phases:
+        turns = len(plan.agents) * options.turns
+        with progress.phase("multi-agent workload", total=turns) as step:
+            out.workload = await run_workload(client, model, plan, lambda t: step(_turn_note(t)))
+
+
+async def _cache_phases(
+    chat: Chat,
+    options: BenchOptions,
+    phases: tuple[Phase, ...],
+    restart: Callable[[], RestartTiming] | None,
+    out: _ServerMeasurements,
+    progress: PhaseProgress,
+) -> None:
+    markers = cold_markers()  # shared: no two cold twins of a run start alike
+    if Phase.HISTORY in phases:
+        total = len(options.history_sizes) * (HISTORY_TURNS + 2 * options.repeats)
+        with progress.phase("history scaling: cold vs warm TTFT", total=total) as step:
+            out.history = await run_history(
+                chat, options.history_sizes, options.repeats, markers, step
+            )
+    if Phase.RESTART in phases and restart is not None:
+        size = max(options.history_sizes)
+        point = out.history.at(size) if out.history else None
+        cold = point.cold_ttft_s if point else None
+        agents = options.restart_agents
+        total = agents * RESTART_TURNS + 1 + agents + (cold is None)
+        with progress.phase(f"restart: {agents} agents at {size:,} tokens", total=total) as step:
+            out.restart = await run_restart(chat, size, agents, restart, cold, markers, step)
+
+
+def _pressure_phase(
+    options: BenchOptions, plan: BenchPlan, scratch: Path, progress: PhaseProgress
+) -> PressureResult:
+    """On the target when given a URL (its pool is what it is); else on a server of its own,
+    with a fresh cache folder and a pool that holds well under all the agents at once."""
+    if not options.spawns:
+        base_url = normalize_base_url(options.base_url or "")
+        return asyncio.run(_pressure(base_url, options, plan, None, progress))
+    bytes_per_token = kv_bytes_per_token(options.model, options.server_args)
+    budget = pool_budget(options.pressure_spec, bytes_per_token)
+    server_args = [*options.server_args, "--cache-budget-mb", str(budget.budget_mb)]
+    server = _start_server(options, server_args, scratch / "pressure-cache", progress)
+    try:
+        return asyncio.run(_pressure(server.base_url, options, plan, budget, progress))
+    finally:
+        server.stop()
+
+
+async def _pressure(
+    base_url: str,
+    options: BenchOptions,
+    plan: BenchPlan,
+    budget: PoolBudget | None,
+    progress: PhaseProgress,
+) -> PressureResult:
+    spec = options.pressure_spec
+    pool = f", {budget.budget_mb} MiB pool" if budget else ""
+    title = f"pressure: {spec.agents} agents × {spec.turns} turns{pool}"
+    async with _client(base_url, options) as client:
+        chat = Chat(client, options.served_model or options.model, plan)
+        with progress.phase(title, total=spec.agents * spec.turns) as step:
+            return await run_pressure(chat, spec, budget, step)
 
 
 def _baseline_phase(
-    options: BenchOptions, plan: BenchPlan, progress: PhaseProgress
+    options: BenchOptions, phases: tuple[Phase, ...], plan: BenchPlan, progress: PhaseProgress
 ) -> BaselineResult:
+    """The transformers baseline of the decode, prefill and workload phases that ran."""
     # Imported here so that only a run with a baseline needs the registry.
     from semantic.registry import ModelRegistry
 
     path = ModelRegistry().resolve(options.model).path
-    total = 3 + len(plan.agents) * options.turns
+    turns = len(plan.agents) * options.turns if Phase.WORKLOAD in phases else 0
+    total = 1 + (Phase.DECODE in phases) + (Phase.PREFILL in phases) + turns
+    decode = prefill = workload = None
     with progress.phase("baseline: transformers generate()", total=total) as step:
         model = baseline.load_model(path)
         step("model loaded")
-        decode = baseline.measure_decode(model, plan)
-        step(f"decode {decode.tok_s:.1f} tok/s")
-        prefill = baseline.measure_prefill(model, plan)
-        step(f"prefill {prefill.tok_s:.0f} tok/s")
-        workload = baseline.run_workload(model, plan, lambda t: step(_turn_note(t)))
+        if Phase.DECODE in phases:
+            decode = baseline.measure_decode(model, plan)
+            step(f"decode {decode.tok_s:.1f} tok/s")
+        if Phase.PREFILL in phases:
+            prefill = baseline.measure_prefill(model, plan)
+            step(f"prefill {prefill.tok_s:.0f} tok/s")
+        if Phase.WORKLOAD in phases:
+            workload = baseline.run_workload(model, plan, lambda t: step(_turn_note(t)))
     return BaselineResult(model.library, decode, prefill, workload, peak_rss_bytes(os.getpid()))
 
 
 def _turn_note(turn: TurnResult) -> str:
     return f"agent {turn.agent} turn {turn.turn}: TTFT {turn.ttft_s:.2f} s"
-
-
-class PhaseProgress:
-    """Shows each phase as it runs: a rich progress bar on a terminal, plain lines otherwise
-    (logs, CI), numbered "phase 2/4" so a reader knows how far along the run is."""
-
-    def __init__(self, console: Console, phases: int) -> None:
-        self.console = console
-        self.phases = phases
-        self.current = 0
-
-    @contextmanager
-    def phase(self, title: str, total: int) -> Iterator[Callable[[str], None]]:
-        """Yields `step(note)`, called once per unit of `total`."""
-        self.current += 1
-        title = f"phase {self.current}/{self.phases}: {title}"
-        started = time.perf_counter()
-        if self.console.is_terminal:
-            with _bar(self.console) as bar:
-                task = bar.add_task(title, total=total, note="")
-                yield lambda note: bar.update(task, advance=1, note=note)
-        else:
-            self._say(title)
-            count = iter(range(1, total + 1))
-            yield lambda note: self._say(f"  {next(count, total)}/{total} {note}")
-        self._say(f"{title}: done in {time.perf_counter() - started:.1f} s")
-
-    @contextmanager
-    def waiting(self, title: str) -> Iterator[None]:
-        """A step with no count (server start-up): a spinner on a terminal."""
-        started = time.perf_counter()
-        if self.console.is_terminal:
-            with self.console.status(title):
-                yield
-        else:
-            self._say(title)
-            yield
-        self._say(f"{title}: ready in {time.perf_counter() - started:.1f} s")
-
-    def _say(self, line: str) -> None:
-        self.console.print(f"[bench] {line}", highlight=False, markup=False)
-
-
-def _bar(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[note]}"),
-        console=console,
-    )

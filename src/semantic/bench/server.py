@@ -1,5 +1,6 @@
 """The `semantic serve` child process a bench run spawns when it is given no base URL: start it
-on a free port, wait until it is ready, read its peak memory, and stop it with SIGTERM."""
+on a free port with its own cache folder, wait until it is ready, read its peak memory, restart
+it on the same folder, and stop it with SIGTERM; and the KV bytes per token it will hold."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import IO
 import httpx
 
 from semantic.bench.workload import BenchError
+from semantic.core import CacheSpec
 
 HOST = "127.0.0.1"
 
@@ -41,23 +43,47 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(slots=True, frozen=True)
+class RestartTiming:
+    """One restart: SIGTERM until the old process exited (it persists its caches on the way
+    out), and start until `/health/ready`."""
+
+    stop_s: float
+    ready_s: float
+    exit_code: int  # 0 for a graceful shutdown; anything else means the caches may be lost
+
+
 @dataclass(slots=True)
 class SpawnedServer:
-    """One `python -m semantic serve` child. Its output goes to a temporary file rather than the
-    terminal (it would tear through the progress display); the tail is shown if it fails."""
+    """One `python -m semantic serve` child (one at a time: `restart` replaces it on the same
+    port and cache folder). Its output goes to a temporary file rather than the terminal (it
+    would tear through the progress display); the tail is shown if it fails."""
 
     process: subprocess.Popen[bytes]
     base_url: str
     log: IO[bytes]
+    command: list[str]
+    earlier_peak_bytes: int | None = None  # of the processes a restart replaced
 
     @classmethod
-    def start(cls, model: str, server_args: list[str]) -> SpawnedServer:
+    def start(cls, model: str, server_args: list[str], cache_dir: Path) -> SpawnedServer:
+        """`cache_dir` comes before `server_args`, so a `--cache-dir` given there wins."""
         port = free_port()
         command = [sys.executable, "-m", "semantic", "serve", "--host", HOST, "--port", str(port)]
-        command += ["--model", model, *server_args]
+        command += ["--model", model, "--cache-dir", str(cache_dir), *server_args]
         log = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the child; stop() closes it
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        return cls(process, f"http://{HOST}:{port}", log)
+        return cls(process, f"http://{HOST}:{port}", log, command)
+
+    def restart(self, ready_timeout_s: float) -> RestartTiming:
+        """SIGTERM, wait for the exit, start the same command again, wait until ready."""
+        self.earlier_peak_bytes = self.peak_rss_bytes()
+        started = time.perf_counter()
+        exit_code = self._terminate(timeout_s=120.0)
+        stopped = time.perf_counter()
+        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.wait_ready(ready_timeout_s)
+        return RestartTiming(stopped - started, time.perf_counter() - stopped, exit_code)
 
     def wait_ready(self, timeout_s: float) -> None:
         """Poll `GET /health/ready` until 200; fail fast if the child exits first."""
@@ -79,11 +105,18 @@ class SpawnedServer:
             return False  # not listening yet
 
     def peak_rss_bytes(self) -> int | None:
-        """Read while the child is alive: /proc forgets it once it exits."""
-        return peak_rss_bytes(self.process.pid)
+        """The highest of this child's and those it replaced. Read while the child is alive:
+        /proc forgets it once it exits."""
+        peaks = [p for p in (peak_rss_bytes(self.process.pid), self.earlier_peak_bytes) if p]
+        return max(peaks, default=None)
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """SIGTERM (graceful: the server persists its caches), then SIGKILL after `timeout_s`."""
+        self._terminate(timeout_s)
+        self.log.close()
+
+    def _terminate(self, timeout_s: float) -> int:
+        """SIGTERM (graceful: the server persists its caches), then SIGKILL after `timeout_s`;
+        returns the exit code."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -91,10 +124,49 @@ class SpawnedServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self.log.close()
+        return self.process.returncode
 
     def log_tail(self, chars: int = 4000) -> str:
         # pread leaves the offset alone: the child shares it and may still be writing.
         fd = self.log.fileno()
         size = os.fstat(fd).st_size
         return os.pread(fd, chars, max(0, size - chars)).decode(errors="replace")
+
+
+def kv_bytes_per_token(model: str, server_args: list[str]) -> int:
+    """K and V of one token in every layer, as a spawned server of `model` holds them: the
+    model's geometry and the server's dtype (`--dtype` among `server_args`, else what "auto"
+    picks on this machine). SmolLM2-135M in bf16: 2 · 30 layers · 3 heads · 64 · 2 = 23,040."""
+    from semantic.models.checkpoint import load_checkpoint
+    from semantic.registry import ModelRegistry
+
+    config = load_checkpoint(ModelRegistry().resolve(model).path, progress=False).config
+    spec = CacheSpec(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        dtype=_server_dtype(server_args),
+        block_tokens=1,
+    )
+    return spec.bytes_per_block
+
+
+def _server_dtype(server_args: list[str]) -> str:
+    dtype = _flag_value(server_args, "--dtype") or "auto"
+    if dtype != "auto":
+        return dtype
+    from semantic.backends.torch.runner import pick_device, pick_dtype  # imports torch
+
+    device = pick_device(_flag_value(server_args, "--device") or "auto")
+    return str(pick_dtype("auto", device)).removeprefix("torch.")
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The last value given for `flag` (`--flag value` or `--flag=value`), as argparse reads it."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value

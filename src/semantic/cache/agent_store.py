@@ -12,8 +12,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_SHARED, TIER_WORKING_AGENT, BlockPool
 from semantic.cache.disk import (
@@ -21,6 +22,7 @@ from semantic.cache.disk import (
     BlockRecord,
     DiskTier,
     DiskWriter,
+    delete_manifest,
     list_manifests,
     save_manifest,
 )
@@ -91,6 +93,27 @@ class PersistResult:
     agents_saved: int
 
 
+class PendingPersist:
+    """Writes queued by `AgentStore.start_persist`; `wait` returns once they are durable (or
+    failed) and the manifests of the agents whose blocks all made it are written."""
+
+    def __init__(self, store: AgentStore, agents: list[Agent]) -> None:
+        self.store = store
+        self.agents = agents
+        self.submitted = 0
+        self.failed: set[int] = set()  # filled by the writer thread
+
+    def wait(self, timeout: float | None = None) -> PersistResult:
+        if not self.store.writer.flush(timeout):
+            return PersistResult(0, self.submitted, 0)
+        complete = [a for a in self.agents if a.hashes and not self.failed & set(a.hashes)]
+        saved = sum(self.store.save_manifest(agent) for agent in complete)
+        written = self.submitted - len(self.failed)
+        with self.store.lock:
+            self.store.counters.persisted += written
+        return PersistResult(written, len(self.failed), saved)
+
+
 class AgentStore:
     """Named agents and the disk side of the cache for one model.
 
@@ -119,7 +142,7 @@ class AgentStore:
         self._sharers: Counter[int] = Counter()
         self._pins: dict[str, list[int]] = {}
         self._protected: frozenset[int] = frozenset()  # read by the writer thread
-        self._lock = threading.Lock()  # the counters the writer thread also updates
+        self.lock = threading.Lock()  # the counters the writer thread also updates
         self._next_sweep = 0.0
         prefix.on_evict = self._save_evicted
         for manifest in list_manifests(disk.model_root):
@@ -278,30 +301,28 @@ class AgentStore:
         self.pool.release(self._pins.pop(agent.agent_id, []), TIER_WORKING_AGENT)
         self._pins[agent.agent_id] = blocks
 
+    def start_persist(self, agent_ids: Iterable[str] | None = None) -> PendingPersist:
+        """Queue writes of the named agents' hot blocks (every hashed block when None) that are
+        not on disk yet. Runs on the engine thread (it reads the pool); `PendingPersist.wait`
+        then waits for durability on any thread and writes the manifests."""
+        everything = agent_ids is None
+        agents = (
+            list(self.agents.values())
+            if everything
+            else [self.agents[a] for a in agent_ids or () if a in self.agents]
+        )
+        hashes = self.hot_hashes() if everything else {h for a in agents for h in a.hashes}
+        pending = PendingPersist(self, agents)
+        for block_hash in hashes:
+            if not self.disk.contains(block_hash):
+                pending.submitted += self._submit(block_hash, pending.failed)
+        return pending
+
     def persist(
         self, agent_ids: Iterable[str] | None = None, timeout: float | None = None
     ) -> PersistResult:
-        """Write the named agents' hot blocks (all hashed blocks when None) and manifests, and
-        return once they are durable."""
-        agents = (
-            list(self.agents.values())
-            if agent_ids is None
-            else [self.agents[a] for a in agent_ids if a in self.agents]
-        )
-        hashes = self.hot_hashes() if agent_ids is None else {h for a in agents for h in a.hashes}
-        failed: set[int] = set()
-        written = 0
-        for block_hash in hashes:
-            if not self.disk.contains(block_hash) and self._submit(block_hash, failed):
-                written += 1
-        self.writer.flush(timeout)
-        saved = 0
-        for agent in agents:
-            if agent.hashes and not failed & set(agent.hashes) and self._save_manifest(agent):
-                saved += 1
-        with self._lock:
-            self.counters.persisted += written - len(failed)
-        return PersistResult(written - len(failed), len(failed), saved)
+        """`start_persist` and wait for it, on the calling (engine) thread."""
+        return self.start_persist(agent_ids).wait(timeout)
 
     def hot_hashes(self) -> set[int]:
         return {h for h in (self.pool.hash_of(b) for b in range(self.pool.num_blocks)) if h}
@@ -324,13 +345,13 @@ class AgentStore:
 
     def _evicted_written(self, error: BaseException | None, tail_owners: list[Agent]) -> None:
         """On the writer thread, once an evicted block is durable (or failed)."""
-        with self._lock:
+        with self.lock:
             if error is not None:
                 self.counters.write_errors += 1
                 return
             self.counters.evicted_to_disk += 1
         for agent in tail_owners:  # its tail can only be found through its manifest
-            self._save_manifest(agent)
+            self.save_manifest(agent)
         self._enforce_disk_budget()
 
     def _submit(self, block_hash: int, failed: set[int]) -> bool:
@@ -342,20 +363,68 @@ class AgentStore:
 
         def done(size: int, error: BaseException | None) -> None:
             if error is not None:
-                with self._lock:
+                with self.lock:
                     self.counters.write_errors += 1
                 failed.add(block_hash)
 
         self.writer.submit(record, done)
         return True
 
+    def delete(self, agent_id: str) -> bool:
+        """Forget an agent: its manifest, and the blocks no other agent uses, in memory (cached
+        ones; a block a running request holds stays until it finishes) and on disk."""
+        agent = self.agents.pop(agent_id, None)
+        if agent is None:
+            return False
+        self.pool.release(self._pins.pop(agent_id, []), TIER_WORKING_AGENT)
+        self._sharers.subtract(agent.hashes)
+        for block_hash in agent.hashes:
+            if self._sharers[block_hash] <= 0:
+                self.prefix.discard(block_hash)
+                self.disk.delete(block_hash)
+        delete_manifest(self.disk.model_root, agent_id)
+        return True
+
+    def snapshot(self) -> dict[str, Any]:
+        """Totals and every agent's statistics, as plain data (taken on the engine thread)."""
+        disk = self.disk.stats
+        with self.lock:
+            totals = asdict(self.counters)
+        totals |= {
+            "disk_files": disk.files,
+            "disk_bytes": disk.bytes,
+            "quarantined": dict(disk.quarantined),
+        }
+        return {"totals": totals, "agents": [self.describe(a) for a in sorted(self.agents)]}
+
+    def describe(self, agent_id: str) -> dict[str, Any] | None:
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            return None
+        hot = [h for h in agent.hashes if self.pool.lookup(h) is not None]
+        stats = agent.stats
+        return {
+            "agent_id": agent.agent_id,
+            "cached_tokens": agent.num_tokens,
+            "pinned": agent.pinned,
+            "working": agent.working,
+            "requests": stats.requests,
+            "hit_tokens": stats.hit_tokens,
+            "disk_hit_tokens": stats.disk_hit_tokens,
+            "miss_tokens": stats.miss_tokens,
+            "miss_reasons": dict(stats.miss_reasons),
+            "bytes_in_memory": len(hot) * self.disk.spec.bytes_per_block,
+            "bytes_on_disk": sum(self.disk.size_of(h) for h in agent.hashes),
+            "last_used": stats.last_used,
+        }
+
     def _enforce_disk_budget(self) -> None:
         if self.disk.usage_bytes() > self.disk.budget_bytes:
             dropped = self.disk.evict_to_budget(self._protected)
-            with self._lock:
+            with self.lock:
                 self.counters.evicted_from_disk += len(dropped)
 
-    def _save_manifest(self, agent: Agent) -> bool:
+    def save_manifest(self, agent: Agent) -> bool:
         manifest = AgentManifest(
             agent.agent_id,
             self.disk.model_root.name,

@@ -97,6 +97,17 @@ class BlockPool:
             del self._cached[old][block]
             self._cache(block, tier)
 
+    def discard(self, block: int) -> bool:
+        """Drop a cached block's content without reclaiming it through the hook (its owner was
+        deleted); it becomes free. Held blocks are left alone."""
+        tier = self._tier_of.pop(block, None)
+        if tier is None:
+            return False
+        del self._cached[tier][block]
+        del self._block_of[self._hash_of.pop(block)]
+        self._free.append(block)
+        return True
+
     def set_hash(self, block: int, block_hash: int) -> bool:
         """Mark a held block's content as reusable under `block_hash`. False when the hash is
         already known (another block holds the same content) or the block has one."""

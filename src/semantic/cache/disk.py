@@ -200,6 +200,11 @@ class DiskTier:
         self._path(block_hash).unlink(missing_ok=True)
         return size is not None
 
+    def size_of(self, block_hash: int) -> int:
+        """Bytes the block's file takes (0 when it is not on disk)."""
+        with self._lock:
+            return self._index.get(block_hash, 0)
+
     def usage_bytes(self) -> int:
         with self._lock:
             return self._bytes

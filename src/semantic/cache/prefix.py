@@ -122,14 +122,27 @@ class PrefixCache:
             return None
         return self._parent[block_hash], self._tokens[block_hash]
 
+    def discard(self, block_hash: int) -> bool:
+        """Forget a cached block's content and free its block, without saving it anywhere (its
+        agent was deleted). A block someone holds is kept."""
+        block = self.pool.lookup(block_hash)
+        if block is None or not self.pool.discard(block):
+            return False
+        self._forget(block_hash)
+        return True
+
     def _reclaimed(self, block: int, block_hash: int) -> None:
+        parent, tokens = self._forget(block_hash)
+        if self.on_evict is not None:
+            self.on_evict(block, block_hash, parent, tokens)
+
+    def _forget(self, block_hash: int) -> tuple[int, tuple[int, ...]]:
         parent, tokens = self._parent.pop(block_hash), self._tokens.pop(block_hash)
         siblings = self._children[parent]
         siblings.discard(block_hash)
         if not siblings:
             del self._children[parent]
-        if self.on_evict is not None:
-            self.on_evict(block, block_hash, parent, tokens)
+        return parent, tokens
 
     def check_integrity(self) -> None:
         assert set(self._tokens) == set(self._parent), "content index diverged"

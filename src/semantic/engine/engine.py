@@ -14,8 +14,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from semantic.cache.agent_store import AgentStore, Prefetch, cache_root
+from semantic.cache.agent_store import AgentStore, PersistResult, Prefetch, cache_root
 from semantic.cache.block_pool import TIER_ONE_OFF, TIER_WORKING_AGENT, BlockPool
 from semantic.cache.disk import DiskTier, model_tag
 from semantic.cache.prefix import PrefixCache, root_hash
@@ -34,6 +35,7 @@ from semantic.models.served import ServedModel
 from semantic.text.detokenizer import IncrementalDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 EventSink = Callable[[TokenEvent], None]
 
@@ -52,6 +54,14 @@ class _Abort:
 
 class _Stop:
     pass
+
+
+@dataclass(slots=True)
+class _Call:
+    """Run `function` on the engine thread, which owns the pool and the store."""
+
+    function: Callable[[], Any]
+    reply: Callable[[Any, BaseException | None], None]
 
 
 @dataclass(slots=True)
@@ -109,7 +119,7 @@ class Engine:
         # A sequence never outgrows the context, nor the whole pool (then it could not run).
         pool_tokens = runner.num_blocks * runner.cache_spec.block_tokens
         self.max_seq_tokens = min(model.context_length, pool_tokens)
-        self._inbox: queue.SimpleQueue[_Submit | _Abort | _Stop] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Submit | _Abort | _Stop | _Call] = queue.SimpleQueue()
         self._active: dict[str, _Active] = {}
         self._seq_ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -177,6 +187,24 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
+
+    async def call(self, function: Callable[[], T]) -> T:
+        """Run `function` on the engine thread between steps and return its result (how the
+        API reads or changes engine state: statistics, persist, agents)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def reply(result: Any, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_settle, future, result, error)
+
+        self._inbox.put(_Call(function, reply))
+        return await future
+
+    async def persist(self, agent_ids: list[str] | None = None) -> PersistResult:
+        """Write hot caches to disk (the named agents', or all) and return once durable. The
+        engine thread only copies blocks out; the wait for fsync happens off it."""
+        pending = await self.call(lambda: self.store.start_persist(agent_ids))
+        return await asyncio.to_thread(pending.wait)
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -263,11 +291,16 @@ class Engine:
             except queue.Empty:
                 return
 
-    def _handle(self, message: _Submit | _Abort | _Stop) -> None:
+    def _handle(self, message: _Submit | _Abort | _Stop | _Call) -> None:
         if isinstance(message, _Stop):
             self._stopping = True
         elif isinstance(message, _Abort):
             self._abort(message.request_id)
+        elif isinstance(message, _Call):
+            try:
+                message.reply(message.function(), None)
+            except Exception as exc:
+                message.reply(None, exc)
         else:
             self._admit(message.request, message.sink, message.prefetch)
 
@@ -360,3 +393,12 @@ class Engine:
             self._finish(
                 self._active[seq.request.request_id], FinishReason.ERROR, [], "", None, error
             )
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the caller went away
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -80,7 +80,6 @@ class TorchRunner:
             )
         self.pool = KVPool(self.cache_spec, self.num_blocks, self.device)
         self.vocab_size = config.vocab_size
-        self.eos_token_ids = config.eos_token_ids
 
     def run(self, batch: Batch) -> list[int | None]:
         """One step: K/V into the pool, one sampled token per item with sample=True."""
@@ -89,7 +88,7 @@ class TorchRunner:
         logits = self._logits(step)
         tokens: list[int | None] = [None] * len(batch.items)
         for index, token in zip(
-            step.sampled_index, sample(logits, step.sampled_items, self.eos_token_ids), strict=True
+            step.sampled_index, sample(logits, step.sampled_items), strict=True
         ):
             tokens[index] = token
         return tokens

@@ -18,17 +18,14 @@ from semantic.core import BatchItem, SamplingParams
 _TOP_P_CANDIDATES = 1024
 
 
-def sample(
-    logits: torch.Tensor, items: Sequence[BatchItem], eos_token_ids: Sequence[int] = ()
-) -> list[int]:
+def sample(logits: torch.Tensor, items: Sequence[BatchItem]) -> list[int]:
     """logits: [N, V] fp32, one row per item → one token id per item."""
-    _suppress_stops(logits, items, eos_token_ids)
-    if all(item.sampling.greedy for item in items):
-        return logits.argmax(-1).tolist()
-    tokens: list[int] = logits.argmax(-1).tolist()
-    for row, item in enumerate(items):
-        if not item.sampling.greedy:
-            tokens[row] = draw(logits[row], item.sampling, item.num_output_tokens)
+    with torch.inference_mode():  # the logits are inference tensors; suppression writes them
+        _suppress(logits, items)
+        tokens: list[int] = logits.argmax(-1).tolist()
+        for row, item in enumerate(items):
+            if not item.sampling.greedy:
+                tokens[row] = draw(logits[row], item.sampling, item.num_output_tokens)
     return tokens
 
 
@@ -73,13 +70,8 @@ def step_seed(seed: int, num_output_tokens: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def _suppress_stops(
-    logits: torch.Tensor, items: Sequence[BatchItem], eos_token_ids: Sequence[int]
-) -> None:
-    # Until a request has min_tokens, it may not end: its stop tokens get no probability.
+def _suppress(logits: torch.Tensor, items: Sequence[BatchItem]) -> None:
+    # The scheduler names the tokens a request may not end with yet (before min_tokens).
     for row, item in enumerate(items):
-        params = item.sampling
-        if item.num_output_tokens < params.min_tokens:
-            stops = [*eos_token_ids, *params.stop_token_ids]
-            if stops:
-                logits[row, stops] = float("-inf")
+        if item.suppress_token_ids:
+            logits[row, list(item.suppress_token_ids)] = float("-inf")

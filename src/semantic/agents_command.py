@@ -1,0 +1,108 @@
+"""`semantic agents`: list, show and delete agents, through the running server when there is
+one (it owns the cache), else straight from the cache directory's manifests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from semantic.cache.agent_store import cache_root
+from semantic.cache.disk import AgentManifest, delete_manifest, list_manifests
+from semantic.config import Settings
+from semantic.errors import NotFound
+
+
+def run(settings: Settings, action: str, agent_id: str | None) -> int:
+    base = f"http://{settings.host}:{settings.port}/v1/agents"
+    try:
+        return _online(base, action, agent_id)
+    except httpx.ConnectError:
+        return _offline(cache_root(settings.cache_dir), action, agent_id)
+
+
+def _online(base: str, action: str, agent_id: str | None) -> int:
+    with httpx.Client(timeout=30) as client:
+        if action == "list":
+            response = client.get(base)
+        elif action == "show":
+            response = client.get(f"{base}/{agent_id}")
+        else:
+            response = client.delete(f"{base}/{agent_id}")
+    if response.status_code == 404:
+        raise NotFound(f"no agent {agent_id!r}")
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    if action == "list":
+        _print_table(body["data"])
+    else:
+        print(json.dumps(body, indent=2))
+    return 0
+
+
+def _print_table(agents: list[dict[str, Any]]) -> None:
+    print(f"{'agent':<32} {'cached':>8} {'hits':>8} {'misses':>8} {'memory MB':>10} {'disk MB':>8}")
+    for a in agents:
+        print(
+            f"{a['agent_id']:<32} {a['cached_tokens']:>8} {a['hit_tokens']:>8} "
+            f"{a['miss_tokens']:>8} {a['bytes_in_memory'] / 2**20:>10.1f} "
+            f"{a['bytes_on_disk'] / 2**20:>8.1f}"
+        )
+
+
+def _offline(root: Path, action: str, agent_id: str | None) -> int:
+    """No server: the manifests on disk of every model are the whole truth."""
+    found = [(model, m) for model in _model_roots(root) for m in list_manifests(model)]
+    if action == "list":
+        print(f"{'agent':<32} {'cached':>8} {'blocks':>7}  model (no server running: from disk)")
+        for model, manifest in found:
+            count = len(manifest.block_hashes) + (manifest.tail_hash is not None)
+            print(f"{manifest.agent_id:<32} {manifest.num_tokens:>8} {count:>7}  {model.name}")
+        return 0
+    mine = [(model, m) for model, m in found if m.agent_id == agent_id]
+    if not mine:
+        raise NotFound(f"no agent {agent_id!r} under {root}")
+    for model, manifest in mine:
+        if action == "show":
+            print(json.dumps(_describe(model, manifest), indent=2))
+        else:
+            _delete(model, manifest, [m for mo, m in found if mo == model and m is not manifest])
+    return 0
+
+
+def _model_roots(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("*") if (p / "agents").is_dir())
+
+
+def _describe(model: Path, manifest: AgentManifest) -> dict[str, Any]:
+    hashes = [*manifest.block_hashes, *([manifest.tail_hash] if manifest.tail_hash else [])]
+    files = [_block_file(model, h) for h in hashes]
+    return {
+        "agent_id": manifest.agent_id,
+        "model": model.name,
+        "cached_tokens": manifest.num_tokens,
+        "pinned": manifest.pinned,
+        "blocks": len(hashes),
+        "blocks_on_disk": sum(f.exists() for f in files),
+        "bytes_on_disk": sum(f.stat().st_size for f in files if f.exists()),
+        "updated_at": manifest.updated_at,
+    }
+
+
+def _delete(model: Path, manifest: AgentManifest, others: list[AgentManifest]) -> None:
+    """Remove the manifest and the block files no other agent names."""
+    shared = {h for m in others for h in [*m.block_hashes, m.tail_hash] if h is not None}
+    mine = [*manifest.block_hashes, *([manifest.tail_hash] if manifest.tail_hash else [])]
+    removed = 0
+    for block_hash in mine:
+        if block_hash not in shared and _block_file(model, block_hash).exists():
+            _block_file(model, block_hash).unlink()
+            removed += 1
+    delete_manifest(model, manifest.agent_id)
+    print(f"deleted agent {manifest.agent_id} ({removed} block files)")
+
+
+def _block_file(model: Path, block_hash: int) -> Path:
+    return model / "blocks" / f"{block_hash:016x}.safetensors"

@@ -1,0 +1,44 @@
+"""The direct agent API under /v1/agents: list, inspect and delete agents and their caches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from semantic.api.admin import engine_of
+from semantic.core import is_valid_agent_id
+from semantic.errors import InvalidRequest, NotFound
+
+router = APIRouter()
+
+
+def _checked(agent_id: str) -> str:
+    if not is_valid_agent_id(agent_id):
+        raise InvalidRequest(f"invalid agent id {agent_id[:40]!r}", param="agent_id")
+    return agent_id
+
+
+@router.get("/v1/agents")
+async def list_agents(request: Request) -> dict[str, Any]:
+    engine = engine_of(request)
+    snapshot: dict[str, Any] = await engine.call(engine.store.snapshot)
+    return {"object": "list", "data": snapshot["agents"]}
+
+
+@router.get("/v1/agents/{agent_id}")
+async def get_agent(agent_id: str, request: Request) -> dict[str, Any]:
+    engine, agent_id = engine_of(request), _checked(agent_id)
+    described: dict[str, Any] | None = await engine.call(lambda: engine.store.describe(agent_id))
+    if described is None:
+        raise NotFound(f"no agent {agent_id!r}")
+    return described
+
+
+@router.delete("/v1/agents/{agent_id}")
+async def delete_agent(agent_id: str, request: Request) -> dict[str, Any]:
+    """Forget the agent; frees its blocks in memory and on disk that no other agent shares."""
+    engine, agent_id = engine_of(request), _checked(agent_id)
+    if not await engine.call(lambda: engine.store.delete(agent_id)):
+        raise NotFound(f"no agent {agent_id!r}")
+    return {"id": agent_id, "object": "agent", "deleted": True}

@@ -1,0 +1,206 @@
+"""The cache phases in the report: history scaling, after a restart, and pressure, each built
+once as a `Section` (title, columns, rows, caption) and rendered as a rich table or as Markdown,
+so the terminal and docs/benchmarks.md never drift apart; plus their derived figures for JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from semantic.bench.history import HistoryResult
+from semantic.bench.pressure import MISS_SHARE, PressureResult
+from semantic.bench.restart import RestartResult
+
+
+@dataclass(slots=True)
+class Section:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    caption: str
+
+
+def _s(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:,.3f}"
+
+
+def _x(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def _agents(count: int) -> str:
+    return f"{count} agent" if count == 1 else f"{count} agents"
+
+
+def _pct(value: float | None) -> str:
+    return "unknown" if value is None else f"{value * 100:.1f}%"
+
+
+def sections(
+    history: HistoryResult | None, restart: RestartResult | None, pressure: PressureResult | None
+) -> list[Section]:
+    out = [_history(history)] if history else []
+    out += [_restart(restart)] if restart else []
+    return out + ([_pressure(pressure)] if pressure else [])
+
+
+def _history(result: HistoryResult) -> Section:
+    columns = [
+        "History (tokens)",
+        "Prompt (tokens)",
+        "TTFT cold (s)",
+        "TTFT warm (s)",
+        "cold ÷ warm",
+        "warm: cached ÷ prompt",
+        "cold: cached ÷ prompt",
+    ]
+    rows = [
+        [
+            f"{p.history_tokens:,}",
+            f"{p.prompt_tokens:,}",
+            _s(p.cold_ttft_s),
+            _s(p.warm_ttft_s),
+            _x(p.speedup),
+            _pct(p.warm_cached_share),
+            _pct(p.cold_cached_share),
+        ]
+        for p in result.points
+    ]
+    mismatch = max(p.token_mismatch for p in result.points)
+    return Section(
+        f"History scaling: cold vs warm TTFT (median of {result.repeats})",
+        columns,
+        rows,
+        f"{_flatness(result)} Cold = the same prompt with its first character changed, under a "
+        f"fresh session id; its length matched the warm prompt's to within {mismatch:.2%}.",
+    )
+
+
+def _flatness(result: HistoryResult) -> str:
+    sizes = sorted(p.target_tokens for p in result.points)
+    if result.flatness is None:
+        return "Flatness needs two history sizes."
+    return (
+        f"Flatness: warm TTFT at {sizes[-1]:,} ÷ at {sizes[0]:,} tokens = "
+        f"{_x(result.flatness)} (1.00× = flat)."
+    )
+
+
+def _restart(result: RestartResult) -> Section:
+    columns = [
+        "Agent",
+        "History (tokens)",
+        "Cached (tokens)",
+        "cached ÷ history",
+        "TTFT (s)",
+        "÷ cold TTFT",
+    ]
+    cold = result.cold_ttft_s
+    rows = [
+        [
+            str(t.agent),
+            f"{t.history_tokens:,}",
+            f"{t.probe.cached_tokens or 0:,}",
+            _pct(t.history_share),
+            _s(t.probe.ttft_s),
+            _x(t.probe.ttft_s / cold if cold else None),
+        ]
+        for t in result.turns
+    ]
+    rows.append(["median", "", "", "", _s(result.ttft_s), _x(result.ratio_to_cold)])
+    timing = result.timing
+    source = "measured here" if result.cold_measured_here else "from the history phase"
+    return Section(
+        f"After a restart: {_agents(len(result.turns))} at ~{result.target_tokens:,} tokens",
+        columns,
+        rows,
+        f"Restart: SIGTERM → exit {timing.stop_s:.1f} s (exit code {timing.exit_code}), "
+        f"start → ready {timing.ready_s:.1f} s. Cold TTFT at this size: {_s(cold)} s "
+        f"({source}). Cached ÷ prompt over the agents: {_pct(result.cached_share)}.",
+    )
+
+
+def _pressure(result: PressureResult) -> Section:
+    budget = result.budget
+    pool = (
+        f"{budget.budget_mb:,} MiB for {budget.needed_mb:,.0f} MiB of histories"
+        if budget
+        else "the server's own (not spawned by the bench)"
+    )
+    warm, cold = result.warm_ttft, result.cold_ttft
+    rows = [
+        ["KV pool", pool],
+        ["Warm-turn hit rate (Σ cached ÷ Σ prompt)", _pct(result.hit_rate)],
+        ["Misses (warm turns)", f"{result.misses} of {len(result.warm_turns)}"],
+        ["TTFT warm p50 / p95 (s)", f"{_s(warm.p50)} / {_s(warm.p95)}"],
+        ["TTFT cold p50 (s)", _s(cold.p50)],
+    ]
+    return Section(
+        f"Pressure: {_agents(result.agents)} × {result.turns_per_agent} turns, round-robin",
+        ["Metric", "Value"],
+        rows,
+        f"A miss is a warm turn that reused under {MISS_SHARE:.0%} of its history. Turns run "
+        "one at a time, so the agent whose turn comes next is always the least recently used.",
+    )
+
+
+def print_sections(parts: list[Section], console: Console) -> None:
+    for part in parts:
+        table = Table(title=part.title, caption=part.caption)
+        for i, column in enumerate(part.columns):
+            table.add_column(column, justify="left" if i == 0 else "right")
+        for row in part.rows:
+            table.add_row(*row)
+        console.print(table)
+
+
+def markdown(parts: list[Section]) -> list[str]:
+    lines: list[str] = []
+    for part in parts:
+        lines += [f"#### {part.title}", "", "| " + " | ".join(part.columns) + " |"]
+        lines.append("|---|" + "---:|" * (len(part.columns) - 1))
+        lines += ["| " + " | ".join(row) + " |" for row in part.rows]
+        lines += ["", part.caption, ""]
+    return lines
+
+
+def summary(
+    history: HistoryResult | None, restart: RestartResult | None, pressure: PressureResult | None
+) -> dict[str, Any]:
+    """The derived figures (medians, ratios, rates) that `asdict` leaves out, for JSON."""
+    out: dict[str, Any] = {}
+    if history:
+        points = [
+            {
+                "target_tokens": p.target_tokens,
+                "history_tokens": p.history_tokens,
+                "prompt_tokens": p.prompt_tokens,
+                "cold_ttft_s": p.cold_ttft_s,
+                "warm_ttft_s": p.warm_ttft_s,
+                "cold_over_warm": p.speedup,
+                "warm_cached_share": p.warm_cached_share,
+                "cold_cached_share": p.cold_cached_share,
+                "token_mismatch": p.token_mismatch,
+            }
+            for p in history.points
+        ]
+        out["history"] = {"points": points, "flatness": history.flatness}
+    if restart:
+        out["restart"] = {
+            "ttft_s": restart.ttft_s,
+            "cold_ttft_s": restart.cold_ttft_s,
+            "ratio_to_cold": restart.ratio_to_cold,
+            "cached_share": restart.cached_share,
+        }
+    if pressure:
+        out["pressure"] = {
+            "hit_rate": pressure.hit_rate,
+            "misses": pressure.misses,
+            "warm_turns": len(pressure.warm_turns),
+            "warm_ttft_p50_s": pressure.warm_ttft.p50,
+            "warm_ttft_p95_s": pressure.warm_ttft.p95,
+        }
+    return out

@@ -1,0 +1,136 @@
+"""What one `semantic bench` run measures: `BenchOptions`, and the phases it can run (`Phase`),
+with the rule for which of them apply to the target (a restart needs a server we spawned)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from semantic.bench.conversation import ANSWER_TOKENS
+from semantic.bench.plan import WorkloadSpec
+from semantic.bench.workload import BenchError
+
+
+class Phase(enum.StrEnum):
+    """The phases, in the order a run takes them (calibration always runs first)."""
+
+    DECODE = "decode"  # single-stream decode speed
+    PREFILL = "prefill"  # one fresh ~1k-token prompt
+    WORKLOAD = "workload"  # concurrent agents, several turns each
+    HISTORY = "history"  # cold vs warm TTFT as an agent's history grows
+    RESTART = "restart"  # an agent's next turn after the server restarted
+    PRESSURE = "pressure"  # more agents than the pool holds
+    BASELINE = "baseline"  # the same decode/prefill/workload through transformers
+
+    @classmethod
+    def parse(cls, text: str) -> tuple[Phase, ...]:
+        """A comma-separated list, e.g. "history,restart", kept in the run's order."""
+        names = {name.strip() for name in text.split(",") if name.strip()}
+        unknown = names - {phase.value for phase in cls}
+        if unknown or not names:
+            known = ", ".join(phase.value for phase in cls)
+            raise BenchError(f"unknown phase(s) {', '.join(sorted(unknown)) or '(none)'}; "
+                             f"known: {known}")  # fmt: skip
+        return tuple(phase for phase in cls if phase.value in names)
+
+
+# The phases the baseline repeats: it has no cache, so the cache phases have nothing to compare.
+BASELINE_PHASES = (Phase.DECODE, Phase.PREFILL, Phase.WORKLOAD)
+DEFAULT_HISTORY_SIZES = (1000, 2000, 4000)
+
+
+@dataclass(slots=True)
+class BenchOptions:
+    """What to measure and how. `base_url=None` spawns `semantic serve` with `server_args` and a
+    cache folder: `cache_dir`, or a fresh temporary one so no run reuses an old cache unasked.
+    `served_model` is the model name sent in requests (default: `model`), for servers such as
+    vLLM or ollama that insist on their own name; `model` also picks the baseline's weights.
+    `command` is the command line the report quotes."""
+
+    base_url: str | None = None
+    model: str = "smollm2-135m"
+    agents: int = 8
+    turns: int = 3
+    system_tokens: int = 1000
+    user_tokens: int = 50
+    max_tokens: int = 64
+    baseline: bool = True
+    json_out: Path | None = None
+    markdown_out: Path | None = None
+    server_args: list[str] = field(default_factory=list)
+    served_model: str | None = None
+    api_key: str | None = None
+    seed: int = 0
+    phases: tuple[Phase, ...] = tuple(Phase)
+    history_sizes: tuple[int, ...] = DEFAULT_HISTORY_SIZES
+    repeats: int = 3
+    restart_agents: int = 4
+    pressure_agents: int = 12
+    pressure_turns: int = 3
+    cache_dir: Path | None = None
+    command: str | None = None
+
+    def __post_init__(self) -> None:
+        sizes = (self.agents, self.turns, self.system_tokens, self.user_tokens, self.max_tokens)
+        if min(sizes) < 1:
+            raise BenchError("agents, turns, system/user tokens and max_tokens must be ≥ 1")
+        counts = (self.repeats, self.restart_agents, self.pressure_agents)
+        if min(counts) < 1 or self.pressure_turns < 2:
+            raise BenchError("repeats and agent counts must be ≥ 1, pressure turns ≥ 2")
+        if not self.history_sizes or min(self.history_sizes) < 100:
+            raise BenchError("history sizes must be given, each at least 100 tokens")
+        if self.base_url is not None and (self.server_args or self.cache_dir):
+            raise BenchError(
+                "--cache-dir and server arguments after -- apply only when the bench spawns a "
+                "server"
+            )
+
+    @property
+    def spawns(self) -> bool:
+        return self.base_url is None
+
+    @property
+    def spec(self) -> WorkloadSpec:
+        return WorkloadSpec(
+            agents=self.agents,
+            turns=self.turns,
+            system_tokens=self.system_tokens,
+            user_tokens=self.user_tokens,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+        )
+
+    @property
+    def pressure_spec(self) -> WorkloadSpec:
+        """The pressure agents: the workload's prompt sizes, short answers, round-robin turns."""
+        return WorkloadSpec(
+            agents=self.pressure_agents,
+            turns=self.pressure_turns,
+            system_tokens=self.system_tokens,
+            user_tokens=self.user_tokens,
+            max_tokens=ANSWER_TOKENS,
+            seed=self.seed,
+        )
+
+    def runnable_phases(self) -> tuple[Phase, ...]:
+        """The asked-for phases that apply to this target; `skip_notes()` says why the rest
+        don't."""
+        return tuple(phase for phase in self.phases if self._skip_reason(phase) is None)
+
+    def skip_notes(self) -> list[str]:
+        notes = []
+        for phase in self.phases:
+            reason = self._skip_reason(phase)
+            if reason is not None:
+                notes.append(f"{phase.value} phase skipped: {reason}")
+        return notes
+
+    def _skip_reason(self, phase: Phase) -> str | None:
+        if phase is Phase.RESTART and not self.spawns:
+            return "it restarts the server, so it needs one the bench spawned (no --base-url)"
+        if phase is Phase.BASELINE and not self.baseline:
+            return "--no-baseline"
+        if phase is Phase.BASELINE and not set(BASELINE_PHASES) & set(self.phases):
+            return "it repeats decode, prefill and workload, and none of them runs"
+        return None

@@ -1,0 +1,178 @@
+"""The agent cache end to end: warm turns, a shared system prompt stored once, restarts, and a
+kill -9 in the middle of cache writes — against real `semantic serve` processes on SmolLM2."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from semantic.cache.disk import DiskTier
+from semantic.core import CacheSpec
+from tests.e2e.conftest import Server
+
+pytestmark = pytest.mark.e2e
+
+SYSTEM = (
+    "You are the build assistant of a small software team. You answer questions about the "
+    "project's code, its tests and its release process. Be brief and precise. "
+) * 24  # about 800 tokens
+
+
+def chat(server: Server, agent: str, messages: list[dict[str, str]], **extra: Any) -> Any:
+    sdk = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return sdk.chat.completions.create(
+        model="smollm2-135m",
+        messages=messages,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=24,
+        extra_body={"session_id": agent, **extra},
+    )
+
+
+def conversation(
+    server: Server, agent: str, turns: int, system: str = SYSTEM
+) -> tuple[list[dict[str, str]], Any]:
+    """Run `turns` turns; returns the messages so far (ending with the last answer) and the
+    last response."""
+    messages = [{"role": "system", "content": system}]
+    answer = None
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Question {turn}: what should I test first?"})
+        answer = chat(server, agent, messages)
+        messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+    return messages, answer
+
+
+def start(tmp: Path, name: str, *extra: str) -> Server:
+    tmp.mkdir(parents=True, exist_ok=True)
+    server = Server(["--cache-dir", str(tmp / "cache"), *extra], tmp / f"{name}.log")
+    server.wait_ready()
+    return server
+
+
+def test_a_warm_turn_reuses_the_whole_history(server: Server) -> None:
+    messages, last = conversation(server, "warm-agent", 2)
+    messages.append({"role": "user", "content": "And then?"})
+    warm = chat(server, "warm-agent", messages)
+    history = last.usage.prompt_tokens + last.usage.completion_tokens - 1  # last token uncomputed
+    assert warm.usage.prompt_tokens_details.cached_tokens == history
+    stats = httpx.get(f"{server.url}/v1/agents/warm-agent").json()
+    assert stats["requests"] == 3 and stats["hit_tokens"] >= history
+
+
+def test_ten_agents_share_one_copy_of_their_system_prompt(tmp_path: Path) -> None:
+    server = start(tmp_path, "shared")
+    try:
+        prompt_tokens = 0
+        for agent in range(10):
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"I am agent {agent}. Say hello."},
+            ]
+            reply = chat(server, f"agent-{agent}", messages)
+            prompt_tokens = reply.usage.prompt_tokens
+            if agent:
+                assert reply.usage.prompt_tokens_details.cached_tokens >= 768  # 3 full blocks
+        shared_blocks = (prompt_tokens - 20) // 256  # the system prompt's full blocks
+        persisted = httpx.post(f"{server.url}/admin/cache/persist", timeout=60).json()
+        stats = httpx.get(f"{server.url}/admin/cache").json()
+        # Each agent adds only its own partial tail to the shared full blocks: once in memory...
+        assert stats["pool"]["blocks_cached"] == shared_blocks + 10
+        # ...and once on disk.
+        assert stats["totals"]["disk_files"] == shared_blocks + 10
+        assert persisted["failed"] == 0 and persisted["agents_saved"] == 10
+    finally:
+        assert server.stop() == 0
+
+
+def test_after_a_restart_the_first_turn_reads_its_cache_from_disk_and_answers_the_same(
+    tmp_path: Path,
+) -> None:
+    fp32 = ("--dtype", "float32")  # exact comparison with a cold server: no bf16 near-ties
+    server = start(tmp_path / "warm", "before", *fp32)
+    messages, _ = conversation(server, "returning", 2)
+    assert server.stop() == 0  # SIGTERM: graceful, persists every hot cache
+    messages.append({"role": "user", "content": "Summarize that in one line."})
+    restarted = start(tmp_path / "warm", "after", *fp32)
+    try:
+        warm = chat(restarted, "returning", messages)
+        stats = httpx.get(f"{restarted.url}/v1/agents/returning").json()
+    finally:
+        restarted.stop()
+    assert warm.usage.prompt_tokens_details.cached_tokens > 0.8 * warm.usage.prompt_tokens
+    assert stats["disk_hit_tokens"] == warm.usage.prompt_tokens_details.cached_tokens
+    cold = start(tmp_path / "cold", "cold", *fp32)
+    try:
+        reference = chat(cold, "returning", messages)
+    finally:
+        cold.stop()
+    assert reference.usage.prompt_tokens_details.cached_tokens == 0
+    assert warm.choices[0].message.content == reference.choices[0].message.content
+
+
+def test_kill_9_during_cache_writes_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    # A pool of ~10 blocks: every new agent evicts others' blocks to disk while it runs.
+    server = start(tmp_path, "doomed", "--cache-budget-mb", "60")
+    messages, _ = conversation(server, "keeper", 1)
+    acknowledged = httpx.post(
+        f"{server.url}/admin/cache/persist", json={"agents": ["keeper"]}, timeout=60
+    ).json()
+    assert acknowledged["agents_saved"] == 1
+    churn = threading.Thread(target=_churn, args=(server,), daemon=True)
+    churn.start()
+    deadline = time.monotonic() + 300
+    while httpx.get(f"{server.url}/admin/cache").json()["totals"]["evicted_to_disk"] < 2:
+        assert time.monotonic() < deadline, "the churn never evicted anything"
+        time.sleep(0.05)
+    os.kill(server.process.pid, signal.SIGKILL)  # evictions are being written right now
+    server.process.wait()
+    churn.join()
+    blocks = next((tmp_path / "cache" / "kv").glob("*/blocks"))
+    survivors = start(tmp_path, "survivor")
+    try:
+        assert not [p for p in blocks.iterdir() if p.name.endswith(".tmp")]
+        messages.append({"role": "user", "content": "Anything else?"})
+        reply = chat(survivors, "keeper", messages)
+        assert reply.usage.prompt_tokens_details.cached_tokens > 700
+        stats = httpx.get(f"{survivors.url}/admin/cache").json()
+        assert stats["totals"]["quarantined"] == {}
+    finally:
+        survivors.stop()
+    _every_block_file_reads_back(blocks.parent)
+
+
+def _churn(server: Server) -> None:
+    """New agents with prompts of their own (nothing shared) until the server dies."""
+    for agent in range(50):
+        try:
+            conversation(server, f"churn-{agent}", 1, system=f"Agent {agent}. {SYSTEM}")
+        except openai.APIConnectionError:
+            return
+
+
+def _every_block_file_reads_back(model_root: Path) -> None:
+    """Open the folder as the server would and read every block: none may fail its checks."""
+    spec = CacheSpec(30, 3, 64, "bfloat16", 256)
+    tier = DiskTier(model_root.parent, model_tag=model_root.name, spec=spec, budget_bytes=2**40)
+    hashes = [int(p.stem, 16) for p in (model_root / "blocks").glob("*.safetensors")]
+    assert hashes and all(tier.read(h) is not None for h in hashes)
+    assert tier.stats.quarantined == {}
+
+
+def test_the_agents_command_lists_and_deletes_through_the_server(server: Server) -> None:
+    conversation(server, "short-lived", 1)
+    base = [sys.executable, "-m", "semantic", "agents", "--port", str(server.port)]
+    listed = subprocess.run([*base, "list"], capture_output=True, text=True, check=True)
+    assert "short-lived" in listed.stdout
+    subprocess.run([*base, "delete", "short-lived"], capture_output=True, text=True, check=True)
+    assert httpx.get(f"{server.url}/v1/agents/short-lived").status_code == 404
