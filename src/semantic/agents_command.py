@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from semantic.cache.agent_store import cache_root
-from semantic.cache.disk import AgentManifest, delete_manifest, list_manifests
+from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests
 from semantic.config import Settings
 from semantic.errors import NotFound
 

@@ -28,7 +28,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from semantic.cache.disk import DiskTier, DiskWriter
+from semantic.cache.disk import DiskTier
+from semantic.cache.disk_writer import DiskWriter
 from tests.unit.test_disk_kill9 import CHUNK, SPEC, TAG, expected_record
 
 root, block_hash = Path(sys.argv[1]), int(sys.argv[2])

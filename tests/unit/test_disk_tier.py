@@ -13,16 +13,14 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from semantic.cache import disk
-from semantic.cache.disk import (
+from semantic.cache import durable
+from semantic.cache.disk import BlockRecord, DiskTier, model_tag
+from semantic.cache.disk_writer import DiskWriter
+from semantic.cache.manifest import (
     AgentManifest,
-    BlockRecord,
-    DiskTier,
-    DiskWriter,
     delete_manifest,
     list_manifests,
     load_manifest,
-    model_tag,
     save_manifest,
 )
 from semantic.core import CacheSpec
@@ -99,7 +97,7 @@ def test_write_is_temp_fsync_rename_then_dir_fsync_and_leaves_no_temp(
 ) -> None:
     tier = open_tier(tmp_path)
     calls: list[str] = []
-    real_fsync_file, real_fsync_dir, real_replace = disk._fsync, disk.fsync_dir, os.replace
+    real_fsync_file, real_fsync_dir, real_replace = durable._fsync, durable.fsync_dir, os.replace
 
     def fsync_file(fd: int) -> None:
         calls.append("fsync-file")
@@ -114,8 +112,8 @@ def test_write_is_temp_fsync_rename_then_dir_fsync_and_leaves_no_temp(
         calls.append("rename")
         real_replace(src, dst)
 
-    monkeypatch.setattr(disk, "_fsync", fsync_file)
-    monkeypatch.setattr(disk, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(durable, "_fsync", fsync_file)
+    monkeypatch.setattr(durable, "fsync_dir", fsync_dir)
     monkeypatch.setattr(os, "replace", replace)
     tier.write(make_record(1))
     assert calls == ["fsync-file", "rename", "fsync-dir"]
@@ -319,7 +317,7 @@ def test_flush_returns_only_once_earlier_writes_are_fsynced(
     writer = DiskWriter(tier)
     disk_may_sync = threading.Event()
     synced: list[str] = []
-    real_fsync_file, real_fsync_dir = disk._fsync, disk.fsync_dir
+    real_fsync_file, real_fsync_dir = durable._fsync, durable.fsync_dir
 
     def slow_fsync_file(fd: int) -> None:
         disk_may_sync.wait(timeout=10)
@@ -330,8 +328,8 @@ def test_flush_returns_only_once_earlier_writes_are_fsynced(
         real_fsync_dir(folder)
         synced.append("folder")
 
-    monkeypatch.setattr(disk, "_fsync", slow_fsync_file)
-    monkeypatch.setattr(disk, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(durable, "_fsync", slow_fsync_file)
+    monkeypatch.setattr(durable, "fsync_dir", fsync_dir)
     acked: list[int] = []
     writer.submit(make_record(1), lambda written, error: acked.append(written))
     assert writer.flush(timeout=0.05) is False  # stuck in fsync: not durable yet

@@ -17,15 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_SHARED, TIER_WORKING_AGENT, BlockPool
-from semantic.cache.disk import (
-    AgentManifest,
-    BlockRecord,
-    DiskTier,
-    DiskWriter,
-    delete_manifest,
-    list_manifests,
-    save_manifest,
-)
+from semantic.cache.disk import BlockRecord, DiskTier
+from semantic.cache.disk_writer import DiskWriter
+from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests, save_manifest
 from semantic.cache.prefix import PrefixCache, chain_hash
 from semantic.core import History, Request
 from semantic.engine.runner import ModelRunner

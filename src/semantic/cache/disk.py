@@ -1,52 +1,48 @@
-"""The disk tier of the KV cache: content-addressed safetensors block files and agent manifests.
+"""The disk tier of the KV cache: content-addressed safetensors block files.
 
-Owns the layout under `<cache_dir>/<model_tag>/` (`blocks/`, `agents/`, `quarantine/`), atomic
-durable writes, checksums, quarantine of bad files, LRU eviction to a byte budget, and the
-background writer that keeps disk I/O off the engine thread. Backend-neutral: KV arrives as numpy
-(bf16/fp16 as `np.uint16` raw bits), and nothing is ever unpickled.
+Owns the layout under `<cache_dir>/<model_tag>/` (`blocks/`, `quarantine/`; manifests live in
+`cache/manifest.py`), the checks every read makes, quarantine of bad files and LRU eviction to a
+byte budget. Backend-neutral: KV arrives as numpy (bf16/fp16 as `np.uint16` raw bits), and
+nothing is ever unpickled. Writes are atomic (`cache/durable.py`) and run on the writer thread
+(`cache/disk_writer.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-import fcntl
 import hashlib
 import json
 import logging
 import os
-import queue
 import re
 import threading
-import time
-import uuid
 from collections import OrderedDict
-from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 
-from semantic.core import CacheSpec, is_valid_agent_id
-from semantic.errors import CacheCorrupt, InvalidRequest
+from semantic.cache.durable import (
+    HEX_HASH,
+    move_to_quarantine,
+    parse_hash,
+    remove_temp_files,
+    write_durably,
+)
+from semantic.core import CacheSpec
+from semantic.errors import CacheCorrupt
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = "1"  # block files; a different value is quarantined, never guessed at
-MANIFEST_FORMAT_VERSION = 1
 BLOCK_SUFFIX = ".safetensors"
-TMP_SUFFIX = ".tmp"
 _HASH_LIMIT = 1 << 64  # hashes are unsigned 64-bit: 16 hex digits in file names
-_HEX_HASH = re.compile(r"[0-9a-f]{16}")
 _SAFE_TAG = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
-_T = TypeVar("_T")
-
-WriteCallback = Callable[[int, BaseException | None], None]
 
 
 class QuarantineReason(enum.StrEnum):
@@ -59,7 +55,7 @@ class QuarantineReason(enum.StrEnum):
     SHAPE = "shape"  # tensors missing or of the wrong shape or dtype for this spec
 
 
-class _Rejected(CacheCorrupt):
+class Rejected(CacheCorrupt):
     """A file failed one check; carries the reason it is quarantined under."""
 
     def __init__(self, reason: QuarantineReason, detail: str) -> None:
@@ -178,7 +174,7 @@ class DiskTier:
             return None
         try:
             record = self._decode(block_hash, data)
-        except _Rejected as rejected:
+        except Rejected as rejected:
             self._quarantine(block_hash, path, rejected)
             return None
         self._touch(block_hash, path)
@@ -271,7 +267,7 @@ class DiskTier:
         if not isinstance(exc, FileNotFoundError):
             log.warning("cache block %016x unreadable, treated as a miss: %s", block_hash, exc)
 
-    def _quarantine(self, block_hash: int, path: Path, rejected: _Rejected) -> None:
+    def _quarantine(self, block_hash: int, path: Path, rejected: Rejected) -> None:
         moved = move_to_quarantine(path, self.quarantine_dir, rejected.reason)
         with self._lock:
             size = self._index.pop(block_hash, None)
@@ -328,14 +324,14 @@ class DiskTier:
         try:
             tensors = load_tensors(data)
         except (SafetensorError, ValueError) as exc:
-            raise _Rejected(QuarantineReason.CORRUPT, str(exc)) from exc
+            raise Rejected(QuarantineReason.CORRUPT, str(exc)) from exc
         k, v, tokens = self._check_tensors(tensors)
         parent = meta["parent_hash"]
         if block_checksum(k, v, tokens, meta["block_hash"], parent) != meta["checksum"]:
-            raise _Rejected(QuarantineReason.CHECKSUM, "content does not match its checksum")
+            raise Rejected(QuarantineReason.CHECKSUM, "content does not match its checksum")
         return BlockRecord(
             block_hash=block_hash,
-            parent_hash=_parse_hash(parent) if parent else None,
+            parent_hash=parse_hash(parent) if parent else None,
             token_ids=tuple(tokens.tolist()),
             k=k,
             v=v,
@@ -343,287 +339,33 @@ class DiskTier:
 
     def _check_identity(self, block_hash: int, meta: dict[str, str]) -> None:
         if meta.get("format_version") != FORMAT_VERSION:
-            raise _Rejected(QuarantineReason.VERSION, f"format {meta.get('format_version')!r}")
+            raise Rejected(QuarantineReason.VERSION, f"format {meta.get('format_version')!r}")
         if meta.get("model_tag") != self.model_tag:
-            raise _Rejected(QuarantineReason.OTHER_MODEL, f"model {meta.get('model_tag')!r}")
+            raise Rejected(QuarantineReason.OTHER_MODEL, f"model {meta.get('model_tag')!r}")
         if meta.get("cache_spec") != self.spec.tag() or meta.get("dtype") != self.spec.dtype:
-            raise _Rejected(QuarantineReason.OTHER_SPEC, f"spec {meta.get('cache_spec')!r}")
+            raise Rejected(QuarantineReason.OTHER_SPEC, f"spec {meta.get('cache_spec')!r}")
         if meta.get("block_hash") != f"{block_hash:016x}":
-            raise _Rejected(QuarantineReason.CORRUPT, "file name and block hash disagree")
+            raise Rejected(QuarantineReason.CORRUPT, "file name and block hash disagree")
         parent = meta.get("parent_hash")
-        if parent is None or (parent and not _HEX_HASH.fullmatch(parent)):
-            raise _Rejected(QuarantineReason.CORRUPT, "bad parent hash")
+        if parent is None or (parent and not HEX_HASH.fullmatch(parent)):
+            raise Rejected(QuarantineReason.CORRUPT, "bad parent hash")
         if "checksum" not in meta:
-            raise _Rejected(QuarantineReason.CORRUPT, "no checksum")
+            raise Rejected(QuarantineReason.CORRUPT, "no checksum")
 
     def _check_tensors(
         self, tensors: dict[str, np.ndarray]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if set(tensors) != {"k", "v", "token_ids"}:
-            raise _Rejected(QuarantineReason.SHAPE, f"tensors {sorted(tensors)}")
+            raise Rejected(QuarantineReason.SHAPE, f"tensors {sorted(tensors)}")
         k, v, tokens = tensors["k"], tensors["v"], tensors["token_ids"]
         for array in (k, v):
             if array.shape != self._kv_shape or array.dtype != self._storage_dtype:
-                raise _Rejected(QuarantineReason.SHAPE, f"{array.dtype}{list(array.shape)}")
+                raise Rejected(QuarantineReason.SHAPE, f"{array.dtype}{list(array.shape)}")
         if tokens.dtype != np.int32 or tokens.ndim != 1:
-            raise _Rejected(QuarantineReason.SHAPE, f"token_ids {tokens.dtype}{tokens.shape}")
+            raise Rejected(QuarantineReason.SHAPE, f"token_ids {tokens.dtype}{tokens.shape}")
         if not 1 <= tokens.shape[0] <= self.spec.block_tokens:
-            raise _Rejected(QuarantineReason.SHAPE, f"{tokens.shape[0]} token ids")
+            raise Rejected(QuarantineReason.SHAPE, f"{tokens.shape[0]} token ids")
         return k, v, tokens
-
-
-_Job = tuple[int, BlockRecord, WriteCallback | None]  # (sequence number, record, callback)
-
-
-class DiskWriter:
-    """Runs block writes on one background thread, so the engine thread never waits on disk.
-
-    Jobs run in submission order, so `flush` waits for the sequence number of the last job
-    submitted before it. A failed job (ENOSPC, EIO, a bad record) is reported through its
-    callback and counted; it never stops the thread, and later jobs still run. Callbacks run on
-    the writer thread before their job counts as done: once `flush` returns True, every earlier
-    job is durable or has reported its failure. Records must own their arrays (copied out of the
-    pool), since the pool may reuse the block before the write runs.
-    """
-
-    def __init__(self, tier: DiskTier) -> None:
-        self._tier = tier
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._cond = threading.Condition()
-        self._submitted = 0
-        self._done = 0
-        self._failed = 0
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="semantic-disk-writer", daemon=True)
-        self._thread.start()
-
-    @property
-    def pending(self) -> int:
-        with self._cond:
-            return self._submitted - self._done
-
-    @property
-    def failed(self) -> int:
-        with self._cond:
-            return self._failed
-
-    def submit(self, record: BlockRecord, on_done: WriteCallback | None = None) -> None:
-        """Queue a write; `on_done(bytes_written, error)` runs on the writer thread after it."""
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the disk writer is closed")
-            self._submitted += 1
-            self._jobs.put((self._submitted, record, on_done))
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every job submitted before this call has finished (durable, or failed and
-        reported). False when `timeout` seconds pass first."""
-        with self._cond:
-            target = self._submitted
-            return self._cond.wait_for(lambda: self._done >= target, timeout)
-
-    def close(self, timeout: float | None = None) -> bool:
-        """Finish the queued jobs and stop the thread; True when it stopped within `timeout`."""
-        with self._cond:
-            if not self._closed:
-                self._closed = True
-                self._jobs.put(None)
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            seq, record, on_done = job
-            written, error = self._write(record)
-            if on_done is not None:
-                _call_quietly(on_done, written, error)
-            with self._cond:
-                self._done = seq
-                self._failed += error is not None
-                self._cond.notify_all()
-
-    def _write(self, record: BlockRecord) -> tuple[int, BaseException | None]:
-        try:
-            return self._tier.write(record), None
-        except Exception as exc:  # a failed write must not kill the writer: report it
-            log.warning("cache block %016x not written: %s", record.block_hash, exc)
-            return 0, exc
-
-
-def _call_quietly(on_done: WriteCallback, written: int, error: BaseException | None) -> None:
-    try:
-        on_done(written, error)
-    except Exception:  # a caller's bug must not stop every later write
-        log.exception("disk write callback failed")
-
-
-# -- agent manifests ---------------------------------------------------------------------------
-
-
-@dataclass(slots=True, frozen=True)
-class AgentManifest:
-    """An agent's cache on disk: its full blocks' hashes in order and its partial tail block.
-
-    It only names blocks, which are shared and content-addressed, so deleting an agent removes
-    its manifest, never blocks that other agents may share. In JSON, hashes are 16-hex-digit
-    strings like the file names, since JSON numbers above 2**53 lose precision in many readers.
-    """
-
-    agent_id: str
-    model_tag: str
-    block_hashes: list[int]
-    tail_hash: int | None
-    num_tokens: int
-    pinned: bool = False
-    updated_at: float = field(default_factory=time.time)
-    format_version: int = MANIFEST_FORMAT_VERSION
-
-
-def save_manifest(root_for_model: Path, manifest: AgentManifest) -> None:
-    """Write `agents/<agent_id>.json` atomically and durably (InvalidRequest for a bad id)."""
-    if manifest.model_tag != root_for_model.name:
-        raise ValueError(f"manifest of {manifest.model_tag!r} under {root_for_model}")
-    path = _manifest_path(root_for_model, manifest.agent_id)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    raw = {
-        "format_version": manifest.format_version,
-        "agent_id": manifest.agent_id,
-        "model_tag": manifest.model_tag,
-        "block_hashes": [f"{h:016x}" for h in manifest.block_hashes],
-        "tail_hash": None if manifest.tail_hash is None else f"{manifest.tail_hash:016x}",
-        "num_tokens": manifest.num_tokens,
-        "pinned": manifest.pinned,
-        "updated_at": manifest.updated_at,
-    }
-    write_durably(path, json.dumps(raw, indent=1).encode())
-
-
-def load_manifest(root_for_model: Path, agent_id: str) -> AgentManifest | None:
-    """The agent's manifest; None when absent or bad (a bad one is moved to `quarantine/`)."""
-    path = _manifest_path(root_for_model, agent_id)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        if not isinstance(exc, FileNotFoundError):
-            log.warning("agent manifest %s unreadable: %s", path.name, exc)
-        return None
-    try:
-        manifest = _manifest_from_json(data)
-        if manifest.model_tag != root_for_model.name or manifest.agent_id != agent_id:
-            raise _Rejected(QuarantineReason.OTHER_MODEL, "written for another model or agent")
-    except _Rejected as rejected:
-        move_to_quarantine(path, root_for_model / "quarantine", rejected.reason)
-        log.warning("agent manifest %s quarantined: %s", path.name, rejected)
-        return None
-    return manifest
-
-
-def list_manifests(root_for_model: Path) -> list[AgentManifest]:
-    """Every valid manifest of this model, by agent id; bad ones are quarantined on the way."""
-    folder = root_for_model / "agents"
-    if not folder.is_dir():
-        return []
-    ids = sorted(p.stem for p in folder.glob("*.json") if is_valid_agent_id(p.stem))
-    return [m for agent_id in ids if (m := load_manifest(root_for_model, agent_id)) is not None]
-
-
-def delete_manifest(root_for_model: Path, agent_id: str) -> bool:
-    """Remove an agent's manifest durably (a deleted agent must not return after a crash)."""
-    path = _manifest_path(root_for_model, agent_id)
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    fsync_dir(path.parent)
-    return True
-
-
-def _manifest_path(root_for_model: Path, agent_id: str) -> Path:
-    if not is_valid_agent_id(agent_id):
-        raise InvalidRequest(f"invalid agent id {agent_id[:40]!r}", param="agent_id")
-    return root_for_model / "agents" / f"{agent_id}.json"
-
-
-def _manifest_from_json(data: bytes) -> AgentManifest:
-    try:
-        raw = json.loads(data)
-        if not isinstance(raw, dict):
-            raise TypeError("not a JSON object")
-        if raw.get("format_version") != MANIFEST_FORMAT_VERSION:
-            raise _Rejected(QuarantineReason.VERSION, f"format {raw.get('format_version')!r}")
-        tail = raw["tail_hash"]
-        return AgentManifest(
-            agent_id=_typed(raw, "agent_id", str),
-            model_tag=_typed(raw, "model_tag", str),
-            block_hashes=[_parse_hash(h) for h in _typed(raw, "block_hashes", list)],
-            tail_hash=None if tail is None else _parse_hash(tail),
-            num_tokens=_typed(raw, "num_tokens", int),
-            pinned=bool(raw.get("pinned", False)),
-            updated_at=float(_typed(raw, "updated_at", (int, float))),
-            format_version=MANIFEST_FORMAT_VERSION,
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise _Rejected(QuarantineReason.CORRUPT, str(exc)) from exc
-
-
-def _typed(raw: dict[str, object], key: str, kind: type[_T] | tuple[type[_T], ...]) -> _T:
-    value = raw[key]
-    if not isinstance(value, kind):
-        raise TypeError(f"{key} is not a {kind}")
-    return value
-
-
-# -- files ---------------------------------------------------------------------------------------
-
-
-def write_durably(path: Path, data: bytes) -> None:
-    """Write `data` to `path` atomically: a temp file in the same folder, fsync, rename, fsync the
-    folder. Readers see the old state or the whole new file, never part of it; on failure the
-    temp file is removed and the OSError propagates."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            _write_all(fd, data)
-            _fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    fsync_dir(path.parent)  # makes the rename itself durable
-
-
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_temp_files(folder: Path) -> int:
-    """Delete the temp files an interrupted write left in `folder`; returns how many."""
-    if not folder.is_dir():
-        return 0
-    stray = [p for p in folder.iterdir() if p.name.endswith(TMP_SUFFIX)]
-    for path in stray:
-        _unlink_quietly(path)
-    return len(stray)
-
-
-def move_to_quarantine(path: Path, quarantine_dir: Path, reason: str) -> bool:
-    """Move a bad file aside (kept for inspection, never read again); False if it was gone."""
-    target = quarantine_dir / f"{path.stem}.{reason}.{time.time_ns()}{path.suffix}"
-    try:
-        quarantine_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.replace(path, target)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        _unlink_quietly(path)  # cannot move it: deleting still keeps it from being loaded
-    return True
 
 
 def block_checksum(
@@ -641,10 +383,10 @@ def block_checksum(
 def _header_metadata(data: bytes) -> dict[str, str]:
     """The safetensors header's metadata, after checking the file is as long as it says."""
     if len(data) < 8:
-        raise _Rejected(QuarantineReason.TRUNCATED, f"{len(data)} bytes")
+        raise Rejected(QuarantineReason.TRUNCATED, f"{len(data)} bytes")
     size = int.from_bytes(data[:8], "little")
     if len(data) < 8 + size:
-        raise _Rejected(QuarantineReason.TRUNCATED, "header cut short")
+        raise Rejected(QuarantineReason.TRUNCATED, "header cut short")
     try:
         header = json.loads(data[8 : 8 + size])
         end = max(
@@ -652,11 +394,11 @@ def _header_metadata(data: bytes) -> dict[str, str]:
         )
         meta = header.get("__metadata__", {})
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-        raise _Rejected(QuarantineReason.CORRUPT, f"header: {exc}") from exc
+        raise Rejected(QuarantineReason.CORRUPT, f"header: {exc}") from exc
     if not isinstance(end, int) or len(data) < 8 + size + end:
-        raise _Rejected(QuarantineReason.TRUNCATED, "data cut short")
+        raise Rejected(QuarantineReason.TRUNCATED, "data cut short")
     if not isinstance(meta, dict) or not all(isinstance(x, str) for x in meta.values()):
-        raise _Rejected(QuarantineReason.CORRUPT, "metadata is not strings")
+        raise Rejected(QuarantineReason.CORRUPT, "metadata is not strings")
     return meta
 
 
@@ -664,33 +406,6 @@ def _little_endian(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
 
 
-def _parse_hash(text: object) -> int:
-    if not isinstance(text, str) or not _HEX_HASH.fullmatch(text):
-        raise ValueError(f"not a 16-hex-digit hash: {text!r}")
-    return int(text, 16)
-
-
 def _parse_block_name(name: str) -> int | None:
     stem = name.removesuffix(BLOCK_SUFFIX)
-    return int(stem, 16) if stem != name and _HEX_HASH.fullmatch(stem) else None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _fsync(fd: int) -> None:
-    # On macOS fsync stops at the drive's cache; F_FULLFSYNC reaches stable storage.
-    full_fsync = getattr(fcntl, "F_FULLFSYNC", None)
-    if full_fsync is not None:
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fd, full_fsync)
-            return
-    os.fsync(fd)
-
-
-def _unlink_quietly(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        path.unlink(missing_ok=True)
+    return int(stem, 16) if stem != name and HEX_HASH.fullmatch(stem) else None

@@ -1,0 +1,97 @@
+"""The disk writer: block writes on a background thread, so the engine never waits on disk."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from semantic.cache.disk import BlockRecord, DiskTier
+
+log = logging.getLogger(__name__)
+
+WriteCallback = Callable[[int, BaseException | None], None]
+_Job = tuple[int, BlockRecord, WriteCallback | None]
+
+
+class DiskWriter:
+    """Runs block writes on one background thread, so the engine thread never waits on disk.
+
+    Jobs run in submission order, so `flush` waits for the sequence number of the last job
+    submitted before it. A failed job (ENOSPC, EIO, a bad record) is reported through its
+    callback and counted; it never stops the thread, and later jobs still run. Callbacks run on
+    the writer thread before their job counts as done: once `flush` returns True, every earlier
+    job is durable or has reported its failure. Records must own their arrays (copied out of the
+    pool), since the pool may reuse the block before the write runs.
+    """
+
+    def __init__(self, tier: DiskTier) -> None:
+        self._tier = tier
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._submitted = 0
+        self._done = 0
+        self._failed = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="semantic-disk-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return self._submitted - self._done
+
+    @property
+    def failed(self) -> int:
+        with self._cond:
+            return self._failed
+
+    def submit(self, record: BlockRecord, on_done: WriteCallback | None = None) -> None:
+        """Queue a write; `on_done(bytes_written, error)` runs on the writer thread after it."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the disk writer is closed")
+            self._submitted += 1
+            self._jobs.put((self._submitted, record, on_done))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every job submitted before this call has finished (durable, or failed and
+        reported). False when `timeout` seconds pass first."""
+        with self._cond:
+            target = self._submitted
+            return self._cond.wait_for(lambda: self._done >= target, timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Finish the queued jobs and stop the thread; True when it stopped within `timeout`."""
+        with self._cond:
+            if not self._closed:
+                self._closed = True
+                self._jobs.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            seq, record, on_done = job
+            written, error = self._write(record)
+            if on_done is not None:
+                _call_quietly(on_done, written, error)
+            with self._cond:
+                self._done = seq
+                self._failed += error is not None
+                self._cond.notify_all()
+
+    def _write(self, record: BlockRecord) -> tuple[int, BaseException | None]:
+        try:
+            return self._tier.write(record), None
+        except Exception as exc:  # a failed write must not kill the writer: report it
+            log.warning("cache block %016x not written: %s", record.block_hash, exc)
+            return 0, exc
+
+
+def _call_quietly(on_done: WriteCallback, written: int, error: BaseException | None) -> None:
+    try:
+        on_done(written, error)
+    except Exception:  # a caller's bug must not stop every later write
+        log.exception("disk write callback failed")
