@@ -231,3 +231,20 @@ def test_two_requests_creating_the_same_agent_at_once(served: ServedModel, tmp_p
     assert list(engine.store.agents) == ["twin"]
     assert engine.store.agents["twin"].stats.requests == 2
     assert engine.pool.num_held == 0
+
+
+def test_a_pinned_agent_keeps_its_cache_in_memory_under_pressure(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, num_blocks=16)
+    history = conversation(engine, "vip", 1)
+    engine.store.pin("vip")
+    for other in range(6):  # far more than the pool holds
+        turn(engine, f"other-{other}", [100 + other] * 60)
+    pinned_blocks = [engine.pool.lookup(h) for h in engine.store.agents["vip"].hashes]
+    assert None not in pinned_blocks
+    _, usage = turn(engine, "vip", [*history, 300])
+    assert usage.cached_tokens == len(history) - 1
+    assert engine.store.agents["vip"].stats.disk_hit_tokens == 0  # all from memory
+    engine.store.pin("vip", False)
+    engine.pool.check_integrity()

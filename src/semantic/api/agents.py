@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
 
 from semantic.api.admin import engine_of
 from semantic.core import is_valid_agent_id
@@ -32,6 +33,25 @@ async def get_agent(agent_id: str, request: Request) -> dict[str, Any]:
     described: dict[str, Any] | None = await engine.call(lambda: engine.store.describe(agent_id))
     if described is None:
         raise NotFound(f"no agent {agent_id!r}")
+    return described
+
+
+class AgentUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    pinned: bool
+
+
+@router.patch("/v1/agents/{agent_id}")
+async def update_agent(agent_id: str, body: AgentUpdate, request: Request) -> dict[str, Any]:
+    """Pin (or unpin) an agent: a pinned agent's cache never leaves memory or disk."""
+    engine, agent_id = engine_of(request), _checked(agent_id)
+
+    def apply() -> dict[str, Any] | None:
+        engine.store.pin(agent_id, body.pinned)
+        return engine.store.describe(agent_id)
+
+    described: dict[str, Any] | None = await engine.call(apply)
+    assert described is not None
     return described
 
 
