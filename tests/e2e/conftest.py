@@ -57,27 +57,27 @@ class Server:
             return self.process.wait()
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("server")
-    args = ["--cache-dir", str(root / "cache"), "--cache-budget-mb", "256"]
+def _running(
+    tmp_path_factory: pytest.TempPathFactory, name: str, *extra: str
+) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp(name)
+    args = ["--cache-dir", str(root / "cache"), "--cache-budget-mb", "256", *extra]
     process = Server(args, root / "server.log")
     try:
         process.wait_ready()
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The default model with default settings (bf16 where the CPU has it)."""
+    yield from _running(tmp_path_factory, "server")
 
 
 @pytest.fixture(scope="session")
 def fp32_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A float32 server: batched and solo runs give bit-for-bit comparable logits, so greedy
     answers can be compared exactly (in bf16 a near-tie can flip between kernel paths)."""
-    root = tmp_path_factory.mktemp("fp32-server")
-    args = ["--cache-dir", str(root / "cache"), "--cache-budget-mb", "256", "--dtype", "float32"]
-    process = Server(args, root / "server.log")
-    try:
-        process.wait_ready()
-        yield process
-    finally:
-        process.stop()
+    yield from _running(tmp_path_factory, "fp32-server", "--dtype", "float32")
