@@ -319,7 +319,8 @@ class AgentStore:
         return self.start_persist(agent_ids).wait(timeout)
 
     def hot_hashes(self) -> set[int]:
-        return {h for h in (self.pool.hash_of(b) for b in range(self.pool.num_blocks)) if h}
+        hashes = (self.pool.hash_of(block) for block in range(self.pool.num_blocks))
+        return {h for h in hashes if h is not None}
 
     def close(self, timeout: float | None = None) -> None:
         self.writer.close(timeout)
