@@ -57,9 +57,7 @@ class Server:
             return self.process.wait()
 
 
-def _running(
-    tmp_path_factory: pytest.TempPathFactory, name: str, *extra: str
-) -> Iterator[Server]:
+def _running(tmp_path_factory: pytest.TempPathFactory, name: str, *extra: str) -> Iterator[Server]:
     root = tmp_path_factory.mktemp(name)
     args = ["--cache-dir", str(root / "cache"), "--cache-budget-mb", "256", *extra]
     process = Server(args, root / "server.log")
