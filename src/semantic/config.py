@@ -56,6 +56,9 @@ class Settings(BaseSettings):
         "auto", description="Weights and KV dtype (auto: bf16 where supported, else fp32)."
     )
     threads: int | None = Field(None, ge=1, description="CPU threads for compute (default: all).")
+    cpu_kernels: bool = Field(
+        True, description="Our compiled CPU kernels where the CPU has AVX-512 BF16 (else stock)."
+    )
     max_model_len: int | None = Field(
         None, ge=16, description="Context length cap (default: the model's)."
     )

@@ -31,6 +31,7 @@ from semantic.bench.workload import (
     WorkloadResult,
     calibrate,
     chat_body,
+    measure_concurrent_decode,
     percentile,
     run_workload,
     stream_chat,
@@ -111,6 +112,16 @@ def test_warm_turns_report_the_servers_cached_tokens_as_hit_rate(fake: FakeServe
     assert cold.cached_tokens == 0 and warm.cached_tokens == cold.prompt_tokens
     expected = cold.prompt_tokens / (cold.prompt_tokens + warm.prompt_tokens)
     assert result.cache_hit_rate == pytest.approx(expected)
+
+
+def test_concurrent_decode_runs_one_stream_per_agent_at_once(fake: FakeServer) -> None:
+    plan = _plan("concurrent", agents=4)
+    result = run_with_client(fake, lambda client: measure_concurrent_decode(client, "m", plan))
+    assert result.streams == 4 and result.completion_tokens == 4 * 128
+    # At once: the streams overlap, so the window is shorter than four decodes one after another.
+    one_stream = 127 * TOKEN_DELAY_S
+    assert one_stream <= result.decode_s < 4 * one_stream
+    assert result.tok_s == pytest.approx(4 * 127 / result.decode_s)
 
 
 def test_calibration_reads_tokens_per_word_from_prompt_tokens(fake: FakeServer) -> None:
@@ -221,12 +232,13 @@ def test_run_bench_against_a_base_url_writes_json_and_markdown(
         baseline=False,
         json_out=json_out,
         markdown_out=markdown_out,
-        phases=(Phase.DECODE, Phase.PREFILL, Phase.WORKLOAD),
+        phases=(Phase.DECODE, Phase.CONCURRENT, Phase.PREFILL, Phase.WORKLOAD),
     )
     result = run_bench(options)
     assert result.target == fake.url and result.peak_rss_bytes is None
     assert result.decode and result.workload and result.history is None
     assert result.decode.completion_tokens == 128 and result.decode.tok_s > 0
+    assert result.concurrent and result.concurrent.streams == 2
     assert len(result.workload.turns) == 4
     assert json.loads(json_out.read_text())["figures"][0]["name"] == "Single-stream decode"
     assert "| Metric |" in markdown_out.read_text()

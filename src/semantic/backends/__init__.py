@@ -57,4 +57,5 @@ def _options(settings: Settings) -> dict[str, Any]:
         "dtype": settings.dtype,
         "device": settings.device,
         "threads": settings.threads,
+        "kernels": settings.cpu_kernels,
     }

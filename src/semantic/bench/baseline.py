@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from semantic.bench.plan import DECODE_TOKENS, BenchPlan, Message
-from semantic.bench.workload import DecodeResult, PrefillResult, TurnResult, WorkloadResult
+from semantic.bench.workload import (
+    ConcurrentDecodeResult,
+    DecodeResult,
+    PrefillResult,
+    TurnResult,
+    WorkloadResult,
+)
+
+PREFILL_RUNS = 3
 
 
 @dataclass(slots=True)
@@ -38,6 +47,7 @@ class BaselineResult:
     prefill: PrefillResult | None
     workload: WorkloadResult | None
     peak_rss_bytes: int | None  # of the bench process, which holds the baseline model
+    concurrent: ConcurrentDecodeResult | None = None  # generate() serves one request at a time
 
 
 @dataclass(slots=True)
@@ -90,15 +100,19 @@ def measure_decode(model: BaselineModel, plan: BenchPlan) -> DecodeResult:
 
 
 def measure_prefill(model: BaselineModel, plan: BenchPlan) -> PrefillResult:
-    """One forward pass over the same ~1,000-token prompt the server prefilled."""
+    """A forward pass over the same ~1,000-token prompt the server prefilled, with the logits of
+    its last token only, as `generate()` asks for them; the median of three, so the first
+    pass, slowed by one-time allocations (here once 4x slower), does not count."""
     import torch
 
     ids = _encode(model, plan.prefill_messages)
+    times = []
     with torch.inference_mode():
-        started = time.perf_counter()
-        model.model(input_ids=ids)
-        seconds = time.perf_counter() - started
-    return PrefillResult(int(ids.shape[1]), seconds)
+        for _ in range(PREFILL_RUNS):
+            started = time.perf_counter()
+            model.model(input_ids=ids, logits_to_keep=1)
+            times.append(time.perf_counter() - started)
+    return PrefillResult(int(ids.shape[1]), statistics.median(times))
 
 
 def run_workload(

@@ -16,6 +16,7 @@ class Phase(enum.StrEnum):
     """The phases, in the order a run takes them (calibration always runs first)."""
 
     DECODE = "decode"  # single-stream decode speed
+    CONCURRENT = "concurrent"  # one stream per agent, all decoding at once
     PREFILL = "prefill"  # one fresh ~1k-token prompt
     WORKLOAD = "workload"  # concurrent agents, several turns each
     HISTORY = "history"  # cold vs warm TTFT as an agent's history grows

@@ -81,6 +81,7 @@ class BenchPlan:
     run_tag: str
     tokens_per_word: float
     decode_messages: list[Message]
+    concurrent_messages: list[list[Message]]  # one short prompt per agent, decoded at once
     prefill_messages: list[Message]
     agents: list[AgentScript]
     max_tokens: int
@@ -106,11 +107,16 @@ def build_plan(spec: WorkloadSpec, tokens_per_word: float, run_tag: str) -> Benc
 
     agents = agent_scripts(spec, run_tag, text, group="agent")
     story = f"Run {run_tag}. Tell a long story about this: " + text("story", 25)
+    stories = [
+        f"Run {run_tag}, agent {i}. Tell a long story about this: " + text(f"story-{i}", 25)
+        for i in range(spec.agents)
+    ]
     probe = f"Run {run_tag}, prefill probe. " + text("prefill", PREFILL_TOKENS)
     return BenchPlan(
         run_tag=run_tag,
         tokens_per_word=tokens_per_word,
         decode_messages=[{"role": "user", "content": story}],
+        concurrent_messages=[[{"role": "user", "content": s}] for s in stories],
         prefill_messages=[
             {"role": "system", "content": probe},
             {"role": "user", "content": "Go on."},

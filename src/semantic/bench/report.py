@@ -22,7 +22,12 @@ from semantic.bench.options import BASELINE_PHASES, Phase
 from semantic.bench.plan import WorkloadSpec
 from semantic.bench.pressure import PressureResult
 from semantic.bench.restart import RestartResult
-from semantic.bench.workload import DecodeResult, PrefillResult, WorkloadResult
+from semantic.bench.workload import (
+    ConcurrentDecodeResult,
+    DecodeResult,
+    PrefillResult,
+    WorkloadResult,
+)
 
 BASELINE_LABEL = "transformers generate()"
 
@@ -47,6 +52,7 @@ class BenchResult:
     workload: WorkloadResult | None
     peak_rss_bytes: int | None
     baseline: BaselineResult | None
+    concurrent: ConcurrentDecodeResult | None = None
     history: HistoryResult | None = None
     restart: RestartResult | None = None
     pressure: PressureResult | None = None
@@ -58,6 +64,8 @@ class _Measured(Protocol):
 
     @property
     def decode(self) -> DecodeResult | None: ...
+    @property
+    def concurrent(self) -> ConcurrentDecodeResult | None: ...
     @property
     def prefill(self) -> PrefillResult | None: ...
     @property
@@ -103,6 +111,16 @@ def _workload(read: Callable[[WorkloadResult], float | None]) -> Reader:
     return lambda m: read(m.workload) if m.workload else None
 
 
+def _concurrent(m: _Measured) -> float | None:
+    return m.concurrent.tok_s if m.concurrent else None
+
+
+def _concurrent_per_single_stream(m: _Measured) -> float | None:
+    if not (m.concurrent and m.decode and m.decode.tok_s):
+        return None
+    return m.concurrent.tok_s / m.decode.tok_s
+
+
 def _per_single_stream(m: _Measured) -> float | None:
     if not (m.workload and m.decode and m.decode.tok_s):
         return None
@@ -129,6 +147,10 @@ class _Row:
 
 _ROWS = (
     _Row("Single-stream decode", "tok/s", True, Phase.DECODE, _decode(lambda d: d.tok_s)),
+    _Row("Decode, one stream per agent at once (aggregate)", "tok/s", True, Phase.CONCURRENT,
+         _concurrent),
+    _Row("Concurrent decode ÷ single-stream", "×", True, Phase.CONCURRENT,
+         _concurrent_per_single_stream),
     _Row("Prefill, one fresh ~1k-token prompt", "tok/s", True, Phase.PREFILL,
          _prefill(lambda p: p.tok_s)),
     _Row("TTFT cold p50", "s", False, Phase.WORKLOAD, _workload(lambda w: w.cold_ttft.p50)),

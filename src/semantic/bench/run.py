@@ -34,11 +34,13 @@ from semantic.bench.report import BenchResult
 from semantic.bench.restart import RESTART_TURNS, RestartResult, run_restart
 from semantic.bench.server import RestartTiming, SpawnedServer, kv_bytes_per_token, peak_rss_bytes
 from semantic.bench.workload import (
+    ConcurrentDecodeResult,
     DecodeResult,
     PrefillResult,
     TurnResult,
     WorkloadResult,
     calibrate,
+    measure_concurrent_decode,
     measure_decode,
     measure_prefill,
     run_workload,
@@ -56,6 +58,7 @@ class _ServerMeasurements:
 
     plan: BenchPlan
     decode: DecodeResult | None = None
+    concurrent: ConcurrentDecodeResult | None = None
     prefill: PrefillResult | None = None
     workload: WorkloadResult | None = None
     history: HistoryResult | None = None
@@ -89,6 +92,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
         command=options.command or "run_bench() from Python",
         phases=phases,
         decode=measured.decode,
+        concurrent=measured.concurrent,
         prefill=measured.prefill,
         workload=measured.workload,
         peak_rss_bytes=measured.peak_rss_bytes,
@@ -185,6 +189,11 @@ async def _speed_phases(
         with progress.phase("single-stream decode", total=1) as step:
             out.decode = await measure_decode(client, model, plan)
             step(f"{out.decode.tok_s:.1f} tok/s")
+    if Phase.CONCURRENT in phases:
+        streams = len(plan.concurrent_messages)
+        with progress.phase(f"decode, {streams} streams at once", total=1) as step:
+            out.concurrent = await measure_concurrent_decode(client, model, plan)
+            step(f"{out.concurrent.tok_s:.1f} tok/s in all")
     if Phase.PREFILL in phases:
         with progress.phase("prefill", total=1) as step:
             out.prefill = await measure_prefill(client, model, plan)

@@ -146,6 +146,21 @@ class DecodeResult:
 
 
 @dataclass(slots=True, frozen=True)
+class ConcurrentDecodeResult:
+    """Several streams decoding at once: all their tokens after each stream's first, over the
+    time from the first stream's first token to the last stream's last token."""
+
+    streams: int
+    completion_tokens: int  # summed over the streams
+    decode_s: float
+
+    @property
+    def tok_s(self) -> float:
+        decoded = self.completion_tokens - self.streams
+        return decoded / self.decode_s if self.decode_s > 0 else 0.0
+
+
+@dataclass(slots=True, frozen=True)
 class PrefillResult:
     """Prefill speed of one fresh prompt: its tokens over the time to its first token."""
 
@@ -250,6 +265,27 @@ async def measure_decode(client: httpx.AsyncClient, model: str, plan: BenchPlan)
     if reply.completion_tokens < 2 or reply.last_at <= reply.first_at:
         raise BenchError(f"decode phase got {reply.completion_tokens} token(s); need at least 2")
     return DecodeResult(reply.completion_tokens, reply.last_at - reply.first_at)
+
+
+async def measure_concurrent_decode(
+    client: httpx.AsyncClient, model: str, plan: BenchPlan
+) -> ConcurrentDecodeResult:
+    """One short prompt per agent, all sent at once, each decoding `DECODE_TOKENS` tokens."""
+    replies = await asyncio.gather(
+        *(
+            stream_chat(
+                client,
+                chat_body(model, messages, DECODE_TOKENS, f"bench-{plan.run_tag}-concurrent-{i}"),
+            )
+            for i, messages in enumerate(plan.concurrent_messages)
+        )
+    )
+    if any(reply.completion_tokens < 2 for reply in replies):
+        raise BenchError("concurrent decode phase: a stream got fewer than 2 tokens")
+    first = min(reply.first_at for reply in replies)
+    last = max(reply.last_at for reply in replies)
+    tokens = sum(reply.completion_tokens for reply in replies)
+    return ConcurrentDecodeResult(len(replies), tokens, last - first)
 
 
 async def measure_prefill(client: httpx.AsyncClient, model: str, plan: BenchPlan) -> PrefillResult:

@@ -1,18 +1,22 @@
 """Paged attention on the torch backend: the KV block pool tensors, the per-step metadata that says
 where each new token's K/V goes and what each query sees, and attention over the pool in place.
 
-Kernel choice, measured on the 2-core Zen 4 CPU (torch 2.13, bf16, SmolLM2 shapes: 9 query heads,
-3 KV heads, head_dim 64, block_tokens 256; per layer, medians on a noisy shared machine):
+Decode on CPU (bf16 or fp32) runs our kernel (`kernels/paged_attention.cpp`): each sequence's
+blocks are read in place through its block table, all query heads of a KV head from one load of
+each key, spans of long contexts on both cores. Prefill, CUDA and other dtypes use the stock
+kernels below. Measured on the 2-core Zen 4 CPU (torch 2.13, SmolLM2 shapes: 9 query heads,
+3 KV heads, head_dim 64, block_tokens 256; per layer, K/V cold in DRAM as in a real step, medians
+on a noisy shared machine):
 
     decode, 8 sequences at ~1,000 tokens               µs    (1 sequence)
-      index_select gather + one SDPA, G folded (kept)  860-1150   (170)
-      advanced-indexing gather + SDPA                  1200-1900  (200)
-      gather + matmul / softmax / matmul               1100-1550  (230)
+      our kernel, bf16 (fp32)                          330 (630)    49 (87)
+      index_select gather + one SDPA, G folded         860-1320     (170-330)
+      advanced-indexing gather + SDPA                  1200-1900    (200)
+      gather + matmul / softmax / matmul               1100-1550    (230)
       gather + SDPA(enable_gqa=True): math path        5300
       block-wise online softmax, torch ops per block   3300
       one SDPA per sequence, no padding                5500
       torch.compile (inductor, indirect loads)         1500-2000, after a 22 s compile
-      of which: gather 130-350 (DRAM-bound when cold), SDPA 550-850 (kernel-bound)
     prefill, 512-token chunk without / 488 with 512 of context     ms
       SDPA, K/V heads repeated (kept)                  5-7 / 10-13
       SDPA(enable_gqa=True): math path                 ~3x slower
@@ -20,9 +24,9 @@ Kernel choice, measured on the 2-core Zen 4 CPU (torch 2.13, bf16, SmolLM2 shape
       context and chunk apart, merged by logsumexp     - / 11-14
       SDPA in fp32                                     6.4 / 13
 
-Gather-then-SDPA wins among stock kernels. Its cost at long context is SDPA's fused CPU kernel
-(~20 GFLOP/s on 3 queries per KV head) more than the copy; a kernel reading blocks in place
-would approach the ~250 µs it takes to read the 6 MB of K/V once.
+Among stock kernels gather-then-SDPA wins; its cost at long context is SDPA's fused CPU kernel
+(~20 GFLOP/s on 3 queries per KV head) more than the copy. Our kernel reads the 6 MB of K/V
+once, at ~20 GB/s of the machine's ~30.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from semantic.backends.torch.kernels import CpuKernels
 from semantic.core import CacheSpec
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -45,13 +50,21 @@ class KVPool:
     never written is finite (a masked score times NaN would still poison the output).
     """
 
-    def __init__(self, spec: CacheSpec, num_blocks: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        spec: CacheSpec,
+        num_blocks: int,
+        device: torch.device,
+        kernels: CpuKernels | None = None,
+    ) -> None:
         block = (spec.block_tokens, spec.num_kv_heads, spec.head_dim)
         shape = (2, spec.num_layers, num_blocks, *block)
         self.spec = spec
         self.data = torch.zeros(shape, dtype=_DTYPES[spec.dtype], device=device)
         scratch = GatherScratch(self.data)
-        self.layers = [LayerKV(self.data[0, i], self.data[1, i], scratch) for i in range(shape[1])]
+        self.layers = [
+            LayerKV(self.data[0, i], self.data[1, i], scratch, kernels) for i in range(shape[1])
+        ]
 
 
 class GatherScratch:
@@ -74,14 +87,22 @@ class GatherScratch:
 
 
 class LayerKV:
-    """One layer's K and V pool tensors `[num_blocks, block_tokens, KVH, D]`, and the scratch."""
+    """One layer's K and V pool tensors `[num_blocks, block_tokens, KVH, D]`, the gather scratch,
+    and the CPU kernels that read the pool in place for decodes (None: gather + SDPA)."""
 
-    __slots__ = ("k", "scratch", "v")
+    __slots__ = ("k", "kernels", "scratch", "v")
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, scratch: GatherScratch) -> None:
+    def __init__(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scratch: GatherScratch,
+        kernels: CpuKernels | None = None,
+    ) -> None:
         self.k = k
         self.v = v
         self.scratch = scratch
+        self.kernels = kernels
 
     def gather(self, block_ids: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each of `batch` sequences' blocks (`block_ids` [batch · m]), one copy each of K and V,
@@ -99,7 +120,8 @@ class DecodeGroup:
 
     num_tokens: int
     num_keys: int  # S: the longest sequence's length
-    block_ids: torch.Tensor  # [B · max_blocks] int64: each sequence's blocks, padded with block 0
+    block_tables: torch.Tensor  # [B, max_blocks] int64: each sequence's blocks, padded with 0
+    context_lens: torch.Tensor  # [B] int64: each sequence's length, the new token included
     mask: torch.Tensor | None  # [B, 1, 1, S] bool, j < that sequence's length; None: all have S
 
 
@@ -158,16 +180,20 @@ def write_kv(kv: LayerKV, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor)
 def decode_attention(
     q: torch.Tensor, kv: LayerKV, group: DecodeGroup, scale: float
 ) -> torch.Tensor:
-    """Single-token queries of B sequences of different lengths: gather each sequence's blocks
-    into one padded batch, then one SDPA call with a length mask.
+    """Single-token queries of B sequences of different lengths: q: [B, H, D] → [B, H, D].
 
-    q: [B, H, D] → [B, H, D]. Each KV head's G = H / KVH query heads are folded into the query
-    axis ([B, KVH, G, D]), so GQA needs no K/V expansion (SDPA's `enable_gqa` would leave the
-    fused CPU kernel for the slow math path).
+    With the CPU kernels, one call reads each sequence's blocks in place. Otherwise gather each
+    sequence's blocks into one padded batch, then one SDPA call with a length mask; each KV
+    head's G = H / KVH query heads are folded into the query axis ([B, KVH, G, D]), so GQA needs
+    no K/V expansion (SDPA's `enable_gqa` would leave the fused CPU kernel for the math path).
     """
+    if kv.kernels is not None:
+        return kv.kernels.decode_attention(
+            q, kv.k, kv.v, group.block_tables, group.context_lens, scale
+        )
     batch, heads, dim = q.shape
     kv_heads = kv.k.shape[2]
-    k, v = kv.gather(group.block_ids, batch)
+    k, v = kv.gather(group.block_tables.view(-1), batch)
     k, v = k[:, :, : group.num_keys], v[:, :, : group.num_keys]  # [B, KVH, S, D]
     qg = q.view(batch, kv_heads, heads // kv_heads, dim)  # [B, KVH, G, D]
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask, scale=scale)

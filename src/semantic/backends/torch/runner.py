@@ -15,6 +15,8 @@ from semantic.backends.torch.attention import (
     KVPool,
     PrefillChunk,
 )
+from semantic.backends.torch.kernels import CpuKernels, cpu_kernels
+from semantic.backends.torch.linear import linear_factory
 from semantic.backends.torch.llama import load_weights
 from semantic.backends.torch.sampling import sample
 from semantic.core import Batch, BatchItem, CacheSpec
@@ -52,6 +54,7 @@ class TorchRunner:
         dtype: str = "auto",
         device: str = "auto",
         threads: int | None = None,
+        kernels: bool = True,
     ) -> None:
         if config.model_type not in _LLAMA_FAMILY:
             raise ModelLoadFailed(f"the torch backend cannot run model_type {config.model_type!r}")
@@ -59,11 +62,15 @@ class TorchRunner:
             torch.set_num_threads(threads)  # process-wide: this runner is the process's compute
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype, self.device)
-        # Packed oneDNN weights pay off only for bf16 on CPU (see `llama.Linear`).
-        pack = self.device.type == "cpu" and self.dtype == torch.bfloat16
+        cpu = pick_cpu_kernels(kernels, self.device, self.dtype)
         with torch.inference_mode():
             self.model = load_weights(
-                config, weights, dtype=self.dtype, device=self.device, pack=pack
+                config,
+                weights,
+                dtype=self.dtype,
+                device=self.device,
+                linear=linear_factory(self.device, self.dtype, cpu),
+                kernels=cpu,
             )
         self.cache_spec = CacheSpec(
             num_layers=config.num_hidden_layers,
@@ -78,7 +85,10 @@ class TorchRunner:
                 f"cache_budget_mb={cache_budget_mb} holds no block of "
                 f"{self.cache_spec.bytes_per_block} bytes"
             )
-        self.pool = KVPool(self.cache_spec, self.num_blocks, self.device)
+        decode = cpu is not None and cpu.supports_decode(
+            config.head_dim, config.num_attention_heads, self.dtype
+        )
+        self.pool = KVPool(self.cache_spec, self.num_blocks, self.device, cpu if decode else None)
         self.vocab_size = config.vocab_size
 
     def run(self, batch: Batch) -> list[int | None]:
@@ -185,14 +195,14 @@ class _StepBuilder:
             lengths.append(pos + 1)
         keys = max(lengths)
         width = -(-keys // bt)
-        flat = [b for item in items for b in (item.block_table + [0] * width)[:width]]
-        block_ids = torch.tensor(flat, dtype=torch.int64, device=self.device)
+        tables = [(item.block_table + [0] * width)[:width] for item in items]
+        block_tables = torch.tensor(tables, dtype=torch.int64, device=self.device)
+        context_lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
         mask = None
         if min(lengths) < keys:
-            length_t = torch.tensor(lengths, device=self.device)
             key_pos = torch.arange(keys, device=self.device)
-            mask = (key_pos < length_t[:, None])[:, None, None, :]  # [B, 1, 1, S]
-        return DecodeGroup(len(items), keys, block_ids, mask)
+            mask = (key_pos < context_lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
+        return DecodeGroup(len(items), keys, block_tables, context_lens, mask)
 
     def _prefill_chunk(self, item: BatchItem) -> PrefillChunk:
         bt, start, n = self.bt, item.start_pos, len(item.token_ids)
@@ -228,6 +238,13 @@ def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def pick_cpu_kernels(wanted: bool, device: torch.device, dtype: torch.dtype) -> CpuKernels | None:
+    """Our compiled CPU kernels where they apply (CPU, bf16 or fp32) and build; else None."""
+    if not wanted or device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+        return None
+    return cpu_kernels()
 
 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -1,0 +1,184 @@
+"""The torch backend's own CPU kernels: paged decode attention read in place, the small-row bf16
+linear over weights packed in 16-row panels (`PanelWeight`), and RMSNorm.
+
+A C++ extension (AVX-512 with BF16 dot products) compiled on first use into the user cache,
+keyed by torch and Python versions and a digest of the sources, so later processes load it in
+well under a second.
+`cpu_kernels()` returns None, logged once, where it cannot run: another architecture, a CPU
+without AVX-512 BF16, or no working compiler; callers then keep the stock torch kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from semantic.config import default_cache_dir
+
+log = logging.getLogger(__name__)
+
+_NAME = "semantic_cpu_kernels"
+_SOURCES = ("bindings.cpp", "paged_attention.cpp", "rms_norm.cpp", "small_linear.cpp")
+_HEADERS = ("kernels.h", "simd.h")
+# Explicit ISA flags, not -march=native: a cache folder shared between machines must not hold
+# code for a CPU that `_missing_feature` did not check.
+_CFLAGS = [
+    "-O3",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512dq",
+    "-mavx512bf16",
+    "-mfma",
+    "-fno-math-errno",
+    "-fopenmp",  # at::parallel_for is inline OpenMP; the process's libgomp is torch's
+]
+_FOLDER = Path(__file__).parent
+
+
+class CpuKernels:
+    """Typed entry points of the compiled extension; see the `.cpp` files for how each works."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self._module = module
+
+    def supports_decode(self, head_dim: int, heads: int, dtype: torch.dtype) -> bool:
+        return dtype in (torch.bfloat16, torch.float32) and bool(
+            self._module.decode_supported(head_dim, heads)
+        )
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """q: [B, H, D]; caches [num_blocks, block_tokens, KVH, D]; block_tables [B, max_blocks]
+        int64; context_lens [B] int64 → [B, H, D]: each query over its first context_lens keys."""
+        out: torch.Tensor = self._module.paged_decode_attention(
+            q, k_cache, v_cache, block_tables, context_lens, scale
+        )
+        return out
+
+    def linear(
+        self, x: torch.Tensor, weight: PanelWeight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """x: [M, K] bf16 → x @ weight.T + bias: [M, N] bf16. For a few rows: it streams the
+        weight once for all rows, but its compute grows with M (see linear.py for the switch)."""
+        out: torch.Tensor = self._module.small_linear(x, weight.panels, weight.out_features, bias)
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x: [T, D] bf16 or fp32 → RMSNorm in fp32, rounded to x's dtype, times `weight`."""
+        out: torch.Tensor = self._module.rms_norm(x, weight, eps)
+        return out
+
+    def unpack(self, weight: PanelWeight, out: torch.Tensor) -> torch.Tensor:
+        """The plain [N, K] weight, written into `out` (contiguous, that shape)."""
+        self._module.unpack_weight(weight.panels, out)
+        return out
+
+
+@dataclass(slots=True, frozen=True)
+class PanelWeight:
+    """A bf16 weight [N, K] in the small-row linear's layout: panels of 16 output rows,
+    `panels` [ceil(N/16), ceil(K/2), 16, 2], each 64 bytes one input pair of 16 outputs
+    (oneDNN's BA16a16b2a), zero-padded. See small_linear.cpp for why."""
+
+    panels: torch.Tensor
+    out_features: int
+    in_features: int
+
+    @classmethod
+    def pack(cls, weight: torch.Tensor) -> PanelWeight:
+        n, k = weight.shape
+        padded = F.pad(weight, (0, k % 2, 0, -n % 16))  # [16·P, 2·J]
+        panels = padded.view(-1, 16, padded.shape[1] // 2, 2).transpose(1, 2).contiguous()
+        return cls(panels, n, k)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [T] of the plain weight → [T, K]: a tied model's embedding lookup."""
+        picked = self.panels[ids // 16, :, ids % 16]  # [T, ceil(K/2), 2]
+        return picked.flatten(1)[:, : self.in_features]
+
+
+def cpu_kernels() -> CpuKernels | None:
+    """The compiled kernels, or None where they cannot run (see `unavailable_reason`)."""
+    return _load()[0]
+
+
+def unavailable_reason() -> str | None:
+    """Why `cpu_kernels()` is None: a missing CPU feature or toolchain, or the build error."""
+    return _load()[1]
+
+
+@functools.cache
+def _load() -> tuple[CpuKernels | None, str | None]:
+    # Cached: the extension is loaded into the process once, and why not is logged once.
+    missing = _missing_feature()
+    if missing is not None:
+        log.info("semantic CPU kernels off (%s): stock torch kernels instead", missing)
+        return None, missing
+    try:
+        module = _build()
+    except Exception as exc:  # a compiler error, a missing toolchain: never fatal
+        log.warning("semantic CPU kernels failed to build, stock torch kernels instead: %s", exc)
+        return None, f"the CPU kernels failed to build: {exc}"
+    return CpuKernels(module), None
+
+
+def _missing_feature() -> str | None:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"{platform.machine()} is not x86-64"
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return "the CPU lacks AVX-512"
+    if not torch.cpu._is_avx512_bf16_supported():
+        return "the CPU lacks AVX-512 BF16"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler on PATH"  # the one torch's extension builder calls
+    return None
+
+
+def build_directory() -> Path:
+    """<user cache>/semantic/kernels/torch-<version>-py<version>-<digest of sources and flags>."""
+    digest = hashlib.sha256(" ".join(_CFLAGS).encode())
+    for name in (*_SOURCES, *_HEADERS):
+        digest.update((_FOLDER / name).read_bytes())
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    tag = f"torch-{torch.__version__}-{python}-{digest.hexdigest()[:16]}"
+    return default_cache_dir() / "kernels" / tag
+
+
+def _build() -> ModuleType:
+    from torch.utils import cpp_extension  # imports setuptools: only when building
+
+    folder = build_directory()
+    folder.mkdir(parents=True, exist_ok=True)
+    if not any(folder.glob(f"{_NAME}*.so")):
+        log.info("compiling semantic CPU kernels into %s (once per torch version)", folder)
+    started = time.perf_counter()
+    module = cpp_extension.load(
+        name=_NAME,
+        sources=[str(_FOLDER / name) for name in _SOURCES],
+        extra_cflags=_CFLAGS,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        verbose=False,
+    )
+    log.info("semantic CPU kernels ready in %.1f s (%s)", time.perf_counter() - started, folder)
+    return module

@@ -1,0 +1,41 @@
+// The CPU kernels' entry points over raw pointers; bindings.cpp checks tensors and calls these.
+#pragma once
+
+#include <cstdint>
+
+#include "simd.h"
+
+namespace semantic {
+
+// Paged decode attention: one query token per sequence against its K/V blocks, read in place.
+struct DecodeProblem {
+  const void* q;  // [B, H, D], D contiguous
+  int64_t q_stride_b, q_stride_h;
+  const void* k_cache;  // [num_blocks, block_tokens, KVH, D], contiguous
+  const void* v_cache;
+  const int64_t* block_tables;  // [B, table_stride]
+  int64_t table_stride;
+  const int64_t* context_lens;  // [B]
+  int64_t batch, heads, kv_heads, head_dim, block_tokens;
+  float scale;
+  void* out;  // [B, H, D], contiguous
+};
+
+bool decode_supported(int64_t head_dim, int64_t heads);
+void paged_decode_f32(const DecodeProblem& p);
+void paged_decode_bf16(const DecodeProblem& p);
+
+// y[M, N] = x[M, K] · wᵀ (+ bias), bf16 in and out, fp32 accumulation, M small; w packed in
+// panels of 16 rows, [ceil(N/16)][ceil(K/2)][16][2] (see small_linear.cpp).
+void small_linear_bf16(const bf16* x, int64_t ldx, const bf16* w, const bf16* bias, bf16* y,
+                       int64_t m, int64_t n, int64_t k);
+// The packed weight back to plain rows, w [N, K].
+void unpack_weight_bf16(const bf16* packed, bf16* w, int64_t n, int64_t k);
+
+// y[r] = RMSNorm(x[r]) * w for `rows` rows of d elements (y contiguous).
+void rms_norm_bf16(const bf16* x, int64_t ldx, const bf16* w, bf16* y, int64_t rows, int64_t d,
+                   float eps);
+void rms_norm_f32(const float* x, int64_t ldx, const float* w, float* y, int64_t rows, int64_t d,
+                  float eps);
+
+}  // namespace semantic

@@ -1,0 +1,162 @@
+"""y = x Wᵀ + b on the torch backend: how each weight is stored and which kernel runs for how
+many rows.
+
+bf16 on CPU, all linears of a SmolLM2-135M step (ms; 2-core Zen 4, torch 2.13; the machine is
+shared, so ranges of medians; the 512-row column leaves out the LM head, as prefill does):
+
+    rows                                   1          8          16         512
+    our kernel, 16-row panels (one copy)   8.3-9.2    11-15      21-33      -
+      its panels unpacked for oneDNN       -          -          -          277-332 (+10 unpack)
+    native GEMV (oneDNN off)               9.9-12.9   48-78      -          2900+
+    oneDNN, packed at load                 13.5-16.8  14-16      21-30      274-289
+    oneDNN, plain weight                   19.6-28    23-34      30-39      272-302
+
+With our kernels (`PanelLinear`) each weight is stored once, in 16-row panels; more rows than
+`_PANEL_MAX_ROWS` (prefill) are unpacked to plain rows in a scratch buffer for oneDNN (~10 ms
+over all layers, a few % of a 512-token chunk). Our kernel would still win up to ~64 rows
+(26-36 vs 41-48 ms at 24-32 rows), but switching kernels at 16 keeps every prefill of more
+than 16 tokens on oneDNN, alone or batched, so their bf16 logits agree as closely as with the
+stock kernels. Without our kernels (`OneDnnLinear`), bf16 keeps two copies: one packed for
+oneDNN at several rows, the plain one for the native GEMV at one row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from semantic.backends.torch.kernels import CpuKernels, PanelWeight
+
+_PACK_ROWS_HINT = 64  # oneDNN tunes a packed weight's blocking for this many rows
+_PANEL_MAX_ROWS = 16  # our kernel up to here (decode batches), unpacked for oneDNN above
+
+
+class Linear(Protocol):
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, in] → [T, out]."""
+        ...
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [T] of W → [T, in]: the embedding lookup of a tied model."""
+        ...
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the weights take, every copy counted."""
+        ...
+
+
+LinearFactory = Callable[[torch.Tensor, torch.Tensor | None], Linear]
+
+
+class DenseLinear:
+    """`F.linear` on the weight as loaded: fp32, fp16, CUDA."""
+
+    __slots__ = ("bias", "weight")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight = weight  # [out, in]
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.weight, self.bias)
+
+
+class OneDnnLinear(DenseLinear):
+    """bf16 on CPU without our kernels: a oneDNN-packed copy for several rows, and the plain
+    weight for PyTorch's native GEMV at one row, which `F.linear` takes only while oneDNN is
+    switched off."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(weight, bias)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS_HINT)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 1:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        # The process-wide flag, set and restored directly: `torch.backends.mkldnn.flags()`
+        # costs ~10 µs a call and warns.
+        enabled = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)
+        try:
+            return F.linear(x, self.weight, self.bias)
+        finally:
+            torch._C._set_mkldnn_enabled(enabled)
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + self.packed.numel() * self.packed.element_size()
+
+
+class UnpackScratch:
+    """One buffer that `PanelLinear`s unpack a weight into for oneDNN, shared by a model's
+    linears: a weight's plain rows are dead once its matmul returns. Grows to the largest."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.bfloat16)
+
+    def plain(self, n: int, k: int) -> torch.Tensor:
+        if self.buffer.numel() < n * k:
+            self.buffer = torch.empty(n * k, dtype=torch.bfloat16)
+        return self.buffer[: n * k].view(n, k)
+
+
+class PanelLinear:
+    """bf16 on CPU with our kernels: one copy, in 16-row panels. Up to `_PANEL_MAX_ROWS` rows
+    our kernel streams it once for all rows; more rows (prefill) unpack it for oneDNN."""
+
+    __slots__ = ("bias", "kernels", "scratch", "weight")
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        kernels: CpuKernels,
+        scratch: UnpackScratch,
+    ) -> None:
+        self.weight = PanelWeight.pack(weight)
+        self.bias = bias
+        self.kernels = kernels
+        self.scratch = scratch
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= _PANEL_MAX_ROWS:
+            return self.kernels.linear(x, self.weight, self.bias)
+        w = self.weight
+        plain = self.kernels.unpack(w, self.scratch.plain(w.out_features, w.in_features))
+        return F.linear(x, plain, self.bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight.rows(ids)
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.weight.panels, self.bias)
+
+
+def linear_factory(
+    device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None
+) -> LinearFactory:
+    """How this runner's linears store and compute: see the module docstring."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return DenseLinear
+    if kernels is None:
+        return OneDnnLinear
+    scratch = UnpackScratch()
+    return lambda weight, bias: PanelLinear(weight, bias, kernels, scratch)
+
+
+def _nbytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)

@@ -1,0 +1,246 @@
+"""Our CPU kernels against torch's: paged decode attention read in place equals SDPA over the
+gathered blocks, the small-row linear equals `F.linear`, RMSNorm equals the stock formula, and a
+bf16 model runs the same with them as with the stock kernels."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from semantic.backends.torch import kernels as kernels_module
+from semantic.backends.torch.kernels import PanelWeight, cpu_kernels, unavailable_reason
+from semantic.backends.torch.linear import PanelLinear, UnpackScratch
+from semantic.backends.torch.runner import TorchRunner
+from semantic.core import Batch, BatchItem, SamplingParams
+from semantic.models.config import ModelConfig
+
+KERNELS = cpu_kernels()
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason=f"no kernels: {unavailable_reason()}")
+BLOCK_TOKENS = 16  # divides none of the lengths below
+LENGTHS = [1, 15, 17, 100, 700]  # 700: several spans of one sequence, split across threads
+BF16_ATOL = BF16_RTOL = 2e-2
+
+
+class Pool:
+    """One layer's K/V caches with each sequence's blocks scattered among unused ones."""
+
+    def __init__(self, lengths: list[int], kv_heads: int, dim: int, dtype: torch.dtype) -> None:
+        per_seq = [-(-n // BLOCK_TOKENS) for n in lengths]
+        blocks = list(range(2 * sum(per_seq)))
+        random.Random(0).shuffle(blocks)
+        torch.manual_seed(0)
+        shape = (len(blocks), BLOCK_TOKENS, kv_heads, dim)
+        self.k = torch.randn(shape).to(dtype)
+        self.v = torch.randn(shape).to(dtype)
+        width = max(per_seq)
+        self.tables = torch.zeros(len(lengths), width, dtype=torch.int64)
+        for i, count in enumerate(per_seq):
+            self.tables[i, :count] = torch.tensor([blocks.pop() for _ in range(count)])
+        self.lengths = torch.tensor(lengths, dtype=torch.int64)
+
+    def dense(self, q: torch.Tensor, scale: float) -> torch.Tensor:
+        """Reference: per sequence, SDPA in fp32 over its gathered blocks, K/V heads repeated."""
+        heads, kv_heads = q.shape[1], self.k.shape[2]
+        outs = []
+        for i, n in enumerate(self.lengths.tolist()):
+            blocks = self.tables[i, : -(-n // BLOCK_TOKENS)]
+            k = self.k[blocks].flatten(0, 1)[:n].float().repeat_interleave(heads // kv_heads, 1)
+            v = self.v[blocks].flatten(0, 1)[:n].float().repeat_interleave(heads // kv_heads, 1)
+            qi = q[i].float()[:, None]  # [H, 1, D]
+            kt, vt = k.transpose(0, 1), v.transpose(0, 1)  # [H, n, D]
+            outs.append(F.scaled_dot_product_attention(qi, kt, vt, scale=scale))
+        return torch.stack(outs)[:, :, 0]  # [B, H, D]
+
+    def attend(self, q: torch.Tensor, scale: float) -> torch.Tensor:
+        assert KERNELS is not None
+        return KERNELS.decode_attention(q, self.k, self.v, self.tables, self.lengths, scale)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 64), (8, 2, 128)])
+def test_paged_decode_equals_dense_attention_over_gathered_blocks(dtype, heads, kv_heads, dim):
+    pool = Pool(LENGTHS, kv_heads, dim, dtype)
+    q = torch.randn(len(LENGTHS), heads, dim).to(dtype)
+    out = pool.attend(q, dim**-0.5)
+    assert out.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else BF16_ATOL
+    torch.testing.assert_close(out.float(), pool.dense(q, dim**-0.5), atol=tol, rtol=tol)
+
+
+@needs_kernels
+def test_paged_decode_takes_q_as_a_strided_view():
+    # The model passes q as a slice of its fused QKV projection.
+    pool = Pool([5, 40], 2, 64, torch.bfloat16)
+    qkv = torch.randn(2, 6 + 2 * 2, 64).bfloat16()
+    q = qkv[:, :6]
+    torch.testing.assert_close(pool.attend(q, 0.125), pool.attend(q.contiguous(), 0.125))
+
+
+@needs_kernels
+def test_paged_decode_reads_only_its_blocks_and_lengths():
+    pool = Pool([9, 30], 3, 64, torch.float32)
+    q = torch.randn(2, 6, 64)
+    expected = pool.attend(q, 0.125)
+    used = torch.zeros(pool.k.shape[0], BLOCK_TOKENS, dtype=torch.bool)
+    for i, n in enumerate(pool.lengths.tolist()):
+        for pos in range(n):
+            used[pool.tables[i, pos // BLOCK_TOKENS], pos % BLOCK_TOKENS] = True
+    pool.k[~used] = float("nan")  # unused blocks and the slots past each length
+    pool.v[~used] = float("inf")
+    torch.testing.assert_close(pool.attend(q, 0.125), expected)
+
+
+@needs_kernels
+def test_paged_decode_rejects_a_block_outside_the_cache():
+    pool = Pool([20], 1, 64, torch.float32)
+    pool.tables[0, 1] = pool.k.shape[0]
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        pool.attend(torch.randn(1, 1, 64), 0.125)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [*range(1, 17), 23, 40])  # beyond 16: two passes a panel
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (33, 71), (96, 576), (17, 2)])
+def test_small_row_linear_equals_f_linear(rows, n, k):
+    assert KERNELS is not None
+    torch.manual_seed(rows)
+    x, w, bias = torch.randn(rows, k).bfloat16(), torch.randn(n, k).bfloat16(), torch.randn(n)
+    weight = PanelWeight.pack(w)
+    for b in (None, bias.bfloat16()):
+        out = KERNELS.linear(x, weight, b)
+        expected = F.linear(x.float(), w.float(), None if b is None else b.float())
+        assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
+        torch.testing.assert_close(out.float(), expected, atol=BF16_ATOL, rtol=BF16_RTOL)
+
+
+@needs_kernels
+def test_small_row_linear_gives_a_row_the_same_bits_alone_and_batched():
+    assert KERNELS is not None
+    x, weight = torch.randn(12, 200).bfloat16(), PanelWeight.pack(torch.randn(70, 200).bfloat16())
+    together = KERNELS.linear(x, weight, None)
+    for i in range(12):
+        assert torch.equal(KERNELS.linear(x[i : i + 1], weight, None)[0], together[i])
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (33, 71), (96, 576), (40, 64)])
+def test_panel_weight_unpacks_and_gives_rows_exactly(n, k):
+    assert KERNELS is not None
+    w = torch.randn(n, k).bfloat16()
+    weight = PanelWeight.pack(w)
+    assert torch.equal(KERNELS.unpack(weight, torch.empty(n, k, dtype=torch.bfloat16)), w)
+    ids = torch.tensor([0, n - 1, n // 2, 0])
+    assert torch.equal(weight.rows(ids), w[ids])
+
+
+@needs_kernels
+def test_panel_linear_equals_f_linear_for_few_rows_and_for_many():
+    assert KERNELS is not None
+    w, bias = torch.randn(50, 72).bfloat16(), torch.randn(50).bfloat16()
+    linear = PanelLinear(w, bias, KERNELS, UnpackScratch())
+    for rows in (3, 70):
+        x = torch.randn(rows, 72).bfloat16()
+        expected = F.linear(x, w, bias).float()
+        torch.testing.assert_close(linear(x).float(), expected, atol=BF16_ATOL, rtol=BF16_RTOL)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_equals_the_stock_formula(dtype):
+    assert KERNELS is not None
+    x, w = torch.randn(5, 70).to(dtype) * 3, torch.randn(70).to(dtype)
+    expected = w * F.rms_norm(x.float(), (70,), eps=1e-5).to(dtype)
+    out = KERNELS.rms_norm(x[:, :70], w, 1e-5)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: a rounding tie may go either way
+    torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
+
+
+def tiny_llama(tied: bool) -> tuple[ModelConfig, list[tuple[str, np.ndarray]]]:
+    """Random weights of a 2-layer Llama with head_dim 64, as Hugging Face names them."""
+    config = ModelConfig(
+        model_type="llama",
+        vocab_size=300,
+        hidden_size=192,
+        intermediate_size=250,  # odd sizes: panels and pairs padded
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=tied,
+    )
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> np.ndarray:
+        return (torch.randn(*shape, generator=g) * 0.05).numpy()
+
+    d, f, kv = config.hidden_size, config.intermediate_size, config.head_dim
+    weights = [("model.embed_tokens.weight", rand(config.vocab_size, d))]
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        weights += [
+            (p + "self_attn.q_proj.weight", rand(d, d)),
+            (p + "self_attn.k_proj.weight", rand(kv, d)),
+            (p + "self_attn.v_proj.weight", rand(kv, d)),
+            (p + "self_attn.o_proj.weight", rand(d, d)),
+            (p + "mlp.gate_proj.weight", rand(f, d)),
+            (p + "mlp.up_proj.weight", rand(f, d)),
+            (p + "mlp.down_proj.weight", rand(d, f)),
+            (p + "input_layernorm.weight", 1 + rand(d)),
+            (p + "post_attention_layernorm.weight", 1 + rand(d)),
+        ]
+    weights.append(("model.norm.weight", 1 + rand(d)))
+    if not tied:
+        weights.append(("lm_head.weight", rand(config.vocab_size, d)))
+    return config, weights
+
+
+def step_logits(runner: TorchRunner, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:
+    """Prefill each prompt in two chunks (over the kernel's 16 rows, then under), then decode
+    them together for `steps` steps of fixed tokens; the logits of every step."""
+    greedy = SamplingParams(temperature=0.0)
+    tables = [list(range(i * 8, (i + 1) * 8)) for i in range(len(prompts))]
+    logits = []
+    for i, ids in enumerate(prompts):
+        runner.forward_logits(Batch([BatchItem(i, ids[:20], 0, tables[i], False, greedy, 0)]))
+        item = BatchItem(i, ids[20:], 20, tables[i], True, greedy, 0)
+        logits.append(runner.forward_logits(Batch([item])))
+    for n in range(steps):
+        items = [
+            BatchItem(i, [7 * n + i], len(ids) + n, tables[i], True, greedy, n + 1)
+            for i, ids in enumerate(prompts)
+        ]
+        logits.append(runner.forward_logits(Batch(items)))
+    return logits
+
+
+@needs_kernels
+@pytest.mark.parametrize("tied", [True, False])
+def test_bf16_model_with_our_kernels_matches_the_stock_kernels(tied):
+    config, weights = tiny_llama(tied)
+    runners = [
+        TorchRunner(
+            config, weights, block_tokens=16, cache_budget_mb=8, dtype="bfloat16", kernels=on
+        )
+        for on in (True, False)
+    ]
+    prompts = [[random.Random(s).randrange(300) for _ in range(n)] for s, n in ((1, 23), (2, 40))]
+    ours, stock = (step_logits(r, prompts, steps=4) for r in runners)
+    for a, b in zip(ours, stock, strict=True):
+        torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+
+
+def test_a_failed_build_leaves_the_stock_kernels_and_says_why(monkeypatch):
+    def fail() -> None:
+        raise RuntimeError("no compiler today")
+
+    monkeypatch.setattr(kernels_module, "_missing_feature", lambda: None)
+    monkeypatch.setattr(kernels_module, "_build", fail)
+    kernels, reason = kernels_module._load.__wrapped__()
+    assert kernels is None
+    assert reason is not None and "no compiler today" in reason
