@@ -166,10 +166,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _build_engine_off_the_main_thread(settings: Settings) -> Engine:
-    """`build_engine` on a short-lived thread. Had the main thread, which goes on to run the
-    event loop, done the load's torch work, OpenMP would keep a thread team for it and every
-    step on the engine thread would run at about half speed (measured: SmolLM2 single-stream
-    decode 53 vs 93 tok/s on 2 cores). A daemon, so Ctrl-C during a load exits at once."""
+    """`build_engine` on a short-lived thread. When the main thread, which goes on to run the
+    event loop, did the load's torch work, every step on the engine thread ran at about half
+    speed (SmolLM2 single-stream decode 53 vs 93 tok/s on 2 cores; see docs/design.md). A
+    daemon, so Ctrl-C during a load exits at once."""
     built: list[Engine] = []
     failed: list[BaseException] = []
 
