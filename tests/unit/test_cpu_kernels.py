@@ -1,6 +1,6 @@
-"""Our CPU kernels against torch's: paged decode attention read in place equals SDPA over the
-gathered blocks, the small-row linear equals `F.linear`, RMSNorm equals the stock formula, and a
-bf16 model runs the same with them as with the stock kernels."""
+"""Our CPU kernels against torch's: paged decode and prefill attention read in place equal SDPA
+over the gathered blocks, the small-row linear equals `F.linear`, RMSNorm equals the stock
+formula, and a bf16 model runs the same with them as with the stock kernels."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from semantic.backends.torch import kernels as kernels_module
+from semantic.backends.torch.attention import GatherScratch, LayerKV, PrefillChunk
+from semantic.backends.torch.attention import prefill_attention as stock_prefill_attention
 from semantic.backends.torch.kernels import PanelWeight, cpu_kernels, unavailable_reason
 from semantic.backends.torch.linear import PanelLinear, UnpackScratch
 from semantic.backends.torch.runner import TorchRunner
@@ -101,6 +103,103 @@ def test_paged_decode_rejects_a_block_outside_the_cache():
     pool.tables[0, 1] = pool.k.shape[0]
     with pytest.raises(RuntimeError, match="outside the cache"):
         pool.attend(torch.randn(1, 1, 64), 0.125)
+
+
+class PrefillCase:
+    """A chunk of `n` queries after `context` tokens, whose K/V sit in blocks scattered among
+    unused ones, listed out of order in the block table."""
+
+    def __init__(self, context: int, n: int, heads: int, kv_heads: int, dim: int, bt: int):
+        self.context, self.n, self.bt = context, n, bt
+        count = -(-(context + n) // bt)
+        blocks = list(range(2 * count + 1))
+        random.Random(context + n).shuffle(blocks)
+        torch.manual_seed(n)
+        self.k = torch.randn(len(blocks), bt, kv_heads, dim)
+        self.v = torch.randn(len(blocks), bt, kv_heads, dim)
+        self.q = torch.randn(n, heads, dim)
+        self.table = torch.tensor(blocks[:count])
+        self.scale = dim**-0.5
+
+    def chunk_kv(self, cache: torch.Tensor) -> torch.Tensor:
+        """The chunk's own rows [n, KVH, D], as the model has them before attention."""
+        rows = cache[self.table].flatten(0, 1)
+        return rows[self.context : self.context + self.n]
+
+    def stock(self) -> torch.Tensor:
+        """Reference: the stock gather + SDPA path, in fp32 on the same values."""
+        kv = LayerKV(self.k.float(), self.v.float(), GatherScratch(self.k.float()))
+        total = self.context + self.n
+        mask = torch.ones(self.n, total, dtype=torch.bool).tril_(self.context)
+        chunk = PrefillChunk(0, self.n, self.context, self.table, mask)
+        k, v = self.chunk_kv(kv.k), self.chunk_kv(kv.v)
+        return stock_prefill_attention(self.q.float(), k, v, kv, chunk, self.scale)
+
+    def to(self, dtype: torch.dtype) -> PrefillCase:
+        self.k, self.v, self.q = self.k.to(dtype), self.v.to(dtype), self.q.to(dtype)
+        return self
+
+    def attend(self) -> torch.Tensor:
+        assert KERNELS is not None
+        return KERNELS.prefill_attention(
+            self.q, self.k, self.v, self.table, self.context, self.scale
+        )
+
+
+PREFILL_CASES = [  # (context, n, heads, kv_heads, head_dim, block_tokens)
+    (0, 100, 9, 3, 64, 16),  # no context; 100 fills no whole query or key tile
+    (37, 50, 4, 4, 64, 16),  # GQA ratio 1
+    (512, 488, 9, 3, 64, 256),  # the server's second chunk of a 1,000-token prompt
+    (300, 17, 8, 2, 128, 16),
+    (5, 70, 6, 3, 32, 256),
+    (64, 64, 3, 1, 16, 16),  # context ends on a key tile's edge
+    (200, 1, 9, 3, 64, 16),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("context", "n", "heads", "kv_heads", "dim", "bt"), PREFILL_CASES)
+def test_paged_prefill_equals_gather_and_sdpa(dtype, context, n, heads, kv_heads, dim, bt):
+    case = PrefillCase(context, n, heads, kv_heads, dim, bt).to(dtype)
+    out = case.attend()
+    assert out.dtype == dtype and out.shape == (n, heads, dim)
+    tol = 1e-5 if dtype == torch.float32 else BF16_ATOL
+    torch.testing.assert_close(out.float(), case.stock(), atol=tol, rtol=tol)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_prefill_without_context_reads_the_chunks_own_strided_kv(dtype):
+    # The model passes q, k, v as slices of its fused QKV projection.
+    assert KERNELS is not None
+    case = PrefillCase(0, 90, 9, 3, 64, 16).to(dtype)
+    qkv = torch.cat([case.q, case.chunk_kv(case.k), case.chunk_kv(case.v)], dim=1)
+    q, k, v = qkv[:, :9], qkv[:, 9:12], qkv[:, 12:]
+    out = KERNELS.prefill_attention(q, k, v, None, 0, case.scale)
+    torch.testing.assert_close(out, case.attend())
+
+
+@needs_kernels
+def test_paged_prefill_reads_only_its_blocks_and_keys():
+    case = PrefillCase(70, 30, 6, 2, 64, 16)
+    expected = case.attend()
+    used = torch.zeros(case.k.shape[0], case.bt, dtype=torch.bool)
+    for pos in range(case.context + case.n):
+        used[case.table[pos // case.bt], pos % case.bt] = True
+    case.k[~used] = float("nan")  # unused blocks and the slots past the chunk
+    case.v[~used] = float("nan")
+    out = case.attend()
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, expected)
+
+
+@needs_kernels
+def test_paged_prefill_rejects_a_block_outside_the_cache():
+    case = PrefillCase(20, 10, 2, 1, 64, 16)
+    case.table[1] = case.k.shape[0]
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        case.attend()
 
 
 @needs_kernels

@@ -1,5 +1,5 @@
-"""The torch backend's own CPU kernels: paged decode attention read in place, the small-row bf16
-linear over weights packed in 16-row panels (`PanelWeight`), and RMSNorm.
+"""The torch backend's own CPU kernels: paged decode and prefill attention read in place, the
+small-row bf16 linear over weights packed in 16-row panels (`PanelWeight`), and RMSNorm.
 
 A C++ extension (AVX-512 with BF16 dot products) compiled on first use into the user cache,
 keyed by torch and Python versions and a digest of the sources, so later processes load it in
@@ -30,7 +30,13 @@ from semantic.config import default_cache_dir
 log = logging.getLogger(__name__)
 
 _NAME = "semantic_cpu_kernels"
-_SOURCES = ("bindings.cpp", "paged_attention.cpp", "rms_norm.cpp", "small_linear.cpp")
+_SOURCES = (
+    "bindings.cpp",
+    "paged_attention.cpp",
+    "prefill_attention.cpp",
+    "rms_norm.cpp",
+    "small_linear.cpp",
+)
 _HEADERS = ("kernels.h", "simd.h")
 # Explicit ISA flags, not -march=native: a cache folder shared between machines must not hold
 # code for a CPU that `_missing_feature` did not check.
@@ -72,6 +78,23 @@ class CpuKernels:
         int64; context_lens [B] int64 → [B, H, D]: each query over its first context_lens keys."""
         out: torch.Tensor = self._module.paged_decode_attention(
             q, k_cache, v_cache, block_tables, context_lens, scale
+        )
+        return out
+
+    def prefill_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        block_table: torch.Tensor | None,
+        context_len: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """q: [n, H, D] at positions context_len.. → [n, H, D], causal over the sequence's keys.
+        k, v: the pool caches [num_blocks, block_tokens, KVH, D] read through `block_table` [m]
+        int64; or, with no context and no table, the chunk's own [n, KVH, D]."""
+        out: torch.Tensor = self._module.paged_prefill_attention(
+            q, k, v, block_table, context_len, scale
         )
         return out
 

@@ -65,6 +65,61 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return out;
 }
 
+// K or V as the kernel reads it: a pool [blocks, block_tokens, KVH, D] through `table`, or the
+// chunk's own [n, KVH, D] (any token stride) as one block.
+semantic::PagedRows paged_rows(const at::Tensor& t, const int64_t* table) {
+  if (table != nullptr) {
+    return {t.data_ptr(), table, t.size(1), t.stride(0), t.stride(1), t.stride(2)};
+  }
+  return {t.data_ptr(), nullptr, std::max<int64_t>(t.size(0), 1), 0, t.stride(0), t.stride(1)};
+}
+
+at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const std::optional<at::Tensor>& block_table,
+                                   int64_t context_len, double scale) {
+  for (const auto* t : {&q, &k, &v}) check_cpu(*t, "input");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [n, H, D], D contiguous");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+              "q, k and v must share a dtype");
+  TORCH_CHECK(k.sizes() == v.sizes(), "K and V differ in shape");
+  const int64_t n = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t kv_heads = k.size(-2), total = context_len + n;
+  TORCH_CHECK(k.size(-1) == dim && semantic::prefill_supported(dim), "unsupported head_dim ", dim);
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(k.stride(-1) == 1 && v.stride(-1) == 1, "K and V rows must be contiguous");
+  const int64_t* table = nullptr;
+  if (block_table.has_value()) {
+    const at::Tensor& ids = *block_table;
+    check_cpu(ids, "block table");
+    TORCH_CHECK(k.dim() == 4, "with a block table, k and v are pools [blocks, tokens, KVH, D]");
+    TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
+                "the block table must be a contiguous int64 [m]");
+    TORCH_CHECK(context_len >= 0 && ids.numel() * k.size(1) >= total,
+                "the block table covers fewer tokens than context and chunk");
+    table = ids.data_ptr<int64_t>();
+    const int64_t used = (total + k.size(1) - 1) / k.size(1), blocks = k.size(0);
+    TORCH_CHECK(std::all_of(table, table + used, [&](int64_t id) { return id >= 0 && id < blocks; }),
+                "the block table names a block outside the cache");
+  } else {
+    TORCH_CHECK(k.dim() == 3 && k.size(0) == n && context_len == 0,
+                "without a block table, k and v are the chunk's own [n, KVH, D] and no context");
+  }
+  at::Tensor out = at::empty({n, heads, dim}, q.options());
+  if (n == 0) return out;
+  semantic::PrefillProblem p{q.data_ptr(),          q.stride(0), q.stride(1),
+                             paged_rows(k, table),  paged_rows(v, table),
+                             context_len,           n,           heads,
+                             kv_heads,              dim,         static_cast<float>(scale),
+                             out.data_ptr()};
+  if (q.scalar_type() == at::kBFloat16) {
+    semantic::paged_prefill_bf16(p);
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kFloat, "q must be bfloat16 or float32");
+    semantic::paged_prefill_f32(p);
+  }
+  return out;
+}
+
 // The packed weight [ceil(N/16), ceil(K/2), 16, 2] of a plain [N, K] one.
 void check_packed(const at::Tensor& packed, int64_t n, int64_t k) {
   check_cpu(packed, "weight");
@@ -133,6 +188,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "Decode attention over paged K/V blocks, read in place");
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "Causal prefill attention of a chunk over its paged K/V blocks, read in place");
   m.def("small_linear", &small_linear, "x @ weight.T (+ bias) for a few bf16 rows");
   m.def("rms_norm", &rms_norm, "RMSNorm in fp32, rounded, times the weight");
   m.def("unpack_weight", &unpack_weight, "a packed weight back to plain rows, into out");

@@ -25,6 +25,30 @@ bool decode_supported(int64_t head_dim, int64_t heads);
 void paged_decode_f32(const DecodeProblem& p);
 void paged_decode_bf16(const DecodeProblem& p);
 
+// Where token j's K (or V) row of KV head h lies: base + table[j / block_tokens] · block_stride
+// + (j % block_tokens) · token_stride + h · head_stride elements, D contiguous. A null table is
+// one block: the chunk's own K/V, not yet in a pool.
+struct PagedRows {
+  const void* base;
+  const int64_t* table;
+  int64_t block_tokens, block_stride, token_stride, head_stride;
+};
+
+// Paged prefill attention: a chunk's n queries at positions context_len.. against the sequence's
+// keys 0 .. context_len + n - 1, causal, read in place through the block table.
+struct PrefillProblem {
+  const void* q;  // [n, H, D], D contiguous
+  int64_t q_stride_t, q_stride_h;
+  PagedRows k, v;
+  int64_t context_len, n, heads, kv_heads, head_dim;
+  float scale;
+  void* out;  // [n, H, D], contiguous
+};
+
+bool prefill_supported(int64_t head_dim);
+void paged_prefill_f32(const PrefillProblem& p);
+void paged_prefill_bf16(const PrefillProblem& p);
+
 // y[M, N] = x[M, K] · wᵀ (+ bias), bf16 in and out, fp32 accumulation, M small; w packed in
 // panels of 16 rows, [ceil(N/16)][ceil(K/2)][16][2] (see small_linear.cpp).
 void small_linear_bf16(const bf16* x, int64_t ldx, const bf16* w, const bf16* bias, bf16* y,
