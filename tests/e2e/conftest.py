@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +22,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """In the server's process, before exec: SIGTERM it when the test process dies, so a killed
+    or crashed test run leaves no server behind (Linux's PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(None)
+    libc.prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
 class Server:
     """A server process and its base URL; the log is kept for failure messages."""
 
@@ -30,7 +39,13 @@ class Server:
         command = [sys.executable, "-m", "semantic", "serve", "--port", str(self.port), *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
         deadline = time.monotonic() + timeout_s

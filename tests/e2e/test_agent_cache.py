@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +54,26 @@ def conversation(
     return messages, answer
 
 
-def start(tmp: Path, name: str, *extra: str) -> Server:
-    tmp.mkdir(parents=True, exist_ok=True)
-    server = Server(["--cache-dir", str(tmp / "cache"), *extra], tmp / f"{name}.log")
-    server.wait_ready()
-    return server
+Start = Callable[..., Server]
+
+
+@pytest.fixture
+def start() -> Iterator[Start]:
+    """`start(folder, name, *flags)`: a server with its cache in `folder`. Whatever a test
+    started and left running, because it failed or on purpose, is stopped after it."""
+    started: list[Server] = []
+
+    def launch(tmp: Path, name: str, *extra: str) -> Server:
+        tmp.mkdir(parents=True, exist_ok=True)
+        server = Server(["--cache-dir", str(tmp / "cache"), *extra], tmp / f"{name}.log")
+        started.append(server)
+        server.wait_ready()
+        return server
+
+    yield launch
+    for server in started:
+        if server.process.poll() is None:
+            server.stop()
 
 
 def test_a_warm_turn_reuses_the_whole_history(server: Server) -> None:
@@ -70,7 +86,7 @@ def test_a_warm_turn_reuses_the_whole_history(server: Server) -> None:
     assert stats["requests"] == 3 and stats["hit_tokens"] >= history
 
 
-def test_ten_agents_share_one_copy_of_their_system_prompt(tmp_path: Path) -> None:
+def test_ten_agents_share_one_copy_of_their_system_prompt(tmp_path: Path, start: Start) -> None:
     server = start(tmp_path, "shared")
     try:
         prompt_tokens = 0
@@ -96,7 +112,7 @@ def test_ten_agents_share_one_copy_of_their_system_prompt(tmp_path: Path) -> Non
 
 
 def test_after_a_restart_the_first_turn_reads_its_cache_from_disk_and_answers_the_same(
-    tmp_path: Path,
+    tmp_path: Path, start: Start
 ) -> None:
     fp32 = ("--dtype", "float32")  # exact comparison with a cold server: no bf16 near-ties
     server = start(tmp_path / "warm", "before", *fp32)
@@ -120,7 +136,9 @@ def test_after_a_restart_the_first_turn_reads_its_cache_from_disk_and_answers_th
     assert warm.choices[0].message.content == reference.choices[0].message.content
 
 
-def test_kill_9_during_cache_writes_loses_nothing_acknowledged(tmp_path: Path) -> None:
+def test_kill_9_during_cache_writes_loses_nothing_acknowledged(
+    tmp_path: Path, start: Start
+) -> None:
     # A pool of ~10 blocks: every new agent evicts others' blocks to disk while it runs.
     server = start(tmp_path, "doomed", "--cache-budget-mb", "60")
     messages, _ = conversation(server, "keeper", 1)

@@ -186,13 +186,17 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention,
+  // Each call releases the GIL while it computes, as torch's own ops do: the engine thread
+  // spends most of a step in these, and the event loop must serve HTTP meanwhile.
+  using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("paged_decode_attention", &paged_decode_attention, nogil(),
         "Decode attention over paged K/V blocks, read in place");
-  m.def("paged_prefill_attention", &paged_prefill_attention,
+  m.def("paged_prefill_attention", &paged_prefill_attention, nogil(),
         "Causal prefill attention of a chunk over its paged K/V blocks, read in place");
-  m.def("small_linear", &small_linear, "x @ weight.T (+ bias) for a few bf16 rows");
-  m.def("rms_norm", &rms_norm, "RMSNorm in fp32, rounded, times the weight");
-  m.def("unpack_weight", &unpack_weight, "a packed weight back to plain rows, into out");
+  m.def("small_linear", &small_linear, nogil(), "x @ weight.T (+ bias) for a few bf16 rows");
+  m.def("rms_norm", &rms_norm, nogil(), "RMSNorm in fp32, rounded, times the weight");
+  m.def("unpack_weight", &unpack_weight, nogil(),
+        "a packed weight back to plain rows, into out");
   m.def("decode_supported", &semantic::decode_supported, pybind11::arg("head_dim"),
         pybind11::arg("heads"));
 }
