@@ -1,17 +1,33 @@
-"""The direct agent API under /v1/agents: list, inspect and delete agents and their caches."""
+"""The direct agent API under /v1/agents: list, inspect and delete agents and their caches;
+and how a request of any API names its agent (`named_agent`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from semantic.api.admin import engine_of
-from semantic.core import is_valid_agent_id
+from semantic.core import AGENT_ID_PATTERN, is_valid_agent_id
 from semantic.errors import InvalidRequest, NotFound
 
 router = APIRouter()
+
+SESSION_HEADER = "x-session-id"
+
+
+def named_agent(
+    headers: Mapping[str, str], name: str | None = None, param: str = SESSION_HEADER
+) -> str | None:
+    """The agent a request names explicitly, in any API: `name` (the body's own field, such as
+    OpenAI's `session_id`), else the `x-session-id` header; None when it names none, and then
+    prefix reuse finds its cache by content. A name that is not a valid agent id is a 400."""
+    agent_id = name if name is not None else headers.get(SESSION_HEADER)
+    if agent_id is not None and not is_valid_agent_id(agent_id):
+        raise InvalidRequest(f"{param} must match {AGENT_ID_PATTERN}", param=param)
+    return agent_id
 
 
 def _checked(agent_id: str) -> str:

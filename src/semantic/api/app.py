@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic import __version__
-from semantic.api import admin, agents, errors, openai
+from semantic.api import admin, agents, anthropic, errors, openai
 from semantic.config import Settings
 from semantic.engine.engine import Engine
 
@@ -36,6 +36,7 @@ def create_app(engine: Engine, settings: Settings) -> FastAPI:
     app.middleware("http")(_request_id)
     app.add_middleware(_JSONBodies)
     app.include_router(openai.router)
+    app.include_router(anthropic.router)
     app.include_router(agents.router)
     app.include_router(admin.router)
     return app

@@ -1,14 +1,18 @@
 """Every error, in the shape and status of the protocol the client speaks.
 
 The one place that maps `semantic.errors` (and FastAPI's own validation and routing errors)
-onto HTTP. Routes raise; the handlers installed here answer.
+onto HTTP, and the one place that decides which protocol a request speaks (`protocol_of`).
+Routes raise; the handlers installed here answer.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+import re
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,6 +24,8 @@ from semantic.api.streaming import ClientGone
 
 log = logging.getLogger(__name__)
 
+Protocol = Literal["anthropic", "openai"]
+
 # (status, OpenAI type, OpenAI code) for each of our errors; the most specific class wins.
 _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.ContextOverflow, 400, "invalid_request_error", "context_length_exceeded"),
@@ -30,12 +36,56 @@ _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
 ]
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
+# Anthropic's statuses differ from OpenAI's only for overload (529, which its SDKs retry).
+_ANTHROPIC_STATUS = {503: 529}
+# Anthropic's error type for each status (PROTOCOLS.md §1.10); other 4xx are invalid requests.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def protocol_of(request: Request) -> Protocol:
+    """Anthropic for `/v1/messages…`, and for the routes both APIs share (`/v1/models…`) or no
+    route at all when the client looks like an Anthropic SDK (it always sends
+    `anthropic-version`; `x-api-key` is its key header). OpenAI otherwise."""
+    path, headers = request.url.path, request.headers
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
+    if path == "/v1/models" or path.startswith("/v1/models/"):
+        anthropic = "anthropic-version" in headers or "x-api-key" in headers
+        return "anthropic" if anthropic else "openai"
+    return "anthropic" if "anthropic-version" in headers else "openai"
+
 
 def openai_error(
     status: int, message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return JSONResponse(body, status_code=status)
+
+
+def anthropic_error(request: Request, status: int, message: str) -> JSONResponse:
+    request_id = getattr(request.state, "request_id", None) or f"req_{uuid.uuid4().hex}"
+    body = {
+        "type": "error",
+        "error": {"type": anthropic_type(status), "message": message},
+        "request_id": request_id,
+    }
+    # Repeated in the header, which the middleware cannot add to a 500 (it runs outside it).
+    return JSONResponse(body, status_code=status, headers={"request-id": request_id})
+
+
+def anthropic_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
 def classify(exc: Exception) -> tuple[int, str, str | None]:
@@ -52,6 +102,32 @@ def error_payload(exc: Exception) -> dict[str, Any]:
     return {"error": {"message": str(exc), "type": type_, "param": None, "code": code}}
 
 
+def anthropic_status(exc: Exception) -> int:
+    status = classify(exc)[0]
+    return _ANTHROPIC_STATUS.get(status, status)
+
+
+def anthropic_message(exc: Exception) -> str:
+    """Our message, except for context overflow: Claude Code recognises Anthropic's own
+    wording (PROTOCOLS.md §1.10) and compacts the conversation instead of failing."""
+    if not isinstance(exc, errors.ContextOverflow):
+        return str(exc) if isinstance(exc, errors.SemanticError) else "internal server error"
+    prompt, output, context = exc.prompt_tokens, exc.max_tokens, exc.context_length
+    if prompt >= context:
+        # The longest prompt that still leaves room for one output token.
+        return f"prompt is too long: {prompt} tokens > {context - 1} maximum"
+    return (
+        f"input length and `max_tokens` exceed context limit: {prompt} + {output} > {context}, "
+        "decrease input length or `max_tokens` and try again"
+    )
+
+
+def anthropic_error_event(exc: Exception) -> dict[str, Any]:
+    """The payload of a mid-stream Anthropic `error` event."""
+    type_ = anthropic_type(anthropic_status(exc))
+    return {"type": "error", "error": {"type": type_, "message": anthropic_message(exc)}}
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     first = exc.errors()[0]
     if first.get("type") == "json_invalid":
@@ -60,31 +136,75 @@ def _validation_message(exc: RequestValidationError) -> str:
     return f"{location}: {first.get('msg')}" if location else str(first.get("msg"))
 
 
+# Parts of a pydantic error location that name a union branch, not a field: `str`,
+# `list[...]`, or a block tag ("text block").
+_BRANCHES = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _field_path(loc: Sequence[Any]) -> tuple[str, ...]:
+    return tuple(
+        str(part)
+        for part in loc
+        if part != "body"
+        and not (isinstance(part, str) and (part in _BRANCHES or "[" in part or " " in part))
+    )
+
+
+def _anthropic_validation_message(exc: RequestValidationError) -> str:
+    """`field.path: what is wrong`, Anthropic style. A value that fits no branch of a union
+    (content: string or blocks) gets one message naming them all; a value that fits a branch
+    but is wrong inside it gets the deepest error, which is the one that says what to fix."""
+    details = exc.errors()
+    if details[0].get("type") == "json_invalid":
+        return "the request body is not valid JSON"
+    found = [
+        (_field_path(d.get("loc", ())), re.sub(r" or instance of \w+", "", str(d.get("msg"))))
+        for d in details
+    ]
+    path = max((p for p, _ in found), key=len)
+    said = list(dict.fromkeys(message for p, message in found if p == path))
+    message = said[0] + "".join(f" or {m.removeprefix('Input should be ')}" for m in said[1:])
+    return f"{'.'.join(path)}: {message}" if path else message
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if protocol_of(request) == "anthropic":
+            return anthropic_error(request, 400, _anthropic_validation_message(exc))
         return openai_error(400, _validation_message(exc), "invalid_request_error")
 
     @app.exception_handler(json.JSONDecodeError)
     async def _not_json(request: Request, exc: json.JSONDecodeError) -> JSONResponse:
-        return openai_error(400, "the request body is not valid JSON", "invalid_request_error")
+        message = "the request body is not valid JSON"
+        if protocol_of(request) == "anthropic":
+            return anthropic_error(request, 400, message)
+        return openai_error(400, message, "invalid_request_error")
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        if protocol_of(request) == "anthropic":
+            return anthropic_error(request, exc.status_code, str(exc.detail))
         type_ = _HTTP_TYPES.get(exc.status_code, "invalid_request_error")
         return openai_error(exc.status_code, str(exc.detail), type_)
 
     @app.exception_handler(errors.SemanticError)
     async def _ours(request: Request, exc: errors.SemanticError) -> JSONResponse:
+        if protocol_of(request) == "anthropic":
+            return anthropic_error(request, anthropic_status(exc), anthropic_message(exc))
         status, type_, code = classify(exc)
         param = exc.param if isinstance(exc, errors.InvalidRequest) else None
         return openai_error(status, str(exc), type_, param, code)
 
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, exc: ClientGone) -> JSONResponse:
+        if protocol_of(request) == "anthropic":
+            return anthropic_error(request, 499, "client closed the request")
         return openai_error(499, "client closed the request", "invalid_request_error")
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
+        if protocol_of(request) == "anthropic":
+            return anthropic_error(request, 500, "internal server error")
         return openai_error(500, "internal server error", "server_error")

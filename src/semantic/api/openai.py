@@ -15,22 +15,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from semantic.api.errors import error_payload
+from semantic.api import anthropic
+from semantic.api.agents import named_agent
+from semantic.api.errors import error_payload, protocol_of
 from semantic.api.streaming import (
     DONE,
     data_event,
     sse_response,
     unless_disconnected,
+    whole_answer,
     with_keep_alive,
 )
-from semantic.core import (
-    AGENT_ID_PATTERN,
-    FinishReason,
-    SamplingParams,
-    TokenEvent,
-    Usage,
-    is_valid_agent_id,
-)
+from semantic.core import AGENT_ID_PATTERN, FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
 from semantic.engine.engine import Engine
 from semantic.errors import ContextOverflow, InvalidRequest
@@ -191,9 +187,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         model.context_length,
         request.app.state.settings.default_max_tokens,
     )
-    agent_id = body.session_id or request.headers.get("x-session-id")
-    if agent_id is not None and not is_valid_agent_id(agent_id):
-        raise InvalidRequest("x-session-id must match " + AGENT_ID_PATTERN, param="session_id")
+    agent_id = named_agent(request.headers, body.session_id, param="session_id")
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
@@ -245,42 +239,39 @@ class _Completion:
         yield DONE
 
     async def collect(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
-        text: list[str] = []
-        async for event in events:
-            if event.error is not None:
-                raise event.error
-            text.append(event.text)
-            if event.final:
-                assert event.usage is not None
-                return {
-                    "id": self.id,
-                    "object": "chat.completion",
-                    "created": self.created,
-                    "model": self.model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {
-                                "role": "assistant",
-                                "content": "".join(text),
-                                "refusal": None,
-                            },
-                            "logprobs": None,
-                            "finish_reason": finish_reason_json(event.finish_reason),
-                        }
-                    ],
-                    "usage": usage_json(event.usage),
+        text, final = await whole_answer(events)
+        assert final.usage is not None
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": finish_reason_json(final.finish_reason),
                 }
-        raise RuntimeError("the engine ended a request without a final event")
+            ],
+            "usage": usage_json(final.usage),
+        }
+
+
+# Both APIs list models here; a client speaking Anthropic gets Anthropic's shapes.
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
+    if protocol_of(request) == "anthropic":
+        return anthropic.model_list(request)
     return {"object": "list", "data": [_model_card(request)]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+    if protocol_of(request) == "anthropic":
+        return anthropic.model_card(request, model_id)
     return _model_card(request) | {"id": model_id}
 
 

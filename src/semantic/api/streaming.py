@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from semantic.core import TokenEvent
+
 T = TypeVar("T")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
@@ -35,15 +37,35 @@ def named_event(name: str, payload: dict[str, Any]) -> str:
     return f"event: {name}\ndata: {_compact(payload)}\n\n"
 
 
+def anthropic_event(payload: dict[str, Any]) -> str:
+    """An Anthropic event, named after its payload's `type` (the SDKs read the name, the
+    accumulators the type: they must agree)."""
+    return named_event(str(payload["type"]), payload)
+
+
 DONE = "data: [DONE]\n\n"
-KEEP_ALIVE = ": keep-alive\n\n"
+KEEP_ALIVE = ": keep-alive\n\n"  # OpenAI: a comment, since every `data:` must be JSON
+PING = anthropic_event({"type": "ping"})  # Anthropic: the heartbeat its SDKs know and skip
+
+
+async def whole_answer(events: AsyncIterator[TokenEvent]) -> tuple[str, TokenEvent]:
+    """A non-streamed answer: all of its text and its final event; an engine error raises."""
+    text: list[str] = []
+    async for event in events:
+        if event.error is not None:
+            raise event.error
+        text.append(event.text)
+        if event.final:
+            return "".join(text), event
+    raise RuntimeError("the engine ended a request without a final event")
 
 
 async def with_keep_alive(
     events: AsyncIterator[str], interval_s: float, keep_alive: str = KEEP_ALIVE
 ) -> AsyncIterator[str]:
-    """Pass `events` through, inserting `keep_alive` whenever none came for `interval_s`
-    (a long prefill must not look like a dead connection). Closing this closes `events`."""
+    """Pass `events` through, inserting `keep_alive` (the protocol's heartbeat: `KEEP_ALIVE` or
+    `PING`) whenever none came for `interval_s` (a long prefill must not look like a dead
+    connection). Closing this closes `events`."""
     pending: asyncio.Task[str] | None = None
     try:
         while True:

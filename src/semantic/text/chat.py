@@ -8,6 +8,7 @@ prompt and therefore the cached prefix are the ones the model was trained on.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +31,7 @@ CHATML_TEMPLATE = (
 # The names a message's reasoning arrives under: templates read `reasoning_content`, gpt-oss's
 # reads `thinking`.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ChatTemplate:
@@ -50,21 +52,38 @@ class ChatTemplate:
         *,
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         **template_vars: Any,
     ) -> str:
         """The prompt text. A template that rejects the conversation (e.g. `raise_exception` on a
-        bad role order) or chokes on its content raises `InvalidRequest` with its message."""
+        bad role order) or chokes on its content raises `InvalidRequest` with its message.
+
+        `continue_final_message` leaves the last message open, so that the model goes on with
+        it (a reply prefilled by the client), as transformers' option of that name does."""
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **template_vars}
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=[_normalize(message) for message in messages],
                 tools=tools,
                 documents=None,
-                add_generation_prompt=add_generation_prompt,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
                 **variables,
             )
         except (jinja2.TemplateError, TypeError) as exc:
             raise InvalidRequest(f"chat template error: {exc}", param="messages") from exc
+        if continue_final_message and messages:
+            text = _cut_after(text, str(messages[-1].get("content") or ""))
+        # JSON may carry lone UTF-16 surrogates (a JavaScript string cut mid-emoji), which no
+        # tokenizer takes.
+        return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def _cut_after(text: str, content: str) -> str:
+    """`text` up to the end of its last occurrence of `content` (whitespace after a message's
+    text is the template's, not the message's); all of it when `content` is not there."""
+    content = content.rstrip()
+    cut = text.rfind(content) if content else -1
+    return text if cut < 0 else text[: cut + len(content)]
 
 
 def _normalize(message: dict[str, Any]) -> dict[str, Any]:

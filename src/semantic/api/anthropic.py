@@ -1,0 +1,306 @@
+"""Anthropic Messages API: body → prompt → `Request` → engine events → a Message or its events.
+
+Translation only (PROTOCOLS.md §1–2): the body and its prompt are read in anthropic_request.py,
+SSE bytes live in streaming.py, error shapes in errors.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from semantic.api.admin import engine_of
+from semantic.api.agents import named_agent
+from semantic.api.anthropic_request import MessagesBody, PromptBody, parse_body, render_prompt
+from semantic.api.errors import anthropic_error_event
+from semantic.api.streaming import (
+    PING,
+    anthropic_event,
+    sse_response,
+    unless_disconnected,
+    whole_answer,
+    with_keep_alive,
+)
+from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage, is_valid_agent_id
+from semantic.core import Request as GenerationRequest
+from semantic.errors import ContextOverflow, InvalidRequest
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+KEEP_ALIVE_S = 5.0  # a ping at least this often while the prompt is prefilled
+
+
+def output_budget(requested: int, prompt_tokens: int, limit: int) -> int:
+    """max_tokens clamped to the room the context leaves: Claude Code asks for 32000 whatever
+    the model. A prompt with no room at all is refused in the words Claude Code compacts on.
+    0 (a cache pre-warm) still runs one step; its token is not returned."""
+    if prompt_tokens >= limit:
+        raise ContextOverflow(prompt_tokens, 0, limit)
+    return max(1, min(requested, limit - prompt_tokens))
+
+
+def sampling_params(body: MessagesBody, max_tokens: int) -> SamplingParams:
+    return SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        max_tokens=max_tokens,
+        stop=tuple(body.stop_sequences or ()),
+    )
+
+
+# -- the agent -----------------------------------------------------------------------------
+
+# Claude Code before ~2.1: `user_<hash>_account_<uuid>_session_<uuid>`.
+_LEGACY_SESSION = re.compile(r"_session_([0-9A-Za-z-]+)$")
+# Claude Code names its subagents (the Task tool) in a header; they share the session id.
+SUBAGENT_HEADER = "x-claude-code-agent-id"
+
+
+def agent_id(body: MessagesBody, headers: Mapping[str, str]) -> str | None:
+    """The agent a request continues: the one it names (`x-session-id`, as in every API), else
+    the one its `metadata.user_id` stands for, else none (prefix reuse still works by content).
+
+    Claude Code puts its session in `metadata.user_id` of every request, side requests (a
+    title, a bash-prefix check) included. Those carry no tools; naming them after the session
+    would make a one-off prompt the agent's history, so they stay anonymous, and their blocks
+    are the first to leave the pool instead of the working conversation's."""
+    named = named_agent(headers)
+    user_id = body.metadata.user_id if body.metadata is not None else None
+    if named is not None or not user_id:
+        return named
+    session = _session_in(user_id)
+    if session is None:
+        return agent_id_from(user_id)
+    if not body.tools:
+        return None
+    subagent = headers.get(SUBAGENT_HEADER)
+    return agent_id_from(f"{session}.{subagent}" if subagent else session)
+
+
+def agent_id_from(name: str) -> str:
+    """A valid agent id for `name`, the same every time: the name itself when it is one,
+    else a digest of it."""
+    if is_valid_agent_id(name):
+        return name
+    return "user-" + hashlib.blake2b(name.encode(errors="replace"), digest_size=12).hexdigest()
+
+
+def _session_in(user_id: str) -> str | None:
+    """The session id inside Claude Code's `user_id`: a JSON object `{"device_id",
+    "account_uuid", "session_id"}`, or the older `…_session_<uuid>` string."""
+    try:
+        decoded = json.loads(user_id)
+    except ValueError:
+        legacy = _LEGACY_SESSION.search(user_id)
+        return legacy.group(1) if legacy else None
+    session = decoded.get("session_id") if isinstance(decoded, dict) else None
+    return session if isinstance(session, str) and session else None
+
+
+# -- the response --------------------------------------------------------------------------
+
+
+def usage_json(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, int]:
+    """Anthropic usage: `input_tokens` is only what was prefilled; prompt = input + cache read
+    + cache creation. We never bill a cache write, so creation is 0: every prefilled token is
+    cached anyway, and counting it twice would break Claude Code's context meter."""
+    return {
+        "input_tokens": prompt_tokens - cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
+        "output_tokens": output_tokens,
+    }
+
+
+def stop_reason(event: TokenEvent, requested_max_tokens: int) -> str:
+    """end_turn, stop_sequence, max_tokens (the asked limit), or model_context_window_exceeded
+    (the context ran out first: Claude Code then compacts instead of retrying)."""
+    if event.stop_string is not None:
+        return "stop_sequence"
+    if event.finish_reason is not FinishReason.LENGTH:
+        return "end_turn"
+    assert event.usage is not None
+    if event.usage.completion_tokens >= requested_max_tokens:
+        return "max_tokens"
+    return "model_context_window_exceeded"
+
+
+class _Reply:
+    """One response's identity and accounting, shared by its events or its single body."""
+
+    def __init__(self, model: str, prompt_tokens: int, requested_max_tokens: int) -> None:
+        self.id = f"msg_{uuid.uuid4().hex}"
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.requested = requested_max_tokens
+        self.silent = requested_max_tokens == 0  # a pre-warm: its one token is not an answer
+
+    def message(
+        self, content: list[dict[str, Any]], final: TokenEvent | None = None
+    ) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": None if final is None else stop_reason(final, self.requested),
+            "stop_sequence": None if final is None else final.stop_string,
+            "usage": self.usage(None if final is None else final.usage),
+        }
+
+    def usage(self, usage: Usage | None) -> dict[str, int]:
+        """Before the end, all of the prompt counts as input (the engine tells what it found
+        cached only when it finishes); `message_delta` then carries the final split."""
+        if usage is None:
+            return usage_json(self.prompt_tokens, 0, 0)
+        output = 0 if self.silent else usage.completion_tokens
+        return usage_json(usage.prompt_tokens, usage.cached_tokens, output)
+
+    async def events(self, events: AsyncIterator[TokenEvent]) -> AsyncGenerator[str, None]:
+        """The event stream: message_start and a ping at once (before the prompt is prefilled),
+        one text block (only once there is text), message_delta, message_stop; or an `error`
+        event if the engine fails after the 200."""
+        yield anthropic_event({"type": "message_start", "message": self.message([])})
+        yield PING
+        answer = self._answer(events)
+        try:
+            async for event in answer:
+                yield event
+        except Exception as exc:  # after the 200 an error can only be an event
+            log.exception("request %s failed mid-stream", self.id)
+            yield anthropic_event(anthropic_error_event(exc))
+        finally:
+            # Closing the engine's stream (a client that went away) aborts the request.
+            await answer.aclose()
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _answer(self, events: AsyncIterator[TokenEvent]) -> AsyncGenerator[str, None]:
+        in_text = False
+        async for event in events:
+            if event.error is not None:
+                yield anthropic_event(anthropic_error_event(event.error))
+                return
+            if event.text and not self.silent:
+                if not in_text:
+                    in_text = True
+                    yield anthropic_event(_block_start(0, {"type": "text", "text": ""}))
+                delta = {"type": "text_delta", "text": event.text}
+                yield anthropic_event({"type": "content_block_delta", "index": 0, "delta": delta})
+            if event.final:
+                if in_text:
+                    yield anthropic_event({"type": "content_block_stop", "index": 0})
+                end = self.message([], event)
+                delta = {"stop_reason": end["stop_reason"], "stop_sequence": end["stop_sequence"]}
+                yield anthropic_event(
+                    {"type": "message_delta", "delta": delta, "usage": end["usage"]}
+                )
+                yield anthropic_event({"type": "message_stop"})
+                return
+
+    async def collect(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
+        text, final = await whole_answer(events)
+        answer = "" if self.silent else text
+        # Never an empty text block: the real API rejects one echoed back.
+        content = [{"type": "text", "text": answer}] if answer else []
+        return self.message(content, final)
+
+
+def _block_start(index: int, block: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "content_block_start", "index": index, "content_block": block}
+
+
+# -- the routes ----------------------------------------------------------------------------
+
+
+@router.post("/v1/messages")
+async def create_message(request: Request) -> Response:
+    body = await parse_body(request, MessagesBody)
+    engine = engine_of(request)
+    agent = agent_id(body, request.headers)
+    prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body)
+    max_tokens = output_budget(body.max_tokens, len(prompt_ids), engine.max_seq_tokens)
+    generation = GenerationRequest(
+        request_id=request.state.request_id,
+        prompt_token_ids=prompt_ids,
+        sampling=sampling_params(body, max_tokens),
+        agent_id=agent,
+    )
+    events = engine.stream(generation)
+    # Any model name is served by the loaded model, and echoed back as asked.
+    reply = _Reply(body.model, len(prompt_ids), body.max_tokens)
+    if body.stream:
+        return sse_response(with_keep_alive(reply.events(events), KEEP_ALIVE_S, PING))
+    return JSONResponse(await unless_disconnected(request, reply.collect(events)))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request) -> dict[str, int]:
+    """Exactly the prompt tokens /v1/messages would prefill for the same body, cached or not."""
+    body = await parse_body(request, PromptBody)
+    prompt_ids = await asyncio.to_thread(render_prompt, engine_of(request).model, body)
+    return {"input_tokens": len(prompt_ids)}
+
+
+@router.head("/")
+async def probe() -> Response:
+    """Claude Code's connectivity check at startup."""
+    return Response()
+
+
+# The model routes belong to both APIs; openai.py serves them and hands Anthropic clients here.
+
+
+def model_list(request: Request) -> dict[str, Any]:
+    """Anthropic's paginated list (`limit`, `after_id`, `before_id`) of the one loaded model."""
+    limit = _limit(request.query_params.get("limit"))
+    ids = [engine_of(request).model.name]
+    after, before = request.query_params.get("after_id"), request.query_params.get("before_id")
+    if after in ids:
+        ids = ids[ids.index(after) + 1 :]
+    if before in ids:
+        ids = ids[: ids.index(before)]
+    page = ids[:limit]
+    return {
+        "data": [model_card(request, model_id) for model_id in page],
+        "has_more": len(ids) > limit,
+        "first_id": page[0] if page else None,
+        "last_id": page[-1] if page else None,
+    }
+
+
+def model_card(request: Request, model_id: str) -> dict[str, Any]:
+    """The loaded model under `model_id`: any name a client asks for is an alias of it."""
+    engine = engine_of(request)
+    started = datetime.fromtimestamp(request.app.state.started_at, UTC)
+    return {
+        "type": "model",
+        "id": model_id,
+        "display_name": engine.model.name,
+        "created_at": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        # One sequence's limit: the context, or less when the KV pool is smaller.
+        "max_input_tokens": engine.max_seq_tokens - 1,
+        "max_tokens": engine.max_seq_tokens - 1,
+    }
+
+
+def _limit(value: str | None) -> int:
+    if value is None:
+        return 20
+    if not value.isdigit() or not 1 <= int(value) <= 1000:
+        raise InvalidRequest(f"limit: must be an integer from 1 to 1000, not {value[:20]!r}")
+    return int(value)

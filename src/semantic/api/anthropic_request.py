@@ -1,0 +1,315 @@
+"""The Anthropic Messages request: its body, read and checked, and the prompt it stands for.
+
+Accepts generously (PROTOCOLS.md §1.2–1.3): unknown fields and block types pass, roles other
+than `assistant` count as `user`, thinking is dropped. Claude Code's per-request churn is
+stripped here, through text/claude_code.py, before templating, so a session keeps its cached
+prefix from turn to turn.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, TypeVar
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from starlette.exceptions import HTTPException
+
+from semantic.errors import InvalidRequest
+from semantic.models.served import ServedModel
+from semantic.text import claude_code
+
+MAX_BODY_BYTES = 32 * 2**20  # the real API's limit; Claude Code bodies reach several MB
+MAX_MESSAGES = 100_000  # the real API's limit
+MAX_STOP_SEQUENCES = 256
+IMAGE_TEXT = "[image]"  # what a text-only model sees of an image
+DOCUMENT_TEXT = "[document]"
+PART_SEPARATOR = "\n\n"  # between the text blocks of one turn, and merged turns
+
+
+class _Body(BaseModel):
+    # Accept generously (unknown fields are ignored), but no silent type coercion.
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class TextBlock(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(_Body):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Body):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[ContentBlock] | None = None
+    is_error: bool | None = None
+
+
+class OtherBlock(_Body):
+    """Any other block (image, document, thinking, server tools, types not invented yet):
+    accepted as sent and read loosely."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def _block_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return f"{kind} block" if kind in ("text", "tool_use", "tool_result") else "other block"
+
+
+# Tag names hold a space so that error messages can leave them out of field paths.
+ContentBlock = Annotated[
+    Annotated[TextBlock, Tag("text block")]
+    | Annotated[ToolUseBlock, Tag("tool_use block")]
+    | Annotated[ToolResultBlock, Tag("tool_result block")]
+    | Annotated[OtherBlock, Tag("other block")],
+    Discriminator(_block_kind),
+]
+ToolResultBlock.model_rebuild()
+
+
+class Message(_Body):
+    role: str  # user, assistant; system and anything else count as user
+    content: str | list[ContentBlock]
+
+
+class Tool(_Body):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None  # absent on server tools (`type: web_search_…`)
+
+
+class ToolChoice(_Body):
+    type: str
+    name: str | None = None
+
+
+class Thinking(_Body):
+    type: str
+
+
+class Metadata(_Body):
+    user_id: str | None = Field(None, max_length=256)
+
+
+class PromptBody(_Body):
+    """What decides the prompt: all of /v1/messages/count_tokens, the start of /v1/messages."""
+
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    system: str | list[ContentBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+
+
+class MessagesBody(PromptBody):
+    max_tokens: int = Field(ge=0)  # 0: prefill (and cache) the prompt, generate nothing
+    stream: bool = False
+    # An empty stop sequence would end every answer before its first token.
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, max_length=MAX_STOP_SEQUENCES
+    )
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    metadata: Metadata | None = None
+
+
+B = TypeVar("B", bound=_Body)
+
+
+async def parse_body(request: Request, schema: type[B]) -> B:
+    """The body as `schema`: a 413 past the size limit, a 400 for anything that is not a JSON
+    object of the right shape (never a 500: deep nesting and invalid UTF-8 included)."""
+    raw = await _read_body(request)
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequest("the request body is not valid JSON") from exc
+    if not isinstance(data, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from exc
+
+
+async def _read_body(request: Request) -> bytes:
+    # Read to the end even past the limit: a client still sending its body when the answer
+    # comes would see a reset connection instead of the 413.
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= MAX_BODY_BYTES:
+            chunks.append(chunk)
+    if size > MAX_BODY_BYTES:
+        raise HTTPException(413, f"request body is {size} bytes; the limit is {MAX_BODY_BYTES}")
+    return b"".join(chunks)
+
+
+# -- the prompt ----------------------------------------------------------------------------
+
+
+def template_messages(body: PromptBody) -> list[dict[str, Any]]:
+    """The conversation as chat templates expect it (Hugging Face conventions): one system
+    message, user and assistant turns (consecutive ones merged, as the API does), tool calls on
+    assistant turns and tool results as `tool` messages. Thinking is dropped; Claude Code's
+    churn is stripped from everything but the model's own words."""
+    rendered: list[dict[str, Any]] = []
+    system = claude_code.clean_system(_system_texts(body.system))
+    if system:
+        rendered.append({"role": "system", "content": PART_SEPARATOR.join(system)})
+    for message in body.messages:
+        role = "assistant" if message.role == "assistant" else "user"
+        blocks = message.content if isinstance(message.content, list) else [message.content]
+        for entry in _entries(role, blocks):
+            _append(rendered, entry)
+    return rendered
+
+
+def _system_texts(system: str | list[ContentBlock] | None) -> list[str]:
+    if system is None:
+        return []
+    blocks = [system] if isinstance(system, str) else system
+    return [text for block in blocks if (text := _text_of(block)) is not None]
+
+
+def _entries(role: str, blocks: Sequence[str | ContentBlock]) -> list[dict[str, Any]]:
+    """One message's blocks as template messages: its text (and tool calls) as one turn, each
+    tool result as a `tool` message, in the order they came."""
+    entries: list[dict[str, Any]] = []
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        if texts or calls:
+            entry: dict[str, Any] = {"role": role, "content": PART_SEPARATOR.join(texts)}
+            entries.append(entry | ({"tool_calls": list(calls)} if calls else {}))
+        texts.clear()
+        calls.clear()
+
+    for block in blocks:
+        if isinstance(block, ToolUseBlock):
+            calls.append(template_tool_call(block))
+        elif isinstance(block, ToolResultBlock):
+            flush()
+            entries.append(template_tool_result(block))
+        elif (text := _text_of(block)) is not None:
+            # The model's own words stay as they were sampled: they are its cached history.
+            text = text if role == "assistant" else claude_code.strip_countdowns(text)
+            if text:
+                texts.append(text)
+    flush()
+    return entries
+
+
+def _append(rendered: list[dict[str, Any]], entry: dict[str, Any]) -> None:
+    """Merge consecutive user (or assistant) turns into one, as the API does; templates that
+    insist on alternating roles accept the result."""
+    last = rendered[-1] if rendered else None
+    if last is None or entry["role"] == "tool" or last["role"] != entry["role"]:
+        rendered.append(entry)
+        return
+    last["content"] = PART_SEPARATOR.join(t for t in (last["content"], entry["content"]) if t)
+    if "tool_calls" in entry:
+        last["tool_calls"] = [*last.get("tool_calls", []), *entry["tool_calls"]]
+
+
+def _text_of(block: str | ContentBlock) -> str | None:
+    """What a text-only model reads of a block; None for blocks it does not read (thinking,
+    server tool traffic, unknown types)."""
+    if isinstance(block, str):
+        return block
+    if isinstance(block, TextBlock):
+        return block.text
+    if isinstance(block, ToolResultBlock):
+        return _result_text(block)
+    if isinstance(block, OtherBlock):
+        return _other_text(block.type, block.model_extra or {})
+    return None
+
+
+def _other_text(kind: str, fields: Mapping[str, Any]) -> str | None:
+    if kind == "image":
+        return IMAGE_TEXT
+    if kind == "document":
+        source = fields.get("source")
+        text = source.get("data") if isinstance(source, dict) else None
+        is_text = isinstance(source, dict) and source.get("type") == "text"
+        return text if is_text and isinstance(text, str) else DOCUMENT_TEXT
+    if kind in ("search_result", "mid_conv_system"):
+        parts = [fields.get("title"), *_texts_in(fields.get("content"))]
+        return PART_SEPARATOR.join(p for p in parts if isinstance(p, str) and p) or None
+    return None
+
+
+def _texts_in(content: Any) -> list[str]:
+    blocks = content if isinstance(content, list) else []
+    return [b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str)]
+
+
+def _result_text(result: ToolResultBlock) -> str:
+    """A tool result's content as text (images become a placeholder)."""
+    content = result.content
+    if content is None or isinstance(content, str):
+        return claude_code.strip_countdowns(content or "")
+    texts = (_text_of(block) for block in content)
+    return PART_SEPARATOR.join(
+        cleaned for text in texts if text and (cleaned := claude_code.strip_countdowns(text))
+    )
+
+
+# The seam for tools: how tool definitions, calls and results reach the chat template (the
+# shapes the OpenAI route hands it too). Parsing the model's tool calls back is still to come.
+
+
+def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
+    """Custom tools in the function shape chat templates read; server tools, which have no
+    schema, are left out."""
+    functions = [
+        {
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description or "",
+                "parameters": tool.input_schema,
+            },
+        }
+        for tool in tools or []
+        if tool.input_schema is not None
+    ]
+    return functions or None
+
+
+def template_tool_call(block: ToolUseBlock) -> dict[str, Any]:
+    return {
+        "id": block.id,
+        "type": "function",
+        "function": {"name": block.name, "arguments": block.input},
+    }
+
+
+def template_tool_result(block: ToolResultBlock) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)}
+
+
+def render_prompt(model: ServedModel, body: PromptBody) -> list[int]:
+    """The prompt's token ids: what /v1/messages prefills and /v1/messages/count_tokens counts.
+    A last assistant turn is continued (prefill), not closed."""
+    messages = template_messages(body)
+    prefilled = bool(messages) and messages[-1]["role"] == "assistant"
+    text = model.chat_template.render(
+        messages, tools=template_tools(body.tools), continue_final_message=prefilled
+    )
+    return model.tokenizer.encode(text)

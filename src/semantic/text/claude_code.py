@@ -1,0 +1,77 @@
+"""Claude Code's per-request churn, removed before templating so a session keeps its prefix.
+
+Claude Code sends text that changes on every request without changing what the model should
+do. Each change moves the first token where this prompt differs from the last one's, and the
+server prefills everything after it again: a billing header with a per-request hash as the first
+system block means the whole prompt, every turn (PROTOCOLS.md §2.6 #7); a token countdown in
+the history means everything after it. Pure functions over text: they know nothing of HTTP,
+templates or token ids.
+
+Known cases, each with a test in tests/unit/test_anthropic_hygiene.py:
+- `x-anthropic-billing-header: cc_version=…; cc_entrypoint=…; cch=<hash>;` as a system block
+  (Claude Code ≥ 2.1.36; `cch` changes every request). Stripped.
+- `<total_tokens>N tokens left</total_tokens>`, as a whole `role: system` message (bare or in a
+  `<system-reminder>`), after most user turns; N changes every turn and Claude Code prunes old
+  ones from the history, rewriting the prefix from there. Stripped.
+- `<system-reminder>` blocks that hold only a countdown — `Token usage: N/M; K remaining`,
+  `Output tokens — turn: … · session: …`, `USD budget: $…/$…; $… remaining`,
+  `Remaining conversation turns: …`, `Messages until auto-compact: …` — standalone or stuck to
+  the end of a tool result. Stripped.
+Left alone on purpose: the date in the system prompt's environment section (it changes once a
+day, which costs one cold prefill a day; moving it would cost a little on every turn), reminders
+that carry instructions (todo-list nudges, file-change notices: their text is meaning, not
+churn), and `<usage><total_tokens>N</total_tokens>…` inside subagent results (data the model
+reads; it has no "tokens left").
+"""
+
+from __future__ import annotations
+
+import re
+
+# The billing line, and the line break after it when other text follows in the same block.
+_BILLING_HEADER = re.compile(r"\A\s*x-anthropic-billing-header:[^\n]*(?:\n|\Z)")
+
+_TOTAL_TOKENS = r"<total_tokens>\s*\d+ tokens left\s*</total_tokens>"
+_COUNTDOWNS = (
+    _TOTAL_TOKENS,
+    r"Token usage: \d+/\d+; \d+ remaining",
+    r"Output tokens — turn: [^\n]+ · session: [^\n]+",
+    r"USD budget: \$[\d.,]+/\$[\d.,]+; \$[\d.,]+ remaining",
+    r"Remaining conversation turns: [^\n]*",
+    r"Messages? until auto-compact: [^\n]*",
+)
+# A reminder that holds nothing but a countdown, or a bare `<total_tokens>` marker.
+_CHURN = re.compile(
+    r"<system-reminder>\s*(?:" + "|".join(_COUNTDOWNS) + r")\s*</system-reminder>"
+    r"|" + _TOTAL_TOKENS
+)
+
+
+def is_billing_header(text: str) -> bool:
+    return _BILLING_HEADER.match(text) is not None
+
+
+def strip_billing_header(text: str) -> str:
+    """`text` without a leading billing-header line (the rest of the block, if any, stays)."""
+    return _BILLING_HEADER.sub("", text, count=1)
+
+
+def strip_countdowns(text: str) -> str:
+    """`text` without token/budget countdown reminders, and without the whitespace that joined
+    each to the text before it (or after it, at the start); "" when nothing else was there."""
+    if "<total_tokens>" not in text and "<system-reminder>" not in text:
+        return text  # the common case, and no regex over megabytes of tool output
+    *kept, last = _CHURN.split(text)
+    if not kept:
+        return text
+    stripped = ""
+    for part in [*(part.rstrip() for part in kept), last]:
+        stripped += part if stripped else part.lstrip()
+    return stripped
+
+
+def clean_system(blocks: list[str]) -> list[str]:
+    """The system prompt's text blocks without the billing header or countdowns; blocks left
+    empty are dropped."""
+    cleaned = (strip_countdowns(strip_billing_header(block)) for block in blocks)
+    return [block for block in cleaned if block.strip()]
