@@ -5,6 +5,7 @@ Translation only (PROTOCOLS.md §3): no engine state, no SSE bytes (those live i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -30,6 +31,7 @@ from semantic.core import AGENT_ID_PATTERN, FinishReason, SamplingParams, TokenE
 from semantic.core import Request as GenerationRequest
 from semantic.engine.engine import Engine
 from semantic.errors import ContextOverflow, InvalidRequest
+from semantic.models.served import ServedModel
 
 router = APIRouter()
 
@@ -146,6 +148,13 @@ def sampling_params(body: ChatCompletionRequest, max_tokens: int) -> SamplingPar
     )
 
 
+def render_prompt(model: ServedModel, body: ChatCompletionRequest) -> list[int]:
+    """The prompt's token ids: templated, then tokenized (on a worker thread: a long prompt
+    must not stall the event loop)."""
+    prompt = model.chat_template.render(template_messages(body.messages), tools=body.tools)
+    return model.tokenizer.encode(prompt)
+
+
 def output_budget(requested: int | None, prompt_tokens: int, context: int, default: int) -> int:
     """max_tokens for a request: what it asked for if that fits the context, else an error;
     with none asked, the default capped by the room left."""
@@ -177,14 +186,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     engine: Engine = request.app.state.engine
     if body.n != 1:
         raise InvalidRequest("only n=1 is supported", param="n")
-    model = engine.model
-    prompt = model.chat_template.render(template_messages(body.messages), tools=body.tools)
-    prompt_ids = model.tokenizer.encode(prompt)
+    prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body)
     requested = body.max_completion_tokens or body.max_tokens
     max_tokens = output_budget(
         requested,
         len(prompt_ids),
-        model.context_length,
+        engine.max_seq_tokens,
         request.app.state.settings.default_max_tokens,
     )
     agent_id = named_agent(request.headers, body.session_id, param="session_id")
@@ -282,5 +289,5 @@ def _model_card(request: Request) -> dict[str, Any]:
         "object": "model",
         "created": int(request.app.state.started_at),
         "owned_by": "semantic",
-        "max_model_len": engine.model.context_length,
+        "max_model_len": engine.max_seq_tokens,
     }
