@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -72,26 +73,31 @@ def expected_record(block_hash: int) -> BlockRecord:
 def _write_until_killed(root: Path, first_hash: int, acks_before_kill: int) -> set[int]:
     """Run the writer child; SIGKILL it in the middle of a block write once it has acknowledged
     `acks_before_kill` blocks. Returns every hash it acknowledged."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(root), str(first_hash)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    acks: set[int] = set()
-    while True:
-        line = proc.stdout.readline()
-        assert line, f"the writer died early: {proc.stderr.read().decode()[-2000:]}"
-        if line == b"mid\n" and len(acks) >= acks_before_kill:
-            break
-        if line != b"mid\n":
-            acks.add(int(line, 16))
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    proc.stdout.close()
-    proc.stderr.close()
+    # stderr to a file: a pipe nobody reads while the loop runs could fill and block the child.
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(root), str(first_hash)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"},
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+        assert proc.stdout is not None
+        acks: set[int] = set()
+        try:
+            while True:
+                line = proc.stdout.readline()
+                if not line:
+                    stderr.seek(0)
+                    raise AssertionError(f"the writer died early: {stderr.read().decode()[-2000:]}")
+                if line == b"mid\n" and len(acks) >= acks_before_kill:
+                    break
+                if line != b"mid\n":
+                    acks.add(int(line, 16))
+        finally:  # killed mid-write on purpose, or because this test failed: never left running
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
     return acks
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import logging
 import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -25,6 +24,7 @@ from semantic.api.anthropic_request import MessagesBody, PromptBody, parse_body,
 from semantic.api.errors import anthropic_error_event
 from semantic.api.streaming import (
     PING,
+    after_the_200,
     anthropic_event,
     sse_response,
     unless_disconnected,
@@ -35,7 +35,6 @@ from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage, is_va
 from semantic.core import Request as GenerationRequest
 from semantic.errors import ContextOverflow, InvalidRequest
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 
 KEEP_ALIVE_S = 5.0  # a ping at least this often while the prompt is prefilled
@@ -175,25 +174,10 @@ class _Reply:
         event if the engine fails after the 200."""
         yield anthropic_event({"type": "message_start", "message": self.message([])})
         yield PING
-        answer = self._answer(events)
-        try:
-            async for event in answer:
-                yield event
-        except Exception as exc:  # after the 200 an error can only be an event
-            log.exception("request %s failed mid-stream", self.id)
-            yield anthropic_event(anthropic_error_event(exc))
-        finally:
-            # Closing the engine's stream (a client that went away) aborts the request.
-            await answer.aclose()
-            aclose = getattr(events, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-    async def _answer(self, events: AsyncIterator[TokenEvent]) -> AsyncGenerator[str, None]:
         in_text = False
         async for event in events:
             if event.error is not None:
-                yield anthropic_event(anthropic_error_event(event.error))
+                yield _error_event(event.error)
                 return
             if event.text and not self.silent:
                 if not in_text:
@@ -220,6 +204,10 @@ class _Reply:
         return self.message(content, final)
 
 
+def _error_event(exc: Exception) -> str:
+    return anthropic_event(anthropic_error_event(exc))
+
+
 def _block_start(index: int, block: dict[str, Any]) -> dict[str, Any]:
     return {"type": "content_block_start", "index": index, "content_block": block}
 
@@ -244,7 +232,8 @@ async def create_message(request: Request) -> Response:
     # Any model name is served by the loaded model, and echoed back as asked.
     reply = _Reply(body.model, len(prompt_ids), body.max_tokens)
     if body.stream:
-        return sse_response(with_keep_alive(reply.events(events), KEEP_ALIVE_S, PING))
+        frames = after_the_200(reply.events(events), events, _error_event)
+        return sse_response(with_keep_alive(frames, KEEP_ALIVE_S, PING))
     return JSONResponse(await unless_disconnected(request, reply.collect(events)))
 
 

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text import claude_code
+from semantic.text.chat import template_tool_call
 
 MAX_BODY_BYTES = 32 * 2**20  # the real API's limit; Claude Code bodies reach several MB
 MAX_MESSAGES = 100_000  # the real API's limit
@@ -201,7 +202,7 @@ def _entries(role: str, blocks: Sequence[str | ContentBlock]) -> list[dict[str, 
 
     for block in blocks:
         if isinstance(block, ToolUseBlock):
-            calls.append(template_tool_call(block))
+            calls.append(template_tool_call(block.id, block.name, block.input))
         elif isinstance(block, ToolResultBlock):
             flush()
             entries.append(template_tool_result(block))
@@ -290,14 +291,6 @@ def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
         if tool.input_schema is not None
     ]
     return functions or None
-
-
-def template_tool_call(block: ToolUseBlock) -> dict[str, Any]:
-    return {
-        "id": block.id,
-        "type": "function",
-        "function": {"name": block.name, "arguments": block.input},
-    }
 
 
 def template_tool_result(block: ToolResultBlock) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from semantic.api.agents import named_agent
 from semantic.api.errors import error_payload, protocol_of
 from semantic.api.streaming import (
     DONE,
+    after_the_200,
     data_event,
     sse_response,
     unless_disconnected,
@@ -32,6 +33,7 @@ from semantic.core import Request as GenerationRequest
 from semantic.engine.engine import Engine
 from semantic.errors import ContextOverflow, InvalidRequest
 from semantic.models.served import ServedModel
+from semantic.text.chat import template_tool_call
 
 router = APIRouter()
 
@@ -125,11 +127,7 @@ def _template_tool_call(call: ToolCall) -> dict[str, Any]:
         arguments = json.loads(call.function.arguments)
     except json.JSONDecodeError as exc:
         raise InvalidRequest("tool_calls arguments must be a JSON string", "messages") from exc
-    return {
-        "id": call.id,
-        "type": "function",
-        "function": {"name": call.function.name, "arguments": arguments},
-    }
+    return template_tool_call(call.id, call.function.name, arguments)
 
 
 def sampling_params(body: ChatCompletionRequest, max_tokens: int) -> SamplingParams:
@@ -205,7 +203,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return sse_response(with_keep_alive(completion.chunks(events, include_usage), KEEP_ALIVE_S))
+        chunks = completion.chunks(events, include_usage)
+        frames = after_the_200(chunks, events, lambda exc: data_event(error_payload(exc)))
+        return sse_response(with_keep_alive(frames, KEEP_ALIVE_S))
     return JSONResponse(await unless_disconnected(request, completion.collect(events)))
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -18,6 +19,8 @@ from fastapi.responses import StreamingResponse
 from semantic.core import TokenEvent
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 
@@ -60,6 +63,31 @@ async def whole_answer(events: AsyncIterator[TokenEvent]) -> tuple[str, TokenEve
     raise RuntimeError("the engine ended a request without a final event")
 
 
+async def after_the_200(
+    frames: AsyncIterator[str],
+    events: AsyncIterator[TokenEvent],
+    error_frame: Callable[[Exception], str],
+) -> AsyncIterator[str]:
+    """`frames`, made from the engine's `events`, once the 200 is sent: an exception can then
+    only be the protocol's error event, and closing this (a client that went away) closes the
+    engine's stream, which aborts the request."""
+    try:
+        async for frame in frames:
+            yield frame
+    except Exception as exc:
+        log.exception("a stream failed after its 200")
+        yield error_frame(exc)
+    finally:
+        await _close(frames)
+        await _close(events)
+
+
+async def _close(iterator: AsyncIterator[Any]) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 async def with_keep_alive(
     events: AsyncIterator[str], interval_s: float, keep_alive: str = KEEP_ALIVE
 ) -> AsyncIterator[str]:
@@ -86,9 +114,7 @@ async def with_keep_alive(
             pending.cancel()
             with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                 await pending
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await _close(events)
 
 
 def sse_response(

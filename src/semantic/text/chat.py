@@ -138,3 +138,9 @@ def _tojson(
 
 def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
+
+
+def template_tool_call(call_id: str | None, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A tool call in an assistant message, in the shape chat templates read (arguments as an
+    object, not the JSON string OpenAI sends)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
