@@ -248,3 +248,26 @@ def test_a_pinned_agent_keeps_its_cache_in_memory_under_pressure(
     assert engine.store.agents["vip"].stats.disk_hit_tokens == 0  # all from memory
     engine.store.pin("vip", False)
     engine.pool.check_integrity()
+
+
+def test_a_turn_served_from_memory_counts_no_disk_hits(served: ServedModel, tmp_path: Path) -> None:
+    engine, _ = make_engine(served, tmp_path)
+    history = conversation(engine, "alice", 2)
+    _, usage = turn(engine, "alice", [*history, 300])
+    assert usage.cached_tokens == len(history) - 1
+    assert engine.store.counters.hit_tokens_disk == 0
+    assert engine.store.agents["alice"].stats.disk_hit_tokens == 0
+
+
+def test_sharer_counts_keep_only_hashes_an_agent_still_uses(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
+    conversation(engine, "alice", 3)  # each turn replaces alice's partial tail
+    conversation(engine, "bob", 2)
+    sharers = engine.store._sharers
+    in_use = {h for agent in engine.store.agents.values() for h in agent.hashes}
+    assert set(sharers) == in_use and all(count > 0 for count in sharers.values())
+    engine.store.delete("alice")
+    engine.store.delete("bob")
+    assert not sharers

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from semantic.cache.block_pool import BlockPool
+from semantic.cache.block_pool import TIER_ONE_OFF, TIER_WORKING_AGENT, BlockPool
 
 
 def test_allocate_and_release_return_every_block() -> None:
@@ -67,6 +67,31 @@ def test_acquiring_a_cached_block_takes_it_out_of_the_lru() -> None:
     pool.allocate(1)
     with pytest.raises(MemoryError):
         pool.allocate(1)
+    pool.check_integrity()
+
+
+def test_a_release_never_lowers_a_blocks_tier() -> None:
+    pool = BlockPool(4)
+    agent_block, fresh = pool.allocate(2)
+    pool.set_hash(agent_block, 1)
+    pool.set_hash(fresh, 2)
+    pool.release([agent_block], TIER_WORKING_AGENT)
+    pool.acquire(agent_block)  # a request with no agent reuses the agent's block
+    pool.release([agent_block, fresh], TIER_ONE_OFF)
+    assert pool.tier_of(agent_block) == TIER_WORKING_AGENT
+    assert pool.tier_of(fresh) == TIER_ONE_OFF
+    pool.check_integrity()
+
+
+def test_a_reclaimed_block_forgets_its_old_tier() -> None:
+    pool = BlockPool(1)
+    [block] = pool.allocate(1)
+    pool.set_hash(block, 1)
+    pool.release([block], TIER_WORKING_AGENT)
+    [again] = pool.allocate(1)  # reclaimed for new content
+    pool.set_hash(again, 2)
+    pool.release([again], TIER_ONE_OFF)
+    assert pool.tier_of(again) == TIER_ONE_OFF
     pool.check_integrity()
 
 

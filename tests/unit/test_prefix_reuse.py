@@ -145,3 +145,12 @@ def test_one_off_blocks_are_reclaimed_before_an_agents() -> None:
     remaining = {scheduler.pool.hash_of(b) for b in scheduler.pool.cached_blocks()}
     assert worker_hashes <= remaining
     assert TIER_ONE_OFF not in {scheduler.pool.tier_of(b) for b in scheduler.pool.cached_blocks()}
+
+
+def test_a_one_off_request_reusing_an_agents_blocks_leaves_them_in_the_agents_tier() -> None:
+    scheduler, runner = make()
+    run(scheduler, runner, [PROMPT], agent="worker")
+    agent_blocks = set(scheduler.pool.cached_blocks())
+    [side] = run(scheduler, runner, [[*PROMPT[:20], 999]], agent=None)
+    assert side.num_cached_tokens == 20
+    assert {scheduler.pool.tier_of(b) for b in agent_blocks} == {TIER_WORKING_AGENT}

@@ -1,8 +1,11 @@
 """Agents and the life of their caches beyond the pool: whose history is which blocks, the disk
 tier (eviction writes, restores, persistence, its budget), eviction tiers, and statistics.
 
-Everything here runs on the engine thread except `prefetch`, which reads disk on a worker thread
-before a request reaches the engine, so the engine never waits on a disk read.
+Everything here runs on the engine thread except: `prefetch`, on a worker thread before a request
+reaches the engine (it reads disk, so the engine never waits on a read, and the prefix index and
+`agents`); `PendingPersist.wait`, on any thread; and the disk writer's callbacks, on its thread
+(they write manifests from `Agent` fields and enforce the disk budget). These read the agents
+without a lock; the counters they update are guarded by `AgentStore.lock`.
 """
 
 from __future__ import annotations
@@ -256,7 +259,7 @@ class AgentStore:
         agent.num_tokens = history.num_tokens
         new = set(agent.hashes)
         self._sharers.update(new - old)
-        self._sharers.subtract(old - new)
+        self._sharers -= Counter(old - new)  # `-=` drops hashes no agent shares any more
         for block_hash in new:
             block = self.pool.lookup(block_hash)
             if block is not None and self._sharers[block_hash] >= 2:
@@ -372,7 +375,7 @@ class AgentStore:
         if agent is None:
             return False
         self.pool.release(self._pins.pop(agent_id, []), TIER_WORKING_AGENT)
-        self._sharers.subtract(agent.hashes)
+        self._sharers -= Counter(agent.hashes)
         for block_hash in agent.hashes:
             if self._sharers[block_hash] <= 0:
                 self.prefix.discard(block_hash)

@@ -28,8 +28,11 @@ class BlockPool:
         eviction tier and reclaimed (lowest tier, oldest first) only when no block is free.
     Invariants (see `check_integrity`): free + held + cached == total; a block id appears once;
     a hash maps to one block and back. Releasing a block that is not held is a no-op, so a
-    double release cannot corrupt another owner's count. `on_reclaim(block, hash)` runs just
-    before a cached block's content is dropped for reuse: the last moment to save it to disk.
+    double release cannot corrupt another owner's count. A release never lowers a block's tier:
+    a block cached before is cached again at least at the tier it last had, so a one-off request
+    that reused an agent's blocks cannot demote them by finishing last. `on_reclaim(block, hash)`
+    runs just before a cached block's content is dropped for reuse: the last moment to save it
+    to disk.
     """
 
     def __init__(self, num_blocks: int, on_reclaim: ReclaimHook | None = None) -> None:
@@ -44,6 +47,8 @@ class BlockPool:
         # refcount-0 hashed blocks, one LRU (oldest first) per tier
         self._cached: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(TOP_TIER + 1)]
         self._tier_of: dict[int, int] = {}
+        # the tier each block was last cached at, kept while it is held, dropped with its content
+        self._last_tier: dict[int, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -71,15 +76,15 @@ class BlockPool:
         return blocks
 
     def release(self, blocks: list[int], tier: int = TIER_ONE_OFF) -> None:
-        """Drop one reference to each block; unreferenced blocks become cached (in `tier`) when
-        they have a hash, else free."""
+        """Drop one reference to each block; unreferenced blocks become cached (in `tier`, or the
+        higher tier they were last cached at) when they have a hash, else free."""
         for block in blocks:
             if self._refcount[block] == 0:
                 continue
             self._refcount[block] -= 1
             if self._refcount[block] == 0:
                 if block in self._hash_of:
-                    self._cache(block, tier)
+                    self._cache(block, max(tier, self._last_tier.get(block, tier)))
                 else:
                     self._free.append(block)
 
@@ -104,6 +109,7 @@ class BlockPool:
         if tier is None:
             return False
         del self._cached[tier][block]
+        del self._last_tier[block]
         del self._block_of[self._hash_of.pop(block)]
         self._free.append(block)
         return True
@@ -136,6 +142,7 @@ class BlockPool:
     def _cache(self, block: int, tier: int) -> None:
         self._cached[tier][block] = None
         self._tier_of[block] = tier
+        self._last_tier[block] = tier
 
     def _take_one(self) -> int:
         if self._free:
@@ -143,6 +150,7 @@ class BlockPool:
         tier = next(t for t in self._cached if t)
         block, _ = tier.popitem(last=False)
         del self._tier_of[block]
+        del self._last_tier[block]
         block_hash = self._hash_of.pop(block)
         del self._block_of[block_hash]
         if self.on_reclaim is not None:
@@ -161,6 +169,8 @@ class BlockPool:
         )
         assert len(free) + len(cached) + len(held) == self.num_blocks, "a block is lost"
         assert cached == set(self._tier_of), "tier index diverged"
+        assert all(self._last_tier[b] == t for b, t in self._tier_of.items()), "last tier diverged"
+        assert self._last_tier.keys() <= self._hash_of.keys(), "an unhashed block has a tier"
         assert all(b in self._hash_of for b in cached), "an unhashed block is cached"
         assert not (free & self._hash_of.keys()), "a free block still has a hash"
         assert all(self._block_of[h] == b for b, h in self._hash_of.items()), "hash map diverged"

@@ -1,7 +1,9 @@
 """The engine thread: one loop owns the scheduler, the block pool and the runner.
 
-The asyncio side never touches engine state: it sends messages (submit, abort, stop) through a
-queue, and each request's events come back through the callback it was submitted with.
+The asyncio side changes engine state only through messages on a queue (submit, abort, call,
+stop; a call runs a function on the engine thread between steps), and each request's events come
+back through the callback it was submitted with. The few reads made off the thread are listed on
+`Engine`.
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ class _Active:
     sink: EventSink
     detokenizer: IncrementalDetokenizer
     stops: StopMatcher
-    memory_tokens: int  # prompt tokens cached in memory on arrival (the rest came from disk)
+    # prompt tokens cached in memory on arrival (the rest came from disk); None when no block
+    # was restored from disk
+    memory_tokens: int | None
     miss_reason: str | None
 
 
@@ -90,8 +94,11 @@ class Engine:
     """Runs requests to completion, many at a time.
 
     `stream()` is the asyncio entry point; `submit()` + `run_until_idle()` drive the engine
-    without its thread (tests). Only the engine thread (or the caller of `run_until_idle`) reads
-    or writes the scheduler, the pool and `_active`.
+    without its thread (tests). Only the engine thread (or the caller of `run_until_idle`)
+    writes the scheduler, the pool, the prefix index, the agents and `_active`. Other threads
+    read some of it without a lock: `store.prefetch` (a worker thread, before `submit`) reads
+    the prefix index and the agents; `stats()` reads sizes of the scheduler and the pool;
+    `PendingPersist.wait` and the disk writer's callbacks read agents to write manifests.
     """
 
     def __init__(self, runner: ModelRunner, model: ServedModel, settings: Settings) -> None:
@@ -312,11 +319,13 @@ class Engine:
             num_prompt_tokens=len(request.prompt_token_ids),
         )
         self.store.begin(request)
-        in_memory = self.prefix.match(seq.token_ids).num_tokens
+        in_memory = None
         if prefetch is not None and prefetch.records:
+            before = self.prefix.match(seq.token_ids).num_tokens
             anonymous = request.agent_id is None
             tier = TIER_ONE_OFF if anonymous else TIER_WORKING_AGENT
-            self.store.restore(prefetch, tier, self.scheduler.max_tier(request))
+            if self.store.restore(prefetch, tier, self.scheduler.max_tier(request)):
+                in_memory = before
         detokenizer = IncrementalDetokenizer(self.model.tokenizer)
         reason = None if prefetch is None else prefetch.miss_reason
         self._active[request.request_id] = _Active(
@@ -361,7 +370,8 @@ class Engine:
         seq = active.seq
         history = self.scheduler.finish(seq, reason)
         del self._active[seq.request.request_id]
-        from_disk = max(0, seq.num_cached_tokens - active.memory_tokens)
+        memory = active.memory_tokens
+        from_disk = 0 if memory is None else max(0, seq.num_cached_tokens - memory)
         self.store.finished(
             seq.request,
             history,

@@ -41,7 +41,8 @@ class Scheduler:
     decode that needs a new block and finds none preempts the most recently admitted sequence:
     its blocks are released (their full blocks stay cached) and it waits, first in line, to be
     recomputed. Full blocks are hashed as soon as they are computed, so concurrent requests
-    share them; a finished sequence leaves its partial last block cached too.
+    share them; a finished sequence leaves its partial last block cached too, unless it ended
+    in an error (a failed step may have left garbage there).
 
     A request with no agent is admitted only into free blocks and cached blocks of one-off
     requests and idle agents, so a burst of side requests never evicts a working agent's cache.
@@ -167,11 +168,10 @@ class Scheduler:
         match = self.prefix.match(seq.token_ids)
         max_tier = self.max_tier(seq.request)
         reused = [*match.block_ids, *([match.tail_source] if match.tail_source is not None else [])]
-        # Cached blocks we are about to reuse cannot also be reclaimed for the rest.
+        # Cached blocks we are about to reuse cannot also be reclaimed for the rest (a held
+        # block has no tier and was never counted as available).
         reclaimable_reused = sum(
-            1
-            for b in reused
-            if (self.pool.tier_of(b) or 0) <= max_tier and self.pool.refcount(b) == 0
+            1 for b in reused if (tier := self.pool.tier_of(b)) is not None and tier <= max_tier
         )
         needed = self.blocks_for(len(seq.token_ids)) - len(match.block_ids)
         # Headroom of one block per running sequence, so admitting does not force the next
