@@ -45,14 +45,9 @@ def load_reference() -> Any:
 
 
 def build_runner(reference: Any, kernels: bool) -> TorchRunner:
-    hf = reference.config.to_dict()
-    # transformers 5 writes rope settings as `rope_parameters`; ModelConfig reads the 4.x keys.
-    rope = hf.pop("rope_parameters", None) or {}
-    hf["rope_theta"] = rope.get("rope_theta", 10000.0)
-    hf["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
     weights = ((k, v.numpy()) for k, v in reference.state_dict().items())
     return TorchRunner(
-        ModelConfig.from_hf(hf),
+        ModelConfig.from_hf(reference.config.to_dict()),
         weights,
         block_tokens=BLOCK_TOKENS,
         cache_budget_mb=512,

@@ -55,7 +55,7 @@ class Model:
             for name, param in self.reference.named_parameters():
                 if name.endswith("bias"):
                     param.data.normal_()
-        self.config = model_config(hf_config.to_dict())
+        self.config = ModelConfig.from_hf(hf_config.to_dict())
         weights = [(k, v.detach().numpy()) for k, v in self.reference.state_dict().items()]
         self.runner = TorchRunner(
             self.config,
@@ -80,14 +80,6 @@ class Model:
         for _ in range(steps):
             ids.append(int(self.reference_logits(ids)[-1].argmax()))
         return ids[-steps:]
-
-
-def model_config(hf: dict[str, Any]) -> ModelConfig:
-    # transformers 5 writes rope settings as `rope_parameters`; ModelConfig reads the 4.x keys.
-    rope = hf.pop("rope_parameters", None) or {}
-    hf["rope_theta"] = rope.get("rope_theta", 10000.0)
-    hf["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
-    return ModelConfig.from_hf(hf)
 
 
 def prefill(seq_id: int, ids: list[int], table: list[int], start: int = 0) -> BatchItem:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import platform
 import sys
 from collections.abc import Iterable
@@ -45,9 +46,17 @@ def create_runner(
 
 
 def default_backend() -> str:
-    """mlx on Apple Silicon, torch elsewhere."""
+    """mlx on Apple Silicon where its runner module exists, torch elsewhere. The mlx backend is
+    not written yet: choosing it by platform alone would make `--backend auto` fail there."""
     apple_silicon = sys.platform == "darwin" and platform.machine() == "arm64"
-    return "mlx" if apple_silicon else "torch"
+    return "mlx" if apple_silicon and _exists(_RUNNERS["mlx"][0]) else "torch"
+
+
+def _exists(module_name: str) -> bool:
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def _options(settings: Settings) -> dict[str, Any]:

@@ -1,13 +1,15 @@
 """Paged attention on the torch backend: the KV block pool tensors, the per-step metadata that says
-where each new token's K/V goes and what each query sees, and attention over the pool in place.
+where each new token's K/V goes and what each query sees, and attention over the pool.
 
 Decode and prefill on CPU (bf16 or fp32) run our kernels (`kernels/paged_attention.cpp`,
 `kernels/prefill_attention.cpp`): each sequence's blocks are read in place through its block
 table, all query heads of a KV head from one load of each key; decode splits long contexts into
-spans on both cores, prefill is flash-style over key tiles and skips the masked triangle. CUDA
-and other dtypes use the stock kernels below. Measured on the 2-core Zen 4 CPU (torch 2.13,
-SmolLM2 shapes: 9 query heads, 3 KV heads, head_dim 64, block_tokens 256; per layer, decode's
-K/V cold in DRAM as in a real step, medians on a noisy shared machine):
+spans on both cores, prefill is flash-style over key tiles and skips the masked triangle. CUDA,
+other dtypes, and CPUs without the kernels (`cpu_kernels()` is None: no AVX-512 BF16 or no
+compiler; or the `cpu_kernels=false` setting) use the stock kernels below, which gather the
+blocks first. Measured on the 2-core Zen 4 CPU (torch 2.13, SmolLM2 shapes: 9 query heads,
+3 KV heads, head_dim 64, block_tokens 256; per layer, decode's K/V cold in DRAM as in a real
+step, medians on a noisy shared machine):
 
     decode, 8 sequences at ~1,000 tokens               µs    (1 sequence)
       our kernel, bf16 (fp32)                          330 (630)    49 (87)
@@ -45,7 +47,7 @@ import torch.nn.functional as F
 from semantic.backends.torch.kernels import CpuKernels
 from semantic.core import CacheSpec
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 class KVPool:
@@ -66,7 +68,8 @@ class KVPool:
         block = (spec.block_tokens, spec.num_kv_heads, spec.head_dim)
         shape = (2, spec.num_layers, num_blocks, *block)
         self.spec = spec
-        self.data = torch.zeros(shape, dtype=_DTYPES[spec.dtype], device=device)
+        self.kernels = kernels  # None: the stock path, which alone reads the step's masks
+        self.data = torch.zeros(shape, dtype=DTYPES[spec.dtype], device=device)
         scratch = GatherScratch(self.data)
         self.layers = [
             LayerKV(self.data[0, i], self.data[1, i], scratch, kernels) for i in range(shape[1])
@@ -129,7 +132,8 @@ class DecodeGroup:
     num_keys: int  # S: the longest sequence's length
     block_tables: torch.Tensor  # [B, max_blocks] int64: each sequence's blocks, padded with 0
     context_lens: torch.Tensor  # [B] int64: each sequence's length, the new token included
-    mask: torch.Tensor | None  # [B, 1, 1, S] bool, j < that sequence's length; None: all have S
+    # [B, 1, 1, S] bool, j < that sequence's length; None: all have S, or the CPU kernels run
+    mask: torch.Tensor | None
 
 
 @dataclass(slots=True, frozen=True)
@@ -141,7 +145,9 @@ class PrefillChunk:
     length: int
     context_len: int
     block_ids: torch.Tensor | None  # [n] int64 covering context and chunk; None if no context
-    mask: torch.Tensor | None  # [length, context_len + length] bool, causal from the chunk's start
+    # [length, context_len + length] bool, causal from the chunk's start; None: no context, or
+    # the CPU kernels run (they read no mask)
+    mask: torch.Tensor | None
 
 
 @dataclass(slots=True, frozen=True)

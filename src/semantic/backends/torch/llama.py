@@ -163,7 +163,7 @@ class Block:
 
 class LlamaModel:
     """Embeddings, blocks and the LM head, bound to no KV storage: the caller passes each
-    layer's pool tensors and the step's metadata."""
+    layer's `LayerKV` and the step's metadata."""
 
     def __init__(
         self,
@@ -215,7 +215,6 @@ def load_weights(
     """Build the model from Hugging Face-named arrays, converting one tensor at a time;
     `linear` stores each projection weight (see `linear.py`), `kernels` (CPU, bf16 or fp32)
     computes the norms."""
-    convert = _Converter(dtype, device)
     layers: list[dict[str, torch.Tensor]] = [{} for _ in range(config.num_hidden_layers)]
     top: dict[str, torch.Tensor] = {}
     for name, array in weights:
@@ -224,9 +223,9 @@ def load_weights(
             layer, key = int(match.group(1)), match.group(2)
             if layer >= config.num_hidden_layers:
                 raise ModelLoadFailed(f"weight {name} is beyond the config's layer count")
-            layers[layer][key] = convert(array)
+            layers[layer][key] = _to_tensor(array, dtype, device)
         elif not name.endswith("rotary_emb.inv_freq"):
-            top[name] = convert(array)
+            top[name] = _to_tensor(array, dtype, device)
     blocks = [_build_block(config, i, w, linear, kernels) for i, w in enumerate(layers)]
     embed_table = _take(top, "model.embed_tokens.weight")
     if config.tie_word_embeddings:  # one tensor, read as the head's weight and its rows
@@ -241,20 +240,10 @@ def load_weights(
     return LlamaModel(config, embed, blocks, norm, head, Rope(config, device))
 
 
-class _Converter:
-    """numpy array → torch tensor in the model dtype on the device, one at a time."""
-
-    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
-        self.dtype = dtype
-        self.device = device
-
-    def __call__(self, array: np.ndarray) -> torch.Tensor:
-        if array.dtype.name == "bfloat16":  # ml_dtypes' bf16: reinterpret the bits
-            tensor = torch.from_numpy(np.ascontiguousarray(array).view(np.int16))
-            tensor = tensor.view(torch.bfloat16)
-        else:
-            tensor = torch.from_numpy(np.ascontiguousarray(array))
-        return tensor.to(device=self.device, dtype=self.dtype).contiguous()
+def _to_tensor(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A loader's fp32 array → a torch tensor in the model dtype on the device."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor.to(device=device, dtype=dtype).contiguous()
 
 
 def _build_block(

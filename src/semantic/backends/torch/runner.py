@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from semantic.backends.torch.attention import (
+    DTYPES,
     AttentionMetadata,
     DecodeGroup,
     KVPool,
@@ -24,7 +25,7 @@ from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
 
 _LLAMA_FAMILY = frozenset({"llama", "mistral"})
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+_DTYPE_NAMES = {torch_dtype: name for name, torch_dtype in DTYPES.items()}
 
 
 @dataclass(slots=True, frozen=True)
@@ -138,22 +139,28 @@ class TorchRunner:
             self.pool.data[:, :, destination].copy_(self.pool.data[:, :, source])
 
     def prepare(self, batch: Batch) -> StepInputs:
-        """The step's flat tokens and attention metadata, from plain Python lists."""
-        return build_step(batch, self.cache_spec.block_tokens, self.device)
+        """The step's flat tokens and attention metadata, from plain Python lists; the masks
+        only for the stock attention path, as the CPU kernels never read them."""
+        masks = self.pool.kernels is None
+        return build_step(batch, self.cache_spec.block_tokens, self.device, masks=masks)
 
 
-def build_step(batch: Batch, block_tokens: int, device: torch.device) -> StepInputs:
-    """The step's flat tokens, positions and attention metadata (decodes first, then chunks)."""
-    return _StepBuilder(block_tokens, device).build(batch)
+def build_step(
+    batch: Batch, block_tokens: int, device: torch.device, *, masks: bool = True
+) -> StepInputs:
+    """The step's flat tokens, positions and attention metadata (decodes first, then chunks).
+    `masks=False` leaves out the attention masks, which only the stock attention path reads."""
+    return _StepBuilder(block_tokens, device, masks).build(batch)
 
 
 class _StepBuilder:
     """Builds `StepInputs`: lists in Python, then a handful of tensor constructions, because
     each small tensor op costs microseconds and a decode step has little else to do."""
 
-    def __init__(self, block_tokens: int, device: torch.device) -> None:
+    def __init__(self, block_tokens: int, device: torch.device, masks: bool) -> None:
         self.bt = block_tokens
         self.device = device
+        self.masks = masks
         self.ids: list[int] = []
         self.positions: list[int] = []
         self.slots: list[int] = []
@@ -199,7 +206,7 @@ class _StepBuilder:
         block_tables = torch.tensor(tables, dtype=torch.int64, device=self.device)
         context_lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
         mask = None
-        if min(lengths) < keys:
+        if self.masks and min(lengths) < keys:
             key_pos = torch.arange(keys, device=self.device)
             mask = (key_pos < context_lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
         return DecodeGroup(len(items), keys, block_tables, context_lens, mask)
@@ -217,7 +224,9 @@ class _StepBuilder:
             return PrefillChunk(offset, n, 0, None, None)
         total = start + n
         block_ids = torch.tensor(item.block_table[: -(-total // bt)], device=self.device)
-        mask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril_(start)
+        mask = None
+        if self.masks:  # [n, total]: ~n · total bytes, megabytes per chunk at long context
+            mask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril_(start)
         return PrefillChunk(offset, n, start, block_ids, mask)
 
 
@@ -250,10 +259,9 @@ def pick_cpu_kernels(wanted: bool, device: torch.device, dtype: torch.dtype) -> 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """A named dtype, or for "auto": bf16 where the hardware computes it natively, else fp32."""
     if dtype != "auto":
-        named = {name: torch_dtype for torch_dtype, name in _DTYPE_NAMES.items()}
-        if dtype not in named:
-            raise ModelLoadFailed(f"unknown dtype {dtype!r}; known: auto, {', '.join(named)}")
-        return named[dtype]
+        if dtype not in DTYPES:
+            raise ModelLoadFailed(f"unknown dtype {dtype!r}; known: auto, {', '.join(DTYPES)}")
+        return DTYPES[dtype]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
