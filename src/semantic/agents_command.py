@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from semantic.cache.agent_store import cache_root
+from semantic.cache.disk import block_path
 from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests
 from semantic.config import Settings
 from semantic.errors import NotFound
@@ -58,7 +59,7 @@ def _offline(root: Path, action: str, agent_id: str | None) -> int:
     if action == "list":
         print(f"{'agent':<32} {'cached':>8} {'blocks':>7}  model (no server running: from disk)")
         for model, manifest in found:
-            count = len(manifest.block_hashes) + (manifest.tail_hash is not None)
+            count = len(manifest.hashes)
             print(f"{manifest.agent_id:<32} {manifest.num_tokens:>8} {count:>7}  {model.name}")
         return 0
     mine = [(model, m) for model, m in found if m.agent_id == agent_id]
@@ -77,14 +78,13 @@ def _model_roots(root: Path) -> list[Path]:
 
 
 def _describe(model: Path, manifest: AgentManifest) -> dict[str, Any]:
-    hashes = [*manifest.block_hashes, *([manifest.tail_hash] if manifest.tail_hash else [])]
-    files = [_block_file(model, h) for h in hashes]
+    files = [block_path(model, h) for h in manifest.hashes]
     return {
         "agent_id": manifest.agent_id,
         "model": model.name,
         "cached_tokens": manifest.num_tokens,
         "pinned": manifest.pinned,
-        "blocks": len(hashes),
+        "blocks": len(files),
         "blocks_on_disk": sum(f.exists() for f in files),
         "bytes_on_disk": sum(f.stat().st_size for f in files if f.exists()),
         "updated_at": manifest.updated_at,
@@ -93,16 +93,15 @@ def _describe(model: Path, manifest: AgentManifest) -> dict[str, Any]:
 
 def _delete(model: Path, manifest: AgentManifest, others: list[AgentManifest]) -> None:
     """Remove the manifest and the block files no other agent names."""
-    shared = {h for m in others for h in [*m.block_hashes, m.tail_hash] if h is not None}
-    mine = [*manifest.block_hashes, *([manifest.tail_hash] if manifest.tail_hash else [])]
+    shared = {h for m in others for h in m.hashes}
     removed = 0
-    for block_hash in mine:
-        if block_hash not in shared and _block_file(model, block_hash).exists():
-            _block_file(model, block_hash).unlink()
-            removed += 1
+    for block_hash in manifest.hashes:
+        if block_hash in shared:
+            continue
+        try:
+            block_path(model, block_hash).unlink()
+        except FileNotFoundError:
+            continue  # already gone: nothing removed, nothing to count
+        removed += 1
     delete_manifest(model, manifest.agent_id)
     print(f"deleted agent {manifest.agent_id} ({removed} block files)")
-
-
-def _block_file(model: Path, block_hash: int) -> Path:
-    return model / "blocks" / f"{block_hash:016x}.safetensors"

@@ -15,7 +15,14 @@ import httpx
 import pytest
 
 from semantic.bench.cli import add_bench_arguments, options_from_args
-from semantic.bench.conversation import WARM_MARKER, Chat, Probe, cold_marker, cold_markers
+from semantic.bench.conversation import (
+    ANSWER_TOKENS,
+    WARM_MARKER,
+    Chat,
+    Probe,
+    cold_marker,
+    cold_markers,
+)
 from semantic.bench.history import HistoryPoint, HistoryResult, run_history
 from semantic.bench.machine import Machine, _cpu_model
 from semantic.bench.options import BenchOptions, Phase
@@ -165,6 +172,18 @@ def test_pressure_hit_rate_is_cached_over_prompt_tokens_of_warm_turns_only() -> 
     assert result.warm_ttft.count == 3 and result.cold_ttft.count == 2
 
 
+def test_pressure_hit_rate_is_none_when_the_server_never_reports_cached_tokens() -> None:
+    turns = [PressureTurn(0, t, 100 * t, 0.1, 1000, None) for t in range(3)]
+    assert PressureResult(1, 3, None, turns).hit_rate is None
+
+
+def test_pressure_spec_keeps_the_workloads_prompts_with_short_answers() -> None:
+    options = BenchOptions(system_tokens=500, user_tokens=20, seed=7, pressure_agents=5)
+    assert options.pressure_spec == WorkloadSpec(
+        agents=5, turns=3, system_tokens=500, user_tokens=20, max_tokens=ANSWER_TOKENS, seed=7
+    )
+
+
 def test_pool_budget_holds_well_under_all_agents() -> None:
     spec = WorkloadSpec(agents=12, turns=3, system_tokens=1000, user_tokens=50, max_tokens=16)
     budget = pool_budget(spec, bytes_per_token=23_040)  # SmolLM2-135M in bf16
@@ -266,6 +285,14 @@ def test_cache_flags_become_options_and_the_command_line_is_kept() -> None:
         parser.parse_args(["--phases", "history,warp"])
     with pytest.raises(BenchError, match="cache-dir"):
         BenchOptions(base_url="http://x", cache_dir=Path("c"))
+
+
+def test_the_parser_rejects_fewer_than_two_pressure_turns() -> None:
+    parser = argparse.ArgumentParser()
+    add_bench_arguments(parser)
+    assert parser.parse_args(["--pressure-turns", "2"]).pressure_turns == 2
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--pressure-turns", "1"])
 
 
 def test_machine_names_the_cpu_model_from_proc_cpuinfo(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="restart phase: agents whose caches must survive the restart")  # fmt: skip
     add("--pressure-agents", type=_positive, default=defaults.pressure_agents,
         help="pressure phase: agents taking turns round-robin")  # fmt: skip
-    add("--pressure-turns", type=_positive, default=defaults.pressure_turns,
+    add("--pressure-turns", type=_at_least_two, default=defaults.pressure_turns,
         help="pressure phase: turns per agent (at least 2)")  # fmt: skip
     add("--cache-dir", type=Path,
         help="cache folder for the spawned server (default: a fresh temporary folder, "
@@ -88,6 +88,13 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _at_least_two(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2, got {value}")
     return value
 
 

@@ -19,17 +19,9 @@ from semantic.bench.conversation import (
     new_conversation,
     send_probe,
 )
+from semantic.bench.workload import cached_share
 
 HISTORY_TURNS = 3  # user/assistant turns after the system prompt
-
-
-def cached_share(probes: list[Probe]) -> float | None:
-    """Sum of cached tokens ÷ sum of prompt tokens; None if the server never reports them."""
-    reported = [p for p in probes if p.cached_tokens is not None]
-    prompt = sum(p.prompt_tokens for p in reported)
-    if not reported or prompt == 0:
-        return None
-    return sum(p.cached_tokens or 0 for p in reported) / prompt
 
 
 @dataclass(slots=True)

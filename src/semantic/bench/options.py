@@ -4,7 +4,7 @@ with the rule for which of them apply to the target (a restart needs a server we
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from semantic.bench.conversation import ANSWER_TOKENS
@@ -105,13 +105,11 @@ class BenchOptions:
     @property
     def pressure_spec(self) -> WorkloadSpec:
         """The pressure agents: the workload's prompt sizes, short answers, round-robin turns."""
-        return WorkloadSpec(
+        return replace(
+            self.spec,
             agents=self.pressure_agents,
             turns=self.pressure_turns,
-            system_tokens=self.system_tokens,
-            user_tokens=self.user_tokens,
             max_tokens=ANSWER_TOKENS,
-            seed=self.seed,
         )
 
     def runnable_phases(self) -> tuple[Phase, ...]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from semantic.bench.conversation import ANSWER_TOKENS, TURN_OVERHEAD_TOKENS, Chat
 from semantic.bench.plan import WorkloadSpec, agent_scripts
-from semantic.bench.workload import LatencySummary, chat_body, stream_chat
+from semantic.bench.workload import LatencySummary, cached_share, chat_body, stream_chat
 
 POOL_SHARE = 0.4  # the pool the bench gives a spawned server, as a share of all histories
 MIN_POOL_AGENTS = 3  # but never so small that a few agents' turns cannot run side by side
@@ -72,11 +72,7 @@ class PressureResult:
     def hit_rate(self) -> float | None:
         """Sum of cached tokens ÷ sum of prompt tokens over the warm turns; None if the server
         does not report cached tokens."""
-        warm = [t for t in self.warm_turns if t.cached_tokens is not None]
-        prompt = sum(t.prompt_tokens for t in warm)
-        if not warm or prompt == 0:
-            return None
-        return sum(t.cached_tokens or 0 for t in warm) / prompt
+        return cached_share(self.warm_turns)
 
     @property
     def misses(self) -> int:

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from semantic.bench.conversation import Chat, Probe, grow_history, new_conversation, send_probe
-from semantic.bench.history import cached_share
 from semantic.bench.server import RestartTiming
+from semantic.bench.workload import cached_share
 
 RESTART_TURNS = 2  # turns each agent takes before the restart
 

@@ -1,9 +1,10 @@
 """`run_bench`: reach the target server (or spawn `semantic serve` on a fresh cache folder), run
 the chosen phases in order with progress shown, and render the report.
 
-Order: calibration (always), decode, prefill, workload, history, restart — on one server;
-pressure — on a server of its own whose pool the bench sizes (on the target itself when given a
-URL); the baseline last, once every spawned server has stopped, so the two never share the CPU.
+Order: calibration (always), decode, concurrent, prefill, workload, history, restart — on one
+server; pressure — on a server of its own whose pool the bench sizes (on the target itself when
+given a URL); the baseline last, once every spawned server has stopped, so the two never share
+the CPU.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from semantic.bench.workload import (
     run_workload,
 )
 
-__all__ = ["BenchOptions", "normalize_base_url", "run_bench"]
+__all__ = ["normalize_base_url", "run_bench"]
 
 READY_TIMEOUT_S = 600.0  # a cold start may load weights and warm caches from disk
 
@@ -71,7 +72,8 @@ def run_bench(options: BenchOptions) -> BenchResult:
     started_at = datetime.now().astimezone().isoformat(timespec="seconds")
     phases = options.runnable_phases()
     progress = PhaseProgress(Console(stderr=True), phases=1 + len(phases))
-    for note in options.skip_notes():
+    notes = options.skip_notes()
+    for note in notes:
         progress.say(note)
     with tempfile.TemporaryDirectory(prefix="semantic-bench-") as scratch:
         cache_dir = options.cache_dir or Path(scratch) / "cache"
@@ -100,7 +102,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
         history=measured.history,
         restart=measured.restart,
         pressure=pressure,
-        notes=options.skip_notes(),
+        notes=notes,
     )
     _render(result, options)
     return result

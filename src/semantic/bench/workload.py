@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -26,6 +26,26 @@ CALIBRATION_WORDS = 300
 
 class BenchError(SemanticError):
     """The target server refused a request, broke its stream, or left out the usage we need."""
+
+
+class PromptUsage(Protocol):
+    """A measured request's prompt tokens and how many of them the server took from its cache."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def cached_tokens(self) -> int | None: ...  # None: the server does not report it
+
+
+def cached_share(items: Iterable[PromptUsage]) -> float | None:
+    """Sum of cached tokens ÷ sum of prompt tokens over the items that report cached tokens;
+    None if none do (or they sent no prompt tokens)."""
+    reported = [i for i in items if i.cached_tokens is not None]
+    prompt = sum(i.prompt_tokens for i in reported)
+    if not reported or prompt == 0:
+        return None
+    return sum(i.cached_tokens or 0 for i in reported) / prompt
 
 
 @dataclass(slots=True)
@@ -239,11 +259,7 @@ class WorkloadResult:
     @property
     def cache_hit_rate(self) -> float | None:
         """Share of prompt tokens the server served from its cache; None if it never says."""
-        reported = [t for t in self.turns if t.cached_tokens is not None]
-        prompt = sum(t.prompt_tokens for t in reported)
-        if not reported or prompt == 0:
-            return None
-        return sum(t.cached_tokens or 0 for t in reported) / prompt
+        return cached_share(self.turns)
 
 
 async def calibrate(client: httpx.AsyncClient, model: str, run_tag: str) -> float:

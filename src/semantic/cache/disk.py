@@ -45,6 +45,13 @@ _HASH_LIMIT = 1 << 64  # hashes are unsigned 64-bit: 16 hex digits in file names
 _SAFE_TAG = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
+def block_path(model_root: Path, block_hash: int) -> Path:
+    """The file of block `block_hash` in the cache of the model rooted at `model_root`."""
+    if not 0 <= block_hash < _HASH_LIMIT:
+        raise ValueError(f"block hash {block_hash} is not an unsigned 64-bit integer")
+    return model_root / "blocks" / f"{block_hash:016x}{BLOCK_SUFFIX}"
+
+
 class QuarantineReason(enum.StrEnum):
     TRUNCATED = "truncated"  # shorter than its own header says
     CORRUPT = "corrupt"  # unparsable header or tensors, or a name that disagrees with content
@@ -147,7 +154,7 @@ class DiskTier:
         Raises OSError (ENOSPC, EIO, …) after removing its temp file, and ValueError for a record
         that does not fit this tier's spec.
         """
-        path = self._path(record.block_hash)
+        path = block_path(self.model_root, record.block_hash)
         if path.exists():
             self._touch(record.block_hash, path)  # a rewrite is a use: keep it from eviction
             return 0
@@ -166,7 +173,7 @@ class DiskTier:
 
     def read(self, block_hash: int) -> BlockRecord | None:
         """The block, or None when it is absent or fails a check (then it is quarantined)."""
-        path = self._path(block_hash)
+        path = block_path(self.model_root, block_hash)
         try:
             data = path.read_bytes()
         except OSError as exc:
@@ -193,7 +200,7 @@ class DiskTier:
             size = self._index.pop(block_hash, None)
             if size is not None:
                 self._bytes -= size
-        self._path(block_hash).unlink(missing_ok=True)
+        block_path(self.model_root, block_hash).unlink(missing_ok=True)
         return size is not None
 
     def size_of(self, block_hash: int) -> int:
@@ -277,11 +284,6 @@ class DiskTier:
                 counts = self._stats.quarantined
                 counts[rejected.reason] = counts.get(rejected.reason, 0) + 1
         log.warning("cache block %016x quarantined: %s", block_hash, rejected)
-
-    def _path(self, block_hash: int) -> Path:
-        if not 0 <= block_hash < _HASH_LIMIT:
-            raise ValueError(f"block hash {block_hash} is not an unsigned 64-bit integer")
-        return self.blocks_dir / f"{block_hash:016x}{BLOCK_SUFFIX}"
 
     # -- encoding ------------------------------------------------------------------------------
 

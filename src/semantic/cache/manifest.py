@@ -38,6 +38,11 @@ class AgentManifest:
     updated_at: float = field(default_factory=time.time)
     format_version: int = MANIFEST_FORMAT_VERSION
 
+    @property
+    def hashes(self) -> list[int]:
+        """Every block it names: the full blocks' hashes in order, then the tail's if any."""
+        return [*self.block_hashes, *([self.tail_hash] if self.tail_hash is not None else [])]
+
 
 def save_manifest(root_for_model: Path, manifest: AgentManifest) -> None:
     """Write `agents/<agent_id>.json` atomically and durably (InvalidRequest for a bad id)."""
