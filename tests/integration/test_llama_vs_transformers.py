@@ -1,5 +1,6 @@
 """Our Llama over the paged pool against `transformers.LlamaForCausalLM`, on tiny random weights:
-same logits, same greedy tokens, chunking and batching that change nothing."""
+same logits, same greedy tokens, chunking and batching that change nothing. On the CPU, and on
+CUDA where there is a GPU (the reference always runs on the CPU, in fp32)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.models.config import ModelConfig
 
 pytestmark = pytest.mark.integration
+
+CUDA = pytest.param(
+    "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+)
+DEVICES = ["cpu", CUDA]
+# (ours against ours batched or chunked differently, ours against transformers). fp32 on CUDA
+# sums in another order per shape (cuBLAS and SDPA pick kernels by shape): looser there.
+TOLERANCES = {"cpu": (1e-5, 1e-4), "cuda": (2e-4, 5e-4)}
 
 BLOCK_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0)
@@ -45,9 +54,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
 class Model:
     """A transformers reference and our runner over the same random weights."""
 
-    def __init__(self, **overrides: Any) -> None:
+    def __init__(self, device: str, **overrides: Any) -> None:
         from transformers import LlamaConfig, LlamaForCausalLM
 
+        self.device = device
+        self.same, self.reference_tolerance = TOLERANCES[device]
         torch.manual_seed(0)
         hf_config = LlamaConfig(**{**BASE, **overrides})
         self.reference = LlamaForCausalLM(hf_config).eval()
@@ -63,10 +74,14 @@ class Model:
             block_tokens=BLOCK_TOKENS,
             cache_budget_mb=4,
             dtype="float32",
-            device="cpu",
+            device=device,
         )
         self.free = list(range(self.runner.num_blocks))
         random.Random(0).shuffle(self.free)  # scattered blocks, as a busy pool hands out
+
+    def logits(self, batch: Batch) -> torch.Tensor:
+        """Our fp32 logits of the batch's sampled items, on the CPU."""
+        return self.runner.forward_logits(batch).cpu()
 
     def blocks(self, tokens: int) -> list[int]:
         return [self.free.pop() for _ in range(-(-tokens // BLOCK_TOKENS))]
@@ -86,21 +101,30 @@ def prefill(seq_id: int, ids: list[int], table: list[int], start: int = 0) -> Ba
     return BatchItem(seq_id, ids[start:], start, table, True, GREEDY, 0)
 
 
+def close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
+    torch.testing.assert_close(actual, expected, atol=tolerance, rtol=tolerance)
+
+
 def prompt(length: int, seed: int) -> list[int]:
     return [random.Random(seed * 1000 + i).randrange(256) for i in range(length)]
 
 
+@pytest.fixture(scope="module", params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module", params=list(VARIANTS))
-def model(request: pytest.FixtureRequest) -> Model:
-    return Model(**VARIANTS[request.param])
+def model(request: pytest.FixtureRequest, device: str) -> Model:
+    return Model(device, **VARIANTS[request.param])
 
 
 def test_prompt_logits_equal_transformers(model: Model):
     for seed, length in enumerate((1, 7, 8, 29)):
         ids = prompt(length, seed)
-        ours = model.runner.forward_logits(Batch([prefill(0, ids, model.blocks(length))]))
+        ours = model.logits(Batch([prefill(0, ids, model.blocks(length))]))
         expected = model.reference_logits(ids)[-1]
-        torch.testing.assert_close(ours[0], expected, atol=1e-4, rtol=1e-4)
+        close(ours[0], expected, model.reference_tolerance)
 
 
 def test_greedy_tokens_and_step_logits_equal_transformers(model: Model):
@@ -108,15 +132,15 @@ def test_greedy_tokens_and_step_logits_equal_transformers(model: Model):
     for seed, length in enumerate((3, 8, 21)):
         ids = prompt(length, seed + 10)
         table = model.blocks(length + steps)
-        logits = [model.runner.forward_logits(Batch([prefill(0, ids, table)]))[0]]
+        logits = [model.logits(Batch([prefill(0, ids, table)]))[0]]
         out = [int(logits[-1].argmax())]
         for n in range(1, steps):
             decode = BatchItem(0, [out[-1]], length + n - 1, table, True, GREEDY, n)
-            logits.append(model.runner.forward_logits(Batch([decode]))[0])
+            logits.append(model.logits(Batch([decode]))[0])
             out.append(int(logits[-1].argmax()))
         assert out == model.reference_greedy(ids, steps)
         reference = model.reference_logits(ids + out[:-1])[length - 1 :]
-        torch.testing.assert_close(torch.stack(logits), reference, atol=1e-4, rtol=1e-4)
+        close(torch.stack(logits), reference, model.reference_tolerance)
 
 
 def test_run_samples_the_greedy_tokens_of_transformers(model: Model):
@@ -135,13 +159,13 @@ def test_run_samples_the_greedy_tokens_of_transformers(model: Model):
 
 def test_chunked_prefill_gives_the_logits_of_one_shot(model: Model):
     ids = prompt(37, 5)
-    one_shot = model.runner.forward_logits(Batch([prefill(0, ids, model.blocks(37))]))
+    one_shot = model.logits(Batch([prefill(0, ids, model.blocks(37))]))
     table = model.blocks(37)
     for start, end in ((0, 5), (5, 16), (16, 17)):  # chunks not aligned to blocks
         chunk = BatchItem(0, ids[start:end], start, table, False, GREEDY, 0)
         assert model.runner.run(Batch([chunk])) == [None]
-    last = model.runner.forward_logits(Batch([prefill(0, ids, table, start=17)]))
-    torch.testing.assert_close(last, one_shot, atol=1e-5, rtol=1e-5)
+    last = model.logits(Batch([prefill(0, ids, table, start=17)]))
+    close(last, one_shot, model.same)
 
 
 def test_batch_of_eight_gives_each_sequence_its_logits_alone(model: Model):
@@ -149,25 +173,20 @@ def test_batch_of_eight_gives_each_sequence_its_logits_alone(model: Model):
     prompts = [prompt(n, 20 + i) for i, n in enumerate(lengths)]
     tables = [model.blocks(n + 1) for n in lengths]
     alone = torch.cat(
-        [
-            model.runner.forward_logits(Batch([prefill(i, ids, tables[i])]))
-            for i, ids in enumerate(prompts)
-        ]
+        [model.logits(Batch([prefill(i, ids, tables[i])])) for i, ids in enumerate(prompts)]
     )
     # Decode one token for all eight at once, and, for comparison, each alone.
     tokens = alone.argmax(-1).tolist()
     decodes = [
         BatchItem(i, [tokens[i]], n, tables[i], True, GREEDY, 1) for i, n in enumerate(lengths)
     ]
-    batched = model.runner.forward_logits(Batch(decodes))
-    singles = torch.cat([model.runner.forward_logits(Batch([d])) for d in decodes])
-    torch.testing.assert_close(batched, singles, atol=1e-5, rtol=1e-5)
+    batched = model.logits(Batch(decodes))
+    singles = torch.cat([model.logits(Batch([d])) for d in decodes])
+    close(batched, singles, model.same)
     # And prefill all eight in one mixed step (fresh blocks), against the prompts alone.
     fresh = [model.blocks(n) for n in lengths]
-    mixed = model.runner.forward_logits(
-        Batch([prefill(i, ids, fresh[i]) for i, ids in enumerate(prompts)])
-    )
-    torch.testing.assert_close(mixed, alone, atol=1e-5, rtol=1e-5)
+    mixed = model.logits(Batch([prefill(i, ids, fresh[i]) for i, ids in enumerate(prompts)]))
+    close(mixed, alone, model.same)
 
 
 def test_bf16_runner_tracks_the_fp32_reference(model: Model):
@@ -175,14 +194,19 @@ def test_bf16_runner_tracks_the_fp32_reference(model: Model):
     # for one: both must compute the same function as the fp32 reference, to bf16 precision.
     weights = [(k, v.detach().numpy()) for k, v in model.reference.state_dict().items()]
     runner = TorchRunner(
-        model.config, weights, block_tokens=BLOCK_TOKENS, cache_budget_mb=4, dtype="bfloat16"
+        model.config,
+        weights,
+        block_tokens=BLOCK_TOKENS,
+        cache_budget_mb=4,
+        dtype="bfloat16",
+        device=model.device,
     )
     ids = prompt(19, 7)
     table = list(range(-(-20 // BLOCK_TOKENS)))
-    prefill_logits = runner.forward_logits(Batch([prefill(0, ids, table)]))[0]
+    prefill_logits = runner.forward_logits(Batch([prefill(0, ids, table)]))[0].cpu()
     token = int(prefill_logits.argmax())
     decode = BatchItem(0, [token], 19, table, True, GREEDY, 1)
-    decode_logits = runner.forward_logits(Batch([decode]))[0]
+    decode_logits = runner.forward_logits(Batch([decode]))[0].cpu()
     expected = model.reference_logits([*ids, token])[-2:]
     for ours, ref in zip((prefill_logits, decode_logits), expected, strict=True):
         assert torch.nn.functional.cosine_similarity(ours, ref, dim=0) > 0.999
@@ -194,3 +218,19 @@ def test_a_step_of_block_copies_only_computes_nothing(model: Model):
     model.runner.pool.data[:, :, source] = 1.0
     assert model.runner.run(Batch([], copies=[(source, destination)])) == []
     assert bool((model.runner.pool.data[:, :, destination] == 1.0).all())
+
+
+def test_blocks_read_to_the_host_and_written_elsewhere_restore_the_sequence(model: Model):
+    # The disk tier's path: a block leaves the device as host arrays and comes back into
+    # another block; decoding over the restored copy gives the logits of the original.
+    ids = prompt(2 * BLOCK_TOKENS + 3, 42)
+    length = len(ids)
+    table = model.blocks(length + 1)
+    (token,) = model.runner.run(Batch([prefill(0, ids, table)]))
+    assert token is not None
+    restored = model.blocks(length + 1)
+    for source, destination in zip(table, restored, strict=True):
+        model.runner.write_block(destination, *model.runner.read_block(source))
+    original = model.logits(Batch([BatchItem(0, [token], length, table, True, GREEDY, 1)]))
+    copy = model.logits(Batch([BatchItem(1, [token], length, restored, True, GREEDY, 1)]))
+    torch.testing.assert_close(copy, original, atol=0, rtol=0)

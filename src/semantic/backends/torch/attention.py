@@ -210,7 +210,7 @@ def decode_attention(
     k, v = k[:, :, : group.num_keys], v[:, :, : group.num_keys]  # [B, KVH, S, D]
     qg = q.view(batch, kv_heads, heads // kv_heads, dim)  # [B, KVH, G, D]
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask, scale=scale)
-    return out.view(batch, heads, dim)
+    return out.reshape(batch, heads, dim)  # a CUDA kernel may lay its output out otherwise
 
 
 def prefill_attention(
