@@ -13,19 +13,21 @@ from semantic.cache.agent_store import cache_root
 from semantic.cache.disk import block_path
 from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests
 from semantic.config import Settings
-from semantic.errors import NotFound
+from semantic.errors import NotFound, SemanticError
 
 
 def run(settings: Settings, action: str, agent_id: str | None) -> int:
     base = f"http://{settings.host}:{settings.port}/v1/agents"
+    # A server with API keys answers only a client that sends one.
+    auth = {"authorization": f"Bearer {settings.api_keys[0]}"} if settings.api_keys else {}
     try:
-        return _online(base, action, agent_id)
+        return _online(base, action, agent_id, auth)
     except httpx.ConnectError:
         return _offline(cache_root(settings.cache_dir), action, agent_id)
 
 
-def _online(base: str, action: str, agent_id: str | None) -> int:
-    with httpx.Client(timeout=30) as client:
+def _online(base: str, action: str, agent_id: str | None, headers: dict[str, str]) -> int:
+    with httpx.Client(timeout=30, headers=headers) as client:
         if action == "list":
             response = client.get(base)
         elif action == "show":
@@ -34,6 +36,10 @@ def _online(base: str, action: str, agent_id: str | None) -> int:
             response = client.delete(f"{base}/{agent_id}")
     if response.status_code == 404:
         raise NotFound(f"no agent {agent_id!r}")
+    if response.status_code == 401:
+        raise SemanticError(
+            "the server wants an API key: --api-key, SEMANTIC_API_KEY or --api-key-file"
+        )
     response.raise_for_status()
     body: dict[str, Any] = response.json()
     if action == "list":

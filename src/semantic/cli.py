@@ -1,7 +1,8 @@
 """The `semantic` command, and the only wiring: settings → model → runner → engine → app.
 
-Every `Settings` field is a flag here (`--cache-budget-mb`); only flags given on the command line
-are passed on, so the environment, `.env` and the TOML file still apply beneath them.
+Every `Settings` field is a flag here (`--cache-budget-mb`; a list field's flag may repeat); only
+flags given on the command line are passed on, so the environment, `.env` and the TOML file still
+apply beneath them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from semantic import __version__
 from semantic.config import Settings
@@ -32,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
-    except (SemanticError, ValidationError) as exc:
+    except (SemanticError, ValidationError, SettingsError) as exc:
         print(f"semantic: {exc}", file=sys.stderr)
         return 2
 
@@ -46,7 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_settings_flags(serve)
     serve.set_defaults(handler=_serve)
 
-    config = verbs.add_parser("config", help="print the effective settings")
+    config = verbs.add_parser(
+        "config", help="print every effective setting and where it came from (secrets masked)"
+    )
+    config.add_argument("--json", action="store_true", help="print JSON")
     _add_settings_flags(config)
     config.set_defaults(handler=_config)
 
@@ -88,6 +93,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         choices = _literal_choices(field.annotation)
         parser.add_argument(
             flag,
+            action="append" if typing.get_origin(field.annotation) is list else "store",
             default=argparse.SUPPRESS,
             choices=choices,
             help=help_text,
@@ -102,15 +108,18 @@ def _literal_choices(annotation: Any) -> list[Any] | None:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    given = {name: getattr(args, name) for name in Settings.model_fields if hasattr(args, name)}
-    return Settings(**given)
+    return Settings(**_flags(args))
+
+
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given on the command line, and only those."""
+    return {name: getattr(args, name) for name in Settings.model_fields if hasattr(args, name)}
 
 
 def _config(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
-    for name, value in settings.model_dump().items():
-        print(f"{name} = {value}")
-    return 0
+    from semantic import config_command
+
+    return config_command.run(_flags(args), as_json=args.json)
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -147,11 +156,7 @@ def _serve(args: argparse.Namespace) -> int:
     from semantic.api.app import create_app
 
     settings = settings_from(args)
-    if not settings.is_loopback and not settings.allow_remote:
-        raise SemanticError(
-            f"refusing to bind {settings.host}: it is not a loopback address; "
-            "pass --allow-remote to serve other machines"
-        )
+    check_bind(settings)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -163,6 +168,23 @@ def _serve(args: argparse.Namespace) -> int:
         signal.signal(stop_signal, lambda signum, frame: None)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0
+
+
+def check_bind(settings: Settings) -> None:
+    """Loopback by default: serving other machines takes `--allow-remote` and an API key, so a
+    server is never reachable from the network without a key by accident."""
+    if settings.is_loopback:
+        return
+    how_to_key = "--api-key, SEMANTIC_API_KEY or --api-key-file"
+    if not settings.allow_remote:
+        raise SemanticError(
+            f"refusing to bind {settings.host!r}: it is not a loopback address; serving other "
+            f"machines needs --allow-remote and an API key ({how_to_key})"
+        )
+    if not settings.api_keys:
+        raise SemanticError(
+            f"refusing to bind {settings.host!r} without an API key: set one with {how_to_key}"
+        )
 
 
 def _build_engine_off_the_main_thread(settings: Settings) -> Engine:
@@ -206,6 +228,7 @@ def build_engine(settings: Settings) -> Engine:
         tokenizer=checkpoint.tokenizer,
         chat_template=checkpoint.chat_template,
         context_length=min(context, settings.max_model_len or context),
+        aliases=(source.name, *source.aliases),
     )
     log.info(
         "KV pool: %d blocks of %d tokens (%s)",

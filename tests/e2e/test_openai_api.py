@@ -221,3 +221,46 @@ def test_min_tokens_and_ignore_eos_make_the_answer_as_long_as_asked(server: Serv
     endless = ask_paris(sdk, max_tokens=48, extra_body={"ignore_eos": True})
     assert endless.usage.completion_tokens == 48
     assert endless.choices[0].finish_reason == "length"
+
+
+# -- legacy completions ----------------------------------------------------------------------
+
+FRANCE = "The capital of France is"
+
+
+def complete(sdk: openai.OpenAI, **kwargs: Any) -> Any:
+    """A greedy legacy completion of FRANCE, with extra arguments."""
+    arguments = {"model": "smollm2-135m", "prompt": FRANCE, "max_tokens": 8, "temperature": 0}
+    return sdk.completions.create(**{**arguments, **kwargs})
+
+
+def test_sdk_legacy_completion_continues_the_raw_prompt(server: Server) -> None:
+    answer = complete(client(server))
+    assert answer.object == "text_completion" and answer.id.startswith("cmpl-")
+    assert "Paris" in answer.choices[0].text
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    # No chat template around it: the prompt is its own handful of tokens.
+    assert answer.usage is not None and answer.usage.prompt_tokens < 10
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
+
+
+def test_sdk_legacy_completion_stream_and_echo_agree_with_the_whole_answer(server: Server) -> None:
+    sdk = client(server)
+    whole = complete(sdk)
+    stream = complete(sdk, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == whole.choices[0].finish_reason and set(finishes[:-1]) <= {None}
+    assert not chunks[-1].choices and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    echoed = complete(sdk, echo=True)
+    assert echoed.choices[0].text == FRANCE + whole.choices[0].text
+
+
+def test_sdk_legacy_completion_refuses_what_it_cannot_do_by_name(server: Server) -> None:
+    sdk = client(server)
+    for refused in ({"n": 2}, {"best_of": 3}, {"logprobs": 2}, {"suffix": "."}):
+        with pytest.raises(openai.BadRequestError) as raised:
+            complete(sdk, **refused)
+        assert raised.value.param == next(iter(refused))

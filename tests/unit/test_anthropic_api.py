@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 
 from semantic.api import anthropic as messages_api
 from semantic.api.app import create_app
+from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.backends.fake import FakeRunner
 from semantic.core import Batch, TokenEvent
 from semantic.engine.engine import Engine
@@ -54,6 +55,13 @@ def running(
 @pytest.fixture
 def api(chat_served: ServedModel, tmp_path: Path) -> Iterator[TestClient]:
     with running(chat_served, tmp_path) as (client, _, _):
+        yield client
+
+
+@pytest.fixture
+def roomy_api(chat_served: ServedModel, tmp_path: Path) -> Iterator[TestClient]:
+    """Room for the whole context: tools add the default tool prompt (ChatML has no tools)."""
+    with running(chat_served, tmp_path, num_blocks=64) as (client, _, _):
         yield client
 
 
@@ -214,7 +222,8 @@ def test_max_tokens_0_prewarms_the_cache_and_answers_nothing(api: TestClient) ->
     assert after["usage"]["cache_read_input_tokens"] > 0
 
 
-def test_count_tokens_is_the_prompt_that_messages_prefills(api: TestClient) -> None:
+def test_count_tokens_is_the_prompt_that_messages_prefills(roomy_api: TestClient) -> None:
+    api = roomy_api
     body = {
         "model": MODEL,
         "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
@@ -285,7 +294,8 @@ def agent_ids(api: TestClient) -> list[str]:
     return [agent["agent_id"] for agent in api.get("/v1/agents").json()["data"]]
 
 
-def test_agents_are_named_by_header_or_by_the_session_in_metadata(api: TestClient) -> None:
+def test_agents_are_named_by_header_or_by_the_session_in_metadata(roomy_api: TestClient) -> None:
+    api = roomy_api
     tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
     session = "0b6f8d52-6a4e-4f0e-9a53-1f6f7c1f2b9e"
     api.post("/v1/messages", json=HELLO, headers={"x-session-id": "by-header"})
@@ -323,7 +333,9 @@ def test_pings_keep_a_slow_prefill_alive(
     assert names[-2:] == ["message_delta", "message_stop"]
 
 
-def test_message_start_and_a_ping_go_out_before_the_engine_says_anything() -> None:
+def test_message_start_and_a_ping_go_out_before_the_engine_says_anything(
+    served: ServedModel,
+) -> None:
     started = asyncio.Event()
 
     async def silent_engine() -> AsyncIterator[TokenEvent]:
@@ -333,7 +345,8 @@ def test_message_start_and_a_ping_go_out_before_the_engine_says_anything() -> No
 
     async def first_two() -> list[str]:
         reply = messages_api._Reply(MODEL, 42, 10)
-        stream = reply.events(silent_engine())
+        tools = ToolUse(served, [], ToolChoice())
+        stream = reply.events(tools.parse(silent_engine(), lambda: None), tools)
         head = [await anext(stream), await anext(stream)]
         await stream.aclose()
         return head

@@ -119,7 +119,8 @@ def test_a_next_turn_extends_the_previous_prompt_token_for_token(chatml: ServedM
     later = api.render_prompt(chatml, claude_code_turn("bbbbb", 4000, turns=2))
     shared = next(i for i, (a, b) in enumerate(zip(earlier, later, strict=False)) if a != b)
     prefix = chatml.tokenizer.decode(later[:shared], skip_special_tokens=False)
-    # They part ways only where the histories do: after the first answer, at the next role.
+    # They part ways only where the histories do: after the first answer, in the next user
+    # turn (the tool result, a `<tool_response>` there: ChatML has no place for tools).
     assert prefix.endswith(
-        "question 0<|im_end|>\n<|im_start|>assistant\nanswer 0<|im_end|>\n<|im_start|>"
+        "question 0<|im_end|>\n<|im_start|>assistant\nanswer 0<|im_end|>\n<|im_start|>user\n"
     )

@@ -20,20 +20,28 @@ from fastapi.responses import JSONResponse, Response
 
 from semantic.api.admin import engine_of
 from semantic.api.agents import named_agent
-from semantic.api.anthropic_request import MessagesBody, PromptBody, parse_body, render_prompt
+from semantic.api.anthropic_request import (
+    MessagesBody,
+    PromptBody,
+    parse_body,
+    render_prompt,
+    tool_use_of,
+)
 from semantic.api.errors import anthropic_error_event
+from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
 from semantic.api.streaming import (
     PING,
     after_the_200,
     anthropic_event,
     sse_response,
     unless_disconnected,
-    whole_answer,
     with_keep_alive,
 )
+from semantic.api.tool_use import ParsedCall, ToolUse, whole_reply
 from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage, is_valid_agent_id
 from semantic.core import Request as GenerationRequest
 from semantic.errors import ContextOverflow, InvalidRequest
+from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolEvent
 
 router = APIRouter()
 
@@ -123,9 +131,12 @@ def usage_json(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> di
     }
 
 
-def stop_reason(event: TokenEvent, requested_max_tokens: int) -> str:
-    """end_turn, stop_sequence, max_tokens (the asked limit), or model_context_window_exceeded
-    (the context ran out first: Claude Code then compacts instead of retrying)."""
+def stop_reason(event: TokenEvent, requested_max_tokens: int, called: bool = False) -> str:
+    """tool_use (the reply called tools), end_turn, stop_sequence, max_tokens (the asked limit),
+    or model_context_window_exceeded (the context ran out first: Claude Code then compacts
+    instead of retrying)."""
+    if called:
+        return "tool_use"
     if event.stop_string is not None:
         return "stop_sequence"
     if event.finish_reason is not FinishReason.LENGTH:
@@ -147,7 +158,7 @@ class _Reply:
         self.silent = requested_max_tokens == 0  # a pre-warm: its one token is not an answer
 
     def message(
-        self, content: list[dict[str, Any]], final: TokenEvent | None = None
+        self, content: list[dict[str, Any]], final: TokenEvent | None = None, called: bool = False
     ) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -155,7 +166,7 @@ class _Reply:
             "role": "assistant",
             "model": self.model,
             "content": content,
-            "stop_reason": None if final is None else stop_reason(final, self.requested),
+            "stop_reason": None if final is None else stop_reason(final, self.requested, called),
             "stop_sequence": None if final is None else final.stop_string,
             "usage": self.usage(None if final is None else final.usage),
         }
@@ -168,27 +179,26 @@ class _Reply:
         output = 0 if self.silent else usage.completion_tokens
         return usage_json(usage.prompt_tokens, usage.cached_tokens, output)
 
-    async def events(self, events: AsyncIterator[TokenEvent]) -> AsyncGenerator[str, None]:
+    async def events(
+        self, parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]], tools: ToolUse
+    ) -> AsyncGenerator[str, None]:
         """The event stream: message_start and a ping at once (before the prompt is prefilled),
-        one text block (only once there is text), message_delta, message_stop; or an `error`
-        event if the engine fails after the 200."""
+        text and tool_use blocks one after another (each only once it has content),
+        message_delta, message_stop; or an `error` event if the engine fails after the 200."""
         yield anthropic_event({"type": "message_start", "message": self.message([])})
         yield PING
-        in_text = False
-        async for event in events:
+        blocks = _Blocks()
+        async for tool_events, event in parsed:
             if event.error is not None:
                 yield _error_event(event.error)
                 return
-            if event.text and not self.silent:
-                if not in_text:
-                    in_text = True
-                    yield anthropic_event(_block_start(0, {"type": "text", "text": ""}))
-                delta = {"type": "text_delta", "text": event.text}
-                yield anthropic_event({"type": "content_block_delta", "index": 0, "delta": delta})
+            for tool_event in [] if self.silent else tool_events:
+                for payload in blocks.payloads(tool_event):
+                    yield anthropic_event(payload)
             if event.final:
-                if in_text:
-                    yield anthropic_event({"type": "content_block_stop", "index": 0})
-                end = self.message([], event)
+                for payload in blocks.close():
+                    yield anthropic_event(payload)
+                end = self.message([], event, tools.called(event))
                 delta = {"stop_reason": end["stop_reason"], "stop_sequence": end["stop_sequence"]}
                 yield anthropic_event(
                     {"type": "message_delta", "delta": delta, "usage": end["usage"]}
@@ -196,31 +206,82 @@ class _Reply:
                 yield anthropic_event({"type": "message_stop"})
                 return
 
-    async def collect(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
-        text, final = await whole_answer(events)
-        answer = "" if self.silent else text
+    async def collect(
+        self, parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]], tools: ToolUse
+    ) -> dict[str, Any]:
+        parts, final = await whole_reply(parsed)
         # Never an empty text block: the real API rejects one echoed back.
-        content = [{"type": "text", "text": answer}] if answer else []
-        return self.message(content, final)
+        content = [] if self.silent else [_content_block(part) for part in parts if part]
+        return self.message(content, final, tools.called(final))
+
+
+def _content_block(part: str | ParsedCall) -> dict[str, Any]:
+    if isinstance(part, str):
+        return {"type": "text", "text": part}
+    return {"type": "tool_use", "id": tool_use_id(), "name": part.name, "input": part.input()}
+
+
+def tool_use_id() -> str:
+    return f"toolu_{uuid.uuid4().hex[:24]}"
+
+
+class _Blocks:
+    """The content blocks of a streamed reply, numbered 0, 1, 2… in order: a block starts when
+    its first content comes and stops before the next one starts (Claude Code rejects
+    interleaved or re-typed blocks)."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None  # the type of the block being streamed
+
+    def payloads(self, event: ToolEvent) -> list[dict[str, Any]]:
+        if isinstance(event, TextDelta):
+            start = [] if self.open == "text" else self._start({"type": "text", "text": ""})
+            return [*start, self._delta({"type": "text_delta", "text": event.text})]
+        if isinstance(event, CallStart):
+            block = {"type": "tool_use", "id": tool_use_id(), "name": event.name, "input": {}}
+            return self._start(block)
+        if isinstance(event, ArgumentsDelta):
+            return [self._delta({"type": "input_json_delta", "partial_json": event.json})]
+        assert isinstance(event, CallEnd)
+        return self.close()
+
+    def close(self) -> list[dict[str, Any]]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [{"type": "content_block_stop", "index": self.index}]
+
+    def _start(self, block: dict[str, Any]) -> list[dict[str, Any]]:
+        stop = self.close()
+        self.index += 1
+        self.open = block["type"]
+        start = {"type": "content_block_start", "index": self.index, "content_block": block}
+        return [*stop, start]
+
+    def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": self.index, "delta": delta}
 
 
 def _error_event(exc: Exception) -> str:
     return anthropic_event(anthropic_error_event(exc))
 
 
-def _block_start(index: int, block: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "content_block_start", "index": index, "content_block": block}
-
-
 # -- the routes ----------------------------------------------------------------------------
 
 
-@router.post("/v1/messages")
+@router.post(
+    "/v1/messages",
+    openapi_extra=json_body(MessagesBody, prefix="Anthropic"),
+    responses={200: STREAMED_OR_JSON, **error_responses("anthropic", 400, 404, 413, 500, 529)},
+)
 async def create_message(request: Request) -> Response:
     body = await parse_body(request, MessagesBody)
     engine = engine_of(request)
+    engine.model.check_requested_name(body.model, request.app.state.settings.strict_model_names)
     agent = agent_id(body, request.headers)
-    prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body)
+    tools = tool_use_of(engine.model, body)
+    prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body, tools.prefill)
     max_tokens = output_budget(body.max_tokens, len(prompt_ids), engine.max_seq_tokens)
     generation = GenerationRequest(
         request_id=request.state.request_id,
@@ -229,19 +290,27 @@ async def create_message(request: Request) -> Response:
         agent_id=agent,
     )
     events = engine.stream(generation)
+    parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     # Any model name is served by the loaded model, and echoed back as asked.
     reply = _Reply(body.model, len(prompt_ids), body.max_tokens)
     if body.stream:
-        frames = after_the_200(reply.events(events), events, _error_event)
+        frames = after_the_200(reply.events(parsed, tools), events, _error_event)
         return sse_response(with_keep_alive(frames, KEEP_ALIVE_S, PING))
-    return JSONResponse(await unless_disconnected(request, reply.collect(events)))
+    return JSONResponse(await unless_disconnected(request, reply.collect(parsed, tools)))
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post(
+    "/v1/messages/count_tokens",
+    openapi_extra=json_body(PromptBody, prefix="Anthropic"),
+    responses=error_responses("anthropic", 400, 404, 413, 500),
+)
 async def count_tokens(request: Request) -> dict[str, int]:
     """Exactly the prompt tokens /v1/messages would prefill for the same body, cached or not."""
     body = await parse_body(request, PromptBody)
-    prompt_ids = await asyncio.to_thread(render_prompt, engine_of(request).model, body)
+    model = engine_of(request).model
+    model.check_requested_name(body.model, request.app.state.settings.strict_model_names)
+    tools = tool_use_of(model, body)
+    prompt_ids = await asyncio.to_thread(render_prompt, model, body, tools.prefill)
     return {"input_tokens": len(prompt_ids)}
 
 

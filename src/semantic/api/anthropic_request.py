@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
-from starlette.exceptions import HTTPException
 
+from semantic.api import tool_use
+from semantic.api.bodies import read_body
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text import claude_code
@@ -85,13 +86,21 @@ class Message(_Body):
 
 class Tool(_Body):
     name: str
+    type: str | None = None  # none or "custom" for a client's tool; versioned for server tools
     description: str | None = None
     input_schema: dict[str, Any] | None = None  # absent on server tools (`type: web_search_…`)
 
+    @property
+    def is_custom(self) -> bool:
+        """A tool the client runs (the model may call it); server tools have a versioned
+        type and no schema, and are not offered to a local model."""
+        return self.type in (None, "custom")
+
 
 class ToolChoice(_Body):
-    type: str
+    type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
+    disable_parallel_tool_use: bool | None = None
 
 
 class Thinking(_Body):
@@ -132,7 +141,7 @@ B = TypeVar("B", bound=_Body)
 async def parse_body(request: Request, schema: type[B]) -> B:
     """The body as `schema`: a 413 past the size limit, a 400 for anything that is not a JSON
     object of the right shape (never a 500: deep nesting and invalid UTF-8 included)."""
-    raw = await _read_body(request)
+    raw = await read_body(request, MAX_BODY_BYTES)
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -143,20 +152,6 @@ async def parse_body(request: Request, schema: type[B]) -> B:
         return schema.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False)) from exc
-
-
-async def _read_body(request: Request) -> bytes:
-    # Read to the end even past the limit: a client still sending its body when the answer
-    # comes would see a reset connection instead of the 413.
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= MAX_BODY_BYTES:
-            chunks.append(chunk)
-    if size > MAX_BODY_BYTES:
-        raise HTTPException(413, f"request body is {size} bytes; the limit is {MAX_BODY_BYTES}")
-    return b"".join(chunks)
 
 
 # -- the prompt ----------------------------------------------------------------------------
@@ -271,8 +266,8 @@ def _result_text(result: ToolResultBlock) -> str:
     )
 
 
-# The seam for tools: how tool definitions, calls and results reach the chat template (the
-# shapes the OpenAI route hands it too). Parsing the model's tool calls back is still to come.
+# Tools: how tool definitions, calls and results reach the chat template (the shapes the
+# OpenAI route hands it too), and which calls the model may make.
 
 
 def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
@@ -293,16 +288,51 @@ def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
     return functions or None
 
 
+def tool_use_of(model: ServedModel, body: PromptBody) -> tool_use.ToolUse:
+    """The tools the model may call and how (`tool_choice`), checked as the real API checks
+    them: unique names, a schema on every custom tool, a named choice that names one of them."""
+    tools = body.tools or []
+    names = [tool.name for tool in tools]
+    if len(set(names)) < len(names):
+        raise InvalidRequest("tools: tool names must be unique", param="tools")
+    for index, tool in enumerate(tools):
+        if tool.is_custom and tool.input_schema is None:
+            raise InvalidRequest(f"tools.{index}.input_schema: Field required", param="tools")
+    callable_names = [tool.name for tool in tools if tool.input_schema is not None]
+    choice = _tool_choice(body.tool_choice, callable_names)
+    return tool_use.ToolUse(model, callable_names, choice)
+
+
+def _tool_choice(choice: ToolChoice | None, names: list[str]) -> tool_use.ToolChoice:
+    if choice is None:
+        return tool_use.ToolChoice()
+    parallel = not choice.disable_parallel_tool_use
+    if choice.type in ("any", "tool") and not names:
+        raise InvalidRequest(
+            f"tool_choice: type {choice.type!r} needs tools to choose from", param="tool_choice"
+        )
+    if choice.type == "tool" and choice.name not in names:
+        named = "no tool" if choice.name is None else f"the tool {choice.name!r}"
+        raise InvalidRequest(
+            f"tool_choice: names {named}, which is not in tools", param="tool_choice"
+        )
+    if choice.type == "none":
+        return tool_use.ToolChoice("none", parallel=parallel)
+    mode: Literal["auto", "required"] = "auto" if choice.type == "auto" else "required"
+    return tool_use.ToolChoice(mode, choice.name if choice.type == "tool" else None, parallel)
+
+
 def template_tool_result(block: ToolResultBlock) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)}
 
 
-def render_prompt(model: ServedModel, body: PromptBody) -> list[int]:
+def render_prompt(model: ServedModel, body: PromptBody, reply_start: str = "") -> list[int]:
     """The prompt's token ids: what /v1/messages prefills and /v1/messages/count_tokens counts.
-    A last assistant turn is continued (prefill), not closed."""
+    A last assistant turn is continued (prefill), not closed; `reply_start` (a forced tool
+    call's opener) follows it."""
     messages = template_messages(body)
     prefilled = bool(messages) and messages[-1]["role"] == "assistant"
     text = model.chat_template.render(
         messages, tools=template_tools(body.tools), continue_final_message=prefilled
     )
-    return model.tokenizer.encode(text)
+    return model.tokenizer.encode(text + reply_start)

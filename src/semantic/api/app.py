@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic import __version__
-from semantic.api import admin, agents, anthropic, errors, openai
+from semantic.api import admin, agents, anthropic, auth, errors, openai, openapi
 from semantic.config import Settings
 from semantic.engine.engine import Engine
 
@@ -33,6 +33,9 @@ def create_app(engine: Engine, settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.started_at = time.time()
     errors.install(app)
+    openapi.install(app)
+    # Added first, so it runs inside `_request_id` and a 401 carries the request id too.
+    app.add_middleware(auth.RequireApiKey, keys=settings.api_keys)
     app.middleware("http")(_request_id)
     app.add_middleware(_JSONBodies)
     app.include_router(openai.router)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from semantic import errors
@@ -31,7 +32,10 @@ _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.ContextOverflow, 400, "invalid_request_error", "context_length_exceeded"),
     (errors.InvalidRequest, 400, "invalid_request_error", None),
     (errors.PoolExhausted, 400, "invalid_request_error", "context_length_exceeded"),
-    (errors.NotFound, 404, "invalid_request_error", "model_not_found"),
+    (errors.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
+    (errors.NotFound, 404, "invalid_request_error", None),
+    (errors.Conflict, 409, "invalid_request_error", "conflict"),
+    (errors.PersistFailed, 500, "server_error", "persist_failed"),
     (errors.Overloaded, 503, "server_error", "overloaded"),
 ]
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
@@ -66,22 +70,45 @@ def protocol_of(request: Request) -> Protocol:
     return "anthropic" if "anthropic-version" in headers else "openai"
 
 
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(BaseModel):
+    """OpenAI's error body (PROTOCOLS.md §3.5); the OpenAPI document shows this model."""
+
+    error: OpenAIErrorDetail
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    """Anthropic's error body (PROTOCOLS.md §1.10); the OpenAPI document shows this model."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+    request_id: str
+
+
 def openai_error(
     status: int, message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+    detail = OpenAIErrorDetail(message=message, type=type_, param=param, code=code)
+    return JSONResponse(OpenAIError(error=detail).model_dump(), status_code=status)
 
 
 def anthropic_error(request: Request, status: int, message: str) -> JSONResponse:
     request_id = getattr(request.state, "request_id", None) or f"req_{uuid.uuid4().hex}"
-    body = {
-        "type": "error",
-        "error": {"type": anthropic_type(status), "message": message},
-        "request_id": request_id,
-    }
+    detail = AnthropicErrorDetail(type=anthropic_type(status), message=message)
+    body = AnthropicError(type="error", error=detail, request_id=request_id)
     # Repeated in the header, which the middleware cannot add to a 500 (it runs outside it).
-    return JSONResponse(body, status_code=status, headers={"request-id": request_id})
+    return JSONResponse(body.model_dump(), status_code=status, headers={"request-id": request_id})
 
 
 def anthropic_type(status: int) -> str:
@@ -128,51 +155,50 @@ def anthropic_error_event(exc: Exception) -> dict[str, Any]:
     return {"type": "error", "error": {"type": type_, "message": anthropic_message(exc)}}
 
 
-def _validation_message(exc: RequestValidationError) -> str:
-    first = exc.errors()[0]
-    if first.get("type") == "json_invalid":
-        return "the request body is not valid JSON"
-    location = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-    return f"{location}: {first.get('msg')}" if location else str(first.get("msg"))
-
-
 # Parts of a pydantic error location that name a union branch, not a field: `str`,
-# `list[...]`, or a block tag ("text block").
+# `list[...]`, a block tag ("text block"), or a model.
 _BRANCHES = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
 
 
 def _field_path(loc: Sequence[Any]) -> tuple[str, ...]:
-    return tuple(
-        str(part)
-        for part in loc
-        if part != "body"
-        and not (isinstance(part, str) and (part in _BRANCHES or "[" in part or " " in part))
-    )
+    return tuple(str(part) for part in loc if part != "body" and not _is_branch(part))
 
 
-def _anthropic_validation_message(exc: RequestValidationError) -> str:
-    """`field.path: what is wrong`, Anthropic style. A value that fits no branch of a union
-    (content: string or blocks) gets one message naming them all; a value that fits a branch
-    but is wrong inside it gets the deepest error, which is the one that says what to fix."""
+def _is_branch(part: Any) -> bool:
+    # Fields are snake_case; a model's branch is named after its class (`NamedToolChoice`).
+    if not isinstance(part, str):
+        return False
+    return part in _BRANCHES or "[" in part or " " in part or part[:1].isupper()
+
+
+def _validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
+    """(`field.path: what is wrong`, the field path) for both protocols. A value that fits no
+    branch of a union (content: string or parts) gets one message naming them all; a value that
+    fits a branch but is wrong inside it gets the deepest error, which is the one that says what
+    to fix."""
     details = exc.errors()
     if details[0].get("type") == "json_invalid":
-        return "the request body is not valid JSON"
+        return "the request body is not valid JSON", None
     found = [
         (_field_path(d.get("loc", ())), re.sub(r" or instance of \w+", "", str(d.get("msg"))))
         for d in details
     ]
     path = max((p for p, _ in found), key=len)
+    if not path:  # the body itself: absent, or not an object
+        missing = details[0].get("type") == "missing"
+        return "the request body is " + ("empty" if missing else "not a JSON object"), None
     said = list(dict.fromkeys(message for p, message in found if p == path))
     message = said[0] + "".join(f" or {m.removeprefix('Input should be ')}" for m in said[1:])
-    return f"{'.'.join(path)}: {message}" if path else message
+    return f"{'.'.join(path)}: {message}", ".".join(path)
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_error(exc)
         if protocol_of(request) == "anthropic":
-            return anthropic_error(request, 400, _anthropic_validation_message(exc))
-        return openai_error(400, _validation_message(exc), "invalid_request_error")
+            return anthropic_error(request, 400, message)
+        return openai_error(400, message, "invalid_request_error", param)
 
     @app.exception_handler(json.JSONDecodeError)
     async def _not_json(request: Request, exc: json.JSONDecodeError) -> JSONResponse:

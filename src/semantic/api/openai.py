@@ -1,4 +1,5 @@
-"""OpenAI Chat Completions and Models: body → `Request` → engine events → JSON or SSE chunks.
+"""OpenAI Chat Completions, legacy Completions and Models: body → `Request` → engine events →
+JSON or SSE chunks.
 
 Translation only (PROTOCOLS.md §3): no engine state, no SSE bytes (those live in streaming.py).
 """
@@ -10,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -18,7 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from semantic.api import anthropic
 from semantic.api.agents import named_agent
+from semantic.api.bodies import LimitedBodyRoute
 from semantic.api.errors import error_payload, protocol_of
+from semantic.api.openai_tools import (
+    ToolChoiceField,
+    ToolDefinition,
+    template_tools,
+    tool_call_delta,
+    tool_calls_json,
+    tool_use_of,
+)
+from semantic.api.openapi import STREAMED_OR_JSON, error_responses
 from semantic.api.streaming import (
     DONE,
     after_the_200,
@@ -28,21 +39,25 @@ from semantic.api.streaming import (
     whole_answer,
     with_keep_alive,
 )
+from semantic.api.tool_use import ToolUse, whole_reply
 from semantic.core import AGENT_ID_PATTERN, FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
 from semantic.engine.engine import Engine
 from semantic.errors import ContextOverflow, InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text.chat import template_tool_call
+from semantic.text.tools import TextDelta, ToolEvent
 
-router = APIRouter()
+router = APIRouter(route_class=LimitedBodyRoute)
 
 KEEP_ALIVE_S = 5.0
+# What the generation routes answer, for the OpenAPI document.
+GENERATION_RESPONSES = {200: STREAMED_OR_JSON, **error_responses("openai", 400, 404, 413, 500, 503)}
 
 
 class _Body(BaseModel):
     # Accept generously (unknown fields are ignored), but no silent type coercion.
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class ContentPart(_Body):
@@ -73,24 +88,32 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(_Body):
-    model: str
-    messages: list[ChatMessage] = Field(min_length=1)
+class GenerationFields(_Body):
+    """What the chat and the legacy completions bodies share: the model, streaming, the output
+    budget, sampling, and the extensions."""
+
+    model: str = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=-1)
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1)
-    tools: list[dict[str, Any]] | None = None
     # Extensions that benchmarks and agent clients rely on (vLLM spells them the same way).
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     session_id: str | None = Field(None, pattern=AGENT_ID_PATTERN)
+
+
+class ChatCompletionRequest(GenerationFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoiceField | None = None
+    parallel_tool_calls: bool = True
 
 
 def _text_of(message: ChatMessage) -> str:
@@ -130,7 +153,7 @@ def _template_tool_call(call: ToolCall) -> dict[str, Any]:
     return template_tool_call(call.id, call.function.name, arguments)
 
 
-def sampling_params(body: ChatCompletionRequest, max_tokens: int) -> SamplingParams:
+def sampling_params(body: GenerationFields, max_tokens: int) -> SamplingParams:
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stops) > 16 or any(not stop for stop in stops):
         raise InvalidRequest("stop takes at most 16 non-empty strings", param="stop")
@@ -146,23 +169,29 @@ def sampling_params(body: ChatCompletionRequest, max_tokens: int) -> SamplingPar
     )
 
 
-def render_prompt(model: ServedModel, body: ChatCompletionRequest) -> list[int]:
+def render_prompt(
+    model: ServedModel, body: ChatCompletionRequest, reply_start: str = ""
+) -> list[int]:
     """The prompt's token ids: templated, then tokenized (on a worker thread: a long prompt
-    must not stall the event loop)."""
-    prompt = model.chat_template.render(template_messages(body.messages), tools=body.tools)
-    return model.tokenizer.encode(prompt)
+    must not stall the event loop). `reply_start` (a forced tool call's opener) ends it."""
+    messages = template_messages(body.messages)
+    prompt = model.chat_template.render(messages, tools=template_tools(body.tools))
+    return model.tokenizer.encode(prompt + reply_start)
 
 
-def output_budget(requested: int | None, prompt_tokens: int, context: int, default: int) -> int:
-    """max_tokens for a request: what it asked for if that fits the context, else an error;
-    with none asked, the default capped by the room left."""
+def output_budget(
+    requested: int | None, prompt_tokens: int, context: int, default: int, param: str = "messages"
+) -> int:
+    """max_tokens for a request: what it asked for if that fits the context, else an error
+    (blaming `param`, the field that holds the prompt); with none asked, the default capped by
+    the room left."""
     room = context - prompt_tokens
     if room < 1:
-        raise ContextOverflow(prompt_tokens, requested or 0, context)
+        raise ContextOverflow(prompt_tokens, requested or 0, context, param)
     if requested is None:
         return min(default, room)
     if requested > room:
-        raise ContextOverflow(prompt_tokens, requested, context)
+        raise ContextOverflow(prompt_tokens, requested, context, param)
     return requested
 
 
@@ -179,12 +208,14 @@ def finish_reason_json(reason: FinishReason | None) -> str:
     return "length" if reason is FinishReason.LENGTH else "stop"
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     engine: Engine = request.app.state.engine
+    engine.model.check_requested_name(body.model, request.app.state.settings.strict_model_names)
     if body.n != 1:
         raise InvalidRequest("only n=1 is supported", param="n")
-    prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body)
+    tools = tool_use_of(engine.model, body.tools, body.tool_choice, body.parallel_tool_calls)
+    prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body, tools.prefill)
     requested = body.max_completion_tokens or body.max_tokens
     max_tokens = output_budget(
         requested,
@@ -200,13 +231,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         agent_id=agent_id,
     )
     events = engine.stream(generation)
+    parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = completion.chunks(events, include_usage)
+        chunks = completion.chunks(parsed, tools, include_usage)
         frames = after_the_200(chunks, events, lambda exc: data_event(error_payload(exc)))
         return sse_response(with_keep_alive(frames, KEEP_ALIVE_S))
-    return JSONResponse(await unless_disconnected(request, completion.collect(events)))
+    return JSONResponse(await unless_disconnected(request, completion.collect(parsed, tools)))
 
 
 class _Completion:
@@ -230,24 +262,36 @@ class _Completion:
         return data_event(self._chunk([choice]))
 
     async def chunks(
-        self, events: AsyncIterator[TokenEvent], include_usage: bool
+        self,
+        parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]],
+        tools: ToolUse,
+        include_usage: bool,
     ) -> AsyncIterator[str]:
         yield self._delta({"role": "assistant", "content": ""})
-        async for event in events:
+        async for tool_events, event in parsed:
             if event.error is not None:
                 yield data_event(error_payload(event.error))
                 return
-            if event.text:
-                yield self._delta({"content": event.text})
+            for tool_event in tool_events:
+                if isinstance(tool_event, TextDelta):
+                    yield self._delta({"content": tool_event.text})
+                elif (delta := tool_call_delta(tool_event)) is not None:
+                    yield self._delta(delta)
             if event.finish_reason is not None:
-                yield self._delta({}, finish_reason_json(event.finish_reason))
+                yield self._delta({}, _finish_reason(event, tools))
                 if include_usage and event.usage is not None:
                     yield data_event(self._chunk([], usage=usage_json(event.usage)))
         yield DONE
 
-    async def collect(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
-        text, final = await whole_answer(events)
+    async def collect(
+        self, parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]], tools: ToolUse
+    ) -> dict[str, Any]:
+        parts, final = await whole_reply(parsed)
         assert final.usage is not None
+        text = "".join(part for part in parts if isinstance(part, str))
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if calls := tool_calls_json(parts):
+            message |= {"content": text or None, "tool_calls": calls}
         return {
             "id": self.id,
             "object": "chat.completion",
@@ -256,27 +300,166 @@ class _Completion:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "message": message,
                     "logprobs": None,
-                    "finish_reason": finish_reason_json(final.finish_reason),
+                    "finish_reason": _finish_reason(final, tools),
                 }
             ],
             "usage": usage_json(final.usage),
         }
 
 
+def _finish_reason(final: TokenEvent, tools: ToolUse) -> str:
+    return "tool_calls" if tools.called(final) else finish_reason_json(final.finish_reason)
+
+
+# -- legacy completions (PROTOCOLS.md §3.7): raw text in, text out, no chat template ----------
+
+LEGACY_MAX_TOKENS = 16  # the legacy API's default when a request gives no max_tokens
+
+# One prompt: text or token ids, alone or as a list of one.
+Prompt = str | list[int] | list[str] | list[list[int]]
+
+
+class CompletionRequest(GenerationFields):
+    prompt: Prompt
+    echo: bool = False
+    # Accepted at their neutral values only (`refuse_unsupported`).
+    best_of: int | None = Field(None, ge=1)
+    logprobs: int | None = Field(None, ge=0)
+    suffix: str | None = None
+
+
+def refuse_unsupported(body: CompletionRequest) -> None:
+    """A 400 that names the first field asking for something this server does not do."""
+    refused = [
+        ("n", body.n != 1, "only n=1 is supported"),
+        ("best_of", body.best_of not in (None, 1), "only best_of=1 is supported"),
+        ("logprobs", body.logprobs is not None, "logprobs are not supported"),
+        ("suffix", bool(body.suffix), "suffix is not supported"),
+    ]
+    for param, asked, message in refused:
+        if asked:
+            raise InvalidRequest(message, param=param)
+
+
+def completion_prompt(model: ServedModel, prompt: Prompt) -> tuple[list[int], str]:
+    """The prompt's token ids and its text (what `echo` puts before the answer). Text is
+    tokenized as is, after BOS where the model expects one on raw text; token ids are taken
+    as they are, once checked against the vocabulary."""
+    single = _single_prompt(prompt)
+    if isinstance(single, str):
+        ids = model.tokenizer.encode(single)
+        bos = model.tokenizer.bos_token_id
+        return ([bos, *ids] if model.tokenizer.add_bos and bos is not None else ids), single
+    vocab = model.config.vocab_size
+    outside = next((token for token in single if not 0 <= token < vocab), None)
+    if outside is not None:
+        raise InvalidRequest(
+            f"prompt: token id {outside} is outside the vocabulary (0 to {vocab - 1})",
+            param="prompt",
+        )
+    return single, model.tokenizer.decode(single)
+
+
+def _single_prompt(prompt: Prompt) -> str | list[int]:
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return cast("str | list[int]", prompt)
+    batch = cast("list[str] | list[list[int]]", prompt)
+    if len(batch) > 1:
+        raise InvalidRequest("prompt: only one prompt per request is supported", param="prompt")
+    return batch[0]
+
+
+@router.post("/v1/completions", responses=GENERATION_RESPONSES)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    engine: Engine = request.app.state.engine
+    engine.model.check_requested_name(body.model, request.app.state.settings.strict_model_names)
+    refuse_unsupported(body)
+    prompt_ids, prompt_text = await asyncio.to_thread(completion_prompt, engine.model, body.prompt)
+    max_tokens = output_budget(
+        body.max_tokens, len(prompt_ids), engine.max_seq_tokens, LEGACY_MAX_TOKENS, "prompt"
+    )
+    generation = GenerationRequest(
+        request_id=request.state.request_id,
+        prompt_token_ids=prompt_ids,
+        sampling=sampling_params(body, max_tokens),
+        agent_id=named_agent(request.headers, body.session_id, param="session_id"),
+    )
+    events = engine.stream(generation)
+    completion = _TextCompletion(int(time.time()), body.model, prompt_text if body.echo else "")
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        frames = after_the_200(completion.chunks(events, include_usage), events, _error_chunk)
+        return sse_response(with_keep_alive(frames, KEEP_ALIVE_S))
+    return JSONResponse(await unless_disconnected(request, completion.collect(events)))
+
+
+def _error_chunk(exc: Exception) -> str:
+    return data_event(error_payload(exc))
+
+
+class _TextCompletion:
+    """One legacy completion's identity, shared by its chunks or its single JSON body. `echo`
+    is the text that goes before the answer: the prompt's, or "" without `echo`."""
+
+    def __init__(self, created: int, model: str, echo: str) -> None:
+        self.id, self.created, self.model = f"cmpl-{uuid.uuid4().hex}", created, model
+        self.echo = echo
+
+    def _body(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+
+    @staticmethod
+    def _choice(text: str, finish_reason: str | None = None) -> dict[str, Any]:
+        return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+
+    async def chunks(
+        self, events: AsyncIterator[TokenEvent], include_usage: bool
+    ) -> AsyncIterator[str]:
+        if self.echo:
+            yield data_event(self._body([self._choice(self.echo)]))
+        async for event in events:
+            if event.error is not None:
+                yield _error_chunk(event.error)
+                return
+            finish = (
+                None if event.finish_reason is None else finish_reason_json(event.finish_reason)
+            )
+            if event.text or finish is not None:
+                yield data_event(self._body([self._choice(event.text, finish)]))
+            if finish is not None and include_usage and event.usage is not None:
+                yield data_event(self._body([], usage=usage_json(event.usage)))
+        yield DONE
+
+    async def collect(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
+        text, final = await whole_answer(events)
+        assert final.usage is not None
+        choice = self._choice(self.echo + text, finish_reason_json(final.finish_reason))
+        return self._body([choice], usage=usage_json(final.usage))
+
+
 # Both APIs list models here; a client speaking Anthropic gets Anthropic's shapes.
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=error_responses(None, 400, 500))
 async def list_models(request: Request) -> dict[str, Any]:
     if protocol_of(request) == "anthropic":
         return anthropic.model_list(request)
     return {"object": "list", "data": [_model_card(request)]}
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", responses=error_responses(None, 404, 500))
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+    engine: Engine = request.app.state.engine
+    engine.model.check_requested_name(model_id, request.app.state.settings.strict_model_names)
     if protocol_of(request) == "anthropic":
         return anthropic.model_card(request, model_id)
     return _model_card(request) | {"id": model_id}

@@ -3,9 +3,10 @@ tier (eviction writes, restores, persistence, its budget), eviction tiers, and s
 
 Everything here runs on the engine thread except: `prefetch`, on a worker thread before a request
 reaches the engine (it reads disk, so the engine never waits on a read, and the prefix index and
-`agents`); `PendingPersist.wait`, on any thread; and the disk writer's callbacks, on its thread
-(they write manifests from `Agent` fields and enforce the disk budget). These read the agents
-without a lock; the counters they update are guarded by `AgentStore.lock`.
+`agents`); `PendingPersist.wait`, on any thread; the disk writer's callbacks, on its thread
+(they write manifests from `Agent` fields and enforce the disk budget); and `save_manifest`, on
+any thread. These read the agents without a lock; the counters they update are guarded by
+`AgentStore.lock`, and manifest writes by `AgentStore.manifest_lock`.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_SHARED, TIER_WORKING_AGENT, BlockPool
+from semantic.cache.conversation import Conversation
 from semantic.cache.disk import BlockRecord, DiskTier
 from semantic.cache.disk_writer import DiskWriter
 from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests, save_manifest
 from semantic.cache.prefix import PrefixCache, chain_hash
 from semantic.core import History, Request
 from semantic.engine.runner import ModelRunner
+from semantic.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,10 @@ class Agent:
     pinned: bool = False
     working: bool = False  # heard from within `idle_s`: its blocks sit in the working tier
     stats: AgentStats = field(default_factory=AgentStats)
+    # The dialogue the direct agent API keeps (None for agents only chat requests named), and
+    # the id of the generate call holding it, if one is: one turn at a time, never interleaved.
+    conversation: Conversation | None = None
+    turn: str | None = None
 
     @property
     def hashes(self) -> list[int]:
@@ -86,8 +93,9 @@ class CacheCounters:
 @dataclass(slots=True, frozen=True)
 class PersistResult:
     blocks_written: int
-    failed: int
+    failed: int  # block writes
     agents_saved: int
+    agents_failed: int = 0  # agents left as they were on disk: a block or the manifest failed
 
 
 class PendingPersist:
@@ -102,13 +110,15 @@ class PendingPersist:
 
     def wait(self, timeout: float | None = None) -> PersistResult:
         if not self.store.writer.flush(timeout):
-            return PersistResult(0, self.submitted, 0)
-        complete = [a for a in self.agents if a.hashes and not self.failed & set(a.hashes)]
+            return PersistResult(0, self.submitted, 0, len(self.agents))
+        # An agent with nothing cached and no conversation has nothing to keep.
+        worth = [a for a in self.agents if a.hashes or a.conversation is not None]
+        complete = [a for a in worth if not self.failed & set(a.hashes)]
         saved = sum(self.store.save_manifest(agent) for agent in complete)
         written = self.submitted - len(self.failed)
         with self.store.lock:
             self.store.counters.persisted += written
-        return PersistResult(written, len(self.failed), saved)
+        return PersistResult(written, len(self.failed), saved, len(worth) - saved)
 
 
 class AgentStore:
@@ -116,8 +126,10 @@ class AgentStore:
 
     Invariants: an agent's `hashes` name its last history; `_sharers[h]` counts the agents whose
     history contains `h` (two or more puts the block in the shared tier); a pinned agent's hot
-    blocks hold one pin reference each. A block goes to disk when the pool reclaims it, on
-    `persist`, and at shutdown; manifests are written with it, never after every turn.
+    blocks hold one pin reference each; an agent is held by at most one generate call (`turn`).
+    A block goes to disk when the pool reclaims it, on `persist`, and at shutdown; manifests are
+    written with it, never after every turn, except for agents with a conversation (the agent
+    API): theirs is written at each turn, a few bytes that cannot be computed again.
     """
 
     def __init__(
@@ -140,6 +152,9 @@ class AgentStore:
         self._pins: dict[str, list[int]] = {}
         self._protected: frozenset[int] = frozenset()  # read by the writer thread
         self.lock = threading.Lock()  # the counters the writer thread also updates
+        # Held while a manifest is written or deleted: a write that lost the race with a delete
+        # must not bring the agent back.
+        self.manifest_lock = threading.Lock()
         self._next_sweep = 0.0
         prefix.on_evict = self._save_evicted
         for manifest in list_manifests(disk.model_root):
@@ -289,6 +304,10 @@ class AgentStore:
             self._pin(agent)
         else:
             self.pool.release(self._pins.pop(agent_id, []), TIER_WORKING_AGENT)
+        self._protect_pinned()
+
+    def _protect_pinned(self) -> None:
+        """The disk budget never drops the files of a pinned agent."""
         self._protected = frozenset(h for a in self.agents.values() if a.pinned for h in a.hashes)
 
     def _pin(self, agent: Agent) -> None:
@@ -297,6 +316,56 @@ class AgentStore:
             self.pool.acquire(block)
         self.pool.release(self._pins.pop(agent.agent_id, []), TIER_WORKING_AGENT)
         self._pins[agent.agent_id] = blocks
+
+    # -- the direct agent API: conversations, turns, forks (on the engine thread) -----------
+
+    def create(self, agent_id: str, conversation: Conversation) -> Agent:
+        """A new agent with a conversation and nothing cached yet; Conflict if the id is taken
+        (the engine thread runs one call at a time, so of two creates of one id exactly one
+        wins). The caller then writes its manifest with `save_manifest`."""
+        if agent_id in self.agents:
+            raise Conflict(f"agent {agent_id!r} already exists")
+        agent = self.agents[agent_id] = Agent(agent_id, conversation=conversation)
+        agent.stats.last_used = time.time()
+        return agent
+
+    def fork(self, parent_id: str, child_id: str) -> Agent:
+        """A new agent with a copy of the parent's conversation whose cache is the parent's:
+        the same blocks by hash, in memory or on disk, so the fork costs no block. Either side
+        extending the shared partial tail copies it first (the scheduler's copy-on-write);
+        deleting one keeps every block the other still names."""
+        parent = self.agents.get(parent_id)
+        if parent is None:
+            raise NotFound(f"no agent {parent_id!r}")
+        child = self.create(child_id, parent.conversation or Conversation())
+        history = History(list(parent.block_hashes), parent.tail_hash, parent.num_tokens)
+        self._set_history(child, history)
+        return child
+
+    def begin_turn(self, agent_id: str, turn_id: str) -> Conversation:
+        """Hold the agent for one generate call and return its conversation so far; NotFound,
+        or Conflict while another call holds it."""
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            raise NotFound(f"no agent {agent_id!r}")
+        if agent.turn is not None:
+            raise Conflict(f"agent {agent_id!r} is already generating")
+        agent.turn = turn_id
+        return agent.conversation or Conversation()
+
+    def end_turn(
+        self, agent_id: str, turn_id: str, conversation: Conversation | None = None
+    ) -> Agent | None:
+        """Release the agent held by `turn_id`, making `conversation` its own when given (the
+        turn's reply). Returns the agent, or None when that turn no longer holds it (it was
+        ended already: releasing twice never frees a later turn's hold)."""
+        agent = self.agents.get(agent_id)
+        if agent is None or agent.turn != turn_id:
+            return None
+        agent.turn = None
+        if conversation is not None:
+            agent.conversation = conversation
+        return agent
 
     def start_persist(self, agent_ids: Iterable[str] | None = None) -> PendingPersist:
         """Queue writes of the named agents' hot blocks (every hashed block when None) that are
@@ -369,18 +438,25 @@ class AgentStore:
         return True
 
     def delete(self, agent_id: str) -> bool:
-        """Forget an agent: its manifest, and the blocks no other agent uses, in memory (cached
-        ones; a block a running request holds stays until it finishes) and on disk."""
-        agent = self.agents.pop(agent_id, None)
+        """Forget an agent: its manifest (conversation included), and the blocks no other agent
+        uses, in memory (cached ones; a block a running request holds stays until it finishes)
+        and on disk. Conflict while a generate call holds it."""
+        agent = self.agents.get(agent_id)
         if agent is None:
             return False
+        if agent.turn is not None:
+            raise Conflict(f"agent {agent_id!r} is generating; delete it once the call ends")
+        with self.manifest_lock:
+            del self.agents[agent_id]
+            delete_manifest(self.disk.model_root, agent_id)
         self.pool.release(self._pins.pop(agent_id, []), TIER_WORKING_AGENT)
+        if agent.pinned:
+            self._protect_pinned()
         self._sharers -= Counter(agent.hashes)
         for block_hash in agent.hashes:
             if self._sharers[block_hash] <= 0:
                 self.prefix.discard(block_hash)
                 self.disk.delete(block_hash)
-        delete_manifest(self.disk.model_root, agent_id)
         return True
 
     def snapshot(self) -> dict[str, Any]:
@@ -414,6 +490,8 @@ class AgentStore:
             "bytes_in_memory": len(hot) * self.disk.spec.bytes_per_block,
             "bytes_on_disk": sum(self.disk.size_of(h) for h in agent.hashes),
             "last_used": stats.last_used,
+            "generating": agent.turn is not None,
+            "conversation": _summary(agent.conversation),
         }
 
     def _enforce_disk_budget(self) -> None:
@@ -423,19 +501,25 @@ class AgentStore:
                 self.counters.evicted_from_disk += len(dropped)
 
     def save_manifest(self, agent: Agent) -> bool:
-        manifest = AgentManifest(
-            agent.agent_id,
-            self.disk.model_root.name,
-            list(agent.block_hashes),
-            agent.tail_hash,
-            agent.num_tokens,
-            pinned=agent.pinned,
-        )
-        try:
-            save_manifest(self.disk.model_root, manifest)
-        except OSError as exc:
-            log.warning("manifest of agent %s not saved: %s", agent.agent_id, exc)
-            return False
+        """Write the agent's manifest as it is now, on any thread (it does disk I/O: not the
+        engine thread's). False when it failed, or when the agent was deleted meanwhile."""
+        with self.manifest_lock:
+            if self.agents.get(agent.agent_id) is not agent:
+                return False  # deleted (perhaps created again): this file is not ours any more
+            manifest = AgentManifest(
+                agent.agent_id,
+                self.disk.model_root.name,
+                list(agent.block_hashes),
+                agent.tail_hash,
+                agent.num_tokens,
+                pinned=agent.pinned,
+                conversation=agent.conversation,
+            )
+            try:
+                save_manifest(self.disk.model_root, manifest)
+            except OSError as exc:
+                log.warning("manifest of agent %s not saved: %s", agent.agent_id, exc)
+                return False
         return True
 
     def _remember(self, manifest: AgentManifest) -> None:
@@ -445,12 +529,23 @@ class AgentStore:
             manifest.tail_hash,
             manifest.num_tokens,
             manifest.pinned,
+            conversation=manifest.conversation,
         )
         agent.stats.last_used = manifest.updated_at
         self.agents[agent.agent_id] = agent
         self._sharers.update(agent.hashes)
         if agent.pinned:
             self._protected = self._protected | set(agent.hashes)
+
+
+def _summary(conversation: Conversation | None) -> dict[str, Any] | None:
+    if conversation is None:
+        return None
+    return {
+        "system": conversation.system,
+        "defaults": conversation.defaults.to_json(),
+        "messages": len(conversation.messages),
+    }
 
 
 def cache_root(cache_dir: Path) -> Path:

@@ -1,4 +1,5 @@
-"""Agent manifests: which blocks make up an agent's cache on disk, one JSON file per agent."""
+"""Agent manifests: which blocks make up an agent's cache on disk, and the conversation the
+direct agent API keeps for it; one JSON file per agent."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from semantic.cache.conversation import Conversation
 from semantic.cache.disk import QuarantineReason, Rejected
 from semantic.cache.durable import fsync_dir, move_to_quarantine, parse_hash, write_durably
 from semantic.core import is_valid_agent_id
@@ -16,7 +18,9 @@ from semantic.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FORMAT_VERSION = 1
+# 2 added `conversation`; a version-1 file is read as an agent without one.
+MANIFEST_FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 _T = TypeVar("_T")
 
 
@@ -27,6 +31,10 @@ class AgentManifest:
     It only names blocks, which are shared and content-addressed, so deleting an agent removes
     its manifest, never blocks that other agents may share. In JSON, hashes are 16-hex-digit
     strings like the file names, since JSON numbers above 2**53 lose precision in many readers.
+
+    `conversation` is the dialogue the direct agent API keeps (None for an agent that only
+    chat requests named): it lives here, in the agent's one file, so that an agent, its cache
+    and its history are created, forked and deleted together, each change one atomic rename.
     """
 
     agent_id: str
@@ -35,6 +43,7 @@ class AgentManifest:
     tail_hash: int | None
     num_tokens: int
     pinned: bool = False
+    conversation: Conversation | None = None
     updated_at: float = field(default_factory=time.time)
     format_version: int = MANIFEST_FORMAT_VERSION
 
@@ -58,6 +67,7 @@ def save_manifest(root_for_model: Path, manifest: AgentManifest) -> None:
         "tail_hash": None if manifest.tail_hash is None else f"{manifest.tail_hash:016x}",
         "num_tokens": manifest.num_tokens,
         "pinned": manifest.pinned,
+        "conversation": None if manifest.conversation is None else manifest.conversation.to_json(),
         "updated_at": manifest.updated_at,
     }
     write_durably(path, json.dumps(raw, indent=1).encode())
@@ -114,9 +124,10 @@ def _manifest_from_json(data: bytes) -> AgentManifest:
         raw = json.loads(data)
         if not isinstance(raw, dict):
             raise TypeError("not a JSON object")
-        if raw.get("format_version") != MANIFEST_FORMAT_VERSION:
-            raise Rejected(QuarantineReason.VERSION, f"format {raw.get('format_version')!r}")
-        tail = raw["tail_hash"]
+        version = raw.get("format_version")
+        if version not in _READABLE_VERSIONS or isinstance(version, bool):
+            raise Rejected(QuarantineReason.VERSION, f"format {version!r}")
+        tail, conversation = raw["tail_hash"], raw.get("conversation")
         return AgentManifest(
             agent_id=_typed(raw, "agent_id", str),
             model_tag=_typed(raw, "model_tag", str),
@@ -124,6 +135,7 @@ def _manifest_from_json(data: bytes) -> AgentManifest:
             tail_hash=None if tail is None else parse_hash(tail),
             num_tokens=_typed(raw, "num_tokens", int),
             pinned=bool(raw.get("pinned", False)),
+            conversation=None if conversation is None else Conversation.from_json(conversation),
             updated_at=float(_typed(raw, "updated_at", (int, float))),
             format_version=MANIFEST_FORMAT_VERSION,
         )

@@ -207,6 +207,12 @@ class Engine:
         self._inbox.put(_Call(function, reply))
         return await future
 
+    def post(self, function: Callable[[], object]) -> None:
+        """Run `function` on the engine thread between steps, without waiting for it. Safe from
+        any thread and from a finalizer, where nothing can be awaited (releasing a hold that
+        must not outlive a cancelled request); an error is logged."""
+        self._inbox.put(_Call(function, _log_failure))
+
     async def persist(self, agent_ids: list[str] | None = None) -> PersistResult:
         """Write hot caches to disk (the named agents', or all) and return once durable. The
         engine thread only copies blocks out; the wait for fsync happens off it."""
@@ -403,6 +409,11 @@ class Engine:
             self._finish(
                 self._active[seq.request.request_id], FinishReason.ERROR, [], "", None, error
             )
+
+
+def _log_failure(result: object, error: BaseException | None) -> None:
+    if error is not None:
+        log.error("a call posted to the engine failed", exc_info=error)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

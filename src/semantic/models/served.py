@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from semantic.errors import ModelNotFound
 from semantic.models.config import ModelConfig
 from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
@@ -12,10 +13,25 @@ from semantic.text.tokenizer import Tokenizer
 @dataclass(slots=True, frozen=True)
 class ServedModel:
     """Everything about the loaded model that is not compute. `context_length` is the model's
-    context, capped by the `max_model_len` setting."""
+    context, capped by the `max_model_len` setting; `aliases` are the other names it answers to
+    (the registry's names for it, when `name` is the served model name)."""
 
     name: str
     config: ModelConfig
     tokenizer: Tokenizer
     chat_template: ChatTemplate
     context_length: int
+    aliases: tuple[str, ...] = ()
+
+    def check_requested_name(self, requested: str, strict: bool) -> None:
+        """Raise `ModelNotFound` unless this model may answer a request for `requested` (every
+        API asks here). Any name may when matching is not `strict`: clients with fixed names
+        (`claude-*`, `gpt-*`) get the loaded model. Strict, only this model's own names may, in
+        any case, as the registry matches them."""
+        names = list(dict.fromkeys((self.name, *self.aliases)))
+        if not strict or requested.lower() in {name.lower() for name in names}:
+            return
+        raise ModelNotFound(
+            f"The model {requested[:200]!r} does not exist on this server; "
+            f"available: {', '.join(names)}"
+        )

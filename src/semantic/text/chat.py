@@ -14,11 +14,13 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from semantic.errors import InvalidRequest, ModelLoadFailed
+from semantic.text.tool_prompt import default_tool_messages, has_tool_content
 
 # For checkpoints that ship no template: ChatML, transformers' historical default.
 CHATML_TEMPLATE = (
@@ -35,16 +37,23 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ChatTemplate:
-    """A compiled chat template plus the special-token strings it may reference."""
+    """A compiled chat template plus the special-token strings it may reference.
+
+    `supports_tools`: the template reads `tools`. One that does not (SmolLM2's) gets the default
+    tool prompt of tool_prompt.py instead, so that tools, calls and results still reach the
+    model."""
 
     def __init__(self, source: str, *, bos_token: str | None, eos_token: str | None) -> None:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        env = _environment()
         try:
-            self._template = _environment().from_string(source)
+            self._template = env.from_string(source)
+            variables = jinja2.meta.find_undeclared_variables(env.parse(source))
         except jinja2.TemplateSyntaxError as exc:
             raise ModelLoadFailed(f"the chat template does not compile: {exc}") from exc
+        self.supports_tools = "tools" in variables
 
     def render(
         self,
@@ -60,6 +69,8 @@ class ChatTemplate:
 
         `continue_final_message` leaves the last message open, so that the model goes on with
         it (a reply prefilled by the client), as transformers' option of that name does."""
+        if not self.supports_tools and has_tool_content(messages, tools):
+            messages, tools = default_tool_messages(messages, tools), None
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **template_vars}
         try:
             text = self._template.render(

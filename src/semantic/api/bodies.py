@@ -1,0 +1,52 @@
+"""Request bodies under a size limit: a 413 past it (in the protocol's shape, through
+errors.py), never a server that buffers whatever a client sends.
+
+FastAPI reads a route's declared body with no limit; routes built with `LimitedBodyRoute` read
+it through `read_body` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
+
+MAX_BODY_BYTES = 32 * 2**20  # Anthropic's limit too; agent histories reach several MB
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or a 413 when it is longer than `limit` bytes."""
+    # Read to the end even past the limit: a client still sending its body when the answer
+    # comes would see a reset connection instead of the 413.
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+    if size > limit:
+        raise HTTPException(413, f"request body is {size} bytes; the limit is {limit}")
+    return b"".join(chunks)
+
+
+class _LimitedRequest(Request):
+    async def body(self) -> bytes:
+        if not hasattr(self, "_body"):
+            self._body = await read_body(self, MAX_BODY_BYTES)
+        return self._body
+
+
+class LimitedBodyRoute(APIRoute):
+    """A route whose body is read with `read_body` under `MAX_BODY_BYTES` (the custom request
+    class FastAPI documents for changing how a body is read)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def limited(request: Request) -> Response:
+            return await handler(_LimitedRequest(request.scope, request.receive))
+
+        return limited

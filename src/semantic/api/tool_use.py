@@ -1,0 +1,150 @@
+"""Tool use for one request, in either protocol: which tools the model may call and how, the
+text prefilled to force a call, and the engine's events turned into text and call events.
+
+The protocol modules read their own `tools` / `tool_choice` shapes into a `ToolChoice`, build
+a `ToolUse`, append its `prefill` to the prompt, and frame the events `parse` yields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic_core import from_json
+
+from semantic.core import FinishReason, TokenEvent
+from semantic.models.served import ServedModel
+from semantic.text.tools import (
+    ArgumentsDelta,
+    CallEnd,
+    CallStart,
+    PlainText,
+    TextDelta,
+    ToolCallParser,
+    ToolEvent,
+    hidden_markers,
+    parser_for,
+)
+
+
+@dataclass(slots=True, frozen=True)
+class ToolChoice:
+    """What the client allows. `auto`: the model decides; `required`: it must call a tool
+    (`name`, when set); `none`: no call is parsed (the prompt is the same as for `auto`, so the
+    cache is too). Without `parallel`, one call at most and generation stops after it."""
+
+    mode: Literal["auto", "required", "none"] = "auto"
+    name: str | None = None
+    parallel: bool = True
+
+
+@dataclass(slots=True)
+class ParsedCall:
+    name: str
+    arguments: str  # the JSON text the model wrote: an object, or its start if cut short
+
+    def input(self) -> dict[str, object]:
+        """The arguments as an object: as far as they go when cut short (as the SDKs' stream
+        accumulators read them)."""
+        try:
+            value = from_json(self.arguments or "{}", allow_partial=True)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+class ToolUse:
+    """The tool side of one request. `parse` keeps its state: one `ToolUse` per response."""
+
+    def __init__(self, model: ServedModel, tools: Sequence[str], choice: ToolChoice) -> None:
+        self.tools = tuple(tools)
+        self.choice = choice
+        self.active = bool(self.tools) and choice.mode != "none"
+        self._format = parser_for(model.chat_template)
+        self._hidden = hidden_markers(self._format, model.tokenizer)
+        self._parser: ToolCallParser | PlainText = PlainText()
+        self._cut_short = False  # the output ended inside a call
+
+    @property
+    def prefill(self) -> str:
+        """The text the reply is forced to start with (appended to the prompt): the family's
+        call opener, with the name when one tool is required."""
+        if not self.active or self.choice.mode != "required":
+            return ""
+        return self._format.opener(self.choice.name)
+
+    async def parse(
+        self, events: AsyncIterator[TokenEvent], stop: Callable[[], None]
+    ) -> AsyncIterator[tuple[list[ToolEvent], TokenEvent]]:
+        """Each engine event with the text and call events its text makes (the prefill's come
+        with the first). Without `parallel`, after the first call `stop` ends generation, and
+        the text that still arrives is dropped."""
+        self._parser = self._format(self.tools) if self.active else PlainText()
+        parsed = self._parser.feed(self.prefill)
+        done = False
+        async for event in events:
+            if not done:
+                parsed += self._parser.feed(self._text_of(event))
+                if event.final:
+                    parsed += self._finish()
+                if not self.choice.parallel and self._parser.calls:
+                    parsed, done = _through_first_call(parsed), True
+                    if not event.final:
+                        stop()
+            yield parsed, event
+            parsed = []
+
+    def called(self, final: TokenEvent) -> bool:
+        """Whether the reply ended by calling tools (`tool_use` / `tool_calls`): a call was
+        made, and output did not run out of tokens in the middle of one."""
+        cut = self._cut_short and final.finish_reason is FinishReason.LENGTH
+        return self._parser.calls > 0 and not cut
+
+    def _finish(self) -> list[ToolEvent]:
+        events = self._parser.finish()
+        self._cut_short = any(isinstance(event, CallEnd) for event in events)
+        return events
+
+    def _text_of(self, event: TokenEvent) -> str:
+        """The event's text with the markers the detokenizer hid put back, when calls are
+        parsed (a special token's own text is empty, so a marker goes after the text its token
+        completed)."""
+        if not self.active:
+            return event.text
+        markers = [self._hidden[token] for token in event.token_ids if token in self._hidden]
+        return event.text + "".join(markers)
+
+
+def _through_first_call(events: list[ToolEvent]) -> list[ToolEvent]:
+    end = next(i for i, event in enumerate(events) if isinstance(event, CallEnd))
+    return events[: end + 1]
+
+
+async def whole_reply(
+    parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]],
+) -> tuple[list[str | ParsedCall], TokenEvent]:
+    """A non-streamed reply: its text and calls in order, and the final engine event; an
+    engine error raises."""
+    parts: list[str | ParsedCall] = []
+    async for events, event in parsed:
+        if event.error is not None:
+            raise event.error
+        for tool_event in events:
+            _add(parts, tool_event)
+        if event.final:
+            return parts, event
+    raise RuntimeError("the engine ended a request without a final event")
+
+
+def _add(parts: list[str | ParsedCall], event: ToolEvent) -> None:
+    last = parts[-1] if parts else None
+    if isinstance(event, TextDelta):
+        if isinstance(last, str):
+            parts[-1] = last + event.text
+        else:
+            parts.append(event.text)
+    elif isinstance(event, CallStart):
+        parts.append(ParsedCall(event.name, ""))
+    elif isinstance(event, ArgumentsDelta) and isinstance(last, ParsedCall):
+        last.arguments += event.json

@@ -1,0 +1,505 @@
+"""Tool calls in a model's output, parsed while it streams: one parser per model family.
+
+A parser is fed the output's text deltas and returns events: plain text, a call's start (its
+name), its argument JSON in fragments, a call's end. Text is held back only while it may be the
+start of a call marker (and whitespace, which is dropped next to a call). A call streams once it
+is certain enough: its name is a tool that was offered and its arguments have opened as a JSON
+object. Before that, text that breaks the JSON or names another tool turns back into plain
+text; after it, a break ends the call where the JSON stopped being valid (as running out of
+tokens does), and the rest is text again.
+
+Families (`parser_for` picks one from the chat template's markers; Hermes is the default, and
+the format of the default tool prompt in tool_prompt.py):
+- Hermes / Qwen: `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`, repeated.
+- Llama 3 JSON: `{"name": …, "parameters": {…}}` as the whole reply, optionally after
+  `<|python_tag|>`, calls separated by `;` or whitespace.
+- Mistral: `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]`, and the newer
+  `[TOOL_CALLS]name[ARGS]{…}` (optionally `name[CALL_ID]id[ARGS]{…}`), repeated.
+Every family takes `arguments` or `parameters` for the arguments.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from semantic.text.chat import ChatTemplate
+from semantic.text.json_prefix import JsonPrefix
+from semantic.text.tokenizer import Tokenizer
+
+
+@dataclass(slots=True, frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
+class CallStart:
+    index: int  # the call's position among this output's calls
+    name: str
+
+
+@dataclass(slots=True, frozen=True)
+class ArgumentsDelta:
+    """A fragment of the call's arguments: all of them in order are its JSON object."""
+
+    index: int
+    json: str
+
+
+@dataclass(slots=True, frozen=True)
+class CallEnd:
+    index: int
+
+
+ToolEvent = TextDelta | CallStart | ArgumentsDelta | CallEnd
+
+_WHITESPACE = " \t\n\r"
+_ARGUMENT_KEYS = ("arguments", "parameters")
+_MAX_NAME_CHARS = 256  # a Mistral tool name longer than this is not one
+
+
+class _Read(enum.Enum):
+    MORE = enum.auto()  # the character belongs to the call, which goes on
+    DONE = enum.auto()  # the character ended the call
+    REJECTED = enum.auto()  # not a call after all: its text is plain text (not this character)
+    BROKEN = enum.auto()  # a streaming call ended before this character, which is not its own
+
+
+class _CallReader:
+    """One call's JSON, a character at a time: `{"name": …, "arguments": {…}}`, or with `name`
+    given, the arguments object alone. Nothing is emitted before the call commits (its name is
+    offered and its arguments opened as an object); until then the reader may reject it."""
+
+    def __init__(self, index: int, offered: frozenset[str], name: str | None = None) -> None:
+        self.index = index
+        self.text: list[str] = []  # the characters read
+        self.events: list[ToolEvent] = []
+        self.committed = False
+        self._offered = offered
+        self._json = JsonPrefix()
+        self._bare = name is not None  # the text is the arguments object itself
+        self._name = name
+        self._name_start: int | None = None
+        self._args_start: int | None = None
+        self._args_end: int | None = None
+        self._sent = 0  # arguments are emitted up to this offset
+
+    def push(self, char: str) -> _Read:
+        if not self._json.push(char):
+            return self._break()
+        if not self._keeps_a_call(char):
+            return _Read.REJECTED
+        self.text.append(char)
+        if self._json.ended in _ARGUMENT_KEYS or (self._bare and self._json.complete):
+            self._args_end = self._args_end or len(self.text)
+        if not self.committed and self._name is not None and self._args_start is not None:
+            self._commit()
+        self._send_arguments()
+        if not self._json.complete:
+            return _Read.MORE
+        if not self.committed:
+            self._commit(arguments="{}")  # a call with no arguments at all
+        self.events.append(CallEnd(self.index))
+        return _Read.DONE
+
+    def finish(self) -> bool:
+        """The output ended inside this call: end it if it was streaming (its arguments as far
+        as they came); False when it never committed, and so is plain text."""
+        if self.committed:
+            self.events.append(CallEnd(self.index))
+        return self.committed
+
+    def _keeps_a_call(self, char: str) -> bool:
+        """Whether the text with `char` (valid JSON so far) may still be a call: the name is a
+        string naming an offered tool, the arguments an object, and a whole object has a name.
+        Notes where the name and the arguments begin, and the name once it ends."""
+        if not self._note(char, len(self.text)):
+            return False
+        if self._json.ended == "name" and self._name is None:
+            assert self._name_start is not None
+            name = json.loads("".join(self.text[self._name_start :]) + char)
+            if name not in self._offered:
+                return False
+            self._name = name
+        return self._name is not None or not self._json.complete
+
+    def _note(self, char: str, offset: int) -> bool:
+        """Where the name and the arguments begin; False when either is of the wrong type."""
+        if self._bare:
+            if self._args_start is None and char not in _WHITESPACE:
+                self._args_start = offset
+                return char == "{"
+            return True
+        started = self._json.started
+        if started == "name" and self._name_start is None:
+            self._name_start = offset
+            return char == '"'
+        if started in _ARGUMENT_KEYS and self._args_start is None:
+            self._args_start = offset
+            return char == "{"
+        return True
+
+    def _commit(self, arguments: str = "") -> None:
+        assert self._name is not None
+        self.committed = True
+        self.events.append(CallStart(self.index, self._name))
+        if arguments:
+            self.events.append(ArgumentsDelta(self.index, arguments))
+        self._sent = self._args_start or 0
+
+    def _send_arguments(self) -> None:
+        if not self.committed or self._args_start is None:
+            return
+        end = len(self.text) if self._args_end is None else self._args_end
+        if end > self._sent:
+            self.events.append(ArgumentsDelta(self.index, "".join(self.text[self._sent : end])))
+            self._sent = end
+
+    def _break(self) -> _Read:
+        if not self.committed:
+            return _Read.REJECTED
+        self.events.append(CallEnd(self.index))
+        return _Read.BROKEN
+
+
+class ToolCallParser:
+    """Finds a family's call markers in the text and hands what follows to a `_CallReader`.
+
+    Subclasses name their `MARKERS` (the strings that open a call, plus any the format writes
+    as special tokens) and say what follows a marker (`_on_marker`). `opener` is the text a
+    reply forced to call a tool starts with (prefilled by the server, then fed here too)."""
+
+    MARKERS: tuple[str, ...] = ()
+    SEPARATORS = _WHITESPACE  # what may sit between calls, dropped
+
+    def __init__(self, tools: Iterable[str]) -> None:
+        self._offered = frozenset(tools)
+        self._events: list[ToolEvent] = []
+        self._held = ""  # text not yet emitted: a possible marker start, trailing whitespace
+        self._call_text = ""  # the text of the call being read that its reader does not hold
+        self._reader: _CallReader | None = None
+        self._step: Callable[[str], None] = self._text
+        self.calls = 0  # calls ended so far
+        self._after_call = False  # nothing but separators since the last call
+        self._spoke = False  # some text was emitted
+
+    @classmethod
+    def opener(cls, name: str | None) -> str:
+        """The start of a reply that calls `name` (any offered tool when None)."""
+        raise NotImplementedError
+
+    def feed(self, text: str) -> list[ToolEvent]:
+        for char in text:
+            self._step(char)
+        return self._drain()
+
+    def finish(self) -> list[ToolEvent]:
+        """The output ended: a streaming call ends, everything held back is text."""
+        reader, self._reader = self._reader, None
+        if reader is not None and reader.finish():
+            self._events.extend(reader.events)
+            self.calls += 1
+        else:
+            self._emit(self._call_text + "".join(reader.text if reader else []))
+        self._emit(self._held)
+        self._call_text = self._held = ""
+        self._step = self._text
+        return self._drain()
+
+    # -- text between calls -----------------------------------------------------------------
+
+    def _markers(self) -> tuple[str, ...]:
+        """The markers that open a call here (some families only allow a call in places)."""
+        return self.MARKERS
+
+    def _text(self, char: str) -> None:
+        held = self._held + char
+        marker = next((m for m in self._markers() if held.endswith(m)), None)
+        if marker is not None:
+            before = held[: len(held) - len(marker)]
+            words = before.rstrip(_WHITESPACE)
+            self._emit(words)
+            self._held = ""
+            self._call_text = before[len(words) :]  # whitespace: dropped if a call follows
+            self._on_marker(marker)
+            return
+        # Hold a possible marker's start, and the whitespace before it (dropped if a call
+        # follows).
+        marker_start = len(held) - self._partial_marker(held)
+        cut = len(held[:marker_start].rstrip(_WHITESPACE))
+        self._emit(held[:cut])
+        self._held = held[cut:]
+
+    def _partial_marker(self, text: str) -> int:
+        """The length of the longest tail of `text` that a marker starts with."""
+        longest = 0
+        for marker in self._markers():
+            for size in range(min(len(marker) - 1, len(text)), longest, -1):
+                if text.endswith(marker[:size]):
+                    longest = size
+                    break
+        return longest
+
+    def _emit(self, text: str) -> None:
+        if self._after_call:
+            text = text.lstrip(self.SEPARATORS)
+        if text:
+            self._after_call = False
+            self._spoke = self._spoke or bool(text.strip())
+            self._events.append(TextDelta(text))
+
+    def _on_marker(self, marker: str) -> None:
+        """A marker opened a call: by default a JSON call object follows."""
+        self._call_text += marker
+        self._step = self._call_object
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def _call_object(self, char: str) -> None:
+        """Before a call object: whitespace, then its `{`."""
+        if char in _WHITESPACE:
+            self._call_text += char
+        elif char == "{":
+            self._read_call(char)
+        else:
+            self._reject(char)
+
+    def _read_call(self, char: str, name: str | None = None) -> None:
+        self._reader = _CallReader(self.calls, self._offered, name)
+        self._step = self._in_call
+        self._in_call(char)
+
+    def _in_call(self, char: str) -> None:
+        assert self._reader is not None
+        read = self._reader.push(char)
+        self._events.extend(self._reader.events)
+        self._reader.events.clear()
+        if read is _Read.REJECTED:
+            self._reject(char)
+        elif read is not _Read.MORE:
+            self._reader = None
+            self._call_text = ""
+            self.calls += 1
+            self._after_call = True
+            self._step = self._after_call_step()
+            if read is _Read.BROKEN:
+                self._step(char)
+
+    def _after_call_step(self) -> Callable[[str], None]:
+        """Where a finished call leaves the parser (a Mistral list goes on to its next item)."""
+        return self._text
+
+    def _reject(self, char: str | None) -> None:
+        """Not a call: its text so far is plain text, and `char` is read again as text."""
+        reader, self._reader = self._reader, None
+        text = self._call_text + "".join(reader.text if reader else [])
+        self._call_text = ""
+        self._step = self._text
+        self._emit(text)
+        if char is not None:
+            self._text(char)
+
+    def _drain(self) -> list[ToolEvent]:
+        """The events since the last drain, adjacent text and argument fragments merged."""
+        merged: list[ToolEvent] = []
+        for event in self._events:
+            last = merged[-1] if merged else None
+            if isinstance(event, TextDelta) and isinstance(last, TextDelta):
+                merged[-1] = TextDelta(last.text + event.text)
+            elif (
+                isinstance(event, ArgumentsDelta)
+                and isinstance(last, ArgumentsDelta)
+                and last.index == event.index
+            ):
+                merged[-1] = ArgumentsDelta(event.index, last.json + event.json)
+            else:
+                merged.append(event)
+        self._events = []
+        return merged
+
+
+class HermesParser(ToolCallParser):
+    """`<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` (Hermes, Qwen 2.5 and 3)."""
+
+    MARKERS = ("<tool_call>", "</tool_call>")
+
+    @classmethod
+    def opener(cls, name: str | None) -> str:
+        return '<tool_call>\n{"name": ' + _json_name_and(name, "arguments")
+
+    def _markers(self) -> tuple[str, ...]:
+        # The closing tag is only swallowed right after a call; elsewhere it is text.
+        return self.MARKERS if self._after_call else self.MARKERS[:1]
+
+    def _on_marker(self, marker: str) -> None:
+        if marker == "<tool_call>":
+            super()._on_marker(marker)
+        else:
+            self._call_text = ""  # the tag that closes the call just read
+
+
+class Llama3JsonParser(ToolCallParser):
+    """`{"name": …, "parameters": {…}}` as the reply itself, or after `<|python_tag|>`.
+
+    A `{` opens a call only where nothing but whitespace came before it (the start of the
+    reply, or after a call); in the middle of text a brace is text."""
+
+    MARKERS = ("<|python_tag|>", "{")
+    SEPARATORS = _WHITESPACE + ";"
+
+    @classmethod
+    def opener(cls, name: str | None) -> str:
+        return '{"name": ' + _json_name_and(name, "parameters")
+
+    def _markers(self) -> tuple[str, ...]:
+        return self.MARKERS if self._after_call or not self._spoke else self.MARKERS[:1]
+
+    def _on_marker(self, marker: str) -> None:
+        if marker == "{":
+            self._read_call(marker)
+        else:
+            super()._on_marker(marker)
+
+
+class MistralParser(ToolCallParser):
+    """`[TOOL_CALLS][{"name": …, "arguments": {…}}, …]` and `[TOOL_CALLS]name[ARGS]{…}`
+    (optionally `name[CALL_ID]id[ARGS]{…}`). The prefilled opener is the list form."""
+
+    MARKERS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+
+    def __init__(self, tools: Iterable[str]) -> None:
+        super().__init__(tools)
+        self._in_list = False  # between the `[` and `]` of a list of calls
+        self._name = ""  # the `name[ARGS]` being read
+        self._call_name = ""  # the tool a `name[ARGS]` call names
+
+    @classmethod
+    def opener(cls, name: str | None) -> str:
+        return '[TOOL_CALLS][{"name": ' + _json_name_and(name, "arguments")
+
+    def _markers(self) -> tuple[str, ...]:
+        return self.MARKERS[:1]
+
+    def _on_marker(self, marker: str) -> None:
+        self._call_text += marker
+        self._step = self._list_or_name
+
+    def _list_or_name(self, char: str) -> None:
+        if char in _WHITESPACE:
+            self._call_text += char
+        elif char == "[":
+            self._call_text += char
+            self._in_list = True
+            self._step = self._list_item
+        else:
+            self._name = ""
+            self._step = self._named
+            self._named(char)
+
+    def _list_item(self, char: str) -> None:
+        """Inside the list after `[` or `,`: a call object (or, leniently, the list's end)."""
+        if char in _WHITESPACE:
+            self._call_text += char
+        elif char == "{":
+            self._read_call(char)
+        elif char == "]":
+            self._list_done()
+        else:
+            self._reject(char)
+
+    def _list_next(self, char: str) -> None:
+        """After a call in the list: `,` and the next call, or `]`."""
+        if char in _WHITESPACE or char == ",":
+            self._call_text += char
+            self._step = self._list_item if char == "," else self._list_next
+        elif char == "]":
+            self._list_done()
+        else:
+            self._reject(char)
+
+    def _list_done(self) -> None:
+        self._call_text = ""
+        self._in_list = False
+        self._after_call = True
+        self._step = self._text
+
+    def _after_call_step(self) -> Callable[[str], None]:
+        return self._list_next if self._in_list else self._text
+
+    def _named(self, char: str) -> None:
+        """`name[ARGS]` or `name[CALL_ID]id[ARGS]`, then the arguments object."""
+        if char == "\n" or len(self._name) >= _MAX_NAME_CHARS:
+            self._reject(char)
+            return
+        self._call_text += char
+        self._name += char
+        if self._name.endswith("[ARGS]"):
+            name = self._name.removesuffix("[ARGS]").split("[CALL_ID]")[0].strip(_WHITESPACE)
+            if name not in self._offered:
+                self._reject(None)
+                return
+            self._call_name = name
+            self._step = self._named_arguments
+
+    def _named_arguments(self, char: str) -> None:
+        self._read_call(char, self._call_name)
+
+    def _reject(self, char: str | None) -> None:
+        self._in_list = False
+        super()._reject(char)
+
+
+class MistralNamesParser(MistralParser):
+    """The newer Mistral format: its prefilled opener is `[TOOL_CALLS]name[ARGS]`."""
+
+    @classmethod
+    def opener(cls, name: str | None) -> str:
+        return "[TOOL_CALLS]" + ("" if name is None else name + "[ARGS]")
+
+
+def _json_name_and(name: str | None, arguments_key: str) -> str:
+    """`"` (the model writes the name), or the name and the arguments key, ready for `{`."""
+    if name is None:
+        return '"'
+    return json.dumps(name, ensure_ascii=False) + f', "{arguments_key}": '
+
+
+def parser_for(template: ChatTemplate) -> type[ToolCallParser]:
+    """The family a chat template's model writes tool calls in, told by the markers the template
+    itself writes. A template with no tool support gets the default tool prompt, and so Hermes;
+    a tool-aware template with none of these markers also gets Hermes (the most common)."""
+    source = template.source if template.supports_tools else ""
+    if "[TOOL_CALLS]" in source:
+        return MistralNamesParser if "[ARGS]" in source else MistralParser
+    if "<tool_call>" in source:
+        return HermesParser
+    if "<|python_tag|>" in source or '"parameters"' in source:
+        return Llama3JsonParser
+    return HermesParser
+
+
+def hidden_markers(parser: type[ToolCallParser], tokenizer: Tokenizer) -> dict[int, str]:
+    """The family's markers that are special tokens to this tokenizer, by id. The detokenizer
+    drops special tokens from the text (`[TOOL_CALLS]`, `<|python_tag|>`), so the caller puts
+    these back before feeding the parser."""
+    hidden = {}
+    for marker in parser.MARKERS:
+        token_id = tokenizer.token_to_id(marker)
+        if token_id is not None and tokenizer.is_special(token_id):
+            hidden[token_id] = marker
+    return hidden
+
+
+class PlainText:
+    """The parser for output that is not searched for calls (`tool_choice` none, no tools)."""
+
+    calls = 0
+
+    def feed(self, text: str) -> list[ToolEvent]:
+        return [TextDelta(text)] if text else []
+
+    def finish(self) -> list[ToolEvent]:
+        return []

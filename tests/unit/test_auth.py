@@ -1,0 +1,185 @@
+"""API keys over the fake runner: 401 in each protocol's shape, both key headers, open health
+checks, protected admin routes, keys never logged; and the rule for binding a remote address."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from semantic.api.app import create_app
+from semantic.cli import check_bind, main
+from semantic.config import Settings
+from semantic.errors import SemanticError
+from semantic.models.served import ServedModel
+from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
+from tests.unit.fakes import make_engine
+
+KEY = "sk-semantic-good-1f2e3d"
+FILE_KEY = "sk-semantic-from-file-9a8b"
+WRONG = "sk-semantic-wrong-7c6d"
+MESSAGES = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]}
+ROUTES = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
+
+
+@pytest.fixture(autouse=True)
+def _no_outside_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No `.env` or `SEMANTIC_*` variable of the machine running the tests gets in."""
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
+        monkeypatch.delenv(name)
+
+
+def app_client(served: ServedModel, cache_dir: Path, **settings: object) -> TestClient:
+    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
+    chat_served = dataclasses.replace(served, chat_template=template)
+    engine, _ = make_engine(chat_served, cache_dir, **settings)
+    return TestClient(create_app(engine, engine.settings))
+
+
+@pytest.fixture
+def keyed(served: ServedModel, tmp_path: Path) -> Iterator[TestClient]:
+    """The app with two keys: one given directly, one from a key file."""
+    key_file = tmp_path / "keys"
+    key_file.write_text(f"# one key a line\n\n{FILE_KEY}\n")
+    with app_client(served, tmp_path / "cache", api_key=[KEY], api_key_file=key_file) as client:
+        yield client
+
+
+def header(style: str, key: str) -> dict[str, str]:
+    return {"x-api-key": key} if style == "x-api-key" else {"authorization": f"Bearer {key}"}
+
+
+def test_without_keys_every_route_is_open(served: ServedModel, tmp_path: Path) -> None:
+    with app_client(served, tmp_path) as client:
+        assert client.post(ROUTES["anthropic"], json=MESSAGES).status_code == 200
+        assert client.post(ROUTES["openai"], json=MESSAGES).status_code == 200
+        assert client.get("/admin/cache").status_code == 200
+
+
+@pytest.mark.parametrize("style", ["x-api-key", "bearer"])
+@pytest.mark.parametrize("protocol", ["anthropic", "openai"])
+@pytest.mark.parametrize("key", [KEY, FILE_KEY])
+def test_either_header_with_any_configured_key_passes(
+    keyed: TestClient, style: str, protocol: str, key: str
+) -> None:
+    response = keyed.post(ROUTES[protocol], json=MESSAGES, headers=header(style, key))
+    assert response.status_code == 200, response.text
+
+
+def test_a_good_bearer_token_passes_beside_a_stale_x_api_key(keyed: TestClient) -> None:
+    """Claude Code may send both headers (PROTOCOLS.md §2.1); one matching key is enough."""
+    headers = {"x-api-key": WRONG, "authorization": f"Bearer {KEY}"}
+    assert keyed.post(ROUTES["anthropic"], json=MESSAGES, headers=headers).status_code == 200
+
+
+@pytest.mark.parametrize("sent", [{}, {"x-api-key": WRONG}, {"authorization": f"Bearer {WRONG}"}])
+def test_anthropic_routes_answer_401_authentication_error(
+    keyed: TestClient, sent: dict[str, str]
+) -> None:
+    response = keyed.post(ROUTES["anthropic"], json=MESSAGES, headers=sent)
+    assert response.status_code == 401
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
+    assert body["request_id"] == response.headers["request-id"]
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert WRONG not in response.text
+
+
+@pytest.mark.parametrize("sent", [{}, {"x-api-key": WRONG}, {"authorization": f"Bearer {WRONG}"}])
+def test_openai_routes_answer_401_invalid_api_key(keyed: TestClient, sent: dict[str, str]) -> None:
+    response = keyed.post(ROUTES["openai"], json=MESSAGES, headers=sent)
+    assert response.status_code == 401
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_api_key"
+    assert error["param"] is None and error["message"]
+    assert WRONG not in response.text
+
+
+def test_a_bearer_scheme_other_than_bearer_is_no_key(keyed: TestClient) -> None:
+    headers = {"authorization": f"Basic {KEY}"}
+    assert keyed.post(ROUTES["openai"], json=MESSAGES, headers=headers).status_code == 401
+
+
+def test_the_sdks_raise_their_authentication_errors(keyed: TestClient) -> None:
+    claude = anthropic.Anthropic(
+        base_url=str(keyed.base_url), api_key=WRONG, http_client=keyed, max_retries=0
+    )
+    with pytest.raises(anthropic.AuthenticationError):
+        claude.messages.create(**MESSAGES)  # type: ignore[call-overload]
+    gpt = openai.OpenAI(
+        base_url=f"{keyed.base_url}/v1", api_key=WRONG, http_client=keyed, max_retries=0
+    )
+    with pytest.raises(openai.AuthenticationError) as raised:
+        gpt.chat.completions.create(**MESSAGES)  # type: ignore[call-overload]
+    assert raised.value.code == "invalid_api_key"
+    ok = openai.OpenAI(base_url=f"{keyed.base_url}/v1", api_key=KEY, http_client=keyed)
+    assert ok.chat.completions.create(**MESSAGES).choices  # type: ignore[call-overload]
+
+
+def test_health_checks_need_no_key(keyed: TestClient) -> None:
+    assert keyed.get("/health/live").status_code == 200
+    assert keyed.get("/health/ready").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/admin/cache"),
+        ("POST", "/admin/cache/persist"),
+        ("GET", "/v1/agents"),
+        ("GET", "/v1/models"),
+        ("GET", "/no/such/route"),
+    ],
+)
+def test_admin_agents_models_and_unknown_routes_need_a_key(
+    keyed: TestClient, method: str, path: str
+) -> None:
+    assert keyed.request(method, path).status_code == 401
+    good = keyed.request(method, path, headers={"x-api-key": KEY})
+    assert good.status_code == (404 if path == "/no/such/route" else 200)
+
+
+def test_keys_never_reach_the_logs(keyed: TestClient, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    for route in ROUTES.values():
+        for key in (KEY, FILE_KEY, WRONG):
+            for style in ("x-api-key", "bearer"):
+                keyed.post(route, json=MESSAGES, headers=header(style, key))
+                streamed = {**MESSAGES, "stream": True}
+                keyed.post(route, json=streamed, headers=header(style, key))
+        keyed.post(route, json=MESSAGES)
+    logged = caplog.text + "".join(str(record.__dict__) for record in caplog.records)
+    assert "401 on POST /v1/messages" in logged  # the refusals are logged, without the keys
+    for secret in (KEY, FILE_KEY, WRONG):
+        assert secret not in logged
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.2.1", "::1", "localhost"])
+def test_loopback_binds_need_neither_allow_remote_nor_a_key(host: str) -> None:
+    check_bind(Settings(host=host))
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20", "example.com"])
+def test_a_remote_bind_needs_allow_remote_and_a_key(host: str) -> None:
+    with pytest.raises(SemanticError, match="--allow-remote"):
+        check_bind(Settings(host=host, api_key=[KEY]))
+    with pytest.raises(SemanticError, match="without an API key"):
+        check_bind(Settings(host=host, allow_remote=True))
+    check_bind(Settings(host=host, allow_remote=True, api_key=[KEY]))
+
+
+def test_serve_refuses_a_remote_bind_before_loading_anything(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--host", "0.0.0.0", "--model", "/no/such/model"]) == 2
+    assert "--allow-remote" in capsys.readouterr().err
+    assert main(["serve", "--host", "0.0.0.0", "--allow-remote", "--model", "/no/model"]) == 2
+    assert "without an API key" in capsys.readouterr().err

@@ -1,0 +1,403 @@
+"""Tool-call parsers (text/tools.py) and the JSON prefix checker under them.
+
+Every case is fed whole, a character at a time, and split in two at every character boundary:
+the events, with adjacent text and argument fragments joined, must be the same every way.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+import tokenizers
+
+from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
+from semantic.text.json_prefix import JsonPrefix
+from semantic.text.tokenizer import Tokenizer
+from semantic.text.tools import (
+    ArgumentsDelta,
+    CallEnd,
+    CallStart,
+    HermesParser,
+    Llama3JsonParser,
+    MistralNamesParser,
+    MistralParser,
+    TextDelta,
+    ToolCallParser,
+    ToolEvent,
+    hidden_markers,
+    parser_for,
+)
+
+TOOLS = ("get_weather", "get_time")
+WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+TIME = '{"name": "get_time", "arguments": {}}'
+PARIS = '{"city": "Paris"}'
+
+Outcome = list[tuple[Any, ...]]  # ("text", text) | ("call", name, arguments) entries
+
+
+def outcome(events: list[ToolEvent]) -> Outcome:
+    """Events folded into text runs and whole calls, checking that each call starts, streams
+    its arguments and ends in order, with indices 0, 1, 2…"""
+    result: Outcome = []
+    open_call: int | None = None
+    calls = 0
+    for event in events:
+        if isinstance(event, TextDelta):
+            assert open_call is None and event.text
+            if result and result[-1][0] == "text":
+                result[-1] = ("text", result[-1][1] + event.text)
+            else:
+                result.append(("text", event.text))
+        elif isinstance(event, CallStart):
+            assert open_call is None and event.index == calls
+            open_call = event.index
+            result.append(("call", event.name, ""))
+        elif isinstance(event, ArgumentsDelta):
+            assert event.index == open_call
+            kind, name, arguments = result[-1]
+            result[-1] = (kind, name, arguments + event.json)
+        else:
+            assert isinstance(event, CallEnd) and event.index == open_call
+            open_call, calls = None, calls + 1
+    assert open_call is None, "a call was left open"
+    return result
+
+
+def parse(parser: type[ToolCallParser], pieces: list[str]) -> Outcome:
+    instance = parser(TOOLS)
+    events = [event for piece in pieces for event in instance.feed(piece)]
+    return outcome(events + instance.finish())
+
+
+def parse_every_way(parser: type[ToolCallParser], text: str) -> Outcome:
+    """The outcome of `text`, after checking that every way of splitting it gives the same."""
+    whole = parse(parser, [text])
+    assert parse(parser, list(text)) == whole
+    for cut in range(1, len(text)):
+        assert parse(parser, [text[:cut], text[cut:]]) == whole, f"split at {cut}"
+    return whole
+
+
+def call(name: str, arguments: str) -> tuple[str, str, str]:
+    return ("call", name, arguments)
+
+
+HERMES_CASES = [
+    (
+        "text, then a call",
+        f"I'll check.\n<tool_call>\n{WEATHER}\n</tool_call>",
+        [("text", "I'll check."), call("get_weather", PARIS)],
+    ),
+    (
+        "two calls, whitespace between them dropped",
+        f"<tool_call>\n{WEATHER}\n</tool_call>\n<tool_call>\n{TIME}\n</tool_call>\n",
+        [call("get_weather", PARIS), call("get_time", "{}")],
+    ),
+    (
+        "text after a call",
+        f"<tool_call>\n{WEATHER}\n</tool_call>\nDone.",
+        [call("get_weather", PARIS), ("text", "Done.")],
+    ),
+    (
+        "a tool that was not offered is text",
+        '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>',
+        [("text", '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>')],
+    ),
+    (
+        "JSON that does not parse is text",
+        "Hi <tool_call>\nnot json\n</tool_call>",
+        [("text", "Hi <tool_call>\nnot json\n</tool_call>")],
+    ),
+    (
+        "arguments that are not an object are text",
+        '<tool_call>{"name": "get_time", "arguments": "now"}</tool_call>',
+        [("text", '<tool_call>{"name": "get_time", "arguments": "now"}</tool_call>')],
+    ),
+    (
+        "a marker in prose stays prose",
+        "Wrap calls in <tool_call> tags, like <tool_ca",
+        [("text", "Wrap calls in <tool_call> tags, like <tool_ca")],
+    ),
+    (
+        "the name after the arguments",
+        '<tool_call>{"arguments": {"city": "Paris"}, "name": "get_weather"}</tool_call>',
+        [call("get_weather", PARIS)],
+    ),
+    (
+        "a call without arguments gets an empty object",
+        '<tool_call>{"name": "get_time"}</tool_call>',
+        [call("get_time", "{}")],
+    ),
+    (
+        "a missing closing brace before the closing tag is forgiven",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}\n</tool_call>',
+        [call("get_weather", PARIS)],
+    ),
+    (
+        "escapes and non-ASCII text stay as written",
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "S\\u00e3o \\"P\\" 😀"}}',
+        [call("get_weather", '{"city": "S\\u00e3o \\"P\\" 😀"}')],
+    ),
+    (
+        "output cut short inside the arguments ends the call",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
+        [call("get_weather", '{"city": "Pa')],
+    ),
+    (
+        "output cut short before the call commits is text",
+        '<tool_call>\n{"name": "get_wea',
+        [("text", '<tool_call>\n{"name": "get_wea')],
+    ),
+    (
+        "a streaming call that breaks ends where the JSON stopped, the rest is text",
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris" oops}}',
+        [call("get_weather", '{"city": "Paris" '), ("text", "oops}}")],
+    ),
+    (
+        "a second marker right after a failed one",
+        f"<tool_call><tool_call>{WEATHER}</tool_call>",
+        [("text", "<tool_call>"), call("get_weather", PARIS)],
+    ),
+    ("plain text", "Paris is in France.\n", [("text", "Paris is in France.\n")]),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "expected"), HERMES_CASES, ids=[c[0] for c in HERMES_CASES]
+)
+def test_hermes(case: str, text: str, expected: Outcome) -> None:
+    assert parse_every_way(HermesParser, text) == expected
+
+
+LLAMA3_CASES = [
+    (
+        "a call as the reply",
+        ' {"name": "get_weather", "parameters": {"city": "Paris"}}',
+        [call("get_weather", PARIS)],
+    ),
+    (
+        "calls separated by a semicolon",
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", '
+        '"parameters": {}}',
+        [call("get_weather", PARIS), call("get_time", "{}")],
+    ),
+    (
+        "after the python tag",
+        '<|python_tag|>{"name": "get_time", "arguments": {}}',
+        [call("get_time", "{}")],
+    ),
+    (
+        "a brace inside text is text",
+        'Use {"name": "get_time", "parameters": {}} to ask.',
+        [("text", 'Use {"name": "get_time", "parameters": {}} to ask.')],
+    ),
+    (
+        "a JSON answer that is not a call is text",
+        '{"answer": 42}',
+        [("text", '{"answer": 42}')],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "expected"), LLAMA3_CASES, ids=[c[0] for c in LLAMA3_CASES]
+)
+def test_llama3_json(case: str, text: str, expected: Outcome) -> None:
+    assert parse_every_way(Llama3JsonParser, text) == expected
+
+
+MISTRAL_CASES = [
+    (
+        "a list of calls",
+        f"[TOOL_CALLS][{WEATHER}, {TIME}]",
+        [call("get_weather", PARIS), call("get_time", "{}")],
+    ),
+    (
+        "text, then name[ARGS] calls",
+        'Sure. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}',
+        [("text", "Sure."), call("get_weather", PARIS), call("get_time", "{}")],
+    ),
+    (
+        "a call id between the name and the arguments",
+        '[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris"}',
+        [call("get_weather", PARIS)],
+    ),
+    (
+        "a name that was not offered is text",
+        "[TOOL_CALLS]rm_rf[ARGS]{}",
+        [("text", "[TOOL_CALLS]rm_rf[ARGS]{}")],
+    ),
+    (
+        "a list item that is not a call is text",
+        f"[TOOL_CALLS][{WEATHER}, 7]",
+        [call("get_weather", PARIS), ("text", ", 7]")],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "expected"), MISTRAL_CASES, ids=[c[0] for c in MISTRAL_CASES]
+)
+def test_mistral(case: str, text: str, expected: Outcome) -> None:
+    assert parse_every_way(MistralParser, text) == expected
+
+
+def test_arguments_stream_in_fragments_as_they_are_written() -> None:
+    parser = HermesParser(TOOLS)
+    assert parser.feed('<tool_call>\n{"name": "get_weather", ') == []
+    assert parser.feed('"arguments": {"ci') == [
+        CallStart(0, "get_weather"),
+        ArgumentsDelta(0, '{"ci'),
+    ]
+    assert parser.feed('ty": "Paris"}}') == [ArgumentsDelta(0, 'ty": "Paris"}'), CallEnd(0)]
+    assert parser.finish() == []
+
+
+def test_text_is_held_back_only_while_it_may_start_a_marker() -> None:
+    parser = HermesParser(TOOLS)
+    assert parser.feed("Let me see <tool") == [TextDelta("Let me see")]
+    assert parser.feed("box> here") == [TextDelta(" <toolbox> here")]
+
+
+@pytest.mark.parametrize(
+    ("parser", "name", "generated", "expected"),
+    [
+        (HermesParser, None, 'get_time", "arguments": {}}</tool_call>', call("get_time", "{}")),
+        (HermesParser, "get_time", "{}}\n</tool_call>", call("get_time", "{}")),
+        (Llama3JsonParser, "get_weather", PARIS + "}", call("get_weather", PARIS)),
+        (MistralParser, None, 'get_time", "arguments": {}}]', call("get_time", "{}")),
+        (MistralNamesParser, "get_weather", PARIS, call("get_weather", PARIS)),
+        (MistralNamesParser, None, "get_time[ARGS]{}", call("get_time", "{}")),
+    ],
+)
+def test_a_prefilled_opener_and_the_generated_rest_parse_as_one_call(
+    parser: type[ToolCallParser], name: str | None, generated: str, expected: Any
+) -> None:
+    assert parse_every_way(parser, parser.opener(name) + generated) == [expected]
+
+
+@pytest.mark.parametrize(
+    ("source", "parser"),
+    [
+        ("{% for tool in tools %}{{ tool | tojson }}{% endfor %}<tool_call>", HermesParser),
+        ("{{ tools }}[AVAILABLE_TOOLS][TOOL_CALLS][", MistralParser),
+        ("{{ tools }}[TOOL_CALLS]{{ name }}[ARGS]{{ args }}", MistralNamesParser),
+        ("{{ tools }}<|python_tag|>", Llama3JsonParser),
+        ('{{ tools }}{"name": x, "parameters": y}', Llama3JsonParser),
+        ("{{ tools }}no markers at all", HermesParser),
+        # No tool support: the default tool prompt is Hermes', whatever the template writes.
+        ("[TOOL_CALLS]" + CHATML_TEMPLATE, HermesParser),
+    ],
+)
+def test_the_family_comes_from_the_templates_markers(
+    source: str, parser: type[ToolCallParser]
+) -> None:
+    template = ChatTemplate(source, bos_token=None, eos_token=None)
+    assert parser_for(template) is parser
+
+
+def test_markers_the_detokenizer_hides_are_found_by_id() -> None:
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE())
+    backend.add_special_tokens(["[TOOL_CALLS]"])
+    backend.add_tokens(["[ARGS]"])  # an added token that is not special: it stays in the text
+    tokenizer = Tokenizer(backend, bos_token=None, eos_token=None, eos_token_ids=(), add_bos=False)
+    assert hidden_markers(MistralParser, tokenizer) == {
+        backend.token_to_id("[TOOL_CALLS]"): "[TOOL_CALLS]"
+    }
+    assert hidden_markers(HermesParser, tokenizer) == {}
+
+
+# -- the JSON prefix checker -----------------------------------------------------------------
+
+VALID_JSON = [
+    '{"a": 1, "b": [true, false, null], "c": {"d": "e\\u00e9\\n"}, "f": -0.5e+10}',
+    '[1, 2.0, -3, 4e5, 0, "x", [], {}]',
+    '{"nested": [[[{"deep": [1, {"x": "\\"\\\\/\\b\\f\\n\\r\\t"}]}]]]}',
+    ' { "spaces" : [ 1 , 2 ] } ',
+    '{"emoji": "😀", "empty": "", "zero": 0, "neg": -12.25E-3}',
+]
+
+
+def scan(text: str) -> tuple[int | None, bool]:
+    """(the offset of the first character refused, or None) and whether the value completed."""
+    reader = JsonPrefix()
+    for offset, char in enumerate(text):
+        if not reader.push(char):
+            return offset, False
+    return None, reader.complete
+
+
+def strict_loads(text: str) -> Any:
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("text", VALID_JSON)
+def test_valid_json_is_accepted_to_the_end_and_complete(text: str) -> None:
+    assert scan(text) == (None, True)
+
+
+@pytest.mark.parametrize(
+    ("text", "refused_at"),
+    [
+        ('{"a": tru', None),
+        ('{"a": trux}', 9),
+        ("{a: 1}", 1),
+        ('{"a" 1}', 5),
+        ('{"a": 01}', 7),
+        ('{"a": 1.}', 8),
+        ('{"a": -}', 7),
+        ('{"a": 1,}', 8),
+        ('["\\x"]', 3),
+        ('["\\u12g4"]', 6),
+        ('["tab\there"]', 5),
+        ("[1] [2]", 4),
+        ("[1}", 2),
+        ('{"a": NaN}', 6),
+    ],
+)
+def test_invalid_json_is_refused_at_the_character_that_breaks_it(
+    text: str, refused_at: int | None
+) -> None:
+    assert scan(text) == (refused_at, False)
+
+
+def test_one_changed_character_is_judged_as_json_judges_it() -> None:
+    rng = random.Random(7)
+    alphabet = '{}[],:"\\ 0123456789.eE+-abtrufnl\n'
+    for _ in range(3000):
+        original = rng.choice(VALID_JSON)
+        at = rng.randrange(len(original))
+        text = original[:at] + rng.choice(alphabet) + original[at + 1 :]
+        try:
+            value = strict_loads(text)
+        except ValueError:
+            refused, complete = scan(text)
+            assert refused is not None or not complete, text
+            continue
+        if isinstance(value, dict | list):  # a bare number never completes without a follower
+            assert scan(text) == (None, True), text
+
+
+def test_the_top_level_members_are_located() -> None:
+    text = '{"name": "f", "n": 12, "arguments": {"x": [1]}, "b": true}'
+    reader = JsonPrefix()
+    spans: dict[str, list[int]] = {}
+    for offset, char in enumerate(text):
+        assert reader.push(char)
+        if reader.started is not None:
+            spans[reader.started] = [offset]
+        if reader.ended is not None:
+            spans[reader.ended].append(reader.ended_at)
+    assert {key: text[a:b] for key, (a, b) in spans.items()} == {
+        "name": '"f"',
+        "n": "12",
+        "arguments": '{"x": [1]}',
+        "b": "true",
+    }
