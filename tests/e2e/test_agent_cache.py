@@ -149,7 +149,10 @@ def test_kill_9_during_cache_writes_loses_nothing_acknowledged(
     churn = threading.Thread(target=_churn, args=(server,), daemon=True)
     churn.start()
     deadline = time.monotonic() + 300
-    while httpx.get(f"{server.url}/admin/cache").json()["totals"]["evicted_to_disk"] < 2:
+    # /admin/cache waits for the engine's step in flight: a long one on a loaded machine.
+    while (
+        httpx.get(f"{server.url}/admin/cache", timeout=60).json()["totals"]["evicted_to_disk"] < 2
+    ):
         assert time.monotonic() < deadline, "the churn never evicted anything"
         assert churn.is_alive(), f"the churn stopped before any eviction:\n{server.log()}"
         time.sleep(0.05)
