@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 import typing
@@ -25,6 +24,8 @@ from semantic.errors import SemanticError
 
 if TYPE_CHECKING:
     from semantic.engine.engine import Engine
+    from semantic.engine.host import EngineHost
+    from semantic.registry import ModelSource
 
 log = logging.getLogger("semantic")
 
@@ -126,7 +127,7 @@ def _models(args: argparse.Namespace) -> int:
     from semantic.registry import ModelRegistry
 
     settings = settings_from(args)
-    registry = ModelRegistry()
+    registry = ModelRegistry(settings.model_aliases)
     for source in registry.available():
         marker = "*" if source.name == registry.resolve(settings.model).name else " "
         print(f"{marker} {source.name:<20} {source.format:<5} {source.path}")
@@ -151,22 +152,17 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from semantic.api.app import create_app
+    from semantic.api.server import serve
+    from semantic.observability import configure_logging
 
     settings = settings_from(args)
     check_bind(settings)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    engine = _build_engine_off_the_main_thread(settings)
-    app = create_app(engine, settings)
-    # uvicorn stops gracefully on SIGINT/SIGTERM (the engine persists every cache on the way
-    # out), then re-raises the signal to the handler it found; a no-op one makes that exit 0.
-    for stop_signal in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(stop_signal, lambda signum, frame: None)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    configure_logging(settings.log_level)
+    app = create_app(build_host(settings), settings)
+    # On SIGTERM/SIGINT: drain (503 to new requests, running ones get shutdown_timeout_s),
+    # persist every hot cache, exit 0.
+    serve(app, settings)
     return 0
 
 
@@ -187,7 +183,22 @@ def check_bind(settings: Settings) -> None:
         )
 
 
-def _build_engine_off_the_main_thread(settings: Settings) -> Engine:
+def build_host(settings: Settings) -> EngineHost:
+    """The configured model's engine, in a host that can swap it for another model (each load
+    on a short-lived thread, as the first)."""
+    from semantic.engine.host import EngineHost
+    from semantic.registry import ModelRegistry
+
+    registry = ModelRegistry(settings.model_aliases)
+    source = registry.resolve(settings.model)
+
+    def load(source: ModelSource) -> Engine:
+        return _build_engine_off_the_main_thread(settings, source)
+
+    return EngineHost(load(source), settings, source=source, registry=registry, load=load)
+
+
+def _build_engine_off_the_main_thread(settings: Settings, source: ModelSource) -> Engine:
     """`build_engine` on a short-lived thread. When the main thread, which goes on to run the
     event loop, did the load's torch work, every step on the engine thread ran at about half
     speed (SmolLM2 single-stream decode 53 vs 93 tok/s on 2 cores; see docs/design.md). A
@@ -197,7 +208,7 @@ def _build_engine_off_the_main_thread(settings: Settings) -> Engine:
 
     def load() -> None:
         try:
-            built.append(build_engine(settings))
+            built.append(build_engine(settings, source))
         except BaseException as exc:
             failed.append(exc)
 
@@ -209,21 +220,25 @@ def _build_engine_off_the_main_thread(settings: Settings) -> Engine:
     return built[0]
 
 
-def build_engine(settings: Settings) -> Engine:
-    """Resolve and load the model, build its runner over a fresh block pool, wrap an engine."""
+def build_engine(settings: Settings, source: ModelSource | None = None) -> Engine:
+    """Load the model (`source`, else the configured one), build its runner over a fresh block
+    pool, wrap an engine."""
     from semantic.backends import create_runner
     from semantic.engine.engine import Engine
+    from semantic.memory import own_mappings
     from semantic.models.checkpoint import load_checkpoint
     from semantic.models.served import ServedModel
     from semantic.registry import ModelRegistry
 
-    source = ModelRegistry().resolve(settings.model)
+    source = source or ModelRegistry(settings.model_aliases).resolve(settings.model)
     log.info("loading %s from %s", source.name, source.path)
-    checkpoint = load_checkpoint(source.path, progress=sys.stderr.isatty())
-    runner = create_runner(settings, checkpoint.config, checkpoint.weights())
+    # In mappings of their own, the weights and the pool go back to the system on a swap.
+    with own_mappings():
+        checkpoint = load_checkpoint(source.path, progress=sys.stderr.isatty())
+        runner = create_runner(settings, checkpoint.config, checkpoint.weights())
     context = checkpoint.config.max_position_embeddings
     served = ServedModel(
-        name=settings.served_model_name or source.name,
+        name=_served_name(settings, source),
         config=checkpoint.config,
         tokenizer=checkpoint.tokenizer,
         chat_template=checkpoint.chat_template,
@@ -237,3 +252,18 @@ def build_engine(settings: Settings) -> Engine:
         runner.cache_spec.tag(),
     )
     return Engine(runner, served, settings)
+
+
+def _served_name(settings: Settings, source: ModelSource) -> str:
+    """The id clients see: `served_model_name` for the configured model, whenever it is loaded
+    (the name tags its caches on disk), and a swapped-in model's own name."""
+    from semantic.registry import ModelRegistry
+
+    if settings.served_model_name is None:
+        return source.name
+    try:
+        configured = ModelRegistry(settings.model_aliases).resolve(settings.model)
+    except SemanticError:
+        return source.name
+    same = configured.path.resolve() == source.path.resolve()
+    return settings.served_model_name if same else source.name

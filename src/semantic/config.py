@@ -56,6 +56,12 @@ class Settings(BaseSettings):
         "info", description="Log level."
     )
     config: Path | None = Field(None, description="TOML file with settings.")
+    shutdown_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="On SIGTERM or SIGINT, how long running requests may take to finish before "
+        "they are cancelled (new ones get 503 meanwhile); then caches are persisted.",
+    )
 
     # security
     api_key: Annotated[list[SecretStr], NoDecode] = Field(
@@ -74,6 +80,26 @@ class Settings(BaseSettings):
         False,
         description="Refuse (404) a request naming a model other than the served one or its "
         "aliases, instead of serving it with the loaded model.",
+    )
+    model_alias: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="More model names, as NAME=PATH (a GGUF file or an HF dir): what a swap, "
+        "or with swap_on_request a request, may name; repeat the flag or separate with commas.",
+    )
+    swap_on_request: bool = Field(
+        False, description="A request naming another model's alias swaps to that model."
+    )
+    swap_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="How long a model swap lets running requests finish before it cancels "
+        "them (503).",
+    )
+    swap_wait_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long a request that arrives during a model swap waits for it before "
+        "it is refused (503).",
     )
     backend: Literal["auto", "torch", "mlx"] = Field("auto", description="Compute backend.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Torch device.")
@@ -112,6 +138,31 @@ class Settings(BaseSettings):
         1024, ge=1, description="max_tokens when a request gives none (capped by the context)."
     )
 
+    # request limits (api/limits.py, api/bodies.py)
+    max_body_mb: int = Field(32, ge=1, description="Largest request body, in MiB (413 past it).")
+    max_messages: int = Field(100_000, ge=1, description="Most messages in one request.")
+    max_tools: int = Field(1024, ge=0, description="Most tools in one request.")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Longest prompt, in tokens (default: the context decides)."
+    )
+    max_output_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Most tokens one request may generate: more is a 400, except on "
+        "/v1/messages, which clamps (default: the context decides).",
+    )
+
+    # rate limits (api/rate_limits.py), off unless set
+    rate_limit_key_rpm: int | None = Field(
+        None,
+        ge=1,
+        description="Requests per minute per API key (one budget for all clients when no keys "
+        "are set); 429 with retry-after past it.",
+    )
+    rate_limit_agent_rpm: int | None = Field(
+        None, ge=1, description="Generation requests per minute per agent; 429 past it."
+    )
+
     # The key file's keys, read once when the settings are built.
     _file_keys: list[str] = PrivateAttr(default_factory=list)
 
@@ -121,16 +172,31 @@ class Settings(BaseSettings):
         """`~` in a path from the config file or the environment, where no shell expands it."""
         return path.expanduser() if path is not None else None
 
-    @field_validator("api_key", mode="before")
+    @field_validator("api_key", "model_alias", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
-        """`a,b` from the environment, `["a,b", "c"]` from repeated flags: one flat list."""
+        """`a,b` from the environment, `["a,b", "c"]` from repeated flags: one flat list (of keys
+        or of aliases)."""
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list):
             return value
         return [
             k for item in items for k in (_comma_list(item) if isinstance(item, str) else [item])
         ]
+
+    @field_validator("model_alias")
+    @classmethod
+    def _check_aliases(cls, aliases: list[str]) -> list[str]:
+        malformed = [a for a in aliases if not all(part.strip() for part in a.partition("=")[::2])]
+        if malformed:
+            raise ValueError(f"model_alias entries are NAME=PATH, not {malformed[0]!r}")
+        return aliases
+
+    @property
+    def model_aliases(self) -> dict[str, str]:
+        """`model_alias` as {name: path}."""
+        pairs = (alias.partition("=") for alias in self.model_alias)
+        return {name.strip(): path.strip() for name, _, path in pairs}
 
     @model_validator(mode="after")
     def _read_key_file(self) -> Settings:

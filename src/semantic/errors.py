@@ -33,6 +33,19 @@ class ContextOverflow(InvalidRequest):
         self.context_length = context_length
 
 
+class PromptTooLong(ContextOverflow):
+    """A prompt longer than this server takes (`max_prompt_tokens`), whatever room the context
+    has (400). A context overflow, so Anthropic clients get the wording Claude Code compacts on."""
+
+    def __init__(self, prompt_tokens: int, limit: int, param: str = "messages") -> None:
+        # A context of limit + 1 leaves no room at all: the longest prompt it takes is `limit`.
+        super().__init__(prompt_tokens, 0, limit + 1, param)
+        self.args = (
+            f"{param}: the prompt is {prompt_tokens} tokens; this server takes at most {limit} "
+            "(max_prompt_tokens)",
+        )
+
+
 class NotFound(SemanticError):
     """An unknown model, agent or route (404)."""
 
@@ -52,6 +65,19 @@ class PersistFailed(SemanticError):
 
 class Overloaded(SemanticError):
     """No capacity right now: the queue wait timed out or the server is draining (503/529)."""
+
+
+class Unavailable(SemanticError):
+    """The server takes no requests now: its model is still loading, or it is shutting down
+    (503 in every protocol; a request that outlasts the shutdown timeout ends with this too)."""
+
+
+class RateLimited(SemanticError):
+    """An API key or an agent is over its requests per minute (429, with `retry-after`)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class PoolExhausted(SemanticError):

@@ -7,7 +7,8 @@ must already be on disk.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -67,30 +68,75 @@ SMOLLM2_135M = BuiltinModel(
 
 
 class ModelRegistry:
-    """Resolves a model name or path to a `ModelSource`. Aliases match case-insensitively."""
+    """Resolves a model name or path to a `ModelSource`: a built-in alias, an alias the settings
+    give a local path (`model_alias`), or a path. Aliases match case-insensitively.
 
-    def __init__(self, builtins: tuple[BuiltinModel, ...] = (SMOLLM2_135M,)) -> None:
+    A configured alias names its model without renaming it: the source keeps its own name (its
+    file or folder name, which tags its caches on disk) and lists the alias among its `aliases`,
+    so a model reached by alias or by path is the same model with the same caches."""
+
+    def __init__(
+        self,
+        aliases: Mapping[str, str] | None = None,
+        builtins: tuple[BuiltinModel, ...] = (SMOLLM2_135M,),
+    ) -> None:
         self._builtins = builtins
         self._by_name = {
             name: model for model in builtins for name in (model.alias, *model.other_names)
         }
+        self._local = {
+            name.lower(): (name, Path(path).expanduser()) for name, path in (aliases or {}).items()
+        }
+        taken = sorted(set(self._local) & set(self._by_name))
+        if taken:
+            raise ModelLoadFailed(f"model_alias names a built-in model: {', '.join(taken)}")
 
     def resolve(self, name_or_path: str) -> ModelSource:
         builtin = self._by_name.get(name_or_path.lower())
         if builtin is not None:
             return builtin.source()
+        local = self._local.get(name_or_path.lower())
+        if local is not None:
+            return _aliased_source(*local)
         path = Path(name_or_path).expanduser()
         if path.exists():
             return _local_source(path)
-        names = [model.alias for model in self._builtins]
+        installed = [model.alias for model in self._builtins if model.locate() is not None]
         raise ModelNotFound(
-            f"unknown model {name_or_path!r}: not a built-in alias ({', '.join(names)}) "
-            f"and no such path; installed: {', '.join(s.name for s in self.available()) or 'none'}"
+            f"unknown model {name_or_path!r}: not an alias ({', '.join(self.aliases())}) "
+            f"and no such path; built-in models installed: {', '.join(installed) or 'none'}"
         )
 
+    def knows(self, name: str) -> bool:
+        """Whether `name` is an alias of a model that is there to load (never a path: a client
+        may name an alias, and a swap on request never reads a path a client sent)."""
+        builtin = self._by_name.get(name.lower())
+        if builtin is not None:
+            return builtin.locate() is not None
+        local = self._local.get(name.lower())
+        return local is not None and local[1].exists()
+
+    def aliases(self) -> list[str]:
+        """Every alias: the built-in models' and the configured ones, as they were given."""
+        return [model.alias for model in self._builtins] + [
+            name for name, _ in self._local.values()
+        ]
+
     def available(self) -> list[ModelSource]:
-        """The built-in models whose packages are installed."""
-        return [model.source() for model in self._builtins if model.locate() is not None]
+        """The built-in models whose packages are installed, then the configured aliases whose
+        paths hold a model."""
+        builtins = [model.source() for model in self._builtins if model.locate() is not None]
+        local = [
+            _aliased_source(name, path) for name, path in self._local.values() if path.exists()
+        ]
+        return builtins + local
+
+
+def _aliased_source(alias: str, path: Path) -> ModelSource:
+    if not path.exists():
+        raise ModelNotFound(f"model alias {alias!r} names {path}, which does not exist")
+    source = _local_source(path)
+    return replace(source, aliases=(*source.aliases, alias))
 
 
 def _local_source(path: Path) -> ModelSource:

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import Server
 
@@ -264,3 +265,36 @@ def test_sdk_legacy_completion_refuses_what_it_cannot_do_by_name(server: Server)
         with pytest.raises(openai.BadRequestError) as raised:
             complete(sdk, **refused)
         assert raised.value.param == next(iter(refused))
+
+
+def test_one_chat_shows_in_metrics_and_in_the_json_log(server: Server) -> None:
+    before = scrape(server)
+    body = {**PARIS, "max_tokens": 8, "session_id": "metrics-e2e"}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200
+    after = scrape(server)
+    chats = ("semantic_requests_total", 'route="/v1/chat/completions",status="200"')
+    assert after[chats] == before.get(chats, 0) + 1
+    first_tokens = ("semantic_time_to_first_token_seconds_count", "")
+    assert after[first_tokens] == before[first_tokens] + 1
+    generated = ("semantic_generated_tokens_total", "")
+    assert after[generated] == before[generated] + response.json()["usage"]["completion_tokens"]
+    assert after[("process_resident_memory_bytes", "")] > 0
+    # stderr is a file here, so log lines are JSON (a native library may print other lines)
+    logged = server.log_path.read_text().splitlines()
+    lines = [json.loads(line) for line in logged if line.startswith("{")]
+    request_id = response.headers["x-request-id"]
+    mine = {line["logger"]: line for line in lines if line.get("request_id") == request_id}
+    assert mine["semantic.engine.engine"]["event"] == "request finished"
+    assert mine["semantic.engine.engine"]["agent_id"] == "metrics-e2e"
+    assert '"POST /v1/chat/completions HTTP/1.1" 200' in mine["uvicorn.access"]["event"]
+
+
+def scrape(server: Server) -> dict[tuple[str, str], float]:
+    """/metrics by sample name and labels (`a="x",b="y"`, sorted)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return {
+        (s.name, ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 from semantic.backends.fake import FakeRunner
 from semantic.config import Settings
+from semantic.core import Batch
 from semantic.engine.engine import Engine
 from semantic.models.config import ModelConfig
 from semantic.models.served import ServedModel
@@ -15,10 +18,10 @@ from semantic.text.tokenizer import Tokenizer
 CONTEXT = 512
 
 
-def fake_served(tokenizer: Tokenizer, name: str = "tiny") -> ServedModel:
-    config = ModelConfig("llama", 400, 8, 16, 1, 1, 1, 8, CONTEXT)
+def fake_served(tokenizer: Tokenizer, name: str = "tiny", context: int = CONTEXT) -> ServedModel:
+    config = ModelConfig("llama", 400, 8, 16, 1, 1, 1, 8, context)
     template = ChatTemplate("", bos_token=None, eos_token=None)
-    return ServedModel(name, config, tokenizer, template, CONTEXT)
+    return ServedModel(name, config, tokenizer, template, context)
 
 
 def make_engine(
@@ -35,10 +38,39 @@ def make_engine(
     }
     runner_args |= {k: overrides.pop(k) for k in list(overrides) if k in runner_args}
     runner = FakeRunner(**runner_args)  # type: ignore[arg-type]
-    settings = Settings(
-        max_batch_tokens=32,
-        batch_window_ms=0,
-        cache_dir=cache_dir,
-        **overrides,  # type: ignore[arg-type]
-    )
-    return Engine(runner, served, settings), runner
+    return engine_on(runner, served, cache_dir, **overrides), runner
+
+
+def engine_on(runner: FakeRunner, served: ServedModel, cache_dir: Path, **settings: Any) -> Engine:
+    """An engine on `runner` caching under `cache_dir`, with `make_engine`'s settings."""
+    config = Settings(max_batch_tokens=32, batch_window_ms=0, cache_dir=cache_dir, **settings)
+    return Engine(runner, served, config)
+
+
+class SteppedRunner(FakeRunner):
+    """The fake runner, but a step runs only when the test allows it (`allow`), or freely once
+    `release`d: a request stays in flight, unable to finish, as long as a test needs."""
+
+    def __init__(self, **args: Any) -> None:
+        super().__init__(**args)
+        self._permits = threading.Semaphore(0)
+        self._ran = threading.Semaphore(0)
+        self._released = False
+
+    def run(self, batch: Batch) -> list[int | None]:
+        if not self._released:
+            self._permits.acquire()
+        tokens = super().run(batch)
+        self._ran.release()
+        return tokens
+
+    def allow(self, steps: int = 1) -> None:
+        self._permits.release(steps)
+
+    def wait_for_a_step(self) -> None:
+        """Block until a step has run (each call waits for one more)."""
+        self._ran.acquire()
+
+    def release(self) -> None:
+        self._released = True
+        self._permits.release()

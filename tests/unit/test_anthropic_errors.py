@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from semantic.api import anthropic_request
 from semantic.api.app import create_app
 from semantic.api.errors import anthropic_error_event, anthropic_message, anthropic_status
 from semantic.engine.engine import Engine
@@ -201,8 +200,8 @@ def test_a_malformed_count_tokens_request_gets_a_400(api: TestClient, body: Body
 def test_a_body_over_the_size_limit_gets_a_413(
     api: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(anthropic_request, "MAX_BODY_BYTES", 1024)
-    big = message(content="x" * 2048)
+    monkeypatch.setattr(api.app.state.settings, "max_body_mb", 1)  # type: ignore[attr-defined]
+    big = message(content="x" * 2**20)
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         assert_anthropic_error(api.post(path, json=big), 413, "request_too_large")
 
@@ -226,7 +225,7 @@ def test_a_bad_model_list_limit_gets_a_400(api: TestClient, limit: str) -> None:
 def test_an_overloaded_engine_answers_529_and_a_bug_answers_500(
     api: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine: Engine = api.app.state.engine  # type: ignore[attr-defined]
+    engine: Engine = api.app.state.host.engine  # type: ignore[attr-defined]
 
     def overloaded(request: object) -> None:
         raise Overloaded("no room in the KV pool; try again later")

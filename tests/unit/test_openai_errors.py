@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from semantic.api import bodies
 from semantic.api.app import create_app
 from semantic.engine.engine import Engine
 from semantic.errors import Overloaded
@@ -397,13 +396,14 @@ def test_a_json_body_is_read_whatever_content_type_it_is_sent_with(
 def test_a_body_over_the_size_limit_gets_a_413(
     api: TestClient, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
-    monkeypatch.setattr(bodies, "MAX_BODY_BYTES", 1024)
-    big = message(content="x" * 2048) if path == CHAT else legacy(prompt="x" * 2048)
+    monkeypatch.setattr(api.app.state.settings, "max_body_mb", 1)  # type: ignore[attr-defined]
+    over = "x" * 2**20
+    big = message(content=over) if path == CHAT else legacy(prompt=over)
     raw = json.dumps(big).encode()
     error = assert_openai_error(api.post(path, content=raw), 413)
-    assert error["message"] == f"request body is {len(raw)} bytes; the limit is 1024"
+    assert error["message"] == f"request body is {len(raw)} bytes; the limit is {2**20}"
     # Sent in chunks with no content-length, it is counted as it arrives.
-    chunked = (raw[i : i + 500] for i in range(0, len(raw), 500))
+    chunked = (raw[i : i + 2**16] for i in range(0, len(raw), 2**16))
     assert_openai_error(api.post(path, content=chunked), 413)
     # Under the limit, the same route answers.
     assert api.post(path, json=GOOD if path == CHAT else GOOD_LEGACY).status_code == 200
@@ -419,7 +419,7 @@ def test_unknown_routes_and_methods_answer_in_openais_shape(api: TestClient) -> 
 def test_an_overloaded_engine_answers_503_and_a_bug_answers_500(
     api: TestClient, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
-    engine: Engine = api.app.state.engine  # type: ignore[attr-defined]
+    engine: Engine = api.app.state.host.engine  # type: ignore[attr-defined]
     good = GOOD if path == CHAT else GOOD_LEGACY
 
     def overloaded(request: object) -> None:

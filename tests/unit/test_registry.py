@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from semantic.config import Settings
 from semantic.errors import ModelLoadFailed, NotFound
 from semantic.registry import SMOLLM2_135M, BuiltinModel, ModelRegistry
 
@@ -61,3 +63,53 @@ def test_an_existing_path_that_is_no_model_is_a_load_failure(tmp_path: Path) -> 
 def test_an_unknown_name_is_not_found_and_lists_the_aliases() -> None:
     with pytest.raises(NotFound, match="smollm2-135m"):
         ModelRegistry(builtins=(SMOLLM2_135M, MISSING_PACKAGE)).resolve("gpt-4o")
+
+
+# -- configured aliases (`model_alias`) ----------------------------------------------------
+
+
+def hf_folder(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({}))
+    return path
+
+
+def test_a_configured_alias_names_a_local_model_without_renaming_it(tmp_path: Path) -> None:
+    folder = hf_folder(tmp_path / "qwen2.5-0.5b")
+    registry = ModelRegistry({"Qwen": str(folder)})
+    by_alias, by_path = registry.resolve("qwen"), registry.resolve(str(folder))
+    # One model either way: its own name (which tags its caches), the alias one more name.
+    assert (by_alias.name, by_alias.path, by_alias.aliases) == ("qwen2.5-0.5b", folder, ("Qwen",))
+    assert by_path.name == by_alias.name
+    assert registry.aliases()[-1] == "Qwen"
+    assert [s.name for s in registry.available()][-1] == "qwen2.5-0.5b"
+
+
+def test_knows_only_aliases_whose_model_is_there_never_paths(tmp_path: Path) -> None:
+    folder = hf_folder(tmp_path / "here")
+    registry = ModelRegistry(
+        {"here": str(folder), "gone": str(tmp_path / "gone")}, builtins=(MISSING_PACKAGE,)
+    )
+    assert registry.knows("HERE")
+    assert not registry.knows(str(folder))
+    assert not registry.knows("gone") and not registry.knows("ghost-1b")
+    with pytest.raises(NotFound, match=r"alias 'gone' names .*gone, which does not exist"):
+        registry.resolve("gone")
+
+
+def test_an_alias_may_not_take_a_built_in_name(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadFailed, match="smollm2-135m"):
+        ModelRegistry({"SmolLM2-135M": str(tmp_path)})
+
+
+def test_model_alias_settings_come_as_name_equals_path_from_every_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SEMANTIC_MODEL_ALIAS", "a=/models/a, b=~/models/b")
+    assert Settings().model_aliases == {"a": "/models/a", "b": "~/models/b"}
+    flags = Settings(model_alias=["c = /models/c", "d=/x,e=/y"])
+    assert flags.model_aliases == {"c": "/models/c", "d": "/x", "e": "/y"}
+    with pytest.raises(ValidationError, match="NAME=PATH"):
+        Settings(model_alias=["just-a-name"])
+    with pytest.raises(ValidationError, match="NAME=PATH"):
+        Settings(model_alias=["=/no/name"])

@@ -1,36 +1,84 @@
-"""Operations endpoints: health, and the cache's statistics and persistence."""
+"""Operations endpoints: health, metrics, the cache's statistics and persistence, and the
+model swap."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field
 
-from semantic.engine.engine import Engine
+from semantic.api.bodies import LimitedBodyRoute
+from semantic.api.errors import AnthropicError, OpenAIError
+from semantic.api.gate import engine_of
+from semantic.api.lifecycle import Lifecycle
+from semantic.engine.host import EngineHost
+from semantic.errors import SemanticError
+from semantic.observability import EngineReading, Metrics, read_engine
 
-router = APIRouter()
+router = APIRouter(route_class=LimitedBodyRoute)  # bodies under `max_body_mb`, as everywhere
 
-
-def engine_of(request: Request) -> Engine:
-    engine: Engine = request.app.state.engine
-    return engine
+READ_TIMEOUT_S = 5.0  # for the engine's state in a scrape (Prometheus gives up after 10 s)
 
 
 @router.get("/health/live")
 async def live() -> dict[str, str]:
+    """200 while the process runs (its event loop answers), whatever else is going on."""
     return {"status": "alive"}
+
+
+@router.get("/health/startup")
+async def startup(request: Request) -> Response:
+    """200 once the model is loaded and the engine started, and from then on; 503 before."""
+    lifecycle: Lifecycle = request.app.state.lifecycle
+    status, code = ("started", 200) if lifecycle.started else ("starting", 503)
+    return JSONResponse({"status": status, "phase": lifecycle.phase}, status_code=code)
 
 
 @router.get("/health/ready")
 async def ready(request: Request) -> Response:
-    engine = engine_of(request)
-    body: dict[str, Any] = {"model": engine.model.name, **asdict(engine.stats())}
-    if not engine.alive:
-        return JSONResponse({"status": "not ready", **body}, status_code=503)
+    """200 when a request would be served now: serving (not starting or draining), a model
+    loaded (no swap running) and its engine thread, which owns the KV pool, alive. Otherwise
+    503 with the reason. Both carry the pool's state when there is an engine."""
+    lifecycle: Lifecycle = request.app.state.lifecycle
+    engine, reason = lifecycle.engine, lifecycle.not_ready()
+    body: dict[str, Any] = {"phase": lifecycle.phase}
+    if engine is not None:
+        body |= {"model": engine.model.name, **asdict(engine.stats())}
+    if reason is not None:
+        return JSONResponse({"status": "not ready", "reason": reason, **body}, status_code=503)
     return JSONResponse({"status": "ready", **body})
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+)
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics (docs/operations.md lists them). The engine's state is read on its
+    thread between steps; when it cannot be (no engine thread running, a model swap under
+    way), the rest is shown without it, so a scrape never waits on a swap."""
+    catalog: Metrics = request.app.state.metrics
+    return Response(catalog.exposition(await _reading(request)), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _reading(request: Request) -> EngineReading | None:
+    try:
+        engine = engine_of(request)
+    except SemanticError:  # no model loaded, mid-swap
+        return None
+    if not engine.alive:
+        return None
+    try:
+        # bounded: an engine stopped by a swap right now would never answer
+        return await asyncio.wait_for(engine.call(lambda: read_engine(engine)), READ_TIMEOUT_S)
+    except TimeoutError:
+        return None
 
 
 @router.get("/admin/cache")
@@ -51,3 +99,66 @@ async def persist(request: Request, body: PersistBody | None = None) -> dict[str
     """Write hot caches to disk; answers only once they are fsynced."""
     result = await engine_of(request).persist(body.agents if body else None)
     return asdict(result)
+
+
+class SwapBody(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str = Field(
+        min_length=1,
+        description="An alias (built in, or from `model_alias`) or a local path: a GGUF file "
+        "or a Hugging Face directory.",
+    )
+
+
+_SWAP_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {
+        "model": OpenAIError | AnthropicError,
+        "description": "The body names no model, or the model did not load (code "
+        "`model_load_failed`, the message says why) and the previous model serves again.",
+    },
+    404: {"model": OpenAIError | AnthropicError, "description": "No model by that alias or path."},
+}
+
+
+@router.post("/admin/models/swap", responses=_SWAP_ERRORS)
+async def swap_model(body: SwapBody, request: Request) -> dict[str, Any]:
+    """Serve another model. Running requests get `swap_timeout_s` to finish (then 503), caches
+    are persisted, the old model is unloaded and the new one loaded; requests that arrive
+    meanwhile wait. Answers with the time each part took. An unknown name is a 404; a model
+    that fails to load is a 400 (`model_load_failed`), and the previous model serves again."""
+    host: EngineHost = request.app.state.host
+    return asdict(await host.swap(body.model))
+
+
+@router.get("/admin/models")
+async def models(request: Request) -> dict[str, Any]:
+    """The model loaded now, the models a swap may name by alias, and the last swap."""
+    host: EngineHost = request.app.state.host
+    loaded = host.source
+    return {
+        "state": host.state,
+        "loaded": None if host.state != "serving" else _loaded_model(host),
+        "registered": [
+            {
+                "name": source.name,
+                "aliases": list(source.aliases),
+                "format": source.format,
+                "path": str(source.path),
+                "loaded": loaded is not None and host.is_loaded(source),
+            }
+            for source in host.registry.available()
+        ],
+        "swap_on_request": host.settings.swap_on_request,
+        "last_swap": None if host.last_swap is None else asdict(host.last_swap),
+    }
+
+
+def _loaded_model(host: EngineHost) -> dict[str, Any]:
+    engine, source = host.engine, host.source
+    return {
+        "id": engine.model.name,
+        "aliases": list(engine.model.aliases),
+        "path": None if source is None else str(source.path),
+        "context_length": engine.model.context_length,
+        "cache_spec": engine.runner.cache_spec.tag(),
+    }

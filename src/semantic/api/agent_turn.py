@@ -19,13 +19,15 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from semantic.api import limits
 from semantic.api.errors import error_payload
 from semantic.api.streaming import named_event, whole_answer
 from semantic.cache.conversation import Conversation, SamplingDefaults
+from semantic.config import Settings
 from semantic.core import FinishReason, SamplingParams, TokenEvent
 from semantic.core import Request as GenerationRequest
 from semantic.engine.engine import Engine
-from semantic.errors import ContextOverflow, Overloaded
+from semantic.errors import Overloaded
 from semantic.models.served import ServedModel
 
 KEEP_ALIVE_S = 5.0
@@ -112,20 +114,24 @@ class Turn:
         """Release the hold without changing the conversation (a no-op after `commit`)."""
         self._release()
 
-    async def request(self, body: GenerateBody, default_max_tokens: int) -> GenerationRequest:
+    async def request(self, body: GenerateBody, settings: Settings) -> GenerationRequest:
         """The engine request for the conversation plus `body.message`; a conversation that
-        leaves no room for the answer is a context overflow."""
+        leaves no room for the answer is a context overflow, and the request limits apply
+        (api/limits.py)."""
         self.message = body.message
         engine = self.engine
         messages = self.conversation.template_messages(body.message)
         prompt = await asyncio.to_thread(_render, engine.model, messages)
+        limits.check_prompt(settings, len(prompt), "message")
         defaults, overrides = self.conversation.defaults, body.settings()
         chosen = defaults.overridden_by(overrides)
-        max_tokens = _output_budget(
-            overrides.max_tokens,
+        default_max_tokens = defaults.max_tokens or settings.default_max_tokens
+        max_tokens = limits.output_budget(
+            limits.checked_max_tokens(settings, overrides.max_tokens),
             len(prompt),
             engine.max_seq_tokens,
-            defaults.max_tokens or default_max_tokens,
+            limits.capped_max_tokens(settings, default_max_tokens),
+            param="message",
         )
         return GenerationRequest(
             request_id=self.turn_id,
@@ -190,15 +196,6 @@ def error_event(exc: Exception) -> str:
 
 def _render(model: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
     return model.tokenizer.encode(model.chat_template.render(messages))
-
-
-def _output_budget(requested: int | None, prompt_tokens: int, limit: int, default: int) -> int:
-    """The call's own max_tokens when it fits, else a context overflow; a default (the agent's
-    or the server's) is cut to the room left."""
-    room = limit - prompt_tokens
-    if room < 1 or (requested is not None and requested > room):
-        raise ContextOverflow(prompt_tokens, requested or 0, limit)
-    return requested if requested is not None else min(default, room)
 
 
 def _sampling_params(chosen: SamplingDefaults, max_tokens: int) -> SamplingParams:

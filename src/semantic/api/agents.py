@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from semantic.api import rate_limits
 from semantic.api.admin import engine_of
 from semantic.api.agent_turn import (
     KEEP_ALIVE_S,
@@ -22,15 +23,18 @@ from semantic.api.agent_turn import (
     Turn,
     error_event,
 )
+from semantic.api.bodies import LimitedBodyRoute
 from semantic.api.errors import OpenAIError
+from semantic.api.openapi import SSE_EVENT
 from semantic.api.streaming import after_the_200, sse_response, unless_disconnected, with_keep_alive
 from semantic.cache.agent_store import Agent
 from semantic.cache.conversation import Conversation
 from semantic.core import AGENT_ID_PATTERN, is_valid_agent_id
 from semantic.engine.engine import Engine
 from semantic.errors import InvalidRequest, NotFound, PersistFailed
+from semantic.observability import bind_agent
 
-router = APIRouter(tags=["agents"])
+router = APIRouter(tags=["agents"], route_class=LimitedBodyRoute)
 
 SESSION_HEADER = "x-session-id"
 
@@ -46,12 +50,14 @@ def named_agent(
         agent_id, param = headers.get(SESSION_HEADER), SESSION_HEADER
     if agent_id is not None and not is_valid_agent_id(agent_id):
         raise InvalidRequest(f"{param} must match {AGENT_ID_PATTERN}", param=param)
+    bind_agent(agent_id)
     return agent_id
 
 
 def _checked(agent_id: str) -> str:
     if not is_valid_agent_id(agent_id):
         raise InvalidRequest(f"invalid agent id {agent_id[:40]!r}", param="agent_id")
+    bind_agent(agent_id)
     return agent_id
 
 
@@ -161,7 +167,7 @@ _JSON_OR_SSE = {
     "description": "The reply as JSON; with `stream: true`, server-sent events: `delta` "
     "(`{type, text}`) any number of times, then `done` (`{type, ...Generation}`) or `error` "
     "(`{type, error}`).",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": {"text/event-stream": {"schema": SSE_EVENT}},
 }
 
 
@@ -229,9 +235,10 @@ async def generate(agent_id: str, body: GenerateBody, request: Request) -> Respo
     conversation, on disk, before the answer (or the `done` event) goes out. One turn at a
     time per agent: 409 while another runs."""
     engine, agent_id = engine_of(request), _checked(agent_id)
+    rate_limits.check_agent(request, agent_id)
     turn = await Turn.begin(engine, agent_id, request.state.request_id)
     try:
-        generation = await turn.request(body, request.app.state.settings.default_max_tokens)
+        generation = await turn.request(body, request.app.state.settings)
         events = engine.stream(generation)
     except BaseException:
         turn.abandon()

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from semantic.api import limits, rate_limits
 from semantic.api.admin import engine_of
 from semantic.api.agents import named_agent
 from semantic.api.anthropic_request import (
@@ -41,6 +42,7 @@ from semantic.api.tool_use import ParsedCall, ToolUse, whole_reply
 from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage, is_valid_agent_id
 from semantic.core import Request as GenerationRequest
 from semantic.errors import ContextOverflow, InvalidRequest
+from semantic.observability import bind_agent
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolEvent
 
 router = APIRouter()
@@ -277,12 +279,17 @@ def _error_event(exc: Exception) -> str:
 )
 async def create_message(request: Request) -> Response:
     body = await parse_body(request, MessagesBody)
-    engine = engine_of(request)
-    engine.model.check_requested_name(body.model, request.app.state.settings.strict_model_names)
+    engine, settings = engine_of(request), request.app.state.settings
+    engine.model.check_requested_name(body.model, settings.strict_model_names)
+    limits.check_counts(settings, len(body.messages), len(body.tools or []))
     agent = agent_id(body, request.headers)
+    bind_agent(agent)
+    rate_limits.check_agent(request, agent)
     tools = tool_use_of(engine.model, body)
     prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body, tools.prefill)
-    max_tokens = output_budget(body.max_tokens, len(prompt_ids), engine.max_seq_tokens)
+    limits.check_prompt(settings, len(prompt_ids))
+    requested = limits.capped_max_tokens(settings, body.max_tokens)
+    max_tokens = output_budget(requested, len(prompt_ids), engine.max_seq_tokens)
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
@@ -292,7 +299,7 @@ async def create_message(request: Request) -> Response:
     events = engine.stream(generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     # Any model name is served by the loaded model, and echoed back as asked.
-    reply = _Reply(body.model, len(prompt_ids), body.max_tokens)
+    reply = _Reply(body.model, len(prompt_ids), requested)
     if body.stream:
         frames = after_the_200(reply.events(parsed, tools), events, _error_event)
         return sse_response(with_keep_alive(frames, KEEP_ALIVE_S, PING))
@@ -307,14 +314,15 @@ async def create_message(request: Request) -> Response:
 async def count_tokens(request: Request) -> dict[str, int]:
     """Exactly the prompt tokens /v1/messages would prefill for the same body, cached or not."""
     body = await parse_body(request, PromptBody)
-    model = engine_of(request).model
-    model.check_requested_name(body.model, request.app.state.settings.strict_model_names)
+    model, settings = engine_of(request).model, request.app.state.settings
+    model.check_requested_name(body.model, settings.strict_model_names)
+    limits.check_counts(settings, len(body.messages), len(body.tools or []))
     tools = tool_use_of(model, body)
     prompt_ids = await asyncio.to_thread(render_prompt, model, body, tools.prefill)
     return {"input_tokens": len(prompt_ids)}
 
 
-@router.head("/")
+@router.head("/", response_class=Response)  # an empty 200: no JSON content to document
 async def probe() -> Response:
     """Claude Code's connectivity check at startup."""
     return Response()

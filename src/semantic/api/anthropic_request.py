@@ -17,14 +17,12 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from semantic.api import tool_use
-from semantic.api.bodies import read_body
+from semantic.api.bodies import body_limit, read_body
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text import claude_code
 from semantic.text.chat import template_tool_call
 
-MAX_BODY_BYTES = 32 * 2**20  # the real API's limit; Claude Code bodies reach several MB
-MAX_MESSAGES = 100_000  # the real API's limit
 MAX_STOP_SEQUENCES = 256
 IMAGE_TEXT = "[image]"  # what a text-only model sees of an image
 DOCUMENT_TEXT = "[document]"
@@ -115,7 +113,7 @@ class PromptBody(_Body):
     """What decides the prompt: all of /v1/messages/count_tokens, the start of /v1/messages."""
 
     model: str = Field(min_length=1)
-    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    messages: list[Message] = Field(min_length=1)  # at most `max_messages` (api/limits.py)
     system: str | list[ContentBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
@@ -141,7 +139,7 @@ B = TypeVar("B", bound=_Body)
 async def parse_body(request: Request, schema: type[B]) -> B:
     """The body as `schema`: a 413 past the size limit, a 400 for anything that is not a JSON
     object of the right shape (never a 500: deep nesting and invalid UTF-8 included)."""
-    raw = await read_body(request, MAX_BODY_BYTES)
+    raw = await read_body(request, body_limit(request.app))
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:

@@ -11,33 +11,50 @@ from fastapi import FastAPI, Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic import __version__
-from semantic.api import admin, agents, anthropic, auth, errors, openai, openapi
+from semantic.api import admin, agents, anthropic, auth, errors, gate, openai, openapi
+from semantic.api.lifecycle import Lifecycle, LifecycleGate
+from semantic.api.rate_limits import LimitByKey, RateLimits
+from semantic.api.request_metrics import RequestMetrics
 from semantic.config import Settings
 from semantic.engine.engine import Engine
+from semantic.engine.host import EngineHost
+from semantic.observability import Metrics, bind_request
 
 
-def create_app(engine: Engine, settings: Settings) -> FastAPI:
-    """The app serves `engine`; it starts the engine thread on startup and stops it on
-    shutdown."""
+def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
+    """The app serves `engine` (one engine, or an `EngineHost`, which can swap models); it
+    starts the engine thread on startup and stops it on shutdown."""
+    host = engine if isinstance(engine, EngineHost) else EngineHost(engine, settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine.start()
+        lifecycle.start()
         try:
             yield
         finally:
-            engine.stop()
+            lifecycle.stop()  # after a stop signal's drain (api/server.py): persists every cache
 
     app = FastAPI(title="semantic", version=__version__, lifespan=lifespan)
-    app.state.engine = engine
+    app.state.host = host  # the engine: `gate.engine_of(request)`
+    app.state.lifecycle = lifecycle = Lifecycle(host)
     app.state.settings = settings
+    app.state.rate_limits = RateLimits(settings)
     app.state.started_at = time.time()
+    # The engine's own metrics: the host lends one set to every engine it loads.
+    app.state.metrics = Metrics(lambda: host.metrics)
     errors.install(app)
     openapi.install(app)
-    # Added first, so it runs inside `_request_id` and a 401 carries the request id too.
+    # Innermost: a request waits out a model swap only once its key has passed.
+    app.add_middleware(gate.LeaseEngine, host=host)
+    # Outside the lease: once a stop signal came, new requests get 503 at once, swap or not.
+    app.add_middleware(LifecycleGate, lifecycle=lifecycle)
+    # Just inside the key check, which names the key the limit counts on.
+    app.add_middleware(LimitByKey, limits=app.state.rate_limits)
+    # Added early, so it runs inside `_request_id` and a 401 carries the request id too.
     app.add_middleware(auth.RequireApiKey, keys=settings.api_keys)
     app.middleware("http")(_request_id)
     app.add_middleware(_JSONBodies)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics, router=app.router)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
     app.include_router(agents.router)
@@ -48,9 +65,11 @@ def create_app(engine: Engine, settings: Settings) -> FastAPI:
 async def _request_id(
     request: Request, call_next: Callable[[Request], Awaitable[Response]]
 ) -> Response:
-    """Every request gets an id, echoed in the headers both SDK families read."""
+    """Every request gets an id, echoed in the headers both SDK families read and carried by
+    every line it logs."""
     request_id = f"req_{uuid.uuid4().hex}"
     request.state.request_id = request_id
+    bind_request(request_id)
     response = await call_next(request)
     response.headers["request-id"] = request_id
     response.headers["x-request-id"] = request_id

@@ -4,7 +4,8 @@ A client sends its key as `x-api-key` (Anthropic SDKs) or `Authorization: Bearer
 Claude Code's auth token); either may arrive, or both, and one matching key is enough. A request
 without one gets 401 in its protocol's error shape before any route reads its body. Keys are
 compared as SHA-256 digests with `hmac.compare_digest`, so the time taken says nothing of a key's
-contents or length, and they are never logged.
+contents or length, and they are never logged: a request that passes carries `key_id_of`, a
+short digest of its key, which is what logs and rate limits (rate_limits.py) name it by.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 
 # Health checks answer without a key, so supervisors and load balancers need none.
 OPEN_PATHS = ("/health/",)
+_KEY_ID = "api_key_id"  # the request state's name for the key's short digest
+_MISSING = "missing API key: send it as x-api-key or Authorization: Bearer"
 
 
 class RequireApiKey:
@@ -40,27 +43,32 @@ class RequireApiKey:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        refusal = self._refusal(request)
-        if refusal is None:
+        sent = _sent_keys(request)
+        matched = self._match(sent)
+        if matched is not None:
+            setattr(request.state, _KEY_ID, matched.hex()[:8])  # scope["state"]: seen downstream
             await self.app(scope, receive, send)
             return
+        refusal = "invalid API key" if sent else _MISSING
         client = request.client.host if request.client else "unknown"
         log.warning("401 on %s %s from %s: %s", request.method, request.url.path, client, refusal)
         await _unauthorized(request, refusal)(scope, receive, send)
 
-    def _refusal(self, request: Request) -> str | None:
-        """Why the request may not pass, or None when a key it sent is one of ours."""
-        sent = _sent_keys(request)
-        if not sent:
-            return "missing API key: send it as x-api-key or Authorization: Bearer"
-        if not any([self._known(key) for key in sent]):
-            return "invalid API key"
-        return None
+    def _match(self, sent: list[str]) -> bytes | None:
+        """The digest of a sent key that is one of ours, or None. Every sent key is checked."""
+        matches = [digest for digest in map(_digest, sent) if self._known(digest)]
+        return matches[0] if matches else None
 
-    def _known(self, key: str) -> bool:
-        digest = _digest(key)
+    def _known(self, digest: bytes) -> bool:
         # Every stored key is compared, so the time does not tell which one matched.
         return sum(hmac.compare_digest(digest, known) for known in self._digests) > 0
+
+
+def key_id_of(request: Request) -> str | None:
+    """A short digest of the key the request passed with (8 hex digits of its SHA-256), to name
+    it in logs and rate limits; None when the server has no keys."""
+    key_id: str | None = getattr(request.state, _KEY_ID, None)
+    return key_id
 
 
 def _digest(key: str) -> bytes:

@@ -1,5 +1,5 @@
-"""Request bodies under a size limit: a 413 past it (in the protocol's shape, through
-errors.py), never a server that buffers whatever a client sends.
+"""Request bodies under a size limit (the `max_body_mb` setting): a 413 past it (in the
+protocol's shape, through errors.py), never a server that buffers whatever a client sends.
 
 FastAPI reads a route's declared body with no limit; routes built with `LimitedBodyRoute` read
 it through `read_body` instead.
@@ -14,7 +14,11 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-MAX_BODY_BYTES = 32 * 2**20  # Anthropic's limit too; agent histories reach several MB
+
+def body_limit(app: Any) -> int:
+    """The largest body `app` takes, in bytes. 32 MiB by default, Anthropic's limit too: agent
+    histories reach several MB."""
+    return int(app.state.settings.max_body_mb) * 2**20
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -35,12 +39,12 @@ async def read_body(request: Request, limit: int) -> bytes:
 class _LimitedRequest(Request):
     async def body(self) -> bytes:
         if not hasattr(self, "_body"):
-            self._body = await read_body(self, MAX_BODY_BYTES)
+            self._body = await read_body(self, body_limit(self.app))
         return self._body
 
 
 class LimitedBodyRoute(APIRoute):
-    """A route whose body is read with `read_body` under `MAX_BODY_BYTES` (the custom request
+    """A route whose body is read with `read_body` under `body_limit` (the custom request
     class FastAPI documents for changing how a body is read)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:

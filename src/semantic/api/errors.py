@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import uuid
 from collections.abc import Sequence
@@ -35,8 +36,13 @@ _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
     (errors.NotFound, 404, "invalid_request_error", None),
     (errors.Conflict, 409, "invalid_request_error", "conflict"),
+    # OpenAI's own type and code for a requests-per-minute limit.
+    (errors.RateLimited, 429, "requests", "rate_limit_exceeded"),
+    # A model swap to a model that does not load: the previous model serves again.
+    (errors.ModelLoadFailed, 400, "invalid_request_error", "model_load_failed"),
     (errors.PersistFailed, 500, "server_error", "persist_failed"),
     (errors.Overloaded, 503, "server_error", "overloaded"),
+    (errors.Unavailable, 503, "server_error", "unavailable"),
 ]
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
@@ -131,6 +137,8 @@ def error_payload(exc: Exception) -> dict[str, Any]:
 
 def anthropic_status(exc: Exception) -> int:
     status = classify(exc)[0]
+    if isinstance(exc, errors.Unavailable):  # not overload: 503 in both protocols (SPEC §7)
+        return status
     return _ANTHROPIC_STATUS.get(status, status)
 
 
@@ -192,6 +200,29 @@ def _validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"{'.'.join(path)}: {message}", ".".join(path)
 
 
+def semantic_error_response(request: Request, exc: errors.SemanticError) -> JSONResponse:
+    """One of our errors in the request's protocol; also for middleware, which answers outside
+    the handlers `install` sets."""
+    if protocol_of(request) == "anthropic":
+        response = anthropic_error(request, anthropic_status(exc), anthropic_message(exc))
+    else:
+        status, type_, code = classify(exc)
+        param = exc.param if isinstance(exc, errors.InvalidRequest) else None
+        response = openai_error(status, str(exc), type_, param, code)
+    if isinstance(exc, errors.RateLimited):
+        response.headers.update(retry_after_headers(exc.retry_after_s))
+    return response
+
+
+def retry_after_headers(seconds: float) -> dict[str, str]:
+    """When to try again, as both SDK families read it: `retry-after` in whole seconds (at least
+    1, rounded up, so a client that waits it is admitted), `retry-after-ms` exactly."""
+    return {
+        "retry-after": str(max(1, math.ceil(seconds))),
+        "retry-after-ms": str(max(1, math.ceil(seconds * 1000))),
+    }
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -216,11 +247,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(errors.SemanticError)
     async def _ours(request: Request, exc: errors.SemanticError) -> JSONResponse:
-        if protocol_of(request) == "anthropic":
-            return anthropic_error(request, anthropic_status(exc), anthropic_message(exc))
-        status, type_, code = classify(exc)
-        param = exc.param if isinstance(exc, errors.InvalidRequest) else None
-        return openai_error(status, str(exc), type_, param, code)
+        return semantic_error_response(request, exc)
 
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, exc: ClientGone) -> JSONResponse:

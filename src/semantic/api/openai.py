@@ -17,10 +17,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from semantic.api import anthropic
+from semantic.api import anthropic, limits, rate_limits
 from semantic.api.agents import named_agent
 from semantic.api.bodies import LimitedBodyRoute
 from semantic.api.errors import error_payload, protocol_of
+from semantic.api.gate import engine_of
 from semantic.api.openai_tools import (
     ToolChoiceField,
     ToolDefinition,
@@ -42,8 +43,7 @@ from semantic.api.streaming import (
 from semantic.api.tool_use import ToolUse, whole_reply
 from semantic.core import AGENT_ID_PATTERN, FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
-from semantic.engine.engine import Engine
-from semantic.errors import ContextOverflow, InvalidRequest
+from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text.chat import template_tool_call
 from semantic.text.tools import TextDelta, ToolEvent
@@ -179,22 +179,6 @@ def render_prompt(
     return model.tokenizer.encode(prompt + reply_start)
 
 
-def output_budget(
-    requested: int | None, prompt_tokens: int, context: int, default: int, param: str = "messages"
-) -> int:
-    """max_tokens for a request: what it asked for if that fits the context, else an error
-    (blaming `param`, the field that holds the prompt); with none asked, the default capped by
-    the room left."""
-    room = context - prompt_tokens
-    if room < 1:
-        raise ContextOverflow(prompt_tokens, requested or 0, context, param)
-    if requested is None:
-        return min(default, room)
-    if requested > room:
-        raise ContextOverflow(prompt_tokens, requested, context, param)
-    return requested
-
-
 def usage_json(usage: Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.prompt_tokens,
@@ -210,20 +194,24 @@ def finish_reason_json(reason: FinishReason | None) -> str:
 
 @router.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    engine: Engine = request.app.state.engine
-    engine.model.check_requested_name(body.model, request.app.state.settings.strict_model_names)
+    engine, settings = engine_of(request), request.app.state.settings
+    engine.model.check_requested_name(body.model, settings.strict_model_names)
     if body.n != 1:
         raise InvalidRequest("only n=1 is supported", param="n")
+    limits.check_counts(settings, len(body.messages), len(body.tools or []))
+    agent_id = named_agent(request.headers, body.session_id, param="session_id")
+    rate_limits.check_agent(request, agent_id)
     tools = tool_use_of(engine.model, body.tools, body.tool_choice, body.parallel_tool_calls)
     prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body, tools.prefill)
+    limits.check_prompt(settings, len(prompt_ids))
+    param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     requested = body.max_completion_tokens or body.max_tokens
-    max_tokens = output_budget(
-        requested,
+    max_tokens = limits.output_budget(
+        limits.checked_max_tokens(settings, requested, param),
         len(prompt_ids),
         engine.max_seq_tokens,
-        request.app.state.settings.default_max_tokens,
+        limits.capped_max_tokens(settings, settings.default_max_tokens),
     )
-    agent_id = named_agent(request.headers, body.session_id, param="session_id")
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
@@ -373,18 +361,25 @@ def _single_prompt(prompt: Prompt) -> str | list[int]:
 
 @router.post("/v1/completions", responses=GENERATION_RESPONSES)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    engine: Engine = request.app.state.engine
-    engine.model.check_requested_name(body.model, request.app.state.settings.strict_model_names)
+    engine, settings = engine_of(request), request.app.state.settings
+    engine.model.check_requested_name(body.model, settings.strict_model_names)
     refuse_unsupported(body)
+    agent_id = named_agent(request.headers, body.session_id, param="session_id")
+    rate_limits.check_agent(request, agent_id)
     prompt_ids, prompt_text = await asyncio.to_thread(completion_prompt, engine.model, body.prompt)
-    max_tokens = output_budget(
-        body.max_tokens, len(prompt_ids), engine.max_seq_tokens, LEGACY_MAX_TOKENS, "prompt"
+    limits.check_prompt(settings, len(prompt_ids), "prompt")
+    max_tokens = limits.output_budget(
+        limits.checked_max_tokens(settings, body.max_tokens),
+        len(prompt_ids),
+        engine.max_seq_tokens,
+        limits.capped_max_tokens(settings, LEGACY_MAX_TOKENS),
+        "prompt",
     )
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
         sampling=sampling_params(body, max_tokens),
-        agent_id=named_agent(request.headers, body.session_id, param="session_id"),
+        agent_id=agent_id,
     )
     events = engine.stream(generation)
     completion = _TextCompletion(int(time.time()), body.model, prompt_text if body.echo else "")
@@ -458,7 +453,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/models/{model_id:path}", responses=error_responses(None, 404, 500))
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-    engine: Engine = request.app.state.engine
+    engine = engine_of(request)
     engine.model.check_requested_name(model_id, request.app.state.settings.strict_model_names)
     if protocol_of(request) == "anthropic":
         return anthropic.model_card(request, model_id)
@@ -466,7 +461,7 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
 
 
 def _model_card(request: Request) -> dict[str, Any]:
-    engine: Engine = request.app.state.engine
+    engine = engine_of(request)
     return {
         "id": engine.model.name,
         "object": "model",

@@ -4,8 +4,8 @@ FastAPI documents what it sees: the bodies it parses, a 200, and a 422 for valid
 add what it cannot see with the helpers here (`json_body` for a body read by hand,
 `error_responses` for the errors they answer, `STREAMED_OR_JSON`); `install` then moves the
 hand-read bodies' schemas into the components, and replaces the 422 this app never sends (its
-validation errors are 400s in each protocol's shape, errors.py) and adds the 401 it does send
-when API keys are set (auth.py).
+validation errors are 400s in each protocol's shape, errors.py), and adds the 401 it does send
+when API keys are set (auth.py) and the 429 when rate limits are (rate_limits.py).
 """
 
 from __future__ import annotations
@@ -27,15 +27,25 @@ _ERROR_DESCRIPTIONS = {
     400: "The request is malformed (the message names the field), or does not fit the context.",
     401: "No API key, or an unknown one.",
     404: "The model named is not served here (only with `strict_model_names`).",
-    413: "The body is larger than 32 MiB.",
+    413: "The body is larger than `max_body_mb` (32 MiB unless set).",
+    429: "Over a rate limit (`rate_limit_key_rpm`, `rate_limit_agent_rpm`); `retry-after` says "
+    "when to try again.",
     500: "A fault in the server; the log has the details.",
-    503: "No room in the KV pool within `queue_timeout_s`; retry later.",
-    529: "No room in the KV pool within `queue_timeout_s`; retry later.",
+    503: "Overloaded: no room in the KV pool within `queue_timeout_s`, or a model swap not done "
+    "within `swap_wait_s`; retry later.",
+    529: "Overloaded: no room in the KV pool within `queue_timeout_s`, or a model swap not done "
+    "within `swap_wait_s`; retry later.",
 }
 
+# One server-sent event: before OpenAPI 3.2, a `text/event-stream` schema describes each event.
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    "required": ["data"],
+}
 STREAMED_OR_JSON: dict[str, Any] = {
     "description": "The answer as JSON, or with `stream: true` as server-sent events.",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": {"text/event-stream": {"schema": SSE_EVENT}},
 }
 
 
@@ -75,15 +85,19 @@ def install(app: FastAPI) -> None:
     """Serve FastAPI's document made true (each time FastAPI makes it: it regenerates it when
     the routes change)."""
     generate = app.openapi
-    keys_required = bool(app.state.settings.api_keys)
+    settings = app.state.settings
+    keys_required = bool(settings.api_keys)
+    rate_limited = bool(settings.rate_limit_key_rpm or settings.rate_limit_agent_rpm)
 
     def openapi() -> dict[str, Any]:
-        return made_true(generate(), keys_required)
+        return made_true(generate(), keys_required, rate_limited)
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def made_true(document: dict[str, Any], keys_required: bool) -> dict[str, Any]:
+def made_true(
+    document: dict[str, Any], keys_required: bool, rate_limited: bool = False
+) -> dict[str, Any]:
     """`document`, changed in place as the module docstring says (idempotent)."""
     components = document.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
@@ -100,6 +114,8 @@ def made_true(document: dict[str, Any], keys_required: bool) -> dict[str, Any]:
         if keys_required and not path.startswith(OPEN_PATHS):
             responses.setdefault("401", _either(401, schemas))
             operation["security"] = [{"bearer": []}, {"apiKey": []}]
+        if rate_limited and not path.startswith(OPEN_PATHS):
+            responses.setdefault("429", _either(429, schemas))
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     if keys_required:

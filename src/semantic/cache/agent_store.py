@@ -216,19 +216,25 @@ class AgentStore:
         """Put prefetched blocks back into the pool as cached blocks, as far as they fit (the
         rest is a miss); returns how many were restored."""
         held: list[int] = []
-        for record in prefetch.records:
-            if self.prefix.contains(record.block_hash):
-                continue
-            if not self.pool.num_available(max_tier):
-                break
-            [block] = self.pool.allocate(1, max_tier)
-            self.runner.write_block(block, record.k, record.v)
-            parent = self.prefix.root if record.parent_hash is None else record.parent_hash
-            if self.prefix.insert(block, record.block_hash, parent, record.token_ids):
-                held.append(block)
-            else:
-                self.pool.release([block])
-        self.pool.release(held, tier)  # held until now so restoring never reclaims itself
+        try:
+            for record in prefetch.records:
+                if self.prefix.contains(record.block_hash):
+                    continue
+                if not self.pool.num_available(max_tier):
+                    break
+                [block] = self.pool.allocate(1, max_tier)
+                try:
+                    self.runner.write_block(block, record.k, record.v)
+                except BaseException:  # a failed copy holds nothing: the block is free again
+                    self.pool.release([block])
+                    raise
+                parent = self.prefix.root if record.parent_hash is None else record.parent_hash
+                if self.prefix.insert(block, record.block_hash, parent, record.token_ids):
+                    held.append(block)
+                else:
+                    self.pool.release([block])
+        finally:
+            self.pool.release(held, tier)  # held until now so restoring never reclaims itself
         return len(held)
 
     def begin(self, request: Request) -> None:
@@ -461,15 +467,20 @@ class AgentStore:
 
     def snapshot(self) -> dict[str, Any]:
         """Totals and every agent's statistics, as plain data (taken on the engine thread)."""
+        return {"totals": self.totals(), "agents": [self.describe(a) for a in sorted(self.agents)]}
+
+    def totals(self) -> dict[str, Any]:
+        """`CacheCounters` and the disk's use, as plain data (/admin/cache and /metrics)."""
         disk = self.disk.stats
         with self.lock:
             totals = asdict(self.counters)
-        totals |= {
+            # asdict rebuilds a Counter from (key, count) pairs, counting the pairs
+            totals["miss_reasons"] = dict(self.counters.miss_reasons)
+        return totals | {
             "disk_files": disk.files,
             "disk_bytes": disk.bytes,
             "quarantined": dict(disk.quarantined),
         }
-        return {"totals": totals, "agents": [self.describe(a) for a in sorted(self.agents)]}
 
     def describe(self, agent_id: str) -> dict[str, Any] | None:
         agent = self.agents.get(agent_id)

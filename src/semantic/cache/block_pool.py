@@ -49,6 +49,7 @@ class BlockPool:
         self._tier_of: dict[int, int] = {}
         # the tier each block was last cached at, kept while it is held, dropped with its content
         self._last_tier: dict[int, int] = {}
+        self.reclaimed = [0] * (TOP_TIER + 1)  # cached blocks reclaimed for reuse, by tier
 
     @property
     def num_free(self) -> int:
@@ -147,8 +148,9 @@ class BlockPool:
     def _take_one(self) -> int:
         if self._free:
             return self._free.pop()
-        tier = next(t for t in self._cached if t)
-        block, _ = tier.popitem(last=False)
+        tier = next(t for t in range(TOP_TIER + 1) if self._cached[t])
+        block, _ = self._cached[tier].popitem(last=False)
+        self.reclaimed[tier] += 1
         del self._tier_of[block]
         del self._last_tier[block]
         block_hash = self._hash_of.pop(block)

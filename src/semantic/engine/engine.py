@@ -9,6 +9,7 @@ back through the callback it was submitted with. The few reads made off the thre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import queue
@@ -34,6 +35,7 @@ from semantic.errors import (
     PoolExhausted,
 )
 from semantic.models.served import ServedModel
+from semantic.observability import EngineMetrics, request_fields
 from semantic.text.detokenizer import IncrementalDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,7 @@ class Engine:
     read some of it without a lock: `store.prefetch` (a worker thread, before `submit`) reads
     the prefix index and the agents; `stats()` reads sizes of the scheduler and the pool;
     `PendingPersist.wait` and the disk writer's callbacks read agents to write manifests.
+    `metrics` is Prometheus objects, which lock inside: /metrics collects them from any thread.
     """
 
     def __init__(self, runner: ModelRunner, model: ServedModel, settings: Settings) -> None:
@@ -126,12 +129,17 @@ class Engine:
         # A sequence never outgrows the context, nor the whole pool (then it could not run).
         pool_tokens = runner.num_blocks * runner.cache_spec.block_tokens
         self.max_seq_tokens = min(model.context_length, pool_tokens)
+        self.metrics = EngineMetrics()
         self._inbox: queue.SimpleQueue[_Submit | _Abort | _Stop | _Call] = queue.SimpleQueue()
         self._active: dict[str, _Active] = {}
         self._seq_ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._closed = False
+        # Set once by `cancel_all`: every request from then on fails with it. The lock makes
+        # "refused, or queued before the refusal" exact, so none waits on a stopped engine.
+        self._refusal: Exception | None = None
+        self._refusal_lock = threading.Lock()
 
     # -- the asyncio side ------------------------------------------------------------------
 
@@ -160,7 +168,9 @@ class Engine:
         loop = asyncio.get_running_loop()
 
         def deliver(event: TokenEvent) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            # A closed loop has no one left to listen: the engine must not fail for it.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(events.put_nowait, event)
 
         # Disk reads happen here, on a worker thread, so the engine thread never waits on them.
         prefetch = await asyncio.to_thread(self.store.prefetch, request)
@@ -190,7 +200,18 @@ class Engine:
         )
 
     def submit(self, request: Request, sink: EventSink, prefetch: Prefetch | None = None) -> None:
-        self._inbox.put(_Submit(request, sink, prefetch))
+        with self._refusal_lock:
+            refusal = self._refusal
+            if refusal is None:
+                self._inbox.put(_Submit(request, sink, prefetch))
+                return
+        sink(_refused(request, refusal))
+
+    async def cancel_all(self, error: Exception) -> int:
+        """Fail every request in flight with `error`, and every request submitted from now on:
+        how a model swap or a shutdown ends the requests that outlast its drain. Returns how many
+        it failed."""
+        return await self.call(lambda: self._cancel_all(error))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -216,8 +237,9 @@ class Engine:
     async def persist(self, agent_ids: list[str] | None = None) -> PersistResult:
         """Write hot caches to disk (the named agents', or all) and return once durable. The
         engine thread only copies blocks out; the wait for fsync happens off it."""
-        pending = await self.call(lambda: self.store.start_persist(agent_ids))
-        return await asyncio.to_thread(pending.wait)
+        with self.metrics.cache_persist_duration.time():
+            pending = await self.call(lambda: self.store.start_persist(agent_ids))
+            return await asyncio.to_thread(pending.wait)
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -255,14 +277,16 @@ class Engine:
             log.exception("the runner failed a step of %d sequences", len(batch.items))
             self._fail([item.seq_id for item in batch.items], exc)
             return
-        for seq, token in self.scheduler.update(batch, tokens):
+        sampled = self.scheduler.update(batch, tokens)
+        self.metrics.stepped(batch, len(sampled))
+        for seq, token in sampled:
             self._on_token(self._active[seq.request.request_id], token)
 
     def _loop(self) -> None:
         while not self._stopping:
-            if not self.scheduler.has_work:
-                self._wait_for_messages()
             try:
+                if not self.scheduler.has_work:
+                    self._wait_for_messages()
                 self.step()
             except Exception as exc:  # a bug, not a runner failure: fail what is in flight
                 log.exception("the engine loop failed; failing all requests in flight")
@@ -315,9 +339,17 @@ class Engine:
             except Exception as exc:
                 message.reply(None, exc)
         else:
-            self._admit(message.request, message.sink, message.prefetch)
+            try:
+                self._admit(message.request, message.sink, message.prefetch)
+            except Exception as exc:  # before it joined the scheduler: it alone fails
+                log.exception("admitting request %s failed", message.request.request_id)
+                self._active.pop(message.request.request_id, None)
+                message.sink(_refused(message.request, _failure(exc)))
 
     def _admit(self, request: Request, sink: EventSink, prefetch: Prefetch | None) -> None:
+        if self._refusal is not None:  # queued just before `cancel_all`
+            sink(_refused(request, self._refusal))
+            return
         seq = Sequence(
             seq_id=next(self._seq_ids),
             request=request,
@@ -341,6 +373,8 @@ class Engine:
 
     def _on_token(self, active: _Active, token: int) -> None:
         seq, params = active.seq, active.seq.request.sampling
+        if seq.num_output_tokens == 1:
+            self.metrics.first_token(seq.request)
         ends = token in params.stop_token_ids or (
             token in self.scheduler.end_token_ids and not params.ignore_eos
         )
@@ -390,6 +424,7 @@ class Engine:
         event = TokenEvent(
             seq.request.request_id, token_ids, text, reason, usage, error, stop_string
         )
+        _log_finish(seq.request, reason, usage, error)  # logged before the client can see it
         active.sink(event)
 
     def _abort(self, request_id: str) -> None:
@@ -397,10 +432,25 @@ class Engine:
         if active is not None:
             self._finish(active, FinishReason.ABORT, [], "")
 
+    def _cancel_all(self, error: Exception) -> int:
+        with self._refusal_lock:
+            self._refusal = error
+        running = list(self._active.values())
+        for active in running:
+            # ABORT, not ERROR: nothing failed, so the partial last block is sound and stays
+            # cached (and is persisted) like a disconnected client's.
+            self._finish(active, FinishReason.ABORT, [], "", error=error)
+        return len(running)
+
     def _fail(self, seq_ids: list[int], exc: Exception) -> None:
-        error = EngineFailure(f"the engine failed while running this request: {exc}")
+        error = _failure(exc)
         for active in [a for a in self._active.values() if a.seq.seq_id in seq_ids]:
-            self._finish(active, FinishReason.ERROR, [], "", error=error)
+            try:
+                self._finish(active, FinishReason.ERROR, [], "", error=error)
+            except Exception:  # the bookkeeping is broken too: still tell the client
+                log.exception("ending request %s failed", active.seq.request.request_id)
+                self._active.pop(active.seq.request.request_id, None)
+                active.sink(_refused(active.seq.request, error))
 
     def _expire_waiting(self) -> None:
         timeout = self.settings.queue_timeout_s
@@ -409,6 +459,31 @@ class Engine:
             self._finish(
                 self._active[seq.request.request_id], FinishReason.ERROR, [], "", None, error
             )
+
+
+def _log_finish(
+    request: Request, reason: FinishReason, usage: Usage, error: Exception | None
+) -> None:
+    """One line per request, with its ids: contextvars do not reach this thread."""
+    fields = request_fields(request) | {
+        "finish_reason": reason.value,
+        "prompt_tokens": usage.prompt_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+    }
+    if error is not None:
+        log.warning("request failed: %s", error, extra=fields)
+    else:
+        log.info("request finished", extra=fields)
+
+
+def _failure(exc: Exception) -> EngineFailure:
+    return EngineFailure(f"the engine failed while running this request: {exc}")
+
+
+def _refused(request: Request, error: Exception) -> TokenEvent:
+    usage = Usage(len(request.prompt_token_ids), 0, 0)
+    return TokenEvent(request.request_id, [], "", FinishReason.ERROR, usage, error)
 
 
 def _log_failure(result: object, error: BaseException | None) -> None:

@@ -1,0 +1,72 @@
+"""Request limits (SPEC §8), each a setting: how many messages and tools one request may carry,
+and how many tokens its prompt and its answer may have. (The body's size is bodies.py's; the
+context's, the engine's.) Every refusal is a 400 that names the field, in the protocol's shape
+(errors.py).
+"""
+
+from __future__ import annotations
+
+from semantic.config import Settings
+from semantic.errors import ContextOverflow, InvalidRequest, PromptTooLong
+
+
+def check_counts(settings: Settings, messages: int, tools: int) -> None:
+    """A 400 for more messages than `max_messages` or more tools than `max_tools`."""
+    if messages > settings.max_messages:
+        raise InvalidRequest(
+            f"messages: {messages} messages; this server takes at most {settings.max_messages} "
+            "(max_messages)",
+            param="messages",
+        )
+    if tools > settings.max_tools:
+        raise InvalidRequest(
+            f"tools: {tools} tools; this server takes at most {settings.max_tools} (max_tools)",
+            param="tools",
+        )
+
+
+def check_prompt(settings: Settings, prompt_tokens: int, param: str = "messages") -> None:
+    """A 400 (a context overflow, PromptTooLong) for a prompt longer than `max_prompt_tokens`;
+    `param` is the field that holds the prompt."""
+    limit = settings.max_prompt_tokens
+    if limit is not None and prompt_tokens > limit:
+        raise PromptTooLong(prompt_tokens, limit, param)
+
+
+def checked_max_tokens(
+    settings: Settings, requested: int | None, param: str = "max_tokens"
+) -> int | None:
+    """The output budget a request asked for, or a 400 naming `param` when it is more than
+    `max_output_tokens` (as OpenAI's API refuses more than a model can write)."""
+    limit = settings.max_output_tokens
+    if requested is not None and limit is not None and requested > limit:
+        raise InvalidRequest(
+            f"{param}: {requested} is more than this server generates per request: at most "
+            f"{limit} (max_output_tokens)",
+            param=param,
+        )
+    return requested
+
+
+def capped_max_tokens(settings: Settings, max_tokens: int) -> int:
+    """`max_tokens` cut to `max_output_tokens`: for a default, and on /v1/messages, whose clients
+    ask for 32000 or more whatever the model (PROTOCOLS.md §2.4), so it clamps instead of
+    refusing."""
+    limit = settings.max_output_tokens
+    return max_tokens if limit is None else min(max_tokens, limit)
+
+
+def output_budget(
+    requested: int | None, prompt_tokens: int, context: int, default: int, param: str = "messages"
+) -> int:
+    """max_tokens for a request: what it asked for if that fits the context, else an error
+    (blaming `param`, the field that holds the prompt); with none asked, the default capped by
+    the room left."""
+    room = context - prompt_tokens
+    if room < 1:
+        raise ContextOverflow(prompt_tokens, requested or 0, context, param)
+    if requested is None:
+        return min(default, room)
+    if requested > room:
+        raise ContextOverflow(prompt_tokens, requested, context, param)
+    return requested

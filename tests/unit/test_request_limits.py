@@ -1,0 +1,165 @@
+"""Request limits over the fake runner, each a setting: messages, tools, prompt tokens, output
+tokens and the body's size, refused with a 400 (413 for the body) in each protocol's shape that
+names the field; /v1/messages clamps max_tokens instead, as Claude Code needs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from semantic.api.app import create_app
+from semantic.models.served import ServedModel
+from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
+from tests.unit.fakes import make_engine
+
+ANTHROPIC = "/v1/messages"
+COUNT = "/v1/messages/count_tokens"
+OPENAI = "/v1/chat/completions"
+LEGACY = "/v1/completions"
+HI = {"role": "user", "content": "Hi"}
+BODY: dict[str, Any] = {"model": "tiny", "max_tokens": 2, "messages": [HI]}
+LONG = "The quick brown fox jumps over the lazy dog. " * 4
+
+
+@pytest.fixture(autouse=True)
+def _no_outside_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
+        monkeypatch.delenv(name)
+
+
+@contextmanager
+def app_client(served: ServedModel, cache_dir: Path, **settings: object) -> Iterator[TestClient]:
+    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
+    engine, _ = make_engine(
+        dataclasses.replace(served, chat_template=template), cache_dir, **settings
+    )
+    with TestClient(create_app(engine, engine.settings)) as client:
+        yield client
+
+
+def anthropic_error(response: Any, status: int = 400) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["type"] == "error"
+    return str(body["error"]["message"])
+
+
+def openai_error(response: Any, status: int = 400) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    return error
+
+
+def anthropic_tool(name: str) -> dict[str, Any]:
+    return {"name": name, "input_schema": {"type": "object"}}
+
+
+def openai_tool(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+
+def test_more_messages_than_max_messages_is_a_400_naming_messages(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    three = {**BODY, "messages": [HI, {"role": "assistant", "content": "Hello"}, HI]}
+    with app_client(served, tmp_path, max_messages=2) as client:
+        for path in (ANTHROPIC, COUNT):
+            assert anthropic_error(client.post(path, json=three)).startswith("messages: 3 messages")
+        error = openai_error(client.post(OPENAI, json=three))
+        assert error["param"] == "messages" and "at most 2 (max_messages)" in error["message"]
+        assert client.post(OPENAI, json={**BODY, "messages": three["messages"][:2]}).is_success
+
+
+def test_more_tools_than_max_tools_is_a_400_naming_tools(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    # Room for the tool prompt the fake model's template adds.
+    with app_client(served, tmp_path, max_tools=1, num_blocks=128) as client:
+        two = {**BODY, "tools": [anthropic_tool("a"), anthropic_tool("b")]}
+        assert anthropic_error(client.post(ANTHROPIC, json=two)).startswith("tools: 2 tools")
+        assert anthropic_error(client.post(COUNT, json=two)).startswith("tools: 2 tools")
+        error = openai_error(client.post(OPENAI, json={**BODY, "tools": [openai_tool("a")] * 2}))
+        assert error["param"] == "tools"
+        one = client.post(OPENAI, json={**BODY, "tools": [openai_tool("a")]})
+        assert one.is_success, one.text
+
+
+def test_a_prompt_over_max_prompt_tokens_is_a_context_overflow(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    long = {**BODY, "messages": [{"role": "user", "content": LONG}]}
+    with app_client(served, tmp_path, max_prompt_tokens=20) as client:
+        # Anthropic's own words, which Claude Code answers by compacting.
+        message = anthropic_error(client.post(ANTHROPIC, json=long))
+        assert message.startswith("prompt is too long: ") and message.endswith("> 20 maximum")
+        error = openai_error(client.post(OPENAI, json=long))
+        assert (error["param"], error["code"]) == ("messages", "context_length_exceeded")
+        assert "at most 20 (max_prompt_tokens)" in error["message"]
+        legacy = {"model": "tiny", "prompt": LONG, "max_tokens": 2}
+        assert openai_error(client.post(LEGACY, json=legacy))["param"] == "prompt"
+        assert client.post("/v1/agents", json={"agent_id": "bot"}).status_code == 201
+        turn = client.post("/v1/agents/bot/generate", json={"message": LONG, "max_tokens": 2})
+        assert openai_error(turn)["param"] == "message"
+        # Counting a prompt is never refused for its length, and a short one is served.
+        assert client.post(COUNT, json=long).json()["input_tokens"] > 20
+        assert client.post(ANTHROPIC, json=BODY).status_code == 200
+
+
+def test_openai_max_tokens_over_max_output_tokens_is_a_400_naming_the_field(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    with app_client(served, tmp_path, max_output_tokens=3) as client:
+        error = openai_error(client.post(OPENAI, json={**BODY, "max_tokens": 4}))
+        assert error["param"] == "max_tokens" and "at most 3" in error["message"]
+        newer = {**BODY, "max_tokens": None, "max_completion_tokens": 4}
+        assert openai_error(client.post(OPENAI, json=newer))["param"] == "max_completion_tokens"
+        legacy = {"model": "tiny", "prompt": "Hi", "max_tokens": 4}
+        assert openai_error(client.post(LEGACY, json=legacy))["param"] == "max_tokens"
+        assert client.post("/v1/agents", json={"agent_id": "bot"}).status_code == 201
+        turn = client.post("/v1/agents/bot/generate", json={"message": "Hi", "max_tokens": 4})
+        assert openai_error(turn)["param"] == "max_tokens"
+
+
+def test_defaults_are_cut_to_max_output_tokens(served: ServedModel, tmp_path: Path) -> None:
+    """The fake runner never samples end-of-text, so an answer is as long as its budget."""
+    with app_client(served, tmp_path, max_output_tokens=3, default_max_tokens=50) as client:
+        chat = client.post(OPENAI, json={**BODY, "max_tokens": None}).json()
+        assert chat["usage"]["completion_tokens"] == 3
+        client.post("/v1/agents", json={"agent_id": "bot", "defaults": {"max_tokens": 40}})
+        turn = client.post("/v1/agents/bot/generate", json={"message": "Hi"}).json()
+        assert turn["usage"]["completion_tokens"] == 3
+
+
+def test_anthropic_max_tokens_is_clamped_to_max_output_tokens(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    with app_client(served, tmp_path, max_output_tokens=3) as client:
+        reply = client.post(ANTHROPIC, json={**BODY, "max_tokens": 32000})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["output_tokens"] == 3
+        assert reply.json()["stop_reason"] == "max_tokens"  # not a full context: no compaction
+
+
+def test_every_route_with_a_body_takes_at_most_max_body_mb(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    big = "x" * 2**20
+    with app_client(served, tmp_path, max_body_mb=1) as client:
+        agent = {"agent_id": "bot", "system": big}
+        assert openai_error(client.post("/v1/agents", json=agent), 413)["message"].startswith(
+            "request body is"
+        )
+        turn = client.post("/v1/agents/nobody/generate", json={"message": big})
+        assert turn.status_code == 413
+        assert client.post("/admin/cache/persist", json={"agents": [big]}).status_code == 413
+        long = {**BODY, "messages": [{"role": "user", "content": big}]}
+        assert anthropic_error(client.post(ANTHROPIC, json=long), 413)
+        assert client.post("/v1/agents", json={"agent_id": "bot"}).status_code == 201
