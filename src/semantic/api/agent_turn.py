@@ -127,11 +127,12 @@ class Turn:
         chosen = defaults.overridden_by(overrides)
         default_max_tokens = defaults.max_tokens or settings.default_max_tokens
         max_tokens = limits.output_budget(
-            limits.checked_max_tokens(settings, overrides.max_tokens),
+            settings,
+            overrides.max_tokens,
             len(prompt),
             engine.max_seq_tokens,
-            limits.capped_max_tokens(settings, default_max_tokens),
-            param="message",
+            default_max_tokens,
+            prompt_param="message",
         )
         return GenerationRequest(
             request_id=self.turn_id,

@@ -57,16 +57,20 @@ def capped_max_tokens(settings: Settings, max_tokens: int) -> int:
 
 
 def output_budget(
-    requested: int | None, prompt_tokens: int, context: int, default: int, param: str = "messages"
+    settings: Settings,
+    requested: int | None,
+    prompt_tokens: int,
+    context: int,
+    default: int,
+    *,
+    param: str = "max_tokens",
+    prompt_param: str = "messages",
 ) -> int:
-    """max_tokens for a request: what it asked for if that fits the context, else an error
-    (blaming `param`, the field that holds the prompt); with none asked, the default capped by
-    the room left."""
+    """max_tokens for a request: what it asked for (`param`), refused past `max_output_tokens`
+    or past the room the context leaves (a context overflow blaming `prompt_param`, the field
+    that holds the prompt); with none asked, `default` cut to both."""
+    asked = checked_max_tokens(settings, requested, param)
     room = context - prompt_tokens
-    if room < 1:
-        raise ContextOverflow(prompt_tokens, requested or 0, context, param)
-    if requested is None:
-        return min(default, room)
-    if requested > room:
-        raise ContextOverflow(prompt_tokens, requested, context, param)
-    return requested
+    if room < 1 or (asked is not None and asked > room):
+        raise ContextOverflow(prompt_tokens, asked or 0, context, prompt_param)
+    return asked if asked is not None else min(capped_max_tokens(settings, default), room)

@@ -207,10 +207,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     requested = body.max_completion_tokens or body.max_tokens
     max_tokens = limits.output_budget(
-        limits.checked_max_tokens(settings, requested, param),
+        settings,
+        requested,
         len(prompt_ids),
         engine.max_seq_tokens,
-        limits.capped_max_tokens(settings, settings.default_max_tokens),
+        settings.default_max_tokens,
+        param=param,
     )
     generation = GenerationRequest(
         request_id=request.state.request_id,
@@ -369,11 +371,12 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     prompt_ids, prompt_text = await asyncio.to_thread(completion_prompt, engine.model, body.prompt)
     limits.check_prompt(settings, len(prompt_ids), "prompt")
     max_tokens = limits.output_budget(
-        limits.checked_max_tokens(settings, body.max_tokens),
+        settings,
+        body.max_tokens,
         len(prompt_ids),
         engine.max_seq_tokens,
-        limits.capped_max_tokens(settings, LEGACY_MAX_TOKENS),
-        "prompt",
+        LEGACY_MAX_TOKENS,
+        prompt_param="prompt",
     )
     generation = GenerationRequest(
         request_id=request.state.request_id,
