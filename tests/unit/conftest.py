@@ -6,10 +6,16 @@ import pytest
 
 from semantic.models.served import ServedModel
 from semantic.text.tokenizer import Tokenizer
-from tests.unit.fakes import fake_served
+from tests.unit.fakes import fake_served, with_chatml
 
 
 @pytest.fixture
 def served(tiny_tokenizer: Tokenizer) -> ServedModel:
     """A served model over the fake runner: the tiny tokenizer, a 512-token context."""
     return fake_served(tiny_tokenizer)
+
+
+@pytest.fixture
+def chat_served(served: ServedModel) -> ServedModel:
+    """`served` with a ChatML template, for tests through the HTTP APIs."""
+    return with_chatml(served)

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from fastapi.testclient import TestClient
+
+from semantic.api.app import create_app
 from semantic.backends.fake import FakeRunner
 from semantic.config import Settings
 from semantic.core import Batch
 from semantic.engine.engine import Engine
 from semantic.models.config import ModelConfig
 from semantic.models.served import ServedModel
-from semantic.text.chat import ChatTemplate
+from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 
 CONTEXT = 512
@@ -22,6 +28,22 @@ def fake_served(tokenizer: Tokenizer, name: str = "tiny", context: int = CONTEXT
     config = ModelConfig("llama", 400, 8, 16, 1, 1, 1, 8, context)
     template = ChatTemplate("", bos_token=None, eos_token=None)
     return ServedModel(name, config, tokenizer, template, context)
+
+
+def with_chatml(served: ServedModel) -> ServedModel:
+    """`served` with a ChatML template (`fake_served`'s renders nothing), for API tests."""
+    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
+    return dataclasses.replace(served, chat_template=template)
+
+
+@contextmanager
+def running(
+    served: ServedModel, cache_dir: Path, **overrides: object
+) -> Iterator[tuple[TestClient, Engine, FakeRunner]]:
+    """The whole app, engine thread included, over a fake runner (`make_engine` overrides)."""
+    engine, runner = make_engine(served, cache_dir, **overrides)
+    with TestClient(create_app(engine, engine.settings)) as client:
+        yield client, engine, runner
 
 
 def make_engine(

@@ -6,13 +6,12 @@ wrong block table or a bad restore changes the answers."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import errno
 import gc
 import json
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,27 +31,17 @@ from semantic.core import Batch
 from semantic.engine.engine import Engine
 from semantic.errors import Conflict
 from semantic.models.served import ServedModel
-from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
+from tests.unit import fakes
 from tests.unit.fakes import make_engine
 
 BLOCK = 8  # tokens per block in `make_engine`
 
 
-@pytest.fixture
-def chat_served(served: ServedModel) -> ServedModel:
-    """The fake-runner model with a ChatML template (the unit fixture's renders nothing)."""
-    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
-    return dataclasses.replace(served, chat_template=template)
-
-
-@contextmanager
 def running(
     served: ServedModel, cache_dir: Path, **overrides: object
-) -> Iterator[tuple[TestClient, Engine, FakeRunner]]:
+) -> AbstractContextManager[tuple[TestClient, Engine, FakeRunner]]:
     """The whole app, engine thread included (64 blocks of 8 tokens unless overridden)."""
-    engine, runner = make_engine(served, cache_dir, **({"num_blocks": 64} | overrides))
-    with TestClient(create_app(engine, engine.settings)) as client:
-        yield client, engine, runner
+    return fakes.running(served, cache_dir, **({"num_blocks": 64} | overrides))
 
 
 @pytest.fixture

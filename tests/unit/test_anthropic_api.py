@@ -8,12 +8,10 @@ runs to `max_tokens`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,34 +20,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api import anthropic as messages_api
-from semantic.api.app import create_app
 from semantic.api.tool_use import ToolChoice, ToolUse
-from semantic.backends.fake import FakeRunner
 from semantic.core import Batch, TokenEvent
-from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
-from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
-from tests.unit.fakes import make_engine
+from tests.unit.fakes import running
 
 MODEL = "claude-semantic-test"
 HELLO = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "Hello"}]}
-
-
-@pytest.fixture
-def chat_served(served: ServedModel) -> ServedModel:
-    """The fake-runner model with a ChatML template (the unit fixture's renders nothing)."""
-    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
-    return dataclasses.replace(served, chat_template=template)
-
-
-@contextmanager
-def running(
-    served: ServedModel, cache_dir: Path, **overrides: object
-) -> Iterator[tuple[TestClient, Engine, FakeRunner]]:
-    """The whole app, engine thread included, over a fake runner (`make_engine` overrides)."""
-    engine, runner = make_engine(served, cache_dir, **overrides)
-    with TestClient(create_app(engine, engine.settings)) as client:
-        yield client, engine, runner
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ any of them."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import logging
@@ -23,7 +22,6 @@ from semantic.api.agents import named_agent
 from semantic.api.app import create_app
 from semantic.models.served import ServedModel
 from semantic.observability import configure_logging
-from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from tests.unit.fakes import make_engine
 
 KEY, WRONG = "sk-log-test-0123456789", "sk-not-a-key-9876543210"
@@ -47,12 +45,6 @@ def restore_logging() -> Iterator[None]:
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
     logging.captureWarnings(False)
-
-
-@pytest.fixture
-def chat_served(served: ServedModel) -> ServedModel:
-    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
-    return dataclasses.replace(served, chat_template=template)
 
 
 def lines(stream: io.StringIO) -> list[dict[str, Any]]:

@@ -3,44 +3,23 @@ that match what was sent, what the runner ran, and what /admin/cache says."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import sys
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
-import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from semantic.api.app import create_app
-from semantic.backends.fake import FakeRunner
-from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
-from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
-from tests.unit.fakes import make_engine
+from tests.unit.fakes import make_engine, running
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 MESSAGE = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "Hello"}]}
 CHAT = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi there"}]}
 OPERATIONS = Path(__file__).parents[2] / "docs" / "operations.md"
-
-
-@pytest.fixture
-def chat_served(served: ServedModel) -> ServedModel:
-    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
-    return dataclasses.replace(served, chat_template=template)
-
-
-@contextmanager
-def running(
-    served: ServedModel, cache_dir: Path, **overrides: object
-) -> Iterator[tuple[TestClient, Engine, FakeRunner]]:
-    engine, runner = make_engine(served, cache_dir, **overrides)
-    with TestClient(create_app(engine, engine.settings)) as client:
-        yield client, engine, runner
 
 
 def scrape(client: TestClient, **headers: str) -> Samples:

@@ -4,7 +4,6 @@ by default; keys never logged."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Iterator
@@ -18,11 +17,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api import rate_limits
-from semantic.api.app import create_app
 from semantic.api.rate_limits import RateLimiter
 from semantic.models.served import ServedModel
-from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
-from tests.unit.fakes import make_engine
+from tests.unit.fakes import running, with_chatml
 
 KEY = "sk-semantic-rate-1a2b3c"
 OTHER_KEY = "sk-semantic-rate-4d5e6f"
@@ -48,11 +45,7 @@ def _no_outside_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 
 @contextmanager
 def app_client(served: ServedModel, cache_dir: Path, **settings: object) -> Iterator[TestClient]:
-    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
-    engine, _ = make_engine(
-        dataclasses.replace(served, chat_template=template), cache_dir, **settings
-    )
-    with TestClient(create_app(engine, engine.settings)) as client:
+    with running(with_chatml(served), cache_dir, **settings) as (client, _, _):
         yield client
 
 

@@ -4,7 +4,6 @@ names the field; /v1/messages clamps max_tokens instead, as Claude Code needs.""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,10 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from semantic.api.app import create_app
 from semantic.models.served import ServedModel
-from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
-from tests.unit.fakes import make_engine
+from tests.unit.fakes import running, with_chatml
 
 ANTHROPIC = "/v1/messages"
 COUNT = "/v1/messages/count_tokens"
@@ -37,11 +34,7 @@ def _no_outside_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 
 @contextmanager
 def app_client(served: ServedModel, cache_dir: Path, **settings: object) -> Iterator[TestClient]:
-    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
-    engine, _ = make_engine(
-        dataclasses.replace(served, chat_template=template), cache_dir, **settings
-    )
-    with TestClient(create_app(engine, engine.settings)) as client:
+    with running(with_chatml(served), cache_dir, **settings) as (client, _, _):
         yield client
 
 
