@@ -19,7 +19,8 @@ from semantic.errors import NotFound, SemanticError
 def run(settings: Settings, action: str, agent_id: str | None) -> int:
     base = f"http://{settings.host}:{settings.port}/v1/agents"
     # A server with API keys answers only a client that sends one.
-    auth = {"authorization": f"Bearer {settings.api_keys[0]}"} if settings.api_keys else {}
+    keys = settings.api_keys + settings.admin_api_keys
+    auth = {"authorization": f"Bearer {keys[0]}"} if keys else {}
     try:
         return _online(base, action, agent_id, auth)
     except httpx.ConnectError:

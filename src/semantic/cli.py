@@ -177,7 +177,7 @@ def check_bind(settings: Settings) -> None:
             f"refusing to bind {settings.host!r}: it is not a loopback address; serving other "
             f"machines needs --allow-remote and an API key ({how_to_key})"
         )
-    if not settings.api_keys:
+    if not settings.any_api_keys:
         raise SemanticError(
             f"refusing to bind {settings.host!r} without an API key: set one with {how_to_key}"
         )

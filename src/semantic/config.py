@@ -70,6 +70,11 @@ class Settings(BaseSettings):
         "repeat the flag or separate keys with commas.",
     )
     api_key_file: Path | None = Field(None, description="File of API keys, one per line.")
+    admin_api_key: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Key that may also use /admin/ (model swap, cache persist and evict); once "
+        "one is set, other keys get 403 there. Repeat the flag or separate keys with commas.",
+    )
 
     # model
     model: str = Field(
@@ -172,7 +177,7 @@ class Settings(BaseSettings):
         """`~` in a path from the config file or the environment, where no shell expands it."""
         return path.expanduser() if path is not None else None
 
-    @field_validator("api_key", "model_alias", mode="before")
+    @field_validator("api_key", "admin_api_key", "model_alias", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
         """`a,b` from the environment, `["a,b", "c"]` from repeated flags: one flat list (of keys
@@ -215,8 +220,19 @@ class Settings(BaseSettings):
 
     @property
     def api_keys(self) -> tuple[str, ...]:
-        """Every key a client may send: `api_key`'s and the key file's, in the clear."""
+        """The keys for every route but the admin ones (when admin keys are set): `api_key`'s
+        and the key file's, in the clear."""
         return tuple(key.get_secret_value() for key in self.api_key) + tuple(self._file_keys)
+
+    @property
+    def admin_api_keys(self) -> tuple[str, ...]:
+        """The keys for every route, the admin ones included, in the clear."""
+        return tuple(key.get_secret_value() for key in self.admin_api_key)
+
+    @property
+    def any_api_keys(self) -> bool:
+        """Whether a request needs a key at all."""
+        return bool(self.api_keys or self.admin_api_keys)
 
     @classmethod
     def settings_customise_sources(

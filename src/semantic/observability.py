@@ -252,9 +252,15 @@ def _reading_families(reading: EngineReading) -> Iterable[Metric]:
         cache["miss_reasons"],
         "reason",
     )
-    evicted = {"memory": sum(reading.reclaimed.values()), "disk": cache["evicted_from_disk"]}
+    evicted = {
+        "memory": sum(reading.reclaimed.values()) + cache["evicted_on_request"],
+        "disk": cache["evicted_from_disk"],
+    }
     yield _counter(
-        "semantic_cache_evicted_blocks", "Blocks dropped from a tier for room.", evicted, "tier"
+        "semantic_cache_evicted_blocks",
+        "Blocks dropped from a tier, for room or by /admin/cache/evict.",
+        evicted,
+        "tier",
     )
     yield _counter(
         "semantic_pool_evicted_blocks",

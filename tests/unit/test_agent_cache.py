@@ -102,6 +102,38 @@ def test_evicted_blocks_come_back_from_disk_and_change_nothing(
     assert output == fresh_answer(served, tmp_path, prompt)
 
 
+def test_evict_frees_only_blocks_on_disk_and_the_next_turn_reads_them_back(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
+    alice, bob = conversation(engine, "alice", 2), conversation(engine, "bob", 1)
+    private = set(engine.store.agents["alice"].hashes) - set(engine.store.agents["bob"].hashes)
+    assert engine.store.evict(["alice"]) == 0  # nothing on disk yet: nothing may go
+    assert engine.store.persist(["alice"], timeout=10).failed == 0
+    free_before = engine.pool.num_free
+    evicted = engine.store.evict(["alice"])
+    assert evicted == len(engine.store.agents["alice"].hashes) > len(private)
+    assert engine.pool.num_free == free_before + evicted
+    assert all(engine.pool.lookup(h) is None for h in engine.store.agents["alice"].hashes)
+    assert engine.store.counters.evicted_on_request == evicted
+    prompt = [*alice, 300]
+    output, usage = turn(engine, "alice", prompt)
+    assert usage.cached_tokens == len(alice) - 1
+    assert engine.store.agents["alice"].stats.disk_hit_tokens == len(alice) - 1
+    assert output == fresh_answer(served, tmp_path, prompt)
+    _, usage = turn(engine, "bob", [*bob, 300])  # the shared prefix came back for alice
+    assert usage.cached_tokens == len(bob) - 1
+
+
+def test_evict_keeps_a_pinned_agents_blocks(served: ServedModel, tmp_path: Path) -> None:
+    engine, _ = make_engine(served, tmp_path)
+    conversation(engine, "vip", 1)
+    engine.store.pin("vip")
+    engine.store.persist(timeout=10)
+    assert engine.store.evict() == 0
+    assert None not in [engine.pool.lookup(h) for h in engine.store.agents["vip"].hashes]
+
+
 def test_after_a_restart_the_first_turn_reads_its_cache_from_disk(
     served: ServedModel, tmp_path: Path
 ) -> None:

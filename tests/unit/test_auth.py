@@ -25,6 +25,7 @@ from tests.unit.fakes import make_engine
 KEY = "sk-semantic-good-1f2e3d"
 FILE_KEY = "sk-semantic-from-file-9a8b"
 WRONG = "sk-semantic-wrong-7c6d"
+ADMIN = "sk-semantic-admin-5e4f"
 MESSAGES = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]}
 ROUTES = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
 
@@ -147,18 +148,83 @@ def test_admin_agents_models_and_unknown_routes_need_a_key(
     assert good.status_code == (404 if path == "/no/such/route" else 200)
 
 
-def test_keys_never_reach_the_logs(keyed: TestClient, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.fixture
+def with_admin(served: ServedModel, tmp_path: Path) -> Iterator[TestClient]:
+    """The app with a plain key and an admin key."""
+    with app_client(served, tmp_path / "cache", api_key=[KEY], admin_api_key=[ADMIN]) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/admin/cache"), ("POST", "/admin/cache/persist"), ("POST", "/admin/cache/evict")],
+)
+def test_with_admin_keys_a_plain_key_gets_403_on_admin_routes(
+    with_admin: TestClient, method: str, path: str
+) -> None:
+    openai_style = with_admin.request(method, path, headers={"authorization": f"Bearer {KEY}"})
+    assert openai_style.status_code == 403
+    error = openai_style.json()["error"]
+    assert error["type"] == "permission_error" and "admin" in error["message"]
+    anthropic_sdk = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+    anthropic_style = with_admin.request(method, path, headers=anthropic_sdk)
+    assert anthropic_style.status_code == 403
+    body = anthropic_style.json()
+    assert body["type"] == "error" and body["error"]["type"] == "permission_error"
+    assert body["request_id"] == anthropic_style.headers["request-id"]
+    assert with_admin.request(method, path).status_code == 401  # no key is still a 401
+    assert with_admin.request(method, path, headers={"x-api-key": ADMIN}).status_code == 200
+
+
+def test_an_admin_key_reaches_every_route_and_a_plain_one_the_rest(with_admin: TestClient) -> None:
+    for key in (KEY, ADMIN):
+        for protocol, route in ROUTES.items():
+            sent = header("x-api-key" if protocol == "anthropic" else "bearer", key)
+            assert with_admin.post(route, json=MESSAGES, headers=sent).status_code == 200
+        assert with_admin.get("/v1/agents", headers={"x-api-key": key}).status_code == 200
+
+
+def test_the_sdks_raise_their_permission_errors(with_admin: TestClient) -> None:
+    """The SDKs' generic request helpers reach the admin routes; a 403 is PermissionDeniedError."""
+    claude = anthropic.Anthropic(
+        base_url=str(with_admin.base_url), api_key=KEY, http_client=with_admin, max_retries=0
+    )
+    with pytest.raises(anthropic.PermissionDeniedError):
+        claude.get("/admin/cache", cast_to=object)
+    gpt = openai.OpenAI(
+        base_url=str(with_admin.base_url), api_key=KEY, http_client=with_admin, max_retries=0
+    )
+    with pytest.raises(openai.PermissionDeniedError):
+        gpt.post("/admin/cache/persist", cast_to=object)
+
+
+def test_without_admin_keys_any_key_reaches_the_admin_routes(keyed: TestClient) -> None:
+    for key in (KEY, FILE_KEY):
+        assert keyed.post("/admin/cache/persist", headers={"x-api-key": key}).status_code == 200
+
+
+def test_an_admin_key_alone_is_a_key_for_the_bind_rule() -> None:
+    check_bind(Settings(host="0.0.0.0", allow_remote=True, admin_api_key=[ADMIN]))
+
+
+@pytest.mark.parametrize("app", ["keyed", "with_admin"])
+def test_keys_never_reach_the_logs(
+    app: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    client: TestClient = request.getfixturevalue(app)
     caplog.set_level(logging.DEBUG)
-    for route in ROUTES.values():
-        for key in (KEY, FILE_KEY, WRONG):
+    for route in [*ROUTES.values(), "/admin/cache/persist"]:
+        for key in (KEY, FILE_KEY, WRONG, ADMIN):
             for style in ("x-api-key", "bearer"):
-                keyed.post(route, json=MESSAGES, headers=header(style, key))
+                client.post(route, json=MESSAGES, headers=header(style, key))
                 streamed = {**MESSAGES, "stream": True}
-                keyed.post(route, json=streamed, headers=header(style, key))
-        keyed.post(route, json=MESSAGES)
+                client.post(route, json=streamed, headers=header(style, key))
+        client.post(route, json=MESSAGES)
     logged = caplog.text + "".join(str(record.__dict__) for record in caplog.records)
     assert "401 on POST /v1/messages" in logged  # the refusals are logged, without the keys
-    for secret in (KEY, FILE_KEY, WRONG):
+    if app == "with_admin":
+        assert "403 on POST /admin/cache/persist" in logged
+    for secret in (KEY, FILE_KEY, WRONG, ADMIN):
         assert secret not in logged
 
 

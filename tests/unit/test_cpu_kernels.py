@@ -15,7 +15,7 @@ from semantic.backends.torch import kernels as kernels_module
 from semantic.backends.torch.attention import GatherScratch, LayerKV, PrefillChunk
 from semantic.backends.torch.attention import prefill_attention as stock_prefill_attention
 from semantic.backends.torch.kernels import PanelWeight, cpu_kernels, unavailable_reason
-from semantic.backends.torch.linear import PanelLinear, UnpackScratch
+from semantic.backends.torch.linear import Linear, OneDnnLinear, PanelLinear, UnpackScratch
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.models.config import ModelConfig
@@ -60,6 +60,30 @@ class Pool:
     def attend(self, q: torch.Tensor, scale: float) -> torch.Tensor:
         assert KERNELS is not None
         return KERNELS.decode_attention(q, self.k, self.v, self.tables, self.lengths, scale)
+
+
+@pytest.mark.parametrize("kind", ["panel", "onednn"])
+def test_onednn_sees_rows_padded_to_16_and_each_row_gets_its_answer(kind, monkeypatch):
+    """oneDNN keeps a kernel for every row count it sees (linear.py): it must see few."""
+    if kind == "panel" and KERNELS is None:
+        pytest.skip(f"no kernels: {unavailable_reason()}")
+    w, bias = torch.randn(50, 72).bfloat16(), torch.randn(50).bfloat16()
+    reference, seen = F.linear, []
+
+    def spy(x, *args):
+        seen.append(len(x))
+        return reference(x, *args)
+
+    linear: Linear = OneDnnLinear(w, bias)
+    if kind == "panel":
+        assert KERNELS is not None
+        linear = PanelLinear(w, bias, KERNELS, UnpackScratch())
+        monkeypatch.setattr(F, "linear", spy)
+    for rows in (17, 31, 32, 33, 100):
+        x = torch.randn(rows, 72).bfloat16()
+        expected = reference(x, w, bias).float()
+        torch.testing.assert_close(linear(x).float(), expected, atol=BF16_ATOL, rtol=BF16_RTOL)
+    assert seen == ([32, 32, 32, 48, 112] if kind == "panel" else [])
 
 
 @needs_kernels

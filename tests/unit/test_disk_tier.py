@@ -451,3 +451,30 @@ def test_model_tags_are_safe_names_and_differ_by_model_and_spec() -> None:
     assert model_tag("m", SPEC) == model_tag("m", SPEC)
     with pytest.raises(ValueError):
         DiskTier(Path("/tmp"), model_tag="../escape", spec=SPEC, budget_bytes=0)
+
+
+def test_submit_waits_while_the_queue_holds_its_bound_of_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = open_tier(tmp_path)
+    size = make_record(1).k.nbytes * 2
+    writer = DiskWriter(tier, max_queued_bytes=2 * size)
+    disk_may_write = threading.Event()
+    real_write = DiskTier.write
+
+    def slow_write(self: DiskTier, record: BlockRecord) -> int:
+        disk_may_write.wait(timeout=10)
+        return real_write(self, record)
+
+    monkeypatch.setattr(DiskTier, "write", slow_write)
+    writer.submit(make_record(1))
+    writer.submit(make_record(2))  # two records fill the queue
+    third = threading.Thread(target=writer.submit, args=(make_record(3),))
+    third.start()
+    third.join(timeout=0.2)
+    assert third.is_alive() and writer.pending == 2  # held back, not queued
+    disk_may_write.set()
+    third.join(timeout=10)
+    assert not third.is_alive() and writer.flush(timeout=10)
+    assert all(tier.contains(h) for h in (1, 2, 3))
+    writer.close()

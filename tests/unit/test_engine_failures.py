@@ -13,7 +13,7 @@ import pytest
 
 from semantic.core import FinishReason, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
-from semantic.errors import EngineFailure
+from semantic.errors import EngineFailure, Unavailable
 from semantic.models.served import ServedModel
 from semantic.text.tokenizer import Tokenizer
 from tests.unit.fakes import SteppedRunner, engine_on, fake_served, make_engine
@@ -177,3 +177,25 @@ def test_a_client_whose_event_loop_is_gone_does_not_take_the_engine_down(
         engine.stop()
     assert after.error is None and after.finish_reason is FinishReason.LENGTH
     assert engine.pool.num_held == 0
+
+
+def test_calls_and_requests_left_to_a_stopped_engine_are_answered_never_left_waiting(
+    long_served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(long_served, tmp_path)  # no thread: nothing takes the inbox
+
+    async def scenario() -> None:
+        queued_call = asyncio.ensure_future(engine.call(lambda: "never run"))
+        queued_stream = asyncio.ensure_future(last(engine.stream(short(0))))
+        await asyncio.sleep(0.05)  # both are in the inbox now (the stream after its prefetch)
+        engine.stop()  # the engine ends with them still queued
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(queued_call, 5)
+        refused = await asyncio.wait_for(queued_stream, 5)
+        assert isinstance(refused.error, Unavailable)
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(engine.call(lambda: "too late"), 5)
+        late = await asyncio.wait_for(last(engine.stream(short(1))), 5)
+        assert isinstance(late.error, Unavailable)
+
+    asyncio.run(scenario())

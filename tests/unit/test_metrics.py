@@ -206,3 +206,21 @@ def test_without_the_engine_thread_metrics_still_answer(
     samples = scrape(client)
     assert ("semantic_generated_tokens_total", frozenset()) in samples
     assert not any(name == "semantic_pool_blocks" for name, _ in samples)
+
+
+def test_admin_evict_moves_caches_to_disk_and_counts_as_memory_evictions(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    history = [3 + (k * 7) % 380 for k in range(40)]
+    with running(served, tmp_path) as (client, engine, _):
+        completion(client, history, agent="alice")
+        held = len(engine.store.agents["alice"].hashes)
+        answer = client.post("/admin/cache/evict", json={"agents": ["alice"]})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["blocks_evicted"] == held
+        assert answer.json()["persisted"]["agents_saved"] == 1
+        assert client.post("/admin/cache/evict", json={"agents": "alice"}).status_code == 400
+        completion(client, [*history, 300], agent="alice")
+        samples = scrape(client)
+    assert value(samples, "semantic_cache_evicted_blocks_total", tier="memory") == held
+    assert value(samples, "semantic_cache_hit_tokens_total", tier="disk") == len(history)

@@ -203,3 +203,12 @@ def test_with_api_keys_every_route_but_health_documents_the_401(
             assert "401" not in operation["responses"]
         else:
             assert "401" in operation["responses"] and operation["security"], (path, method)
+
+
+def test_with_admin_keys_the_admin_routes_document_the_403(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    with app_client(served, tmp_path, admin_api_key=["boss"]) as client:
+        document = client.get("/openapi.json", headers={"x-api-key": "boss"}).json()
+    for path, method, operation in operations(document):
+        assert ("403" in operation["responses"]) == path.startswith("/admin/"), (path, method)

@@ -89,15 +89,23 @@ async def cache_stats(request: Request) -> dict[str, Any]:
     return {"pool": asdict(engine.stats()), **snapshot}
 
 
-class PersistBody(BaseModel):
+class AgentsBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
-    agents: list[str] | None = None
+    agents: list[str] | None = Field(None, description="These agents' caches; all when absent.")
 
 
 @router.post("/admin/cache/persist")
-async def persist(request: Request, body: PersistBody | None = None) -> dict[str, Any]:
+async def persist(request: Request, body: AgentsBody | None = None) -> dict[str, Any]:
     """Write hot caches to disk; answers only once they are fsynced."""
     result = await engine_of(request).persist(body.agents if body else None)
+    return asdict(result)
+
+
+@router.post("/admin/cache/evict")
+async def evict(request: Request, body: AgentsBody | None = None) -> dict[str, Any]:
+    """Move caches out of memory to disk: persist them, then free their blocks, but for those a
+    running request holds or a pinned agent keeps. The next turn reads them back from disk."""
+    result = await engine_of(request).evict(body.agents if body else None)
     return asdict(result)
 
 

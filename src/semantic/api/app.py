@@ -51,7 +51,9 @@ def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
     # Just inside the key check, which names the key the limit counts on.
     app.add_middleware(LimitByKey, limits=app.state.rate_limits)
     # Added early, so it runs inside `_request_id` and a 401 carries the request id too.
-    app.add_middleware(auth.RequireApiKey, keys=settings.api_keys)
+    app.add_middleware(
+        auth.RequireApiKey, keys=settings.api_keys, admin_keys=settings.admin_api_keys
+    )
     app.middleware("http")(_request_id)
     app.add_middleware(_JSONBodies)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics, router=app.router)

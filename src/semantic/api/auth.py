@@ -6,6 +6,10 @@ without one gets 401 in its protocol's error shape before any route reads its bo
 compared as SHA-256 digests with `hmac.compare_digest`, so the time taken says nothing of a key's
 contents or length, and they are never logged: a request that passes carries `key_id_of`, a
 short digest of its key, which is what logs and rate limits (rate_limits.py) name it by.
+
+Admin keys are keys too, and once any is set they are the only ones the admin routes take (model
+swap, cache persist and evict): any other known key gets 403, as a key that lacks permission.
+With no admin key set, every key reaches every route.
 """
 
 from __future__ import annotations
@@ -26,17 +30,20 @@ log = logging.getLogger(__name__)
 
 # Health checks answer without a key, so supervisors and load balancers need none.
 OPEN_PATHS = ("/health/",)
+ADMIN_PATHS = ("/admin/",)
 _KEY_ID = "api_key_id"  # the request state's name for the key's short digest
 _MISSING = "missing API key: send it as x-api-key or Authorization: Bearer"
+_NOT_ADMIN = "this API key may not use the admin routes: send an admin key (admin_api_key)"
 
 
 class RequireApiKey:
     """ASGI middleware in front of the routes. With no keys configured every request passes:
     the server is then on loopback (`semantic serve` refuses a remote bind without a key)."""
 
-    def __init__(self, app: ASGIApp, keys: Iterable[str]) -> None:
+    def __init__(self, app: ASGIApp, keys: Iterable[str], admin_keys: Iterable[str] = ()) -> None:
         self.app = app
-        self._digests = [_digest(key) for key in keys]
+        self._admin_digests = [_digest(key) for key in admin_keys]
+        self._digests = [_digest(key) for key in keys] + self._admin_digests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self._digests or scope["path"].startswith(OPEN_PATHS):
@@ -44,24 +51,21 @@ class RequireApiKey:
             return
         request = Request(scope)
         sent = _sent_keys(request)
-        matched = self._match(sent)
-        if matched is not None:
-            setattr(request.state, _KEY_ID, matched.hex()[:8])  # scope["state"]: seen downstream
-            await self.app(scope, receive, send)
+        matched = _match(sent, self._digests)
+        if matched is None:
+            refusal = "invalid API key" if sent else _MISSING
+            _log_refusal(request, 401, refusal)
+            await _unauthorized(request, refusal)(scope, receive, send)
             return
-        refusal = "invalid API key" if sent else _MISSING
-        client = request.client.host if request.client else "unknown"
-        log.warning("401 on %s %s from %s: %s", request.method, request.url.path, client, refusal)
-        await _unauthorized(request, refusal)(scope, receive, send)
+        setattr(request.state, _KEY_ID, matched.hex()[:8])  # scope["state"]: seen downstream
+        if self._needs_admin(scope["path"]) and _match(sent, self._admin_digests) is None:
+            _log_refusal(request, 403, _NOT_ADMIN)
+            await _forbidden(request)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
-    def _match(self, sent: list[str]) -> bytes | None:
-        """The digest of a sent key that is one of ours, or None. Every sent key is checked."""
-        matches = [digest for digest in map(_digest, sent) if self._known(digest)]
-        return matches[0] if matches else None
-
-    def _known(self, digest: bytes) -> bool:
-        # Every stored key is compared, so the time does not tell which one matched.
-        return sum(hmac.compare_digest(digest, known) for known in self._digests) > 0
+    def _needs_admin(self, path: str) -> bool:
+        return bool(self._admin_digests) and path.startswith(ADMIN_PATHS)
 
 
 def key_id_of(request: Request) -> str | None:
@@ -69,6 +73,17 @@ def key_id_of(request: Request) -> str | None:
     it in logs and rate limits; None when the server has no keys."""
     key_id: str | None = getattr(request.state, _KEY_ID, None)
     return key_id
+
+
+def _match(sent: list[str], digests: list[bytes]) -> bytes | None:
+    """The digest of a sent key that is one of `digests`, or None. Every sent key is checked,
+    each against every digest, so the time does not tell which one matched."""
+    matches = [digest for digest in map(_digest, sent) if _known(digest, digests)]
+    return matches[0] if matches else None
+
+
+def _known(digest: bytes, digests: list[bytes]) -> bool:
+    return sum(hmac.compare_digest(digest, known) for known in digests) > 0
 
 
 def _digest(key: str) -> bytes:
@@ -92,3 +107,14 @@ def _unauthorized(request: Request, message: str) -> Response:
         )
     response.headers["www-authenticate"] = "Bearer"  # a 401 names the scheme it wants (RFC 9110)
     return response
+
+
+def _forbidden(request: Request) -> Response:
+    if errors.protocol_of(request) == "anthropic":
+        return errors.anthropic_error(request, 403, _NOT_ADMIN)
+    return errors.openai_error(403, _NOT_ADMIN, "permission_error", code="insufficient_permissions")
+
+
+def _log_refusal(request: Request, status: int, reason: str) -> None:
+    client = request.client.host if request.client else "unknown"
+    log.warning("%d on %s %s from %s: %s", status, request.method, request.url.path, client, reason)

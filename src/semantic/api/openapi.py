@@ -5,7 +5,8 @@ add what it cannot see with the helpers here (`json_body` for a body read by han
 `error_responses` for the errors they answer, `STREAMED_OR_JSON`); `install` then moves the
 hand-read bodies' schemas into the components, and replaces the 422 this app never sends (its
 validation errors are 400s in each protocol's shape, errors.py), and adds the 401 it does send
-when API keys are set (auth.py) and the 429 when rate limits are (rate_limits.py).
+when API keys are set (auth.py), the admin routes' 403 when admin keys are, and the 429 when
+rate limits are (rate_limits.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from semantic.api.auth import OPEN_PATHS
+from semantic.api.auth import ADMIN_PATHS, OPEN_PATHS
 from semantic.api.errors import AnthropicError, OpenAIError, Protocol
 
 _SCHEMAS = "x-semantic-schemas"  # where `json_body` leaves its schemas for `install` to move
@@ -26,6 +27,7 @@ _METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch"
 _ERROR_DESCRIPTIONS = {
     400: "The request is malformed (the message names the field), or does not fit the context.",
     401: "No API key, or an unknown one.",
+    403: "An admin route with a key that is not an admin key (once `admin_api_key` is set).",
     404: "The model named is not served here (only with `strict_model_names`).",
     413: "The body is larger than `max_body_mb` (32 MiB unless set).",
     429: "Over a rate limit (`rate_limit_key_rpm`, `rate_limit_agent_rpm`); `retry-after` says "
@@ -86,17 +88,21 @@ def install(app: FastAPI) -> None:
     the routes change)."""
     generate = app.openapi
     settings = app.state.settings
-    keys_required = bool(settings.api_keys)
+    keys_required = settings.any_api_keys
     rate_limited = bool(settings.rate_limit_key_rpm or settings.rate_limit_agent_rpm)
+    admin_keys = bool(settings.admin_api_keys)
 
     def openapi() -> dict[str, Any]:
-        return made_true(generate(), keys_required, rate_limited)
+        return made_true(generate(), keys_required, rate_limited, admin_keys)
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
 def made_true(
-    document: dict[str, Any], keys_required: bool, rate_limited: bool = False
+    document: dict[str, Any],
+    keys_required: bool,
+    rate_limited: bool = False,
+    admin_keys: bool = False,
 ) -> dict[str, Any]:
     """`document`, changed in place as the module docstring says (idempotent)."""
     components = document.setdefault("components", {})
@@ -114,6 +120,8 @@ def made_true(
         if keys_required and not path.startswith(OPEN_PATHS):
             responses.setdefault("401", _either(401, schemas))
             operation["security"] = [{"bearer": []}, {"apiKey": []}]
+        if admin_keys and path.startswith(ADMIN_PATHS):
+            responses.setdefault("403", _either(403, schemas))
         if rate_limited and not path.startswith(OPEN_PATHS):
             responses.setdefault("429", _either(429, schemas))
     for unused in ("HTTPValidationError", "ValidationError"):

@@ -86,6 +86,7 @@ class CacheCounters:
     evicted_to_disk: int = 0  # blocks written because the pool reclaimed them
     evicted_from_disk: int = 0  # blocks the disk budget dropped (gone)
     persisted: int = 0  # blocks written by an explicit persist or at shutdown
+    evicted_on_request: int = 0  # blocks `evict` dropped from memory (on disk already)
     write_errors: int = 0
     miss_reasons: Counter[str] = field(default_factory=Counter)
 
@@ -96,6 +97,12 @@ class PersistResult:
     failed: int  # block writes
     agents_saved: int
     agents_failed: int = 0  # agents left as they were on disk: a block or the manifest failed
+
+
+@dataclass(slots=True, frozen=True)
+class EvictResult:
+    persisted: PersistResult  # what was written first
+    blocks_evicted: int  # freed from memory; the rest are held by running requests or pins
 
 
 class PendingPersist:
@@ -395,6 +402,20 @@ class AgentStore:
     ) -> PersistResult:
         """`start_persist` and wait for it, on the calling (engine) thread."""
         return self.start_persist(agent_ids).wait(timeout)
+
+    def evict(self, agent_ids: Iterable[str] | None = None) -> int:
+        """Free the pool blocks of the named agents (of every block when None) that are on disk
+        and that neither a running request nor a pin holds; returns how many. `persist` first:
+        a block not on disk stays, so an eviction never loses a cache."""
+        if agent_ids is None:
+            hashes = self.hot_hashes()
+        else:
+            agents = [self.agents[a] for a in agent_ids if a in self.agents]
+            hashes = {h for agent in agents for h in agent.hashes}
+        evicted = sum(self.prefix.discard(h) for h in hashes if self.disk.contains(h))
+        with self.lock:
+            self.counters.evicted_on_request += evicted
+        return evicted
 
     def hot_hashes(self) -> set[int]:
         hashes = (self.pool.hash_of(block) for block in range(self.pool.num_blocks))

@@ -19,7 +19,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from semantic.cache.agent_store import AgentStore, PersistResult, Prefetch, cache_root
+from semantic.cache.agent_store import (
+    AgentStore,
+    EvictResult,
+    PersistResult,
+    Prefetch,
+    cache_root,
+)
 from semantic.cache.block_pool import TIER_ONE_OFF, TIER_WORKING_AGENT, BlockPool
 from semantic.cache.disk import DiskTier, model_tag
 from semantic.cache.prefix import PrefixCache, root_hash
@@ -33,6 +39,7 @@ from semantic.errors import (
     InvalidRequest,
     Overloaded,
     PoolExhausted,
+    Unavailable,
 )
 from semantic.models.served import ServedModel
 from semantic.observability import EngineMetrics, request_fields
@@ -140,10 +147,15 @@ class Engine:
         # "refused, or queued before the refusal" exact, so none waits on a stopped engine.
         self._refusal: Exception | None = None
         self._refusal_lock = threading.Lock()
+        self._inbox_closed = False  # set once, under the lock, when the engine has stopped
 
     # -- the asyncio side ------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the engine thread: once, since a stopped engine has persisted and closed its
+        caches."""
+        if self._thread is not None or self._closed:
+            raise RuntimeError("an engine starts once")
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="semantic-engine", daemon=True)
         self._thread.start()
@@ -225,14 +237,19 @@ class Engine:
         def reply(result: Any, error: BaseException | None) -> None:
             loop.call_soon_threadsafe(_settle, future, result, error)
 
-        self._inbox.put(_Call(function, reply))
+        with self._refusal_lock:
+            if self._inbox_closed:
+                raise Unavailable(_STOPPED)
+            self._inbox.put(_Call(function, reply))
         return await future
 
     def post(self, function: Callable[[], object]) -> None:
         """Run `function` on the engine thread between steps, without waiting for it. Safe from
         any thread and from a finalizer, where nothing can be awaited (releasing a hold that
-        must not outlive a cancelled request); an error is logged."""
-        self._inbox.put(_Call(function, _log_failure))
+        must not outlive a cancelled request); an error is logged. Dropped once the engine has
+        stopped. (No lock here: a finalizer may run while this thread holds it.)"""
+        if not self._inbox_closed:
+            self._inbox.put(_Call(function, _log_failure))
 
     async def persist(self, agent_ids: list[str] | None = None) -> PersistResult:
         """Write hot caches to disk (the named agents', or all) and return once durable. The
@@ -240,6 +257,13 @@ class Engine:
         with self.metrics.cache_persist_duration.time():
             pending = await self.call(lambda: self.store.start_persist(agent_ids))
             return await asyncio.to_thread(pending.wait)
+
+    async def evict(self, agent_ids: list[str] | None = None) -> EvictResult:
+        """Move caches out of memory (the named agents', or all): persist them, then free the
+        blocks that made it to disk and that no running request holds."""
+        persisted = await self.persist(agent_ids)
+        evicted = await self.call(lambda: self.store.evict(agent_ids))
+        return EvictResult(persisted, evicted)
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -297,6 +321,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self._close_inbox()
         for request_id in list(self._active):
             self._abort(request_id)
         try:
@@ -309,6 +334,22 @@ class Engine:
             )
         finally:
             self.store.close(timeout=60)
+
+    def _close_inbox(self) -> None:
+        """Answer every message still queued and refuse every later one, so that no caller
+        waits on a stopped engine."""
+        with self._refusal_lock:
+            self._inbox_closed = True
+            self._refusal = self._refusal or Unavailable(_STOPPED)
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(message, _Call):
+                message.reply(None, Unavailable(_STOPPED))
+            elif isinstance(message, _Submit):
+                message.sink(_refused(message.request, self._refusal))
 
     def _wait_for_messages(self) -> None:
         """Sleep until a message comes, then gather what else arrives within the batch window,
@@ -479,6 +520,9 @@ def _log_finish(
 
 def _failure(exc: Exception) -> EngineFailure:
     return EngineFailure(f"the engine failed while running this request: {exc}")
+
+
+_STOPPED = "the engine has stopped"
 
 
 def _refused(request: Request, error: Exception) -> TokenEvent:

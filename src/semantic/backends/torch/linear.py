@@ -18,6 +18,15 @@ over all layers, a few % of a 512-token chunk). Our kernel would still win up to
 than 16 tokens on oneDNN, alone or batched, so their bf16 logits agree as closely as with the
 stock kernels. Without our kernels (`OneDnnLinear`), bf16 keeps two copies: one packed for
 oneDNN at several rows, the plain one for the native GEMV at one row.
+
+oneDNN builds a kernel for each row count it sees and keeps it (its primitive cache, and
+ideep's beside it): about 0.5 MB per weight shape per row count, so a server that prefilled
+chunks of every length from 17 to 512 rows kept growing, ~2.4 MB a request at first
+(docs/benchmarks.md, the soak). Rows are therefore padded to a multiple of `_ONEDNN_ROW_STEP`
+before oneDNN sees them: 31 row counts, all seen within the first minutes of serving. The
+padding costs what its rows cost, since the time is about linear in rows here (four of a
+layer's weights: 0.34 ms at 17 rows, 0.50 at 32): by that rate ~0.5 ms a padded row over
+SmolLM2's 30 layers, ~4 ms a chunk for the 7.5 rows of padding of an average one.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from semantic.backends.torch.kernels import CpuKernels, PanelWeight
 
 _PACK_ROWS_HINT = 64  # oneDNN tunes a packed weight's blocking for this many rows
 _PANEL_MAX_ROWS = 16  # our kernel up to here (decode batches), unpacked for oneDNN above
+_ONEDNN_ROW_STEP = 16  # rows for oneDNN are padded to a multiple of this
 
 
 class Linear(Protocol):
@@ -85,7 +95,9 @@ class OneDnnLinear(DenseLinear):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > 1:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            padded = _padded_rows(x)
+            y = torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")
+            return y[: x.shape[0]]
         # The process-wide flag, set and restored directly: `torch.backends.mkldnn.flags()`
         # costs ~10 µs a call and warns.
         enabled = torch._C._get_mkldnn_enabled()
@@ -136,7 +148,7 @@ class PanelLinear:
             return self.kernels.linear(x, self.weight, self.bias)
         w = self.weight
         plain = self.kernels.unpack(w, self.scratch.plain(w.out_features, w.in_features))
-        return F.linear(x, plain, self.bias)
+        return F.linear(_padded_rows(x), plain, self.bias)[: x.shape[0]]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weight.rows(ids)
@@ -156,6 +168,12 @@ def linear_factory(
         return OneDnnLinear
     scratch = UnpackScratch()
     return lambda weight, bias: PanelLinear(weight, bias, kernels, scratch)
+
+
+def _padded_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, in] with zero rows added up to a multiple of `_ONEDNN_ROW_STEP`."""
+    missing = -x.shape[0] % _ONEDNN_ROW_STEP
+    return F.pad(x, (0, 0, 0, missing)) if missing else x
 
 
 def _nbytes(*tensors: torch.Tensor | None) -> int:
