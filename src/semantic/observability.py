@@ -2,9 +2,9 @@
 
 Logs: stdlib `logging` records (ours, uvicorn's) and structlog events go through one structlog
 pipeline, as JSON lines when the stream is not a terminal and as readable lines when it is. A
-request's lines carry its `request_id` and `agent_id`, bound as structlog contextvars by the API
-(`bind_request`, `bind_agent`); the engine thread, which contextvars do not reach, passes them
-explicitly (`request_fields`).
+request's lines carry its `request_id` and `agent_id`, bound by the API (`bind_request`,
+`bind_agent`) in a context variable; the engine thread, which context variables do not reach,
+passes them explicitly (`request_fields`).
 
 Metrics: Prometheus, one `CollectorRegistry` per app. Three sources: the HTTP layer counts
 requests (`Metrics.request_done`); the engine counts what happens as it happens in a few cheap
@@ -18,6 +18,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -46,7 +47,7 @@ def configure_logging(
     stream = sys.stderr if stream is None else stream
     as_json = not stream.isatty() if as_json is None else as_json
     shared: list[Any] = [
-        structlog.contextvars.merge_contextvars,
+        _add_request_fields,
         structlog.stdlib.add_logger_name,
         structlog.stdlib.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -99,16 +100,30 @@ def _drop_formatting(_: Any, __: str, event: EventDict) -> EventDict:
     return event
 
 
+# The ids of the request being served, one dict per request. `bind_agent` writes into the dict
+# rather than setting the variable: the route runs in a copy of the request's context
+# (Starlette's `call_next` starts a task), and a variable set there would never reach the lines
+# logged outside it once the route returns, such as uvicorn's access line or a 500's.
+_request_fields: ContextVar[dict[str, str] | None] = ContextVar("request_fields", default=None)
+
+
 def bind_request(request_id: str) -> None:
     """From here on, this request's log lines carry its id (called first thing per request)."""
-    structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id)
+    _request_fields.set({"request_id": request_id})
 
 
 def bind_agent(agent_id: str | None) -> None:
-    """From here on, this request's log lines carry the agent it names (when it names one)."""
-    if agent_id is not None:
-        structlog.contextvars.bind_contextvars(agent_id=agent_id)
+    """From here on, this request's log lines carry the agent it names (when it names one), the
+    lines logged before the route returns and after."""
+    fields = _request_fields.get()
+    if agent_id is not None and fields is not None:
+        fields["agent_id"] = agent_id
+
+
+def _add_request_fields(_: Any, __: str, event: EventDict) -> EventDict:
+    for key, value in (_request_fields.get() or {}).items():
+        event.setdefault(key, value)
+    return event
 
 
 def request_fields(request: Request) -> dict[str, str]:

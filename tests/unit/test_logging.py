@@ -17,6 +17,7 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic.api.agents import named_agent
 from semantic.api.app import create_app
@@ -43,7 +44,6 @@ def restore_logging() -> Iterator[None]:
     root.handlers[:] = handlers
     root.setLevel(level)
     structlog.reset_defaults()
-    structlog.contextvars.clear_contextvars()
     logging.captureWarnings(False)
 
 
@@ -54,8 +54,19 @@ def lines(stream: io.StringIO) -> list[dict[str, Any]]:
 
 def with_probe(app: FastAPI) -> FastAPI:
     """A route that names an agent the way the APIs do, then logs from its body and from its
-    stream (which runs after the route has returned, as every SSE answer does)."""
+    stream (which runs after the route has returned, as every SSE answer does); and, outside
+    every middleware, a line logged once the response is sent, as uvicorn's access line is."""
     probe_log = logging.getLogger("semantic.probe")
+
+    def access_line(inner: ASGIApp) -> ASGIApp:
+        async def logged(scope: Scope, receive: Receive, send: Send) -> None:
+            await inner(scope, receive, send)
+            if scope["type"] == "http":
+                probe_log.info("after the response")
+
+        return logged
+
+    app.add_middleware(access_line)
 
     @app.get("/probe")
     async def probe(request: Request) -> StreamingResponse:
@@ -85,17 +96,20 @@ def test_json_lines_carry_the_request_id_and_agent_id(
     logged = lines(stream)
 
     probe_lines = [line for line in logged if line["logger"] == "semantic.probe"]
-    assert [line["event"] for line in probe_lines] == ["in the route", "in the stream"]
+    probed_id = probed.headers["x-request-id"]
+    events = [line["event"] for line in probe_lines if line["request_id"] == probed_id]
+    assert events == ["in the route", "in the stream", "after the response"]
     for line in probe_lines:
-        assert line["request_id"] == probed.headers["x-request-id"]
-        assert line["agent_id"] == "probe-agent"
         assert line["level"] == "info" and line["timestamp"].endswith("Z")
+    agent_of = {line["request_id"]: line["agent_id"] for line in probe_lines}
     finished = {line["request_id"]: line for line in logged if line["event"] == "request finished"}
+    for response, agent in ((probed, "probe-agent"), (messages, "ann"), (chatted, "bob")):
+        assert agent_of[response.headers["x-request-id"]] == agent
     for response, agent in ((messages, "ann"), (chatted, "bob")):
         line = finished[response.headers["x-request-id"]]
         assert line["agent_id"] == agent
         assert line["finish_reason"] == "length" and line["output_tokens"] == 3
-    assert {line["request_id"] for line in probe_lines}.isdisjoint(finished)
+    assert probed_id not in finished
 
 
 def test_a_request_that_names_no_agent_logs_no_agent_id(
