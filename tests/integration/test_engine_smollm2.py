@@ -172,19 +172,28 @@ def test_batched_logits_agree_with_solo_logits(checkpoint: Checkpoint, fp32_engi
 
 
 def test_bf16_batched_prefill_matches_bf16_solo_logits_within_tolerance(
-    checkpoint: Checkpoint, bf16_engine: Engine
+    checkpoint: Checkpoint, bf16_engine: Engine, fp32_engine: Engine
 ) -> None:
-    runner = bf16_engine.runner
-    assert isinstance(runner, TorchRunner)
+    """Alone, each prompt (a few dozen tokens) runs our small-row kernel; together, over 128
+    rows, oneDNN. The two round differently (by up to ~0.9 in a logit here), so each is held
+    to fp32: a batch that mixed sequences would be off by whole units, and change the argmax."""
     prompts = [prompt_ids(checkpoint, q) for q in QUESTIONS[:4]]
-    tables = blocks_for(bf16_engine, prompts)
     params = SamplingParams(temperature=0.0)
-    items = [BatchItem(i, p, 0, tables[i], True, params, 0) for i, p in enumerate(prompts)]
-    solo = torch.cat([runner.forward_logits(Batch([item])) for item in items])
-    together = runner.forward_logits(Batch(items))
-    # bf16 keeps ~3 significant digits; what matters is that batching does not mix sequences.
-    torch.testing.assert_close(together, solo, atol=0.15, rtol=0.05)
-    assert (together.argmax(-1) == solo.argmax(-1)).all()
+
+    def items(engine: Engine) -> list[BatchItem]:
+        tables = blocks_for(engine, prompts)
+        return [BatchItem(i, p, 0, tables[i], True, params, 0) for i, p in enumerate(prompts)]
+
+    fp32_runner, runner = fp32_engine.runner, bf16_engine.runner
+    assert isinstance(fp32_runner, TorchRunner) and isinstance(runner, TorchRunner)
+    exact = fp32_runner.forward_logits(Batch(items(fp32_engine)))
+    bf16_items = items(bf16_engine)
+    solo = torch.cat([runner.forward_logits(Batch([item])) for item in bf16_items])
+    together = runner.forward_logits(Batch(bf16_items))
+    for logits in (solo, together):
+        error = (logits.float() - exact).abs()
+        assert error.max() < 1.5 and error.mean() < 0.6, (error.max(), error.mean())
+        assert (logits.argmax(-1) == exact.argmax(-1)).all()
 
 
 def test_many_requests_with_aborts_leak_no_block(

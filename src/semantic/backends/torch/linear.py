@@ -12,18 +12,25 @@ shared, so ranges of medians; the 512-row column leaves out the LM head, as pref
     oneDNN, plain weight                   19.6-28    23-34      30-39      272-302
 
 With our kernels (`PanelLinear`) each weight is stored once, in 16-row panels; more rows than
-`_PANEL_MAX_ROWS` (prefill) are unpacked to plain rows in a scratch buffer for oneDNN (~10 ms
-over all layers, a few % of a 512-token chunk). Our kernel would still win up to ~64 rows
-(26-36 vs 41-48 ms at 24-32 rows), but switching kernels at 16 keeps every prefill of more
-than 16 tokens on oneDNN, alone or batched, so their bf16 logits agree as closely as with the
-stock kernels. Without our kernels (`OneDnnLinear`), bf16 keeps two copies: one packed for
-oneDNN at several rows, the plain one for the native GEMV at one row.
+`_PANEL_MAX_ROWS` (long prefill chunks) are unpacked to plain rows in a scratch buffer for
+oneDNN. Below that our kernel is faster, unpacking counted, and that is where a returning
+agent's turn falls (its new tokens, a few dozen): all of SmolLM2's linears, medians of 9 on a
+noisy host, ours against unpack + oneDNN, 28 vs 52 ms at 32 rows, 53 vs 77 at 64, 95 vs 99 at
+128, 177 vs 193 at 256. Ours grows ~0.7 ms a row, oneDNN ~0.6 after a ~25 ms unpack, so the
+switch sits at 128, short of the crossover, as oneDNN gains most on CPUs with AMX. Moving it
+from 16 to 64 rows cut warm time to first token by a third through the server (median of 10
+turns of ~30 new tokens: 0.106 → 0.070 s after 2,100 tokens of history, 0.190 → 0.114 s after
+4,400). Our kernel gives a row the same bits alone or batched and is closer to fp32 than
+oneDNN (mean logit error 0.05-0.27 against 0.08-0.52 on six chat prompts), but the two round
+differently, so a step's row count picks a request's bf16 rounding (docs/design.md). Without
+our kernels (`OneDnnLinear`), bf16 keeps two copies: one packed for oneDNN at several rows, the
+plain one for the native GEMV at one row.
 
 oneDNN builds a kernel for each row count it sees and keeps it (its primitive cache, and
 ideep's beside it): about 0.5 MB per weight shape per row count, so a server that prefilled
-chunks of every length from 17 to 512 rows kept growing, ~2.4 MB a request at first
+chunks of every length up to 512 rows kept growing, ~2.4 MB a request at first
 (docs/benchmarks.md, the soak). Rows are therefore padded to a multiple of `_ONEDNN_ROW_STEP`
-before oneDNN sees them: 31 row counts, all seen within the first minutes of serving. The
+before oneDNN sees them: 24 row counts past our kernel's 128, seen within minutes of serving. The
 padding costs what its rows cost, since the time is about linear in rows here (four of a
 layer's weights: 0.34 ms at 17 rows, 0.50 at 32): by that rate ~0.5 ms a padded row over
 SmolLM2's 30 layers, ~4 ms a chunk for the 7.5 rows of padding of an average one.
@@ -40,7 +47,7 @@ import torch.nn.functional as F
 from semantic.backends.torch.kernels import CpuKernels, PanelWeight
 
 _PACK_ROWS_HINT = 64  # oneDNN tunes a packed weight's blocking for this many rows
-_PANEL_MAX_ROWS = 16  # our kernel up to here (decode batches), unpacked for oneDNN above
+_PANEL_MAX_ROWS = 128  # our kernel up to here (decodes, warm turns), unpacked for oneDNN above
 _ONEDNN_ROW_STEP = 16  # rows for oneDNN are padded to a multiple of this
 
 
