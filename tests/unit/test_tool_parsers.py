@@ -16,19 +16,21 @@ import tokenizers
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from semantic.text.json_prefix import JsonPrefix
 from semantic.text.tokenizer import Tokenizer
-from semantic.text.tools import (
-    ArgumentsDelta,
-    CallEnd,
-    CallStart,
+from semantic.text.tool_formats import (
     HermesParser,
     Llama3JsonParser,
     MistralNamesParser,
     MistralParser,
+    hidden_markers,
+    parser_for,
+)
+from semantic.text.tools import (
+    ArgumentsDelta,
+    CallEnd,
+    CallStart,
     TextDelta,
     ToolCallParser,
     ToolEvent,
-    hidden_markers,
-    parser_for,
 )
 
 TOOLS = ("get_weather", "get_time")

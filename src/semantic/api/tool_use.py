@@ -15,6 +15,7 @@ from pydantic_core import from_json
 
 from semantic.core import FinishReason, TokenEvent
 from semantic.models.served import ServedModel
+from semantic.text.tool_formats import hidden_markers, parser_for
 from semantic.text.tools import (
     ArgumentsDelta,
     CallEnd,
@@ -23,8 +24,6 @@ from semantic.text.tools import (
     TextDelta,
     ToolCallParser,
     ToolEvent,
-    hidden_markers,
-    parser_for,
 )
 
 

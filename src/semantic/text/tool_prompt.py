@@ -1,12 +1,12 @@
 """The default tool prompt, for chat templates that have no place for tools (SmolLM2's).
 
 Such a template would drop the tool list, the assistant's tool calls and the tool results, so
-they are written as text in the Hermes format (tools/parser in text/tools.py reads it back):
-the tool list and the call format go into the system message, in the words Qwen 2.5's template
-uses; an assistant's calls become `<tool_call>` blocks after its text; tool results become a
-user turn of `<tool_response>` blocks (with any user text that follows them). JSON is written
-with fixed settings in the order given, so the same conversation always renders the same
-prompt, and a continuing agent keeps its cached prefix.
+they are written as text in the Hermes format (`HermesParser` in text/tool_formats.py reads it
+back): the tool list and the call format go into the system message, in the words Qwen 2.5's
+template uses; an assistant's calls become `<tool_call>` blocks after its text; tool results
+become a user turn of `<tool_response>` blocks (with any user text that follows them). JSON is
+written with fixed settings in the order given, so the same conversation always renders the
+same prompt, and a continuing agent keeps its cached prefix.
 """
 
 from __future__ import annotations

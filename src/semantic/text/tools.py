@@ -1,4 +1,5 @@
-"""Tool calls in a model's output, parsed while it streams: one parser per model family.
+"""Tool calls in a model's output, parsed while it streams: the machinery every family's parser
+shares (tool_formats.py has the families).
 
 A parser is fed the output's text deltas and returns events: plain text, a call's start (its
 name), its argument JSON in fragments, a call's end. Text is held back only while it may be the
@@ -8,14 +9,7 @@ object. Before that, text that breaks the JSON or names another tool turns back 
 text; after it, a break ends the call where the JSON stopped being valid (as running out of
 tokens does), and the rest is text again.
 
-Families (`parser_for` picks one from the chat template's markers; Hermes is the default, and
-the format of the default tool prompt in tool_prompt.py):
-- Hermes / Qwen: `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`, repeated.
-- Llama 3 JSON: `{"name": …, "parameters": {…}}` as the whole reply, optionally after
-  `<|python_tag|>`, calls separated by `;` or whitespace.
-- Mistral: `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]`, and the newer
-  `[TOOL_CALLS]name[ARGS]{…}` (optionally `name[CALL_ID]id[ARGS]{…}`), repeated.
-Every family takes `arguments` or `parameters` for the arguments.
+The families, and how one is picked for a model: tool_formats.py.
 """
 
 from __future__ import annotations
@@ -25,9 +19,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from semantic.text.chat import ChatTemplate
 from semantic.text.json_prefix import JsonPrefix
-from semantic.text.tokenizer import Tokenizer
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,9 +48,8 @@ class CallEnd:
 
 ToolEvent = TextDelta | CallStart | ArgumentsDelta | CallEnd
 
-_WHITESPACE = " \t\n\r"
+WHITESPACE = " \t\n\r"
 _ARGUMENT_KEYS = ("arguments", "parameters")
-_MAX_NAME_CHARS = 256  # a Mistral tool name longer than this is not one
 
 
 class _Read(enum.Enum):
@@ -129,7 +120,7 @@ class _CallReader:
     def _note(self, char: str, offset: int) -> bool:
         """Where the name and the arguments begin; False when either is of the wrong type."""
         if self._bare:
-            if self._args_start is None and char not in _WHITESPACE:
+            if self._args_start is None and char not in WHITESPACE:
                 self._args_start = offset
                 return char == "{"
             return True
@@ -173,7 +164,7 @@ class ToolCallParser:
     reply forced to call a tool starts with (prefilled by the server, then fed here too)."""
 
     MARKERS: tuple[str, ...] = ()
-    SEPARATORS = _WHITESPACE  # what may sit between calls, dropped
+    SEPARATORS = WHITESPACE  # what may sit between calls, dropped
 
     def __init__(self, tools: Iterable[str]) -> None:
         self._offered = frozenset(tools)
@@ -220,7 +211,7 @@ class ToolCallParser:
         marker = next((m for m in self._markers() if held.endswith(m)), None)
         if marker is not None:
             before = held[: len(held) - len(marker)]
-            words = before.rstrip(_WHITESPACE)
+            words = before.rstrip(WHITESPACE)
             self._emit(words)
             self._held = ""
             self._call_text = before[len(words) :]  # whitespace: dropped if a call follows
@@ -229,7 +220,7 @@ class ToolCallParser:
         # Hold a possible marker's start, and the whitespace before it (dropped if a call
         # follows).
         marker_start = len(held) - self._partial_marker(held)
-        cut = len(held[:marker_start].rstrip(_WHITESPACE))
+        cut = len(held[:marker_start].rstrip(WHITESPACE))
         self._emit(held[:cut])
         self._held = held[cut:]
 
@@ -260,7 +251,7 @@ class ToolCallParser:
 
     def _call_object(self, char: str) -> None:
         """Before a call object: whitespace, then its `{`."""
-        if char in _WHITESPACE:
+        if char in WHITESPACE:
             self._call_text += char
         elif char == "{":
             self._read_call(char)
@@ -319,178 +310,6 @@ class ToolCallParser:
                 merged.append(event)
         self._events = []
         return merged
-
-
-class HermesParser(ToolCallParser):
-    """`<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` (Hermes, Qwen 2.5 and 3)."""
-
-    MARKERS = ("<tool_call>", "</tool_call>")
-
-    @classmethod
-    def opener(cls, name: str | None) -> str:
-        return '<tool_call>\n{"name": ' + _json_name_and(name, "arguments")
-
-    def _markers(self) -> tuple[str, ...]:
-        # The closing tag is only swallowed right after a call; elsewhere it is text.
-        return self.MARKERS if self._after_call else self.MARKERS[:1]
-
-    def _on_marker(self, marker: str) -> None:
-        if marker == "<tool_call>":
-            super()._on_marker(marker)
-        else:
-            self._call_text = ""  # the tag that closes the call just read
-
-
-class Llama3JsonParser(ToolCallParser):
-    """`{"name": …, "parameters": {…}}` as the reply itself, or after `<|python_tag|>`.
-
-    A `{` opens a call only where nothing but whitespace came before it (the start of the
-    reply, or after a call); in the middle of text a brace is text."""
-
-    MARKERS = ("<|python_tag|>", "{")
-    SEPARATORS = _WHITESPACE + ";"
-
-    @classmethod
-    def opener(cls, name: str | None) -> str:
-        return '{"name": ' + _json_name_and(name, "parameters")
-
-    def _markers(self) -> tuple[str, ...]:
-        return self.MARKERS if self._after_call or not self._spoke else self.MARKERS[:1]
-
-    def _on_marker(self, marker: str) -> None:
-        if marker == "{":
-            self._read_call(marker)
-        else:
-            super()._on_marker(marker)
-
-
-class MistralParser(ToolCallParser):
-    """`[TOOL_CALLS][{"name": …, "arguments": {…}}, …]` and `[TOOL_CALLS]name[ARGS]{…}`
-    (optionally `name[CALL_ID]id[ARGS]{…}`). The prefilled opener is the list form."""
-
-    MARKERS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
-
-    def __init__(self, tools: Iterable[str]) -> None:
-        super().__init__(tools)
-        self._in_list = False  # between the `[` and `]` of a list of calls
-        self._name = ""  # the `name[ARGS]` being read
-        self._call_name = ""  # the tool a `name[ARGS]` call names
-
-    @classmethod
-    def opener(cls, name: str | None) -> str:
-        return '[TOOL_CALLS][{"name": ' + _json_name_and(name, "arguments")
-
-    def _markers(self) -> tuple[str, ...]:
-        return self.MARKERS[:1]
-
-    def _on_marker(self, marker: str) -> None:
-        self._call_text += marker
-        self._step = self._list_or_name
-
-    def _list_or_name(self, char: str) -> None:
-        if char in _WHITESPACE:
-            self._call_text += char
-        elif char == "[":
-            self._call_text += char
-            self._in_list = True
-            self._step = self._list_item
-        else:
-            self._name = ""
-            self._step = self._named
-            self._named(char)
-
-    def _list_item(self, char: str) -> None:
-        """Inside the list after `[` or `,`: a call object (or, leniently, the list's end)."""
-        if char in _WHITESPACE:
-            self._call_text += char
-        elif char == "{":
-            self._read_call(char)
-        elif char == "]":
-            self._list_done()
-        else:
-            self._reject(char)
-
-    def _list_next(self, char: str) -> None:
-        """After a call in the list: `,` and the next call, or `]`."""
-        if char in _WHITESPACE or char == ",":
-            self._call_text += char
-            self._step = self._list_item if char == "," else self._list_next
-        elif char == "]":
-            self._list_done()
-        else:
-            self._reject(char)
-
-    def _list_done(self) -> None:
-        self._call_text = ""
-        self._in_list = False
-        self._after_call = True
-        self._step = self._text
-
-    def _after_call_step(self) -> Callable[[str], None]:
-        return self._list_next if self._in_list else self._text
-
-    def _named(self, char: str) -> None:
-        """`name[ARGS]` or `name[CALL_ID]id[ARGS]`, then the arguments object."""
-        if char == "\n" or len(self._name) >= _MAX_NAME_CHARS:
-            self._reject(char)
-            return
-        self._call_text += char
-        self._name += char
-        if self._name.endswith("[ARGS]"):
-            name = self._name.removesuffix("[ARGS]").split("[CALL_ID]")[0].strip(_WHITESPACE)
-            if name not in self._offered:
-                self._reject(None)
-                return
-            self._call_name = name
-            self._step = self._named_arguments
-
-    def _named_arguments(self, char: str) -> None:
-        self._read_call(char, self._call_name)
-
-    def _reject(self, char: str | None) -> None:
-        self._in_list = False
-        super()._reject(char)
-
-
-class MistralNamesParser(MistralParser):
-    """The newer Mistral format: its prefilled opener is `[TOOL_CALLS]name[ARGS]`."""
-
-    @classmethod
-    def opener(cls, name: str | None) -> str:
-        return "[TOOL_CALLS]" + ("" if name is None else name + "[ARGS]")
-
-
-def _json_name_and(name: str | None, arguments_key: str) -> str:
-    """`"` (the model writes the name), or the name and the arguments key, ready for `{`."""
-    if name is None:
-        return '"'
-    return json.dumps(name, ensure_ascii=False) + f', "{arguments_key}": '
-
-
-def parser_for(template: ChatTemplate) -> type[ToolCallParser]:
-    """The family a chat template's model writes tool calls in, told by the markers the template
-    itself writes. A template with no tool support gets the default tool prompt, and so Hermes;
-    a tool-aware template with none of these markers also gets Hermes (the most common)."""
-    source = template.source if template.supports_tools else ""
-    if "[TOOL_CALLS]" in source:
-        return MistralNamesParser if "[ARGS]" in source else MistralParser
-    if "<tool_call>" in source:
-        return HermesParser
-    if "<|python_tag|>" in source or '"parameters"' in source:
-        return Llama3JsonParser
-    return HermesParser
-
-
-def hidden_markers(parser: type[ToolCallParser], tokenizer: Tokenizer) -> dict[int, str]:
-    """The family's markers that are special tokens to this tokenizer, by id. The detokenizer
-    drops special tokens from the text (`[TOOL_CALLS]`, `<|python_tag|>`), so the caller puts
-    these back before feeding the parser."""
-    hidden = {}
-    for marker in parser.MARKERS:
-        token_id = tokenizer.token_to_id(marker)
-        if token_id is not None and tokenizer.is_special(token_id):
-            hidden[token_id] = marker
-    return hidden
 
 
 class PlainText:

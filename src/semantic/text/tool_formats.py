@@ -1,0 +1,195 @@
+"""The tool-call formats of the model families, each a streaming parser (tools.py), and which one a
+model writes.
+
+`parser_for` picks one from the markers the chat template writes; Hermes is the default, and
+the format of the default tool prompt (tool_prompt.py).
+- Hermes / Qwen: `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`, repeated.
+- Llama 3 JSON: `{"name": …, "parameters": {…}}` as the whole reply, optionally after
+  `<|python_tag|>`, calls separated by `;` or whitespace.
+- Mistral: `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]`, and the newer
+  `[TOOL_CALLS]name[ARGS]{…}` (optionally `name[CALL_ID]id[ARGS]{…}`), repeated.
+Every family takes `arguments` or `parameters` for the arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+
+from semantic.text.chat import ChatTemplate
+from semantic.text.tokenizer import Tokenizer
+from semantic.text.tools import WHITESPACE, ToolCallParser
+
+_MAX_NAME_CHARS = 256  # a Mistral tool name longer than this is not one
+
+
+class HermesParser(ToolCallParser):
+    """`<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` (Hermes, Qwen 2.5 and 3)."""
+
+    MARKERS = ("<tool_call>", "</tool_call>")
+
+    @classmethod
+    def opener(cls, name: str | None) -> str:
+        return '<tool_call>\n{"name": ' + _json_name_and(name, "arguments")
+
+    def _markers(self) -> tuple[str, ...]:
+        # The closing tag is only swallowed right after a call; elsewhere it is text.
+        return self.MARKERS if self._after_call else self.MARKERS[:1]
+
+    def _on_marker(self, marker: str) -> None:
+        if marker == "<tool_call>":
+            super()._on_marker(marker)
+        else:
+            self._call_text = ""  # the tag that closes the call just read
+
+
+class Llama3JsonParser(ToolCallParser):
+    """`{"name": …, "parameters": {…}}` as the reply itself, or after `<|python_tag|>`.
+
+    A `{` opens a call only where nothing but whitespace came before it (the start of the
+    reply, or after a call); in the middle of text a brace is text."""
+
+    MARKERS = ("<|python_tag|>", "{")
+    SEPARATORS = WHITESPACE + ";"
+
+    @classmethod
+    def opener(cls, name: str | None) -> str:
+        return '{"name": ' + _json_name_and(name, "parameters")
+
+    def _markers(self) -> tuple[str, ...]:
+        return self.MARKERS if self._after_call or not self._spoke else self.MARKERS[:1]
+
+    def _on_marker(self, marker: str) -> None:
+        if marker == "{":
+            self._read_call(marker)
+        else:
+            super()._on_marker(marker)
+
+
+class MistralParser(ToolCallParser):
+    """`[TOOL_CALLS][{"name": …, "arguments": {…}}, …]` and `[TOOL_CALLS]name[ARGS]{…}`
+    (optionally `name[CALL_ID]id[ARGS]{…}`). The prefilled opener is the list form."""
+
+    MARKERS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+
+    def __init__(self, tools: Iterable[str]) -> None:
+        super().__init__(tools)
+        self._in_list = False  # between the `[` and `]` of a list of calls
+        self._name = ""  # the `name[ARGS]` being read
+        self._call_name = ""  # the tool a `name[ARGS]` call names
+
+    @classmethod
+    def opener(cls, name: str | None) -> str:
+        return '[TOOL_CALLS][{"name": ' + _json_name_and(name, "arguments")
+
+    def _markers(self) -> tuple[str, ...]:
+        return self.MARKERS[:1]
+
+    def _on_marker(self, marker: str) -> None:
+        self._call_text += marker
+        self._step = self._list_or_name
+
+    def _list_or_name(self, char: str) -> None:
+        if char in WHITESPACE:
+            self._call_text += char
+        elif char == "[":
+            self._call_text += char
+            self._in_list = True
+            self._step = self._list_item
+        else:
+            self._name = ""
+            self._step = self._named
+            self._named(char)
+
+    def _list_item(self, char: str) -> None:
+        """Inside the list after `[` or `,`: a call object (or, leniently, the list's end)."""
+        if char in WHITESPACE:
+            self._call_text += char
+        elif char == "{":
+            self._read_call(char)
+        elif char == "]":
+            self._list_done()
+        else:
+            self._reject(char)
+
+    def _list_next(self, char: str) -> None:
+        """After a call in the list: `,` and the next call, or `]`."""
+        if char in WHITESPACE or char == ",":
+            self._call_text += char
+            self._step = self._list_item if char == "," else self._list_next
+        elif char == "]":
+            self._list_done()
+        else:
+            self._reject(char)
+
+    def _list_done(self) -> None:
+        self._call_text = ""
+        self._in_list = False
+        self._after_call = True
+        self._step = self._text
+
+    def _after_call_step(self) -> Callable[[str], None]:
+        return self._list_next if self._in_list else self._text
+
+    def _named(self, char: str) -> None:
+        """`name[ARGS]` or `name[CALL_ID]id[ARGS]`, then the arguments object."""
+        if char == "\n" or len(self._name) >= _MAX_NAME_CHARS:
+            self._reject(char)
+            return
+        self._call_text += char
+        self._name += char
+        if self._name.endswith("[ARGS]"):
+            name = self._name.removesuffix("[ARGS]").split("[CALL_ID]")[0].strip(WHITESPACE)
+            if name not in self._offered:
+                self._reject(None)
+                return
+            self._call_name = name
+            self._step = self._named_arguments
+
+    def _named_arguments(self, char: str) -> None:
+        self._read_call(char, self._call_name)
+
+    def _reject(self, char: str | None) -> None:
+        self._in_list = False
+        super()._reject(char)
+
+
+class MistralNamesParser(MistralParser):
+    """The newer Mistral format: its prefilled opener is `[TOOL_CALLS]name[ARGS]`."""
+
+    @classmethod
+    def opener(cls, name: str | None) -> str:
+        return "[TOOL_CALLS]" + ("" if name is None else name + "[ARGS]")
+
+
+def _json_name_and(name: str | None, arguments_key: str) -> str:
+    """`"` (the model writes the name), or the name and the arguments key, ready for `{`."""
+    if name is None:
+        return '"'
+    return json.dumps(name, ensure_ascii=False) + f', "{arguments_key}": '
+
+
+def parser_for(template: ChatTemplate) -> type[ToolCallParser]:
+    """The family a chat template's model writes tool calls in, told by the markers the template
+    itself writes. A template with no tool support gets the default tool prompt, and so Hermes;
+    a tool-aware template with none of these markers also gets Hermes (the most common)."""
+    source = template.source if template.supports_tools else ""
+    if "[TOOL_CALLS]" in source:
+        return MistralNamesParser if "[ARGS]" in source else MistralParser
+    if "<tool_call>" in source:
+        return HermesParser
+    if "<|python_tag|>" in source or '"parameters"' in source:
+        return Llama3JsonParser
+    return HermesParser
+
+
+def hidden_markers(parser: type[ToolCallParser], tokenizer: Tokenizer) -> dict[int, str]:
+    """The family's markers that are special tokens to this tokenizer, by id. The detokenizer
+    drops special tokens from the text (`[TOOL_CALLS]`, `<|python_tag|>`), so the caller puts
+    these back before feeding the parser."""
+    hidden = {}
+    for marker in parser.MARKERS:
+        token_id = tokenizer.token_to_id(marker)
+        if token_id is not None and tokenizer.is_special(token_id):
+            hidden[token_id] = marker
+    return hidden
