@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from semantic.models.served import ServedModel
@@ -19,3 +22,12 @@ def served(tiny_tokenizer: Tokenizer) -> ServedModel:
 def chat_served(served: ServedModel) -> ServedModel:
     """`served` with a ChatML template, for tests through the HTTP APIs."""
     return with_chatml(served)
+
+
+@pytest.fixture
+def no_outside_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No `.env` or `SEMANTIC_*` variable of the machine running the tests gets into the
+    settings (for tests of settings-driven behaviour: keys, limits)."""
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
+        monkeypatch.delenv(name)

@@ -46,6 +46,13 @@ def running(
         yield client, engine, runner
 
 
+@contextmanager
+def chat_app(served: ServedModel, cache_dir: Path, **overrides: object) -> Iterator[TestClient]:
+    """`running` with a ChatML template on `served`, for tests that need only the client."""
+    with running(with_chatml(served), cache_dir, **overrides) as (client, _, _):
+        yield client
+
+
 def make_engine(
     served: ServedModel, cache_dir: Path, **overrides: object
 ) -> tuple[Engine, FakeRunner]:

@@ -3,9 +3,7 @@ checks, protected admin routes, keys never logged; and the rule for binding a re
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,13 +12,13 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from semantic.api.app import create_app
 from semantic.cli import check_bind, main
 from semantic.config import Settings
 from semantic.errors import SemanticError
 from semantic.models.served import ServedModel
-from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
-from tests.unit.fakes import make_engine
+from tests.unit.fakes import chat_app
+
+pytestmark = pytest.mark.usefixtures("no_outside_settings")
 
 KEY = "sk-semantic-good-1f2e3d"
 FILE_KEY = "sk-semantic-from-file-9a8b"
@@ -30,27 +28,12 @@ MESSAGES = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "con
 ROUTES = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
 
 
-@pytest.fixture(autouse=True)
-def _no_outside_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No `.env` or `SEMANTIC_*` variable of the machine running the tests gets in."""
-    monkeypatch.chdir(tmp_path)
-    for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
-        monkeypatch.delenv(name)
-
-
-def app_client(served: ServedModel, cache_dir: Path, **settings: object) -> TestClient:
-    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
-    chat_served = dataclasses.replace(served, chat_template=template)
-    engine, _ = make_engine(chat_served, cache_dir, **settings)
-    return TestClient(create_app(engine, engine.settings))
-
-
 @pytest.fixture
 def keyed(served: ServedModel, tmp_path: Path) -> Iterator[TestClient]:
     """The app with two keys: one given directly, one from a key file."""
     key_file = tmp_path / "keys"
     key_file.write_text(f"# one key a line\n\n{FILE_KEY}\n")
-    with app_client(served, tmp_path / "cache", api_key=[KEY], api_key_file=key_file) as client:
+    with chat_app(served, tmp_path / "cache", api_key=[KEY], api_key_file=key_file) as client:
         yield client
 
 
@@ -59,7 +42,7 @@ def header(style: str, key: str) -> dict[str, str]:
 
 
 def test_without_keys_every_route_is_open(served: ServedModel, tmp_path: Path) -> None:
-    with app_client(served, tmp_path) as client:
+    with chat_app(served, tmp_path) as client:
         assert client.post(ROUTES["anthropic"], json=MESSAGES).status_code == 200
         assert client.post(ROUTES["openai"], json=MESSAGES).status_code == 200
         assert client.get("/admin/cache").status_code == 200
@@ -151,7 +134,7 @@ def test_admin_agents_models_and_unknown_routes_need_a_key(
 @pytest.fixture
 def with_admin(served: ServedModel, tmp_path: Path) -> Iterator[TestClient]:
     """The app with a plain key and an admin key."""
-    with app_client(served, tmp_path / "cache", api_key=[KEY], admin_api_key=[ADMIN]) as client:
+    with chat_app(served, tmp_path / "cache", api_key=[KEY], admin_api_key=[ADMIN]) as client:
         yield client
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import re
 from collections.abc import Iterable, Iterator
@@ -15,10 +14,8 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from starlette.routing import BaseRoute
 
-from semantic.api.app import create_app
 from semantic.models.served import ServedModel
-from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
-from tests.unit.fakes import make_engine
+from tests.unit.fakes import chat_app
 
 METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 # The bodies of the protocol routes, by component name, and the fields each requires.
@@ -41,16 +38,9 @@ ERRORS = {
 HAND_READ = ("parse_body(", "request.body(", "request.json(", "request.stream(")
 
 
-def app_client(served: ServedModel, tmp_path: Path, **settings: Any) -> TestClient:
-    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
-    served = dataclasses.replace(served, chat_template=template)
-    engine, _ = make_engine(served, tmp_path, **settings)
-    return TestClient(create_app(engine, engine.settings))
-
-
 @pytest.fixture
 def api(served: ServedModel, tmp_path: Path) -> Iterator[TestClient]:
-    with app_client(served, tmp_path) as client:
+    with chat_app(served, tmp_path) as client:
         yield client
 
 
@@ -194,7 +184,7 @@ def test_the_document_is_well_formed_and_every_reference_resolves(
 def test_with_api_keys_every_route_but_health_documents_the_401(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    with app_client(served, tmp_path, api_key=["secret"]) as client:
+    with chat_app(served, tmp_path, api_key=["secret"]) as client:
         document = client.get("/openapi.json", headers={"x-api-key": "secret"}).json()
     schemes = document["components"]["securitySchemes"]
     assert schemes["apiKey"] == {"type": "apiKey", "in": "header", "name": "x-api-key"}
@@ -208,7 +198,7 @@ def test_with_api_keys_every_route_but_health_documents_the_401(
 def test_with_admin_keys_the_admin_routes_document_the_403(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    with app_client(served, tmp_path, admin_api_key=["boss"]) as client:
+    with chat_app(served, tmp_path, admin_api_key=["boss"]) as client:
         document = client.get("/openapi.json", headers={"x-api-key": "boss"}).json()
     for path, method, operation in operations(document):
         assert ("403" in operation["responses"]) == path.startswith("/admin/"), (path, method)

@@ -5,21 +5,19 @@ by default; keys never logged."""
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
-from fastapi.testclient import TestClient
 
 from semantic.api import rate_limits
 from semantic.api.rate_limits import RateLimiter
 from semantic.models.served import ServedModel
-from tests.unit.fakes import running, with_chatml
+from tests.unit.fakes import chat_app
+
+pytestmark = pytest.mark.usefixtures("no_outside_settings")
 
 KEY = "sk-semantic-rate-1a2b3c"
 OTHER_KEY = "sk-semantic-rate-4d5e6f"
@@ -34,19 +32,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(autouse=True)
-def _no_outside_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.chdir(tmp_path)
-    for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
-        monkeypatch.delenv(name)
-
-
-@contextmanager
-def app_client(served: ServedModel, cache_dir: Path, **settings: object) -> Iterator[TestClient]:
-    with running(with_chatml(served), cache_dir, **settings) as (client, _, _):
-        yield client
 
 
 # -- the bucket ------------------------------------------------------------------------------
@@ -105,7 +90,7 @@ def assert_429(response: Any) -> None:
 
 
 def test_limits_are_off_by_default(served: ServedModel, tmp_path: Path) -> None:
-    with app_client(served, tmp_path) as client:
+    with chat_app(served, tmp_path) as client:
         for _ in range(5):
             assert client.post(OPENAI, json=BODY).status_code == 200
 
@@ -114,7 +99,7 @@ def test_a_key_over_its_limit_gets_429_in_each_protocols_shape(
     served: ServedModel, tmp_path: Path
 ) -> None:
     settings = {"api_key": [KEY, OTHER_KEY], "rate_limit_key_rpm": 2}
-    with app_client(served, tmp_path, **settings) as client:
+    with chat_app(served, tmp_path, **settings) as client:
         headers = {"x-api-key": KEY}
         assert client.post(ANTHROPIC, json=BODY, headers=headers).status_code == 200
         assert client.get("/v1/models", headers=headers).status_code == 200  # every route counts
@@ -136,7 +121,7 @@ def test_a_key_over_its_limit_gets_429_in_each_protocols_shape(
 def test_without_keys_all_clients_share_the_servers_budget(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    with app_client(served, tmp_path, rate_limit_key_rpm=1) as client:
+    with chat_app(served, tmp_path, rate_limit_key_rpm=1) as client:
         assert client.post(OPENAI, json=BODY).status_code == 200
         assert_429(client.post(OPENAI, json=BODY, headers={"x-api-key": "anything"}))
 
@@ -144,7 +129,7 @@ def test_without_keys_all_clients_share_the_servers_budget(
 def test_an_agent_over_its_limit_gets_429_and_other_agents_do_not(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    with app_client(served, tmp_path, rate_limit_agent_rpm=1) as client:
+    with chat_app(served, tmp_path, rate_limit_agent_rpm=1) as client:
         first = {**BODY, "session_id": "agent-a"}
         assert client.post(OPENAI, json=first).status_code == 200
         assert_429(client.post(OPENAI, json=first))
@@ -160,7 +145,7 @@ def test_an_agent_over_its_limit_gets_429_and_other_agents_do_not(
 
 
 def test_the_agent_api_counts_generate_calls_only(served: ServedModel, tmp_path: Path) -> None:
-    with app_client(served, tmp_path, rate_limit_agent_rpm=1) as client:
+    with chat_app(served, tmp_path, rate_limit_agent_rpm=1) as client:
         assert client.post("/v1/agents", json={"agent_id": "bot"}).status_code == 201
         assert client.get("/v1/agents/bot").status_code == 200
         turn = {"message": "Hi", "max_tokens": 2}
@@ -173,7 +158,7 @@ def test_the_agent_api_counts_generate_calls_only(served: ServedModel, tmp_path:
 
 
 def test_the_sdks_raise_their_rate_limit_errors(served: ServedModel, tmp_path: Path) -> None:
-    with app_client(served, tmp_path, api_key=[KEY], rate_limit_key_rpm=1) as client:
+    with chat_app(served, tmp_path, api_key=[KEY], rate_limit_key_rpm=1) as client:
         url = str(client.base_url)
         claude = anthropic.Anthropic(base_url=url, api_key=KEY, http_client=client, max_retries=0)
         claude.messages.create(**BODY)  # type: ignore[call-overload]
@@ -189,7 +174,7 @@ def test_a_refusal_is_logged_by_the_keys_digest_never_the_key(
     served: ServedModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    with app_client(served, tmp_path, api_key=[KEY], rate_limit_key_rpm=1) as client:
+    with chat_app(served, tmp_path, api_key=[KEY], rate_limit_key_rpm=1) as client:
         for _ in range(2):
             client.post(OPENAI, json=BODY, headers={"x-api-key": KEY})
     refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("429")]
@@ -201,10 +186,10 @@ def test_a_refusal_is_logged_by_the_keys_digest_never_the_key(
 def test_the_openapi_document_shows_429_only_when_limits_are_set(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    with app_client(served, tmp_path / "off") as client:
+    with chat_app(served, tmp_path / "off") as client:
         paths = client.get("/openapi.json").json()["paths"]
         assert "429" not in paths[OPENAI]["post"]["responses"]
-    with app_client(served, tmp_path / "on", rate_limit_agent_rpm=5) as client:
+    with chat_app(served, tmp_path / "on", rate_limit_agent_rpm=5) as client:
         paths = client.get("/openapi.json").json()["paths"]
         assert "429" in paths[OPENAI]["post"]["responses"]
         assert "429" not in paths["/health/live"]["get"]["responses"]

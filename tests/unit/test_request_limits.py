@@ -4,17 +4,15 @@ names the field; /v1/messages clamps max_tokens instead, as Claude Code needs.""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from semantic.models.served import ServedModel
-from tests.unit.fakes import running, with_chatml
+from tests.unit.fakes import chat_app
+
+pytestmark = pytest.mark.usefixtures("no_outside_settings")
 
 ANTHROPIC = "/v1/messages"
 COUNT = "/v1/messages/count_tokens"
@@ -23,19 +21,6 @@ LEGACY = "/v1/completions"
 HI = {"role": "user", "content": "Hi"}
 BODY: dict[str, Any] = {"model": "tiny", "max_tokens": 2, "messages": [HI]}
 LONG = "The quick brown fox jumps over the lazy dog. " * 4
-
-
-@pytest.fixture(autouse=True)
-def _no_outside_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.chdir(tmp_path)
-    for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
-        monkeypatch.delenv(name)
-
-
-@contextmanager
-def app_client(served: ServedModel, cache_dir: Path, **settings: object) -> Iterator[TestClient]:
-    with running(with_chatml(served), cache_dir, **settings) as (client, _, _):
-        yield client
 
 
 def anthropic_error(response: Any, status: int = 400) -> str:
@@ -63,7 +48,7 @@ def test_more_messages_than_max_messages_is_a_400_naming_messages(
     served: ServedModel, tmp_path: Path
 ) -> None:
     three = {**BODY, "messages": [HI, {"role": "assistant", "content": "Hello"}, HI]}
-    with app_client(served, tmp_path, max_messages=2) as client:
+    with chat_app(served, tmp_path, max_messages=2) as client:
         for path in (ANTHROPIC, COUNT):
             assert anthropic_error(client.post(path, json=three)).startswith("messages: 3 messages")
         error = openai_error(client.post(OPENAI, json=three))
@@ -75,7 +60,7 @@ def test_more_tools_than_max_tools_is_a_400_naming_tools(
     served: ServedModel, tmp_path: Path
 ) -> None:
     # Room for the tool prompt the fake model's template adds.
-    with app_client(served, tmp_path, max_tools=1, num_blocks=128) as client:
+    with chat_app(served, tmp_path, max_tools=1, num_blocks=128) as client:
         two = {**BODY, "tools": [anthropic_tool("a"), anthropic_tool("b")]}
         assert anthropic_error(client.post(ANTHROPIC, json=two)).startswith("tools: 2 tools")
         assert anthropic_error(client.post(COUNT, json=two)).startswith("tools: 2 tools")
@@ -89,7 +74,7 @@ def test_a_prompt_over_max_prompt_tokens_is_a_context_overflow(
     served: ServedModel, tmp_path: Path
 ) -> None:
     long = {**BODY, "messages": [{"role": "user", "content": LONG}]}
-    with app_client(served, tmp_path, max_prompt_tokens=20) as client:
+    with chat_app(served, tmp_path, max_prompt_tokens=20) as client:
         # Anthropic's own words, which Claude Code answers by compacting.
         message = anthropic_error(client.post(ANTHROPIC, json=long))
         assert message.startswith("prompt is too long: ") and message.endswith("> 20 maximum")
@@ -109,7 +94,7 @@ def test_a_prompt_over_max_prompt_tokens_is_a_context_overflow(
 def test_openai_max_tokens_over_max_output_tokens_is_a_400_naming_the_field(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    with app_client(served, tmp_path, max_output_tokens=3) as client:
+    with chat_app(served, tmp_path, max_output_tokens=3) as client:
         error = openai_error(client.post(OPENAI, json={**BODY, "max_tokens": 4}))
         assert error["param"] == "max_tokens" and "at most 3" in error["message"]
         newer = {**BODY, "max_tokens": None, "max_completion_tokens": 4}
@@ -123,7 +108,7 @@ def test_openai_max_tokens_over_max_output_tokens_is_a_400_naming_the_field(
 
 def test_defaults_are_cut_to_max_output_tokens(served: ServedModel, tmp_path: Path) -> None:
     """The fake runner never samples end-of-text, so an answer is as long as its budget."""
-    with app_client(served, tmp_path, max_output_tokens=3, default_max_tokens=50) as client:
+    with chat_app(served, tmp_path, max_output_tokens=3, default_max_tokens=50) as client:
         chat = client.post(OPENAI, json={**BODY, "max_tokens": None}).json()
         assert chat["usage"]["completion_tokens"] == 3
         client.post("/v1/agents", json={"agent_id": "bot", "defaults": {"max_tokens": 40}})
@@ -134,7 +119,7 @@ def test_defaults_are_cut_to_max_output_tokens(served: ServedModel, tmp_path: Pa
 def test_anthropic_max_tokens_is_clamped_to_max_output_tokens(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    with app_client(served, tmp_path, max_output_tokens=3) as client:
+    with chat_app(served, tmp_path, max_output_tokens=3) as client:
         reply = client.post(ANTHROPIC, json={**BODY, "max_tokens": 32000})
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["output_tokens"] == 3
@@ -145,7 +130,7 @@ def test_every_route_with_a_body_takes_at_most_max_body_mb(
     served: ServedModel, tmp_path: Path
 ) -> None:
     big = "x" * 2**20
-    with app_client(served, tmp_path, max_body_mb=1) as client:
+    with chat_app(served, tmp_path, max_body_mb=1) as client:
         agent = {"agent_id": "bot", "system": big}
         assert openai_error(client.post("/v1/agents", json=agent), 413)["message"].startswith(
             "request body is"
