@@ -9,6 +9,7 @@ import pytest
 
 from semantic.models.served import ServedModel
 from semantic.text.tokenizer import Tokenizer
+from tests.unit.fake_models import FakeLoader, model_folders
 from tests.unit.fakes import fake_served, with_chatml
 
 
@@ -31,3 +32,15 @@ def no_outside_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     monkeypatch.chdir(tmp_path)
     for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
         monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> dict[str, Path]:
+    """The model folders a swap may name (fake_models.py): a, b, and broken."""
+    return model_folders(tmp_path)
+
+
+@pytest.fixture
+def loader(tiny_tokenizer: Tokenizer, tmp_path: Path) -> FakeLoader:
+    """Loads a fake-runner engine for each of `models`, caching under tmp_path/cache."""
+    return FakeLoader(tiny_tokenizer, tmp_path / "cache")

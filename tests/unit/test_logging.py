@@ -9,8 +9,9 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 import structlog
@@ -82,13 +83,22 @@ def with_probe(app: FastAPI) -> FastAPI:
     return app
 
 
+@contextmanager
+def logging_app(
+    served: ServedModel, cache_dir: Path, stream: TextIO, level: str = "info", **settings: object
+) -> Iterator[TestClient]:
+    """The app, with the probe route, logging at `level` to `stream`."""
+    configure_logging(level, stream)
+    engine, _ = make_engine(served, cache_dir, **settings)
+    with TestClient(with_probe(create_app(engine, engine.settings))) as client:
+        yield client
+
+
 def test_json_lines_carry_the_request_id_and_agent_id(
     chat_served: ServedModel, tmp_path: Path
 ) -> None:
     stream = io.StringIO()
-    configure_logging("info", stream)
-    engine, _ = make_engine(chat_served, tmp_path)
-    with TestClient(with_probe(create_app(engine, engine.settings))) as client:
+    with logging_app(chat_served, tmp_path, stream) as client:
         probed = client.get("/probe", headers={"x-session-id": "probe-agent"})
         messages = client.post("/v1/messages", json=MESSAGE, headers={"x-session-id": "ann"})
         chat = {**MESSAGE, "session_id": "bob", "stream": True}
@@ -116,9 +126,7 @@ def test_a_request_that_names_no_agent_logs_no_agent_id(
     chat_served: ServedModel, tmp_path: Path
 ) -> None:
     stream = io.StringIO()
-    configure_logging("info", stream)
-    engine, _ = make_engine(chat_served, tmp_path)
-    with TestClient(with_probe(create_app(engine, engine.settings))) as client:
+    with logging_app(chat_served, tmp_path, stream) as client:
         client.get("/probe", headers={"x-session-id": "first"})
         anonymous = client.get("/probe")
     mine = [
@@ -160,9 +168,7 @@ def test_configuring_again_replaces_the_handler(tmp_path: Path) -> None:
 
 def test_a_terminal_gets_readable_lines_not_json(chat_served: ServedModel, tmp_path: Path) -> None:
     terminal = Terminal()
-    configure_logging("info", terminal)
-    engine, _ = make_engine(chat_served, tmp_path)
-    with TestClient(create_app(engine, engine.settings)) as client:
+    with logging_app(chat_served, tmp_path, terminal) as client:
         response = client.post("/v1/messages", json=MESSAGE, headers={"x-session-id": "ann"})
     text = ANSI.sub("", terminal.getvalue())
     [line] = [line for line in text.splitlines() if "request finished" in line]
@@ -174,9 +180,7 @@ def test_a_terminal_gets_readable_lines_not_json(chat_served: ServedModel, tmp_p
 
 def test_api_keys_never_reach_the_json_logs(chat_served: ServedModel, tmp_path: Path) -> None:
     stream = io.StringIO()
-    configure_logging("debug", stream)
-    engine, _ = make_engine(chat_served, tmp_path, api_key=[KEY])
-    with TestClient(create_app(engine, engine.settings)) as client:
+    with logging_app(chat_served, tmp_path, stream, "debug", api_key=[KEY]) as client:
         for key in (KEY, WRONG):
             client.post("/v1/messages", json=MESSAGE, headers={"x-api-key": key})
             client.post(

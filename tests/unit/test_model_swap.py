@@ -23,20 +23,9 @@ from semantic.errors import (
     Unavailable,
 )
 from semantic.registry import ModelRegistry
-from semantic.text.tokenizer import Tokenizer
-from tests.unit.fake_models import FakeLoader, make_host, model_folders
+from tests.unit.fake_models import FakeLoader, make_host
 
 T = TypeVar("T")
-
-
-@pytest.fixture
-def models(tmp_path: Path) -> dict[str, Path]:
-    return model_folders(tmp_path)
-
-
-@pytest.fixture
-def loader(tiny_tokenizer: Tokenizer, tmp_path: Path) -> FakeLoader:
-    return FakeLoader(tiny_tokenizer, tmp_path / "cache")
 
 
 def serve(host: EngineHost, scenario: Callable[[], Awaitable[T]]) -> T:

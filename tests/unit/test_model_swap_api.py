@@ -12,22 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
-from semantic.text.tokenizer import Tokenizer
-from tests.unit.fake_models import FakeLoader, make_host, model_folders
+from tests.unit.fake_models import FakeLoader, make_host
 
 COMPLETION = {"model": "gpt-3.5-turbo-instruct", "prompt": "Hello world!", "max_tokens": 4}
 MESSAGE = {"model": "claude-x", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
-
-
-@pytest.fixture
-def models(tmp_path: Path) -> dict[str, Path]:
-    return model_folders(tmp_path)
-
-
-@pytest.fixture
-def loader(tiny_tokenizer: Tokenizer, tmp_path: Path) -> FakeLoader:
-    return FakeLoader(tiny_tokenizer, tmp_path / "cache")
 
 
 def client_for(
