@@ -171,7 +171,7 @@ def check_bind(settings: Settings) -> None:
     server is never reachable from the network without a key by accident."""
     if settings.is_loopback:
         return
-    how_to_key = "--api-key, SEMANTIC_API_KEY or --api-key-file"
+    how_to_key = "--api-key, SEMANTIC_API_KEY, --api-key-file or --admin-api-key"
     if not settings.allow_remote:
         raise SemanticError(
             f"refusing to bind {settings.host!r}: it is not a loopback address; serving other "

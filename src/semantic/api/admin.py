@@ -75,9 +75,10 @@ async def _reading(request: Request) -> EngineReading | None:
     if not engine.alive:
         return None
     try:
-        # bounded: an engine stopped by a swap right now would never answer
+        # An engine a swap stops right now refuses the call (Unavailable); the timeout is for a
+        # thread that stopped answering.
         return await asyncio.wait_for(engine.call(lambda: read_engine(engine)), READ_TIMEOUT_S)
-    except TimeoutError:
+    except (TimeoutError, SemanticError):
         return None
 
 

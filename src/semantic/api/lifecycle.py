@@ -67,9 +67,6 @@ class Lifecycle:
             return None
 
     def start(self) -> None:
-        # Made here: asyncio objects belong to the first loop that waits on them, and a test
-        # may start one app twice, on two loops.
-        self._changed, self._hurried = asyncio.Event(), False
         self.host.start()
         self.phase = Phase.SERVING
 

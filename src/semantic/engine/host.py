@@ -83,10 +83,8 @@ class EngineHost:
     # -- serving ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the engine (from the app's startup, on the event loop that serves it)."""
-        # Made again: asyncio objects belong to the first loop that waits on them, and a test
-        # may start one app twice, on two loops.
-        self._open, self._idle, self._swap_lock = _open_gate()
+        """Start the engine (from the app's startup, on the event loop that serves it; once, as
+        an engine starts once)."""
         self.engine.start()
 
     def stop(self) -> None:
