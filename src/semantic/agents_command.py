@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from semantic.cache.agent_store import cache_root
+from semantic.cache.agents import cache_root
 from semantic.cache.disk import block_path
 from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests
 from semantic.config import Settings

@@ -89,8 +89,25 @@ class Request:
 
 class SequenceStatus(enum.Enum):
     WAITING = enum.auto()
+    RESTORING = enum.auto()  # admitted, holding its blocks, waiting for some from disk
     RUNNING = enum.auto()
     FINISHED = enum.auto()
+
+
+@dataclass(slots=True, frozen=True)
+class Restore:
+    """Blocks an admitted sequence waits for from disk: `blocks[i]` (its `indexes[i]`-th block)
+    gets the content of `hashes[i]`; a trailing partial block gives its first `tail_tokens`.
+    Once all are in, the sequence has KV for `num_tokens` tokens, its full blocks hashed as
+    `block_hashes`."""
+
+    blocks: list[int]
+    hashes: list[int]
+    indexes: list[int]
+    tail_tokens: int
+    num_tokens: int
+    disk_tokens: int  # of `num_tokens`, those these blocks hold
+    block_hashes: list[int]
 
 
 @dataclass(slots=True)
@@ -112,6 +129,12 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     first_scheduled_time: float | None = None
+    restore: Restore | None = None  # what it waits for while RESTORING
+    started: bool = False  # has run at least once (its cached-token counts are final)
+    outputs_at_start: int = 0  # output tokens it had when it last started running
+    num_disk_tokens: int = 0  # of `num_cached_tokens`, those read back from disk
+    cache_tier: int = 0  # the eviction tier its blocks are cached at when released
+    missing_hash: int | None = None  # on arrival, the first full block of its prompt not cached
 
     @property
     def num_output_tokens(self) -> int:

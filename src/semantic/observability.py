@@ -225,14 +225,14 @@ class EngineReading:
     blocks: dict[str, int]  # held, cached, free
     kv_pool_bytes: int
     reclaimed: dict[str, int]  # cached blocks the pool reclaimed, by eviction tier
-    cache: dict[str, Any]  # `AgentStore.totals()`, the same numbers /admin/cache shows
+    cache: dict[str, Any]  # `Agents.totals()`, the same numbers /admin/cache shows
     agents_active: int
     agents_idle: int
 
 
 def read_engine(engine: Engine) -> EngineReading:
     """Run on the engine thread (`engine.call`), which owns everything read here."""
-    stats, pool, agents = engine.stats(), engine.pool, engine.store.agents.values()
+    stats, pool, agents = engine.stats(), engine.pool, engine.agents.by_id.values()
     active = sum(agent.working for agent in agents)
     return EngineReading(
         model=engine.model.name,
@@ -245,7 +245,7 @@ def read_engine(engine: Engine) -> EngineReading:
         },
         kv_pool_bytes=pool.num_blocks * engine.runner.cache_spec.bytes_per_block,
         reclaimed={name: pool.reclaimed[tier] for tier, name in EVICTION_TIERS.items()},
-        cache=engine.store.totals(),
+        cache=engine.agents.totals(),
         agents_active=active,
         agents_idle=len(agents) - active,
     )

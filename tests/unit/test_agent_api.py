@@ -161,7 +161,7 @@ def test_two_creates_of_one_id_at_once_exactly_one_wins(
         engine.stop()
     assert sorted(r.status_code for r in responses) == [201, 409]
     [winner] = [r.json() for r in responses if r.status_code == 201]
-    manifest = load_manifest(engine.store.disk.model_root, "twin")
+    manifest = load_manifest(engine.tiering.disk.model_root, "twin")
     assert manifest is not None and manifest.conversation is not None
     assert manifest.conversation.system == winner["conversation"]["system"]
 
@@ -329,7 +329,7 @@ def test_a_turn_dropped_without_an_answer_releases_its_agent(
     """A stream that never ran (the client left before the 200) drops its `Turn` unfinished:
     collecting it lets the agent go, and that late release never frees a later turn."""
     engine, _ = make_engine(chat_served, tmp_path)
-    engine.store.create("alice", Conversation(system="Be brief."))
+    engine.agents.create("alice", Conversation(system="Be brief."))
 
     async def scenario() -> None:
         dropped = await Turn.begin(engine, "alice", "turn-1")
@@ -338,7 +338,7 @@ def test_a_turn_dropped_without_an_answer_releases_its_agent(
         del dropped
         gc.collect()
         later = await Turn.begin(engine, "alice", "turn-3")  # the release ran first
-        engine.post(lambda: engine.store.end_turn("alice", "turn-1"))  # late, again
+        engine.post(lambda: engine.agents.end_turn("alice", "turn-1"))  # late, again
         with pytest.raises(Conflict):
             await Turn.begin(engine, "alice", "turn-4")
         later.abandon()
@@ -361,11 +361,11 @@ def test_a_fork_shares_its_parents_blocks_and_the_pool_grows_only_by_its_new_tok
         create(client, "parent", system="You are brief.", defaults={"temperature": 0})
         generate(client, "parent", "Hello world!")
         last = generate(client, "parent", "The quick brown fox")
-        parent = engine.store.agents["parent"]
+        parent = engine.agents.by_id["parent"]
         before = used_blocks(engine)
         forked = client.post("/v1/agents/parent/fork", json={"agent_id": "child"})
         assert forked.status_code == 201 and forked.json()["cached_tokens"] == parent.num_tokens
-        child = engine.store.agents["child"]
+        child = engine.agents.by_id["child"]
         assert child.hashes == parent.hashes and used_blocks(engine) == before  # no block yet
         assert forked.json()["conversation"]["messages"] == 4
         for block_hash in parent.block_hashes:  # two agents name them: the shared tier
@@ -408,7 +408,7 @@ def test_deleting_the_parent_leaves_the_child_its_shared_blocks(
         generate(client, "parent", "The quick brown fox")
         client.post("/v1/agents/parent/fork", json={"agent_id": "child"})
         last = generate(client, "child", "And then?")
-        child_hashes = list(engine.store.agents["child"].hashes)
+        child_hashes = list(engine.agents.by_id["child"].hashes)
         assert client.delete("/v1/agents/parent").json()["deleted"] is True
         assert all(engine.pool.lookup(h) is not None for h in child_hashes)
         reply = generate(client, "child", "Tell me more.")
@@ -421,15 +421,15 @@ def test_a_fork_of_a_parent_whose_blocks_are_only_on_disk(
     with running(chat_served, tmp_path, num_blocks=16) as (client, engine, _):
         create(client, "parent", system="You are brief.", defaults={"temperature": 0})
         last = generate(client, "parent", "Hello world!")
-        parent = engine.store.agents["parent"]
+        parent = engine.agents.by_id["parent"]
         for other in range(8):  # other agents' turns push the parent's blocks out of memory
             create(client, f"other-{other}", system=f"Agent {other}: " + "fox " * 20)
             generate(client, f"other-{other}", "The quick brown fox jumps over the lazy dog.")
             if all(engine.pool.lookup(h) is None for h in parent.hashes):
                 break
-        engine.store.writer.flush(10)
+        engine.tiering.writer.flush(10)
         assert all(engine.pool.lookup(h) is None for h in parent.hashes)
-        assert all(engine.store.disk.contains(h) for h in parent.hashes)
+        assert all(engine.tiering.disk.contains(h) for h in parent.hashes)
         assert client.post("/v1/agents/parent/fork", json={"agent_id": "child"}).status_code == 201
         reply = generate(client, "child", "And then?")
         stats = client.get("/v1/agents/child").json()
@@ -458,7 +458,7 @@ def test_persist_makes_cache_and_conversation_durable_for_a_server_that_never_sh
         last = generate(client, "keeper", "The quick brown fox")
         persisted = client.post("/v1/agents/keeper/persist")
         assert persisted.status_code == 200 and persisted.json()["durable"] is True
-        assert persisted.json()["blocks_written"] == len(engine.store.agents["keeper"].hashes)
+        assert persisted.json()["blocks_written"] == len(engine.agents.by_id["keeper"].hashes)
         # A second server on the same folder while the first still runs: what a crash now
         # would leave behind.
         with running(chat_served, tmp_path) as (restarted, _, _):
@@ -495,7 +495,7 @@ def test_delete_removes_the_conversation_and_the_id_can_be_created_again(
         create(client, "phoenix", system="First life.")
         generate(client, "phoenix", "Hello world!")
         assert client.post("/v1/agents/phoenix/persist").status_code == 200
-        root = engine.store.disk.model_root
+        root = engine.tiering.disk.model_root
         assert load_manifest(root, "phoenix") is not None
         assert client.delete("/v1/agents/phoenix").status_code == 200
         assert load_manifest(root, "phoenix") is None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from semantic.cache.agent_store import MISS_CORRUPT, MISS_EVICTED, MISS_OTHER_MODEL
+from semantic.cache.agents import MISS_CORRUPT, MISS_EVICTED, MISS_OTHER_MODEL
 from semantic.cache.disk import DiskTier
 from semantic.core import Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
@@ -31,7 +31,7 @@ def turn(
         agent_id=agent,
     )
     events: list[TokenEvent] = []
-    engine.submit(request, events.append, engine.store.prefetch(request) if prefetch else None)
+    engine.submit(request, events.append)
     engine.run_until_idle()
     engine.pool.check_integrity()
     engine.prefix.check_integrity()
@@ -74,13 +74,13 @@ def test_ten_agents_share_one_copy_of_a_system_prompt_in_memory_and_on_disk(
     for agent in range(10):
         _, usage = turn(engine, f"agent-{agent}", [*SYSTEM, 300 + agent, 301])
         assert usage.cached_tokens == (0 if agent == 0 else 40)
-    system_hashes = engine.store.agents["agent-0"].block_hashes[:5]
+    system_hashes = engine.agents.by_id["agent-0"].block_hashes[:5]
     for agent in range(10):
-        assert engine.store.agents[f"agent-{agent}"].block_hashes[:5] == system_hashes
+        assert engine.agents.by_id[f"agent-{agent}"].block_hashes[:5] == system_hashes
     blocks = [engine.pool.lookup(h) for h in system_hashes]
     assert None not in blocks and len(set(blocks)) == 5
     engine.stop()
-    files = list((engine.store.disk.blocks_dir).glob("*.safetensors"))
+    files = list((engine.tiering.disk.blocks_dir).glob("*.safetensors"))
     names = {int(f.stem, 16) for f in files}
     assert set(system_hashes) <= names
     assert len(files) == len(names)  # content-addressed: each block once
@@ -93,12 +93,12 @@ def test_evicted_blocks_come_back_from_disk_and_change_nothing(
     history = conversation(engine, "alice", 1)
     for other in range(4):  # push alice's blocks out of the 12-block pool
         turn(engine, f"other-{other}", [100 + other] * 60)
-    engine.store.writer.flush(10)
-    assert engine.store.counters.evicted_to_disk > 0
+    engine.tiering.writer.flush(10)
+    assert engine.tiering.traffic.evicted_to_disk > 0
     prompt = [*history, 300]
     output, usage = turn(engine, "alice", prompt)
     assert usage.cached_tokens == len(history) - 1
-    assert engine.store.agents["alice"].stats.disk_hit_tokens > 0
+    assert engine.agents.by_id["alice"].stats.disk_hit_tokens > 0
     assert output == fresh_answer(served, tmp_path, prompt)
 
 
@@ -107,19 +107,19 @@ def test_evict_frees_only_blocks_on_disk_and_the_next_turn_reads_them_back(
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
     alice, bob = conversation(engine, "alice", 2), conversation(engine, "bob", 1)
-    private = set(engine.store.agents["alice"].hashes) - set(engine.store.agents["bob"].hashes)
-    assert engine.store.evict(["alice"]) == 0  # nothing on disk yet: nothing may go
-    assert engine.store.persist(["alice"], timeout=10).failed == 0
+    private = set(engine.agents.by_id["alice"].hashes) - set(engine.agents.by_id["bob"].hashes)
+    assert engine.agents.evict(["alice"]) == 0  # nothing on disk yet: nothing may go
+    assert engine.agents.persist(["alice"], timeout=10).failed == 0
     free_before = engine.pool.num_free
-    evicted = engine.store.evict(["alice"])
-    assert evicted == len(engine.store.agents["alice"].hashes) > len(private)
+    evicted = engine.agents.evict(["alice"])
+    assert evicted == len(engine.agents.by_id["alice"].hashes) > len(private)
     assert engine.pool.num_free == free_before + evicted
-    assert all(engine.pool.lookup(h) is None for h in engine.store.agents["alice"].hashes)
-    assert engine.store.counters.evicted_on_request == evicted
+    assert all(engine.pool.lookup(h) is None for h in engine.agents.by_id["alice"].hashes)
+    assert engine.tiering.traffic.evicted_on_request == evicted
     prompt = [*alice, 300]
     output, usage = turn(engine, "alice", prompt)
     assert usage.cached_tokens == len(alice) - 1
-    assert engine.store.agents["alice"].stats.disk_hit_tokens == len(alice) - 1
+    assert engine.agents.by_id["alice"].stats.disk_hit_tokens == len(alice) - 1
     assert output == fresh_answer(served, tmp_path, prompt)
     _, usage = turn(engine, "bob", [*bob, 300])  # the shared prefix came back for alice
     assert usage.cached_tokens == len(bob) - 1
@@ -128,10 +128,10 @@ def test_evict_frees_only_blocks_on_disk_and_the_next_turn_reads_them_back(
 def test_evict_keeps_a_pinned_agents_blocks(served: ServedModel, tmp_path: Path) -> None:
     engine, _ = make_engine(served, tmp_path)
     conversation(engine, "vip", 1)
-    engine.store.pin("vip")
-    engine.store.persist(timeout=10)
-    assert engine.store.evict() == 0
-    assert None not in [engine.pool.lookup(h) for h in engine.store.agents["vip"].hashes]
+    engine.agents.pin("vip")
+    engine.agents.persist(timeout=10)
+    assert engine.agents.evict() == 0
+    assert None not in [engine.pool.lookup(h) for h in engine.agents.by_id["vip"].hashes]
 
 
 def test_after_a_restart_the_first_turn_reads_its_cache_from_disk(
@@ -141,11 +141,11 @@ def test_after_a_restart_the_first_turn_reads_its_cache_from_disk(
     history = conversation(engine, "alice", 2)
     engine.stop()  # graceful: persists every hot block and the manifests
     restarted, _ = make_engine(served, tmp_path)
-    assert restarted.store.agents["alice"].num_tokens == len(history) - 1
+    assert restarted.agents.by_id["alice"].num_tokens == len(history) - 1
     prompt = [*history, 300, 301]
     output, usage = turn(restarted, "alice", prompt)
     assert usage.cached_tokens == len(history) - 1
-    assert restarted.store.counters.hit_tokens_disk == usage.cached_tokens
+    assert restarted.agents.counters.hit_tokens_disk == usage.cached_tokens
     assert output == fresh_answer(served, tmp_path, prompt)
 
 
@@ -156,8 +156,8 @@ def test_a_damaged_block_file_is_a_quarantined_miss_with_the_right_output(
     engine, _ = make_engine(served, tmp_path)
     history = conversation(engine, "alice", 1)
     engine.stop()
-    first = engine.store.agents["alice"].block_hashes[0]
-    path = engine.store.disk.blocks_dir / f"{first:016x}.safetensors"
+    first = engine.agents.by_id["alice"].block_hashes[0]
+    path = engine.tiering.disk.blocks_dir / f"{first:016x}.safetensors"
     data = path.read_bytes()
     if damage == "truncate":
         path.write_bytes(data[: len(data) // 2])
@@ -169,8 +169,8 @@ def test_a_damaged_block_file_is_a_quarantined_miss_with_the_right_output(
     prompt = [*history, 300]
     output, usage = turn(restarted, "alice", prompt)
     assert usage.cached_tokens == 0
-    assert restarted.store.counters.miss_reasons[MISS_CORRUPT] == 1
-    assert list(restarted.store.disk.quarantine_dir.iterdir())
+    assert restarted.agents.counters.miss_reasons[MISS_CORRUPT] == 1
+    assert list(restarted.tiering.disk.quarantine_dir.iterdir())
     assert output == fresh_answer(served, tmp_path, prompt)
 
 
@@ -182,7 +182,7 @@ def test_another_models_cache_is_never_loaded(tiny_tokenizer: object, tmp_path: 
     other, _ = make_engine(fake_served(tiny_tokenizer, name="model-b"), tmp_path)  # type: ignore[arg-type]
     _, usage = turn(other, "alice", [*history, 300])
     assert usage.cached_tokens == 0
-    assert other.store.counters.miss_reasons[MISS_OTHER_MODEL] == 1
+    assert other.agents.counters.miss_reasons[MISS_OTHER_MODEL] == 1
 
 
 def test_a_history_evicted_from_memory_and_disk_is_a_miss_named_evicted(
@@ -190,13 +190,13 @@ def test_a_history_evicted_from_memory_and_disk_is_a_miss_named_evicted(
 ) -> None:
     engine, _ = make_engine(served, tmp_path, num_blocks=12, disk_budget_mb=1)
     history = conversation(engine, "alice", 1)
-    engine.store.disk.budget_bytes = 0  # nothing survives on disk
+    engine.tiering.disk.budget_bytes = 0  # nothing survives on disk
     for other in range(4):
         turn(engine, f"other-{other}", [100 + other] * 60)
-    engine.store.writer.flush(10)
+    engine.tiering.writer.flush(10)
     _, usage = turn(engine, "alice", [*history, 300])
     assert usage.cached_tokens == 0
-    assert engine.store.agents["alice"].stats.miss_reasons[MISS_EVICTED] == 1
+    assert engine.agents.by_id["alice"].stats.miss_reasons[MISS_EVICTED] == 1
 
 
 def test_disk_full_while_persisting_keeps_serving_and_loses_nothing_acknowledged(
@@ -204,16 +204,16 @@ def test_disk_full_while_persisting_keeps_serving_and_loses_nothing_acknowledged
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
     alice = conversation(engine, "alice", 1)
-    assert engine.store.persist(["alice"], timeout=10).failed == 0  # acknowledged
+    assert engine.agents.persist(["alice"], timeout=10).failed == 0  # acknowledged
     conversation(engine, "bob", 1)
 
     def full(self: DiskTier, record: object) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(DiskTier, "write", full)
-    result = engine.store.persist(["bob"], timeout=10)
+    result = engine.agents.persist(["bob"], timeout=10)
     assert result.failed > 0 and result.agents_saved == 0
-    assert engine.store.counters.write_errors == result.failed
+    assert engine.tiering.traffic.write_errors == result.failed
     output, _ = turn(engine, "carol", [*SYSTEM, 9, 9])  # still serving
     assert output
     monkeypatch.undo()
@@ -231,11 +231,11 @@ def test_a_reload_larger_than_the_free_pool_restores_what_fits(
     engine.stop()
     small, _ = make_engine(served, tmp_path, num_blocks=12)
     turn(small, "hog", [50] * 40, max_tokens=1)  # 5 blocks cached for another agent
-    restored_before = small.store.counters.hit_tokens_disk
+    restored_before = small.agents.counters.hit_tokens_disk
     prompt = [*history, 300]
     output, usage = turn(small, "alice", prompt)
     assert 0 < usage.cached_tokens <= len(history) - 1
-    assert small.store.counters.hit_tokens_disk > restored_before
+    assert small.agents.counters.hit_tokens_disk > restored_before
     assert output == fresh_answer(served, tmp_path, prompt)
 
 
@@ -260,8 +260,8 @@ def test_two_requests_creating_the_same_agent_at_once(served: ServedModel, tmp_p
     finally:
         engine.stop()
     assert all(r[-1].usage is not None and r[-1].error is None for r in results)
-    assert list(engine.store.agents) == ["twin"]
-    assert engine.store.agents["twin"].stats.requests == 2
+    assert list(engine.agents.by_id) == ["twin"]
+    assert engine.agents.by_id["twin"].stats.requests == 2
     assert engine.pool.num_held == 0
 
 
@@ -270,15 +270,15 @@ def test_a_pinned_agent_keeps_its_cache_in_memory_under_pressure(
 ) -> None:
     engine, _ = make_engine(served, tmp_path, num_blocks=16)
     history = conversation(engine, "vip", 1)
-    engine.store.pin("vip")
+    engine.agents.pin("vip")
     for other in range(6):  # far more than the pool holds
         turn(engine, f"other-{other}", [100 + other] * 60)
-    pinned_blocks = [engine.pool.lookup(h) for h in engine.store.agents["vip"].hashes]
+    pinned_blocks = [engine.pool.lookup(h) for h in engine.agents.by_id["vip"].hashes]
     assert None not in pinned_blocks
     _, usage = turn(engine, "vip", [*history, 300])
     assert usage.cached_tokens == len(history) - 1
-    assert engine.store.agents["vip"].stats.disk_hit_tokens == 0  # all from memory
-    engine.store.pin("vip", False)
+    assert engine.agents.by_id["vip"].stats.disk_hit_tokens == 0  # all from memory
+    engine.agents.pin("vip", False)
     engine.pool.check_integrity()
 
 
@@ -287,8 +287,8 @@ def test_a_turn_served_from_memory_counts_no_disk_hits(served: ServedModel, tmp_
     history = conversation(engine, "alice", 2)
     _, usage = turn(engine, "alice", [*history, 300])
     assert usage.cached_tokens == len(history) - 1
-    assert engine.store.counters.hit_tokens_disk == 0
-    assert engine.store.agents["alice"].stats.disk_hit_tokens == 0
+    assert engine.agents.counters.hit_tokens_disk == 0
+    assert engine.agents.by_id["alice"].stats.disk_hit_tokens == 0
 
 
 def test_sharer_counts_keep_only_hashes_an_agent_still_uses(
@@ -297,9 +297,9 @@ def test_sharer_counts_keep_only_hashes_an_agent_still_uses(
     engine, _ = make_engine(served, tmp_path)
     conversation(engine, "alice", 3)  # each turn replaces alice's partial tail
     conversation(engine, "bob", 2)
-    sharers = engine.store._sharers
-    in_use = {h for agent in engine.store.agents.values() for h in agent.hashes}
+    sharers = engine.agents._sharers
+    in_use = {h for agent in engine.agents.by_id.values() for h in agent.hashes}
     assert set(sharers) == in_use and all(count > 0 for count in sharers.values())
-    engine.store.delete("alice")
-    engine.store.delete("bob")
+    engine.agents.delete("alice")
+    engine.agents.delete("bob")
     assert not sharers

@@ -28,26 +28,26 @@ def run_turn(engine: Engine, agent_id: str, prompt: list[int]) -> None:
     sampling = SamplingParams(temperature=0.0, max_tokens=4)
     request = Request(f"{agent_id}-{len(prompt)}", prompt, sampling, agent_id=agent_id)
     events: list[TokenEvent] = []
-    engine.submit(request, events.append, engine.store.prefetch(request))
+    engine.submit(request, events.append)
     engine.run_until_idle()
     assert events[-1].error is None
 
 
 def test_a_manifest_keeps_the_conversation(served: ServedModel, tmp_path: Path) -> None:
     engine, _ = make_engine(served, tmp_path)
-    root = engine.store.disk.model_root
+    root = engine.tiering.disk.model_root
     manifest = AgentManifest("talker", root.name, [1, 2], 3, 20, conversation=TALK)
     save_manifest(root, manifest)
     assert load_manifest(root, "talker") == manifest
     restarted, _ = make_engine(served, tmp_path)
-    assert restarted.store.agents["talker"].conversation == TALK
+    assert restarted.agents.by_id["talker"].conversation == TALK
 
 
 def test_a_version_1_manifest_is_an_agent_without_a_conversation(
     served: ServedModel, tmp_path: Path
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
-    root = engine.store.disk.model_root
+    root = engine.tiering.disk.model_root
     save_manifest(root, AgentManifest("old", root.name, [1], None, 8))
     path = root / "agents" / "old.json"
     raw = json.loads(path.read_text())
@@ -72,7 +72,7 @@ def test_a_manifest_with_a_bad_conversation_is_quarantined(
     served: ServedModel, tmp_path: Path, conversation: object
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
-    root = engine.store.disk.model_root
+    root = engine.tiering.disk.model_root
     save_manifest(root, AgentManifest("bad", root.name, [], None, 0, conversation=TALK))
     path = root / "agents" / "bad.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | {"conversation": conversation}))
@@ -91,10 +91,10 @@ def test_a_fork_is_one_more_sharer_of_each_block_and_delete_keeps_the_others(
     served: ServedModel, tmp_path: Path
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
-    store = engine.store
+    store = engine.agents
     store.create("parent", TALK)
     run_turn(engine, "parent", list(range(10, 30)))  # two full blocks and a tail
-    parent = store.agents["parent"]
+    parent = store.by_id["parent"]
     child = store.fork("parent", "child")
     assert child.conversation == TALK and child.hashes == parent.hashes
     assert all(store._sharers[h] == 2 for h in parent.hashes)
@@ -113,7 +113,7 @@ def test_turns_are_held_one_at_a_time_and_released_only_by_their_own_id(
     served: ServedModel, tmp_path: Path
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
-    store = engine.store
+    store = engine.agents
     store.create("alice", TALK)
     assert store.begin_turn("alice", "t1") == TALK
     with pytest.raises(Conflict):
@@ -122,9 +122,9 @@ def test_turns_are_held_one_at_a_time_and_released_only_by_their_own_id(
         store.delete("alice")
     assert store.end_turn("alice", "t2") is None  # not its hold
     longer = TALK.with_turn("And?", "Done.")
-    assert store.end_turn("alice", "t1", longer) is store.agents["alice"]
+    assert store.end_turn("alice", "t1", longer) is store.by_id["alice"]
     assert store.end_turn("alice", "t1") is None  # released already
-    assert store.agents["alice"].conversation == longer
+    assert store.by_id["alice"].conversation == longer
     with pytest.raises(NotFound):
         store.begin_turn("nobody", "t3")
 
@@ -133,13 +133,13 @@ def test_a_manifest_write_after_a_delete_does_not_bring_the_agent_back(
     served: ServedModel, tmp_path: Path
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
-    store = engine.store
+    store = engine.agents
     stale = store.create("ghost", TALK)
     assert store.save_manifest(stale)
     assert store.delete("ghost")
     assert not store.save_manifest(stale)  # a late write of the deleted agent
-    assert load_manifest(store.disk.model_root, "ghost") is None
+    assert load_manifest(store.model_root, "ghost") is None
     again = store.create("ghost", Conversation("Second life."))
     assert not store.save_manifest(stale) and store.save_manifest(again)
-    loaded = load_manifest(store.disk.model_root, "ghost")
+    loaded = load_manifest(store.model_root, "ghost")
     assert loaded is not None and loaded.conversation == Conversation("Second life.")

@@ -87,7 +87,7 @@ def test_a_client_that_disconnects_mid_request_cancels_it_and_its_blocks_stay_ca
             await asyncio.wait_for(aborts.seen.wait(), timeout=60)  # not for ever, if broken
             # Handled after the abort: the engine thread takes its messages in order.
             stats = await engine.call(engine.stats)
-            history = await engine.call(lambda: engine.store.agents["leaver"].num_tokens)
+            history = await engine.call(lambda: engine.agents.by_id["leaver"].num_tokens)
             # The agent's next turn reuses what the abandoned one computed.
             turn = Request("next", [*PROMPT, 7], SamplingParams(max_tokens=1), agent_id="leaver")
             events = [event async for event in engine.stream(turn)]

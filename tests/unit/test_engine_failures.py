@@ -87,7 +87,7 @@ def run_scenario(engine: Engine, arm: Callable[[], None]) -> tuple[list[TokenEve
         ("scheduler", "schedule"),  # building the step's batch
         ("scheduler", "update"),  # postprocess: tokens computed, blocks hashed, tokens appended
         ("engine", "_on_token"),  # publishing: stops, detokenizing, the sink
-        ("store", "sweep"),  # the agent store's housekeeping between steps
+        ("agents", "sweep"),  # the agents' housekeeping between steps
         ("runner", "run"),  # the model itself
     ],
 )
@@ -113,7 +113,7 @@ def test_a_failure_while_admitting_fails_that_request_only_and_leaks_no_block(
     seed = Request("seed", history, SamplingParams(max_tokens=1), agent_id="bob")
     engine.submit(seed, lambda event: None)
     engine.run_until_idle()
-    assert engine.store.persist(["bob"], timeout=10).failed == 0
+    assert engine.agents.persist(["bob"], timeout=10).failed == 0
     engine.stop()
     engine, runner = make_engine(long_served, tmp_path, num_blocks=BLOCKS)
     returning = Request("back", [*history, 7], SamplingParams(max_tokens=3), agent_id="bob")
@@ -146,7 +146,7 @@ def test_a_failure_while_failing_requests_still_ends_every_stream(
     """The last line of defence: when ending the requests after a failure fails too (the
     bookkeeping itself is broken), each still gets its error event and the thread lives on."""
     engine, _ = make_engine(long_served, tmp_path, num_blocks=BLOCKS)
-    arm_finished = fail_once(engine.store, "finished")
+    arm_finished = fail_once(engine.agents, "finished")
 
     def arm() -> None:
         fail_once(engine.scheduler, "update")()

@@ -64,10 +64,10 @@ def next_turn_from_disk(served: ServedModel, cache_dir: Path) -> int:
     engine = engine_on(fake_runner(), served, cache_dir)
     request = Request("next", [*PROMPT, 5, 6], SamplingParams(max_tokens=1), agent_id="alice")
     events: list[TokenEvent] = []
-    engine.submit(request, events.append, engine.store.prefetch(request))
+    engine.submit(request, events.append)
     engine.run_until_idle()
     assert events[-1].usage is not None
-    assert engine.store.counters.hit_tokens_disk == events[-1].usage.cached_tokens
+    assert engine.agents.counters.hit_tokens_disk == events[-1].usage.cached_tokens
     return events[-1].usage.cached_tokens
 
 
@@ -195,7 +195,7 @@ def test_a_request_cancelled_at_shutdown_keeps_its_partial_last_block_through_a_
     # It diverges from the cut answer inside the partial block: that block is reused up to there.
     returning = Request("back", [*PROMPT, 8, 9], SamplingParams(max_tokens=1), agent_id="alice")
     events: list[TokenEvent] = []
-    restarted.submit(returning, events.append, restarted.store.prefetch(returning))
+    restarted.submit(returning, events.append)
     restarted.run_until_idle()
     assert events[-1].usage is not None and events[-1].usage.cached_tokens == len(PROMPT)
 

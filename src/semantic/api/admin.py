@@ -86,7 +86,7 @@ async def _reading(request: Request) -> EngineReading | None:
 async def cache_stats(request: Request) -> dict[str, Any]:
     """Cache totals (hit and miss tokens by tier, evictions, disk use) and every agent."""
     engine = engine_of(request)
-    snapshot: dict[str, Any] = await engine.call(engine.store.snapshot)
+    snapshot: dict[str, Any] = await engine.call(engine.agents.snapshot)
     return {"pool": asdict(engine.stats()), **snapshot}
 
 

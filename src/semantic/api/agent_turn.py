@@ -89,7 +89,7 @@ class Generation(BaseModel):
 
 
 class Turn:
-    """A generate call's hold on its agent (`AgentStore.begin_turn`), then one of: `commit` (the
+    """A generate call's hold on its agent (`Agents.begin_turn`), then one of: `commit` (the
     reply joins the conversation and the hold ends) or a release: `abandon`, or, for a stream
     that never ran or was dropped, this object's garbage collection, so a hold never outlives
     its call. The hold is keyed by `turn_id`, so a late release never frees a later turn."""
@@ -98,7 +98,7 @@ class Turn:
         self.engine, self.agent_id, self.turn_id = engine, agent_id, turn_id
         self.conversation = Conversation()
         self.message = ""
-        release = partial(engine.store.end_turn, agent_id, turn_id)
+        release = partial(engine.agents.end_turn, agent_id, turn_id)
         self._release = weakref.finalize(self, engine.post, release)
 
     @classmethod
@@ -106,7 +106,7 @@ class Turn:
         """Hold the agent (NotFound, or Conflict when another call holds it). The release is
         armed first: a call cancelled while the hold is taken still lets it go."""
         turn = cls(engine, agent_id, turn_id)
-        store = engine.store
+        store = engine.agents
         turn.conversation = await engine.call(lambda: store.begin_turn(agent_id, turn_id))
         return turn
 
@@ -167,7 +167,7 @@ class Turn:
         if final.finish_reason is FinishReason.ABORT or final.usage is None:
             raise Overloaded("the generation was cancelled: the server is stopping")
         conversation = self.conversation.with_turn(self.message, text)
-        engine, store = self.engine, self.engine.store
+        engine, store = self.engine, self.engine.agents
         agent = await engine.call(lambda: store.end_turn(self.agent_id, self.turn_id, conversation))
         self._release.detach()
         if agent is not None:

@@ -27,7 +27,7 @@ from semantic.api.bodies import LimitedBodyRoute
 from semantic.api.errors import OpenAIError
 from semantic.api.openapi import SSE_EVENT
 from semantic.api.streaming import after_the_200, sse_response, unless_disconnected, with_keep_alive
-from semantic.cache.agent_store import Agent
+from semantic.cache.agents import Agent
 from semantic.cache.conversation import Conversation
 from semantic.core import AGENT_ID_PATTERN, is_valid_agent_id
 from semantic.engine.engine import Engine
@@ -90,7 +90,7 @@ class ConversationSummary(BaseModel):
 
 
 class AgentInfo(BaseModel):
-    """An agent and its cache statistics (`AgentStore.describe`)."""
+    """An agent and its cache statistics (`Agents.describe`)."""
 
     agent_id: str
     cached_tokens: int
@@ -181,20 +181,20 @@ async def create_agent(request: Request, body: AgentCreate | None = None) -> dic
     engine, body = engine_of(request), body or AgentCreate()
     agent_id = body.agent_id or _new_id()
     conversation = Conversation(body.system, body.defaults.settings())
-    return await _created(engine, lambda: engine.store.create(agent_id, conversation))
+    return await _created(engine, lambda: engine.agents.create(agent_id, conversation))
 
 
 @router.get("/v1/agents", response_model=AgentList, responses=_errors())
 async def list_agents(request: Request) -> dict[str, Any]:
     engine = engine_of(request)
-    snapshot: dict[str, Any] = await engine.call(engine.store.snapshot)
+    snapshot: dict[str, Any] = await engine.call(engine.agents.snapshot)
     return {"object": "list", "data": snapshot["agents"]}
 
 
 @router.get("/v1/agents/{agent_id}", response_model=AgentInfo, responses=_errors(400, 404))
 async def get_agent(agent_id: str, request: Request) -> dict[str, Any]:
     engine, agent_id = engine_of(request), _checked(agent_id)
-    described: dict[str, Any] | None = await engine.call(lambda: engine.store.describe(agent_id))
+    described: dict[str, Any] | None = await engine.call(lambda: engine.agents.describe(agent_id))
     if described is None:
         raise NotFound(f"no agent {agent_id!r}")
     return described
@@ -206,8 +206,8 @@ async def update_agent(agent_id: str, body: AgentUpdate, request: Request) -> di
     engine, agent_id = engine_of(request), _checked(agent_id)
 
     def apply() -> dict[str, Any] | None:
-        engine.store.pin(agent_id, body.pinned)
-        return engine.store.describe(agent_id)
+        engine.agents.pin(agent_id, body.pinned)
+        return engine.agents.describe(agent_id)
 
     described: dict[str, Any] | None = await engine.call(apply)
     assert described is not None
@@ -219,7 +219,7 @@ async def delete_agent(agent_id: str, request: Request) -> dict[str, Any]:
     """Forget the agent and its conversation; frees its blocks in memory and on disk that no
     other agent shares. Its id can be created again."""
     engine, agent_id = engine_of(request), _checked(agent_id)
-    if not await engine.call(lambda: engine.store.delete(agent_id)):
+    if not await engine.call(lambda: engine.agents.delete(agent_id)):
         raise NotFound(f"no agent {agent_id!r}")
     return {"id": agent_id, "object": "agent", "deleted": True}
 
@@ -265,14 +265,14 @@ async def fork_agent(
     copied until one of them extends the shared partial last block."""
     engine, parent = engine_of(request), _checked(agent_id)
     child = (body.agent_id if body else None) or _new_id()
-    return await _created(engine, lambda: engine.store.fork(parent, child))
+    return await _created(engine, lambda: engine.agents.fork(parent, child))
 
 
 @router.post("/v1/agents/{agent_id}/persist", response_model=Persisted, responses=_errors(400, 404))
 async def persist_agent(agent_id: str, request: Request) -> dict[str, Any]:
     """Write the agent's cache and conversation to disk; answers once they are fsynced."""
     engine, agent_id = engine_of(request), _checked(agent_id)
-    if await engine.call(lambda: engine.store.describe(agent_id)) is None:
+    if await engine.call(lambda: engine.agents.describe(agent_id)) is None:
         raise NotFound(f"no agent {agent_id!r}")
     result = await engine.persist([agent_id])
     if result.failed or result.agents_failed:
@@ -291,7 +291,7 @@ async def agent_messages(agent_id: str, request: Request) -> dict[str, Any]:
     engine, agent_id = engine_of(request), _checked(agent_id)
 
     def read() -> Conversation | None:
-        agent = engine.store.agents.get(agent_id)
+        agent = engine.agents.by_id.get(agent_id)
         return None if agent is None else agent.conversation or Conversation()
 
     conversation = await engine.call(read)
@@ -311,9 +311,9 @@ async def _created(engine: Engine, create: Callable[[], Agent]) -> dict[str, Any
 
     def create_and_describe() -> tuple[Agent, dict[str, Any] | None]:
         agent = create()
-        return agent, engine.store.describe(agent.agent_id)
+        return agent, engine.agents.describe(agent.agent_id)
 
     agent, described = await engine.call(create_and_describe)
-    await asyncio.to_thread(engine.store.save_manifest, agent)
+    await asyncio.to_thread(engine.agents.save_manifest, agent)
     assert described is not None
     return described

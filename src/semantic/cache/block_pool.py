@@ -103,6 +103,12 @@ class BlockPool:
             del self._cached[old][block]
             self._cache(block, tier)
 
+    def touch(self, block: int) -> None:
+        """Make a cached block the most recently used of its tier; held blocks are unaffected."""
+        tier = self._tier_of.get(block)
+        if tier is not None:
+            self._cached[tier].move_to_end(block)
+
     def discard(self, block: int) -> bool:
         """Drop a cached block's content without reclaiming it through the hook (its owner was
         deleted); it becomes free. Held blocks are left alone."""

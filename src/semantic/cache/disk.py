@@ -17,7 +17,6 @@ import logging
 import os
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 
+from semantic.cache.disk_index import GONE_CORRUPT, GONE_EVICTED, DiskIndex
 from semantic.cache.durable import (
     HEX_HASH,
     move_to_quarantine,
@@ -111,10 +111,11 @@ class DiskTier:
 
     Invariants: a file under its final name is complete — it was written under a temp name,
     fsynced and renamed — so a crash leaves the whole block or nothing; an existing block is never
-    rewritten (same hash, same content). The index (hash → size, least recently used first)
-    mirrors `blocks/`. Content is trusted only after its checks pass on read; a file that fails is
-    moved to `quarantine/` and counted, never loaded. Thread-safe: the writer thread writes while
-    the engine side reads and evicts; one lock guards the index and counters, I/O runs outside it.
+    rewritten (same hash, same content). The index (`cache/disk_index.py`: sizes least recently
+    used first, partial tails by parent) mirrors `blocks/`. Content is trusted only after its
+    checks pass on read; a file that fails is moved to `quarantine/` and counted, never loaded.
+    Thread-safe: the writer thread writes while the reader thread reads and the engine side
+    evicts; one lock guards the index and counters, I/O runs outside it.
     Eviction and reads race benignly: a block deleted mid-read is a miss.
     """
 
@@ -132,8 +133,7 @@ class DiskTier:
         for folder in (self.blocks_dir, self.quarantine_dir, self.model_root / "agents"):
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # caches hold conversations
         self._lock = threading.Lock()
-        self._index: OrderedDict[int, int] = OrderedDict()
-        self._bytes = 0
+        self._index = DiskIndex()
         self._stats = DiskStats()
         self._open_index()
 
@@ -145,7 +145,10 @@ class DiskTier:
         with self._lock:
             quarantined = dict(self._stats.quarantined)
             return replace(
-                self._stats, files=len(self._index), bytes=self._bytes, quarantined=quarantined
+                self._stats,
+                files=len(self._index.sizes),
+                bytes=self._index.num_bytes,
+                quarantined=quarantined,
             )
 
     def write(self, record: BlockRecord) -> int:
@@ -167,7 +170,10 @@ class DiskTier:
             self._adopt_if_present(record.block_hash, path)  # failed after the rename
             raise
         with self._lock:
-            self._add(record.block_hash, len(data))
+            self._index.add(record.block_hash, len(data))
+            partial = len(record.token_ids) < self.spec.block_tokens
+            if partial and record.parent_hash is not None:
+                self._index.add_tail(record.block_hash, record.parent_hash, record.token_ids)
             self._stats.writes += 1
         return len(data)
 
@@ -193,38 +199,47 @@ class DiskTier:
         with self._lock:
             return block_hash in self._index
 
-    def delete(self, block_hash: int) -> bool:
+    def tails(self, parent: int) -> list[tuple[int, tuple[int, ...]]]:
+        """(hash, token ids) of the partial blocks on disk that continue `parent`."""
+        with self._lock:
+            return self._index.tails(parent)
+
+    def why_gone(self, block_hash: int) -> str | None:
+        """Why a block that was here left (`evicted` by the budget, or `corrupt`); None when it
+        was never here, was deleted on request, or left too long ago to remember."""
+        with self._lock:
+            return self._index.why_gone(block_hash)
+
+    def delete(self, block_hash: int, reason: str | None = None) -> bool:
         """Remove a block; True if it was there. No directory fsync: a deleted block that comes
         back after a crash is harmless (content-addressed, verified on read)."""
         with self._lock:
-            size = self._index.pop(block_hash, None)
-            if size is not None:
-                self._bytes -= size
+            size = self._index.remove(block_hash, reason)
         block_path(self.model_root, block_hash).unlink(missing_ok=True)
         return size is not None
 
     def size_of(self, block_hash: int) -> int:
         """Bytes the block's file takes (0 when it is not on disk)."""
         with self._lock:
-            return self._index.get(block_hash, 0)
+            return self._index.sizes.get(block_hash, 0)
 
     def usage_bytes(self) -> int:
         with self._lock:
-            return self._bytes
+            return self._index.num_bytes
 
     def evict_to_budget(self, protected: AbstractSet[int] = frozenset()) -> list[int]:
         """Delete least recently used blocks, skipping `protected`, until usage fits the budget.
         Returns the evicted hashes, oldest first."""
         with self._lock:
-            excess = self._bytes - self.budget_bytes
+            excess = self._index.num_bytes - self.budget_bytes
             victims: list[int] = []
-            for block_hash, size in self._index.items():
+            for block_hash, size in self._index.sizes.items():
                 if excess <= 0:
                     break
                 if block_hash not in protected:
                     victims.append(block_hash)
                     excess -= size
-        evicted = [block_hash for block_hash in victims if self.delete(block_hash)]
+        evicted = [h for h in victims if self.delete(h, GONE_EVICTED)]
         with self._lock:
             self._stats.evicted += len(evicted)
         return evicted
@@ -233,22 +248,21 @@ class DiskTier:
 
     def _open_index(self) -> None:
         """Drop temp files a crash left behind, then index blocks by file name, oldest mtime
-        first. Contents are not read here: they are verified on read."""
+        first, and partial tails by the token ids in their headers. Contents are not verified
+        here, only on read."""
         for folder in (self.blocks_dir, self.model_root / "agents"):
             remove_temp_files(folder)
-        found: list[tuple[float, int, int]] = []
+        found: list[tuple[float, int, int, Path]] = []
         for entry in os.scandir(self.blocks_dir):
             block_hash = _parse_block_name(entry.name)
             if block_hash is not None and entry.is_file():
                 stat = entry.stat()
-                found.append((stat.st_mtime, block_hash, stat.st_size))
-        for _, block_hash, size in sorted(found):
-            self._add(block_hash, size)
-
-    def _add(self, block_hash: int, size: int) -> None:
-        """Record a block as most recently used. Call with the lock held."""
-        self._bytes += size - self._index.pop(block_hash, 0)
-        self._index[block_hash] = size
+                found.append((stat.st_mtime, block_hash, stat.st_size, Path(entry.path)))
+        for _, block_hash, size, path in sorted(found):
+            self._index.add(block_hash, size)
+            tail = _peek_tail(path, self.spec.block_tokens)
+            if tail is not None:
+                self._index.add_tail(block_hash, *tail)
 
     def _touch(self, block_hash: int, path: Path) -> None:
         # mtime carries the LRU order across restarts; atime is unreliable (noatime mounts).
@@ -258,16 +272,17 @@ class DiskTier:
         except OSError:
             return
         with self._lock:
-            self._add(block_hash, size)
+            if block_hash in self._index:  # not if evicted meanwhile: that would resurrect it
+                self._index.add(block_hash, size)
 
     def _adopt_if_present(self, block_hash: int, path: Path) -> None:
         with contextlib.suppress(OSError), self._lock:
-            self._add(block_hash, path.stat().st_size)
+            self._index.add(block_hash, path.stat().st_size)
 
     def _forget_unreadable(self, block_hash: int, exc: OSError) -> None:
+        reason = None if isinstance(exc, FileNotFoundError) else GONE_CORRUPT
         with self._lock:
-            size = self._index.pop(block_hash, None)
-            self._bytes -= size or 0
+            self._index.remove(block_hash, reason)
             self._stats.misses += 1
             if not isinstance(exc, FileNotFoundError):
                 self._stats.read_errors += 1
@@ -277,8 +292,7 @@ class DiskTier:
     def _quarantine(self, block_hash: int, path: Path, rejected: Rejected) -> None:
         moved = move_to_quarantine(path, self.quarantine_dir, rejected.reason)
         with self._lock:
-            size = self._index.pop(block_hash, None)
-            self._bytes -= size or 0
+            self._index.remove(block_hash, GONE_CORRUPT)
             self._stats.misses += 1
             if moved:  # a concurrent reader may have moved it first: count it once
                 counts = self._stats.quarantined
@@ -402,6 +416,26 @@ def _header_metadata(data: bytes) -> dict[str, str]:
     if not isinstance(meta, dict) or not all(isinstance(x, str) for x in meta.values()):
         raise Rejected(QuarantineReason.CORRUPT, "metadata is not strings")
     return meta
+
+
+def _peek_tail(path: Path, block_tokens: int) -> tuple[int, tuple[int, ...]] | None:
+    """(parent hash, token ids) of a partial block's file, read from its header and token
+    tensor alone; None for a full block or a file that does not parse (checked on read)."""
+    try:
+        with path.open("rb") as file:
+            size = int.from_bytes(file.read(8), "little")
+            header = json.loads(file.read(size))
+            tokens = header["token_ids"]
+            count = tokens["shape"][0]
+            if not 0 < count < block_tokens or tokens["dtype"] != "I32":
+                return None
+            start, end = tokens["data_offsets"]
+            file.seek(8 + size + start)
+            ids = np.frombuffer(file.read(end - start), dtype="<i4")
+            parent = parse_hash(header["__metadata__"]["parent_hash"])
+        return parent, tuple(ids.tolist())
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
 
 
 def _little_endian(array: np.ndarray) -> np.ndarray:

@@ -30,7 +30,8 @@ class DiskWriter:
     job is durable or has reported its failure. Records must own their arrays (copied out of the
     pool), since the pool may reuse the block before the write runs. `submit` waits while more
     than `max_queued_bytes` of records are queued: a disk slower than the copies holds back
-    whoever copies (the engine thread), rather than filling memory.
+    whoever copies (the engine thread), rather than filling memory. Until its write ends, a
+    queued record can be read back (`queued`): a block evicted a moment ago is not a miss.
     """
 
     def __init__(self, tier: DiskTier, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
@@ -43,6 +44,7 @@ class DiskWriter:
         self._done = 0
         self._failed = 0
         self._closed = False
+        self._queued: dict[int, BlockRecord] = {}
         self._thread = threading.Thread(target=self._run, name="semantic-disk-writer", daemon=True)
         self._thread.start()
 
@@ -56,6 +58,20 @@ class DiskWriter:
         with self._cond:
             return self._failed
 
+    def queued(self, block_hash: int) -> BlockRecord | None:
+        """The record of a block whose write has not ended yet, if one is queued."""
+        with self._cond:
+            return self._queued.get(block_hash)
+
+    def queued_tails(self, parent: int, block_tokens: int) -> list[tuple[int, tuple[int, ...]]]:
+        """(hash, token ids) of the queued partial blocks that continue `parent`."""
+        with self._cond:
+            return [
+                (r.block_hash, r.token_ids)
+                for r in self._queued.values()
+                if r.parent_hash == parent and len(r.token_ids) < block_tokens
+            ]
+
     def submit(self, record: BlockRecord, on_done: WriteCallback | None = None) -> None:
         """Queue a write; `on_done(bytes_written, error)` runs on the writer thread after it.
         Waits first while the queue is full (never on the writer thread: callbacks don't submit)."""
@@ -68,6 +84,7 @@ class DiskWriter:
                 lambda: self._queued_bytes + size <= self._max or not self._queued_bytes
             )
             self._queued_bytes += size
+            self._queued[record.block_hash] = record
             self._submitted += 1
             self._jobs.put((self._submitted, record, on_done))
 
@@ -97,6 +114,8 @@ class DiskWriter:
                 self._done = seq
                 self._failed += error is not None
                 self._queued_bytes -= _size(record)
+                if self._queued.get(record.block_hash) is record:
+                    del self._queued[record.block_hash]
                 self._cond.notify_all()
 
     def _write(self, record: BlockRecord) -> tuple[int, BaseException | None]:

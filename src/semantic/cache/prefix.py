@@ -1,4 +1,5 @@
-"""Prefix reuse: chained block hashes, and the longest cached prefix a new prompt can reuse.
+"""Prefix reuse: chained block hashes, and the longest cached prefix a new prompt can reuse, in
+the pool or below it (on disk).
 
 Standard library only. A block's hash covers its tokens and, through its parent's hash, every
 token before it, so equal hashes mean equal KV (the root is seeded with the model and the cache
@@ -11,12 +12,14 @@ import hashlib
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from semantic.cache.block_pool import BlockPool
 
 HASH_VERSION = 1
 
 EvictHook = Callable[[int, int, int, tuple[int, ...]], None]
+_Tail = tuple[int | None, int | None, int, bool]
 
 
 def _digest(data: bytes) -> int:
@@ -34,20 +37,62 @@ def chain_hash(parent: int, token_ids: Sequence[int]) -> int:
     return _digest(parent.to_bytes(8, "little") + array("q", token_ids).tobytes())
 
 
+class LowerTier(Protocol):
+    """Where the pool's blocks go when it lets them go (the disk), asked what it holds."""
+
+    def contains(self, block_hash: int) -> bool: ...
+
+    def tails(self, parent: int) -> list[tuple[int, tuple[int, ...]]]:
+        """(hash, token ids) of the partial blocks it holds that continue `parent`."""
+        ...
+
+
+class NoLowerTier:
+    """A pool with nothing below it."""
+
+    def contains(self, block_hash: int) -> bool:
+        return False
+
+    def tails(self, parent: int) -> list[tuple[int, tuple[int, ...]]]:
+        return []
+
+
 @dataclass(slots=True, frozen=True)
 class PrefixMatch:
-    """What a prompt can reuse: whole blocks to share as they are, then the first `tail_tokens`
-    tokens of `tail_source`, a block to copy (its later slots belong to someone else)."""
+    """What a prompt can reuse, in chain order. Full block i is `blocks[i]` in the pool, shared as
+    it is, or None when only the lower tier has it (`hashes[i]`): restored into a fresh block.
+    Then the first `tail_tokens` tokens of the partial block `tail_hash`: a pool block
+    (`tail_block`, copied, since its later slots belong to someone else) or, when `tail_block`
+    is None, a block on the lower tier (restored). `extends_history` says the tail matched whole:
+    the prompt continues a history someone left, a conversation whether it was named or not.
+    `missing` is the hash of the first full block found nowhere (None when the chain ran out of
+    prompt first), so a miss can say why."""
 
-    block_ids: list[int]
-    block_hashes: list[int]
-    tail_source: int | None
+    blocks: list[int | None]
+    hashes: list[int]
+    tail_hash: int | None
+    tail_block: int | None
     tail_tokens: int
+    extends_history: bool
+    missing: int | None
     block_tokens: int
 
     @property
     def num_tokens(self) -> int:
-        return len(self.block_ids) * self.block_tokens + self.tail_tokens
+        return len(self.blocks) * self.block_tokens + self.tail_tokens
+
+    @property
+    def in_memory(self) -> list[int]:
+        """The pool blocks it reuses: full ones, then the tail to copy."""
+        tail = [] if self.tail_block is None else [self.tail_block]
+        return [b for b in self.blocks if b is not None] + tail
+
+    @property
+    def to_restore(self) -> list[int]:
+        """Hashes to read from the lower tier, in chain order (the tail last)."""
+        full = [h for b, h in zip(self.blocks, self.hashes, strict=True) if b is None]
+        tail_below = self.tail_hash is not None and self.tail_block is None
+        return full + ([self.tail_hash] if tail_below and self.tail_hash is not None else [])
 
 
 class PrefixCache:
@@ -55,44 +100,74 @@ class PrefixCache:
     which blocks continue which. Full blocks and partial tails (the last, unfinished block of a
     history) are both indexed, so a continuing agent reuses everything it computed before.
 
-    Invariant: every hash here is a block the pool holds or caches; the pool's reclaim hook
-    removes it (after `on_evict` has had a chance to save the content).
+    The lower tier is asked only where the pool has nothing: a block on both is shared from the
+    pool. Invariant: every hash here is a block the pool holds or caches; the pool's reclaim
+    hook removes it, after `on_evict` has had the chance to save the content below.
     """
 
-    def __init__(self, pool: BlockPool, block_tokens: int, root: int) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_tokens: int,
+        root: int,
+        *,
+        lower: LowerTier | None = None,
+        on_evict: EvictHook | None = None,
+    ) -> None:
         self.pool = pool
         self.block_tokens = block_tokens
         self.root = root
-        self.on_evict: EvictHook | None = None
+        self.lower = lower or NoLowerTier()
+        self.on_evict = on_evict
         self._tokens: dict[int, tuple[int, ...]] = {}
         self._parent: dict[int, int] = {}
         self._children: dict[int, set[int]] = {}
         pool.on_reclaim = self._reclaimed
 
     def match(self, token_ids: Sequence[int]) -> PrefixMatch:
-        """The longest cached prefix of `token_ids`, never including the last token (its logits
-        are needed, so it is always computed)."""
+        """The longest cached prefix of `token_ids`, in the pool or below it, never including
+        the last token (its logits are needed, so it is always computed)."""
         limit, size = len(token_ids) - 1, self.block_tokens
-        parent, blocks, hashes, start = self.root, [], [], 0
+        parent, start = self.root, 0
+        blocks: list[int | None] = []
+        hashes: list[int] = []
+        missing = None
         while start + size <= limit:
             tokens = tuple(token_ids[start : start + size])
             block_hash = chain_hash(parent, tokens)
             block = self.pool.lookup(block_hash)
-            if block is None or self._tokens.get(block_hash) != tokens:  # verify, never trust
+            if block is not None and self._tokens.get(block_hash) != tokens:  # never trust
+                block = None
+            if block is None and not self.lower.contains(block_hash):
+                missing = block_hash
                 break
             blocks.append(block)
             hashes.append(block_hash)
             parent, start = block_hash, start + size
-        source, count = self._best_continuation(parent, token_ids[start:limit])
-        return PrefixMatch(blocks, hashes, source, count, size)
+        tail = self._best_tail(parent, token_ids[start:limit])
+        return PrefixMatch(blocks, hashes, *tail, missing, size)
 
-    def _best_continuation(self, parent: int, rest: Sequence[int]) -> tuple[int | None, int]:
-        best, best_count = None, 0
+    def _best_tail(
+        self, parent: int, rest: Sequence[int]
+    ) -> tuple[int | None, int | None, int, bool]:
+        """(hash, pool block or None, tokens matched, matched whole) of the partial or full
+        block under `parent` that shares the longest start with `rest`; the pool wins ties."""
+        best: tuple[int | None, int | None, int, bool] = (None, None, 0, False)
         for child in self._children.get(parent, ()):
-            count = _common_prefix(self._tokens[child], rest)
-            if count > best_count:
-                best, best_count = self.pool.lookup(child), count
-        return best, best_count
+            tokens = self._tokens[child]
+            count = _common_prefix(tokens, rest)
+            if count > best[2]:
+                best = (child, self.pool.lookup(child), count, count == len(tokens))
+        for child, tokens in self.lower.tails(parent):
+            count = _common_prefix(tokens, rest)
+            if count > best[2] and child not in self._tokens:
+                best = (child, None, count, count == len(tokens))
+        return best
+
+    def touch(self, match: PrefixMatch) -> None:
+        """A request waits for these blocks: make them the last of their tier to be reclaimed."""
+        for block in match.in_memory:
+            self.pool.touch(block)
 
     def register(self, block: int, parent: int, token_ids: Sequence[int]) -> int:
         """Index a held block's content (a full block, or a history's partial tail); returns its

@@ -19,18 +19,21 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from semantic.cache.agent_store import (
-    AgentStore,
-    EvictResult,
-    PersistResult,
-    Prefetch,
-    cache_root,
-)
-from semantic.cache.block_pool import TIER_ONE_OFF, TIER_WORKING_AGENT, BlockPool
-from semantic.cache.disk import DiskTier, model_tag
+from semantic.cache.agents import Agents, EvictResult, PersistResult, cache_root
+from semantic.cache.block_pool import BlockPool
+from semantic.cache.disk import BlockRecord, DiskTier, model_tag
 from semantic.cache.prefix import PrefixCache, root_hash
+from semantic.cache.tiering import Tiering
 from semantic.config import Settings
-from semantic.core import FinishReason, Request, Sequence, TokenEvent, Usage
+from semantic.core import (
+    FinishReason,
+    Request,
+    Restore,
+    Sequence,
+    SequenceStatus,
+    TokenEvent,
+    Usage,
+)
 from semantic.engine.runner import ModelRunner
 from semantic.engine.scheduler import Scheduler
 from semantic.errors import (
@@ -55,7 +58,15 @@ EventSink = Callable[[TokenEvent], None]
 class _Submit:
     request: Request
     sink: EventSink
-    prefetch: Prefetch | None
+
+
+@dataclass(slots=True)
+class _Restored:
+    """Blocks the disk reader brought back for a sequence waiting on `restore`."""
+
+    seq: Sequence
+    restore: Restore
+    records: list[BlockRecord]
 
 
 @dataclass(slots=True)
@@ -83,10 +94,6 @@ class _Active:
     sink: EventSink
     detokenizer: IncrementalDetokenizer
     stops: StopMatcher
-    # prompt tokens cached in memory on arrival (the rest came from disk); None when no block
-    # was restored from disk
-    memory_tokens: int | None
-    miss_reason: str | None
 
 
 @dataclass(slots=True, frozen=True)
@@ -105,10 +112,10 @@ class Engine:
     `stream()` is the asyncio entry point; `submit()` + `run_until_idle()` drive the engine
     without its thread (tests). Only the engine thread (or the caller of `run_until_idle`)
     writes the scheduler, the pool, the prefix index, the agents and `_active`. Other threads
-    read some of it without a lock: `store.prefetch` (a worker thread, before `submit`) reads
-    the prefix index and the agents; `stats()` reads sizes of the scheduler and the pool;
-    `PendingPersist.wait` and the disk writer's callbacks read agents to write manifests.
-    `metrics` is Prometheus objects, which lock inside: /metrics collects them from any thread.
+    read some of it without a lock: `stats()` reads sizes of the scheduler and the pool;
+    `PendingPersist.wait` reads agents to write manifests; the disk reader and writer threads
+    read the disk tier, which locks inside. `metrics` is Prometheus objects, which lock inside:
+    /metrics collects them from any thread.
     """
 
     def __init__(self, runner: ModelRunner, model: ServedModel, settings: Settings) -> None:
@@ -116,16 +123,23 @@ class Engine:
         self.model = model
         self.settings = settings
         spec = runner.cache_spec
-        self.pool = BlockPool(runner.num_blocks)
         tag = model_tag(model.name, spec)
-        self.prefix = PrefixCache(self.pool, spec.block_tokens, root_hash(tag))
         disk = DiskTier(
             cache_root(settings.cache_dir),
             model_tag=tag,
             spec=spec,
             budget_bytes=settings.disk_budget_mb * 2**20,
         )
-        self.store = AgentStore(self.prefix, runner, disk, idle_s=settings.agent_idle_s)
+        self.tiering = Tiering(disk, runner)
+        self.pool = BlockPool(runner.num_blocks)
+        self.prefix = PrefixCache(
+            self.pool,
+            spec.block_tokens,
+            root_hash(tag),
+            lower=self.tiering,
+            on_evict=self.tiering.save_evicted,
+        )
+        self.agents = Agents(self.prefix, self.tiering, idle_s=settings.agent_idle_s)
         self.scheduler = Scheduler(
             self.prefix,
             block_tokens=runner.cache_spec.block_tokens,
@@ -137,7 +151,7 @@ class Engine:
         pool_tokens = runner.num_blocks * runner.cache_spec.block_tokens
         self.max_seq_tokens = min(model.context_length, pool_tokens)
         self.metrics = EngineMetrics()
-        self._inbox: queue.SimpleQueue[_Submit | _Abort | _Stop | _Call] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._active: dict[str, _Active] = {}
         self._seq_ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -184,9 +198,7 @@ class Engine:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(events.put_nowait, event)
 
-        # Disk reads happen here, on a worker thread, so the engine thread never waits on them.
-        prefetch = await asyncio.to_thread(self.store.prefetch, request)
-        self.submit(request, deliver, prefetch)
+        self.submit(request, deliver)
         request_id, finished = request.request_id, False
         try:
             while not finished:
@@ -211,11 +223,11 @@ class Engine:
             f"{self.max_seq_tokens} for one sequence (raise cache_budget_mb)"
         )
 
-    def submit(self, request: Request, sink: EventSink, prefetch: Prefetch | None = None) -> None:
+    def submit(self, request: Request, sink: EventSink) -> None:
         with self._refusal_lock:
             refusal = self._refusal
             if refusal is None:
-                self._inbox.put(_Submit(request, sink, prefetch))
+                self._inbox.put(_Submit(request, sink))
                 return
         sink(_refused(request, refusal))
 
@@ -255,19 +267,19 @@ class Engine:
         """Write hot caches to disk (the named agents', or all) and return once durable. The
         engine thread only copies blocks out; the wait for fsync happens off it."""
         with self.metrics.cache_persist_duration.time():
-            pending = await self.call(lambda: self.store.start_persist(agent_ids))
+            pending = await self.call(lambda: self.agents.start_persist(agent_ids))
             return await asyncio.to_thread(pending.wait)
 
     async def evict(self, agent_ids: list[str] | None = None) -> EvictResult:
         """Move caches out of memory (the named agents', or all): persist them, then free the
         blocks that made it to disk and that no running request holds."""
         persisted = await self.persist(agent_ids)
-        evicted = await self.call(lambda: self.store.evict(agent_ids))
+        evicted = await self.call(lambda: self.agents.evict(agent_ids))
         return EvictResult(persisted, evicted)
 
     def stats(self) -> EngineStats:
         return EngineStats(
-            running=len(self.scheduler.running),
+            running=len(self.scheduler.running) + len(self.scheduler.restoring),
             waiting=len(self.scheduler.waiting),
             blocks_total=self.pool.num_blocks,
             blocks_held=self.pool.num_held,
@@ -283,35 +295,43 @@ class Engine:
 
     def run_until_idle(self) -> None:
         """Step until every message is handled and nothing is left to do (without the thread)."""
-        self.step()
+        ran = self.step()
         while self.scheduler.has_work or not self._inbox.empty():
-            self.step()
+            if not ran and self._inbox.empty():  # waiting on the disk reader, or for room
+                self._wait_for_messages(timeout=IDLE_WAIT_S)
+            ran = self.step()
 
-    def step(self) -> None:
-        """One engine step: take messages, schedule, run, postprocess, publish."""
+    def step(self) -> bool:
+        """One engine step: take messages, schedule, run, postprocess, publish. Returns whether
+        it computed anything."""
         self._handle_messages()
         self._expire_waiting()
-        self.store.sweep()
+        self.agents.sweep()
         batch = self.scheduler.schedule()
+        self._start_restores()
         if not batch:
-            return
+            return False
         try:
             tokens = self.runner.run(batch)
         except Exception as exc:
             log.exception("the runner failed a step of %d sequences", len(batch.items))
             self._fail([item.seq_id for item in batch.items], exc)
-            return
+            return True
         sampled = self.scheduler.update(batch, tokens)
         self.metrics.stepped(batch, len(sampled))
         for seq, token in sampled:
             self._on_token(self._active[seq.request.request_id], token)
+        return True
 
     def _loop(self) -> None:
+        ran = False
         while not self._stopping:
             try:
                 if not self.scheduler.has_work:
                     self._wait_for_messages()
-                self.step()
+                elif not ran:  # waiting on the disk reader, or for room: sleep, don't spin
+                    self._wait_for_messages(timeout=IDLE_WAIT_S)
+                ran = self.step()
             except Exception as exc:  # a bug, not a runner failure: fail what is in flight
                 log.exception("the engine loop failed; failing all requests in flight")
                 self._fail([active.seq.seq_id for active in self._active.values()], exc)
@@ -325,7 +345,7 @@ class Engine:
         for request_id in list(self._active):
             self._abort(request_id)
         try:
-            result = self.store.persist(timeout=60)
+            result = self.agents.persist(timeout=60)
             log.info(
                 "persisted %d blocks (%d failed) and %d agents",
                 result.blocks_written,
@@ -333,7 +353,7 @@ class Engine:
                 result.agents_saved,
             )
         finally:
-            self.store.close(timeout=60)
+            self.tiering.close(timeout=60)
 
     def _close_inbox(self) -> None:
         """Answer every message still queued and refuse every later one, so that no caller
@@ -351,10 +371,13 @@ class Engine:
             elif isinstance(message, _Submit):
                 message.sink(_refused(message.request, self._refusal))
 
-    def _wait_for_messages(self) -> None:
-        """Sleep until a message comes, then gather what else arrives within the batch window,
-        so requests sent together start together."""
-        self._handle(self._inbox.get())
+    def _wait_for_messages(self, timeout: float | None = None) -> None:
+        """Sleep until a message comes (or `timeout` passes), then gather what else arrives
+        within the batch window, so requests sent together start together."""
+        try:
+            self._handle(self._inbox.get(timeout=timeout))
+        except queue.Empty:
+            return
         window_end = time.monotonic() + self.settings.batch_window_ms / 1000
         while not self._stopping and (remaining := window_end - time.monotonic()) > 0:
             try:
@@ -369,11 +392,17 @@ class Engine:
             except queue.Empty:
                 return
 
-    def _handle(self, message: _Submit | _Abort | _Stop | _Call) -> None:
+    def _handle(self, message: _Message) -> None:
         if isinstance(message, _Stop):
             self._stopping = True
         elif isinstance(message, _Abort):
             self._abort(message.request_id)
+        elif isinstance(message, _Restored):
+            try:
+                self._restored(message)
+            except Exception as exc:  # a failed copy into the pool fails that request only
+                log.exception("restoring request %s failed", message.seq.request.request_id)
+                self._fail([message.seq.seq_id], exc)
         elif isinstance(message, _Call):
             try:
                 message.reply(message.function(), None)
@@ -381,13 +410,13 @@ class Engine:
                 message.reply(None, exc)
         else:
             try:
-                self._admit(message.request, message.sink, message.prefetch)
+                self._admit(message.request, message.sink)
             except Exception as exc:  # before it joined the scheduler: it alone fails
                 log.exception("admitting request %s failed", message.request.request_id)
                 self._active.pop(message.request.request_id, None)
                 message.sink(_refused(message.request, _failure(exc)))
 
-    def _admit(self, request: Request, sink: EventSink, prefetch: Prefetch | None) -> None:
+    def _admit(self, request: Request, sink: EventSink) -> None:
         if self._refusal is not None:  # queued just before `cancel_all`
             sink(_refused(request, self._refusal))
             return
@@ -397,20 +426,42 @@ class Engine:
             token_ids=list(request.prompt_token_ids),
             num_prompt_tokens=len(request.prompt_token_ids),
         )
-        self.store.begin(request)
-        in_memory = None
-        if prefetch is not None and prefetch.records:
-            before = self.prefix.match(seq.token_ids).num_tokens
-            anonymous = request.agent_id is None
-            tier = TIER_ONE_OFF if anonymous else TIER_WORKING_AGENT
-            if self.store.restore(prefetch, tier, self.scheduler.max_tier(request)):
-                in_memory = before
+        self.agents.begin(request)
         detokenizer = IncrementalDetokenizer(self.model.tokenizer)
-        reason = None if prefetch is None else prefetch.miss_reason
-        self._active[request.request_id] = _Active(
-            seq, sink, detokenizer, StopMatcher(request.sampling.stop), in_memory, reason
-        )
+        stops = StopMatcher(request.sampling.stop)
+        self._active[request.request_id] = _Active(seq, sink, detokenizer, stops)
         self.scheduler.add(seq)
+
+    def _start_restores(self) -> None:
+        """Ask the disk reader for the blocks of the sequences admitted this step; the records
+        come back through the inbox, so the engine keeps stepping meanwhile."""
+        size = self.runner.cache_spec.block_tokens
+        for seq in self.scheduler.take_restores():
+            restore = seq.restore
+            assert restore is not None
+            wanted = []
+            for block_hash, index in zip(restore.hashes, restore.indexes, strict=True):
+                full = index < len(restore.block_hashes)
+                end = index * size + (size if full else restore.tail_tokens)
+                wanted.append((block_hash, tuple(seq.token_ids[index * size : end])))
+
+            def deliver(
+                records: list[BlockRecord], seq: Sequence = seq, restore: Restore = restore
+            ) -> None:
+                self._inbox.put(_Restored(seq, restore, records))
+
+            self.tiering.read(wanted, deliver)
+
+    def _restored(self, message: _Restored) -> None:
+        """Blocks came back from disk: copy them into the sequence's blocks and let it run.
+        Dropped when the sequence ended (or was restored) meanwhile: its blocks are not its own
+        any more."""
+        seq, restore = message.seq, message.restore
+        if seq.status is not SequenceStatus.RESTORING or seq.restore is not restore:
+            return
+        for block, record in zip(restore.blocks, message.records, strict=False):
+            self.runner.write_block(block, record.k, record.v)
+        self.scheduler.restored(seq, len(message.records))
 
     def _on_token(self, active: _Active, token: int) -> None:
         seq, params = active.seq, active.seq.request.sampling
@@ -451,15 +502,14 @@ class Engine:
         seq = active.seq
         history = self.scheduler.finish(seq, reason)
         del self._active[seq.request.request_id]
-        memory = active.memory_tokens
-        from_disk = 0 if memory is None else max(0, seq.num_cached_tokens - memory)
-        self.store.finished(
+        miss_reason = self.agents.miss_reason(seq.request, seq.missing_hash, seq.num_cached_tokens)
+        self.agents.finished(
             seq.request,
             history,
             seq.num_cached_tokens,
-            from_disk,
+            seq.num_disk_tokens,
             seq.num_prompt_tokens,
-            active.miss_reason,
+            miss_reason,
         )
         usage = Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens)
         event = TokenEvent(
@@ -500,6 +550,12 @@ class Engine:
             self._finish(
                 self._active[seq.request.request_id], FinishReason.ERROR, [], "", None, error
             )
+
+
+_Message = _Submit | _Abort | _Stop | _Call | _Restored
+# How long an engine with work it cannot do yet (a restore in flight, a full pool) sleeps
+# before it looks again, unless a message wakes it first.
+IDLE_WAIT_S = 0.05
 
 
 def _log_finish(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from semantic.cache.block_pool import (
     TIER_IDLE_AGENT,
@@ -15,16 +16,37 @@ from semantic.cache.block_pool import (
     TIER_WORKING_AGENT,
     TOP_TIER,
 )
-from semantic.cache.prefix import PrefixCache
+from semantic.cache.prefix import PrefixCache, PrefixMatch
 from semantic.core import (
     Batch,
     BatchItem,
     FinishReason,
     History,
-    Request,
+    Restore,
     Sequence,
     SequenceStatus,
 )
+
+# Tokens a sequence produces after it starts (or resumes) before a newcomer may preempt it:
+# bounds how often one sequence can be swapped out.
+PREEMPT_QUANTUM = 8
+
+
+@dataclass(slots=True, frozen=True)
+class _Fit:
+    """Admitting a sequence now: its prefix match, the eviction tier its blocks get and the
+    highest it may reclaim, the fresh blocks it takes, and how many of those it lacks (≤ 0:
+    it fits)."""
+
+    match: PrefixMatch
+    tier: int
+    max_tier: int
+    needed: int
+    lacking: int
+
+
+def _work_left(seq: Sequence) -> int:
+    return seq.request.sampling.max_tokens - seq.num_output_tokens
 
 
 class Scheduler:
@@ -35,20 +57,30 @@ class Scheduler:
     first; prefill chunks fill what is left of `max_batch_tokens`, so a long prompt is spread
     over several steps instead of stalling everyone's decoding.
 
-    Admission first reuses the longest cached prefix of the prompt (`cache/prefix.py`): whole
-    blocks are shared, a partial block is copied. It takes a waiting sequence only when blocks
-    for the rest of its prompt are available (then prefill chunks never need to allocate). A
-    decode that needs a new block and finds none preempts the most recently admitted sequence:
-    its blocks are released (their full blocks stay cached) and it waits, first in line, to be
-    recomputed. Full blocks are hashed as soon as they are computed, so concurrent requests
+    Admission takes the first waiting sequence once blocks for its whole prompt are available
+    (then prefill chunks never need to allocate), keeping one block of headroom per running
+    sequence so admitting does not force the next decode to preempt. It reuses the longest
+    cached prefix of the prompt (`cache/prefix.py`), wherever it is: pool blocks are shared (a
+    partial one copied), and blocks only the disk has are restored into the sequence's fresh
+    blocks — the sequence waits RESTORING (holding its blocks, so the restore can never fail for
+    room) while the engine reads them, then runs as if they had never left. A restore that
+    cannot fit waits in line; it is never recomputed for lack of room.
+
+    A decode that needs a new block and finds none preempts the most recently admitted running
+    sequence: its full blocks and its partial last block stay cached (and go to disk if the
+    pool reclaims them), and it waits, first in line, to resume from them with the tokens it
+    would have had. Full blocks are hashed as soon as they are computed, so concurrent requests
     share them; a finished sequence leaves its partial last block cached too, unless it ended
     in an error (a failed step may have left garbage there).
 
-    A request with no agent is admitted only into free blocks and cached blocks of one-off
-    requests and idle agents, so a burst of side requests never evicts a working agent's cache.
+    Eviction tiers: a sequence's blocks are cached at the working-agent tier when it belongs to
+    an agent — named, or a conversation without a name, known by its prompt extending a history
+    whole — and at the one-off tier otherwise. A one-off request is admitted only into free
+    blocks and cached blocks of one-off requests and idle agents, so a burst of side requests
+    never evicts a working agent's cache.
 
-    Invariant: a running sequence holds blocks for every token it has computed; a waiting one
-    holds none.
+    Invariant: a running or restoring sequence holds blocks for every token of its prompt's
+    reused prefix and every token it has computed; a waiting one holds none.
     """
 
     def __init__(
@@ -68,21 +100,27 @@ class Scheduler:
         self.end_token_ids = tuple(end_token_ids)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.restoring: list[Sequence] = []
+        self._to_restore: list[Sequence] = []  # admitted this step: their reads are not asked yet
         self._copies: list[tuple[int, int]] = []
         self._copy_sources: list[tuple[int, int]] = []  # (block, tier) held until copied
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.restoring)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_tokens)
 
     def add(self, seq: Sequence) -> None:
+        """Queue a sequence; the cached blocks of its prompt become the last of their tier to be
+        reclaimed, since they are about to be used."""
+        self.prefix.touch(self.prefix.match(seq.token_ids))
         self.waiting.append(seq)
 
     def schedule(self) -> Batch:
         self._release_copy_sources()
+        self._make_room_for_a_newcomer()
         budget = self.max_batch_tokens
         items: list[BatchItem] = []
         for seq in self._grow_decodes():
@@ -92,11 +130,36 @@ class Scheduler:
             if budget > 0 and self._pending(seq) > 1:
                 items.append(self._prefill_chunk(seq, budget))
                 budget -= len(items[-1].token_ids)
-        while budget > 0 and self._admit_next():
-            items.append(self._prefill_chunk(self.running[-1], budget))
-            budget -= len(items[-1].token_ids)
+        while budget > 0 and (admitted := self._admit_next()) is not None:
+            if admitted.status is SequenceStatus.RUNNING:
+                items.append(self._prefill_chunk(admitted, budget))
+                budget -= len(items[-1].token_ids)
         copies, self._copies = self._copies, []
         return Batch(items, copies)
+
+    def take_restores(self) -> list[Sequence]:
+        """The sequences admitted since the last call that wait for blocks from disk: the
+        engine reads their `restore` and reports with `restored`."""
+        taken, self._to_restore = self._to_restore, []
+        return taken
+
+    def restored(self, seq: Sequence, count: int) -> None:
+        """The first `count` blocks of `seq.restore` now hold their content. All of them: the
+        sequence runs from there. Fewer (a file failed its checks, now quarantined): the blocks
+        that did arrive stay cached and the sequence waits, first in line, for a fresh match."""
+        restore = seq.restore
+        assert restore is not None and seq.status is SequenceStatus.RESTORING
+        self.restoring.remove(seq)
+        seq.restore = None
+        self._index_restored(seq, restore, count)
+        if count == len(restore.blocks):
+            seq.block_hashes = list(restore.block_hashes)
+            seq.num_computed_tokens = restore.num_tokens
+            self._start(seq, restore.num_tokens, restore.disk_tokens)
+        else:
+            self._release(seq)
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
 
     def update(self, batch: Batch, tokens: list[int | None]) -> list[tuple[Sequence, int]]:
         """Record a finished step: mark its tokens computed and append the sampled ones.
@@ -119,6 +182,9 @@ class Scheduler:
         cached. Returns what it left cached."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+        elif seq.status is SequenceStatus.RESTORING:
+            self.restoring.remove(seq)
+            seq.restore = None  # its blocks are freed: a read that lands later is dropped
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
@@ -161,41 +227,140 @@ class Scheduler:
                 decodes.append(seq)
         return decodes
 
-    def _admit_next(self) -> bool:
-        if not self.waiting or len(self.running) >= self.max_running:
-            return False
-        seq = self.waiting[0]
+    def _fit(self, seq: Sequence) -> _Fit:
+        """What admitting `seq` now would reuse and take, and how many blocks it lacks."""
         match = self.prefix.match(seq.token_ids)
-        max_tier = self.max_tier(seq.request)
-        reused = [*match.block_ids, *([match.tail_source] if match.tail_source is not None else [])]
+        tier = seq.cache_tier if seq.first_scheduled_time is not None else self._tier(seq, match)
+        max_tier = TOP_TIER if tier > TIER_ONE_OFF else TIER_IDLE_AGENT
         # Cached blocks we are about to reuse cannot also be reclaimed for the rest (a held
         # block has no tier and was never counted as available).
         reclaimable_reused = sum(
-            1 for b in reused if (tier := self.pool.tier_of(b)) is not None and tier <= max_tier
+            1 for b in match.in_memory if (t := self.pool.tier_of(b)) is not None and t <= max_tier
         )
-        needed = self.blocks_for(len(seq.token_ids)) - len(match.block_ids)
+        needed = self.blocks_for(len(seq.token_ids)) - sum(b is not None for b in match.blocks)
         # Headroom of one block per running sequence, so admitting does not force the next
         # decode step to preempt; a lone request may use the whole pool.
         available = self.pool.num_available(max_tier) - reclaimable_reused - len(self.running)
-        if needed > available:
-            return False
+        return _Fit(match, tier, max_tier, needed, needed - available)
+
+    def _admit_next(self) -> Sequence | None:
+        """Admit the first waiting sequence if its prompt fits."""
+        if not self.waiting or len(self.running) + len(self.restoring) >= self.max_running:
+            return None
+        seq = self.waiting[0]
+        fit = self._fit(seq)
+        if fit.lacking > 0:
+            return None
         self.waiting.popleft()
-        if match.tail_source is not None:
-            self._copy_sources.append((match.tail_source, self._tier_of_cached(match.tail_source)))
-        for block in reused:
+        self._admit(seq, fit)
+        return seq
+
+    def _admit(self, seq: Sequence, fit: _Fit) -> None:
+        """Share what the pool has, allocate the rest, and plan the restore of what only the
+        disk has."""
+        match = fit.match
+        if match.tail_block is not None:
+            self._copy_sources.append((match.tail_block, self._tier_of_cached(match.tail_block)))
+        for block in match.in_memory:
             self.pool.acquire(block)
-        fresh = self.pool.allocate(needed, max_tier)
-        if match.tail_source is not None:
-            self._copies.append((match.tail_source, fresh[0]))
-        seq.block_ids = [*match.block_ids, *fresh]
-        seq.block_hashes = list(match.block_hashes)
-        seq.num_computed_tokens = match.num_tokens
+        fresh = iter(self.pool.allocate(fit.needed, fit.max_tier))
+        seq.block_ids = [b if b is not None else next(fresh) for b in match.blocks]
+        seq.block_ids += fresh
+        if match.tail_block is not None:
+            self._copies.append((match.tail_block, seq.block_ids[len(match.blocks)]))
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = time.monotonic()
-            seq.num_cached_tokens = match.num_tokens
+            seq.cache_tier = fit.tier
+        if not seq.started:
+            seq.missing_hash = match.missing
+        restore = self._restore_plan(seq, match)
+        if restore is None:
+            seq.block_hashes = list(match.hashes)
+            seq.num_computed_tokens = match.num_tokens
+            self._start(seq, match.num_tokens, 0)
+        else:
+            seq.restore = restore
+            seq.status = SequenceStatus.RESTORING
+            self.restoring.append(seq)
+            self._to_restore.append(seq)
+
+    def _make_room_for_a_newcomer(self) -> None:
+        """Time to first token first: when the line is stuck for room, the first request that
+        has not produced a token yet takes the place of running sequences that have had their
+        quantum (`PREEMPT_QUANTUM` tokens since they last started), those with the most left to
+        do first. They keep everything they computed cached and resume from it, first in line.
+        Nothing is preempted unless it makes enough room."""
+        if not self.waiting or self._fit(self.waiting[0]).lacking <= 0:
+            return
+        newcomer = next((seq for seq in self.waiting if not seq.started), None)
+        if newcomer is None:
+            return
+        fit = self._fit(newcomer)
+        victims, room = [], 0
+        for seq in sorted(self._preemptible(), key=_work_left, reverse=True):
+            if room >= fit.lacking:
+                break
+            victims.append(seq)
+            room += self._freed_by(seq, fit.max_tier) + 1  # + its headroom block
+        if room < fit.lacking:
+            return
+        for seq in victims:
+            self._preempt(seq)
+        self.waiting.remove(newcomer)
+        self.waiting.appendleft(newcomer)
+
+    def _preemptible(self) -> list[Sequence]:
+        return [
+            seq
+            for seq in self.running
+            if seq.num_output_tokens - seq.outputs_at_start >= PREEMPT_QUANTUM
+        ]
+
+    def _freed_by(self, seq: Sequence, max_tier: int) -> int:
+        """Blocks preempting `seq` would make available to an admission limited to `max_tier`:
+        those only it holds, when it caches at that tier or below."""
+        if seq.cache_tier > max_tier:
+            return 0
+        return sum(1 for block in seq.block_ids if self.pool.refcount(block) == 1)
+
+    def _restore_plan(self, seq: Sequence, match: PrefixMatch) -> Restore | None:
+        indexes = [i for i, block in enumerate(match.blocks) if block is None]
+        tail_tokens = 0
+        if match.tail_hash is not None and match.tail_block is None:
+            indexes.append(len(match.blocks))
+            tail_tokens = match.tail_tokens
+        if not indexes:
+            return None
+        full = len(indexes) - (tail_tokens > 0)
+        return Restore(
+            blocks=[seq.block_ids[i] for i in indexes],
+            hashes=match.to_restore,
+            indexes=indexes,
+            tail_tokens=tail_tokens,
+            num_tokens=match.num_tokens,
+            disk_tokens=full * self.block_tokens + tail_tokens,
+            block_hashes=list(match.hashes),
+        )
+
+    def _index_restored(self, seq: Sequence, restore: Restore, count: int) -> None:
+        """Index the full blocks that arrived, so others share them as they share computed ones."""
+        size = self.block_tokens
+        arrived = zip(restore.blocks[:count], restore.hashes, restore.indexes, strict=False)
+        for block, block_hash, index in arrived:
+            if index < len(restore.block_hashes):
+                parent = restore.block_hashes[index - 1] if index else self.prefix.root
+                tokens = seq.token_ids[index * size : (index + 1) * size]
+                self.prefix.insert(block, block_hash, parent, tokens)
+
+    def _start(self, seq: Sequence, cached_tokens: int, disk_tokens: int) -> None:
+        """Run a sequence; the first time, its prompt's reused tokens are what its usage says
+        came from the cache (a resume after preemption reuses what it computed itself)."""
+        if not seq.started:
+            seq.started = True
+            seq.num_cached_tokens, seq.num_disk_tokens = cached_tokens, disk_tokens
+        seq.outputs_at_start = seq.num_output_tokens
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
-        return True
 
     def _tier_of_cached(self, block: int) -> int:
         tier = self.pool.tier_of(block)
@@ -226,20 +391,23 @@ class Scheduler:
         return self.prefix.register(seq.block_ids[full], parent, tokens)
 
     @staticmethod
-    def max_tier(request: Request) -> int:
-        """The highest eviction tier a request's admission may reclaim."""
-        return TIER_IDLE_AGENT if request.agent_id is None else TOP_TIER
+    def _tier(seq: Sequence, match: PrefixMatch) -> int:
+        """The eviction tier of a request's blocks: an agent's, or a one-off's."""
+        continues = seq.request.agent_id is not None or match.extends_history
+        return TIER_WORKING_AGENT if continues else TIER_ONE_OFF
 
     def _preempt(self, seq: Sequence) -> None:
+        """Take a running sequence out, keeping everything it computed cached (its partial last
+        block too), so it resumes from the cache — memory, or disk if the pool needs the room."""
         self.running.remove(seq)
+        self._cache_tail(seq)
         self._release(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
     def _release(self, seq: Sequence) -> None:
-        tier = TIER_ONE_OFF if seq.request.agent_id is None else TIER_WORKING_AGENT
-        self.pool.release(seq.block_ids, tier)
+        self.pool.release(seq.block_ids, seq.cache_tier)
         seq.block_ids = []
         seq.block_hashes = []
 

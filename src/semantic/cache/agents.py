@@ -1,12 +1,10 @@
-"""Agents and the life of their caches beyond the pool: whose history is which blocks, the disk
-tier (eviction writes, restores, persistence, its budget), eviction tiers, and statistics.
+"""Agents: whose history is which blocks, what that means for eviction (shared, working, idle,
+pinned), the direct agent API's conversations and turns, persistence of agents, and the cache's
+request statistics (hits, misses and why).
 
-Everything here runs on the engine thread except: `prefetch`, on a worker thread before a request
-reaches the engine (it reads disk, so the engine never waits on a read, and the prefix index and
-`agents`); `PendingPersist.wait`, on any thread; the disk writer's callbacks, on its thread
-(they write manifests from `Agent` fields and enforce the disk budget); and `save_manifest`, on
-any thread. These read the agents without a lock; the counters they update are guarded by
-`AgentStore.lock`, and manifest writes by `AgentStore.manifest_lock`.
+Everything here runs on the engine thread except `PendingPersist.wait` and `save_manifest`, on
+any thread: they read agents without a lock; manifest writes are serialized by
+`Agents.manifest_lock`, and the counters other threads read are guarded by `Agents.lock`.
 """
 
 from __future__ import annotations
@@ -22,29 +20,20 @@ from typing import Any
 
 from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_SHARED, TIER_WORKING_AGENT, BlockPool
 from semantic.cache.conversation import Conversation
-from semantic.cache.disk import BlockRecord, DiskTier
-from semantic.cache.disk_writer import DiskWriter
+from semantic.cache.disk_index import GONE_CORRUPT, GONE_EVICTED
 from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests, save_manifest
-from semantic.cache.prefix import PrefixCache, chain_hash
+from semantic.cache.prefix import PrefixCache
+from semantic.cache.tiering import DiskTraffic, PendingWrites, Tiering
 from semantic.core import History, Request
-from semantic.engine.runner import ModelRunner
 from semantic.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
 # Why a request's prompt was not all served from cache (besides its new tokens).
 MISS_NOTHING_CACHED = "nothing_cached"
-MISS_EVICTED = "evicted"
-MISS_CORRUPT = "corrupt"
+MISS_EVICTED = GONE_EVICTED  # it was cached; the memory and disk budgets let it go
+MISS_CORRUPT = GONE_CORRUPT  # it was on disk but failed its checks
 MISS_OTHER_MODEL = "other_model"
-
-
-@dataclass(slots=True, frozen=True)
-class Prefetch:
-    """Blocks read from disk for one request, in chain order, and why the rest will miss."""
-
-    records: list[BlockRecord]
-    miss_reason: str | None
 
 
 @dataclass(slots=True)
@@ -77,17 +66,12 @@ class Agent:
 
 
 @dataclass(slots=True)
-class CacheCounters:
-    """Totals since start, in the shape Prometheus counters want."""
+class RequestCounters:
+    """Prompt tokens since start, in the shape Prometheus counters want."""
 
     hit_tokens_memory: int = 0
     hit_tokens_disk: int = 0
     miss_tokens: int = 0
-    evicted_to_disk: int = 0  # blocks written because the pool reclaimed them
-    evicted_from_disk: int = 0  # blocks the disk budget dropped (gone)
-    persisted: int = 0  # blocks written by an explicit persist or at shutdown
-    evicted_on_request: int = 0  # blocks `evict` dropped from memory (on disk already)
-    write_errors: int = 0
     miss_reasons: Counter[str] = field(default_factory=Counter)
 
 
@@ -106,149 +90,90 @@ class EvictResult:
 
 
 class PendingPersist:
-    """Writes queued by `AgentStore.start_persist`; `wait` returns once they are durable (or
-    failed) and the manifests of the agents whose blocks all made it are written."""
+    """Writes queued by `Agents.start_persist`; `wait` returns once they are durable (or failed)
+    and the manifests of the agents whose blocks all made it are written."""
 
-    def __init__(self, store: AgentStore, agents: list[Agent]) -> None:
-        self.store = store
+    def __init__(self, owner: Agents, agents: list[Agent], writes: PendingWrites) -> None:
+        self.owner = owner
         self.agents = agents
-        self.submitted = 0
-        self.failed: set[int] = set()  # filled by the writer thread
+        self.writes = writes
 
     def wait(self, timeout: float | None = None) -> PersistResult:
-        if not self.store.writer.flush(timeout):
-            return PersistResult(0, self.submitted, 0, len(self.agents))
+        writes = self.writes
+        if not writes.wait(timeout):
+            return PersistResult(0, writes.submitted, 0, len(self.agents))
         # An agent with nothing cached and no conversation has nothing to keep.
         worth = [a for a in self.agents if a.hashes or a.conversation is not None]
-        complete = [a for a in worth if not self.failed & set(a.hashes)]
-        saved = sum(self.store.save_manifest(agent) for agent in complete)
-        written = self.submitted - len(self.failed)
-        with self.store.lock:
-            self.store.counters.persisted += written
-        return PersistResult(written, len(self.failed), saved, len(worth) - saved)
+        complete = [a for a in worth if not writes.failed & set(a.hashes)]
+        saved = sum(self.owner.save_manifest(agent) for agent in complete)
+        written = writes.submitted - len(writes.failed)
+        return PersistResult(written, len(writes.failed), saved, len(worth) - saved)
 
 
-class AgentStore:
-    """Named agents and the disk side of the cache for one model.
+class Agents:
+    """The agents of one model's cache, named ones with their histories, and the statistics of
+    every request.
 
     Invariants: an agent's `hashes` name its last history; `_sharers[h]` counts the agents whose
     history contains `h` (two or more puts the block in the shared tier); a pinned agent's hot
     blocks hold one pin reference each; an agent is held by at most one generate call (`turn`).
-    A block goes to disk when the pool reclaims it, on `persist`, and at shutdown; manifests are
-    written with it, never after every turn, except for agents with a conversation (the agent
-    API): theirs is written at each turn, a few bytes that cannot be computed again.
+    Manifests are written on `persist` and at shutdown, never after every turn, except for
+    agents with a conversation (the agent API): theirs is written at each turn, a few bytes that
+    cannot be computed again. Blocks need no manifest to be found: a prompt walks its chain in
+    memory and on disk alike (`cache/prefix.py`).
     """
 
-    def __init__(
-        self,
-        prefix: PrefixCache,
-        runner: ModelRunner,
-        disk: DiskTier,
-        *,
-        idle_s: float,
-    ) -> None:
+    def __init__(self, prefix: PrefixCache, tiering: Tiering, *, idle_s: float) -> None:
         self.prefix = prefix
         self.pool: BlockPool = prefix.pool
-        self.runner = runner
-        self.disk = disk
-        self.writer = DiskWriter(disk)
+        self.tiering = tiering
         self.idle_s = idle_s
-        self.counters = CacheCounters()
-        self.agents: dict[str, Agent] = {}
+        self.counters = RequestCounters()
+        self.by_id: dict[str, Agent] = {}
         self._sharers: Counter[int] = Counter()
         self._pins: dict[str, list[int]] = {}
-        self._protected: frozenset[int] = frozenset()  # read by the writer thread
-        self.lock = threading.Lock()  # the counters the writer thread also updates
+        self.lock = threading.Lock()  # `counters`, read by /metrics off the engine thread
         # Held while a manifest is written or deleted: a write that lost the race with a delete
         # must not bring the agent back.
         self.manifest_lock = threading.Lock()
         self._next_sweep = 0.0
-        prefix.on_evict = self._save_evicted
-        for manifest in list_manifests(disk.model_root):
+        for manifest in list_manifests(self.model_root):
             self._remember(manifest)
 
-    # -- before the engine: on a worker thread ----------------------------------------------
+    @property
+    def model_root(self) -> Path:
+        return self.tiering.disk.model_root
 
-    def prefetch(self, request: Request) -> Prefetch:
-        """Read from disk the blocks of this prompt that memory lacks: the full blocks along the
-        prompt's chain, then the agent's partial tail. Stops at the first block neither has."""
-        ids, size = request.prompt_token_ids, self.prefix.block_tokens
-        records: list[BlockRecord] = []
-        parent, start, missing, corrupt = self.prefix.root, 0, None, False
-        while start + size <= len(ids) - 1:
-            block_hash = chain_hash(parent, ids[start : start + size])
-            if not self.prefix.contains(block_hash):
-                on_disk = self.disk.contains(block_hash)
-                record = self.disk.read(block_hash) if on_disk else None
-                if record is None:  # absent, or failed its checks (now quarantined)
-                    missing, corrupt = block_hash, on_disk
-                    break
-                records.append(record)
-            parent, start = block_hash, start + size
-        tail = self._tail_record(request.agent_id, parent)
-        if tail is not None:
-            records.append(tail)
-        reason = MISS_CORRUPT if corrupt else self._miss_reason(request.agent_id, start, missing)
-        return Prefetch(records, reason)
-
-    def _tail_record(self, agent_id: str | None, parent: int) -> BlockRecord | None:
-        agent = self.agents.get(agent_id) if agent_id else None
-        if agent is None or agent.tail_hash is None or self.prefix.contains(agent.tail_hash):
+    def miss_reason(self, request: Request, missing: int | None, cached_tokens: int) -> str | None:
+        """Why reusable history was not found: the story of the first block of the prompt that
+        was cached nowhere (`missing`); `nothing_cached` when nothing was reused at all."""
+        agent_id = request.agent_id
+        agent = self.by_id.get(agent_id) if agent_id else None
+        if missing is not None:
+            gone = self.tiering.why_gone(missing)
+            if gone is not None:
+                return gone
+            if agent is not None and missing in agent.block_hashes:
+                return MISS_EVICTED  # gone too long ago for the disk to remember
+        if cached_tokens:
             return None
-        record = self.disk.read(agent.tail_hash) if self.disk.contains(agent.tail_hash) else None
-        return record if record is not None and record.parent_hash == parent else None
-
-    def _miss_reason(self, agent_id: str | None, reached: int, missing: int | None) -> str | None:
-        """Why reusable history was not found: the first missing block's story."""
-        agent = self.agents.get(agent_id) if agent_id else None
-        if agent is not None and missing is not None and missing in agent.block_hashes:
-            return MISS_EVICTED  # this agent had it; memory and disk budgets let it go
-        if (
-            reached == 0
-            and agent_id is not None
-            and agent is None
-            and self._known_elsewhere(agent_id)
-        ):
+        new_here = agent is None or (agent.stats.requests == 0 and not agent.hashes)
+        if agent_id is not None and new_here and self._known_elsewhere(agent_id):
             return MISS_OTHER_MODEL
-        return MISS_NOTHING_CACHED if reached == 0 else None
+        return MISS_NOTHING_CACHED
 
     def _known_elsewhere(self, agent_id: str) -> bool:
         """Whether another model's cache has this agent (its cache cannot serve this model)."""
-        own = self.disk.model_root
+        own = self.model_root
         return any(p.parent.parent != own for p in own.parent.glob(f"*/agents/{agent_id}.json"))
 
     # -- on the engine thread ---------------------------------------------------------------
-
-    def restore(self, prefetch: Prefetch, tier: int, max_tier: int) -> int:
-        """Put prefetched blocks back into the pool as cached blocks, as far as they fit (the
-        rest is a miss); returns how many were restored."""
-        held: list[int] = []
-        try:
-            for record in prefetch.records:
-                if self.prefix.contains(record.block_hash):
-                    continue
-                if not self.pool.num_available(max_tier):
-                    break
-                [block] = self.pool.allocate(1, max_tier)
-                try:
-                    self.runner.write_block(block, record.k, record.v)
-                except BaseException:  # a failed copy holds nothing: the block is free again
-                    self.pool.release([block])
-                    raise
-                parent = self.prefix.root if record.parent_hash is None else record.parent_hash
-                if self.prefix.insert(block, record.block_hash, parent, record.token_ids):
-                    held.append(block)
-                else:
-                    self.pool.release([block])
-        finally:
-            self.pool.release(held, tier)  # held until now so restoring never reclaims itself
-        return len(held)
 
     def begin(self, request: Request) -> None:
         """A request of an agent arrived (creating the agent on first sight)."""
         if request.agent_id is None:
             return
-        agent = self.agents.setdefault(request.agent_id, Agent(request.agent_id))
+        agent = self.by_id.setdefault(request.agent_id, Agent(request.agent_id))
         agent.working = True
         agent.stats.last_used = time.time()
 
@@ -262,14 +187,15 @@ class AgentStore:
         miss_reason: str | None,
     ) -> None:
         """Account for a finished request, and make its history the agent's."""
-        self.counters.hit_tokens_memory += cached - from_disk
-        self.counters.hit_tokens_disk += from_disk
-        self.counters.miss_tokens += prompt_tokens - cached
-        if miss_reason is not None:
-            self.counters.miss_reasons[miss_reason] += 1
+        with self.lock:
+            self.counters.hit_tokens_memory += cached - from_disk
+            self.counters.hit_tokens_disk += from_disk
+            self.counters.miss_tokens += prompt_tokens - cached
+            if miss_reason is not None:
+                self.counters.miss_reasons[miss_reason] += 1
         if request.agent_id is None:
             return
-        agent = self.agents.setdefault(request.agent_id, Agent(request.agent_id))
+        agent = self.by_id.setdefault(request.agent_id, Agent(request.agent_id))
         stats = agent.stats
         stats.requests += 1
         stats.hit_tokens += cached
@@ -301,7 +227,7 @@ class AgentStore:
         if now < self._next_sweep:
             return
         self._next_sweep = now + 1.0
-        for agent in self.agents.values():
+        for agent in self.by_id.values():
             if agent.working and now - agent.stats.last_used > self.idle_s:
                 agent.working = False
                 for block_hash in agent.hashes:
@@ -311,7 +237,7 @@ class AgentStore:
 
     def pin(self, agent_id: str, pinned: bool = True) -> None:
         """A pinned agent's hot blocks never leave memory, nor its files the disk."""
-        agent = self.agents.setdefault(agent_id, Agent(agent_id))
+        agent = self.by_id.setdefault(agent_id, Agent(agent_id))
         agent.pinned = pinned
         if pinned:
             self._pin(agent)
@@ -321,7 +247,8 @@ class AgentStore:
 
     def _protect_pinned(self) -> None:
         """The disk budget never drops the files of a pinned agent."""
-        self._protected = frozenset(h for a in self.agents.values() if a.pinned for h in a.hashes)
+        pinned = frozenset(h for a in self.by_id.values() if a.pinned for h in a.hashes)
+        self.tiering.protected = pinned
 
     def _pin(self, agent: Agent) -> None:
         blocks = [b for h in agent.hashes if (b := self.pool.lookup(h)) is not None]
@@ -336,9 +263,9 @@ class AgentStore:
         """A new agent with a conversation and nothing cached yet; Conflict if the id is taken
         (the engine thread runs one call at a time, so of two creates of one id exactly one
         wins). The caller then writes its manifest with `save_manifest`."""
-        if agent_id in self.agents:
+        if agent_id in self.by_id:
             raise Conflict(f"agent {agent_id!r} already exists")
-        agent = self.agents[agent_id] = Agent(agent_id, conversation=conversation)
+        agent = self.by_id[agent_id] = Agent(agent_id, conversation=conversation)
         agent.stats.last_used = time.time()
         return agent
 
@@ -347,7 +274,7 @@ class AgentStore:
         the same blocks by hash, in memory or on disk, so the fork costs no block. Either side
         extending the shared partial tail copies it first (the scheduler's copy-on-write);
         deleting one keeps every block the other still names."""
-        parent = self.agents.get(parent_id)
+        parent = self.by_id.get(parent_id)
         if parent is None:
             raise NotFound(f"no agent {parent_id!r}")
         child = self.create(child_id, parent.conversation or Conversation())
@@ -358,7 +285,7 @@ class AgentStore:
     def begin_turn(self, agent_id: str, turn_id: str) -> Conversation:
         """Hold the agent for one generate call and return its conversation so far; NotFound,
         or Conflict while another call holds it."""
-        agent = self.agents.get(agent_id)
+        agent = self.by_id.get(agent_id)
         if agent is None:
             raise NotFound(f"no agent {agent_id!r}")
         if agent.turn is not None:
@@ -372,7 +299,7 @@ class AgentStore:
         """Release the agent held by `turn_id`, making `conversation` its own when given (the
         turn's reply). Returns the agent, or None when that turn no longer holds it (it was
         ended already: releasing twice never frees a later turn's hold)."""
-        agent = self.agents.get(agent_id)
+        agent = self.by_id.get(agent_id)
         if agent is None or agent.turn != turn_id:
             return None
         agent.turn = None
@@ -386,16 +313,17 @@ class AgentStore:
         then waits for durability on any thread and writes the manifests."""
         everything = agent_ids is None
         agents = (
-            list(self.agents.values())
+            list(self.by_id.values())
             if everything
-            else [self.agents[a] for a in agent_ids or () if a in self.agents]
+            else [self.by_id[a] for a in agent_ids or () if a in self.by_id]
         )
         hashes = self.hot_hashes() if everything else {h for a in agents for h in a.hashes}
-        pending = PendingPersist(self, agents)
+        hot = []
         for block_hash in hashes:
-            if not self.disk.contains(block_hash):
-                pending.submitted += self._submit(block_hash, pending.failed)
-        return pending
+            block, content = self.pool.lookup(block_hash), self.prefix.content(block_hash)
+            if block is not None and content is not None:
+                hot.append((block, block_hash, *content))
+        return PendingPersist(self, agents, self.tiering.start_persist(hot))
 
     def persist(
         self, agent_ids: Iterable[str] | None = None, timeout: float | None = None
@@ -410,72 +338,28 @@ class AgentStore:
         if agent_ids is None:
             hashes = self.hot_hashes()
         else:
-            agents = [self.agents[a] for a in agent_ids if a in self.agents]
+            agents = [self.by_id[a] for a in agent_ids if a in self.by_id]
             hashes = {h for agent in agents for h in agent.hashes}
-        evicted = sum(self.prefix.discard(h) for h in hashes if self.disk.contains(h))
-        with self.lock:
-            self.counters.evicted_on_request += evicted
+        evicted = sum(self.prefix.discard(h) for h in hashes if self.tiering.disk.contains(h))
+        self.tiering.count_evicted_on_request(evicted)
         return evicted
 
     def hot_hashes(self) -> set[int]:
         hashes = (self.pool.hash_of(block) for block in range(self.pool.num_blocks))
         return {h for h in hashes if h is not None}
 
-    def close(self, timeout: float | None = None) -> None:
-        self.writer.close(timeout)
-
-    # -- eviction to disk -------------------------------------------------------------------
-
-    def _save_evicted(
-        self, block: int, block_hash: int, parent: int, tokens: tuple[int, ...]
-    ) -> None:
-        """The pool is reclaiming a cached block: write it to disk first, unless it is there."""
-        if self.disk.contains(block_hash):
-            return
-        k, v = self.runner.read_block(block)
-        record = BlockRecord(block_hash, parent, tokens, k, v)
-        owners = [a for a in self.agents.values() if a.tail_hash == block_hash]
-        self.writer.submit(record, lambda size, error: self._evicted_written(error, owners))
-
-    def _evicted_written(self, error: BaseException | None, tail_owners: list[Agent]) -> None:
-        """On the writer thread, once an evicted block is durable (or failed)."""
-        with self.lock:
-            if error is not None:
-                self.counters.write_errors += 1
-                return
-            self.counters.evicted_to_disk += 1
-        for agent in tail_owners:  # its tail can only be found through its manifest
-            self.save_manifest(agent)
-        self._enforce_disk_budget()
-
-    def _submit(self, block_hash: int, failed: set[int]) -> bool:
-        block, content = self.pool.lookup(block_hash), self.prefix.content(block_hash)
-        if block is None or content is None:
-            return False
-        k, v = self.runner.read_block(block)
-        record = BlockRecord(block_hash, content[0], content[1], k, v)
-
-        def done(size: int, error: BaseException | None) -> None:
-            if error is not None:
-                with self.lock:
-                    self.counters.write_errors += 1
-                failed.add(block_hash)
-
-        self.writer.submit(record, done)
-        return True
-
     def delete(self, agent_id: str) -> bool:
         """Forget an agent: its manifest (conversation included), and the blocks no other agent
         uses, in memory (cached ones; a block a running request holds stays until it finishes)
         and on disk. Conflict while a generate call holds it."""
-        agent = self.agents.get(agent_id)
+        agent = self.by_id.get(agent_id)
         if agent is None:
             return False
         if agent.turn is not None:
             raise Conflict(f"agent {agent_id!r} is generating; delete it once the call ends")
         with self.manifest_lock:
-            del self.agents[agent_id]
-            delete_manifest(self.disk.model_root, agent_id)
+            del self.by_id[agent_id]
+            delete_manifest(self.model_root, agent_id)
         self.pool.release(self._pins.pop(agent_id, []), TIER_WORKING_AGENT)
         if agent.pinned:
             self._protect_pinned()
@@ -483,20 +367,24 @@ class AgentStore:
         for block_hash in agent.hashes:
             if self._sharers[block_hash] <= 0:
                 self.prefix.discard(block_hash)
-                self.disk.delete(block_hash)
+                self.tiering.disk.delete(block_hash)
         return True
 
     def snapshot(self) -> dict[str, Any]:
         """Totals and every agent's statistics, as plain data (taken on the engine thread)."""
-        return {"totals": self.totals(), "agents": [self.describe(a) for a in sorted(self.agents)]}
+        return {"totals": self.totals(), "agents": [self.describe(a) for a in sorted(self.by_id)]}
 
     def totals(self) -> dict[str, Any]:
-        """`CacheCounters` and the disk's use, as plain data (/admin/cache and /metrics)."""
-        disk = self.disk.stats
+        """Request counters, disk traffic and the disk's use, as plain data (/admin/cache and
+        /metrics)."""
+        disk = self.tiering.disk.stats
         with self.lock:
             totals = asdict(self.counters)
             # asdict rebuilds a Counter from (key, count) pairs, counting the pairs
             totals["miss_reasons"] = dict(self.counters.miss_reasons)
+        with self.tiering.lock:
+            traffic: DiskTraffic = self.tiering.traffic
+            totals |= asdict(traffic)
         return totals | {
             "disk_files": disk.files,
             "disk_bytes": disk.bytes,
@@ -504,7 +392,7 @@ class AgentStore:
         }
 
     def describe(self, agent_id: str) -> dict[str, Any] | None:
-        agent = self.agents.get(agent_id)
+        agent = self.by_id.get(agent_id)
         if agent is None:
             return None
         hot = [h for h in agent.hashes if self.pool.lookup(h) is not None]
@@ -519,28 +407,22 @@ class AgentStore:
             "disk_hit_tokens": stats.disk_hit_tokens,
             "miss_tokens": stats.miss_tokens,
             "miss_reasons": dict(stats.miss_reasons),
-            "bytes_in_memory": len(hot) * self.disk.spec.bytes_per_block,
-            "bytes_on_disk": sum(self.disk.size_of(h) for h in agent.hashes),
+            "bytes_in_memory": len(hot) * self.tiering.disk.spec.bytes_per_block,
+            "bytes_on_disk": sum(self.tiering.disk.size_of(h) for h in agent.hashes),
             "last_used": stats.last_used,
             "generating": agent.turn is not None,
             "conversation": _summary(agent.conversation),
         }
 
-    def _enforce_disk_budget(self) -> None:
-        if self.disk.usage_bytes() > self.disk.budget_bytes:
-            dropped = self.disk.evict_to_budget(self._protected)
-            with self.lock:
-                self.counters.evicted_from_disk += len(dropped)
-
     def save_manifest(self, agent: Agent) -> bool:
         """Write the agent's manifest as it is now, on any thread (it does disk I/O: not the
         engine thread's). False when it failed, or when the agent was deleted meanwhile."""
         with self.manifest_lock:
-            if self.agents.get(agent.agent_id) is not agent:
+            if self.by_id.get(agent.agent_id) is not agent:
                 return False  # deleted (perhaps created again): this file is not ours any more
             manifest = AgentManifest(
                 agent.agent_id,
-                self.disk.model_root.name,
+                self.model_root.name,
                 list(agent.block_hashes),
                 agent.tail_hash,
                 agent.num_tokens,
@@ -548,7 +430,7 @@ class AgentStore:
                 conversation=agent.conversation,
             )
             try:
-                save_manifest(self.disk.model_root, manifest)
+                save_manifest(self.model_root, manifest)
             except OSError as exc:
                 log.warning("manifest of agent %s not saved: %s", agent.agent_id, exc)
                 return False
@@ -564,10 +446,10 @@ class AgentStore:
             conversation=manifest.conversation,
         )
         agent.stats.last_used = manifest.updated_at
-        self.agents[agent.agent_id] = agent
+        self.by_id[agent.agent_id] = agent
         self._sharers.update(agent.hashes)
         if agent.pinned:
-            self._protected = self._protected | set(agent.hashes)
+            self.tiering.protected = self.tiering.protected | set(agent.hashes)
 
 
 def _summary(conversation: Conversation | None) -> dict[str, Any] | None:

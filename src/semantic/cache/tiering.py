@@ -1,0 +1,171 @@
+"""The disk side of the KV cache: blocks the pool lets go are written to disk, blocks a prompt
+needs are read back, hot blocks are persisted on request, and the disk keeps to its budget.
+
+Threads: `save_evicted` and `start_persist` run on the engine thread, since they copy blocks out
+of the pool; the writes run on the writer thread (`cache/disk_writer.py`) and the reads on the
+reader thread, which hands its records back through the callback it is given. Counters are
+guarded by `Tiering.lock`, since all three threads update them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from semantic.cache.disk import BlockRecord, DiskTier
+from semantic.cache.disk_writer import DiskWriter
+from semantic.engine.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+# One block to persist: (pool block, hash, parent hash, token ids).
+HotBlock = tuple[int, int, int, tuple[int, ...]]
+# One block to restore: its hash and the token ids it must hold (a prefix, for a partial one).
+Wanted = tuple[int, tuple[int, ...]]
+
+
+@dataclass(slots=True)
+class DiskTraffic:
+    """Block counts since start, in the shape Prometheus counters want."""
+
+    evicted_to_disk: int = 0  # written because the pool reclaimed them
+    restored: int = 0  # read back into the pool for a prompt
+    evicted_from_disk: int = 0  # dropped by the disk budget (gone)
+    persisted: int = 0  # written by an explicit persist or at shutdown
+    evicted_on_request: int = 0  # dropped from memory by `evict` (on disk already)
+    write_errors: int = 0
+
+
+@dataclass(slots=True)
+class PendingWrites:
+    """Writes queued by `Tiering.start_persist`; `wait` returns once they are durable or have
+    failed, with the hashes that failed."""
+
+    tiering: Tiering
+    submitted: int = 0
+    failed: set[int] = field(default_factory=set)  # filled by the writer thread
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once every write ended (see `failed`); False when `timeout` passed first."""
+        if not self.tiering.writer.flush(timeout):
+            return False
+        with self.tiering.lock:
+            self.tiering.traffic.persisted += self.submitted - len(self.failed)
+        return True
+
+
+class Tiering:
+    """The pool's lower tier (`cache/prefix.py: LowerTier`): the disk, and the writes on their way
+    to it, which count as there — a block evicted a moment ago is read back from its queued copy,
+    never recomputed.
+
+    A block goes to disk when the pool reclaims it (unless the disk has it: content-addressed
+    files are never rewritten), on persist, and at shutdown. The disk budget drops least recently
+    used files first, never those of `protected` hashes (pinned agents').
+    """
+
+    def __init__(self, disk: DiskTier, runner: ModelRunner) -> None:
+        self.disk = disk
+        self.runner = runner
+        self.writer = DiskWriter(disk)
+        self.traffic = DiskTraffic()
+        self.lock = threading.Lock()
+        self.protected: AbstractSet[int] = frozenset()  # replaced whole, read by the writer
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic-disk-reader")
+
+    # -- what it holds ----------------------------------------------------------------------
+
+    def contains(self, block_hash: int) -> bool:
+        return self.writer.queued(block_hash) is not None or self.disk.contains(block_hash)
+
+    def tails(self, parent: int) -> list[tuple[int, tuple[int, ...]]]:
+        queued = self.writer.queued_tails(parent, self.disk.spec.block_tokens)
+        return [*self.disk.tails(parent), *queued]
+
+    def why_gone(self, block_hash: int) -> str | None:
+        return self.disk.why_gone(block_hash)
+
+    # -- down: eviction and persistence (on the engine thread) ------------------------------
+
+    def save_evicted(
+        self, block: int, block_hash: int, parent: int, tokens: tuple[int, ...]
+    ) -> None:
+        """The pool is reclaiming a cached block: write it to disk first, unless it is there."""
+        if self.contains(block_hash):
+            return
+        self._submit((block, block_hash, parent, tokens), self._evicted_written)
+
+    def start_persist(self, blocks: Iterable[HotBlock]) -> PendingWrites:
+        """Queue writes of the hot blocks the disk lacks; `PendingWrites.wait` then waits for
+        durability on any thread."""
+        pending = PendingWrites(self)
+        for hot in blocks:
+            if self.disk.contains(hot[1]):
+                continue
+
+            def done(size: int, error: BaseException | None, block_hash: int = hot[1]) -> None:
+                if error is not None:
+                    self._count_write_error()
+                    pending.failed.add(block_hash)
+
+            self._submit(hot, done)
+            pending.submitted += 1
+        return pending
+
+    def _submit(self, hot: HotBlock, done: Callable[[int, BaseException | None], None]) -> None:
+        block, block_hash, parent, tokens = hot
+        k, v = self.runner.read_block(block)
+        self.writer.submit(BlockRecord(block_hash, parent, tokens, k, v), done)
+
+    def _evicted_written(self, size: int, error: BaseException | None) -> None:
+        """On the writer thread, once an evicted block is durable (or failed)."""
+        if error is not None:
+            self._count_write_error()
+            return
+        with self.lock:
+            self.traffic.evicted_to_disk += 1
+        self.enforce_budget()
+
+    def _count_write_error(self) -> None:
+        with self.lock:
+            self.traffic.write_errors += 1
+
+    def enforce_budget(self) -> None:
+        if self.disk.usage_bytes() > self.disk.budget_bytes:
+            dropped = self.disk.evict_to_budget(self.protected)
+            with self.lock:
+                self.traffic.evicted_from_disk += len(dropped)
+
+    def count_evicted_on_request(self, blocks: int) -> None:
+        with self.lock:
+            self.traffic.evicted_on_request += blocks
+
+    # -- up: restores -----------------------------------------------------------------------
+
+    def read(self, wanted: list[Wanted], deliver: Callable[[list[BlockRecord]], None]) -> None:
+        """Read blocks on the reader thread, in order, and hand `deliver` those before the first
+        that is gone, fails its checks (it is quarantined) or does not hold the tokens wanted.
+        `deliver` runs on the reader thread."""
+        self._reader.submit(self._read, wanted, deliver)
+
+    def _read(self, wanted: list[Wanted], deliver: Callable[[list[BlockRecord]], None]) -> None:
+        records: list[BlockRecord] = []
+        try:
+            for block_hash, tokens in wanted:
+                record = self.writer.queued(block_hash) or self.disk.read(block_hash)
+                if record is None or record.token_ids[: len(tokens)] != tokens:
+                    break
+                records.append(record)
+        except Exception:  # a read must always answer, or its sequence would wait forever
+            log.exception("reading cache blocks failed; the rest of the prompt is recomputed")
+        with self.lock:
+            self.traffic.restored += len(records)
+        deliver(records)
+
+    def close(self, timeout: float | None = None) -> None:
+        self._reader.shutdown(wait=True, cancel_futures=False)
+        self.writer.close(timeout)
