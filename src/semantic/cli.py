@@ -245,11 +245,15 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         context_length=min(context, settings.max_model_len or context),
         aliases=(source.name, *source.aliases),
     )
+    spec = runner.cache_spec
     log.info(
-        "KV pool: %d blocks of %d tokens (%s)",
+        "KV pool: %d blocks of %d tokens, %s tokens in %d MiB (%s; %s)",
         runner.num_blocks,
-        runner.cache_spec.block_tokens,
-        runner.cache_spec.tag(),
+        spec.block_tokens,
+        f"{runner.num_blocks * spec.block_tokens:,}",
+        runner.num_blocks * spec.bytes_per_block // 2**20,
+        spec.tag(),
+        "cache_budget_mb" if settings.cache_budget_mb else "sized from the free memory",
     )
     return Engine(runner, served, settings)
 

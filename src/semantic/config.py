@@ -120,7 +120,12 @@ class Settings(BaseSettings):
     )
 
     # engine and cache
-    cache_budget_mb: int = Field(512, ge=1, description="Memory for the KV block pool, in MiB.")
+    cache_budget_mb: int | None = Field(
+        None,
+        ge=1,
+        description="Memory for the KV block pool, in MiB (default: 25% of the memory free "
+        "once the model is loaded, 256 MiB to 16 GiB; 80% of a GPU's free memory).",
+    )
     block_tokens: int = Field(256, ge=1, le=4096, description="Tokens per KV block.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache directory.")
     disk_budget_mb: int = Field(
@@ -137,7 +142,7 @@ class Settings(BaseSettings):
         2.0, ge=0, description="Wait this long to gather requests that arrive together."
     )
     queue_timeout_s: float = Field(
-        60.0, gt=0, description="Longest a request waits for pool space before it is refused."
+        300.0, gt=0, description="Longest a request waits for pool space before it is refused."
     )
     default_max_tokens: int = Field(
         1024, ge=1, description="max_tokens when a request gives none (capped by the context)."

@@ -79,7 +79,7 @@ def test_uint16_bits_round_trip_exactly_with_parent_and_tokens(tmp_path: Path) -
     with safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
     assert meta["dtype"] == "bfloat16" and meta["cache_spec"] == SPEC.tag()
-    assert meta["model_tag"] == TAG and meta["format_version"] == "1"
+    assert meta["model_tag"] == TAG and meta["format_version"] == "2"
     assert tier.stats.reads == 1 and tier.stats.writes == 1
 
 
@@ -178,7 +178,7 @@ def _flip_parent(path: Path) -> None:
 
 
 def _other_version(path: Path) -> None:
-    _rewrite(path, {"format_version": "2"})
+    _rewrite(path, {"format_version": "1"})  # an older format
 
 
 def _wrong_shape(path: Path) -> None:

@@ -222,11 +222,13 @@ class Agents:
             self._pin(agent)
 
     def sweep(self, now: float | None = None) -> None:
-        """Move agents not heard from within `idle_s` to the idle tier (at most once a second)."""
+        """Move agents not heard from within `idle_s` to the idle tier, and with them the
+        blocks of conversations without a name cached that long ago (at most once a second)."""
         now = time.time() if now is None else now
         if now < self._next_sweep:
             return
         self._next_sweep = now + 1.0
+        self.pool.demote_idle(self.idle_s)
         for agent in self.by_id.values():
             if agent.working and now - agent.stats.last_used > self.idle_s:
                 agent.working = False

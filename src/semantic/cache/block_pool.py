@@ -5,6 +5,7 @@ Bookkeeping over integers only. The tensors live in the backend; this file never
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -32,10 +33,15 @@ class BlockPool:
     a block cached before is cached again at least at the tier it last had, so a one-off request
     that reused an agent's blocks cannot demote them by finishing last. `on_reclaim(block, hash)`
     runs just before a cached block's content is dropped for reuse: the last moment to save it
-    to disk.
+    to disk. Within a tier, LRU order is the order of `clock()` when blocks were cached.
     """
 
-    def __init__(self, num_blocks: int, on_reclaim: ReclaimHook | None = None) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        on_reclaim: ReclaimHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if num_blocks < 1:
             raise ValueError("a block pool needs at least one block")
         self.num_blocks = num_blocks
@@ -47,6 +53,8 @@ class BlockPool:
         # refcount-0 hashed blocks, one LRU (oldest first) per tier
         self._cached: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(TOP_TIER + 1)]
         self._tier_of: dict[int, int] = {}
+        self._cached_at: dict[int, float] = {}
+        self._clock = clock
         # the tier each block was last cached at, kept while it is held, dropped with its content
         self._last_tier: dict[int, int] = {}
         self.reclaimed = [0] * (TOP_TIER + 1)  # cached blocks reclaimed for reuse, by tier
@@ -93,6 +101,7 @@ class BlockPool:
         """Add a reference to a block found by hash (held or cached)."""
         if self._refcount[block] == 0:
             del self._cached[self._tier_of.pop(block)][block]
+            del self._cached_at[block]
         self._refcount[block] += 1
 
     def retier(self, block: int, tier: int) -> None:
@@ -103,11 +112,27 @@ class BlockPool:
             del self._cached[old][block]
             self._cache(block, tier)
 
-    def touch(self, block: int) -> None:
-        """Make a cached block the most recently used of its tier; held blocks are unaffected."""
-        tier = self._tier_of.get(block)
-        if tier is not None:
-            self._cached[tier].move_to_end(block)
+    def touch(self, block: int, tier: int = TIER_ONE_OFF) -> None:
+        """Make a cached block the most recently used of its tier, raised to `tier` if lower;
+        held blocks are unaffected."""
+        old = self._tier_of.get(block)
+        if old is not None:
+            del self._cached[old][block]
+            self._cache(block, max(old, tier))
+
+    def demote_idle(self, idle_s: float) -> int:
+        """Move working-tier blocks cached more than `idle_s` ago to the idle tier: a
+        conversation silent that long is idle, named or not. Returns how many moved."""
+        cutoff = self._clock() - idle_s
+        working = self._cached[TIER_WORKING_AGENT]
+        stale = []
+        for block in working:  # oldest first; stops at the first recent one
+            if self._cached_at[block] >= cutoff:
+                break
+            stale.append(block)
+        for block in stale:
+            self.retier(block, TIER_IDLE_AGENT)
+        return len(stale)
 
     def discard(self, block: int) -> bool:
         """Drop a cached block's content without reclaiming it through the hook (its owner was
@@ -116,6 +141,7 @@ class BlockPool:
         if tier is None:
             return False
         del self._cached[tier][block]
+        del self._cached_at[block]
         del self._last_tier[block]
         del self._block_of[self._hash_of.pop(block)]
         self._free.append(block)
@@ -150,6 +176,7 @@ class BlockPool:
         self._cached[tier][block] = None
         self._tier_of[block] = tier
         self._last_tier[block] = tier
+        self._cached_at[block] = self._clock()
 
     def _take_one(self) -> int:
         if self._free:
@@ -158,6 +185,7 @@ class BlockPool:
         block, _ = self._cached[tier].popitem(last=False)
         self.reclaimed[tier] += 1
         del self._tier_of[block]
+        del self._cached_at[block]
         del self._last_tier[block]
         block_hash = self._hash_of.pop(block)
         del self._block_of[block_hash]
@@ -176,7 +204,7 @@ class BlockPool:
             "block in 2 states"
         )
         assert len(free) + len(cached) + len(held) == self.num_blocks, "a block is lost"
-        assert cached == set(self._tier_of), "tier index diverged"
+        assert cached == set(self._tier_of) == set(self._cached_at), "tier index diverged"
         assert all(self._last_tier[b] == t for b, t in self._tier_of.items()), "last tier diverged"
         assert self._last_tier.keys() <= self._hash_of.keys(), "an unhashed block has a tier"
         assert all(b in self._hash_of for b in cached), "an unhashed block is cached"

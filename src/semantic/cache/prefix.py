@@ -164,10 +164,11 @@ class PrefixCache:
                 best = (child, None, count, count == len(tokens))
         return best
 
-    def touch(self, match: PrefixMatch) -> None:
-        """A request waits for these blocks: make them the last of their tier to be reclaimed."""
+    def touch(self, match: PrefixMatch, tier: int) -> None:
+        """A request waits for these blocks: make them the last of their tier (raised to the
+        request's `tier` if lower) to be reclaimed."""
         for block in match.in_memory:
-            self.pool.touch(block)
+            self.pool.touch(block, tier)
 
     def register(self, block: int, parent: int, token_ids: Sequence[int]) -> int:
         """Index a held block's content (a full block, or a history's partial tail); returns its

@@ -146,6 +146,12 @@ class Tiering:
 
     # -- up: restores -----------------------------------------------------------------------
 
+    def read_ahead(self, hashes: list[int]) -> None:
+        """A request that will restore these blocks has arrived: have the OS read their files
+        while it waits for room (on the reader thread, behind any restore in progress)."""
+        for block_hash in hashes:
+            self._reader.submit(self.disk.read_ahead, block_hash)
+
     def read(self, wanted: list[Wanted], deliver: Callable[[list[BlockRecord]], None]) -> None:
         """Read blocks on the reader thread, in order, and hand `deliver` those before the first
         that is gone, fails its checks (it is quarantined) or does not hold the tokens wanted.

@@ -430,7 +430,7 @@ class Engine:
         detokenizer = IncrementalDetokenizer(self.model.tokenizer)
         stops = StopMatcher(request.sampling.stop)
         self._active[request.request_id] = _Active(seq, sink, detokenizer, stops)
-        self.scheduler.add(seq)
+        self.tiering.read_ahead(self.scheduler.add(seq).to_restore)
 
     def _start_restores(self) -> None:
         """Ask the disk reader for the blocks of the sequences admitted this step; the records

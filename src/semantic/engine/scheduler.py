@@ -112,15 +112,18 @@ class Scheduler:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_tokens)
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a sequence; the cached blocks of its prompt become the last of their tier to be
-        reclaimed, since they are about to be used."""
-        self.prefix.touch(self.prefix.match(seq.token_ids))
+    def add(self, seq: Sequence) -> PrefixMatch:
+        """Queue a sequence; the cached blocks of its prompt become the last of their tier (and
+        of its own, if higher) to be reclaimed, since they are about to be used. Returns what it
+        can reuse as things stand."""
+        match = self.prefix.match(seq.token_ids)
+        self.prefix.touch(match, self._tier(seq, match))
         self.waiting.append(seq)
+        return match
 
     def schedule(self) -> Batch:
         self._release_copy_sources()
-        self._make_room_for_a_newcomer()
+        self._admit_newcomers()
         budget = self.max_batch_tokens
         items: list[BatchItem] = []
         for seq in self._grow_decodes():
@@ -231,7 +234,10 @@ class Scheduler:
         """What admitting `seq` now would reuse and take, and how many blocks it lacks."""
         match = self.prefix.match(seq.token_ids)
         tier = seq.cache_tier if seq.first_scheduled_time is not None else self._tier(seq, match)
-        max_tier = TOP_TIER if tier > TIER_ONE_OFF else TIER_IDLE_AGENT
+        # A one-off may not reclaim agents' blocks — unless it was preempted: finishing what was
+        # started beats keeping a cache, and it could otherwise wait for ever.
+        one_off = tier == TIER_ONE_OFF and not seq.started
+        max_tier = TIER_IDLE_AGENT if one_off else TOP_TIER
         # Cached blocks we are about to reuse cannot also be reclaimed for the rest (a held
         # block has no tier and was never counted as available).
         reclaimable_reused = sum(
@@ -284,18 +290,30 @@ class Scheduler:
             self.restoring.append(seq)
             self._to_restore.append(seq)
 
-    def _make_room_for_a_newcomer(self) -> None:
-        """Time to first token first: when the line is stuck for room, the first request that
-        has not produced a token yet takes the place of running sequences that have had their
-        quantum (`PREEMPT_QUANTUM` tokens since they last started), those with the most left to
-        do first. They keep everything they computed cached and resume from it, first in line.
-        Nothing is preempted unless it makes enough room."""
-        if not self.waiting or self._fit(self.waiting[0]).lacking <= 0:
-            return
-        newcomer = next((seq for seq in self.waiting if not seq.started), None)
-        if newcomer is None:
-            return
-        fit = self._fit(newcomer)
+    def _admit_newcomers(self) -> None:
+        """Time to first token first: while the line is stuck for room, requests that have not
+        produced a token yet go ahead of it, each taking the place of running sequences that
+        have had their quantum (`PREEMPT_QUANTUM` tokens since they last started) when it must,
+        those with the most left to do first. The preempted keep everything they computed
+        cached, and resume from it first in line. Nothing is preempted unless that makes enough
+        room for the newcomer."""
+        while self.waiting and self._fit(self.waiting[0]).lacking > 0:
+            if len(self.running) + len(self.restoring) >= self.max_running:
+                return
+            newcomer = next((seq for seq in self.waiting if not seq.started), None)
+            if newcomer is None:
+                return
+            fit = self._fit(newcomer)
+            if fit.lacking > 0:
+                if not self._preempt_for(fit):
+                    return
+                fit = self._fit(newcomer)
+            self.waiting.remove(newcomer)
+            self._admit(newcomer, fit)
+
+    def _preempt_for(self, fit: _Fit) -> bool:
+        """Preempt running sequences until `fit` would fit; False (preempting none) when all
+        that may be preempted would not make room enough."""
         victims, room = [], 0
         for seq in sorted(self._preemptible(), key=_work_left, reverse=True):
             if room >= fit.lacking:
@@ -303,11 +321,10 @@ class Scheduler:
             victims.append(seq)
             room += self._freed_by(seq, fit.max_tier) + 1  # + its headroom block
         if room < fit.lacking:
-            return
+            return False
         for seq in victims:
             self._preempt(seq)
-        self.waiting.remove(newcomer)
-        self.waiting.appendleft(newcomer)
+        return True
 
     def _preemptible(self) -> list[Sequence]:
         return [

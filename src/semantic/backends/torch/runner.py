@@ -22,6 +22,7 @@ from semantic.backends.torch.llama import load_weights
 from semantic.backends.torch.sampling import sample
 from semantic.core import Batch, BatchItem, CacheSpec
 from semantic.errors import ModelLoadFailed
+from semantic.kv_budget import auto_budget_bytes, host_available_bytes
 from semantic.models.config import ModelConfig
 
 _LLAMA_FAMILY = frozenset({"llama", "mistral"})
@@ -51,7 +52,7 @@ class TorchRunner:
         weights: Iterable[tuple[str, np.ndarray]],
         *,
         block_tokens: int,
-        cache_budget_mb: int,
+        cache_budget_mb: int | None,
         dtype: str = "auto",
         device: str = "auto",
         threads: int | None = None,
@@ -80,10 +81,11 @@ class TorchRunner:
             dtype=_DTYPE_NAMES[self.dtype],
             block_tokens=block_tokens,
         )
-        self.num_blocks = cache_budget_mb * 2**20 // self.cache_spec.bytes_per_block
+        budget = self._auto_budget_bytes() if cache_budget_mb is None else cache_budget_mb * 2**20
+        self.num_blocks = budget // self.cache_spec.bytes_per_block
         if self.num_blocks < 1:
             raise ModelLoadFailed(
-                f"cache_budget_mb={cache_budget_mb} holds no block of "
+                f"cache_budget_mb={budget // 2**20} holds no block of "
                 f"{self.cache_spec.bytes_per_block} bytes"
             )
         decode = cpu is not None and cpu.supports_decode(
@@ -91,6 +93,13 @@ class TorchRunner:
         )
         self.pool = KVPool(self.cache_spec, self.num_blocks, self.device, cpu if decode else None)
         self.vocab_size = config.vocab_size
+
+    def _auto_budget_bytes(self) -> int:
+        """The pool's share of the memory left once the weights are in (`kv_budget.py`)."""
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return auto_budget_bytes(free, gpu=True)
+        return auto_budget_bytes(host_available_bytes(), gpu=False)
 
     def run(self, batch: Batch) -> list[int | None]:
         """One step: K/V into the pool, one sampled token per item with sample=True."""

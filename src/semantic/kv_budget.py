@@ -1,0 +1,32 @@
+"""How much memory the KV pool gets when `cache_budget_mb` is not set: a share of the memory free
+once the weights are loaded, between a floor and a cap, so the default fits the machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CPU_SHARE = 0.25  # of the host memory available to new allocations
+GPU_SHARE = 0.80  # of the GPU memory free once the weights are in: the GPU serves nothing else
+FLOOR_BYTES = 256 * 2**20  # even a busy machine gets a pool that holds a few agents
+CPU_CAP_BYTES = 16 * 2**30  # past this a CPU is too slow to use the tokens it would hold
+
+
+def auto_budget_bytes(available_bytes: int, *, gpu: bool) -> int:
+    """The pool for a machine with `available_bytes` free (host memory, or the GPU's)."""
+    if gpu:
+        return max(FLOOR_BYTES, int(available_bytes * GPU_SHARE))
+    return min(CPU_CAP_BYTES, max(FLOOR_BYTES, int(available_bytes * CPU_SHARE)))
+
+
+def host_available_bytes() -> int:
+    """Memory new allocations can get without swapping: Linux's MemAvailable (free memory plus
+    the page cache it may drop); elsewhere half the physical memory, for want of a portable
+    reading."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2

@@ -1,0 +1,261 @@
+"""The agent cache under concurrent pressure, through the engine and the fake runner: more agents
+at once than the pool holds restore their warm turns from disk instead of recomputing them; a
+restore that cannot fit waits; preempted sequences resume from their cache; a newcomer gets its
+first token by taking the room of a sequence that had its quantum; conversations without a name
+rank as working agents. The fake runner computes each token from the context it reads back
+through the block tables, so a wrong restore changes outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from semantic.cache.agents import MISS_EVICTED
+from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_ONE_OFF, TIER_WORKING_AGENT
+from semantic.core import Request, SamplingParams, TokenEvent, Usage
+from semantic.engine.engine import Engine
+from semantic.engine.scheduler import PREEMPT_QUANTUM
+from semantic.models.served import ServedModel
+from tests.unit.fakes import make_engine
+
+BLOCK = 8  # make_engine's block size
+
+
+def system_prompt(agent: int) -> list[int]:
+    """Five full blocks of an agent's own system prompt."""
+    return [3 + (agent * 31 + k * 7) % 380 for k in range(5 * BLOCK)]
+
+
+def run_at_once(
+    engine: Engine, prompts: dict[str, list[int]], named: bool, max_tokens: int = 6
+) -> dict[str, tuple[list[int], Usage]]:
+    """Submit one request per agent together, run the engine until all are done; each one's
+    output and usage. Checks the pool and the prefix index after."""
+    events: dict[str, list[TokenEvent]] = {agent: [] for agent in prompts}
+    for agent, prompt in prompts.items():
+        sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        request = Request(
+            f"{agent}-{len(prompt)}", list(prompt), sampling, agent if named else None
+        )
+        engine.submit(request, events[agent].append)
+    engine.run_until_idle()
+    engine.pool.check_integrity()
+    engine.prefix.check_integrity()
+    out = {}
+    for agent, got in events.items():
+        assert got[-1].error is None and got[-1].usage is not None, got[-1].error
+        out[agent] = ([t for e in got for t in e.token_ids], got[-1].usage)
+    return out
+
+
+def conversations(
+    engine: Engine, agents: int, turns: int, named: bool
+) -> list[dict[str, tuple[int, int, Usage]]]:
+    """`turns` rounds of every agent at once; per round and agent: the tokens its history had
+    before the turn, the prompt's length and the usage."""
+    histories = {f"agent-{a}": system_prompt(a) for a in range(agents)}
+    rounds = []
+    for turn in range(turns):
+        prompts = {a: [*h, 200 + turn, 201] for a, h in histories.items()}
+        results = run_at_once(engine, prompts, named)
+        rounds.append({a: (len(histories[a]), len(prompts[a]), u) for a, (_, u) in results.items()})
+        histories = {a: [*prompts[a], *results[a][0]] for a in histories}
+    return rounds
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "anonymous"])
+def test_more_agents_at_once_than_the_pool_holds_restore_warm_turns_from_disk(
+    served: ServedModel, tmp_path: Path, named: bool
+) -> None:
+    # Six agents of ~7 blocks each at the end over a 24-block pool: they cannot all stay.
+    engine, _ = make_engine(served, tmp_path, num_blocks=24)
+    for rounds in conversations(engine, 6, 3, named)[1:]:
+        for history, prompt, usage in rounds.values():
+            assert usage.cached_tokens >= history - 1  # all but the answer's uncomputed last
+            assert usage.prompt_tokens - usage.cached_tokens <= prompt - history + 1
+    assert engine.tiering.traffic.restored > 0, "no warm turn needed the disk"
+    assert engine.agents.counters.hit_tokens_disk > 0
+    assert engine.pool.num_held == 0
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "anonymous"])
+def test_under_pressure_every_answer_is_the_one_a_roomy_pool_gives(
+    served: ServedModel, tmp_path: Path, named: bool
+) -> None:
+    def answers(engine: Engine) -> list[list[int]]:
+        histories = {f"agent-{a}": system_prompt(a) for a in range(6)}
+        out = []
+        for turn in range(3):
+            prompts = {a: [*h, 200 + turn, 201] for a, h in histories.items()}
+            results = run_at_once(engine, prompts, named)
+            out += [results[a][0] for a in sorted(results)]
+            histories = {a: [*prompts[a], *results[a][0]] for a in histories}
+        return out
+
+    small, _ = make_engine(served, tmp_path / "small", num_blocks=24)
+    roomy, _ = make_engine(served, tmp_path / "roomy", num_blocks=256)
+    assert answers(small) == answers(roomy)
+
+
+def submit(engine: Engine, name: str, prompt: list[int], agent: str | None, max_tokens: int = 6):
+    """Submit one request; returns the list its events land in."""
+    events: list[TokenEvent] = []
+    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    engine.submit(Request(name, list(prompt), sampling, agent), events.append)
+    return events
+
+
+def result(events: list[TokenEvent]) -> tuple[list[int], Usage]:
+    assert events and events[-1].error is None and events[-1].usage is not None
+    return [t for e in events for t in e.token_ids], events[-1].usage
+
+
+def alone(served: ServedModel, tmp_path: Path, prompt: list[int], max_tokens: int) -> list[int]:
+    engine, _ = make_engine(served, tmp_path / "alone", num_blocks=256)
+    events = submit(engine, "alone", prompt, None, max_tokens)
+    engine.run_until_idle()
+    return result(events)[0]
+
+
+def test_a_restore_that_cannot_fit_waits_instead_of_recomputing(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, num_blocks=16)
+    history = system_prompt(1)
+    first = submit(engine, "alice-1", history, "alice", max_tokens=1)
+    engine.run_until_idle()
+    assert engine.agents.persist(["alice"], timeout=10).failed == 0
+    assert engine.agents.evict(["alice"]) > 0  # alice's cache is on disk only
+    hog = submit(engine, "hog", [7] * 100, "hog", max_tokens=20)  # 13 of 16 blocks
+    engine.step()
+    prompt = [*history, *result(first)[0], 300]
+    back = submit(engine, "alice-2", prompt, "alice")
+    engine.run_until_idle()
+    output, usage = result(back)
+    assert usage.cached_tokens == len(prompt) - 2  # everything computed before
+    assert engine.agents.by_id["alice"].stats.disk_hit_tokens == usage.cached_tokens
+    assert output == alone(served, tmp_path, prompt, 6)
+    assert result(hog)[0] == alone(served, tmp_path, [7] * 100, 20)
+
+
+def test_a_preempted_sequence_resumes_from_its_cache_with_the_tokens_it_gets_alone(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    # Two sequences that each fit alone but outgrow the pool together while decoding: the
+    # newer is preempted, its blocks are reclaimed (so they go to disk) and it comes back.
+    engine, runner = make_engine(served, tmp_path, num_blocks=12)
+    prompts = {"a": [5] * 30, "b": [6] * 30}
+    events = {name: submit(engine, name, p, None, max_tokens=50) for name, p in prompts.items()}
+    engine.run_until_idle()
+    for name, prompt in prompts.items():
+        assert result(events[name])[0] == alone(served, tmp_path / name, prompt, 50)
+    starts = [item for batch in runner.steps for item in batch.items if item.start_pos == 0]
+    assert len(starts) == 2, "a preempted sequence was computed again from its start"
+    assert engine.tiering.traffic.restored > 0
+    assert engine.pool.num_held == 0
+
+
+def test_a_newcomer_takes_the_room_of_a_sequence_that_had_its_quantum(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, runner = make_engine(served, tmp_path, num_blocks=16)
+    long = submit(engine, "long", [9] * 90, None, max_tokens=30)  # 12 of 16 blocks, growing
+    while len(runner.steps) < 4 + PREEMPT_QUANTUM:  # its prefill, then a quantum of decodes
+        engine.step()
+    late = submit(engine, "late", [4] * 40, None, max_tokens=3)
+    engine.run_until_idle()
+    late_first = next(
+        i for i, b in enumerate(runner.steps) if any(it.sample and it.seq_id == 1 for it in b.items)
+    )
+    long_last = max(i for i, b in enumerate(runner.steps) if any(it.seq_id == 0 for it in b.items))
+    assert late_first < long_last, "the newcomer waited for the long sequence to finish"
+    assert result(late)[0] == alone(served, tmp_path / "late", [4] * 40, 3)
+    assert result(long)[0] == alone(served, tmp_path / "long", [9] * 90, 30)
+
+
+def test_a_running_sequences_growth_takes_an_idle_agents_blocks_before_a_waiting_agents(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, num_blocks=20, agent_idle_s=60)
+    idle = submit(engine, "idle-1", system_prompt(1), "idle", max_tokens=1)
+    engine.run_until_idle()
+    engine.agents.sweep(now=engine.agents.by_id["idle"].stats.last_used + 120)
+    waiter = submit(engine, "waiter-1", system_prompt(2), "waiter", max_tokens=1)
+    engine.run_until_idle()
+    idle_hashes = engine.agents.by_id["idle"].hashes
+    assert {engine.pool.tier_of(engine.pool.lookup(h) or 0) for h in idle_hashes} == {
+        TIER_IDLE_AGENT
+    }
+    hog = submit(engine, "hog", [7] * 80, "hog", max_tokens=12)  # every free block, growing
+    engine.step()
+    prompt = [*system_prompt(2), *result(waiter)[0], *range(300, 340)]
+    back = submit(engine, "waiter-2", prompt, "waiter")  # lacks room while the hog runs
+    engine.step()
+    assert engine.scheduler.waiting, "the waiter did not have to wait"
+    while engine.scheduler.waiting:
+        waiter_hashes = engine.agents.by_id["waiter"].hashes
+        assert all(engine.pool.lookup(h) is not None for h in waiter_hashes)
+        engine.step()
+    assert any(engine.pool.lookup(h) is None for h in idle_hashes), "nothing was reclaimed"
+    engine.run_until_idle()
+    output, usage = result(back)
+    assert usage.cached_tokens == 5 * BLOCK
+    assert engine.agents.by_id["waiter"].stats.disk_hit_tokens == 0  # all still in memory
+    assert output == alone(served, tmp_path, prompt, 6)
+    assert result(hog)[0] == alone(served, tmp_path / "hog", [7] * 80, 12)
+    result(idle)
+
+
+def test_an_anonymous_prompt_that_extends_a_history_whole_is_cached_as_a_working_agent(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
+    first_prompt = [*system_prompt(3), 11]
+    first = submit(engine, "turn-1", first_prompt, None)
+    one_off = submit(engine, "one-off", [*system_prompt(4), 12], None)
+    engine.run_until_idle()
+    history = [*first_prompt, *result(first)[0]]
+    second = submit(engine, "turn-2", [*history, 13], None)
+    engine.run_until_idle()
+    assert result(second)[1].cached_tokens == len(history) - 1
+    conversation = engine.prefix.match([*history, 13, 14])
+    assert {engine.pool.tier_of(b) for b in conversation.in_memory} == {TIER_WORKING_AGENT}
+    side = engine.prefix.match([*system_prompt(4), 12, *result(one_off)[0], 15])
+    assert {engine.pool.tier_of(b) for b in side.in_memory} == {TIER_ONE_OFF}
+
+
+def test_an_anonymous_conversations_partial_last_block_is_found_on_disk_after_a_restart(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
+    prompt = [*system_prompt(5), 21, 22, 23]  # five full blocks and a partial one
+    first = submit(engine, "turn-1", prompt, None)
+    engine.run_until_idle()
+    engine.stop()  # persists every hot block, partial ones too
+    restarted, _ = make_engine(served, tmp_path)
+    history = [*prompt, *result(first)[0]]
+    second = submit(restarted, "turn-2", [*history, 24], None)
+    restarted.run_until_idle()
+    output, usage = result(second)
+    assert usage.cached_tokens == len(history) - 1
+    assert restarted.agents.counters.hit_tokens_disk == usage.cached_tokens
+    assert output == alone(served, tmp_path / "alone-2", [*history, 24], 6)
+
+
+def test_an_anonymous_warm_turn_whose_history_left_the_disk_names_its_miss_evicted(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, num_blocks=12)
+    engine.tiering.disk.budget_bytes = 0  # nothing survives on disk
+    prompt = [*system_prompt(6), 31]
+    first = submit(engine, "turn-1", prompt, None)
+    engine.run_until_idle()
+    for other in range(3):
+        submit(engine, f"other-{other}", [100 + other] * 60, None, max_tokens=1)
+        engine.run_until_idle()
+    engine.tiering.writer.flush(10)
+    second = submit(engine, "turn-2", [*prompt, *result(first)[0], 32], None)
+    engine.run_until_idle()
+    assert result(second)[1].cached_tokens == 0
+    assert engine.agents.counters.miss_reasons[MISS_EVICTED] == 1

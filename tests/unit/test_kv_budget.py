@@ -1,0 +1,27 @@
+"""The default KV pool fits the machine: a share of the free memory, between a floor and a cap."""
+
+from __future__ import annotations
+
+from semantic.kv_budget import (
+    CPU_CAP_BYTES,
+    FLOOR_BYTES,
+    auto_budget_bytes,
+    host_available_bytes,
+)
+
+GIB = 2**30
+
+
+def test_a_cpu_pool_takes_a_quarter_of_the_free_memory_within_floor_and_cap() -> None:
+    assert auto_budget_bytes(20 * GIB, gpu=False) == 5 * GIB
+    assert auto_budget_bytes(256 * 2**20, gpu=False) == FLOOR_BYTES
+    assert auto_budget_bytes(512 * GIB, gpu=False) == CPU_CAP_BYTES
+
+
+def test_a_gpu_pool_takes_most_of_the_gpus_free_memory() -> None:
+    assert auto_budget_bytes(70 * GIB, gpu=True) == int(70 * GIB * 0.8)
+    assert auto_budget_bytes(0, gpu=True) == FLOOR_BYTES
+
+
+def test_this_machine_reports_some_free_memory() -> None:
+    assert host_available_bytes() > 0
