@@ -18,7 +18,6 @@ from semantic.bench.cache_counters import CacheCounters, counters_over
 from semantic.bench.cli import add_bench_arguments, options_from_args
 from semantic.bench.conversation import Chat
 from semantic.bench.crowd import Clients, CrowdResult, CrowdRun, CrowdTurn, run_crowd
-from semantic.bench.machine import Machine
 from semantic.bench.options import BenchOptions, Phase
 from semantic.bench.plan import WorkloadSpec, build_plan
 from semantic.bench.pool_phases import crowd_budget
@@ -26,6 +25,7 @@ from semantic.bench.pressure import PoolBudget, pool_budget
 from semantic.bench.report import BenchResult, to_json, to_markdown
 from semantic.bench.run import run_bench
 from semantic.bench.workload import BenchError
+from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import TOKENS_PER_WORD, FakeServer, fresh_totals, running
 
 SPEC = WorkloadSpec(agents=3, turns=3, system_tokens=30, user_tokens=8, max_tokens=4)
@@ -142,7 +142,7 @@ def test_without_admin_cache_the_servers_columns_say_unknown_and_the_rest_is_mea
     with running(FakeServer(admin_cache=False)) as fake:
         run = _crowd(fake, Clients.NAMED)
     assert run.cache is None and run.hit_rate is not None and run.warm_ttft.count == 6
-    markdown = to_markdown(_result(CrowdResult(SPEC, 1.5, [run])))
+    markdown = to_markdown(_result(CrowdResult(SPEC, [run])))
     assert "| Miss reasons (requests) | unknown |" in markdown
     assert "| Disk blocks read / written | unknown |" in markdown
 
@@ -157,7 +157,7 @@ def test_a_failed_request_is_counted_ends_that_agents_turns_and_the_rest_run_on(
     assert bodies == SPEC.agents * SPEC.turns - 1  # agent 1's turn 2 was never sent
     assert len(notes) == SPEC.agents * SPEC.turns  # the progress bar still reaches its end
     assert "agent 1 turn 2: skipped after an error" in notes
-    markdown = to_markdown(_result(CrowdResult(SPEC, 1.5, [run])))
+    markdown = to_markdown(_result(CrowdResult(SPEC, [run])))
     assert "| Errors (requests) | 1 |" in markdown
     assert "First error, named: agent 1 turn 1: HTTP 500" in markdown
 
@@ -238,22 +238,7 @@ def test_run_bench_runs_the_crowd_once_per_kind_of_client_and_reports_both(
 
 
 def _result(crowd: CrowdResult) -> BenchResult:
-    return BenchResult(
-        target="semantic",
-        model="smollm2-135m",
-        spec=WorkloadSpec(8, 3, 1000, 50, 64),
-        tokens_per_word=1.3,
-        machine=Machine("AMD EPYC", 2, "Linux x86_64", "2.13.0+cpu"),
-        started_at="2025-01-02T03:04:05+00:00",
-        command="semantic bench --phases crowd --no-baseline",
-        phases=(Phase.CROWD,),
-        decode=None,
-        prefill=None,
-        workload=None,
-        peak_rss_bytes=None,
-        baseline=None,
-        crowd=crowd,
-    )
+    return bench_result("semantic bench --phases crowd --no-baseline", (Phase.CROWD,), crowd=crowd)
 
 
 def test_the_crowd_section_puts_each_kind_of_client_in_a_column() -> None:
@@ -261,8 +246,8 @@ def test_the_crowd_section_puts_each_kind_of_client_in_a_column() -> None:
     cache = _counters(1004, 5, {"nothing_cached": 1, "evicted": 1})
     named = CrowdRun(Clients.NAMED, PoolBudget(900.0, 600), turns, 10.0, cache)
     anonymous = CrowdRun(Clients.ANONYMOUS, PoolBudget(900.0, 600), turns, 8.0, None)
-    data = json.loads(json.dumps(to_json(_result(CrowdResult(SPEC, 1.5, [named, anonymous])))))
-    markdown = to_markdown(_result(CrowdResult(SPEC, 1.5, [named, anonymous])))
+    data = json.loads(json.dumps(to_json(_result(CrowdResult(SPEC, [named, anonymous])))))
+    markdown = to_markdown(_result(CrowdResult(SPEC, [named, anonymous])))
     assert "#### Crowd: 3 agents at once × 3 turns, ~30-token system prompts" in markdown
     assert "| KV pool | 600 MiB for 900 MiB of histories | 600 MiB for 900 MiB" in markdown
     assert "| Warm hit rate (Σ cached ÷ Σ history) | 100.0% | 100.0% |" in markdown

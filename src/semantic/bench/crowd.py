@@ -40,7 +40,7 @@ class Clients(enum.StrEnum):
 
     @classmethod
     def parse(cls, text: str) -> tuple[Clients, ...]:
-        """ "named", "anonymous" or "both"."""
+        """The kinds a word names: "anonymous", "named" or "both" (in the runs' order)."""
         if text == "both":
             return tuple(cls)
         try:
@@ -127,7 +127,6 @@ class CrowdResult:
     """The crowd's shape and one run per kind of client, in the order they ran."""
 
     spec: WorkloadSpec
-    pool_factor: float  # all final histories ÷ the pool the bench sizes for a spawned server
     runs: list[CrowdRun] = field(default_factory=list)
 
 

@@ -54,7 +54,7 @@ class PoolPhases:
         """The crowd once per kind of client asked for, each on a fresh server (a fresh cache)."""
         options, spec = self.options, self.options.crowd_spec
         budget = crowd_budget(options) if options.spawns else None
-        result = CrowdResult(spec, options.crowd_pool_factor)
+        result = CrowdResult(spec)
         for clients in options.crowd_clients:
             title = (
                 f"crowd, {clients} clients: {spec.agents} agents at once × {spec.turns} turns"

@@ -18,6 +18,7 @@ from typing import IO
 import httpx
 
 from semantic.bench.workload import BenchError
+from semantic.config import Settings
 from semantic.core import CacheSpec
 
 HOST = "127.0.0.1"
@@ -154,8 +155,6 @@ def kv_bytes_per_token(model: str, server_args: list[str]) -> int:
 def server_block_tokens(server_args: list[str]) -> int:
     """Tokens per KV block of a spawned server: `--block-tokens` among `server_args`, else the
     setting's default."""
-    from semantic.config import Settings
-
     given = flag_value(server_args, "--block-tokens")
     if given is not None and given.isdigit() and int(given) > 0:
         return int(given)
