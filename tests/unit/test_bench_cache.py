@@ -39,6 +39,7 @@ from semantic.bench.restart import RestartResult, RestartTurn, run_restart
 from semantic.bench.run import run_bench
 from semantic.bench.server import RestartTiming
 from semantic.bench.workload import BenchError
+from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import (
     TOKENS_PER_WORD,
     FakeServer,
@@ -229,20 +230,9 @@ def _result() -> BenchResult:
     large = HistoryPoint(4000, 3998, [_probe(0.25, 4050, 3990)] * 3, [_probe(7.5, 4051, 3)] * 3)
     after = [RestartTurn(0, 3998, _probe(0.5, 4050, 3900))]
     turns = [_turn(0, 0, 0, 1000, 0), _turn(0, 1, 1016, 1100, 1016)]
-    return BenchResult(
-        target="semantic",
-        model="smollm2-135m",
-        spec=WorkloadSpec(8, 3, 1000, 50, 64),
-        tokens_per_word=1.3,
-        machine=Machine("AMD EPYC", 2, "Linux x86_64", "2.13.0+cpu"),
-        started_at="2025-01-02T03:04:05+00:00",
-        command="semantic bench --phases history,restart,pressure --no-baseline",
-        phases=(Phase.HISTORY, Phase.RESTART, Phase.PRESSURE),
-        decode=None,
-        prefill=None,
-        workload=None,
-        peak_rss_bytes=None,
-        baseline=None,
+    return bench_result(
+        "semantic bench --phases history,restart,pressure --no-baseline",
+        (Phase.HISTORY, Phase.RESTART, Phase.PRESSURE),
         history=HistoryResult(3, [small, large]),
         restart=RestartResult(4000, TIMING, after, cold_ttft_s=7.5, cold_measured_here=False),
         pressure=PressureResult(12, 3, PoolBudget(330.0, 132), turns),

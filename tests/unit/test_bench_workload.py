@@ -16,7 +16,6 @@ import pytest
 
 from semantic.bench.baseline import BaselineResult
 from semantic.bench.cli import add_bench_arguments, options_from_args
-from semantic.bench.machine import Machine
 from semantic.bench.options import BenchOptions, Phase
 from semantic.bench.plan import WorkloadSpec, build_plan
 from semantic.bench.report import BenchResult, figures, to_json, to_markdown
@@ -36,6 +35,7 @@ from semantic.bench.workload import (
     run_workload,
     stream_chat,
 )
+from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import (
     COLD_DELAY_S,
     TEMPLATE_TOKENS,
@@ -45,8 +45,6 @@ from tests.unit.test_bench_fakeserver import (
     run_with_client,
     running,
 )
-
-MACHINE = Machine("AMD EPYC", 2, "Linux x86_64", "2.13.0+cpu")
 
 
 @pytest.fixture(scope="module")
@@ -180,15 +178,10 @@ def _result(with_baseline: bool) -> BenchResult:
         workload=_workload(ttft=0.5, tokens_per_s=5.0, cached=0),
         peak_rss_bytes=400 * 2**20,
     )
-    return BenchResult(
-        target="semantic",
-        model="smollm2-135m",
+    return bench_result(
+        "semantic bench --agents 1",
+        (Phase.DECODE, Phase.PREFILL, Phase.WORKLOAD, Phase.BASELINE),
         spec=WorkloadSpec(1, 3, 1000, 50, 10),
-        tokens_per_word=1.3,
-        machine=MACHINE,
-        started_at="2025-01-02T03:04:05+00:00",
-        command="semantic bench --agents 1",
-        phases=(Phase.DECODE, Phase.PREFILL, Phase.WORKLOAD, Phase.BASELINE),
         decode=DecodeResult(21, 1.0),  # 20 tok/s: 2× the baseline
         prefill=PrefillResult(1000, 1.0),  # 1000 tok/s: 4×
         workload=_workload(ttft=0.1, tokens_per_s=40.0, cached=90),  # 8× aggregate

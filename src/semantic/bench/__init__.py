@@ -1,5 +1,5 @@
 """`semantic bench`: the multi-agent, multi-turn benchmark of any OpenAI-compatible server, with
-the same model through `transformers` `generate()` as its baseline (SPEC §10)."""
+the same model through `transformers` `generate()` as its baseline."""
 
 from __future__ import annotations
 

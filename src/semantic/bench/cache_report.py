@@ -1,4 +1,4 @@
-"""The cache phases in the report: history scaling, after a restart, and pressure, each built
+"""The cache phases in the report: history scaling, after a restart, pressure and crowd, each built
 once as a `Section` (title, columns, rows, caption) and rendered as a rich table or as Markdown,
 so the terminal and docs/benchmarks.md never drift apart; plus their derived figures for JSON."""
 
@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from semantic.bench.cache_counters import CacheCounters
+from semantic.bench.crowd import Clients, CrowdResult, CrowdRun
 from semantic.bench.history import HistoryResult
 from semantic.bench.pressure import MISS_SHARE, PressureResult
 from semantic.bench.restart import RestartResult
@@ -40,11 +42,15 @@ def _pct(value: float | None) -> str:
 
 
 def sections(
-    history: HistoryResult | None, restart: RestartResult | None, pressure: PressureResult | None
+    history: HistoryResult | None,
+    restart: RestartResult | None,
+    pressure: PressureResult | None,
+    crowd: CrowdResult | None,
 ) -> list[Section]:
     out = [_history(history)] if history else []
     out += [_restart(restart)] if restart else []
-    return out + ([_pressure(pressure)] if pressure else [])
+    out += [_pressure(pressure)] if pressure else []
+    return out + ([_crowd(crowd)] if crowd else [])
 
 
 def _history(result: HistoryResult) -> Section:
@@ -147,6 +153,76 @@ def _pressure(result: PressureResult) -> Section:
     )
 
 
+_CLIENTS = {
+    Clients.ANONYMOUS: "anonymous (no session id)",
+    Clients.NAMED: "named (session_id)",
+}
+
+
+def _crowd(result: CrowdResult) -> Section:
+    spec = result.spec
+    rows = [
+        ["KV pool", *(_pool(run) for run in result.runs)],
+        ["Warm hit rate (Σ cached ÷ Σ history)", *(_pct(r.hit_rate) for r in result.runs)],
+        ["Warm turns: prefilled ÷ new tokens", *(_x(r.prefill_ratio) for r in result.runs)],
+        ["Prompt tokens from memory / disk / prefilled", *(_tokens(r.cache) for r in result.runs)],
+        ["Miss reasons (requests)", *(_reasons(r.cache) for r in result.runs)],
+        ["Disk blocks read / written", *(_disk(r.cache) for r in result.runs)],
+        ["TTFT warm p50 / p95 (s)", *(_p50_p95(r, warm=True) for r in result.runs)],
+        ["TTFT cold p50 / p95 (s)", *(_p50_p95(r, warm=False) for r in result.runs)],
+        ["Aggregate output (tok/s)", *(f"{r.output_tok_s:,.1f}" for r in result.runs)],
+        ["Wall time (s)", *(f"{r.wall_s:,.1f}" for r in result.runs)],
+        ["Errors (requests)", *(str(len(r.errors)) for r in result.runs)],
+    ]
+    first_errors = [f"First error, {r.clients}: {r.errors[0]}." for r in result.runs if r.errors]
+    return Section(
+        f"Crowd: {_agents(spec.agents)} at once × {spec.turns} turns, "
+        f"~{spec.system_tokens:,}-token system prompts, {spec.max_tokens}-token answers",
+        ["Metric", *(_CLIENTS[run.clients] for run in result.runs)],
+        rows,
+        " ".join([_CROWD_CAPTION, *first_errors]),
+    )
+
+
+_CROWD_CAPTION = (
+    "Every agent sends its next turn as soon as its answer arrives. Hit rate: tokens served "
+    "from cache ÷ the agent's previous prompt and answer, over warm turns (a turn is credited "
+    "at most its history). Prefilled ÷ new: (prompt − cached) ÷ (prompt − history) over warm "
+    "turns; 1.00× means they paid for their new tokens only. Tokens, miss reasons and disk "
+    "blocks are the server's GET /admin/cache over the run (unknown where it has none). Each "
+    "kind of client ran on a fresh server with a fresh cache folder when the bench spawned it."
+)
+
+
+def _pool(run: CrowdRun) -> str:
+    budget = run.budget
+    if budget is None:
+        return "the server's own"
+    return f"{budget.budget_mb:,} MiB for {budget.needed_mb:,.0f} MiB of histories"
+
+
+def _tokens(cache: CacheCounters | None) -> str:
+    if cache is None:
+        return "unknown"
+    return f"{cache.hit_tokens_memory:,} / {cache.hit_tokens_disk:,} / {cache.miss_tokens:,}"
+
+
+def _reasons(cache: CacheCounters | None) -> str:
+    if cache is None:
+        return "unknown"
+    reasons = sorted(cache.miss_reasons.items(), key=lambda item: (-item[1], item[0]))
+    return ", ".join(f"{reason} {count:,}" for reason, count in reasons) or "none"
+
+
+def _disk(cache: CacheCounters | None) -> str:
+    return "unknown" if cache is None else f"{cache.restored:,} / {cache.disk_writes:,}"
+
+
+def _p50_p95(run: CrowdRun, warm: bool) -> str:
+    summary = run.warm_ttft if warm else run.cold_ttft
+    return f"{_s(summary.p50)} / {_s(summary.p95)}"
+
+
 def print_sections(parts: list[Section], console: Console) -> None:
     for part in parts:
         table = Table(title=part.title, caption=part.caption)
@@ -162,13 +238,21 @@ def markdown(parts: list[Section]) -> list[str]:
     for part in parts:
         lines += [f"#### {part.title}", "", "| " + " | ".join(part.columns) + " |"]
         lines.append("|---|" + "---:|" * (len(part.columns) - 1))
-        lines += ["| " + " | ".join(row) + " |" for row in part.rows]
+        lines += [_markdown_row(row) for row in part.rows]
         lines += ["", part.caption, ""]
     return lines
 
 
+def _markdown_row(cells: list[str]) -> str:
+    # A "|" of a cell's own (a miss reason the server named) would split it in two.
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
 def summary(
-    history: HistoryResult | None, restart: RestartResult | None, pressure: PressureResult | None
+    history: HistoryResult | None,
+    restart: RestartResult | None,
+    pressure: PressureResult | None,
+    crowd: CrowdResult | None,
 ) -> dict[str, Any]:
     """The derived figures (medians, ratios, rates) that `asdict` leaves out, for JSON."""
     out: dict[str, Any] = {}
@@ -203,4 +287,21 @@ def summary(
             "warm_ttft_p50_s": pressure.warm_ttft.p50,
             "warm_ttft_p95_s": pressure.warm_ttft.p95,
         }
+    if crowd:
+        out["crowd"] = {run.clients.value: _crowd_figures(run) for run in crowd.runs}
     return out
+
+
+def _crowd_figures(run: CrowdRun) -> dict[str, Any]:
+    return {
+        "hit_rate": run.hit_rate,
+        "prefilled_over_new": run.prefill_ratio,
+        "warm_turns": len(run.warm_turns),
+        "warm_ttft_p50_s": run.warm_ttft.p50,
+        "warm_ttft_p95_s": run.warm_ttft.p95,
+        "cold_ttft_p50_s": run.cold_ttft.p50,
+        "cold_ttft_p95_s": run.cold_ttft.p95,
+        "output_tok_s": run.output_tok_s,
+        "wall_s": run.wall_s,
+        "errors": len(run.errors),
+    }

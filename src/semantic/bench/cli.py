@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from semantic.bench.crowd import Clients
 from semantic.bench.options import BenchOptions, Phase
 from semantic.bench.workload import BenchError
 
@@ -46,6 +47,21 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="pressure phase: agents taking turns round-robin")  # fmt: skip
     add("--pressure-turns", type=_at_least_two, default=defaults.pressure_turns,
         help="pressure phase: turns per agent (at least 2)")  # fmt: skip
+    add("--crowd-agents", type=_positive, default=defaults.crowd_agents,
+        help="crowd phase: agents running at once")  # fmt: skip
+    add("--crowd-turns", type=_at_least_two, default=defaults.crowd_turns,
+        help="crowd phase: turns per agent (at least 2)")  # fmt: skip
+    add("--crowd-system-tokens", type=_positive,
+        help="crowd phase: tokens in each agent's system prompt "
+        "(default: --system-tokens)")  # fmt: skip
+    add("--crowd-answer-tokens", type=_positive, default=defaults.crowd_answer_tokens,
+        help="crowd phase: tokens per answer")  # fmt: skip
+    add("--crowd-pool-factor", type=_positive_float, default=defaults.crowd_pool_factor,
+        help="crowd phase: all agents' final histories ÷ the pool of the server the bench "
+        "spawns (a --cache-budget-mb after -- wins)")  # fmt: skip
+    add("--crowd-clients", type=_clients, default=defaults.crowd_clients,
+        help="crowd phase: named (a session_id per agent), anonymous (no session id, as most "
+        "agent frameworks send) or both, each on a fresh server (default: both)")  # fmt: skip
     add("--cache-dir", type=Path,
         help="cache folder for the spawned server (default: a fresh temporary folder, "
         "removed afterwards, so no run reuses an old cache unless asked)")  # fmt: skip
@@ -79,6 +95,12 @@ def options_from_args(args: argparse.Namespace, argv: Sequence[str] | None = Non
         restart_agents=args.restart_agents,
         pressure_agents=args.pressure_agents,
         pressure_turns=args.pressure_turns,
+        crowd_agents=args.crowd_agents,
+        crowd_turns=args.crowd_turns,
+        crowd_system_tokens=args.crowd_system_tokens,
+        crowd_answer_tokens=args.crowd_answer_tokens,
+        crowd_pool_factor=args.crowd_pool_factor,
+        crowd_clients=args.crowd_clients,
         cache_dir=args.cache_dir,
         command=shlex.join(["semantic", *(sys.argv[1:] if argv is None else argv)]),
     )
@@ -96,6 +118,20 @@ def _at_least_two(text: str) -> int:
     if value < 2:
         raise argparse.ArgumentTypeError(f"must be at least 2, got {value}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return value
+
+
+def _clients(text: str) -> tuple[Clients, ...]:
+    try:
+        return Clients.parse(text)
+    except BenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _phases(text: str) -> tuple[Phase, ...]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from semantic.bench.conversation import ANSWER_TOKENS
+from semantic.bench.crowd import Clients
 from semantic.bench.plan import WorkloadSpec
 from semantic.bench.workload import BenchError
 
@@ -21,7 +22,8 @@ class Phase(enum.StrEnum):
     WORKLOAD = "workload"  # concurrent agents, several turns each
     HISTORY = "history"  # cold vs warm TTFT as an agent's history grows
     RESTART = "restart"  # an agent's next turn after the server restarted
-    PRESSURE = "pressure"  # more agents than the pool holds
+    PRESSURE = "pressure"  # more agents than the pool holds, one turn at a time
+    CROWD = "crowd"  # more agents than the pool holds, all at once
     BASELINE = "baseline"  # the same decode/prefill/workload through transformers
 
     @classmethod
@@ -69,6 +71,12 @@ class BenchOptions:
     restart_agents: int = 4
     pressure_agents: int = 12
     pressure_turns: int = 3
+    crowd_agents: int = 16
+    crowd_turns: int = 4
+    crowd_system_tokens: int | None = None  # None: `system_tokens`
+    crowd_answer_tokens: int = 64
+    crowd_pool_factor: float = 1.5  # the crowd's final histories ÷ the pool of its server
+    crowd_clients: tuple[Clients, ...] = tuple(Clients)
     cache_dir: Path | None = None
     command: str | None = None
 
@@ -81,11 +89,20 @@ class BenchOptions:
             raise BenchError("repeats and agent counts must be ≥ 1, pressure turns ≥ 2")
         if not self.history_sizes or min(self.history_sizes) < 100:
             raise BenchError("history sizes must be given, each at least 100 tokens")
+        self._check_crowd()
         if self.base_url is not None and (self.server_args or self.cache_dir):
             raise BenchError(
                 "--cache-dir and server arguments after -- apply only when the bench spawns a "
                 "server"
             )
+
+    def _check_crowd(self) -> None:
+        sizes = (self.crowd_agents, self.crowd_system_tokens or 1, self.crowd_answer_tokens)
+        if min(sizes) < 1 or self.crowd_turns < 2 or not self.crowd_clients:
+            raise BenchError("crowd agents and sizes must be ≥ 1, crowd turns ≥ 2, and some "
+                             "clients named")  # fmt: skip
+        if not self.crowd_pool_factor > 0:
+            raise BenchError(f"the crowd's pool factor must be > 0, not {self.crowd_pool_factor}")
 
     @property
     def spawns(self) -> bool:
@@ -110,6 +127,18 @@ class BenchOptions:
             agents=self.pressure_agents,
             turns=self.pressure_turns,
             max_tokens=ANSWER_TOKENS,
+        )
+
+    @property
+    def crowd_spec(self) -> WorkloadSpec:
+        """The crowd: the workload's user messages, its own agents, turns and answers, and the
+        workload's system prompts unless given its own."""
+        return replace(
+            self.spec,
+            agents=self.crowd_agents,
+            turns=self.crowd_turns,
+            system_tokens=self.crowd_system_tokens or self.system_tokens,
+            max_tokens=self.crowd_answer_tokens,
         )
 
     def runnable_phases(self) -> tuple[Phase, ...]:

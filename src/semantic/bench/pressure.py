@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from semantic.bench.conversation import ANSWER_TOKENS, TURN_OVERHEAD_TOKENS, Chat
+from semantic.bench.conversation import TURN_OVERHEAD_TOKENS, Chat
 from semantic.bench.plan import WorkloadSpec, agent_scripts
 from semantic.bench.workload import LatencySummary, cached_share, chat_body, stream_chat
 
@@ -25,13 +25,22 @@ class PoolBudget:
     budget_mb: int
 
 
-def pool_budget(spec: WorkloadSpec, bytes_per_token: int) -> PoolBudget:
-    """SmolLM2-135M in bf16 (23,040 bytes per token): twelve agents of ~1,200 tokens need
-    ~320 MiB; the pool gets ~130 MiB."""
-    per_turn = spec.user_tokens + ANSWER_TOKENS + TURN_OVERHEAD_TOKENS
-    agent_bytes = (spec.system_tokens + spec.turns * per_turn) * bytes_per_token
+def pool_budget(
+    spec: WorkloadSpec,
+    bytes_per_token: int,
+    share: float = POOL_SHARE,
+    floor_agents: int = MIN_POOL_AGENTS,
+    block_tokens: int = 1,
+) -> PoolBudget:
+    """A pool of `share` of every agent's final history at once (each in whole blocks of
+    `block_tokens`), but room for at least `floor_agents` of them. SmolLM2-135M in bf16 (23,040
+    bytes per token): twelve pressure agents of ~1,200 tokens need ~320 MiB; the pool gets
+    ~130 MiB."""
+    per_turn = spec.user_tokens + spec.max_tokens + TURN_OVERHEAD_TOKENS
+    blocks = math.ceil((spec.system_tokens + spec.turns * per_turn) / block_tokens)
+    agent_bytes = blocks * block_tokens * bytes_per_token
     needed = spec.agents * agent_bytes
-    budget = max(needed * POOL_SHARE, MIN_POOL_AGENTS * agent_bytes)
+    budget = max(needed * share, floor_agents * agent_bytes)
     return PoolBudget(needed / 2**20, math.ceil(budget / 2**20))
 
 

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from semantic.bench import cache_report
 from semantic.bench.baseline import BaselineResult
+from semantic.bench.crowd import CrowdResult
 from semantic.bench.history import HistoryResult
 from semantic.bench.machine import Machine
 from semantic.bench.options import BASELINE_PHASES, Phase
@@ -56,6 +57,7 @@ class BenchResult:
     history: HistoryResult | None = None
     restart: RestartResult | None = None
     pressure: PressureResult | None = None
+    crowd: CrowdResult | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -228,7 +230,7 @@ def print_table(result: BenchResult, console: Console) -> None:
 
 
 def _cache_sections(result: BenchResult) -> list[cache_report.Section]:
-    return cache_report.sections(result.history, result.restart, result.pressure)
+    return cache_report.sections(result.history, result.restart, result.pressure, result.crowd)
 
 
 def _legend(result: BenchResult) -> str:
@@ -239,7 +241,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
     """The figures (with ratios) for a quick read, and the full record, every turn included."""
     # `ratio` is a property, not a field, so asdict() leaves it out.
     rows = [{**asdict(f), "ratio": f.ratio} for f in figures(result)]
-    cache = cache_report.summary(result.history, result.restart, result.pressure)
+    cache = cache_report.summary(result.history, result.restart, result.pressure, result.crowd)
     return {"figures": rows, "cache": cache, "result": asdict(result)}
 
 

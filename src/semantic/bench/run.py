@@ -2,9 +2,9 @@
 the chosen phases in order with progress shown, and render the report.
 
 Order: calibration (always), decode, concurrent, prefill, workload, history, restart — on one
-server; pressure — on a server of its own whose pool the bench sizes (on the target itself when
-given a URL); the baseline last, once every spawned server has stopped, so the two never share
-the CPU.
+server; pressure, then crowd once per kind of client — each on a server of its own whose pool
+the bench sizes (on the target itself when given a URL: `pool_phases.py`); the baseline last,
+once every spawned server has stopped, so the two never share the CPU.
 """
 
 from __future__ import annotations
@@ -29,11 +29,17 @@ from semantic.bench.history import HISTORY_TURNS, HistoryResult, run_history
 from semantic.bench.machine import Machine
 from semantic.bench.options import BenchOptions, Phase
 from semantic.bench.plan import BenchPlan, build_plan
-from semantic.bench.pressure import PoolBudget, PressureResult, pool_budget, run_pressure
+from semantic.bench.pool_phases import PoolPhases
 from semantic.bench.progress import PhaseProgress
 from semantic.bench.report import BenchResult
 from semantic.bench.restart import RESTART_TURNS, RestartResult, run_restart
-from semantic.bench.server import RestartTiming, SpawnedServer, kv_bytes_per_token, peak_rss_bytes
+from semantic.bench.server import RestartTiming, peak_rss_bytes
+from semantic.bench.target import (
+    READY_TIMEOUT_S,
+    given_url,
+    open_client,
+    start_server,
+)
 from semantic.bench.workload import (
     ConcurrentDecodeResult,
     DecodeResult,
@@ -47,9 +53,7 @@ from semantic.bench.workload import (
     run_workload,
 )
 
-__all__ = ["normalize_base_url", "run_bench"]
-
-READY_TIMEOUT_S = 600.0  # a cold start may load weights and warm caches from disk
+__all__ = ["run_bench"]
 
 
 @dataclass(slots=True)
@@ -71,21 +75,23 @@ def run_bench(options: BenchOptions) -> BenchResult:
     """Run every phase that applies, print the table, write JSON/Markdown when asked."""
     started_at = datetime.now().astimezone().isoformat(timespec="seconds")
     phases = options.runnable_phases()
-    progress = PhaseProgress(Console(stderr=True), phases=1 + len(phases))
+    # Calibration, each phase, and the crowd's runs beyond its first (one per kind of client).
+    more_crowd_runs = len(options.crowd_clients) - 1 if Phase.CROWD in phases else 0
+    progress = PhaseProgress(Console(stderr=True), phases=1 + len(phases) + more_crowd_runs)
     notes = options.skip_notes()
     for note in notes:
         progress.say(note)
     with tempfile.TemporaryDirectory(prefix="semantic-bench-") as scratch:
         cache_dir = options.cache_dir or Path(scratch) / "cache"
         measured = _target_phases(options, phases, cache_dir, progress)
-        pressure = None
-        if Phase.PRESSURE in phases:
-            pressure = _pressure_phase(options, measured.plan, Path(scratch), progress)
+        pools = PoolPhases(options, measured.plan, Path(scratch), progress)
+        pressure = pools.pressure() if Phase.PRESSURE in phases else None
+        crowd = pools.crowd() if Phase.CROWD in phases else None
     base = None
     if Phase.BASELINE in phases:
         base = _baseline_phase(options, phases, measured.plan, progress)
     result = BenchResult(
-        target="semantic" if options.spawns else normalize_base_url(options.base_url or ""),
+        target="semantic" if options.spawns else given_url(options),
         model=options.model,
         spec=options.spec,
         tokens_per_word=measured.plan.tokens_per_word,
@@ -102,15 +108,11 @@ def run_bench(options: BenchOptions) -> BenchResult:
         history=measured.history,
         restart=measured.restart,
         pressure=pressure,
+        crowd=crowd,
         notes=notes,
     )
     _render(result, options)
     return result
-
-
-def normalize_base_url(url: str) -> str:
-    """Accept both `http://host:port` and the OpenAI-SDK style `http://host:port/v1`."""
-    return url.rstrip("/").removesuffix("/v1")
 
 
 def _render(result: BenchResult, options: BenchOptions) -> None:
@@ -121,35 +123,13 @@ def _render(result: BenchResult, options: BenchOptions) -> None:
         report.write_markdown(result, options.markdown_out)
 
 
-def _start_server(
-    options: BenchOptions, server_args: list[str], cache_dir: Path, progress: PhaseProgress
-) -> SpawnedServer:
-    server = SpawnedServer.start(options.model, server_args, cache_dir)
-    try:
-        with progress.waiting(f"starting semantic serve at {server.base_url}"):
-            server.wait_ready(READY_TIMEOUT_S)
-    except BaseException:
-        server.stop()
-        raise
-    return server
-
-
-def _client(base_url: str, options: BenchOptions) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
-    # A generous read timeout: on a CPU, eight agents' cold prefills can take minutes.
-    timeout = httpx.Timeout(600.0, connect=10.0)
-    limits = httpx.Limits(max_connections=max(options.agents, options.restart_agents) + 4)
-    return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, limits=limits)
-
-
 def _target_phases(
     options: BenchOptions, phases: tuple[Phase, ...], cache_dir: Path, progress: PhaseProgress
 ) -> _ServerMeasurements:
     """Calibration and every phase up to the restart, on the target (spawned or given)."""
     if not options.spawns:
-        base_url = normalize_base_url(options.base_url or "")
-        return asyncio.run(_server_phases(base_url, options, phases, None, progress))
-    server = _start_server(options, options.server_args, cache_dir, progress)
+        return asyncio.run(_server_phases(given_url(options), options, phases, None, progress))
+    server = start_server(options, options.server_args, cache_dir, progress)
     try:
         restart = partial(server.restart, READY_TIMEOUT_S)
         measured = asyncio.run(_server_phases(server.base_url, options, phases, restart, progress))
@@ -167,7 +147,8 @@ async def _server_phases(
     progress: PhaseProgress,
 ) -> _ServerMeasurements:
     model = options.served_model or options.model
-    async with _client(base_url, options) as client:
+    streams = max(options.agents, options.restart_agents)
+    async with open_client(base_url, options, streams) as client:
         with progress.phase("calibration", total=1) as step:
             run_tag = secrets.token_hex(3)
             plan = build_plan(options.spec, await calibrate(client, model, run_tag), run_tag)
@@ -229,40 +210,6 @@ async def _cache_phases(
         total = agents * RESTART_TURNS + 1 + agents + (cold is None)
         with progress.phase(f"restart: {agents} agents at {size:,} tokens", total=total) as step:
             out.restart = await run_restart(chat, size, agents, restart, cold, markers, step)
-
-
-def _pressure_phase(
-    options: BenchOptions, plan: BenchPlan, scratch: Path, progress: PhaseProgress
-) -> PressureResult:
-    """On the target when given a URL (its pool is what it is); else on a server of its own,
-    with a fresh cache folder and a pool that holds well under all the agents at once."""
-    if not options.spawns:
-        base_url = normalize_base_url(options.base_url or "")
-        return asyncio.run(_pressure(base_url, options, plan, None, progress))
-    bytes_per_token = kv_bytes_per_token(options.model, options.server_args)
-    budget = pool_budget(options.pressure_spec, bytes_per_token)
-    server_args = [*options.server_args, "--cache-budget-mb", str(budget.budget_mb)]
-    server = _start_server(options, server_args, scratch / "pressure-cache", progress)
-    try:
-        return asyncio.run(_pressure(server.base_url, options, plan, budget, progress))
-    finally:
-        server.stop()
-
-
-async def _pressure(
-    base_url: str,
-    options: BenchOptions,
-    plan: BenchPlan,
-    budget: PoolBudget | None,
-    progress: PhaseProgress,
-) -> PressureResult:
-    spec = options.pressure_spec
-    pool = f", {budget.budget_mb} MiB pool" if budget else ""
-    title = f"pressure: {spec.agents} agents × {spec.turns} turns{pool}"
-    async with _client(base_url, options) as client:
-        chat = Chat(client, options.served_model or options.model, plan)
-        with progress.phase(title, total=spec.agents * spec.turns) as step:
-            return await run_pressure(chat, spec, budget, step)
 
 
 def _baseline_phase(

@@ -18,6 +18,7 @@ from typing import IO
 import httpx
 
 from semantic.bench.workload import BenchError
+from semantic.config import Settings
 from semantic.core import CacheSpec
 
 HOST = "127.0.0.1"
@@ -151,17 +152,27 @@ def kv_bytes_per_token(model: str, server_args: list[str]) -> int:
     return spec.bytes_per_block
 
 
+def server_block_tokens(server_args: list[str]) -> int:
+    """Tokens per KV block of a spawned server: `--block-tokens` among `server_args`, else the
+    setting's default."""
+    given = flag_value(server_args, "--block-tokens")
+    if given is not None and given.isdigit() and int(given) > 0:
+        return int(given)
+    default: int = Settings.model_fields["block_tokens"].default
+    return default
+
+
 def _server_dtype(server_args: list[str]) -> str:
-    dtype = _flag_value(server_args, "--dtype") or "auto"
+    dtype = flag_value(server_args, "--dtype") or "auto"
     if dtype != "auto":
         return dtype
     from semantic.backends.torch.runner import pick_device, pick_dtype  # imports torch
 
-    device = pick_device(_flag_value(server_args, "--device") or "auto")
+    device = pick_device(flag_value(server_args, "--device") or "auto")
     return str(pick_dtype("auto", device)).removeprefix("torch.")
 
 
-def _flag_value(args: list[str], flag: str) -> str | None:
+def flag_value(args: list[str], flag: str) -> str | None:
     """The last value given for `flag` (`--flag value` or `--flag=value`), as argparse reads it."""
     value = None
     for i, arg in enumerate(args):

@@ -95,10 +95,11 @@ class _StreamState:
 
 
 def chat_body(
-    model: str, messages: list[Message], max_tokens: int, session_id: str
+    model: str, messages: list[Message], max_tokens: int, session_id: str | None
 ) -> dict[str, Any]:
-    """The request every phase sends: streamed, greedy, exactly `max_tokens` where honoured."""
-    return {
+    """The request every phase sends: streamed, greedy, exactly `max_tokens` where honoured.
+    `session_id=None` sends none at all, as most agent frameworks' clients do."""
+    body: dict[str, Any] = {
         "model": model,
         "messages": messages,
         "stream": True,
@@ -107,8 +108,8 @@ def chat_body(
         "max_tokens": max_tokens,
         "ignore_eos": True,
         "min_tokens": max_tokens,
-        "session_id": session_id,
     }
+    return body if session_id is None else body | {"session_id": session_id}
 
 
 async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> StreamResult:
