@@ -243,6 +243,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         tokenizer=checkpoint.tokenizer,
         chat_template=checkpoint.chat_template,
         context_length=min(context, settings.max_model_len or context),
+        weights_fingerprint=checkpoint.fingerprint,
         aliases=(source.name, *source.aliases),
     )
     log.info(

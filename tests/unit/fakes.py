@@ -24,10 +24,13 @@ from semantic.text.tokenizer import Tokenizer
 CONTEXT = 512
 
 
-def fake_served(tokenizer: Tokenizer, name: str = "tiny", context: int = CONTEXT) -> ServedModel:
+def fake_served(
+    tokenizer: Tokenizer, name: str = "tiny", context: int = CONTEXT, weights: str = "fake"
+) -> ServedModel:
+    """A model for the fake runner; `weights` stands for its weights' fingerprint."""
     config = ModelConfig("llama", 400, 8, 16, 1, 1, 1, 8, context)
     template = ChatTemplate("", bos_token=None, eos_token=None)
-    return ServedModel(name, config, tokenizer, template, context)
+    return ServedModel(name, config, tokenizer, template, context, weights)
 
 
 def with_chatml(served: ServedModel) -> ServedModel:

@@ -1,4 +1,5 @@
-"""Sampling: greedy is argmax, seeded draws are reproducible, top-k and top-p keep the right set."""
+"""Sampling: greedy is argmax, seeded draws are reproducible, top-k and top-p keep the right set,
+and a hostile value or a broken row gives that row an error at most, never the batch."""
 
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ class Engine:
         self.settings = settings
         spec = runner.cache_spec
         self.pool = BlockPool(runner.num_blocks)
-        tag = model_tag(model.name, spec)
+        tag = model_tag(model.name, spec, model.weights_fingerprint)
         self.prefix = PrefixCache(self.pool, spec.block_tokens, root_hash(tag))
         disk = DiskTier(
             cache_root(settings.cache_dir),
