@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class SemanticError(Exception):
     """Base of every error semantic raises on purpose."""
@@ -86,6 +88,19 @@ class PoolExhausted(SemanticError):
 
 class CacheCorrupt(SemanticError):
     """A cache file failed its checks; it is quarantined and counted as a miss."""
+
+
+class CacheFolderBusy(SemanticError):
+    """Another process holds the cache folder's lock: a server, or `semantic agents delete`."""
+
+    def __init__(self, folder: Path, holder_pid: int | None) -> None:
+        holder = "another semantic process" + ("" if holder_pid is None else f" (pid {holder_pid})")
+        super().__init__(
+            f"the cache folder {folder} is in use by {holder}: one cache folder serves one "
+            "server, so give this one its own --cache-dir, or stop the other"
+        )
+        self.folder = folder
+        self.holder_pid = holder_pid
 
 
 class ModelLoadFailed(SemanticError):

@@ -1,6 +1,6 @@
 """The agent cache end to end: warm turns, a shared system prompt stored once, restarts, a
-kill -9 in the middle of cache writes, and other weights under one name — against real
-`semantic serve` processes on SmolLM2."""
+kill -9 in the middle of cache writes, other weights under one name, and one server per cache
+folder — against real `semantic serve` processes on SmolLM2."""
 
 from __future__ import annotations
 
@@ -240,3 +240,29 @@ def test_a_second_file_of_one_shape_under_one_served_name_does_not_reuse_the_cac
         again.stop()
     assert warm.usage.prompt_tokens_details.cached_tokens > 0.8 * warm.usage.prompt_tokens
     assert len(list((tmp_path / "cache" / "kv").glob("assistant-*"))) == 2
+
+
+def test_a_second_server_on_one_cache_folder_exits_at_once_naming_the_first(
+    tmp_path: Path, start: Start
+) -> None:
+    """The second fails before it loads a model, with the folder and the first one's pid; the
+    agents command, finding no server at its port, does not delete from the held folder."""
+    first = start(tmp_path, "first")
+    conversation(first, "keeper", 1)
+    httpx.post(f"{first.url}/admin/cache/persist", timeout=60).raise_for_status()
+    second = Server(["--cache-dir", str(tmp_path / "cache")], tmp_path / "second.log")
+    assert second.process.wait(timeout=120) == 2
+    refusal = second.log()
+    assert str(tmp_path / "cache" / "kv") in refusal and f"pid {first.process.pid}" in refusal
+    assert "loading" not in refusal  # refused before the model loads
+    offline = [sys.executable, "-m", "semantic", "agents", "--cache-dir", str(tmp_path / "cache")]
+    deleted = subprocess.run(
+        [*offline, "--port", str(second.port), "delete", "keeper"], capture_output=True, text=True
+    )
+    assert deleted.returncode == 2 and f"pid {first.process.pid}" in deleted.stderr
+    try:
+        assert httpx.get(f"{first.url}/v1/agents/keeper", timeout=30).status_code == 200
+        assert httpx.get(f"{first.url}/health/ready", timeout=30).status_code == 200
+    finally:
+        assert first.stop() == 0
+    assert len(list((tmp_path / "cache" / "kv").glob("*/agents/keeper.json"))) == 1
