@@ -24,5 +24,6 @@ def test_every_test_the_failure_mode_table_names_exists() -> None:
 def test_every_spec_failure_mode_has_a_row_with_tests() -> None:
     rows = [line for line in DOC.read_text().splitlines() if re.match(r"\| \d+ \|", line)]
     numbers = [int(row.split("|")[1]) for row in rows]
-    assert numbers == list(range(1, 12))  # SPEC §9 lists eleven
+    # The first eleven have rows; later ones join as they get tests, each once and in order.
+    assert numbers == sorted(set(numbers)) and set(range(1, 12)) <= set(numbers)
     assert all("::test_" in row for row in rows)
