@@ -68,7 +68,7 @@ def test_requests_sharing_a_step_with_hostile_sampling_values_all_complete(
     one asks for temperature 1e-300 (every probability NaN, before it was taken as greedy), the
     others for other extremes. Every one gets its whole answer."""
     runner = tiny_runner(vocab_size=tiny_tokenizer.vocab_size)
-    settings = Settings(cache_dir=tmp_path, batch_window_ms=300, cpu_kernels=False)
+    settings = Settings(cache_dir=tmp_path, batch_window_ms=1000, cpu_kernels=False)
     engine = Engine(runner, with_chatml(fake_served(tiny_tokenizer)), settings)
     app = create_app(engine, settings)
     hostile: list[dict[str, Any]] = [
