@@ -29,8 +29,7 @@ class ScriptedRunner(FakeRunner):
     def _next_token(self, item: BatchItem) -> int:
         script = self._scripts.get(item.seq_id)
         if script is None:
-            end = item.start_pos + len(item.token_ids)
-            prompt = [self.slots[self._slot(item, position)] for position in range(end)]
+            prompt = self._context(item)
             self.prompts.append([token for token in prompt if token is not None])
             reply = self.replies.popleft() if self.replies else []
             script = self._scripts[item.seq_id] = [*reply, self.end_token_id]

@@ -11,9 +11,10 @@ import httpx
 
 from semantic.cache.agents import cache_root
 from semantic.cache.disk import block_path
+from semantic.cache.folder_lock import FolderLock
 from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests
 from semantic.config import Settings
-from semantic.errors import NotFound, SemanticError
+from semantic.errors import CacheFolderBusy, NotFound, SemanticError
 
 
 def run(settings: Settings, action: str, agent_id: str | None) -> int:
@@ -24,7 +25,19 @@ def run(settings: Settings, action: str, agent_id: str | None) -> int:
     try:
         return _online(base, action, agent_id, auth)
     except httpx.ConnectError:
+        return _from_disk(settings, action, agent_id)
+
+
+def _from_disk(settings: Settings, action: str, agent_id: str | None) -> int:
+    try:
         return _offline(cache_root(settings.cache_dir), action, agent_id)
+    except CacheFolderBusy as exc:
+        pid = "" if exc.holder_pid is None else f" (pid {exc.holder_pid})"
+        raise SemanticError(
+            f"{exc.folder} is in use by another semantic process{pid}, and no server answers "
+            f"at {settings.host}:{settings.port}: ask the server that holds it (--host, "
+            "--port), or stop it first"
+        ) from exc
 
 
 def _online(base: str, action: str, agent_id: str | None, headers: dict[str, str]) -> int:
@@ -61,7 +74,8 @@ def _print_table(agents: list[dict[str, Any]]) -> None:
 
 
 def _offline(root: Path, action: str, agent_id: str | None) -> int:
-    """No server: the manifests on disk of every model are the whole truth."""
+    """No server answers: the manifests on disk of every model are the whole truth. Reading
+    needs no lock; deleting takes the folder's, so a server that holds it is left alone."""
     found = [(model, m) for model in _model_roots(root) for m in list_manifests(model)]
     if action == "list":
         print(f"{'agent':<32} {'cached':>8} {'blocks':>7}  model (no server running: from disk)")
@@ -72,10 +86,12 @@ def _offline(root: Path, action: str, agent_id: str | None) -> int:
     mine = [(model, m) for model, m in found if m.agent_id == agent_id]
     if not mine:
         raise NotFound(f"no agent {agent_id!r} under {root}")
-    for model, manifest in mine:
-        if action == "show":
+    if action == "show":
+        for model, manifest in mine:
             print(json.dumps(_describe(model, manifest), indent=2))
-        else:
+        return 0
+    with FolderLock.acquire(root):  # the folder's one writer while it deletes
+        for model, manifest in mine:
             _delete(model, manifest, [m for mo, m in found if mo == model and m is not manifest])
     return 0
 

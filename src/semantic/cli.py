@@ -154,15 +154,20 @@ def _bench(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from semantic.api.app import create_app
     from semantic.api.server import serve
+    from semantic.cache.agents import cache_root
+    from semantic.cache.folder_lock import FolderLock
     from semantic.observability import configure_logging
 
     settings = settings_from(args)
     check_bind(settings)
     configure_logging(settings.log_level)
-    app = create_app(build_host(settings), settings)
-    # On SIGTERM/SIGINT: drain (503 to new requests, running ones get shutdown_timeout_s),
-    # persist every hot cache, exit 0.
-    serve(app, settings)
+    # One server per cache folder, refused before the model loads so that a second one fails
+    # at once; held until the caches are persisted at exit.
+    with FolderLock.acquire(cache_root(settings.cache_dir)):
+        app = create_app(build_host(settings), settings)
+        # On SIGTERM/SIGINT: drain (503 to new requests, running ones get
+        # shutdown_timeout_s), persist every hot cache, exit 0.
+        serve(app, settings)
     return 0
 
 
@@ -243,6 +248,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         tokenizer=checkpoint.tokenizer,
         chat_template=checkpoint.chat_template,
         context_length=min(context, settings.max_model_len or context),
+        weights_fingerprint=checkpoint.fingerprint,
         aliases=(source.name, *source.aliases),
     )
     spec = runner.cache_spec

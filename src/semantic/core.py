@@ -49,10 +49,15 @@ class CacheSpec:
         )
 
 
+# Below this temperature a draw is greedy. Dividing logits by less overflows float32 (1e-300
+# makes every probability NaN), and a draw at this temperature is all but the argmax anyway.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     """How to pick each next token and when to stop. `top_k == 0` and `top_p == 1.0` mean off;
-    `temperature == 0.0` means greedy."""
+    a temperature of 0 (or below `GREEDY_BELOW_TEMPERATURE`) means greedy."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -66,7 +71,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
 
 
 class FinishReason(enum.StrEnum):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class SemanticError(Exception):
     """Base of every error semantic raises on purpose."""
@@ -88,9 +90,33 @@ class CacheCorrupt(SemanticError):
     """A cache file failed its checks; it is quarantined and counted as a miss."""
 
 
+class CacheFolderBusy(SemanticError):
+    """Another process holds the cache folder's lock: a server, or `semantic agents delete`."""
+
+    def __init__(self, folder: Path, holder_pid: int | None) -> None:
+        holder = "another semantic process" + ("" if holder_pid is None else f" (pid {holder_pid})")
+        super().__init__(
+            f"the cache folder {folder} is in use by {holder}: one cache folder serves one "
+            "server, so give this one its own --cache-dir, or stop the other"
+        )
+        self.folder = folder
+        self.holder_pid = holder_pid
+
+
 class ModelLoadFailed(SemanticError):
     """Weights, tokenizer or config could not be loaded."""
 
 
 class EngineFailure(SemanticError):
     """The engine loop raised while running a step; the requests in that step fail with this."""
+
+
+class RowsFailed(SemanticError):
+    """The runner computed a step but could not sample some of its items (non-finite
+    probabilities, a value the draw refuses). `errors` says why for each, by batch index;
+    `tokens` carries the other items' tokens, so their requests go on and only these fail."""
+
+    def __init__(self, tokens: list[int | None], errors: dict[int, Exception]) -> None:
+        super().__init__(f"{len(errors)} of the step's {len(tokens)} items could not be sampled")
+        self.tokens = tokens
+        self.errors = errors

@@ -1,9 +1,11 @@
-"""The agent cache end to end: warm turns, a shared system prompt stored once, restarts, and a
-kill -9 in the middle of cache writes — against real `semantic serve` processes on SmolLM2."""
+"""The agent cache end to end: warm turns, a shared system prompt stored once, restarts, a
+kill -9 in the middle of cache writes, other weights under one name, and one server per cache
+folder — against real `semantic serve` processes on SmolLM2."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
+from gguf import GGUFReader
 
 from semantic.cache.disk import DiskTier
 from semantic.core import CacheSpec
@@ -199,3 +203,66 @@ def test_the_agents_command_lists_and_deletes_through_the_server(server: Server)
     assert "short-lived" in listed.stdout
     subprocess.run([*base, "delete", "short-lived"], capture_output=True, text=True, check=True)
     assert httpx.get(f"{server.url}/v1/agents/short-lived").status_code == 404
+
+
+def _tuned_copy(model: Path, destination: Path) -> Path:
+    """A copy of the GGUF `model` with its final norm scaled by 1.01: a model of the same shape
+    whose other weights change its KV, as a fine-tune's do."""
+    shutil.copy(model, destination)
+    [norm] = [t for t in GGUFReader(destination).tensors if t.name == "output_norm.weight"]
+    weights = np.memmap(destination, np.float32, "r+", norm.data_offset, norm.n_elements)
+    weights *= 1.01
+    weights.flush()
+    return destination
+
+
+def test_a_second_file_of_one_shape_under_one_served_name_does_not_reuse_the_cache(
+    tmp_path: Path, start: Start, smollm2_path: Path
+) -> None:
+    """`--served-model-name` kept while `--model` changes to other weights of the same shape:
+    the first file's cache is a miss for the second, and still a hit for the first."""
+    tuned = _tuned_copy(smollm2_path, tmp_path / "tuned.gguf")
+    named = ("--served-model-name", "assistant")
+    first = start(tmp_path, "first", "--model", str(smollm2_path), *named)
+    messages, _ = conversation(first, "returning", 1)
+    assert first.stop() == 0  # persists the agent's cache
+    messages.append({"role": "user", "content": "Summarize that in one line."})
+    second = start(tmp_path, "second", "--model", str(tuned), *named)
+    try:
+        other = chat(second, "returning", messages)
+    finally:
+        assert second.stop() == 0
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
+    again = start(tmp_path, "again", "--model", str(smollm2_path), *named)
+    try:
+        warm = chat(again, "returning", messages)
+    finally:
+        again.stop()
+    assert warm.usage.prompt_tokens_details.cached_tokens > 0.8 * warm.usage.prompt_tokens
+    assert len(list((tmp_path / "cache" / "kv").glob("assistant-*"))) == 2
+
+
+def test_a_second_server_on_one_cache_folder_exits_at_once_naming_the_first(
+    tmp_path: Path, start: Start
+) -> None:
+    """The second fails before it loads a model, with the folder and the first one's pid; the
+    agents command, finding no server at its port, does not delete from the held folder."""
+    first = start(tmp_path, "first")
+    conversation(first, "keeper", 1)
+    httpx.post(f"{first.url}/admin/cache/persist", timeout=60).raise_for_status()
+    second = Server(["--cache-dir", str(tmp_path / "cache")], tmp_path / "second.log")
+    assert second.process.wait(timeout=120) == 2
+    refusal = second.log()
+    assert str(tmp_path / "cache" / "kv") in refusal and f"pid {first.process.pid}" in refusal
+    assert "loading" not in refusal  # refused before the model loads
+    offline = [sys.executable, "-m", "semantic", "agents", "--cache-dir", str(tmp_path / "cache")]
+    deleted = subprocess.run(
+        [*offline, "--port", str(second.port), "delete", "keeper"], capture_output=True, text=True
+    )
+    assert deleted.returncode == 2 and f"pid {first.process.pid}" in deleted.stderr
+    try:
+        assert httpx.get(f"{first.url}/v1/agents/keeper", timeout=30).status_code == 200
+        assert httpx.get(f"{first.url}/health/ready", timeout=30).status_code == 200
+    finally:
+        assert first.stop() == 0
+    assert len(list((tmp_path / "cache" / "kv").glob("*/agents/keeper.json"))) == 1

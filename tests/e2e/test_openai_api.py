@@ -120,6 +120,29 @@ def _ask(server: Server, question: str) -> str:
     return answer.choices[0].message.content or ""
 
 
+def test_a_hostile_temperature_joining_running_streams_fails_none_of_them(
+    fp32_server: Server,
+) -> None:
+    """Two answers are streaming when a request with temperature 1e-300 joins their steps; all
+    three end normally (before, its NaN probabilities failed every request in the step), and
+    it answers as greedy decoding does (float32: batched and alone agree exactly)."""
+    sdk = client(fp32_server)
+    streams = [
+        ask_paris(sdk, max_tokens=200, stream=True, extra_body={"ignore_eos": True})
+        for _ in range(2)
+    ]
+    firsts = [next(iter(stream)) for stream in streams]  # both are decoding now
+    hostile = ask_paris(sdk, temperature=1e-300, max_tokens=8)
+    assert hostile.choices[0].message.content
+    assert (
+        hostile.choices[0].message.content
+        == ask_paris(sdk, max_tokens=8).choices[0].message.content
+    )
+    for first, stream in zip(firsts, streams, strict=True):
+        chunks = [first, *stream]
+        assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_models_lists_the_loaded_model(server: Server) -> None:
     models = client(server).models.list()
     assert [m.id for m in models.data] == ["smollm2-135m"]

@@ -81,7 +81,12 @@ def scripted(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     assert not template.supports_tools  # so the default tool prompt is what runs here
     config = gguf.config()
     served = ServedModel(
-        "smollm2-135m", config, tokenizer, template, config.max_position_embeddings
+        "smollm2-135m",
+        config,
+        tokenizer,
+        template,
+        config.max_position_embeddings,
+        gguf.fingerprint(),
     )
     [end] = tokenizer.eos_token_ids
     runner = ScriptedRunner(

@@ -70,6 +70,7 @@ def make_engine(
         checkpoint.tokenizer,
         checkpoint.chat_template,
         checkpoint.config.max_position_embeddings,
+        checkpoint.fingerprint,
     )
     settings = Settings(max_batch_tokens=64, batch_window_ms=0, cache_dir=cache_dir)
     return Engine(runner, served, settings)

@@ -24,10 +24,13 @@ from semantic.text.tokenizer import Tokenizer
 CONTEXT = 512
 
 
-def fake_served(tokenizer: Tokenizer, name: str = "tiny", context: int = CONTEXT) -> ServedModel:
+def fake_served(
+    tokenizer: Tokenizer, name: str = "tiny", context: int = CONTEXT, weights: str = "fake"
+) -> ServedModel:
+    """A model for the fake runner; `weights` stands for its weights' fingerprint."""
     config = ModelConfig("llama", 400, 8, 16, 1, 1, 1, 8, context)
     template = ChatTemplate("", bos_token=None, eos_token=None)
-    return ServedModel(name, config, tokenizer, template, context)
+    return ServedModel(name, config, tokenizer, template, context, weights)
 
 
 def with_chatml(served: ServedModel) -> ServedModel:
@@ -64,6 +67,7 @@ def make_engine(
         "vocab_size": 400,
         "first_token_id": 3,
         "fail_on_token": None,
+        "fail_row_on_token": None,
     }
     runner_args |= {k: overrides.pop(k) for k in list(overrides) if k in runner_args}
     runner = FakeRunner(**runner_args)  # type: ignore[arg-type]

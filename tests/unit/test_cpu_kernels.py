@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +17,7 @@ from semantic.backends.torch.kernels import PanelWeight, cpu_kernels, unavailabl
 from semantic.backends.torch.linear import Linear, OneDnnLinear, PanelLinear, UnpackScratch
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
-from semantic.models.config import ModelConfig
+from tests.unit.tiny_llama import tiny_llama
 
 KERNELS = cpu_kernels()
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason=f"no kernels: {unavailable_reason()}")
@@ -281,46 +280,6 @@ def test_rms_norm_equals_the_stock_formula(dtype):
     out = KERNELS.rms_norm(x[:, :70], w, 1e-5)
     tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: a rounding tie may go either way
     torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
-
-
-def tiny_llama(tied: bool) -> tuple[ModelConfig, list[tuple[str, np.ndarray]]]:
-    """Random weights of a 2-layer Llama with head_dim 64, as Hugging Face names them."""
-    config = ModelConfig(
-        model_type="llama",
-        vocab_size=300,
-        hidden_size=192,
-        intermediate_size=250,  # odd sizes: panels and pairs padded
-        num_hidden_layers=2,
-        num_attention_heads=3,
-        num_key_value_heads=1,
-        head_dim=64,
-        max_position_embeddings=512,
-        tie_word_embeddings=tied,
-    )
-    g = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int) -> np.ndarray:
-        return (torch.randn(*shape, generator=g) * 0.05).numpy()
-
-    d, f, kv = config.hidden_size, config.intermediate_size, config.head_dim
-    weights = [("model.embed_tokens.weight", rand(config.vocab_size, d))]
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        weights += [
-            (p + "self_attn.q_proj.weight", rand(d, d)),
-            (p + "self_attn.k_proj.weight", rand(kv, d)),
-            (p + "self_attn.v_proj.weight", rand(kv, d)),
-            (p + "self_attn.o_proj.weight", rand(d, d)),
-            (p + "mlp.gate_proj.weight", rand(f, d)),
-            (p + "mlp.up_proj.weight", rand(f, d)),
-            (p + "mlp.down_proj.weight", rand(d, f)),
-            (p + "input_layernorm.weight", 1 + rand(d)),
-            (p + "post_attention_layernorm.weight", 1 + rand(d)),
-        ]
-    weights.append(("model.norm.weight", 1 + rand(d)))
-    if not tied:
-        weights.append(("lm_head.weight", rand(config.vocab_size, d)))
-    return config, weights
 
 
 def step_logits(runner: TorchRunner, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:

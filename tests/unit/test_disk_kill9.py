@@ -18,7 +18,7 @@ from semantic.core import CacheSpec
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = CacheSpec(num_layers=8, num_kv_heads=2, head_dim=128, dtype="bfloat16", block_tokens=128)
-TAG = model_tag("kill9-model", SPEC)
+TAG = model_tag("kill9-model", SPEC, "0f" * 16)
 CHUNK = 1 << 16  # a block file is ~1 MiB: many chunks
 
 # The child writes blocks forever and prints each hash once its write is fsynced and renamed.

@@ -28,7 +28,8 @@ from semantic.errors import InvalidRequest
 
 SPEC = CacheSpec(num_layers=2, num_kv_heads=1, head_dim=2, dtype="bfloat16", block_tokens=4)
 SPEC32 = CacheSpec(num_layers=2, num_kv_heads=1, head_dim=2, dtype="float32", block_tokens=4)
-TAG = model_tag("tiny-model", SPEC)
+WEIGHTS = "0f" * 16  # a weights fingerprint
+TAG = model_tag("tiny-model", SPEC, WEIGHTS)
 KV_SHAPE = (2, 4, 1, 2)
 
 
@@ -186,7 +187,7 @@ def _wrong_shape(path: Path) -> None:
 
 
 def _other_model(path: Path) -> None:
-    other = open_tier(path.parent.parent.parent, tag=model_tag("other-model", SPEC))
+    other = open_tier(path.parent.parent.parent, tag=model_tag("other-model", SPEC, WEIGHTS))
     other.write(make_record(42, parent=1))
     path.write_bytes((other.blocks_dir / path.name).read_bytes())
 
@@ -443,12 +444,14 @@ def test_a_bad_manifest_is_quarantined_and_reads_as_none(tmp_path: Path, content
     assert [m.agent_id for m in list_manifests(tier.model_root)] == ["good"]
 
 
-def test_model_tags_are_safe_names_and_differ_by_model_and_spec() -> None:
-    tag = model_tag("/models/Llama 3:8b/../model.gguf", SPEC)
+def test_model_tags_are_safe_names_and_differ_by_model_weights_and_spec() -> None:
+    tag = model_tag("/models/Llama 3:8b/../model.gguf", SPEC, WEIGHTS)
     assert "/" not in tag and " " not in tag and not tag.startswith(".")
-    assert model_tag("a/b", SPEC) != model_tag("a_b", SPEC)  # sanitize alike, still differ
-    assert model_tag("m", SPEC) != model_tag("m", SPEC32)
-    assert model_tag("m", SPEC) == model_tag("m", SPEC)
+    # sanitize alike, still differ
+    assert model_tag("a/b", SPEC, WEIGHTS) != model_tag("a_b", SPEC, WEIGHTS)
+    assert model_tag("m", SPEC, WEIGHTS) != model_tag("m", SPEC32, WEIGHTS)
+    assert model_tag("m", SPEC, WEIGHTS) != model_tag("m", SPEC, "1e" * 16)  # other weights
+    assert model_tag("m", SPEC, WEIGHTS) == model_tag("m", SPEC, WEIGHTS)
     with pytest.raises(ValueError):
         DiskTier(Path("/tmp"), model_tag="../escape", spec=SPEC, budget_bytes=0)
 

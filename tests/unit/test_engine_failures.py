@@ -86,7 +86,6 @@ def run_scenario(engine: Engine, arm: Callable[[], None]) -> tuple[list[TokenEve
     [
         ("scheduler", "schedule"),  # building the step's batch
         ("scheduler", "update"),  # postprocess: tokens computed, blocks hashed, tokens appended
-        ("engine", "_on_token"),  # publishing: stops, detokenizing, the sink
         ("agents", "sweep"),  # the agents' housekeeping between steps
         ("runner", "run"),  # the model itself
     ],
@@ -101,6 +100,56 @@ def test_an_exception_in_the_engine_loop_fails_the_requests_in_flight_and_the_ne
         assert end.finish_reason is FinishReason.ERROR
         assert isinstance(end.error, EngineFailure) and "injected failure" in str(end.error)
     assert after.error is None and after.finish_reason is FinishReason.LENGTH
+
+
+@pytest.mark.parametrize("failure", ["publishing", "sampling"])
+def test_one_requests_failure_in_a_step_fails_that_request_only(
+    long_served: ServedModel, tmp_path: Path, failure: str
+) -> None:
+    """A request whose row cannot be sampled (non-finite probabilities, a value the draw
+    refuses), or whose token cannot be published (decoding, a stop check, its sink), ends with
+    an error; the other request in the same steps keeps getting its tokens."""
+    engine, runner = make_engine(long_served, tmp_path, num_blocks=BLOCKS)
+    marked = endless(1)
+    marked.prompt_token_ids.insert(0, 2)  # the fake runner never generates ids below 3
+
+    def arm() -> None:
+        if failure == "publishing":
+            fail_once(engine, "_on_token")()
+        else:
+            runner.fail_row_on_token = 2  # in r1's context only
+
+    async def scenario() -> tuple[TokenEvent, TokenEvent, list[TokenEvent]]:
+        streams = {"r0": engine.stream(endless(0, agent="alice")), "r1": engine.stream(marked)}
+        for stream in streams.values():
+            await anext(stream)  # both decode in every step from here on
+        await engine.call(arm)
+        failed = None
+        while failed is None:
+            for stream in streams.values():
+                event = await anext(stream)
+                if event.final:
+                    failed = event
+                    break
+        survivor = streams["r1" if failed.request_id == "r0" else "r0"]
+        after = [await anext(survivor) for _ in range(5)]
+        engine.abort("r0" if failed.request_id == "r1" else "r1")
+        aborted = await last(survivor)
+        await engine.call(engine.pool.check_integrity)
+        assert await engine.call(lambda: engine.pool.num_held) == 0
+        return failed, aborted, after
+
+    engine.start()
+    try:
+        failed, aborted, after = asyncio.run(scenario())
+    finally:
+        engine.stop()
+    assert isinstance(failed.error, EngineFailure) and "injected" in str(failed.error)
+    assert failed.finish_reason is FinishReason.ERROR
+    if failure == "sampling":
+        assert failed.request_id == "r1"
+    assert all(event.token_ids and not event.final for event in after)
+    assert aborted.error is None and aborted.finish_reason is FinishReason.ABORT
 
 
 def test_a_failure_while_admitting_fails_that_request_only_and_leaks_no_block(

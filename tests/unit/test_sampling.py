@@ -1,11 +1,13 @@
-"""Sampling: greedy is argmax, seeded draws are reproducible, top-k and top-p keep the right set."""
+"""Sampling: greedy is argmax, seeded draws are reproducible, top-k and top-p keep the right set,
+and a hostile value or a broken row gives that row an error at most, never the batch."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from semantic.backends.torch.sampling import candidates, draw, sample
-from semantic.core import BatchItem, SamplingParams
+from semantic.backends.torch.sampling import Unsampleable, candidates, draw, sample
+from semantic.core import GREEDY_BELOW_TEMPERATURE, BatchItem, SamplingParams
 
 VOCAB = 50
 
@@ -105,3 +107,73 @@ def test_suppressed_tokens_are_never_sampled():
     assert sample(logits.clone(), [item(SamplingParams(temperature=0.0), 3)]) == [2]
     hot = BatchItem(0, [1], 5, [0], True, SamplingParams(temperature=1.0, seed=1), 1, (2,))
     assert all(sample(logits.clone(), [hot]) != [2] for _ in range(5))
+
+
+# -- hostile values: each gives its row a token or an error, never the batch an exception ------
+
+HOSTILE = [
+    SamplingParams(temperature=1e-300),  # logits / T overflow: every probability NaN
+    SamplingParams(temperature=5e-324),  # the smallest float there is
+    SamplingParams(temperature=1e-38),
+    SamplingParams(temperature=1e-300, top_k=5, top_p=0.5),
+    SamplingParams(temperature=2.0, top_p=1e-300),
+    SamplingParams(temperature=1.0, top_p=0.0),
+    SamplingParams(temperature=1.0, top_k=2**70),
+    SamplingParams(temperature=1.0, seed=-(2**63)),
+    SamplingParams(temperature=1.0, seed=2**256),
+]
+
+
+@pytest.mark.parametrize("params", HOSTILE, ids=repr)
+def test_a_hostile_sampling_value_gives_a_token_and_leaves_the_other_rows_alone(
+    params: SamplingParams,
+) -> None:
+    logits = random_logits(rows=3)
+    reference = sample(logits.clone(), [item(SamplingParams(temperature=0.0))] * 3)
+    rows = [item(SamplingParams(temperature=0.0)), item(params), item(SamplingParams(seed=3))]
+    tokens = sample(logits.clone(), rows)
+    assert all(isinstance(token, int) and 0 <= token < VOCAB for token in tokens)
+    assert tokens[0] == reference[0]
+
+
+def test_a_temperature_below_the_greedy_threshold_is_the_argmax():
+    logits = random_logits()
+    for temperature in (1e-300, 1e-9, GREEDY_BELOW_TEMPERATURE / 2):
+        assert SamplingParams(temperature=temperature).greedy
+        rows = [item(SamplingParams(temperature=temperature))] * 4
+        assert sample(logits.clone(), rows) == logits.argmax(-1).tolist()
+    assert not SamplingParams(temperature=GREEDY_BELOW_TEMPERATURE).greedy
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "drawn"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_row_with_non_finite_logits_fails_alone(temperature: float, bad: float) -> None:
+    logits = random_logits(rows=3)
+    logits[1, 7] = bad  # what a model that overflowed gives
+    params = SamplingParams(temperature=temperature, seed=1)
+    outcomes = sample(logits.clone(), [item(params)] * 3)
+    assert isinstance(outcomes[1], Unsampleable)
+    assert isinstance(outcomes[0], int) and isinstance(outcomes[2], int)
+
+
+def test_a_row_whose_every_token_is_suppressed_fails_alone():
+    logits = random_logits(rows=2)
+    everything = tuple(range(VOCAB))
+    rows = [BatchItem(0, [1], 5, [0], True, SamplingParams(temperature=0.0), 0, everything)]
+    outcomes = sample(logits.clone(), [*rows, item(SamplingParams(temperature=0.0))])
+    assert isinstance(outcomes[0], Unsampleable) and isinstance(outcomes[1], int)
+
+
+def test_a_draw_that_raises_fails_its_row_alone():
+    # A seed with more digits than Python will print raises while seeding the draw.
+    unprintable = SamplingParams(temperature=1.0, seed=10**5000)
+    outcomes = sample(random_logits(rows=2), [item(SamplingParams(seed=1)), item(unprintable)])
+    assert isinstance(outcomes[0], int) and isinstance(outcomes[1], ValueError)
+
+
+def test_suppressed_ids_past_the_vocabulary_are_ignored():
+    logits = random_logits(rows=1)
+    best = int(logits.argmax())
+    row = BatchItem(0, [1], 5, [0], True, SamplingParams(temperature=0.0), 0, (VOCAB + 5, best))
+    token = sample(logits.clone(), [row])[0]
+    assert isinstance(token, int) and token != best

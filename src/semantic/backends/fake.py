@@ -12,6 +12,7 @@ import hashlib
 import numpy as np
 
 from semantic.core import Batch, BatchItem, CacheSpec
+from semantic.engine.runner import step_tokens
 
 
 class FakeRunner:
@@ -23,14 +24,18 @@ class FakeRunner:
         vocab_size: int = 1000,
         first_token_id: int = 0,
         fail_on_token: int | None = None,
+        fail_row_on_token: int | None = None,
     ) -> None:
-        """Tokens are drawn from `first_token_id .. vocab_size - 1` (keep special ids below it);
-        a step whose input contains `fail_on_token` raises, to test failure paths."""
+        """Tokens are drawn from `first_token_id .. vocab_size - 1` (keep special ids below it).
+        To test failure paths: a step whose input contains `fail_on_token` raises; an item whose
+        context contains `fail_row_on_token` cannot be sampled, while the rest of its step goes
+        on (as a row with non-finite probabilities)."""
         self.cache_spec = CacheSpec(1, 1, 1, "float32", block_tokens)
         self.num_blocks = num_blocks
         self.vocab_size = vocab_size
         self.first_token_id = first_token_id
         self.fail_on_token = fail_on_token
+        self.fail_row_on_token = fail_row_on_token
         self.slots: list[int | None] = [None] * (num_blocks * block_tokens)
         self.steps: list[Batch] = []
 
@@ -47,7 +52,8 @@ class FakeRunner:
         for item in batch.items:
             for offset, token in enumerate(item.token_ids):
                 self.slots[self._slot(item, item.start_pos + offset)] = token
-        return [self._next_token(item) if item.sample else None for item in batch.items]
+        outcomes = [(i, self._outcome(item)) for i, item in enumerate(batch.items) if item.sample]
+        return step_tokens(len(batch.items), outcomes)
 
     def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         """The block's slots as "K" (token ids, -1 for empty); "V" is zeros."""
@@ -65,9 +71,18 @@ class FakeRunner:
         block_tokens = self.cache_spec.block_tokens
         return item.block_table[position // block_tokens] * block_tokens + position % block_tokens
 
-    def _next_token(self, item: BatchItem) -> int:
+    def _outcome(self, item: BatchItem) -> int | Exception:
+        if self.fail_row_on_token is not None and self.fail_row_on_token in self._context(item):
+            return ValueError("injected sampling failure")
+        return self._next_token(item)
+
+    def _context(self, item: BatchItem) -> list[int | None]:
+        """The item's tokens so far, read back through its block table."""
         end = item.start_pos + len(item.token_ids)
-        context = [self.slots[self._slot(item, position)] for position in range(end)]
+        return [self.slots[self._slot(item, position)] for position in range(end)]
+
+    def _next_token(self, item: BatchItem) -> int:
+        context = self._context(item)
         digest = hashlib.blake2b(repr(context).encode(), digest_size=8).digest()
         span = self.vocab_size - self.first_token_id
         token = self.first_token_id + int.from_bytes(digest, "little") % span

@@ -73,11 +73,13 @@ class Rejected(CacheCorrupt):
         self.reason = reason
 
 
-def model_tag(model_id: str, spec: CacheSpec) -> str:
-    """The folder name for one model and cache geometry: readable, filesystem-safe, and unique,
-    because a digest of the exact id and spec separates ids that sanitize alike."""
+def model_tag(model_id: str, spec: CacheSpec, weights: str) -> str:
+    """The folder name for one model, its weights (their fingerprint) and cache geometry:
+    readable, filesystem-safe, and unique, because a digest of the exact id, weights and spec
+    separates ids that sanitize alike and weights served under one name."""
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", model_id).strip("._-")[-48:].lstrip("._-")
-    digest = hashlib.blake2b(f"{model_id}\0{spec.tag()}".encode(), digest_size=6).hexdigest()
+    named = f"{model_id}\0{weights}\0{spec.tag()}".encode()
+    digest = hashlib.blake2b(named, digest_size=6).hexdigest()
     return f"{readable or 'model'}-{spec.tag()}-{digest}"
 
 

@@ -26,6 +26,7 @@ from semantic.cache.prefix import PrefixCache, root_hash
 from semantic.cache.tiering import Tiering
 from semantic.config import Settings
 from semantic.core import (
+    Batch,
     FinishReason,
     Request,
     Restore,
@@ -42,6 +43,7 @@ from semantic.errors import (
     InvalidRequest,
     Overloaded,
     PoolExhausted,
+    RowsFailed,
     Unavailable,
 )
 from semantic.models.served import ServedModel
@@ -123,7 +125,7 @@ class Engine:
         self.model = model
         self.settings = settings
         spec = runner.cache_spec
-        tag = model_tag(model.name, spec)
+        tag = model_tag(model.name, spec, model.weights_fingerprint)
         disk = DiskTier(
             cache_root(settings.cache_dir),
             model_tag=tag,
@@ -311,17 +313,41 @@ class Engine:
         self._start_restores()
         if not batch:
             return False
-        try:
-            tokens = self.runner.run(batch)
-        except Exception as exc:
-            log.exception("the runner failed a step of %d sequences", len(batch.items))
-            self._fail([item.seq_id for item in batch.items], exc)
+        tokens = self._run(batch)
+        if tokens is None:
             return True
         sampled = self.scheduler.update(batch, tokens)
         self.metrics.stepped(batch, len(sampled))
         for seq, token in sampled:
-            self._on_token(self._active[seq.request.request_id], token)
+            self._publish(self._active[seq.request.request_id], token)
         return True
+
+    def _run(self, batch: Batch) -> list[int | None] | None:
+        """The runner's tokens for `batch`. An item it could not sample fails alone, before the
+        step is recorded, so none of its KV from this step is cached; when the whole step
+        fails, every request in it has failed and this returns None."""
+        try:
+            return self.runner.run(batch)
+        except RowsFailed as exc:  # each failure is logged with its request as it ends
+            for index, error in exc.errors.items():
+                self._fail([batch.items[index].seq_id], error)
+            return exc.tokens
+        except Exception as exc:
+            log.exception("the runner failed a step of %d sequences", len(batch.items))
+            self._fail([item.seq_id for item in batch.items], exc)
+            return None
+
+    def _publish(self, active: _Active, token: int) -> None:
+        """Hand a request its new token. A failure here (decoding, a stop check, its sink) is
+        that request's alone."""
+        try:
+            self._on_token(active, token)
+        except Exception as exc:
+            log.exception("publishing a token of request %s failed", active.seq.request.request_id)
+            if active.seq.request.request_id in self._active:
+                self._fail([active.seq.seq_id], exc)
+            else:  # it failed while finishing, after leaving the engine: still tell its client
+                active.sink(_refused(active.seq.request, _failure(exc)))
 
     def _loop(self) -> None:
         ran = False

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 import numpy as np
 
 from semantic.core import Batch, CacheSpec
+from semantic.errors import RowsFailed
 
 
 class ModelRunner(Protocol):
@@ -23,7 +25,11 @@ class ModelRunner(Protocol):
     def run(self, batch: Batch) -> list[int | None]:
         """Compute every item of `batch`, writing K/V into the pool through the items' block
         tables, and return one sampled token per item with `sample=True` (None for the others),
-        in the order of `batch.items`. `batch.copies` are done first."""
+        in the order of `batch.items`. `batch.copies` are done first.
+
+        An item that cannot be sampled fails alone: `run` raises `RowsFailed` naming it, with
+        the other items' tokens (`step_tokens` builds either answer). Any other exception fails
+        every item of the step."""
         ...
 
     def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -34,3 +40,20 @@ class ModelRunner(Protocol):
     def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
         """Fill one block with K and V read back from disk (the shapes `read_block` returns)."""
         ...
+
+
+def step_tokens(
+    num_items: int, outcomes: Iterable[tuple[int, int | Exception]]
+) -> list[int | None]:
+    """What `run` returns, from each sampled item's outcome: (batch index, its token or why it
+    has none). Raises `RowsFailed` when any item has none, carrying the others' tokens."""
+    tokens: list[int | None] = [None] * num_items
+    errors: dict[int, Exception] = {}
+    for index, outcome in outcomes:
+        if isinstance(outcome, Exception):
+            errors[index] = outcome
+        else:
+            tokens[index] = outcome
+    if errors:
+        raise RowsFailed(tokens, errors)
+    return tokens

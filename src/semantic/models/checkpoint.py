@@ -30,12 +30,14 @@ class Checkpoint:
 
     `weights()` yields `(Hugging Face name, float32 array)` one tensor at a time, so a backend can
     convert each to its own dtype and device before the next is read; each call starts over.
+    `fingerprint` names the weights (`models/fingerprint.py`): it tags their KV cache.
     """
 
     config: ModelConfig
     tokenizer: Tokenizer
     chat_template: ChatTemplate
     path: Path
+    fingerprint: str
     weights: Weights
 
 
@@ -57,9 +59,8 @@ def _load_gguf(path: Path, progress: bool) -> Checkpoint:
     def weights() -> Iterator[tuple[str, np.ndarray]]:
         return _with_progress(gguf.weights(config), gguf.num_tensors, progress)
 
-    return Checkpoint(
-        config, tokenizer, _chat_template(gguf.chat_template, tokenizer), path, weights
-    )
+    template = _chat_template(gguf.chat_template, tokenizer)
+    return Checkpoint(config, tokenizer, template, path, gguf.fingerprint(), weights)
 
 
 def _load_hf(path: Path, progress: bool) -> Checkpoint:
@@ -70,7 +71,8 @@ def _load_hf(path: Path, progress: bool) -> Checkpoint:
     def weights() -> Iterator[tuple[str, np.ndarray]]:
         return _with_progress(hf.weights(), hf.num_tensors, progress)
 
-    return Checkpoint(config, tokenizer, _chat_template(hf.chat_template, tokenizer), path, weights)
+    template = _chat_template(hf.chat_template, tokenizer)
+    return Checkpoint(config, tokenizer, template, path, hf.fingerprint(), weights)
 
 
 def _chat_template(source: str | None, tokenizer: Tokenizer) -> ChatTemplate:

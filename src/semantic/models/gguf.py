@@ -15,6 +15,7 @@ from gguf import GGUFReader, quants
 
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
+from semantic.models.fingerprint import WeightsFile, fingerprint
 
 # GGUF architecture → Hugging Face model_type, for the families whose GGUF layout we undo.
 _ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -64,6 +65,14 @@ class GGUFFile:
     @property
     def num_tensors(self) -> int:
         return len(self._reader.tensors)
+
+    def fingerprint(self) -> str:
+        """The weights' fingerprint: the header (metadata and tensor table) and samples of every
+        tensor's bytes."""
+        tensors = [
+            (int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) for t in self._reader.tensors
+        ]
+        return fingerprint([WeightsFile(self.path, self._reader.data_offset, tensors)])
 
     @property
     def chat_template(self) -> str | None:

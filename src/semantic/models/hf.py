@@ -18,6 +18,7 @@ import numpy as np
 
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
+from semantic.models.fingerprint import WeightsFile, fingerprint
 
 # Safetensors dtypes we can widen to float32; BF16 is read as its raw 16 bits.
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
@@ -59,6 +60,16 @@ class HFDir:
         eos = _read_json(self.path / "generation_config.json").get("eos_token_id")
         extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
         return replace(config, eos_token_ids=tuple(dict.fromkeys([*config.eos_token_ids, *extra])))
+
+    def fingerprint(self) -> str:
+        """The weights' fingerprint: `config.json`, which shapes the computation, then each
+        shard's tensor table and samples of every tensor's bytes."""
+        files = []
+        for file in self.files:
+            header, start = _read_header(file)
+            spans = [entry["data_offsets"] for entry in header.values()]
+            files.append(WeightsFile(file, start, [(start + b, start + e) for b, e in spans]))
+        return fingerprint(files, extra=(self.path / "config.json").read_bytes())
 
     def weights(self) -> Iterator[tuple[str, np.ndarray]]:
         """Every tensor of every shard, as float32, in file order."""

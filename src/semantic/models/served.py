@@ -13,14 +13,16 @@ from semantic.text.tokenizer import Tokenizer
 @dataclass(slots=True, frozen=True)
 class ServedModel:
     """Everything about the loaded model that is not compute. `context_length` is the model's
-    context, capped by the `max_model_len` setting; `aliases` are the other names it answers to
-    (the registry's names for it, when `name` is the served model name)."""
+    context, capped by the `max_model_len` setting; `weights_fingerprint` names its weights
+    (their KV cache is tagged with it); `aliases` are the other names it answers to (the
+    registry's names for it, when `name` is the served model name)."""
 
     name: str
     config: ModelConfig
     tokenizer: Tokenizer
     chat_template: ChatTemplate
     context_length: int
+    weights_fingerprint: str
     aliases: tuple[str, ...] = ()
 
     def check_requested_name(self, requested: str, strict: bool) -> None:

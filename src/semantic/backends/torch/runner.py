@@ -21,6 +21,7 @@ from semantic.backends.torch.linear import linear_factory
 from semantic.backends.torch.llama import load_weights
 from semantic.backends.torch.sampling import sample
 from semantic.core import Batch, BatchItem, CacheSpec
+from semantic.engine.runner import step_tokens
 from semantic.errors import ModelLoadFailed
 from semantic.kv_budget import auto_budget_bytes, host_available_bytes
 from semantic.models.config import ModelConfig
@@ -102,16 +103,12 @@ class TorchRunner:
         return auto_budget_bytes(host_available_bytes(), gpu=False)
 
     def run(self, batch: Batch) -> list[int | None]:
-        """One step: K/V into the pool, one sampled token per item with sample=True."""
+        """One step: K/V into the pool, one sampled token per item with sample=True (a row
+        that cannot be sampled fails alone: `ModelRunner.run`)."""
         self._copy_blocks(batch.copies)
         step = self.prepare(batch)
-        logits = self._logits(step)
-        tokens: list[int | None] = [None] * len(batch.items)
-        for index, token in zip(
-            step.sampled_index, sample(logits, step.sampled_items), strict=True
-        ):
-            tokens[index] = token
-        return tokens
+        outcomes = sample(self._logits(step), step.sampled_items)
+        return step_tokens(len(batch.items), zip(step.sampled_index, outcomes, strict=True))
 
     def forward_logits(self, batch: Batch) -> torch.Tensor:
         """Like `run` but return fp32 logits [N, V] of the sample=True items, in batch order."""

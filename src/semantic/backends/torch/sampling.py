@@ -2,6 +2,9 @@
 
 A seeded request draws from a generator seeded by (seed, tokens generated so far), so its output
 is reproducible whatever it is batched with, and the runner keeps no random state between steps.
+A row that cannot be sampled (non-finite logits or probabilities, a value the draw refuses) gets
+its error instead of a token, so it fails its own request and never the batch. Probabilities are
+checked before `multinomial`, which on CUDA would stop the device instead of raising.
 """
 
 from __future__ import annotations
@@ -18,20 +21,45 @@ from semantic.core import BatchItem, SamplingParams
 _TOP_P_CANDIDATES = 1024
 
 
-def sample(logits: torch.Tensor, items: Sequence[BatchItem]) -> list[int]:
-    """logits: [N, V] fp32, one row per item → one token id per item."""
+class Unsampleable(ValueError):
+    """A row whose logits or probabilities are not finite numbers: it has no token to give."""
+
+
+def sample(logits: torch.Tensor, items: Sequence[BatchItem]) -> list[int | Exception]:
+    """logits: [N, V] fp32, one row per item → per item, its token id or why it has none."""
     with torch.inference_mode():  # the logits are inference tensors; suppression writes them
         _suppress(logits, items)
-        tokens: list[int] = logits.argmax(-1).tolist()
+        best = logits.argmax(-1)
+        # argmax picks a NaN or +inf where a row has one, and -inf only when all are: so the
+        # chosen logit is finite exactly when the row is usable.
+        finite = logits.gather(-1, best[:, None]).squeeze(-1).isfinite()
+        tokens, usable = torch.stack([best, finite.long()]).tolist()  # one copy to the host
+        outcomes: list[int | Exception] = []
         for row, item in enumerate(items):
-            if not item.sampling.greedy:
-                tokens[row] = draw(logits[row], item.sampling, item.num_output_tokens)
-    return tokens
+            if not usable[row]:
+                outcomes.append(Unsampleable("the model's logits for this request are not finite"))
+            elif item.sampling.greedy:
+                outcomes.append(tokens[row])
+            else:
+                outcomes.append(_draw_or_error(logits[row], item))
+    return outcomes
+
+
+def _draw_or_error(logits: torch.Tensor, item: BatchItem) -> int | Exception:
+    try:
+        return draw(logits, item.sampling, item.num_output_tokens)
+    except Exception as exc:  # this row's alone, whatever its cause
+        return exc
 
 
 def draw(logits: torch.Tensor, params: SamplingParams, num_output_tokens: int) -> int:
-    """logits: [V] fp32 → a token drawn under temperature, top-k and top-p."""
+    """logits: [V] fp32 → a token drawn under temperature, top-k and top-p. Raises
+    `Unsampleable` when the probabilities are not finite."""
     probs, ids = candidates(logits / params.temperature, params.top_k, params.top_p)
+    if not bool(probs.isfinite().all()):
+        raise Unsampleable(
+            f"the probabilities at temperature {params.temperature:g} are not finite numbers"
+        )
     generator = None
     if params.seed is not None:
         generator = torch.Generator(logits.device)
@@ -71,7 +99,11 @@ def step_seed(seed: int, num_output_tokens: int) -> int:
 
 
 def _suppress(logits: torch.Tensor, items: Sequence[BatchItem]) -> None:
-    # The scheduler names the tokens a request may not end with yet (before min_tokens).
+    # The scheduler names the tokens a request may not end with yet (before min_tokens). An id
+    # past the logits (a tokenizer larger than the model's vocabulary) can never be drawn
+    # anyway; indexing with it would fail the row, and on CUDA the device.
+    vocab = logits.shape[-1]
     for row, item in enumerate(items):
-        if item.suppress_token_ids:
-            logits[row, list(item.suppress_token_ids)] = float("-inf")
+        ids = [token for token in item.suppress_token_ids if 0 <= token < vocab]
+        if ids:
+            logits[row, ids] = float("-inf")
