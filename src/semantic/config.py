@@ -147,6 +147,12 @@ class Settings(BaseSettings):
     max_body_mb: int = Field(32, ge=1, description="Largest request body, in MiB (413 past it).")
     max_messages: int = Field(100_000, ge=1, description="Most messages in one request.")
     max_tools: int = Field(1024, ge=0, description="Most tools in one request.")
+    max_stop_sequences: int = Field(
+        16, ge=0, description="Most stop strings in one request (400 past it)."
+    )
+    max_stop_sequence_chars: int = Field(
+        256, ge=1, description="Longest stop string, in characters (400 past it)."
+    )
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="Longest prompt, in tokens (default: the context decides)."
     )

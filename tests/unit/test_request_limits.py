@@ -141,3 +141,42 @@ def test_every_route_with_a_body_takes_at_most_max_body_mb(
         long = {**BODY, "messages": [{"role": "user", "content": big}]}
         assert anthropic_error(client.post(ANTHROPIC, json=long), 413)
         assert client.post("/v1/agents", json={"agent_id": "bot"}).status_code == 201
+
+
+def test_stop_strings_past_their_count_or_length_are_a_400_naming_the_field(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """Every stop string is matched against every token on the engine thread, so how many a
+    request gives and how long each is are bounded, in every API."""
+    three = ["a", "b", "c"]
+    long = "x" * 11
+    with chat_app(served, tmp_path, max_stop_sequences=2, max_stop_sequence_chars=10) as client:
+        for stops, said in ((three, "3 stop sequences"), ([long], "of 11 characters")):
+            answer = client.post(ANTHROPIC, json={**BODY, "stop_sequences": stops})
+            message = anthropic_error(answer)
+            assert message.startswith("stop_sequences: ") and said in message
+            for path, body in ((OPENAI, BODY), (LEGACY, {"model": "tiny", "prompt": "Hi"})):
+                error = openai_error(client.post(path, json={**body, "stop": stops}))
+                assert error["param"] == "stop" and said in error["message"]
+            created = client.post("/v1/agents", json={"defaults": {"stop": stops}})
+            assert openai_error(created)["param"] == "defaults.stop"
+        assert client.post("/v1/agents", json={"agent_id": "bot"}).status_code == 201
+        turn = client.post("/v1/agents/bot/generate", json={"message": "Hi", "stop": [long]})
+        assert openai_error(turn)["param"] == "stop"
+        ok = ["x" * 10, "y"]
+        assert client.post(ANTHROPIC, json={**BODY, "stop_sequences": ok}).status_code == 200
+        assert client.post(OPENAI, json={**BODY, "stop": ok}).status_code == 200
+
+
+def test_by_default_a_request_takes_16_stop_strings_of_256_characters(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    with chat_app(served, tmp_path) as client:
+        most = [f"{i:03}" + "x" * 253 for i in range(16)]
+        assert client.post(ANTHROPIC, json={**BODY, "stop_sequences": most}).status_code == 200
+        more = anthropic_error(
+            client.post(ANTHROPIC, json={**BODY, "stop_sequences": [*most, "y"]})
+        )
+        assert "at most 16 (max_stop_sequences)" in more
+        longer = openai_error(client.post(OPENAI, json={**BODY, "stop": ["x" * 257]}))
+        assert "at most 256 (max_stop_sequence_chars)" in longer["message"]

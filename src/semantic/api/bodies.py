@@ -14,6 +14,8 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
+from semantic.text import client_json
+
 
 def body_limit(app: Any) -> int:
     """The largest body `app` takes, in bytes. 32 MiB by default, Anthropic's limit too: agent
@@ -41,6 +43,17 @@ class _LimitedRequest(Request):
         if not hasattr(self, "_body"):
             self._body = await read_body(self, body_limit(self.app))
         return self._body
+
+    async def json(self) -> Any:
+        """The body's JSON, its nesting bounded (text/client_json.py); a 400 for anything else.
+        (FastAPI lets an HTTPException through as it is, where another error becomes a 400
+        that does not say what is wrong.)"""
+        if not hasattr(self, "_json"):
+            try:
+                self._json = client_json.loads(await self.body())
+            except client_json.NotJson as exc:
+                raise HTTPException(400, f"the request body {exc}") from None
+        return self._json
 
 
 class LimitedBodyRoute(APIRoute):

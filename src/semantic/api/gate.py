@@ -8,7 +8,6 @@ during a swap wait here (bounded by `swap_wait_s`), then get Overloaded in their
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.requests import Request
@@ -19,6 +18,7 @@ from semantic.api.bodies import body_limit
 from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
 from semantic.errors import SemanticError
+from semantic.text import client_json
 
 # Routes under these use the engine; the swap route must not (it waits for every lease).
 GATED_PATHS = ("/v1/", "/admin/")
@@ -92,8 +92,8 @@ async def _requested_model(receive: Receive, limit: int) -> tuple[str | None, Re
 
 def _model_field(body: bytes) -> str | None:
     try:
-        parsed: Any = json.loads(body)
-    except ValueError:
+        parsed: Any = client_json.loads(body)
+    except client_json.NotJson:
         return None
     model = parsed.get("model") if isinstance(parsed, dict) else None
     return model if isinstance(model, str) else None
