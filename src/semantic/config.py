@@ -62,6 +62,17 @@ class Settings(BaseSettings):
         description="On SIGTERM or SIGINT, how long running requests may take to finish before "
         "they are cancelled (new ones get 503 meanwhile); then caches are persisted.",
     )
+    send_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A client that takes none of its response for this long is cut off: its "
+        "request is aborted (its cache kept) and the connection closed.",
+    )
+    max_connections: int = Field(
+        512,
+        ge=1,
+        description="Most connections open at once; past it a new one gets 503 at once.",
+    )
 
     # security
     api_key: Annotated[list[SecretStr], NoDecode] = Field(

@@ -4,13 +4,15 @@ names the field; /v1/messages clamps max_tokens instead, as Claude Code needs.""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from semantic.api.app import create_app
 from semantic.models.served import ServedModel
-from tests.unit.fakes import chat_app
+from tests.unit.fakes import asgi_scope, chat_app, make_engine, with_chatml
 
 pytestmark = pytest.mark.usefixtures("no_outside_settings")
 
@@ -180,3 +182,51 @@ def test_by_default_a_request_takes_16_stop_strings_of_256_characters(
         assert "at most 16 (max_stop_sequences)" in more
         longer = openai_error(client.post(OPENAI, json={**BODY, "stop": ["x" * 257]}))
         assert "at most 256 (max_stop_sequence_chars)" in longer["message"]
+
+
+CHUNK = 2**18  # a quarter of a MiB
+
+
+class EndlessBody:
+    """The server's side of a client sending a body that does not end (a chunked upload of
+    gigabytes), counting what the app reads; it stops after `most` parts, so that an app
+    that reads to the end still returns."""
+
+    def __init__(self, most: int = 200) -> None:
+        self.reads = 0
+        self.most = most
+        self.statuses: list[int] = []
+
+    async def receive(self) -> dict[str, Any]:
+        self.reads += 1
+        more = self.reads < self.most
+        return {"type": "http.request", "body": b" " * CHUNK, "more_body": more}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.statuses.append(message["status"])
+
+
+def test_a_body_is_read_no_further_than_the_limit(served: ServedModel, tmp_path: Path) -> None:
+    """A chunked body is refused once it passes `max_body_mb`, a declared one before a byte of
+    it is read; either way the connection is closed, since the rest is left unread."""
+    engine, _ = make_engine(with_chatml(served), tmp_path, max_body_mb=1)
+    app = create_app(engine, engine.settings)
+
+    async def post(path: str, headers: dict[str, str]) -> EndlessBody:
+        client = EndlessBody()
+        await app(asgi_scope(path, {"host": "127.0.0.1", **headers}), client.receive, client.send)
+        return client
+
+    async def scenario() -> None:
+        async with app.router.lifespan_context(app):
+            for path in (ANTHROPIC, OPENAI, "/v1/agents"):
+                chunked = await post(path, {"transfer-encoding": "chunked"})
+                assert chunked.statuses == [413] and chunked.reads == 2**20 // CHUNK + 1
+                declared = await post(path, {"content-length": str(10**10)})
+                assert declared.statuses == [413] and declared.reads == 0
+
+    asyncio.run(scenario())
+    with chat_app(served, tmp_path, max_body_mb=1) as client:
+        refused = client.post(OPENAI, content=b" " * (2**20 + 1))
+        assert refused.status_code == 413 and refused.headers["connection"] == "close"

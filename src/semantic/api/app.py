@@ -15,6 +15,7 @@ from semantic.api import admin, agents, anthropic, auth, errors, gate, openai, o
 from semantic.api.lifecycle import Lifecycle, LifecycleGate
 from semantic.api.rate_limits import LimitByKey, RateLimits
 from semantic.api.request_metrics import RequestMetrics
+from semantic.api.slow_clients import SendTimeout
 from semantic.config import Settings
 from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
@@ -57,6 +58,8 @@ def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
     app.middleware("http")(_request_id)
     app.add_middleware(_JSONBodies)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics, router=app.router)
+    # Outermost: every message to the client goes through it, the others' included.
+    app.add_middleware(SendTimeout, timeout_s=settings.send_timeout_s)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
     app.include_router(agents.router)

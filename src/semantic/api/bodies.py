@@ -1,5 +1,5 @@
 """Request bodies under a size limit (the `max_body_mb` setting): a 413 past it (in the
-protocol's shape, through errors.py), never a server that buffers whatever a client sends.
+protocol's shape, through errors.py), never a server that reads whatever a client sends.
 
 FastAPI reads a route's declared body with no limit; routes built with `LimitedBodyRoute` read
 it through `read_body` instead.
@@ -24,18 +24,27 @@ def body_limit(app: Any) -> int:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or a 413 when it is longer than `limit` bytes."""
-    # Read to the end even past the limit: a client still sending its body when the answer
-    # comes would see a reset connection instead of the 413.
+    """The whole body, or a 413 as soon as it is known to be longer than `limit` bytes: by its
+    Content-Length, before a byte is read; else (a chunked body) once `limit` bytes have come.
+    What is past the limit is never read: the 413 closes the connection, so a client still
+    sending may see it reset instead (curl, which asks `Expect: 100-continue` before a large
+    body, sends none of it and reads the 413)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(f"request body is {int(declared)} bytes; the limit is {limit}")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-    if size > limit:
-        raise HTTPException(413, f"request body is {size} bytes; the limit is {limit}")
+        if size > limit:
+            raise _too_large(f"request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _too_large(message: str) -> HTTPException:
+    # The rest of the body is unread, so the connection cannot carry another request.
+    return HTTPException(413, message, headers={"connection": "close"})
 
 
 class _LimitedRequest(Request):

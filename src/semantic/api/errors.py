@@ -117,6 +117,17 @@ def anthropic_error(request: Request, status: int, message: str) -> JSONResponse
     return JSONResponse(body.model_dump(), status_code=status, headers={"request-id": request_id})
 
 
+def error_response(
+    request: Request, status: int, message: str, code: str | None = None
+) -> JSONResponse:
+    """An error of HTTP `status` in the request's protocol, its type the one the protocol gives
+    that status (OpenAI: `code`, when given, says which refusal it is)."""
+    if protocol_of(request) == "anthropic":
+        return anthropic_error(request, status, message)
+    type_ = _HTTP_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return openai_error(status, message, type_, code=code)
+
+
 def anthropic_type(status: int) -> str:
     return _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
@@ -240,10 +251,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        if protocol_of(request) == "anthropic":
-            return anthropic_error(request, exc.status_code, str(exc.detail))
-        type_ = _HTTP_TYPES.get(exc.status_code, "invalid_request_error")
-        return openai_error(exc.status_code, str(exc.detail), type_)
+        response = error_response(request, exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(errors.SemanticError)
     async def _ours(request: Request, exc: errors.SemanticError) -> JSONResponse:
