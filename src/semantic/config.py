@@ -87,6 +87,19 @@ class Settings(BaseSettings):
         "one is set, other keys get 403 there. Repeat the flag or separate keys with commas.",
     )
 
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Web origins (scheme://host[:port]) whose pages may use the server, and get "
+        "CORS headers; a page of any other origin but the server's own gets 403. Repeat the "
+        "flag or separate with commas.",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names a request to a loopback address may name besides localhost and "
+        "loopback IPs (a local proxy's name); any other gets 403, against DNS rebinding. Repeat "
+        "the flag or separate with commas.",
+    )
+
     # model
     model: str = Field(
         "smollm2-135m", description="Model alias or local path (GGUF file or HF dir)."
@@ -194,11 +207,13 @@ class Settings(BaseSettings):
         """`~` in a path from the config file or the environment, where no shell expands it."""
         return path.expanduser() if path is not None else None
 
-    @field_validator("api_key", "admin_api_key", "model_alias", mode="before")
+    @field_validator(
+        "api_key", "admin_api_key", "model_alias", "allowed_origins", "allowed_hosts", mode="before"
+    )
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
-        """`a,b` from the environment, `["a,b", "c"]` from repeated flags: one flat list (of keys
-        or of aliases)."""
+        """`a,b` from the environment, `["a,b", "c"]` from repeated flags: one flat list (of keys,
+        aliases, origins or hosts)."""
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list):
             return value
@@ -213,6 +228,20 @@ class Settings(BaseSettings):
         if malformed:
             raise ValueError(f"model_alias entries are NAME=PATH, not {malformed[0]!r}")
         return aliases
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _check_origins(cls, origins: list[str]) -> list[str]:
+        """As a browser writes them: `https://app.example.com`, `http://localhost:3000`."""
+        origins = [origin.strip().lower().rstrip("/") for origin in origins]
+        for origin in origins:
+            scheme, separator, authority = origin.partition("://")
+            well_formed = separator and authority and "/" not in authority
+            if not well_formed or scheme not in ("http", "https"):
+                raise ValueError(
+                    f"allowed_origins entries are scheme://host[:port], not {origin!r}"
+                )
+        return origins
 
     @property
     def model_aliases(self) -> dict[str, str]:

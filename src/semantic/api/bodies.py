@@ -1,5 +1,6 @@
-"""Request bodies under a size limit (the `max_body_mb` setting): a 413 past it (in the
-protocol's shape, through errors.py), never a server that reads whatever a client sends.
+"""Request bodies: JSON, whatever most clients say (`JsonBodies`), but never a form from a web
+page; and under a size limit (the `max_body_mb` setting): a 413 past it (in the protocol's shape,
+through errors.py), never a server that reads whatever a client sends.
 
 FastAPI reads a route's declared body with no limit; routes built with `LimitedBodyRoute` read
 it through `read_body` instead.
@@ -12,9 +13,46 @@ from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from semantic.api import errors
 from semantic.text import client_json
+
+# The types a web page may send to another site without asking it first (a CORS "simple
+# request"): a form, a multipart form, plain text.
+PAGE_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class JsonBodies:
+    """ASGI middleware: every body this server takes is JSON, whatever the client's
+    content-type says (`curl -d` sends a form type, some clients none), so a body's type is
+    made `application/json` for the routes, except where a web page could have sent it: a form
+    or text type with an `Origin` (only browsers send one) is a 415. Read as JSON, such a
+    request would be a command any page could give (api/browsers.py refuses pages of other
+    origins; this holds for every page)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        kind = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind in PAGE_TYPES and "origin" in headers:
+            message = (
+                f"a request body of type {kind} from a web page is refused: send JSON, as "
+                "content-type: application/json"
+            )
+            await errors.error_response(Request(scope), 415, message)(scope, receive, send)
+            return
+        others = [(name, value) for name, value in scope["headers"] if name != b"content-type"]
+        scope = {**scope, "headers": [*others, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
 
 
 def body_limit(app: Any) -> int:

@@ -154,9 +154,7 @@ def _template_tool_call(call: ToolCall) -> dict[str, Any]:
     return template_tool_call(call.id, call.function.name, arguments)
 
 
-def sampling_params(
-    body: GenerationFields, max_tokens: int, settings: Settings
-) -> SamplingParams:
+def sampling_params(body: GenerationFields, max_tokens: int, settings: Settings) -> SamplingParams:
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not stop for stop in stops):
         raise InvalidRequest("stop: a stop sequence may not be empty", param="stop")
