@@ -197,6 +197,12 @@ class Settings(BaseSettings):
     rate_limit_agent_rpm: int | None = Field(
         None, ge=1, description="Generation requests per minute per agent; 429 past it."
     )
+    auth_failures_per_minute: int = Field(
+        30,
+        ge=1,
+        description="Requests with a wrong or missing API key per minute per client address; "
+        "past it that address gets 429 (any key) until its allowance refills.",
+    )
 
     # The key file's keys, read once when the settings are built.
     _file_keys: list[str] = PrivateAttr(default_factory=list)

@@ -72,7 +72,7 @@ def sampling_params(body: MessagesBody, max_tokens: int) -> SamplingParams:
 # -- the agent -----------------------------------------------------------------------------
 
 # Claude Code before ~2.1: `user_<hash>_account_<uuid>_session_<uuid>`.
-_LEGACY_SESSION = re.compile(r"_session_([0-9A-Za-z-]+)$")
+_LEGACY_SESSION = re.compile(r"_session_([0-9A-Za-z-]++)$")  # possessive: never backtracks
 # Claude Code names its subagents (the Task tool) in a header; they share the session id.
 SUBAGENT_HEADER = "x-claude-code-agent-id"
 

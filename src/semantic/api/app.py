@@ -55,7 +55,10 @@ def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
     app.add_middleware(LimitByKey, limits=app.state.rate_limits)
     # Added early, so it runs inside `_request_id` and a 401 carries the request id too.
     app.add_middleware(
-        auth.RequireApiKey, keys=settings.api_keys, admin_keys=settings.admin_api_keys
+        auth.RequireApiKey,
+        keys=settings.api_keys,
+        admin_keys=settings.admin_api_keys,
+        limits=app.state.rate_limits,
     )
     app.add_middleware(JsonBodies)
     # Outside the key check (a preflight carries no key) and the refusals above, which an
