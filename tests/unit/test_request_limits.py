@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.types import Message
 
 from semantic.api.app import create_app
 from semantic.models.served import ServedModel
@@ -202,7 +203,7 @@ class EndlessBody:
         more = self.reads < self.most
         return {"type": "http.request", "body": b" " * CHUNK, "more_body": more}
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.statuses.append(message["status"])
 

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from starlette.types import Message
 
 from semantic.api.app import create_app
 from semantic.api.server import DrainingServer, uvicorn_config
@@ -38,7 +39,7 @@ class StuckClient:
     def __init__(self, body: dict[str, Any], reads: int) -> None:
         self.body = json.dumps(body).encode()
         self.reads = reads
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[Message] = []
         self._asked = False
         self._never = asyncio.Event()
 
@@ -49,7 +50,7 @@ class StuckClient:
         await self._never.wait()  # no disconnect: the connection stays open
         raise AssertionError("unreachable")
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Message) -> None:
         if len(self.sent) >= self.reads:
             await self._never.wait()
         self.sent.append(message)
@@ -76,9 +77,12 @@ def test_a_stream_the_client_stops_reading_is_aborted_and_its_cache_kept(
     app, engine = stuck_app(tiny_tokenizer, tmp_path)
     aborted: list[str] = []
     abort = engine.abort
-    monkeypatch.setattr(
-        engine, "abort", lambda request_id: (aborted.append(request_id), abort(request_id))
-    )
+
+    def spy(request_id: str) -> None:
+        aborted.append(request_id)
+        abort(request_id)
+
+    monkeypatch.setattr(engine, "abort", spy)
     body: dict[str, Any] = {"model": "m", "max_tokens": LONG_CONTEXT - 100, "stream": True}
     if path == "/v1/completions":
         body["prompt"] = PROMPT
