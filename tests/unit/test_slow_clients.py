@@ -23,6 +23,7 @@ from semantic.text.tokenizer import Tokenizer
 from tests.unit.fakes import asgi_scope, engine_on
 from tests.unit.live_server import (
     LONG_CONTEXT,
+    Aborts,
     fake_runner,
     long_chat_served,
     stop_signals_ignored,
@@ -75,14 +76,7 @@ def test_a_stream_the_client_stops_reading_is_aborted_and_its_cache_kept(
     tiny_tokenizer: Tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
     app, engine = stuck_app(tiny_tokenizer, tmp_path)
-    aborted: list[str] = []
-    abort = engine.abort
-
-    def spy(request_id: str) -> None:
-        aborted.append(request_id)
-        abort(request_id)
-
-    monkeypatch.setattr(engine, "abort", spy)
+    aborts = Aborts(engine, monkeypatch)
     body: dict[str, Any] = {"model": "m", "max_tokens": LONG_CONTEXT - 100, "stream": True}
     if path == "/v1/completions":
         body["prompt"] = PROMPT
@@ -97,7 +91,7 @@ def test_a_stream_the_client_stops_reading_is_aborted_and_its_cache_kept(
 
     stats, in_flight = asyncio.run(scenario())
     assert client.sent[0]["status"] == 200
-    assert len(aborted) == 1  # the engine's abort path, as for a disconnect
+    assert aborts.seen.is_set()  # the engine's abort path, as for a disconnect
     assert in_flight == 0  # the lease and the lifecycle's count ended with it
     assert stats.running == 0 and stats.blocks_held == 0 and stats.blocks_cached > 0
 

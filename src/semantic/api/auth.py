@@ -142,9 +142,7 @@ def _unauthorized(request: Request, message: str) -> Response:
 
 
 def _forbidden(request: Request) -> Response:
-    if errors.protocol_of(request) == "anthropic":
-        return errors.anthropic_error(request, 403, _NOT_ADMIN)
-    return errors.openai_error(403, _NOT_ADMIN, "permission_error", code="insufficient_permissions")
+    return errors.error_response(request, 403, _NOT_ADMIN, "insufficient_permissions")
 
 
 def _log_refusal(request: Request, status: int, reason: str) -> None:
