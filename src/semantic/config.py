@@ -217,7 +217,7 @@ class Settings(BaseSettings):
         "api_key", "admin_api_key", "model_alias", "allowed_origins", "allowed_hosts", mode="before"
     )
     @classmethod
-    def _split_keys(cls, value: Any) -> Any:
+    def _split_lists(cls, value: Any) -> Any:
         """`a,b` from the environment, `["a,b", "c"]` from repeated flags: one flat list (of keys,
         aliases, origins or hosts)."""
         items = [value] if isinstance(value, str) else value

@@ -272,6 +272,4 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        if protocol_of(request) == "anthropic":
-            return anthropic_error(request, 500, INTERNAL)
-        return openai_error(500, INTERNAL, "server_error")
+        return error_response(request, 500, INTERNAL)

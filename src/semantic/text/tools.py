@@ -229,7 +229,8 @@ class ToolCallParser:
         held instead (dropped if a call follows)."""
         words = text.rstrip(WHITESPACE)
         if not words:
-            self._space.append(text)
+            if text:
+                self._space.append(text)
             return
         self._emit("".join(self._space) + words)
         self._space = [text[len(words) :]]
