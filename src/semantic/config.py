@@ -62,6 +62,17 @@ class Settings(BaseSettings):
         description="On SIGTERM or SIGINT, how long running requests may take to finish before "
         "they are cancelled (new ones get 503 meanwhile); then caches are persisted.",
     )
+    send_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A client that takes none of its response for this long is cut off: its "
+        "request is aborted (its cache kept) and the connection closed.",
+    )
+    max_connections: int = Field(
+        512,
+        ge=1,
+        description="Most connections open at once; past it a new one gets 503 at once.",
+    )
 
     # security
     api_key: Annotated[list[SecretStr], NoDecode] = Field(
@@ -74,6 +85,19 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Key that may also use /admin/ (model swap, cache persist and evict); once "
         "one is set, other keys get 403 there. Repeat the flag or separate keys with commas.",
+    )
+
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Web origins (scheme://host[:port]) whose pages may use the server, and get "
+        "CORS headers; a page of any other origin but the server's own gets 403. Repeat the "
+        "flag or separate with commas.",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names a request to a loopback address may name besides localhost and "
+        "loopback IPs (a local proxy's name); any other gets 403, against DNS rebinding. Repeat "
+        "the flag or separate with commas.",
     )
 
     # model
@@ -152,6 +176,12 @@ class Settings(BaseSettings):
     max_body_mb: int = Field(32, ge=1, description="Largest request body, in MiB (413 past it).")
     max_messages: int = Field(100_000, ge=1, description="Most messages in one request.")
     max_tools: int = Field(1024, ge=0, description="Most tools in one request.")
+    max_stop_sequences: int = Field(
+        16, ge=0, description="Most stop strings in one request (400 past it)."
+    )
+    max_stop_sequence_chars: int = Field(
+        256, ge=1, description="Longest stop string, in characters (400 past it)."
+    )
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="Longest prompt, in tokens (default: the context decides)."
     )
@@ -172,6 +202,12 @@ class Settings(BaseSettings):
     rate_limit_agent_rpm: int | None = Field(
         None, ge=1, description="Generation requests per minute per agent; 429 past it."
     )
+    auth_failures_per_minute: int = Field(
+        30,
+        ge=1,
+        description="Requests with a wrong or missing API key per minute per client address; "
+        "past it that address gets 429 (any key) until its allowance refills.",
+    )
 
     # The key file's keys, read once when the settings are built.
     _file_keys: list[str] = PrivateAttr(default_factory=list)
@@ -182,11 +218,13 @@ class Settings(BaseSettings):
         """`~` in a path from the config file or the environment, where no shell expands it."""
         return path.expanduser() if path is not None else None
 
-    @field_validator("api_key", "admin_api_key", "model_alias", mode="before")
+    @field_validator(
+        "api_key", "admin_api_key", "model_alias", "allowed_origins", "allowed_hosts", mode="before"
+    )
     @classmethod
-    def _split_keys(cls, value: Any) -> Any:
-        """`a,b` from the environment, `["a,b", "c"]` from repeated flags: one flat list (of keys
-        or of aliases)."""
+    def _split_lists(cls, value: Any) -> Any:
+        """`a,b` from the environment, `["a,b", "c"]` from repeated flags: one flat list (of keys,
+        aliases, origins or hosts)."""
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list):
             return value
@@ -201,6 +239,20 @@ class Settings(BaseSettings):
         if malformed:
             raise ValueError(f"model_alias entries are NAME=PATH, not {malformed[0]!r}")
         return aliases
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _check_origins(cls, origins: list[str]) -> list[str]:
+        """As a browser writes them: `https://app.example.com`, `http://localhost:3000`."""
+        origins = [origin.strip().lower().rstrip("/") for origin in origins]
+        for origin in origins:
+            scheme, separator, authority = origin.partition("://")
+            well_formed = separator and authority and "/" not in authority
+            if not well_formed or scheme not in ("http", "https"):
+                raise ValueError(
+                    f"allowed_origins entries are scheme://host[:port], not {origin!r}"
+                )
+        return origins
 
     @property
     def model_aliases(self) -> dict[str, str]:

@@ -92,6 +92,16 @@ class ModelRegistry:
             raise ModelLoadFailed(f"model_alias names a built-in model: {', '.join(taken)}")
 
     def resolve(self, name_or_path: str) -> ModelSource:
+        """The model `name_or_path` names: ModelNotFound for none, ModelLoadFailed for a path
+        that cannot be read (its reason, as the system gives it)."""
+        try:
+            return self._resolve(name_or_path)
+        except OSError as exc:  # unreadable, a name too long, a folder we may not enter
+            raise ModelLoadFailed(
+                f"cannot read model {name_or_path[:200]!r}: {exc.strerror or exc}"
+            ) from None
+
+    def _resolve(self, name_or_path: str) -> ModelSource:
         builtin = self._by_name.get(name_or_path.lower())
         if builtin is not None:
             return builtin.source()

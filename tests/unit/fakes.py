@@ -107,3 +107,23 @@ class SteppedRunner(FakeRunner):
     def release(self) -> None:
         self._released = True
         self._permits.release()
+
+
+def asgi_scope(path: str, headers: dict[str, str], method: str = "POST") -> dict[str, Any]:
+    """An HTTP request's ASGI scope as uvicorn makes it, arrived on 127.0.0.1:8000: for tests
+    that play the server's side themselves (a client that stops reading, a body that never
+    ends)."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(name.encode(), value.encode()) for name, value in headers.items()],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }

@@ -52,6 +52,20 @@ class Submissions:
             await self._more.wait()
 
 
+class Aborts:
+    """Waits for the API to abort a request (what a disconnect must cause)."""
+
+    def __init__(self, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.seen = asyncio.Event()
+        abort = engine.abort
+
+        def spy(request_id: str) -> None:
+            abort(request_id)
+            self.seen.set()
+
+        monkeypatch.setattr(engine, "abort", spy)
+
+
 def long_chat_served(tokenizer: Tokenizer) -> ServedModel:
     """A fake model with a chat template and a context no test answer reaches the end of."""
     template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")

@@ -13,12 +13,13 @@ import pytest
 
 from semantic.api.app import create_app
 from semantic.core import Request, SamplingParams, TokenEvent
-from semantic.engine.engine import Engine, EngineStats
+from semantic.engine.engine import EngineStats
 from semantic.models.served import ServedModel
 from semantic.text.tokenizer import Tokenizer
 from tests.unit.fakes import SteppedRunner, engine_on
 from tests.unit.live_server import (
     LONG_CONTEXT,
+    Aborts,
     Submissions,
     fake_runner,
     long_chat_served,
@@ -35,20 +36,6 @@ ANTHROPIC = (
         "messages": [{"role": "user", "content": "Hello world!"}],
     },
 )
-
-
-class Aborts:
-    """Waits for the API to abort a request (what a disconnect must cause)."""
-
-    def __init__(self, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.seen = asyncio.Event()
-        abort = engine.abort
-
-        def spy(request_id: str) -> None:
-            abort(request_id)
-            self.seen.set()
-
-        monkeypatch.setattr(engine, "abort", spy)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ def test_every_test_the_failure_mode_table_names_exists() -> None:
 
 
 def test_every_spec_failure_mode_has_a_row_with_tests() -> None:
+    """Each of the fourteen failure modes has its row, in order, with tests."""
     rows = [line for line in DOC.read_text().splitlines() if re.match(r"\| \d+ \|", line)]
     numbers = [int(row.split("|")[1]) for row in rows]
     assert numbers == list(range(1, 15))

@@ -126,3 +126,49 @@ def test_the_swap_route_needs_a_key_when_keys_are_set(
             headers={"authorization": "Bearer sk-admin"},
         )
         assert keyed.status_code == 200 and loader.loads == ["a", "b"]
+
+
+def test_with_admin_keys_only_an_admin_key_swaps_by_naming_a_model(
+    loader: FakeLoader, models: dict[str, Path], tmp_path: Path
+) -> None:
+    """A request naming another model's alias would unload the model every other client is
+    using: with admin keys set, that is an admin's to do, as the swap route is."""
+    keys = {"api_key": ["sk-user"], "admin_api_key": ["sk-admin"]}
+    for api in client_for(loader, models, tmp_path, swap_on_request=True, **keys):
+        user = {"authorization": "Bearer sk-user"}
+        named = api.post("/v1/completions", json={**COMPLETION, "model": "model-b"}, headers=user)
+        assert named.status_code == 403, named.text
+        error = named.json()["error"]
+        assert error["type"] == "permission_error" and "only an admin key" in error["message"]
+        refused = api.post("/v1/messages", json={**MESSAGE, "model": "model-b"}, headers=user)
+        assert refused.json()["error"]["type"] == "permission_error"
+        loaded = api.post("/v1/completions", json={**COMPLETION, "model": "a"}, headers=user)
+        assert loaded.status_code == 200 and loader.loads == ["a"]
+        admin = {"authorization": "Bearer sk-admin"}
+        swapped = api.post(
+            "/v1/completions", json={**COMPLETION, "model": "model-b"}, headers=admin
+        )
+        assert swapped.status_code == 200 and loader.loads == ["a", "b"]
+
+
+def test_a_swap_to_a_path_that_cannot_be_read_is_a_400_that_says_why(
+    api: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    too_long = api.post("/admin/models/swap", json={"model": "m" * 300})
+    assert too_long.status_code == 400, too_long.text
+    assert "File name too long" in too_long.json()["error"]["message"]
+    # A file the server may not read (the tests run as root, whom permissions do not stop).
+    unreadable = tmp_path / "secret.gguf"
+    unreadable.write_bytes(b"GGUF")
+    real_open = Path.open
+
+    def refusing_open(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path == unreadable:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refusing_open)
+    answer = api.post("/admin/models/swap", json={"model": str(unreadable)})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["message"].endswith("Permission denied")
+    assert served_model(api) == "a"

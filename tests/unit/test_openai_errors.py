@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from semantic.api import openai as openai_api
 from semantic.api.app import create_app
 from semantic.engine.engine import Engine
 from semantic.errors import Overloaded
@@ -435,6 +437,33 @@ def test_an_overloaded_engine_answers_503_and_a_bug_answers_500(
     monkeypatch.setattr(engine, "check", bug)
     error = assert_openai_error(api.post(path, json=good), 500, "server_error")
     assert "bug" not in error["message"]  # internals stay in the log
+
+
+@pytest.mark.parametrize("path", [CHAT, LEGACY])
+def test_a_fault_after_the_200_is_an_error_chunk_that_keeps_its_internals_to_the_log(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    """An exception that is no error of ours (a bug: its text may name paths, keys, internals)
+    reaches the client as a generic message; the log has it whole."""
+
+    def bug(usage: object) -> None:
+        raise RuntimeError("secret detail in /srv/semantic/internals.py")
+
+    monkeypatch.setattr(openai_api, "usage_json", bug)
+    good = GOOD if path == CHAT else GOOD_LEGACY
+    body = {**good, "stream": True, "stream_options": {"include_usage": True}}
+    with caplog.at_level(logging.ERROR):
+        streamed = api.post(path, json=body)
+    assert streamed.status_code == 200
+    chunks = [line.removeprefix("data: ") for line in streamed.text.splitlines() if line]
+    error = json.loads(chunks[-1])["error"]
+    assert error == {
+        "message": "internal server error",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    assert "secret detail" not in streamed.text and "secret detail" in caplog.text
 
 
 def test_every_status_in_the_table_is_documented_for_its_route(api: TestClient) -> None:

@@ -4,13 +4,16 @@ names the field; /v1/messages clamps max_tokens instead, as Claude Code needs.""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.types import Message
 
+from semantic.api.app import create_app
 from semantic.models.served import ServedModel
-from tests.unit.fakes import chat_app
+from tests.unit.fakes import asgi_scope, chat_app, make_engine, with_chatml
 
 pytestmark = pytest.mark.usefixtures("no_outside_settings")
 
@@ -141,3 +144,90 @@ def test_every_route_with_a_body_takes_at_most_max_body_mb(
         long = {**BODY, "messages": [{"role": "user", "content": big}]}
         assert anthropic_error(client.post(ANTHROPIC, json=long), 413)
         assert client.post("/v1/agents", json={"agent_id": "bot"}).status_code == 201
+
+
+def test_stop_strings_past_their_count_or_length_are_a_400_naming_the_field(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """Every stop string is matched against every token on the engine thread, so how many a
+    request gives and how long each is are bounded, in every API."""
+    three = ["a", "b", "c"]
+    long = "x" * 11
+    with chat_app(served, tmp_path, max_stop_sequences=2, max_stop_sequence_chars=10) as client:
+        for stops, said in ((three, "3 stop sequences"), ([long], "of 11 characters")):
+            answer = client.post(ANTHROPIC, json={**BODY, "stop_sequences": stops})
+            message = anthropic_error(answer)
+            assert message.startswith("stop_sequences: ") and said in message
+            for path, body in ((OPENAI, BODY), (LEGACY, {"model": "tiny", "prompt": "Hi"})):
+                error = openai_error(client.post(path, json={**body, "stop": stops}))
+                assert error["param"] == "stop" and said in error["message"]
+            created = client.post("/v1/agents", json={"defaults": {"stop": stops}})
+            assert openai_error(created)["param"] == "defaults.stop"
+        assert client.post("/v1/agents", json={"agent_id": "bot"}).status_code == 201
+        turn = client.post("/v1/agents/bot/generate", json={"message": "Hi", "stop": [long]})
+        assert openai_error(turn)["param"] == "stop"
+        ok = ["x" * 10, "y"]
+        assert client.post(ANTHROPIC, json={**BODY, "stop_sequences": ok}).status_code == 200
+        assert client.post(OPENAI, json={**BODY, "stop": ok}).status_code == 200
+
+
+def test_by_default_a_request_takes_16_stop_strings_of_256_characters(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    with chat_app(served, tmp_path) as client:
+        most = [f"{i:03}" + "x" * 253 for i in range(16)]
+        assert client.post(ANTHROPIC, json={**BODY, "stop_sequences": most}).status_code == 200
+        more = anthropic_error(
+            client.post(ANTHROPIC, json={**BODY, "stop_sequences": [*most, "y"]})
+        )
+        assert "at most 16 (max_stop_sequences)" in more
+        longer = openai_error(client.post(OPENAI, json={**BODY, "stop": ["x" * 257]}))
+        assert "at most 256 (max_stop_sequence_chars)" in longer["message"]
+
+
+CHUNK = 2**18  # a quarter of a MiB
+
+
+class EndlessBody:
+    """The server's side of a client sending a body that does not end (a chunked upload of
+    gigabytes), counting what the app reads; it stops after `most` parts, so that an app
+    that reads to the end still returns."""
+
+    def __init__(self, most: int = 200) -> None:
+        self.reads = 0
+        self.most = most
+        self.statuses: list[int] = []
+
+    async def receive(self) -> dict[str, Any]:
+        self.reads += 1
+        more = self.reads < self.most
+        return {"type": "http.request", "body": b" " * CHUNK, "more_body": more}
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.statuses.append(message["status"])
+
+
+def test_a_body_is_read_no_further_than_the_limit(served: ServedModel, tmp_path: Path) -> None:
+    """A chunked body is refused once it passes `max_body_mb`, a declared one before a byte of
+    it is read; either way the connection is closed, since the rest is left unread."""
+    engine, _ = make_engine(with_chatml(served), tmp_path, max_body_mb=1)
+    app = create_app(engine, engine.settings)
+
+    async def post(path: str, headers: dict[str, str]) -> EndlessBody:
+        client = EndlessBody()
+        await app(asgi_scope(path, {"host": "127.0.0.1", **headers}), client.receive, client.send)
+        return client
+
+    async def scenario() -> None:
+        async with app.router.lifespan_context(app):
+            for path in (ANTHROPIC, OPENAI, "/v1/agents"):
+                chunked = await post(path, {"transfer-encoding": "chunked"})
+                assert chunked.statuses == [413] and chunked.reads == 2**20 // CHUNK + 1
+                declared = await post(path, {"content-length": str(10**10)})
+                assert declared.statuses == [413] and declared.reads == 0
+
+    asyncio.run(scenario())
+    with chat_app(served, tmp_path, max_body_mb=1) as client:
+        refused = client.post(OPENAI, content=b" " * (2**20 + 1))
+        assert refused.status_code == 413 and refused.headers["connection"] == "close"

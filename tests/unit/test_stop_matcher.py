@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from semantic.text.detokenizer import StopMatcher
@@ -79,3 +81,36 @@ def test_emitted_text_is_a_prefix_of_the_input_in_any_chunking(chunk: int) -> No
     text = "one <stop-ish> two <sto three <stop> four"
     deltas = [text[i : i + chunk] for i in range(0, len(text), chunk)]
     assert run(("<stop>",), deltas) == ("one <stop-ish> two <sto three ", "<stop>")
+
+
+def first_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
+    """What a matcher must answer, found the slow way: the stop whose match ends first (on a
+    tie, the longer one), and the text before it; all of the text when none occurs."""
+    found = [
+        (start + len(stop), -len(stop), stop)
+        for stop in stops
+        if stop and (start := text.find(stop)) >= 0
+    ]
+    if not found:
+        return text, None
+    end, minus_length, stop = min(found)
+    return text[: end + minus_length], stop
+
+
+def test_many_overlapping_stops_agree_with_a_plain_search_in_any_chunking() -> None:
+    """Stops that are prefixes, suffixes and infixes of one another over a two-letter alphabet,
+    where a matcher must fall back from a failed partial match to the longest one still alive."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        stops = tuple("".join(rng.choices("ab", k=rng.randint(1, 6))) for _ in range(3))
+        text = "".join(rng.choices("ab", k=rng.randint(0, 30)))
+        cuts = sorted(rng.sample(range(1, len(text)), k=min(3, max(0, len(text) - 1))))
+        deltas = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        assert run(stops, deltas) == first_stop(text, stops), (stops, deltas)
+
+
+def test_text_is_held_back_only_while_it_may_begin_a_stop() -> None:
+    matcher = StopMatcher(("aab", "abc"))
+    assert matcher.feed("xaa") == ("x", None)  # "aa" may begin "aab"
+    assert matcher.feed("a") == ("a", None)  # "aaa": only the last two still may
+    assert matcher.feed("bd") == ("", "aab")

@@ -48,7 +48,7 @@ class Sampling(BaseModel):
         description="Most tokens to generate. A call's own value must fit the context (else "
         "400 context_length_exceeded); the agent's or the server's default is cut to fit.",
     )
-    stop: StopString | Annotated[list[StopString], Field(max_length=16)] | None = None
+    stop: StopString | list[StopString] | None = None  # how many, how long: api/limits.py
     seed: int | None = None
 
     def settings(self) -> SamplingDefaults:
@@ -125,6 +125,7 @@ class Turn:
         limits.check_prompt(settings, len(prompt), "message")
         defaults, overrides = self.conversation.defaults, body.settings()
         chosen = defaults.overridden_by(overrides)
+        limits.check_stops(settings, chosen.stop or (), "stop")
         default_max_tokens = defaults.max_tokens or settings.default_max_tokens
         max_tokens = limits.output_budget(
             settings,

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from semantic.api import rate_limits
+from semantic.api import limits, rate_limits
 from semantic.api.admin import engine_of
 from semantic.api.agent_turn import (
     KEEP_ALIVE_S,
@@ -180,7 +180,9 @@ async def create_agent(request: Request, body: AgentCreate | None = None) -> dic
     first generate. Of two creates of one id, exactly one wins (the other gets 409)."""
     engine, body = engine_of(request), body or AgentCreate()
     agent_id = body.agent_id or _new_id()
-    conversation = Conversation(body.system, body.defaults.settings())
+    defaults = body.defaults.settings()
+    limits.check_stops(request.app.state.settings, defaults.stop or (), "defaults.stop")
+    conversation = Conversation(body.system, defaults)
     return await _created(engine, lambda: engine.agents.create(agent_id, conversation))
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -43,6 +42,7 @@ from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage, is_va
 from semantic.core import Request as GenerationRequest
 from semantic.errors import ContextOverflow, InvalidRequest
 from semantic.observability import bind_agent
+from semantic.text import client_json
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolEvent
 
 router = APIRouter()
@@ -72,7 +72,7 @@ def sampling_params(body: MessagesBody, max_tokens: int) -> SamplingParams:
 # -- the agent -----------------------------------------------------------------------------
 
 # Claude Code before ~2.1: `user_<hash>_account_<uuid>_session_<uuid>`.
-_LEGACY_SESSION = re.compile(r"_session_([0-9A-Za-z-]+)$")
+_LEGACY_SESSION = re.compile(r"_session_([0-9A-Za-z-]++)$")  # possessive: never backtracks
 # Claude Code names its subagents (the Task tool) in a header; they share the session id.
 SUBAGENT_HEADER = "x-claude-code-agent-id"
 
@@ -110,8 +110,8 @@ def _session_in(user_id: str) -> str | None:
     """The session id inside Claude Code's `user_id`: a JSON object `{"device_id",
     "account_uuid", "session_id"}`, or the older `…_session_<uuid>` string."""
     try:
-        decoded = json.loads(user_id)
-    except ValueError:
+        decoded = client_json.loads(user_id)
+    except client_json.NotJson:
         legacy = _LEGACY_SESSION.search(user_id)
         return legacy.group(1) if legacy else None
     session = decoded.get("session_id") if isinstance(decoded, dict) else None
@@ -282,6 +282,7 @@ async def create_message(request: Request) -> Response:
     engine, settings = engine_of(request), request.app.state.settings
     engine.model.check_requested_name(body.model, settings.strict_model_names)
     limits.check_counts(settings, len(body.messages), len(body.tools or []))
+    limits.check_stops(settings, body.stop_sequences or (), "stop_sequences")
     agent = agent_id(body, request.headers)
     bind_agent(agent)
     rate_limits.check_agent(request, agent)

@@ -8,7 +8,6 @@ prefix from turn to turn.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -20,10 +19,9 @@ from semantic.api import tool_use
 from semantic.api.bodies import body_limit, read_body
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
-from semantic.text import claude_code
+from semantic.text import claude_code, client_json
 from semantic.text.chat import template_tool_call
 
-MAX_STOP_SEQUENCES = 256
 IMAGE_TEXT = "[image]"  # what a text-only model sees of an image
 DOCUMENT_TEXT = "[document]"
 PART_SEPARATOR = "\n\n"  # between the text blocks of one turn, and merged turns
@@ -123,10 +121,9 @@ class PromptBody(_Body):
 class MessagesBody(PromptBody):
     max_tokens: int = Field(ge=0)  # 0: prefill (and cache) the prompt, generate nothing
     stream: bool = False
-    # An empty stop sequence would end every answer before its first token.
-    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = Field(
-        None, max_length=MAX_STOP_SEQUENCES
-    )
+    # An empty stop sequence would end every answer before its first token. How many, and
+    # how long: api/limits.py.
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
@@ -141,9 +138,9 @@ async def parse_body(request: Request, schema: type[B]) -> B:
     object of the right shape (never a 500: deep nesting and invalid UTF-8 included)."""
     raw = await read_body(request, body_limit(request.app))
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidRequest("the request body is not valid JSON") from exc
+        data = client_json.loads(raw)
+    except client_json.NotJson as exc:
+        raise InvalidRequest(f"the request body {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
     try:

@@ -8,13 +8,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.middleware.cors import CORSMiddleware
 
 from semantic import __version__
 from semantic.api import admin, agents, anthropic, auth, errors, gate, openai, openapi
+from semantic.api.bodies import JsonBodies
+from semantic.api.browsers import RefuseForeignPages
 from semantic.api.lifecycle import Lifecycle, LifecycleGate
 from semantic.api.rate_limits import LimitByKey, RateLimits
 from semantic.api.request_metrics import RequestMetrics
+from semantic.api.slow_clients import SendTimeout
 from semantic.config import Settings
 from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
@@ -52,11 +55,32 @@ def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
     app.add_middleware(LimitByKey, limits=app.state.rate_limits)
     # Added early, so it runs inside `_request_id` and a 401 carries the request id too.
     app.add_middleware(
-        auth.RequireApiKey, keys=settings.api_keys, admin_keys=settings.admin_api_keys
+        auth.RequireApiKey,
+        keys=settings.api_keys,
+        admin_keys=settings.admin_api_keys,
+        limits=app.state.rate_limits,
+    )
+    app.add_middleware(JsonBodies)
+    # Outside the key check (a preflight carries no key) and the refusals above, which an
+    # allowed page can then read.
+    if settings.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.allowed_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["request-id", "x-request-id", "retry-after", "retry-after-ms"],
+        )
+    # Before anything else reads a request: a page refused here learns nothing of keys.
+    app.add_middleware(
+        RefuseForeignPages,
+        allowed_origins=settings.allowed_origins,
+        allowed_hosts=settings.allowed_hosts,
     )
     app.middleware("http")(_request_id)
-    app.add_middleware(_JSONBodies)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics, router=app.router)
+    # Outermost: every message to the client goes through it, the others' included.
+    app.add_middleware(SendTimeout, timeout_s=settings.send_timeout_s)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
     app.include_router(agents.router)
@@ -76,17 +100,3 @@ async def _request_id(
     response.headers["request-id"] = request_id
     response.headers["x-request-id"] = request_id
     return response
-
-
-class _JSONBodies:
-    """Every body this server takes is JSON, whatever the client's content-type says:
-    `curl -d` sends `application/x-www-form-urlencoded`, and some clients send none."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-        await self.app(scope, receive, send)

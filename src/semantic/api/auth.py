@@ -8,8 +8,12 @@ contents or length, and they are never logged: a request that passes carries `ke
 short digest of its key, which is what logs and rate limits (rate_limits.py) name it by.
 
 Admin keys are keys too, and once any is set they are the only ones the admin routes take (model
-swap, cache persist and evict): any other known key gets 403, as a key that lacks permission.
-With no admin key set, every key reaches every route.
+swap, cache persist and evict): any other known key gets 403, as a key that lacks permission,
+and only they may swap models by naming one in a request (`swap_on_request`). With no admin key
+set, every key reaches every route.
+
+Guessing is slow: each 401 counts against its client address (rate_limits.py), and an address
+over `auth_failures_per_minute` gets 429 before its key is looked at.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import hashlib
 import hmac
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from fastapi.security.utils import get_authorization_scheme_param
 from starlette.requests import Request
@@ -25,6 +30,10 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic.api import errors
+from semantic.errors import RateLimited
+
+if TYPE_CHECKING:  # rate_limits.py imports this module
+    from semantic.api.rate_limits import RateLimits
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +41,7 @@ log = logging.getLogger(__name__)
 OPEN_PATHS = ("/health/",)
 ADMIN_PATHS = ("/admin/",)
 _KEY_ID = "api_key_id"  # the request state's name for the key's short digest
+_ADMIN = "api_key_admin"  # the request state's name for whether the key may administer
 _MISSING = "missing API key: send it as x-api-key or Authorization: Bearer"
 _NOT_ADMIN = "this API key may not use the admin routes: send an admin key (admin_api_key)"
 
@@ -40,8 +50,16 @@ class RequireApiKey:
     """ASGI middleware in front of the routes. With no keys configured every request passes:
     the server is then on loopback (`semantic serve` refuses a remote bind without a key)."""
 
-    def __init__(self, app: ASGIApp, keys: Iterable[str], admin_keys: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: Iterable[str],
+        admin_keys: Iterable[str] = (),
+        *,
+        limits: RateLimits,
+    ) -> None:
         self.app = app
+        self.limits = limits
         self._admin_digests = [_digest(key) for key in admin_keys]
         self._digests = [_digest(key) for key in keys] + self._admin_digests
 
@@ -50,22 +68,29 @@ class RequireApiKey:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
+        address = request.client.host if request.client else "unknown"
+        try:
+            self.limits.check_address(address)
+        except RateLimited as exc:
+            _log_refusal(request, 429, "too many wrong keys")
+            await errors.semantic_error_response(request, exc)(scope, receive, send)
+            return
         sent = _sent_keys(request)
         matched = _match(sent, self._digests)
         if matched is None:
+            self.limits.failed_auth(address)
             refusal = "invalid API key" if sent else _MISSING
             _log_refusal(request, 401, refusal)
             await _unauthorized(request, refusal)(scope, receive, send)
             return
+        admin = not self._admin_digests or _match(sent, self._admin_digests) is not None
         setattr(request.state, _KEY_ID, matched.hex()[:8])  # scope["state"]: seen downstream
-        if self._needs_admin(scope["path"]) and _match(sent, self._admin_digests) is None:
+        setattr(request.state, _ADMIN, admin)
+        if scope["path"].startswith(ADMIN_PATHS) and not admin:
             _log_refusal(request, 403, _NOT_ADMIN)
             await _forbidden(request)(scope, receive, send)
             return
         await self.app(scope, receive, send)
-
-    def _needs_admin(self, path: str) -> bool:
-        return bool(self._admin_digests) and path.startswith(ADMIN_PATHS)
 
 
 def key_id_of(request: Request) -> str | None:
@@ -73,6 +98,13 @@ def key_id_of(request: Request) -> str | None:
     it in logs and rate limits; None when the server has no keys."""
     key_id: str | None = getattr(request.state, _KEY_ID, None)
     return key_id
+
+
+def may_administer(request: Request) -> bool:
+    """Whether the request's key may use the admin routes and swap models: an admin key, or
+    any key (or none) when the server has no admin keys."""
+    admin: bool = getattr(request.state, _ADMIN, True)
+    return admin
 
 
 def _match(sent: list[str], digests: list[bytes]) -> bytes | None:
@@ -110,9 +142,7 @@ def _unauthorized(request: Request, message: str) -> Response:
 
 
 def _forbidden(request: Request) -> Response:
-    if errors.protocol_of(request) == "anthropic":
-        return errors.anthropic_error(request, 403, _NOT_ADMIN)
-    return errors.openai_error(403, _NOT_ADMIN, "permission_error", code="insufficient_permissions")
+    return errors.error_response(request, 403, _NOT_ADMIN, "insufficient_permissions")
 
 
 def _log_refusal(request: Request, status: int, reason: str) -> None:

@@ -1,5 +1,6 @@
-"""Request bodies under a size limit (the `max_body_mb` setting): a 413 past it (in the
-protocol's shape, through errors.py), never a server that buffers whatever a client sends.
+"""Request bodies: JSON, whatever most clients say (`JsonBodies`), but never a form from a web
+page; and under a size limit (the `max_body_mb` setting): a 413 past it (in the protocol's shape,
+through errors.py), never a server that reads whatever a client sends.
 
 FastAPI reads a route's declared body with no limit; routes built with `LimitedBodyRoute` read
 it through `read_body` instead.
@@ -12,7 +13,46 @@ from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from semantic.api import errors
+from semantic.text import client_json
+
+# The types a web page may send to another site without asking it first (a CORS "simple
+# request"): a form, a multipart form, plain text.
+PAGE_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class JsonBodies:
+    """ASGI middleware: every body this server takes is JSON, whatever the client's
+    content-type says (`curl -d` sends a form type, some clients none), so a body's type is
+    made `application/json` for the routes, except where a web page could have sent it: a form
+    or text type with an `Origin` (only browsers send one) is a 415. Read as JSON, such a
+    request would be a command any page could give (api/browsers.py refuses pages of other
+    origins; this holds for every page)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        kind = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind in PAGE_TYPES and "origin" in headers:
+            message = (
+                f"a request body of type {kind} from a web page is refused: send JSON, as "
+                "content-type: application/json"
+            )
+            await errors.error_response(Request(scope), 415, message)(scope, receive, send)
+            return
+        others = [(name, value) for name, value in scope["headers"] if name != b"content-type"]
+        scope = {**scope, "headers": [*others, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
 
 
 def body_limit(app: Any) -> int:
@@ -22,18 +62,27 @@ def body_limit(app: Any) -> int:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or a 413 when it is longer than `limit` bytes."""
-    # Read to the end even past the limit: a client still sending its body when the answer
-    # comes would see a reset connection instead of the 413.
+    """The whole body, or a 413 as soon as it is known to be longer than `limit` bytes: by its
+    Content-Length, before a byte is read; else (a chunked body) once `limit` bytes have come.
+    What is past the limit is never read: the 413 closes the connection, so a client still
+    sending may see it reset instead (curl, which asks `Expect: 100-continue` before a large
+    body, sends none of it and reads the 413)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(f"request body is {int(declared)} bytes; the limit is {limit}")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-    if size > limit:
-        raise HTTPException(413, f"request body is {size} bytes; the limit is {limit}")
+        if size > limit:
+            raise _too_large(f"request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _too_large(message: str) -> HTTPException:
+    # The rest of the body is unread, so the connection cannot carry another request.
+    return HTTPException(413, message, headers={"connection": "close"})
 
 
 class _LimitedRequest(Request):
@@ -41,6 +90,17 @@ class _LimitedRequest(Request):
         if not hasattr(self, "_body"):
             self._body = await read_body(self, body_limit(self.app))
         return self._body
+
+    async def json(self) -> Any:
+        """The body's JSON, its nesting bounded (text/client_json.py); a 400 for anything else.
+        (FastAPI lets an HTTPException through as it is, where another error becomes a 400
+        that does not say what is wrong.)"""
+        if not hasattr(self, "_json"):
+            try:
+                self._json = client_json.loads(await self.body())
+            except client_json.NotJson as exc:
+                raise HTTPException(400, f"the request body {exc}") from None
+        return self._json
 
 
 class LimitedBodyRoute(APIRoute):

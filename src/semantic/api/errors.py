@@ -44,6 +44,7 @@ _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.Overloaded, 503, "server_error", "overloaded"),
     (errors.Unavailable, 503, "server_error", "unavailable"),
 ]
+INTERNAL = "internal server error"  # all a client learns of a fault: the log has the rest
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 # Anthropic's statuses differ from OpenAI's only for overload (529, which its SDKs retry).
@@ -117,6 +118,17 @@ def anthropic_error(request: Request, status: int, message: str) -> JSONResponse
     return JSONResponse(body.model_dump(), status_code=status, headers={"request-id": request_id})
 
 
+def error_response(
+    request: Request, status: int, message: str, code: str | None = None
+) -> JSONResponse:
+    """An error of HTTP `status` in the request's protocol, its type the one the protocol gives
+    that status (OpenAI: `code`, when given, says which refusal it is)."""
+    if protocol_of(request) == "anthropic":
+        return anthropic_error(request, status, message)
+    type_ = _HTTP_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return openai_error(status, message, type_, code=code)
+
+
 def anthropic_type(status: int) -> str:
     return _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
@@ -130,9 +142,12 @@ def classify(exc: Exception) -> tuple[int, str, str | None]:
 
 
 def error_payload(exc: Exception) -> dict[str, Any]:
-    """The body of a mid-stream OpenAI error chunk."""
+    """The body of a mid-stream OpenAI error chunk (the agent API's too). An exception of ours
+    says what went wrong; any other is a fault whose text (paths, internals) stays in the log,
+    where the stream's code put it."""
     _, type_, code = classify(exc)
-    return {"error": {"message": str(exc), "type": type_, "param": None, "code": code}}
+    message = str(exc) if isinstance(exc, errors.SemanticError) else INTERNAL
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
 
 def anthropic_status(exc: Exception) -> int:
@@ -146,7 +161,7 @@ def anthropic_message(exc: Exception) -> str:
     """Our message, except for context overflow: Claude Code recognises Anthropic's own
     wording (PROTOCOLS.md §1.10) and compacts the conversation instead of failing."""
     if not isinstance(exc, errors.ContextOverflow):
-        return str(exc) if isinstance(exc, errors.SemanticError) else "internal server error"
+        return str(exc) if isinstance(exc, errors.SemanticError) else INTERNAL
     prompt, output, context = exc.prompt_tokens, exc.max_tokens, exc.context_length
     if prompt >= context:
         # The longest prompt that still leaves room for one output token.
@@ -188,7 +203,7 @@ def _validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
     if details[0].get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     found = [
-        (_field_path(d.get("loc", ())), re.sub(r" or instance of \w+", "", str(d.get("msg"))))
+        (_field_path(d.get("loc", ())), re.sub(r" or instance of \w++", "", str(d.get("msg"))))
         for d in details
     ]
     path = max((p for p, _ in found), key=len)
@@ -240,10 +255,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        if protocol_of(request) == "anthropic":
-            return anthropic_error(request, exc.status_code, str(exc.detail))
-        type_ = _HTTP_TYPES.get(exc.status_code, "invalid_request_error")
-        return openai_error(exc.status_code, str(exc.detail), type_)
+        response = error_response(request, exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(errors.SemanticError)
     async def _ours(request: Request, exc: errors.SemanticError) -> JSONResponse:
@@ -258,6 +272,4 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        if protocol_of(request) == "anthropic":
-            return anthropic_error(request, 500, "internal server error")
-        return openai_error(500, "internal server error", "server_error")
+        return error_response(request, 500, INTERNAL)

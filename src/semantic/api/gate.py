@@ -8,17 +8,19 @@ during a swap wait here (bounded by `swap_wait_s`), then get Overloaded in their
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from semantic.api import errors
+from semantic.api.auth import may_administer
 from semantic.api.bodies import body_limit
 from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
 from semantic.errors import SemanticError
+from semantic.text import client_json
 
 # Routes under these use the engine; the swap route must not (it waits for every lease).
 GATED_PATHS = ("/v1/", "/admin/")
@@ -46,6 +48,11 @@ class LeaseEngine:
         model = None
         if self.host.settings.swap_on_request and path in MODEL_ROUTES:
             model, receive = await _requested_model(receive, body_limit(scope["app"]))
+            if model is not None and not may_administer(Request(scope)):
+                if self.host.would_swap(model):
+                    await _may_not_swap(Request(scope), model)(scope, receive, send)
+                    return
+                model = None  # never a swap, even if another one changes what is loaded
         try:
             engine = await self.host.acquire(model)
         except SemanticError as exc:
@@ -56,6 +63,14 @@ class LeaseEngine:
             await self.app(scope, receive, send)
         finally:
             self.host.release()
+
+
+def _may_not_swap(request: Request, model: str) -> Response:
+    message = (
+        f"model {model!r} is not loaded, and only an admin key may swap models "
+        "(swap_on_request; admin_api_key)"
+    )
+    return errors.error_response(request, 403, message, "insufficient_permissions")
 
 
 def engine_of(request: Request) -> Engine:
@@ -92,8 +107,8 @@ async def _requested_model(receive: Receive, limit: int) -> tuple[str | None, Re
 
 def _model_field(body: bytes) -> str | None:
     try:
-        parsed: Any = json.loads(body)
-    except ValueError:
+        parsed: Any = client_json.loads(body)
+    except client_json.NotJson:
         return None
     model = parsed.get("model") if isinstance(parsed, dict) else None
     return model if isinstance(model, str) else None

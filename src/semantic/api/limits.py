@@ -1,10 +1,13 @@
-"""Request limits (SPEC §8), each a setting: how many messages and tools one request may carry,
-and how many tokens its prompt and its answer may have. (The body's size is bodies.py's; the
+"""Request limits (SPEC §8), each a setting: how many messages, tools and stop strings one
+request may carry (and how long a stop string may be), and how many tokens its prompt and its
+answer may have. (The body's size is bodies.py's; the
 context's, the engine's.) Every refusal is a 400 that names the field, in the protocol's shape
 (errors.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from semantic.config import Settings
 from semantic.errors import ContextOverflow, InvalidRequest, PromptTooLong
@@ -22,6 +25,24 @@ def check_counts(settings: Settings, messages: int, tools: int) -> None:
         raise InvalidRequest(
             f"tools: {tools} tools; this server takes at most {settings.max_tools} (max_tools)",
             param="tools",
+        )
+
+
+def check_stops(settings: Settings, stops: Sequence[str], param: str) -> None:
+    """A 400 naming `param` for more stop strings than `max_stop_sequences`, or one longer than
+    `max_stop_sequence_chars`: the engine thread matches them against every token."""
+    if len(stops) > settings.max_stop_sequences:
+        raise InvalidRequest(
+            f"{param}: {len(stops)} stop sequences; this server takes at most "
+            f"{settings.max_stop_sequences} (max_stop_sequences)",
+            param=param,
+        )
+    longest = max(map(len, stops), default=0)
+    if longest > settings.max_stop_sequence_chars:
+        raise InvalidRequest(
+            f"{param}: a stop sequence of {longest} characters; this server takes at most "
+            f"{settings.max_stop_sequence_chars} (max_stop_sequence_chars)",
+            param=param,
         )
 
 

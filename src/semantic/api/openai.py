@@ -7,7 +7,6 @@ Translation only (PROTOCOLS.md §3): no engine state, no SSE bytes (those live i
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -41,10 +40,12 @@ from semantic.api.streaming import (
     with_keep_alive,
 )
 from semantic.api.tool_use import ToolUse, whole_reply
+from semantic.config import Settings
 from semantic.core import AGENT_ID_PATTERN, FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
+from semantic.text import client_json
 from semantic.text.chat import template_tool_call
 from semantic.text.tools import TextDelta, ToolEvent
 
@@ -147,16 +148,17 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 def _template_tool_call(call: ToolCall) -> dict[str, Any]:
     try:
-        arguments = json.loads(call.function.arguments)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest("tool_calls arguments must be a JSON string", "messages") from exc
+        arguments = client_json.loads(call.function.arguments)
+    except client_json.NotJson as exc:
+        raise InvalidRequest(f"tool_calls arguments: the JSON string {exc}", "messages") from None
     return template_tool_call(call.id, call.function.name, arguments)
 
 
-def sampling_params(body: GenerationFields, max_tokens: int) -> SamplingParams:
+def sampling_params(body: GenerationFields, max_tokens: int, settings: Settings) -> SamplingParams:
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if len(stops) > 16 or any(not stop for stop in stops):
-        raise InvalidRequest("stop takes at most 16 non-empty strings", param="stop")
+    if any(not stop for stop in stops):
+        raise InvalidRequest("stop: a stop sequence may not be empty", param="stop")
+    limits.check_stops(settings, stops, "stop")
     return SamplingParams(
         temperature=body.temperature,
         top_p=body.top_p,
@@ -217,7 +219,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens),
+        sampling=sampling_params(body, max_tokens, settings),
         agent_id=agent_id,
     )
     events = engine.stream(generation)
@@ -381,7 +383,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens),
+        sampling=sampling_params(body, max_tokens, settings),
         agent_id=agent_id,
     )
     events = engine.stream(generation)

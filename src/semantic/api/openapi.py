@@ -6,7 +6,7 @@ add what it cannot see with the helpers here (`json_body` for a body read by han
 hand-read bodies' schemas into the components, and replaces the 422 this app never sends (its
 validation errors are 400s in each protocol's shape, errors.py), and adds the 401 it does send
 when API keys are set (auth.py), the admin routes' 403 when admin keys are, and the 429 when
-rate limits are (rate_limits.py).
+rate limits are (rate_limits.py), or keys (too many wrong ones from one address).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ _ERROR_DESCRIPTIONS = {
     403: "An admin route with a key that is not an admin key (once `admin_api_key` is set).",
     404: "The model named is not served here (only with `strict_model_names`).",
     413: "The body is larger than `max_body_mb` (32 MiB unless set).",
-    429: "Over a rate limit (`rate_limit_key_rpm`, `rate_limit_agent_rpm`); `retry-after` says "
-    "when to try again.",
+    429: "Over a rate limit (`rate_limit_key_rpm`, `rate_limit_agent_rpm`), or too many wrong "
+    "API keys from this address (`auth_failures_per_minute`); `retry-after` says when to try "
+    "again.",
     500: "A fault in the server; the log has the details.",
     503: "Overloaded: no room in the KV pool within `queue_timeout_s`, or a model swap not done "
     "within `swap_wait_s`; retry later.",
@@ -89,7 +90,10 @@ def install(app: FastAPI) -> None:
     generate = app.openapi
     settings = app.state.settings
     keys_required = settings.any_api_keys
-    rate_limited = bool(settings.rate_limit_key_rpm or settings.rate_limit_agent_rpm)
+    # With keys, a client address that sends too many wrong ones is limited too.
+    rate_limited = bool(
+        settings.rate_limit_key_rpm or settings.rate_limit_agent_rpm or keys_required
+    )
     admin_keys = bool(settings.admin_api_keys)
 
     def openapi() -> dict[str, Any]:

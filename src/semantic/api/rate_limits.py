@@ -1,4 +1,5 @@
-"""Rate limits (SPEC §8): requests per minute for each API key and for each agent, off unless set.
+"""Rate limits (SPEC §8): requests per minute for each API key and for each agent, off unless set;
+and failed API key attempts per minute for each client address, always on.
 
 Each key and each agent has a token bucket (the algorithm Anthropic's API documents for its own
 limits): it holds up to a minute's allowance, refills continuously at that rate, and one request
@@ -9,6 +10,11 @@ when one token will be back (the SDKs retry on their own after it).
 The key's limit is checked in `LimitByKey`, after `auth.RequireApiKey` has named the key; the
 agent's in each generation route, where the agent is named (a body field, so only the route knows
 it). Keys are known here only by `auth.key_id`, a short digest, which is what a 429 logs.
+
+Failed key attempts are counted by `auth.RequireApiKey`: each 401 takes a token from its client
+address's bucket, and an address whose bucket is empty gets 429 before its key is looked at, so
+keys cannot be guessed faster than `auth_failures_per_minute` (a right key from that address
+waits too: it cannot be told from a guess without trying it).
 """
 
 from __future__ import annotations
@@ -68,6 +74,15 @@ class RateLimiter:
             return 0.0
         return (1.0 - bucket.tokens) / self._per_second
 
+    def wait_s(self, name: str) -> float:
+        """Seconds until `name`'s bucket holds a request again; 0.0 when it does now. Takes
+        nothing."""
+        bucket = self._buckets.get(name)
+        if bucket is None:
+            return 0.0
+        tokens = self._refilled(bucket, self._clock())
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self._per_second
+
     def __len__(self) -> int:
         return len(self._buckets)
 
@@ -90,12 +105,29 @@ class RateLimiter:
 
 
 class RateLimits:
-    """The server's two limits, from its settings; either may be off (None)."""
+    """The server's limits, from its settings: per key and per agent (either may be off, None),
+    and failed key attempts per client address."""
 
     def __init__(self, settings: Settings, clock: Clock = time.monotonic) -> None:
         key_rpm, agent_rpm = settings.rate_limit_key_rpm, settings.rate_limit_agent_rpm
         self.by_key = RateLimiter(key_rpm, clock) if key_rpm else None
         self.by_agent = RateLimiter(agent_rpm, clock) if agent_rpm else None
+        self.auth_failures = RateLimiter(settings.auth_failures_per_minute, clock)
+
+    def check_address(self, address: str) -> None:
+        """RateLimited when `address` has failed its key too often to try another now."""
+        wait_s = self.auth_failures.wait_s(address)
+        if wait_s > 0:
+            raise RateLimited(
+                "Too many requests with a wrong API key from this address: limit "
+                f"{self.auth_failures.per_minute} per minute. Please try again in "
+                f"{math.ceil(wait_s)}s.",
+                retry_after_s=wait_s,
+            )
+
+    def failed_auth(self, address: str) -> None:
+        """Count a request from `address` that was refused for its key."""
+        self.auth_failures.admit(address)
 
     def check_key(self, key_id: str) -> None:
         """RateLimited when this key (or, with no keys set, the server) is over its limit."""

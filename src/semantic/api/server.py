@@ -57,17 +57,25 @@ class DrainingServer(uvicorn.Server):
 def serve(app: FastAPI, settings: Settings) -> None:
     """Serve `app` until a stop signal, then drain, shut down and return (the exit status is 0:
     a graceful stop is a success)."""
-    config = uvicorn.Config(
+    server = DrainingServer(
+        uvicorn_config(app, settings), app.state.lifecycle, settings.shutdown_timeout_s
+    )
+    # uvicorn re-raises the stop signal to the handler it found once it has shut down; a no-op
+    # one makes the exit status 0.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, lambda signum, frame: None)
+    server.run()
+
+
+def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         log_config=None,  # uvicorn's records go through our handler (observability.py) too
         timeout_graceful_shutdown=RESPONSE_GRACE_S,
+        # uvicorn refuses a request (503) once this many connections are open, its own
+        # included: one more, so that `max_connections` of them are served.
+        limit_concurrency=settings.max_connections + 1,
     )
-    server = DrainingServer(config, app.state.lifecycle, settings.shutdown_timeout_s)
-    # uvicorn re-raises the stop signal to the handler it found once it has shut down; a no-op
-    # one makes the exit status 0.
-    for stop_signal in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(stop_signal, lambda signum, frame: None)
-    server.run()

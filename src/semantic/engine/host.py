@@ -279,6 +279,11 @@ class EngineHost:
             return None
         return self.registry.resolve(model)
 
+    def would_swap(self, model: str) -> bool:
+        """Whether a request naming `model` would swap models now (`acquire`)."""
+        wanted = self._wanted(model)
+        return wanted is not None and not self.is_loaded(wanted)
+
     def is_loaded(self, source: ModelSource) -> bool:
         return self._source is not None and _same_path(self._source.path, source.path)
 

@@ -82,6 +82,12 @@ class ChatTemplate:
             )
         except (jinja2.TemplateError, TypeError) as exc:
             raise InvalidRequest(f"chat template error: {exc}", param="messages") from exc
+        except RecursionError:  # a template that recurses over what a client nested
+            raise InvalidRequest(
+                "chat template error: the messages or tools nest too deeply for this model's "
+                "template",
+                param="messages",
+            ) from None
         if continue_final_message and messages:
             text = _cut_after(text, str(messages[-1].get("content") or ""))
         # JSON may carry lone UTF-16 surrogates (a JavaScript string cut mid-emoji), which no

@@ -29,20 +29,29 @@ from __future__ import annotations
 import re
 
 # The billing line, and the line break after it when other text follows in the same block.
-_BILLING_HEADER = re.compile(r"\A\s*x-anthropic-billing-header:[^\n]*(?:\n|\Z)")
+_BILLING_HEADER = re.compile(r"\A\s*+x-anthropic-billing-header:[^\n]*+(?:\n|\Z)")
 
-_TOTAL_TOKENS = r"<total_tokens>\s*\d+ tokens left\s*</total_tokens>"
+# Every pattern here runs over client text (tool output of any size), so each is linear in it:
+# quantifiers are possessive (`++`, `*+`: they never give back what they took) or inside an
+# atomic group (`(?>…)`), so no attempt backtracks; and a countdown's free text stops at `<` as
+# well as at a line's end, so one attempt never reads past the next tag, and attempts at
+# successive tags read disjoint stretches of the text. (With plain `[^\n]+` twice on one line,
+# 300 repeats of `<system-reminder>Output tokens — turn: · session: ` took seconds, growing as
+# the cube of the length: benchmarks/hostile_text.py measures each pattern.)
+_FREE_TEXT = r"[^\n<]"
+_TOTAL_TOKENS = r"<total_tokens>\s*+\d++ tokens left\s*+</total_tokens>"
 _COUNTDOWNS = (
     _TOTAL_TOKENS,
-    r"Token usage: \d+/\d+; \d+ remaining",
-    r"Output tokens — turn: [^\n]+ · session: [^\n]+",
-    r"USD budget: \$[\d.,]+/\$[\d.,]+; \$[\d.,]+ remaining",
-    r"Remaining conversation turns: [^\n]*",
-    r"Messages? until auto-compact: [^\n]*",
+    r"Token usage: \d++/\d++; \d++ remaining",
+    # The turn's figure ends at the first ` · session: `; the session's runs to the tag.
+    rf"Output tokens — turn: (?>{_FREE_TEXT}+? · session: ){_FREE_TEXT}++",
+    r"USD budget: \$[\d.,]++/\$[\d.,]++; \$[\d.,]++ remaining",
+    rf"Remaining conversation turns: {_FREE_TEXT}*+",
+    rf"Messages? until auto-compact: {_FREE_TEXT}*+",
 )
 # A reminder that holds nothing but a countdown, or a bare `<total_tokens>` marker.
 _CHURN = re.compile(
-    r"<system-reminder>\s*(?:" + "|".join(_COUNTDOWNS) + r")\s*</system-reminder>"
+    r"<system-reminder>\s*+(?:" + "|".join(_COUNTDOWNS) + r")\s*+</system-reminder>"
     r"|" + _TOTAL_TOKENS
 )
 
@@ -64,10 +73,7 @@ def strip_countdowns(text: str) -> str:
     *kept, last = _CHURN.split(text)
     if not kept:
         return text
-    stripped = ""
-    for part in [*(part.rstrip() for part in kept), last]:
-        stripped += part if stripped else part.lstrip()
-    return stripped
+    return "".join([*(part.rstrip() for part in kept), last]).lstrip()
 
 
 def clean_system(blocks: list[str]) -> list[str]:

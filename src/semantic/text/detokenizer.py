@@ -6,6 +6,8 @@ character, or the first characters of what may become a stop string.
 
 from __future__ import annotations
 
+import collections
+
 from semantic.text.tokenizer import Tokenizer
 
 _INCOMPLETE = "\ufffd"  # what a decoder produces for a UTF-8 sequence that is not finished yet
@@ -55,52 +57,93 @@ class IncrementalDetokenizer:
 class StopMatcher:
     """Cuts generated text at the first stop string.
 
-    Emits text only once no stop string can begin inside it: the longest tail of the buffer that
+    Emits text only once no stop string can begin inside it: the longest tail of the text that
     is a proper prefix of some stop string is held back until the next delta decides it. The stop
-    string itself and everything after it are never emitted. The first stop to complete wins, so
-    the outcome does not depend on how the text was split into deltas.
+    string itself and everything after it are never emitted. The first stop to complete wins (on
+    a tie, the longer one), so the outcome does not depend on how the text was split into deltas.
+
+    The stops are one Aho–Corasick automaton (`_StopAutomaton`): each character moves it one
+    step, and its state is that held tail. So a delta costs its own length, whatever the
+    number and length of the stops, where searching the text for each stop again at every
+    delta cost their total length squared on the engine thread.
     """
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self.stops = tuple(stop for stop in stops if stop)
-        self._held = ""
+        self._automaton = _StopAutomaton(self.stops)
+        self._state = 0
+        # The held-back characters, one an item: releasing some from the front costs their
+        # number, where slicing a string would copy all that stays held.
+        self._held: collections.deque[str] = collections.deque()
         self.matched: str | None = None
 
     def feed(self, delta: str) -> tuple[str, str | None]:
         """(text safe to emit now, the stop string matched by this delta or None)."""
         if self.matched is not None:
             return "", None  # generation is over; later text is discarded
-        text = self._held + delta
-        cut = self._first_stop(text)
-        if cut is not None:
-            start, self.matched = cut
-            self._held = ""
-            return text[:start], self.matched
-        keep = self._partial_stop_len(text)
-        self._held = text[len(text) - keep :]
-        return text[: len(text) - keep], None
+        for char in delta:
+            self._held.append(char)
+            self._state = self._automaton.step(self._state, char)
+            stop = self._automaton.stop_at(self._state)
+            if stop is not None:
+                self.matched = stop
+                text = self._release(len(self._held) - len(stop))
+                self._held.clear()
+                return text, stop
+        return self._release(len(self._held) - self._automaton.depth[self._state]), None
 
     def flush(self) -> str:
         """The held-back text, when generation ends without a stop string."""
-        held, self._held = self._held, ""
-        return held
+        return self._release(len(self._held))
 
-    def _first_stop(self, text: str) -> tuple[int, str] | None:
-        """(start, stop) of the match that ends first; on a tie, the longer (earlier) one."""
-        best: tuple[int, int, str] | None = None
-        for stop in self.stops:
-            start = text.find(stop)
-            if start >= 0:
-                key = (start + len(stop), start, stop)
-                best = key if best is None or key < best else best
-        return None if best is None else (best[1], best[2])
+    def _release(self, count: int) -> str:
+        return "".join(self._held.popleft() for _ in range(count))
 
-    def _partial_stop_len(self, text: str) -> int:
-        """Length of the longest tail of `text` that some stop string starts with."""
-        longest = 0
-        for stop in self.stops:
-            for size in range(min(len(stop) - 1, len(text)), longest, -1):
-                if text.endswith(stop[:size]):
-                    longest = size
-                    break
-        return longest
+
+class _StopAutomaton:
+    """An Aho–Corasick automaton over stop strings: state 0 is the empty text, every other
+    state the prefix of some stop that the text read so far ends with, the longest such
+    (`depth` is its length). Built in time linear in the stops' total length; a step costs
+    amortized constant time."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.depth = [0]
+        self._edges: list[dict[str, int]] = [{}]
+        self._fallback = [0]  # the state of the longest proper suffix that is a state too
+        self._ends: list[str | None] = [None]  # the longest stop that ends in this state
+        for stop in stops:
+            self._add(stop)
+        self._link()
+
+    def step(self, state: int, char: str) -> int:
+        while state and char not in self._edges[state]:
+            state = self._fallback[state]
+        return self._edges[state].get(char, 0)
+
+    def stop_at(self, state: int) -> str | None:
+        """The longest stop string that the text read ends with in `state`, if any."""
+        return self._ends[state]
+
+    def _add(self, stop: str) -> None:
+        state = 0
+        for char in stop:
+            if char not in self._edges[state]:
+                self._edges.append({})
+                self._fallback.append(0)
+                self._ends.append(None)
+                self.depth.append(self.depth[state] + 1)
+                self._edges[state][char] = len(self._edges) - 1
+            state = self._edges[state][char]
+        self._ends[state] = stop
+
+    def _link(self) -> None:
+        """Fallbacks breadth first (a state's comes from its parent's), and each state's stop:
+        its own, else its fallback's (the longest stop it ends with)."""
+        queue = collections.deque(self._edges[0].values())
+        while queue:
+            state = queue.popleft()
+            for char, child in self._edges[state].items():
+                fallback = self.step(self._fallback[state], char)
+                self._fallback[child] = fallback
+                self._ends[child] = self._ends[child] or self._ends[fallback]
+                queue.append(child)

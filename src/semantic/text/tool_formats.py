@@ -40,7 +40,7 @@ class HermesParser(ToolCallParser):
         if marker == "<tool_call>":
             super()._on_marker(marker)
         else:
-            self._call_text = ""  # the tag that closes the call just read
+            self._call_text = []  # the tag that closes the call just read
 
 
 class Llama3JsonParser(ToolCallParser):
@@ -86,14 +86,14 @@ class MistralParser(ToolCallParser):
         return self.MARKERS[:1]
 
     def _on_marker(self, marker: str) -> None:
-        self._call_text += marker
+        self._call_text.append(marker)
         self._step = self._list_or_name
 
     def _list_or_name(self, char: str) -> None:
         if char in WHITESPACE:
-            self._call_text += char
+            self._call_text.append(char)
         elif char == "[":
-            self._call_text += char
+            self._call_text.append(char)
             self._in_list = True
             self._step = self._list_item
         else:
@@ -104,7 +104,7 @@ class MistralParser(ToolCallParser):
     def _list_item(self, char: str) -> None:
         """Inside the list after `[` or `,`: a call object (or, leniently, the list's end)."""
         if char in WHITESPACE:
-            self._call_text += char
+            self._call_text.append(char)
         elif char == "{":
             self._read_call(char)
         elif char == "]":
@@ -115,7 +115,7 @@ class MistralParser(ToolCallParser):
     def _list_next(self, char: str) -> None:
         """After a call in the list: `,` and the next call, or `]`."""
         if char in WHITESPACE or char == ",":
-            self._call_text += char
+            self._call_text.append(char)
             self._step = self._list_item if char == "," else self._list_next
         elif char == "]":
             self._list_done()
@@ -123,7 +123,7 @@ class MistralParser(ToolCallParser):
             self._reject(char)
 
     def _list_done(self) -> None:
-        self._call_text = ""
+        self._call_text = []
         self._in_list = False
         self._after_call = True
         self._step = self._text
@@ -136,7 +136,7 @@ class MistralParser(ToolCallParser):
         if char == "\n" or len(self._name) >= _MAX_NAME_CHARS:
             self._reject(char)
             return
-        self._call_text += char
+        self._call_text.append(char)
         self._name += char
         if self._name.endswith("[ARGS]"):
             name = self._name.removesuffix("[ARGS]").split("[CALL_ID]")[0].strip(WHITESPACE)

@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from semantic.errors import InvalidRequest
+from semantic.text import client_json
+
 TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
@@ -82,7 +85,10 @@ def _call_text(call: dict[str, Any]) -> str:
     function = call.get("function", call)
     arguments = function.get("arguments") or {}
     if isinstance(arguments, str):  # OpenAI's JSON string, when not decoded already
-        arguments = json.loads(arguments)
+        try:
+            arguments = client_json.loads(arguments)
+        except client_json.NotJson as exc:
+            raise InvalidRequest(f"tool call arguments: the JSON string {exc}") from None
     body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
     return f"<tool_call>\n{body}\n</tool_call>"
 

@@ -169,8 +169,12 @@ class ToolCallParser:
     def __init__(self, tools: Iterable[str]) -> None:
         self._offered = frozenset(tools)
         self._events: list[ToolEvent] = []
-        self._held = ""  # text not yet emitted: a possible marker start, trailing whitespace
-        self._call_text = ""  # the text of the call being read that its reader does not hold
+        # Text not yet emitted: whitespace (dropped if a call follows), then a possible marker
+        # start. Pieces in lists, joined once when they go: appending to a string held in an
+        # attribute copies it, which made a long run of whitespace cost its length squared.
+        self._space: list[str] = []
+        self._partial = ""  # never whitespace (no marker holds any), shorter than a marker
+        self._call_text: list[str] = []  # the call being read, as far as its reader lacks it
         self._reader: _CallReader | None = None
         self._step: Callable[[str], None] = self._text
         self.calls = 0  # calls ended so far
@@ -194,9 +198,9 @@ class ToolCallParser:
             self._events.extend(reader.events)
             self.calls += 1
         else:
-            self._emit(self._call_text + "".join(reader.text if reader else []))
-        self._emit(self._held)
-        self._call_text = self._held = ""
+            self._emit("".join(self._call_text) + "".join(reader.text if reader else []))
+        self._emit("".join(self._space) + self._partial)
+        self._call_text, self._space, self._partial = [], [], ""
         self._step = self._text
         return self._drain()
 
@@ -207,22 +211,29 @@ class ToolCallParser:
         return self.MARKERS
 
     def _text(self, char: str) -> None:
-        held = self._held + char
-        marker = next((m for m in self._markers() if held.endswith(m)), None)
+        # A marker holds no whitespace, so one that ends here, or starts and is not over yet,
+        # lies within the held marker start and this character.
+        tail = self._partial + char
+        marker = next((m for m in self._markers() if tail.endswith(m)), None)
         if marker is not None:
-            before = held[: len(held) - len(marker)]
-            words = before.rstrip(WHITESPACE)
-            self._emit(words)
-            self._held = ""
-            self._call_text = before[len(words) :]  # whitespace: dropped if a call follows
+            self._hold(tail[: len(tail) - len(marker)])
+            self._call_text, self._space, self._partial = self._space, [], ""
             self._on_marker(marker)
             return
-        # Hold a possible marker's start, and the whitespace before it (dropped if a call
-        # follows).
-        marker_start = len(held) - self._partial_marker(held)
-        cut = len(held[:marker_start].rstrip(WHITESPACE))
-        self._emit(held[:cut])
-        self._held = held[cut:]
+        keep = self._partial_marker(tail)
+        self._hold(tail[: len(tail) - keep])
+        self._partial = tail[len(tail) - keep :]
+
+    def _hold(self, text: str) -> None:
+        """Emit the held whitespace and `text`, but for the whitespace that ends it, which is
+        held instead (dropped if a call follows)."""
+        words = text.rstrip(WHITESPACE)
+        if not words:
+            if text:
+                self._space.append(text)
+            return
+        self._emit("".join(self._space) + words)
+        self._space = [text[len(words) :]]
 
     def _partial_marker(self, text: str) -> int:
         """The length of the longest tail of `text` that a marker starts with."""
@@ -244,7 +255,7 @@ class ToolCallParser:
 
     def _on_marker(self, marker: str) -> None:
         """A marker opened a call: by default a JSON call object follows."""
-        self._call_text += marker
+        self._call_text.append(marker)
         self._step = self._call_object
 
     # -- calls -------------------------------------------------------------------------------
@@ -252,7 +263,7 @@ class ToolCallParser:
     def _call_object(self, char: str) -> None:
         """Before a call object: whitespace, then its `{`."""
         if char in WHITESPACE:
-            self._call_text += char
+            self._call_text.append(char)
         elif char == "{":
             self._read_call(char)
         else:
@@ -272,7 +283,7 @@ class ToolCallParser:
             self._reject(char)
         elif read is not _Read.MORE:
             self._reader = None
-            self._call_text = ""
+            self._call_text = []
             self.calls += 1
             self._after_call = True
             self._step = self._after_call_step()
@@ -286,8 +297,8 @@ class ToolCallParser:
     def _reject(self, char: str | None) -> None:
         """Not a call: its text so far is plain text, and `char` is read again as text."""
         reader, self._reader = self._reader, None
-        text = self._call_text + "".join(reader.text if reader else [])
-        self._call_text = ""
+        text = "".join(self._call_text) + "".join(reader.text if reader else [])
+        self._call_text = []
         self._step = self._text
         self._emit(text)
         if char is not None:
