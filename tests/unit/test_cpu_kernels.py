@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from semantic.backends.torch import kernels as kernels_module
-from semantic.backends.torch.attention import GatherScratch, LayerKV, PrefillChunk
+from semantic.backends.torch.attention import GatherScratch, LayerAttention, LayerKV, PrefillChunk
 from semantic.backends.torch.attention import prefill_attention as stock_prefill_attention
 from semantic.backends.torch.kernels import PanelWeight, cpu_kernels, unavailable_reason
 from semantic.backends.torch.linear import Linear, OneDnnLinear, PanelLinear, UnpackScratch
@@ -157,7 +157,8 @@ class PrefillCase:
         mask = torch.ones(self.n, total, dtype=torch.bool).tril_(self.context)
         chunk = PrefillChunk(0, self.n, self.context, self.table, mask)
         k, v = self.chunk_kv(kv.k), self.chunk_kv(kv.v)
-        return stock_prefill_attention(self.q.float(), k, v, kv, chunk, self.scale)
+        how = LayerAttention(self.scale)
+        return stock_prefill_attention(self.q.float(), k, v, kv, chunk, how)
 
     def to(self, dtype: torch.dtype) -> PrefillCase:
         self.k, self.v, self.q = self.k.to(dtype), self.v.to(dtype), self.q.to(dtype)

@@ -7,7 +7,13 @@ import random
 import pytest
 import torch
 
-from semantic.backends.torch.attention import GatherScratch, LayerKV, paged_attention, write_kv
+from semantic.backends.torch.attention import (
+    GatherScratch,
+    LayerAttention,
+    LayerKV,
+    paged_attention,
+    write_kv,
+)
 from semantic.backends.torch.runner import build_step
 from semantic.core import Batch, BatchItem, SamplingParams
 
@@ -85,7 +91,7 @@ def run_step(pool: LayerKV, parts: list[tuple[Seq, int, int]]) -> torch.Tensor:
     q = torch.cat([s.q[a:b] for s, a, b in parts])
     k = torch.cat([s.k[a:b] for s, a, b in parts])
     v = torch.cat([s.v[a:b] for s, a, b in parts])
-    return paged_attention(q, k, v, pool, step.meta, SCALE)
+    return paged_attention(q, k, v, pool, step.meta, LayerAttention(SCALE))
 
 
 def split(out: torch.Tensor, parts: list[tuple[Seq, int, int]]) -> list[torch.Tensor]:

@@ -1,0 +1,44 @@
+"""The Llama family (Llama 3.x, SmolLM2, Mistral): pre-norm blocks of grouped-query attention
+and a SwiGLU MLP; rope with Llama 3's or linear scaling; tied or untied embeddings; Q/K/V and
+output biases where `attention_bias` says; Mistral's sliding window in every layer where its
+config sets one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from semantic.backends.torch.attention import LayerAttention
+from semantic.backends.torch.models.layers import (
+    Attention,
+    Block,
+    Build,
+    DecoderModel,
+    activation,
+)
+from semantic.backends.torch.models.rope import Rope
+from semantic.backends.torch.models.weights import Weights, embedding_and_head
+
+
+def block(w: Weights, index: int, rope: Rope) -> Block:
+    config = w.build.config
+    qkv, o = w.qkv_and_o(qkv_bias=config.attention_bias, o_bias=config.attention_bias)
+    how = LayerAttention(config.head_dim**-0.5, config.layer_window(index))
+    return Block(
+        Attention(config, qkv, o, rope, how),
+        w.gated_mlp(activation(config.hidden_act)),
+        w.rms_norm("input_layernorm"),
+        w.rms_norm("post_attention_layernorm"),
+    )
+
+
+def build(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+    config = b.config
+    weights = Weights.load(arrays, b)
+    rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, b.device)
+    blocks = [block(weights.layer(i), i, rope) for i in range(config.num_hidden_layers)]
+    embed, head = embedding_and_head(weights)
+    norm = weights.rms_norm("model.norm")
+    weights.check_all_taken()
+    return DecoderModel(config, embed, blocks, norm, head)
