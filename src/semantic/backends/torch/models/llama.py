@@ -10,15 +10,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from semantic.backends.torch.attention import LayerAttention
-from semantic.backends.torch.models.layers import (
-    Attention,
-    Block,
-    Build,
-    DecoderModel,
-    activation,
-)
+from semantic.backends.torch.models.layers import Attention, Block, Build, DecoderModel, activation
 from semantic.backends.torch.models.rope import Rope
-from semantic.backends.torch.models.weights import Weights, embedding_and_head
+from semantic.backends.torch.models.weights import Weights, decoder
 
 
 def block(w: Weights, index: int, rope: Rope) -> Block:
@@ -37,8 +31,6 @@ def build(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
     config = b.config
     weights = Weights.load(arrays, b)
     rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, b.device)
-    blocks = [block(weights.layer(i), i, rope) for i in range(config.num_hidden_layers)]
-    embed, head = embedding_and_head(weights)
-    norm = weights.rms_norm("model.norm")
-    weights.check_all_taken()
-    return DecoderModel(config, embed, blocks, norm, head)
+    return decoder(
+        weights, [block(weights.layer(i), i, rope) for i in range(config.num_hidden_layers)]
+    )

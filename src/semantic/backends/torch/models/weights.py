@@ -13,7 +13,14 @@ import numpy as np
 import torch
 
 from semantic.backends.torch.linear import DenseLinear, Linear
-from semantic.backends.torch.models.layers import Activation, Build, GatedMLP, RMSNorm
+from semantic.backends.torch.models.layers import (
+    Activation,
+    Block,
+    Build,
+    DecoderModel,
+    GatedMLP,
+    RMSNorm,
+)
 from semantic.errors import ModelLoadFailed
 
 Rename = Callable[[str], str | None]  # a checkpoint name → ours, or None to skip the tensor
@@ -99,3 +106,18 @@ def embedding_and_head(weights: Weights) -> tuple[Linear, Linear]:
     if untied is None:
         raise ModelLoadFailed("checkpoint lacks weight lm_head.weight")
     return DenseLinear(table, None), build.linear(untied, None)
+
+
+def decoder(
+    weights: Weights,
+    blocks: list[Block],
+    *,
+    embed_scale: float | None = None,
+    norm_offset: float = 0.0,
+    scale_in_fp32: bool = False,
+) -> DecoderModel:
+    """The model around its blocks: embeddings, final norm and LM head, every weight used."""
+    embed, head = embedding_and_head(weights)
+    norm = weights.rms_norm("model.norm", offset=norm_offset, scale_in_fp32=scale_in_fp32)
+    weights.check_all_taken()
+    return DecoderModel(weights.build.config, embed, blocks, norm, head, embed_scale)
