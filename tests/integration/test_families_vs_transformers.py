@@ -71,6 +71,28 @@ def mistral(**overrides: Any) -> torch.nn.Module:
     return MistralForCausalLM(config)
 
 
+def gemma3(**overrides: Any) -> torch.nn.Module:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        **{
+            **BASE,
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,  # not head_dim: its own scale
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            **overrides,
+        }
+    )
+    return Gemma3ForCausalLM(config)
+
+
+GEMMA3_LINEAR_ROPE = {  # the 4B-27B checkpoints: linear scaling on the global layers only
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+}
+
 # name → a function building the reference model (seeded before each call).
 FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "llama": llama,
@@ -85,6 +107,8 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "qwen3": qwen3,
     "qwen3_tied": lambda: qwen3(tie_word_embeddings=True),
     "mistral_sliding": mistral,
+    "gemma3": gemma3,
+    "gemma3_linear_rope": lambda: gemma3(rope_parameters=GEMMA3_LINEAR_ROPE),
 }
 
 

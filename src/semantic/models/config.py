@@ -48,6 +48,8 @@ class ModelConfig:
     num_local_experts: int = 0  # GPT-OSS: experts per MoE layer, and how many each token uses
     num_experts_per_tok: int = 0
     swiglu_limit: float = 7.0  # GPT-OSS: its experts' clamp on gate and up
+    attn_logit_softcapping: float | None = None  # Gemma 2 only: refused (Gemma 3 has none)
+    final_logit_softcapping: float | None = None
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of a layer (keys a query sees, itself included); None: all."""
@@ -93,6 +95,8 @@ class ModelConfig:
             num_local_experts=config.get("num_local_experts", 0),
             num_experts_per_tok=config.get("num_experts_per_tok", 0),
             swiglu_limit=config.get("swiglu_limit", 7.0),
+            attn_logit_softcapping=config.get("attn_logit_softcapping"),
+            final_logit_softcapping=config.get("final_logit_softcapping"),
         )
 
 
