@@ -88,6 +88,24 @@ def gemma3(**overrides: Any) -> torch.nn.Module:
     return Gemma3ForCausalLM(config)
 
 
+def gpt_oss(**overrides: Any) -> torch.nn.Module:
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    config = GptOssConfig(
+        **{
+            **BASE,
+            "num_hidden_layers": 3,  # sliding, full, sliding
+            "head_dim": 16,
+            "intermediate_size": 48,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": WINDOW,
+            **overrides,
+        }
+    )
+    return GptOssForCausalLM(config)
+
+
 GEMMA3_LINEAR_ROPE = {  # the 4B-27B checkpoints: linear scaling on the global layers only
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
     "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
@@ -109,6 +127,7 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "mistral_sliding": mistral,
     "gemma3": gemma3,
     "gemma3_linear_rope": lambda: gemma3(rope_parameters=GEMMA3_LINEAR_ROPE),
+    "gpt_oss": gpt_oss,
 }
 
 

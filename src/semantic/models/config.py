@@ -47,7 +47,8 @@ class ModelConfig:
     rope_local_theta: float | None = None  # Gemma 3: the sliding layers' own rope base
     num_local_experts: int = 0  # GPT-OSS: experts per MoE layer, and how many each token uses
     num_experts_per_tok: int = 0
-    swiglu_limit: float = 7.0  # GPT-OSS: its experts' clamp on gate and up
+    swiglu_limit: float = 7.0  # GPT-OSS: its experts' clamp on gate and up, and gate's slope
+    swiglu_alpha: float = 1.702
     attn_logit_softcapping: float | None = None  # Gemma 2 only: refused (Gemma 3 has none)
     final_logit_softcapping: float | None = None
 
@@ -95,6 +96,7 @@ class ModelConfig:
             num_local_experts=config.get("num_local_experts", 0),
             num_experts_per_tok=config.get("num_experts_per_tok", 0),
             swiglu_limit=config.get("swiglu_limit", 7.0),
+            swiglu_alpha=config.get("swiglu_alpha", 1.702),
             attn_logit_softcapping=config.get("attn_logit_softcapping"),
             final_logit_softcapping=config.get("final_logit_softcapping"),
         )

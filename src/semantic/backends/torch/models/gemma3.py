@@ -72,8 +72,7 @@ def build(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
     global_rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, b.device)
     local_rope = Rope(config.head_dim, config.rope_local_theta or 10000.0, None, b.device)
     blocks = [
-        block(weights.layer(i), i, local_rope, global_rope)
-        for i in range(config.num_hidden_layers)
+        block(weights.layer(i), i, local_rope, global_rope) for i in range(config.num_hidden_layers)
     ]
     # Hugging Face multiplies by √hidden rounded to the model dtype.
     embed_scale = float(torch.tensor(math.sqrt(config.hidden_size), dtype=b.dtype))
