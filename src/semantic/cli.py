@@ -127,10 +127,13 @@ def _models(args: argparse.Namespace) -> int:
     from semantic.registry import ModelRegistry
 
     settings = settings_from(args)
-    registry = ModelRegistry(settings.model_aliases)
+    registry = ModelRegistry.from_settings(settings)
+    from semantic.models.checkpoint import template_origin
+
     for source in registry.available():
         marker = "*" if source.name == registry.resolve(settings.model).name else " "
-        print(f"{marker} {source.name:<20} {source.format:<5} {source.path}")
+        template = f"template: {template_origin(source.path)}"
+        print(f"{marker} {source.name:<20} {source.format:<5} {template:<26} {source.path}")
     return 0
 
 
@@ -189,7 +192,7 @@ def build_host(settings: Settings) -> EngineHost:
     from semantic.engine.host import EngineHost
     from semantic.registry import ModelRegistry
 
-    registry = ModelRegistry(settings.model_aliases)
+    registry = ModelRegistry.from_settings(settings)
     source = registry.resolve(settings.model)
 
     def load(source: ModelSource) -> Engine:
@@ -230,7 +233,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     from semantic.models.served import ServedModel
     from semantic.registry import ModelRegistry
 
-    source = source or ModelRegistry(settings.model_aliases).resolve(settings.model)
+    source = source or ModelRegistry.from_settings(settings).resolve(settings.model)
     log.info("loading %s from %s", source.name, source.path)
     # In mappings of their own, the weights and the pool go back to the system on a swap.
     with own_mappings():
@@ -262,7 +265,7 @@ def _served_name(settings: Settings, source: ModelSource) -> str:
     if settings.served_model_name is None:
         return source.name
     try:
-        configured = ModelRegistry(settings.model_aliases).resolve(settings.model)
+        configured = ModelRegistry.from_settings(settings).resolve(settings.model)
     except SemanticError:
         return source.name
     same = configured.path.resolve() == source.path.resolve()
