@@ -41,11 +41,11 @@ def engine(model: Model, tiny_tokenizer: Tokenizer, cache_dir: Path) -> Engine:
 
 
 def turn(engine: Engine, agent: str | None, prompt: list[int]) -> tuple[list[int], Usage]:
-    """One greedy request of STEPS tokens through the engine, disk prefetch included."""
+    """One greedy request of STEPS tokens through the engine."""
     params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
     request = Request(f"{agent}-{len(prompt)}", list(prompt), params, agent_id=agent)
     events: list[TokenEvent] = []
-    engine.submit(request, events.append, engine.store.prefetch(request))
+    engine.submit(request, events.append)
     engine.run_until_idle()
     engine.pool.check_integrity()
     assert events[-1].usage is not None and events[-1].error is None
@@ -64,8 +64,8 @@ def test_a_continuation_read_back_from_disk_gives_the_reference_tokens(
     answer, _ = turn(first, "alice", prompt)
     assert_reference_greedy(model, prompt, answer)
     history = [*prompt, *answer]
-    assert first.store.persist(["alice"], timeout=30).failed == 0
-    assert first.store.evict(["alice"]) > 0  # every block of alice's now only on disk
+    assert first.agents.persist(["alice"], timeout=30).failed == 0
+    assert first.agents.evict(["alice"]) > 0  # every block of alice's now only on disk
     follow_up = [*history, 7, 8, 9]
     out, usage = turn(first, "alice", follow_up)
     assert usage.cached_tokens == len(history) - 1  # all but the unanswered last token
