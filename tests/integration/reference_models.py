@@ -13,12 +13,10 @@ from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.models.config import ModelConfig
 
-CUDA = pytest.param(
-    "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-)
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # Where our runner computes: the CPU with our kernels, the CPU with stock torch ops (the path
-# CUDA takes too), and CUDA where there is a GPU.
-PATHS = ["cpu", "cpu-stock", CUDA]
+# CUDA takes too), and CUDA where there is a GPU (NEEDS_CUDA).
+PATHS = ["cpu", "cpu-stock", "cuda"]
 # (ours against ours batched or chunked differently, ours against transformers). fp32 on CUDA
 # sums in another order per shape (cuBLAS and SDPA pick kernels by shape): looser there.
 TOLERANCES = {"cpu": (1e-5, 1e-4), "cpu-stock": (1e-5, 1e-4), "cuda": (2e-4, 5e-4)}

@@ -28,7 +28,12 @@ from semantic.backends.torch.models.weights import Weights, decoder
 from semantic.errors import ModelLoadFailed
 
 _TEXT_PREFIXES = ("model.language_model.", "language_model.model.")  # multimodal checkpoints
-_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
+_VISION_PREFIXES = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
 
 
 def rename(name: str) -> str | None:
@@ -37,7 +42,7 @@ def rename(name: str) -> str | None:
     for prefix in _TEXT_PREFIXES:
         if name.startswith(prefix):
             return "model." + name.removeprefix(prefix)
-    if name.startswith(_VISION_PREFIXES) or name.startswith("model.multi_modal_projector."):
+    if name.startswith(_VISION_PREFIXES):
         return None
     return name.removeprefix("language_model.")  # language_model.lm_head.weight
 

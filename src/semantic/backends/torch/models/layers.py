@@ -81,8 +81,8 @@ class StepContext:
 class RMSNorm:
     """Like Hugging Face: normalise in fp32, round to the model dtype, then scale (Llama,
     Qwen); or scale in fp32 and round once (`scale_in_fp32`: Gemma, GPT-OSS). Gemma's `1 + w`
-    is folded into the weight at load (`Build`'s caller passes `offset`). Our CPU kernel does
-    it in one call (~2 µs at decode sizes; stock torch takes ~8 ops, ~30 µs)."""
+    is folded into the weight at load (`weights.norm_from`). Our CPU kernel does it in one
+    call (~2 µs at decode sizes; stock torch takes ~8 ops, ~30 µs)."""
 
     __slots__ = ("eps", "kernels", "scale_in_fp32", "weight")
 

@@ -8,28 +8,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from semantic.backends.torch.attention import LayerAttention
-from semantic.backends.torch.models.layers import Attention, Block, Build, DecoderModel, activation
-from semantic.backends.torch.models.rope import Rope
-from semantic.backends.torch.models.weights import Weights, decoder
+from semantic.backends.torch.models import llama
+from semantic.backends.torch.models.layers import Build, DecoderModel
 
-
-def block(w: Weights, index: int, rope: Rope) -> Block:
-    config = w.build.config
-    qkv, o = w.qkv_and_o(qkv_bias=True, o_bias=False)
-    how = LayerAttention(config.head_dim**-0.5, config.layer_window(index))
-    return Block(
-        Attention(config, qkv, o, rope, how),
-        w.gated_mlp(activation(config.hidden_act)),
-        w.rms_norm("input_layernorm"),
-        w.rms_norm("post_attention_layernorm"),
-    )
+VARIANT = llama.Variant(qkv_bias=True, o_bias=False)
 
 
 def build(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
-    config = b.config
-    weights = Weights.load(arrays, b)
-    rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, b.device)
-    return decoder(
-        weights, [block(weights.layer(i), i, rope) for i in range(config.num_hidden_layers)]
-    )
+    return llama.build(b, arrays, VARIANT)
