@@ -1,10 +1,11 @@
-"""The families as GGUF files: a tiny random model written the way llama.cpp's converter writes
-it (tensor names from the `gguf` package's own map for the architecture, Gemma's norms as
-`1 + w`, GPT-OSS's experts split per projection), loaded by us, gives the prompt logits of the
-`transformers` model it came from."""
+"""The families from files: a tiny random model saved as a sharded Hugging Face directory, or
+written as a GGUF the way llama.cpp's converter writes it (tensor names from the `gguf`
+package's own map for the architecture, Gemma's norms as `1 + w`, GPT-OSS's experts split per
+projection), loaded by us, gives the prompt logits of the `transformers` model it came from."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -120,16 +121,36 @@ def gguf_rope_scaling_yarn() -> Any:
     return RopeScalingType.YARN
 
 
+def reference(family: str) -> Any:
+    torch.manual_seed(0)
+    model = CASES[family][1]().eval()
+    randomise_small_parameters(model)
+    return model
+
+
 @pytest.mark.parametrize("family", list(CASES))
 def test_a_gguf_written_as_llama_cpp_does_gives_the_transformers_logits(
     family: str, tmp_path: Path, tiny_tokenizer_dir: Path
 ) -> None:
-    arch, build = CASES[family]
-    torch.manual_seed(0)
-    model = build().eval()
-    randomise_small_parameters(model)
+    model = reference(family)
     path = tmp_path / f"{family}.gguf"
-    write_gguf(path, arch, model, tiny_tokenizer_dir)
+    write_gguf(path, CASES[family][0], model, tiny_tokenizer_dir)
+    assert_logits_of(model, path)
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_a_sharded_hugging_face_directory_gives_the_transformers_logits(
+    family: str, tmp_path: Path, tiny_tokenizer_dir: Path
+) -> None:
+    model = reference(family)
+    model.save_pretrained(tmp_path, max_shard_size="40KB")  # several shards and their index
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_tokenizer_dir / name, tmp_path / name)
+    assert_logits_of(model, tmp_path)
+
+
+def assert_logits_of(model: Any, path: Path) -> None:
     checkpoint = load_checkpoint(path, progress=False)
     assert checkpoint.config.model_type == model.config.model_type.removesuffix("_text")
     runner = TorchRunner(
