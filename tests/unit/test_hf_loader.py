@@ -193,3 +193,24 @@ def test_an_mxfp4_half_without_the_other_fails_to_load(tmp_path: Path):
     )
     with pytest.raises(ModelLoadFailed, match="other half"):
         list(HFDir(tmp_path).weights())
+
+
+def test_a_model_without_a_chat_template_gets_its_familys_built_in_one(
+    tmp_path: Path, tiny_tokenizer_dir: Path
+) -> None:
+    from semantic.models.checkpoint import template_origin
+
+    write_model_dir(tmp_path / "llama", tiny_tokenizer_dir)
+    assert template_origin(tmp_path / "llama") == "built-in chatml"
+    gemma = tmp_path / "gemma"
+    write_model_dir(gemma, tiny_tokenizer_dir)
+    (gemma / "config.json").write_text(json.dumps({**CONFIG, "model_type": "gemma3_text"}))
+    assert template_origin(gemma) == "built-in gemma"
+    checkpoint = load_checkpoint(gemma, progress=False)
+    assert checkpoint.template_origin == "built-in gemma"
+    prompt = checkpoint.chat_template.render(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    )
+    assert prompt.endswith(
+        "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    )
