@@ -124,12 +124,11 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
+    from semantic.models.checkpoint import template_origin
     from semantic.registry import ModelRegistry
 
     settings = settings_from(args)
     registry = ModelRegistry.from_settings(settings)
-    from semantic.models.checkpoint import template_origin
-
     for source in registry.available():
         marker = "*" if source.name == registry.resolve(settings.model).name else " "
         template = f"template: {template_origin(source.path)}"
