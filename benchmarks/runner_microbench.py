@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from semantic.backends.torch.llama import LlamaModel
+from semantic.backends.torch.models.layers import DecoderModel, GatedMLP
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.models.config import ModelConfig
@@ -99,10 +99,11 @@ def build_runner(reference: Any, kernels: bool, device: str, cache_mb: int) -> T
     )
 
 
-def weight_bytes(model: LlamaModel) -> int:
-    """Bytes of the model's weights, every copy counted (a tied head's embeddings once)."""
+def weight_bytes(model: DecoderModel) -> int:
+    """Bytes of a dense model's weights, every copy counted (a tied head's embeddings once)."""
     linears = [model.lm_head]
     for block in model.blocks:
+        assert isinstance(block.mlp, GatedMLP), "dense models only"
         linears += [block.attn.qkv, block.attn.o, block.mlp.gate_up, block.mlp.down]
     if model.embed is not model.lm_head:
         linears.append(model.embed)

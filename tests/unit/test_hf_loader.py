@@ -160,3 +160,57 @@ def test_tokenizer_reads_special_tokens_from_tokenizer_config(tiny_tokenizer_dir
     assert end is not None and tokenizer.is_special(end)
     assert not tokenizer.is_special(tokenizer.encode("a")[0])
     assert tokenizer.encode("<|im_start|>hi")[0] == tokenizer.token_to_id("<|im_start|>")
+
+
+def test_mxfp4_expert_halves_in_two_shards_become_transformers_float32_tensor(tmp_path: Path):
+    """GPT-OSS's quantized experts: the `_blocks` and `_scales` halves (here in different shards)
+    come out as the one tensor transformers dequantizes them into, `[E, in, out]`."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    rng = np.random.default_rng(3)
+    blocks = rng.integers(0, 256, size=(2, 6, 3, 16), dtype=np.uint8)  # 2 experts, 6 rows
+    scales = rng.integers(120, 134, size=(2, 6, 3), dtype=np.uint8)
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    save_file({name + "_blocks": blocks}, str(tmp_path / "a.safetensors"))
+    save_file(
+        {name + "_scales": scales, "model.norm.weight": np.ones(4, np.float32)},
+        str(tmp_path / "b.safetensors"),
+    )
+    loaded = dict(HFDir(tmp_path).weights())
+    expected = convert_moe_packed_tensors(
+        torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32
+    )
+    assert loaded[name].shape == (2, 96, 6) and name + "_blocks" not in loaded
+    np.testing.assert_array_equal(loaded[name], expected.numpy())
+
+
+def test_an_mxfp4_half_without_the_other_fails_to_load(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    blocks = np.zeros((1, 2, 1, 16), np.uint8)
+    save_file(
+        {"model.layers.0.mlp.experts.down_proj_blocks": blocks}, str(tmp_path / "a.safetensors")
+    )
+    with pytest.raises(ModelLoadFailed, match="other half"):
+        list(HFDir(tmp_path).weights())
+
+
+def test_a_model_without_a_chat_template_gets_its_familys_built_in_one(
+    tmp_path: Path, tiny_tokenizer_dir: Path
+) -> None:
+    from semantic.models.checkpoint import template_origin
+
+    write_model_dir(tmp_path / "llama", tiny_tokenizer_dir)
+    assert template_origin(tmp_path / "llama") == "built-in chatml"
+    gemma = tmp_path / "gemma"
+    write_model_dir(gemma, tiny_tokenizer_dir)
+    (gemma / "config.json").write_text(json.dumps({**CONFIG, "model_type": "gemma3_text"}))
+    assert template_origin(gemma) == "built-in gemma"
+    checkpoint = load_checkpoint(gemma, progress=False)
+    assert checkpoint.template_origin == "built-in gemma"
+    prompt = checkpoint.chat_template.render(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    )
+    assert prompt.endswith(
+        "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    )

@@ -7,7 +7,13 @@ import random
 import pytest
 import torch
 
-from semantic.backends.torch.attention import GatherScratch, LayerKV, paged_attention, write_kv
+from semantic.backends.torch.attention import (
+    GatherScratch,
+    LayerAttention,
+    LayerKV,
+    paged_attention,
+    write_kv,
+)
 from semantic.backends.torch.runner import build_step
 from semantic.core import Batch, BatchItem, SamplingParams
 
@@ -85,7 +91,7 @@ def run_step(pool: LayerKV, parts: list[tuple[Seq, int, int]]) -> torch.Tensor:
     q = torch.cat([s.q[a:b] for s, a, b in parts])
     k = torch.cat([s.k[a:b] for s, a, b in parts])
     v = torch.cat([s.v[a:b] for s, a, b in parts])
-    return paged_attention(q, k, v, pool, step.meta, SCALE)
+    return paged_attention(q, k, v, pool, step.meta, LayerAttention(SCALE))
 
 
 def split(out: torch.Tensor, parts: list[tuple[Seq, int, int]]) -> list[torch.Tensor]:
@@ -140,3 +146,40 @@ def _dense_fp32(seq: Seq, start: int, end: int) -> torch.Tensor:
     ref = Seq.__new__(Seq)
     ref.q, ref.k, ref.v, ref.blocks = seq.q.float(), seq.k.float(), seq.v.float(), seq.blocks
     return dense(ref, start, end)
+
+
+def windowed_dense(
+    seq: Seq, start: int, end: int, window: int, sinks: torch.Tensor
+) -> torch.Tensor:
+    """Reference for a sliding layer with sinks: each query over its last `window` keys, a
+    head's sink logit joining the softmax with no value."""
+    group = HEADS // KV_HEADS
+    k = seq.k[:end].repeat_interleave(group, 1)  # [S, H, D]
+    v = seq.v[:end].repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", seq.q[start:end], k) * SCALE
+    query, key = torch.arange(start, end)[:, None], torch.arange(end)[None, :]
+    scores = scores.masked_fill((key > query) | (key <= query - window), float("-inf"))
+    scores = torch.cat([scores, sinks.view(HEADS, 1, 1).expand(HEADS, end - start, 1)], -1)
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1)[..., :end], v)
+
+
+@pytest.mark.parametrize("window", [1, 4, 7, 12, 40])
+def test_stock_path_reads_a_sliding_layer_window_only(pool, free_blocks, window):
+    """Decodes and chunks, with context and without, of a sliding layer with sinks: equal to
+    the dense reference, and the blocks wholly before each query's window are never read."""
+    sinks = torch.randn(HEADS)
+    a, b, c, d, e = (new_seq(n, free_blocks) for n in (9, 22, 14, 12, 30))
+    parts = [(a, 8, 9), (b, 21, 22), (c, 0, 14), (d, 3, 12), (e, 13, 30)]
+    for seq, start, _ in parts:
+        if start:
+            write_kv(pool, seq.k[:start], seq.v[:start], seq.slots(0, start))
+            first_block = max(0, start - window + 1) // BLOCK_TOKENS
+            for block in seq.blocks[:first_block]:
+                pool.k[block], pool.v[block] = float("nan"), float("nan")
+    batch = Batch([item(s, lo, hi) for s, lo, hi in parts])
+    step = build_step(batch, BLOCK_TOKENS, CPU, windows=[window])
+    q, k, v = (torch.cat([getattr(s, name)[lo:hi] for s, lo, hi in parts]) for name in "qkv")
+    out = paged_attention(q, k, v, pool, step.meta, LayerAttention(SCALE, window, sinks))
+    for (seq, start, end), got in zip(parts, split(out, parts), strict=True):
+        expected = windowed_dense(seq, start, end, window, sinks)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

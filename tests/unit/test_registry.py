@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from pydantic import ValidationError
 
 from semantic.config import Settings
 from semantic.errors import ModelLoadFailed, NotFound
-from semantic.registry import SMOLLM2_135M, BuiltinModel, ModelRegistry
+from semantic.registry import SMOLLM2_135M, BuiltinModel, ChunkedModel, ModelRegistry
 
 MISSING_PACKAGE = BuiltinModel(
     alias="ghost-1b",
@@ -113,3 +114,55 @@ def test_model_alias_settings_come_as_name_equals_path_from_every_source(
         Settings(model_alias=["just-a-name"])
     with pytest.raises(ValidationError, match="NAME=PATH"):
         Settings(model_alias=["=/no/name"])
+
+
+def chunk_packages(root: Path, pieces: list[bytes], digest: str) -> ChunkedModel:
+    """Packages laid out as the Gemma ones are: one piece each under data/, and the digest."""
+    for i, piece in enumerate(pieces):
+        (root / f"fake_part{i}" / "data").mkdir(parents=True)
+        (root / f"fake_part{i}" / "__init__.py").write_text("")
+        (root / f"fake_part{i}" / "data" / f"model.gguf.part{i}").write_bytes(piece)
+    (root / "fake_sums" / "data").mkdir(parents=True)
+    (root / "fake_sums" / "__init__.py").write_text("")
+    (root / "fake_sums" / "data" / "SHA256SUMS").write_text(f"{digest}  model.gguf\n")
+    return ChunkedModel(
+        alias="fake-1m",
+        other_names=(),
+        package="fake_sums",
+        extra="fake",
+        filename="model.gguf",
+        chunks=tuple((f"fake_part{i}", f"model.gguf.part{i}") for i in range(len(pieces))),
+    )
+
+
+def test_a_chunked_model_is_joined_once_and_checked(tmp_path, monkeypatch) -> None:
+    pieces = [b"GGUF" + b"a" * 100, b"b" * 50, b"c" * 7]
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = chunk_packages(tmp_path / "site", pieces, hashlib.sha256(b"".join(pieces)).hexdigest())
+    registry = ModelRegistry(builtins=(model,), models_dir=tmp_path / "models")
+    source = registry.resolve("fake-1m")
+    assert source.path == tmp_path / "models" / "model.gguf"
+    assert source.path.read_bytes() == b"".join(pieces)
+    mtime = source.path.stat().st_mtime_ns
+    assert registry.resolve("FAKE-1M").path == source.path
+    assert source.path.stat().st_mtime_ns == mtime  # not joined again
+    assert [s.name for s in registry.available()] == ["fake-1m"]
+
+
+def test_pieces_that_do_not_match_the_digest_leave_no_file(tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = chunk_packages(tmp_path / "site", [b"GGUF", b"x"], "0" * 64)
+    registry = ModelRegistry(builtins=(model,), models_dir=tmp_path / "models")
+    with pytest.raises(ModelLoadFailed, match="do not add up"):
+        registry.resolve("fake-1m")
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_a_chunked_model_with_a_missing_piece_names_its_extra(tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = chunk_packages(tmp_path / "site", [b"GGUF", b"x"], "0" * 64)
+    (tmp_path / "site" / "fake_part1" / "data" / "model.gguf.part1").unlink()
+    registry = ModelRegistry(builtins=(model,), models_dir=tmp_path / "models")
+    assert registry.available() == [] and not registry.knows("fake-1m")
+    with pytest.raises(ModelLoadFailed, match=r"semantic\[fake\]"):
+        registry.resolve("fake-1m")

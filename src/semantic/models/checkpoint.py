@@ -18,7 +18,8 @@ from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
 from semantic.models.gguf import GGUFFile
 from semantic.models.hf import HFDir
-from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
+from semantic.text.builtin_templates import builtin_template
+from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 
 Weights = Callable[[], Iterator[tuple[str, np.ndarray]]]
@@ -39,6 +40,7 @@ class Checkpoint:
     path: Path
     fingerprint: str
     weights: Weights
+    template_origin: str = "file"  # "file", or "built-in <name>" when the file has none
 
 
 def load_checkpoint(path: Path, *, progress: bool) -> Checkpoint:
@@ -54,13 +56,13 @@ def load_checkpoint(path: Path, *, progress: bool) -> Checkpoint:
 def _load_gguf(path: Path, progress: bool) -> Checkpoint:
     gguf = GGUFFile(path)
     config = gguf.config()
-    tokenizer = Tokenizer.from_gguf(gguf.metadata)
+    tokenizer = Tokenizer.from_gguf(gguf.metadata, extra_eos_ids=config.eos_token_ids)
 
     def weights() -> Iterator[tuple[str, np.ndarray]]:
         return _with_progress(gguf.weights(config), gguf.num_tensors, progress)
 
-    template = _chat_template(gguf.chat_template, tokenizer)
-    return Checkpoint(config, tokenizer, template, path, gguf.fingerprint(), weights)
+    template, origin = _chat_template(gguf.chat_template, tokenizer, config)
+    return Checkpoint(config, tokenizer, template, path, gguf.fingerprint(), weights, origin)
 
 
 def _load_hf(path: Path, progress: bool) -> Checkpoint:
@@ -71,14 +73,31 @@ def _load_hf(path: Path, progress: bool) -> Checkpoint:
     def weights() -> Iterator[tuple[str, np.ndarray]]:
         return _with_progress(hf.weights(), hf.num_tensors, progress)
 
-    template = _chat_template(hf.chat_template, tokenizer)
-    return Checkpoint(config, tokenizer, template, path, hf.fingerprint(), weights)
+    template, origin = _chat_template(hf.chat_template, tokenizer, config)
+    return Checkpoint(config, tokenizer, template, path, hf.fingerprint(), weights, origin)
 
 
-def _chat_template(source: str | None, tokenizer: Tokenizer) -> ChatTemplate:
-    return ChatTemplate(
-        source or CHATML_TEMPLATE, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token
-    )
+def template_origin(path: Path) -> str:
+    """Where the chat template of the model at `path` comes from, reading only metadata:
+    "file", or "built-in <name>" (what `semantic models` shows)."""
+    if path.is_dir():
+        source, model_type = HFDir(path).chat_template, HFDir(path).config().model_type
+    else:
+        gguf = GGUFFile(path)
+        source, model_type = gguf.chat_template, gguf.config().model_type
+    return "file" if source else f"built-in {builtin_template(model_type).name}"
+
+
+def _chat_template(
+    source: str | None, tokenizer: Tokenizer, config: ModelConfig
+) -> tuple[ChatTemplate, str]:
+    """The file's template, or its family's built-in one, and which it is."""
+    origin = "file"
+    if not source:
+        builtin = builtin_template(config.model_type)
+        source, origin = builtin.source, f"built-in {builtin.name}"
+    template = ChatTemplate(source, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    return template, origin
 
 
 def _with_progress(

@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+
+# Hugging Face model types that are one family to us: a multimodal checkpoint's text model is
+# the text family's.
+_MODEL_TYPE_ALIASES = {"gemma3_text": "gemma3"}
+
 
 @dataclass(slots=True, frozen=True)
 class ModelConfig:
@@ -12,6 +19,9 @@ class ModelConfig:
 
     Loaders fill this from `config.json` or from GGUF metadata; backends build their model code
     from it. `rope_scaling` is kept as Hugging Face writes it (e.g. Llama 3's `rope_type: llama3`).
+    `layer_types` names each layer's attention (`full_attention` or `sliding_attention`, whose
+    window is `sliding_window`); empty means full attention everywhere. The fields after it are
+    read only by the families that have them (Gemma 3, GPT-OSS); `model_type` picks the family.
     """
 
     model_type: str
@@ -30,35 +40,116 @@ class ModelConfig:
     attention_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    hidden_act: str = "silu"
+    query_pre_attn_scalar: float | None = None  # Gemma: q · this^-0.5 instead of head_dim^-0.5
+    rope_local_theta: float | None = None  # Gemma 3: the sliding layers' own rope base
+    num_local_experts: int = 0  # GPT-OSS: experts per MoE layer, and how many each token uses
+    num_experts_per_tok: int = 0
+    swiglu_limit: float = 7.0  # GPT-OSS: its experts' clamp on gate and up, and gate's slope
+    swiglu_alpha: float = 1.702
+    attn_logit_softcapping: float | None = None  # Gemma 2 only: refused (Gemma 3 has none)
+    final_logit_softcapping: float | None = None
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of a layer (keys a query sees, itself included); None: all."""
+        if self.layer_types and self.layer_types[layer] == SLIDING_ATTENTION:
+            return self.sliding_window
+        return None
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
-        """Read a parsed Hugging Face `config.json`."""
+        """Read a parsed Hugging Face `config.json`; a multimodal one's `text_config`."""
+        if isinstance(config.get("text_config"), dict):
+            config = {**_outer_defaults(config), **config["text_config"]}
+        model_type = config.get("model_type", "llama")
+        model_type = _MODEL_TYPE_ALIASES.get(model_type, model_type)
         heads = config["num_attention_heads"]
-        # transformers 5 writes RoPE settings as one `rope_parameters` object; older configs
-        # have `rope_theta` and `rope_scaling` beside the rest.
-        rope = dict(config.get("rope_parameters") or {})
-        rope_theta = rope.pop("rope_theta", None) or config.get("rope_theta", 10000.0)
-        scaling = config.get("rope_scaling") or (
-            rope if rope.get("rope_type", "default") != "default" else None
-        )
+        layers = config["num_hidden_layers"]
+        rope = _RopeSettings.read(config)
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
-            model_type=config.get("model_type", "llama"),
+            model_type=model_type,
             vocab_size=config["vocab_size"],
             hidden_size=config["hidden_size"],
             intermediate_size=config["intermediate_size"],
-            num_hidden_layers=config["num_hidden_layers"],
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=config.get("num_key_value_heads") or heads,
             head_dim=config.get("head_dim") or config["hidden_size"] // heads,
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=rope_theta,
-            rope_scaling=scaling,
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
+            rope_theta=rope.theta,
+            rope_scaling=rope.scaling,
+            tie_word_embeddings=config.get("tie_word_embeddings", model_type == "gemma3"),
+            # Qwen2's attention always has Q/K/V biases and its config has no flag for them.
+            attention_bias=config.get("attention_bias", model_type == "qwen2"),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            layer_types=_layer_types(config, model_type, layers),
+            sliding_window=config.get("sliding_window"),
+            hidden_act=config.get("hidden_activation") or config.get("hidden_act") or "silu",
+            query_pre_attn_scalar=config.get("query_pre_attn_scalar"),
+            rope_local_theta=rope.local_theta,
+            num_local_experts=config.get("num_local_experts", 0),
+            num_experts_per_tok=config.get("num_experts_per_tok", 0),
+            swiglu_limit=config.get("swiglu_limit", 7.0),
+            swiglu_alpha=config.get("swiglu_alpha", 1.702),
+            attn_logit_softcapping=config.get("attn_logit_softcapping"),
+            final_logit_softcapping=config.get("final_logit_softcapping"),
         )
+
+
+def _outer_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """What a multimodal config says beside its `text_config` that the text model uses."""
+    keys = ("tie_word_embeddings", "eos_token_id", "bos_token_id")
+    return {key: config[key] for key in keys if key in config}
+
+
+@dataclass(slots=True, frozen=True)
+class _RopeSettings:
+    theta: float
+    scaling: dict[str, Any] | None
+    local_theta: float | None
+
+    @classmethod
+    def read(cls, config: dict[str, Any]) -> _RopeSettings:
+        # transformers 5 writes RoPE settings as one `rope_parameters` object, or one per layer
+        # type (Gemma 3); older configs have `rope_theta`, `rope_scaling` and Gemma 3's
+        # `rope_local_base_freq` beside the rest.
+        rope = dict(config.get("rope_parameters") or {})
+        local = config.get("rope_local_base_freq")
+        if FULL_ATTENTION in rope or SLIDING_ATTENTION in rope:
+            local = (rope.get(SLIDING_ATTENTION) or {}).get("rope_theta", local)
+            rope = dict(rope.get(FULL_ATTENTION) or {})
+        theta = rope.pop("rope_theta", None) or config.get("rope_theta", 10000.0)
+        scaling = config.get("rope_scaling") or (
+            rope if rope.get("rope_type", "default") != "default" else None
+        )
+        return cls(theta, scaling, local)
+
+
+def _layer_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[str, ...]:
+    """Each layer's attention, from `layer_types`, or as the family derives it in configs
+    written before that field existed; () when every layer attends to everything."""
+    types = config.get("layer_types")
+    window = config.get("sliding_window")
+    if types is None and window is not None:
+        types = [_derived_layer_type(config, model_type, i) for i in range(layers)]
+    if not types or window is None or SLIDING_ATTENTION not in types:
+        return ()
+    return tuple(types)
+
+
+def _derived_layer_type(config: dict[str, Any], model_type: str, layer: int) -> str:
+    if model_type == "gemma3":  # five sliding layers, then a global one
+        pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern", 6)
+        return FULL_ATTENTION if (layer + 1) % pattern == 0 else SLIDING_ATTENTION
+    if model_type == "gpt_oss":  # alternating, sliding first
+        return SLIDING_ATTENTION if layer % 2 == 0 else FULL_ATTENTION
+    if model_type in ("qwen2", "qwen3"):  # a window only when asked for, above max_window_layers
+        above = layer >= config.get("max_window_layers", 0)
+        return SLIDING_ATTENTION if config.get("use_sliding_window") and above else FULL_ATTENTION
+    return SLIDING_ATTENTION  # Mistral: a window in every layer when the config sets one

@@ -1,27 +1,42 @@
 """Reading a GGUF file: its metadata as a `ModelConfig`, its tensors as Hugging Face-named float32.
 
-Quantized tensors are dequantized with the `gguf` package; llama.cpp's converter renames and, for
-Llama, reorders the Q/K rows, and both are undone here so backends see one naming and layout.
+Quantized tensors are dequantized with the `gguf` package (every type it knows: Q4_K, Q5_0,
+Q6_K, Q8_0, MXFP4, …); llama.cpp's converter renames tensors (per architecture), reorders
+Llama's Q/K rows and stores Gemma's norms as `1 + w`, and all of it is undone here so backends
+see one naming and layout. What a GGUF does not say (Gemma 3's layer pattern and local rope
+base, GPT-OSS's alternation) is what llama.cpp assumes for the architecture.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, quants
+from gguf import quants
 
 from semantic.errors import ModelLoadFailed
-from semantic.models.config import ModelConfig
+from semantic.models.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
 from semantic.models.fingerprint import WeightsFile, fingerprint
+from semantic.models.gguf_reader import GGUFLayout
 
 # GGUF architecture → Hugging Face model_type, for the families whose GGUF layout we undo.
-_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+    "gpt-oss": "gpt_oss",
+}
 
 # llama.cpp permutes Q/K rows only for these (LlamaModel.modify_tensors in convert_hf_to_gguf).
 _ROPE_PERMUTED = frozenset({"llama"})
+# llama.cpp stores these architectures' RMSNorm weights as 1 + w (Gemma's norm).
+_NORM_PLUS_ONE = frozenset({"gemma3"})
+# Layers of these that slide, as llama.cpp decides (`set_swa_pattern`): all but every n-th.
+_SLIDING_PATTERN = {"gemma3": 6, "gpt-oss": 2}
 
 _GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
@@ -41,6 +56,23 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Where an architecture's names differ from the common ones (llama.cpp's tensor_mapping).
+_ARCHITECTURE_LAYER_TENSORS = {
+    "gemma3": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    "gpt-oss": {
+        "post_attention_norm": "post_attention_layernorm",
+        "attn_sinks": "self_attn.sinks",
+        "ffn_gate_inp": "mlp.router",
+        "ffn_gate_exps": "mlp.experts.gate_proj",
+        "ffn_up_exps": "mlp.experts.up_proj",
+        "ffn_down_exps": "mlp.experts.down_proj",
+    },
+}
+_UNSUFFIXED = frozenset({"self_attn.sinks"})  # a parameter of its own, not a module's weight
 
 
 class GGUFFile:
@@ -49,12 +81,12 @@ class GGUFFile:
 
     def __init__(self, path: Path) -> None:
         try:
-            self._reader = GGUFReader(path)
-        except (OSError, ValueError, IndexError) as exc:  # a truncated file fails in numpy
+            self._reader = GGUFLayout(path)
+        except (OSError, ValueError, IndexError, KeyError, struct.error) as exc:  # truncated
             raise ModelLoadFailed(f"{path} is not a readable GGUF file: {exc}") from exc
         self.path = path
-        # Decoded once: the tokenizer arrays are a few tens of ms, the rest is tiny.
-        self.metadata: dict[str, Any] = {k: f.contents() for k, f in self._reader.fields.items()}
+        # Decoded once (gguf_reader.py): ~0.2 s for a 262K-token vocabulary, the rest is tiny.
+        self.metadata: dict[str, Any] = self._reader.fields
         self.architecture = str(self.metadata.get("general.architecture"))
         if self.architecture not in _ARCHITECTURES:
             raise ModelLoadFailed(
@@ -69,9 +101,7 @@ class GGUFFile:
     def fingerprint(self) -> str:
         """The weights' fingerprint: the header (metadata and tensor table) and samples of every
         tensor's bytes."""
-        tensors = [
-            (int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) for t in self._reader.tensors
-        ]
+        tensors = [(t.offset, t.offset + t.data.nbytes) for t in self._reader.tensors]
         return fingerprint([WeightsFile(self.path, self._reader.data_offset, tensors)])
 
     @property
@@ -84,19 +114,23 @@ class GGUFFile:
         names = {t.name for t in self._reader.tensors}
         heads = self._arch("attention.head_count")
         hidden = self._arch("embedding_length")
-        special = [self.metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+        layers = self._arch("block_count")
+        head_dim = (
+            self._arch("attention.key_length", None)
+            or self._arch("rope.dimension_count", None)
+            or hidden // heads
+        )
         return ModelConfig(
             model_type=_ARCHITECTURES[self.architecture],
             vocab_size=self._arch("vocab_size", None)
             or len(self.metadata["tokenizer.ggml.tokens"]),
             hidden_size=hidden,
-            intermediate_size=self._arch("feed_forward_length"),
-            num_hidden_layers=self._arch("block_count"),
+            intermediate_size=self._arch("expert_feed_forward_length", None)
+            or self._arch("feed_forward_length"),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=self._arch("attention.head_count_kv", None) or heads,
-            head_dim=self._arch("attention.key_length", None)
-            or self._arch("rope.dimension_count", None)
-            or hidden // heads,
+            head_dim=head_dim,
             max_position_embeddings=self._arch("context_length"),
             rms_norm_eps=self._arch("attention.layer_norm_rms_epsilon", 1e-6),
             rope_theta=self._arch("rope.freq_base", 10000.0),
@@ -104,18 +138,56 @@ class GGUFFile:
             tie_word_embeddings="output.weight" not in names,
             attention_bias="blk.0.attn_q.bias" in names,
             bos_token_id=self.metadata.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=tuple(dict.fromkeys(i for i in special if i is not None)),
+            eos_token_ids=self._end_token_ids(),
+            layer_types=self._layer_types(layers),
+            sliding_window=self._arch("attention.sliding_window", None),
+            **self._family_fields(head_dim),
         )
+
+    def _end_token_ids(self) -> tuple[int, ...]:
+        special = [self.metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+        if self.architecture == "gemma3":
+            # Gemma's chat turns end with <end_of_turn>, which llama.cpp also stops at.
+            tokens: list[str] = self.metadata.get("tokenizer.ggml.tokens", [])
+            special += [i for i, token in enumerate(tokens) if token == "<end_of_turn>"][:1]
+        return tuple(dict.fromkeys(i for i in special if i is not None))
+
+    def _layer_types(self, layers: int) -> tuple[str, ...]:
+        pattern = _SLIDING_PATTERN.get(self.architecture)
+        if pattern is None or self._arch("attention.sliding_window", None) is None:
+            return ()
+        return tuple(
+            SLIDING_ATTENTION if i % pattern < pattern - 1 else FULL_ATTENTION
+            for i in range(layers)
+        )
+
+    def _family_fields(self, head_dim: int) -> dict[str, Any]:
+        """What llama.cpp fixes for an architecture instead of writing it into the file."""
+        if self.architecture == "gemma3":
+            # llama.cpp scales queries by key_length^-0.5 (the 27B's n_embd / n_head aside).
+            return {
+                "hidden_act": "gelu_pytorch_tanh",
+                "query_pre_attn_scalar": float(head_dim),
+                "rope_local_theta": 10000.0,
+            }
+        if self.architecture == "gpt-oss":
+            return {
+                "num_local_experts": self._arch("expert_count"),
+                "num_experts_per_tok": self._arch("expert_used_count"),
+            }
+        return {}
 
     def weights(self, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
         """Every tensor, dequantized to float32, in Hugging Face's name and layout."""
         for tensor in self._reader.tensors:
-            name = hf_tensor_name(tensor.name)
+            name = hf_tensor_name(tensor.name, self.architecture)
             # GGUF lists dims innermost first; numpy wants them outermost first.
-            shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+            shape = tuple(reversed(tensor.shape))
             array = quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
             # A copy we own: F32 tensors come back as read-only views of the memory map.
             array = np.require(array, dtype=np.float32, requirements=["C", "W"])
+            if self.architecture in _NORM_PLUS_ONE and name.endswith("norm.weight"):
+                array -= 1.0
             yield name, self._undo_rope_permute(name, array, config)
 
     def _arch(self, key: str, default: Any = ...) -> Any:
@@ -132,6 +204,8 @@ class GGUFFile:
         original = self._arch("rope.scaling.original_context_length", None)
         if original is not None:
             scaling["original_max_position_embeddings"] = original
+        if self.architecture == "gpt-oss":
+            scaling["truncate"] = False  # as GPT-OSS's own config says
         return scaling
 
     def _undo_rope_permute(self, name: str, array: np.ndarray, config: ModelConfig) -> np.ndarray:
@@ -144,12 +218,17 @@ class GGUFFile:
         return array
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """`blk.3.attn_q.weight` → `model.layers.3.self_attn.q_proj.weight`, and so on."""
+def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str:
+    """`blk.3.attn_q.weight` → `model.layers.3.self_attn.q_proj.weight`, and so on, as the
+    architecture names its tensors."""
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_TENSORS:
-        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{suffix}"
+    names = {**_LAYER_TENSORS, **_ARCHITECTURE_LAYER_TENSORS.get(architecture, {})}
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
+        hf_name = names[parts[2]]
+        if hf_name in _UNSUFFIXED:
+            return f"model.layers.{parts[1]}.{hf_name}"
+        return f"model.layers.{parts[1]}.{hf_name}.{suffix}"
     if base in _GLOBAL_TENSORS:
         return f"{_GLOBAL_TENSORS[base]}.{suffix}"
     # e.g. rope_freqs (Llama 3.1 rope scaling), which our model code cannot use yet.

@@ -3,6 +3,8 @@
 
 Safetensors files are memory-mapped and parsed here rather than through `safetensors.safe_open`,
 whose numpy mode rejects bfloat16, the dtype most checkpoints ship in; torch is not needed to load.
+MXFP4 tensors (GPT-OSS's experts: a `<name>_blocks` and a `<name>_scales` of uint8) are
+dequantized into one float32 `<name>` in the layout of the unquantized checkpoint.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import numpy as np
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
 from semantic.models.fingerprint import WeightsFile, fingerprint
+from semantic.models.mxfp4 import dequantize_mxfp4
 
-# Safetensors dtypes we can widen to float32; BF16 is read as its raw 16 bits.
+# Safetensors dtypes we can widen to float32; BF16 is read as its raw 16 bits. U8 only as the
+# two halves of an MXFP4 tensor.
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+_MXFP4_PARTS = ("_blocks", "_scales")
 _INDEX = "model.safetensors.index.json"
 
 
@@ -72,9 +77,22 @@ class HFDir:
         return fingerprint(files, extra=(self.path / "config.json").read_bytes())
 
     def weights(self) -> Iterator[tuple[str, np.ndarray]]:
-        """Every tensor of every shard, as float32, in file order."""
+        """Every tensor of every shard, as float32, in file order (an MXFP4 tensor once both
+        its halves are read)."""
+        halves: dict[str, np.ndarray] = {}
         for file in self.files:
-            yield from _read_safetensors(file)
+            for name, array in _read_safetensors(file):
+                if not name.endswith(_MXFP4_PARTS):
+                    yield name, array
+                    continue
+                halves[name] = array
+                base = name.removesuffix("_blocks").removesuffix("_scales")
+                blocks, scales = halves.get(base + "_blocks"), halves.get(base + "_scales")
+                if blocks is not None and scales is not None:
+                    del halves[base + "_blocks"], halves[base + "_scales"]
+                    yield base, _dequantized_mxfp4(base, blocks, scales)
+        if halves:
+            raise ModelLoadFailed(f"MXFP4 tensors without their other half: {sorted(halves)}")
 
 
 def _safetensors_files(path: Path) -> list[Path]:
@@ -112,7 +130,18 @@ def _read_safetensors(file: Path) -> Iterator[tuple[str, np.ndarray]]:
         yield name, _to_float32(data[begin:end], entry["dtype"], entry["shape"], name)
 
 
+def _dequantized_mxfp4(name: str, blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """[E, out, G, 16] blocks and [E, out, G] scales → [E, in, out] float32, the layout of the
+    unquantized tensor (`transformers` transposes the same way)."""
+    try:
+        return np.ascontiguousarray(dequantize_mxfp4(blocks, scales).swapaxes(-1, -2))
+    except ValueError as exc:
+        raise ModelLoadFailed(f"MXFP4 tensor {name!r}: {exc}") from exc
+
+
 def _to_float32(raw: np.ndarray, dtype: str, shape: list[int], name: str) -> np.ndarray:
+    if dtype == "U8" and name.endswith(_MXFP4_PARTS):
+        return np.array(raw.reshape(shape))  # a copy: the memory map may close
     if dtype not in _DTYPES:
         raise ModelLoadFailed(
             f"tensor {name!r} has dtype {dtype}; only float weights are supported"

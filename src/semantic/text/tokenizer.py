@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
 from semantic.errors import ModelLoadFailed
@@ -87,21 +87,29 @@ class Tokenizer:
         return cls(backend, bos_token=bos, eos_token=eos, eos_token_ids=eos_ids, add_bos=add_bos)
 
     @classmethod
-    def from_gguf(cls, metadata: Mapping[str, Any]) -> Tokenizer:
-        """The byte-level BPE a GGUF describes in its (decoded) `tokenizer.*` metadata."""
+    def from_gguf(
+        cls, metadata: Mapping[str, Any], *, extra_eos_ids: Iterable[int] = ()
+    ) -> Tokenizer:
+        """The tokenizer a GGUF describes in its (decoded) `tokenizer.*` metadata: byte-level
+        BPE ("gpt2"), or Gemma's sentencepiece BPE ("llama" in a Gemma file)."""
         kind = metadata.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ModelLoadFailed(
-                f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')"
-            )
         tokens: list[str] = metadata["tokenizer.ggml.tokens"]
-        backend = _byte_level_bpe(tokens, metadata["tokenizer.ggml.merges"])
-        backend.pre_tokenizer = _gguf_pre_tokenizer(metadata.get("tokenizer.ggml.pre"))
+        if kind == "gpt2":
+            backend = _byte_level_bpe(tokens, metadata["tokenizer.ggml.merges"])
+            backend.pre_tokenizer = _gguf_pre_tokenizer(metadata.get("tokenizer.ggml.pre"))
+        elif kind == "llama" and str(metadata.get("general.architecture")).startswith("gemma"):
+            backend = gemma_sentencepiece(tokens)
+        else:
+            raise ModelLoadFailed(
+                f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE, 'gpt2', "
+                "and Gemma's sentencepiece)"
+            )
         ids = {key: metadata.get(f"tokenizer.ggml.{key}_token_id") for key in _GGUF_SPECIALS}
-        _add_gguf_added_tokens(backend, tokens, metadata.get("tokenizer.ggml.token_type"), ids)
+        types = metadata.get("tokenizer.ggml.token_type")
+        _add_gguf_added_tokens(backend, tokens, types, ids, byte_level=kind == "gpt2")
         bos_id, eos_id = ids["bos"], ids["eos"]
         # EOT/EOM end a turn in Llama 3 style templates even where EOS is another token.
-        eos_ids = [i for i in (eos_id, ids["eot"], ids["eom"]) if i is not None]
+        eos_ids = [i for i in (eos_id, ids["eot"], ids["eom"], *extra_eos_ids) if i is not None]
         return cls(
             backend,
             bos_token=None if bos_id is None else tokens[bos_id],
@@ -153,6 +161,37 @@ def _byte_level_bpe(tokens: list[str], merges: list[str]) -> tokenizers.Tokenize
     return backend
 
 
+def gemma_sentencepiece(tokens: list[str]) -> tokenizers.Tokenizer:
+    """Gemma's sentencepiece BPE from a GGUF's vocabulary, built as transformers builds it: the
+    file has no merges, so they are recovered from the vocabulary, best first in the order the
+    tokens appear (Gemma's scores do not follow its merge order); spaces are `▁`, unknown
+    bytes fall back to `<0xNN>` tokens. A token of only spaces is stored as real spaces and
+    respelled with `▁` so its merges match."""
+    spelled = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {token: index for index, token in enumerate(spelled)}
+    merges: list[tuple[str, str, int]] = []
+    for token, index in vocab.items():
+        pairs = [(token[:i], token[i:]) for i in range(1, len(token))]
+        found = [(left, right) for left, right in pairs if left in vocab and right in vocab]
+        found.sort(key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
+        merges += [(left, right, -index) for left, right in found]
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    model = BPE(
+        vocab=vocab,
+        merges=[(left, right) for left, right, _ in merges],
+        unk_token="<unk>",
+        fuse_unk=True,
+        byte_fallback=True,
+    )
+    backend = tokenizers.Tokenizer(model)
+    backend.normalizer = normalizers.Replace(" ", "\u2581")
+    backend.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    return backend
+
+
 def _gguf_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
     split = _PRE_TOKENIZER_SPLITS.get(pre or "")
     if split is None:
@@ -172,6 +211,8 @@ def _add_gguf_added_tokens(
     tokens: list[str],
     token_types: list[int] | None,
     special_ids: Mapping[str, int | None],
+    *,
+    byte_level: bool,
 ) -> None:
     """Control tokens (and BOS/EOS/UNK/PAD) become special added tokens, user-defined tokens plain
     added ones: both must match whole in text instead of being cut into pieces by BPE."""
@@ -181,7 +222,7 @@ def _add_gguf_added_tokens(
     wanted |= {i for i in special_ids.values() if i is not None}
     # A "control" token spelled outside the byte alphabet is a llama.cpp mislabel; adding it would
     # grow the vocabulary past the model's embedding, so it is skipped (as transformers does).
-    control = [tokens[i] for i in sorted(wanted) if set(tokens[i]) <= alphabet]
+    control = [tokens[i] for i in sorted(wanted) if not byte_level or set(tokens[i]) <= alphabet]
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
     vocab = backend.get_vocab()
     user = [

@@ -35,11 +35,19 @@ a chunk has context, so it computes the whole rectangle; our kernel computes onl
 causal mask leaves (~260 GFLOP/s of bf16 products on the 2 cores), and a 1,000-token bf16
 prefill in chunks of 512 goes from ~835-960 to ~1,235-1,370 tok/s, medians of three runs of 5
 (transformers fp32: ~480-520, or 616 computing only the last logits).
+
+Sliding-window layers (Gemma 3, GPT-OSS, Mistral's window) read only their window: the CPU
+kernels start each query's keys at its window (whole key tiles and spans before it are never
+loaded); the stock path gathers only the blocks that hold a window and masks the rest of their
+first block. Every layer's K/V stays in the pool: the window limits what attention reads, not
+what the cache holds. Attention sinks (GPT-OSS) are a logit per head that joins the softmax with
+no value: the kernels add its weight to the sum; the stock path, which SDPA cannot give it,
+computes those layers' softmax itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -139,15 +147,26 @@ class DecodeGroup:
 @dataclass(slots=True, frozen=True)
 class PrefillChunk:
     """One sequence's chunk of several tokens at `offset` in the layout, after `context_len`
-    tokens of the same sequence that are already in the pool."""
+    tokens of the same sequence that are already in the pool. `block_ids` start at the block
+    of key `first_key` (0, or on a sliding layer's stock path the chunk's first window)."""
 
     offset: int
     length: int
     context_len: int
     block_ids: torch.Tensor | None  # [n] int64 covering context and chunk; None if no context
-    # [length, context_len + length] bool, causal from the chunk's start; None: no context, or
-    # the CPU kernels run (they read no mask)
+    # [length, context_len + length - first_key] bool, causal from the chunk's start (and
+    # within each query's window); None: no context and no window, or the CPU kernels run
+    # (they read no mask)
     mask: torch.Tensor | None
+    first_key: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class AttentionView:
+    """What one kind of layer reads in a step: the decode group and the prefill chunks."""
+
+    decode: DecodeGroup | None
+    prefills: list[PrefillChunk]
 
 
 @dataclass(slots=True, frozen=True)
@@ -155,11 +174,30 @@ class AttentionMetadata:
     """Where this step's tokens go and what they see; built once per step, read by every layer.
 
     Layout of the step's flat tokens `[T]`: the decode group first, then each prefill chunk.
+    `windowed` holds, for the stock path, each sliding window's own view: block tables cut to
+    the window and masks that end it (the CPU kernels take the full view and the window).
     """
 
     slot_mapping: torch.Tensor  # [T] int64: pool slot of each new token
     decode: DecodeGroup | None
     prefills: list[PrefillChunk]
+    windowed: dict[int, AttentionView] = field(default_factory=dict)
+
+    def view(self, window: int | None) -> AttentionView:
+        """The full view, or a window's (which the step must have been built with)."""
+        if window is None:
+            return AttentionView(self.decode, self.prefills)
+        return self.windowed[window]
+
+
+@dataclass(slots=True, frozen=True)
+class LayerAttention:
+    """How one layer attends: its query scale, its sliding window (None: every key) and its
+    sink logits (`[H]` fp32, or None)."""
+
+    scale: float
+    window: int | None = None
+    sinks: torch.Tensor | None = None
 
 
 def paged_attention(
@@ -168,19 +206,21 @@ def paged_attention(
     v: torch.Tensor,
     kv: LayerKV,
     meta: AttentionMetadata,
-    scale: float,
+    how: LayerAttention,
 ) -> torch.Tensor:
-    """Write the step's K/V into the layer's pool, then attend each query to its sequence's keys.
+    """Write the step's K/V into the layer's pool, then attend each query to its sequence's keys
+    as the layer does (`how`).
 
     q: [T, H, D]; k, v: [T, KVH, D] → [T, H, D], in the layout order.
     """
     write_kv(kv, k, v, meta.slot_mapping)
+    view = meta.view(how.window if kv.kernels is None else None)
     outs: list[torch.Tensor] = []
-    if meta.decode is not None:
-        outs.append(decode_attention(q[: meta.decode.num_tokens], kv, meta.decode, scale))
-    for chunk in meta.prefills:
+    if view.decode is not None:
+        outs.append(decode_attention(q[: view.decode.num_tokens], kv, view.decode, how))
+    for chunk in view.prefills:
         span = slice(chunk.offset, chunk.offset + chunk.length)
-        outs.append(prefill_attention(q[span], k[span], v[span], kv, chunk, scale))
+        outs.append(prefill_attention(q[span], k[span], v[span], kv, chunk, how))
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
@@ -191,7 +231,7 @@ def write_kv(kv: LayerKV, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor)
 
 
 def decode_attention(
-    q: torch.Tensor, kv: LayerKV, group: DecodeGroup, scale: float
+    q: torch.Tensor, kv: LayerKV, group: DecodeGroup, how: LayerAttention
 ) -> torch.Tensor:
     """Single-token queries of B sequences of different lengths: q: [B, H, D] → [B, H, D].
 
@@ -199,17 +239,19 @@ def decode_attention(
     sequence's blocks into one padded batch, then one SDPA call with a length mask; each KV
     head's G = H / KVH query heads are folded into the query axis ([B, KVH, G, D]), so GQA needs
     no K/V expansion (SDPA's `enable_gqa` would leave the fused CPU kernel for the math path).
+    On a sliding layer the stock path is handed the window's view (`AttentionMetadata.view`).
     """
     if kv.kernels is not None:
         return kv.kernels.decode_attention(
-            q, kv.k, kv.v, group.block_tables, group.context_lens, scale
+            q, kv.k, kv.v, group.block_tables, group.context_lens, how.scale, how.window, how.sinks
         )
     batch, heads, dim = q.shape
     kv_heads = kv.k.shape[2]
     k, v = kv.gather(group.block_tables.view(-1), batch)
     k, v = k[:, :, : group.num_keys], v[:, :, : group.num_keys]  # [B, KVH, S, D]
     qg = q.view(batch, kv_heads, heads // kv_heads, dim)  # [B, KVH, G, D]
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask, scale=scale)
+    sinks = None if how.sinks is None else how.sinks.view(1, kv_heads, -1, 1)
+    out = _attend(qg, k, v, group.mask, False, how.scale, sinks)
     return out.reshape(batch, heads, dim)  # a CUDA kernel may lay its output out otherwise
 
 
@@ -219,7 +261,7 @@ def prefill_attention(
     v: torch.Tensor,
     kv: LayerKV,
     chunk: PrefillChunk,
-    scale: float,
+    how: LayerAttention,
 ) -> torch.Tensor:
     """A chunk attends to its sequence's cached context and, causally, to itself.
 
@@ -231,22 +273,49 @@ def prefill_attention(
     keeps SDPA on its fused CPU kernel), but SDPA computes the whole masked rectangle.
     """
     if kv.kernels is not None:
+        window, sinks = how.window, how.sinks
         if chunk.block_ids is None:
-            return kv.kernels.prefill_attention(q, k, v, None, 0, scale)
+            return kv.kernels.prefill_attention(q, k, v, None, 0, how.scale, window, sinks)
         return kv.kernels.prefill_attention(
-            q, kv.k, kv.v, chunk.block_ids, chunk.context_len, scale
+            q, kv.k, kv.v, chunk.block_ids, chunk.context_len, how.scale, window, sinks
         )
     heads = q.shape[1]
     qt = q.transpose(0, 1)[None]  # [1, H, n, D]: the fused kernel takes 4-D inputs only
     if chunk.block_ids is None:
         kt, vt = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, KVH, n, D]
     else:
-        total = chunk.context_len + chunk.length
+        keys = chunk.context_len + chunk.length - chunk.first_key
         kt, vt = kv.gather(chunk.block_ids, 1)
-        kt, vt = kt[:, :, :total], vt[:, :, :total]  # [1, KVH, S, D]
+        kt, vt = kt[:, :, :keys], vt[:, :, :keys]  # [1, KVH, S, D]
     groups = heads // kt.shape[1]
     kt, vt = kt.repeat_interleave(groups, 1), vt.repeat_interleave(groups, 1)  # [1, H, S, D]
-    out = F.scaled_dot_product_attention(
-        qt, kt, vt, attn_mask=chunk.mask, is_causal=chunk.mask is None, scale=scale
-    )
+    sinks = None if how.sinks is None else how.sinks.view(1, heads, 1, 1)
+    out = _attend(qt, kt, vt, chunk.mask, chunk.mask is None, how.scale, sinks)
     return out[0].transpose(0, 1)
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """SDPA, or with sink logits (broadcast to [..., q, 1]) the same softmax written out, the
+    sinks a last column that is dropped before the values (as transformers computes it).
+
+    q: [..., q, D]; k, v: [..., S, D]; mask: bool, broadcast to [..., q, S]."""
+    if sinks is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale
+        )
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [..., q, S]
+    if causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril_()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    with_sinks = torch.cat([scores, sinks.float().expand(*scores.shape[:-1], 1)], -1)
+    weights = torch.softmax(with_sinks, dim=-1)[..., :-1]
+    return torch.matmul(weights.to(v.dtype), v)

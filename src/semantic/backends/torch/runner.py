@@ -12,13 +12,15 @@ import torch
 from semantic.backends.torch.attention import (
     DTYPES,
     AttentionMetadata,
+    AttentionView,
     DecodeGroup,
     KVPool,
     PrefillChunk,
 )
 from semantic.backends.torch.kernels import CpuKernels, cpu_kernels
 from semantic.backends.torch.linear import linear_factory
-from semantic.backends.torch.llama import load_weights
+from semantic.backends.torch.models import build_model
+from semantic.backends.torch.models.layers import Build
 from semantic.backends.torch.sampling import sample
 from semantic.core import Batch, BatchItem, CacheSpec
 from semantic.engine.runner import step_tokens
@@ -26,7 +28,6 @@ from semantic.errors import ModelLoadFailed
 from semantic.kv_budget import auto_budget_bytes, host_available_bytes
 from semantic.models.config import ModelConfig
 
-_LLAMA_FAMILY = frozenset({"llama", "mistral"})
 _DTYPE_NAMES = {torch_dtype: name for name, torch_dtype in DTYPES.items()}
 
 
@@ -59,28 +60,22 @@ class TorchRunner:
         threads: int | None = None,
         kernels: bool = True,
     ) -> None:
-        if config.model_type not in _LLAMA_FAMILY:
-            raise ModelLoadFailed(f"the torch backend cannot run model_type {config.model_type!r}")
         if threads is not None:
             torch.set_num_threads(threads)  # process-wide: this runner is the process's compute
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype, self.device)
         cpu = pick_cpu_kernels(kernels, self.device, self.dtype)
+        linear = linear_factory(self.device, self.dtype, cpu)
         with torch.inference_mode():
-            self.model = load_weights(
-                config,
-                weights,
-                dtype=self.dtype,
-                device=self.device,
-                linear=linear_factory(self.device, self.dtype, cpu),
-                kernels=cpu,
-            )
+            self.model = build_model(Build(config, self.dtype, self.device, linear, cpu), weights)
+        windows = self.model.layer_windows
         self.cache_spec = CacheSpec(
             num_layers=config.num_hidden_layers,
             num_kv_heads=config.num_key_value_heads,
             head_dim=config.head_dim,
             dtype=_DTYPE_NAMES[self.dtype],
             block_tokens=block_tokens,
+            layer_windows=windows if any(w is not None for w in windows) else (),
         )
         budget = self._auto_budget_bytes() if cache_budget_mb is None else cache_budget_mb * 2**20
         self.num_blocks = budget // self.cache_spec.bytes_per_block
@@ -89,10 +84,10 @@ class TorchRunner:
                 f"cache_budget_mb={budget // 2**20} holds no block of "
                 f"{self.cache_spec.bytes_per_block} bytes"
             )
-        decode = cpu is not None and cpu.supports_decode(
+        in_place = cpu is not None and cpu.supports_attention(
             config.head_dim, config.num_attention_heads, self.dtype
         )
-        self.pool = KVPool(self.cache_spec, self.num_blocks, self.device, cpu if decode else None)
+        self.pool = KVPool(self.cache_spec, self.num_blocks, self.device, cpu if in_place else None)
         self.vocab_size = config.vocab_size
 
     def _auto_budget_bytes(self) -> int:
@@ -147,26 +142,38 @@ class TorchRunner:
     def prepare(self, batch: Batch) -> StepInputs:
         """The step's flat tokens and attention metadata, from plain Python lists; the masks
         only for the stock attention path, as the CPU kernels never read them."""
+        spec = self.cache_spec
         masks = self.pool.kernels is None
-        return build_step(batch, self.cache_spec.block_tokens, self.device, masks=masks)
+        return build_step(
+            batch, spec.block_tokens, self.device, masks=masks, windows=spec.sliding_windows
+        )
 
 
 def build_step(
-    batch: Batch, block_tokens: int, device: torch.device, *, masks: bool = True
+    batch: Batch,
+    block_tokens: int,
+    device: torch.device,
+    *,
+    masks: bool = True,
+    windows: Iterable[int] = (),
 ) -> StepInputs:
     """The step's flat tokens, positions and attention metadata (decodes first, then chunks).
-    `masks=False` leaves out the attention masks, which only the stock attention path reads."""
-    return _StepBuilder(block_tokens, device, masks).build(batch)
+    `masks=False` leaves out the attention masks and the sliding `windows`' own views, which
+    only the stock attention path reads."""
+    return _StepBuilder(block_tokens, device, masks, tuple(windows) if masks else ()).build(batch)
 
 
 class _StepBuilder:
     """Builds `StepInputs`: lists in Python, then a handful of tensor constructions, because
     each small tensor op costs microseconds and a decode step has little else to do."""
 
-    def __init__(self, block_tokens: int, device: torch.device, masks: bool) -> None:
+    def __init__(
+        self, block_tokens: int, device: torch.device, masks: bool, windows: tuple[int, ...]
+    ) -> None:
         self.bt = block_tokens
         self.device = device
         self.masks = masks
+        self.windows = windows
         self.ids: list[int] = []
         self.positions: list[int] = []
         self.slots: list[int] = []
@@ -177,6 +184,16 @@ class _StepBuilder:
         chunks = [i for i, item in enumerate(items) if len(item.token_ids) > 1]
         decode = self._decode_group([items[i] for i in decodes]) if decodes else None
         prefills = [self._prefill_chunk(items[i]) for i in chunks]
+        windowed = {
+            w: AttentionView(
+                self._windowed_decode([items[i] for i in decodes], w) if decodes else None,
+                [
+                    self._windowed_chunk(items[i], chunk.offset, w)
+                    for i, chunk in zip(chunks, prefills, strict=True)
+                ],
+            )
+            for w in self.windows
+        }
         flat = torch.tensor([self.ids, self.positions, self.slots], dtype=torch.int64)
         flat = flat.to(self.device)
         # Each item's last token: decodes are rows 0..B-1, chunks end at offset + length - 1.
@@ -188,7 +205,7 @@ class _StepBuilder:
         return StepInputs(
             input_ids=flat[0],
             positions=flat[1],
-            meta=AttentionMetadata(slot_mapping=flat[2], decode=decode, prefills=prefills),
+            meta=AttentionMetadata(flat[2], decode, prefills, windowed),
             sample_rows=self._rows(rows) if rows != list(range(len(self.ids))) else None,
             sampled_items=[items[i] for _, i in sampled],
             sampled_index=[i for _, i in sampled],
@@ -234,6 +251,43 @@ class _StepBuilder:
         if self.masks:  # [n, total]: ~n · total bytes, megabytes per chunk at long context
             mask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril_(start)
         return PrefillChunk(offset, n, start, block_ids, mask)
+
+    def _windowed_decode(self, items: list[BatchItem], window: int) -> DecodeGroup:
+        """The decode group as a sliding layer's stock path reads it: each sequence's blocks
+        from the one holding its window's first key, the keys before that masked."""
+        bt = self.bt
+        tables, spans = [], []
+        for item in items:
+            length = item.start_pos + 1
+            base = max(0, length - window) // bt * bt
+            tables.append(item.block_table[base // bt : -(-length // bt)])
+            spans.append((max(0, length - window) - base, length - base))
+        keys = max(end for _, end in spans)
+        width = -(-keys // bt)
+        padded = [(table + [0] * width)[:width] for table in tables]
+        block_tables = torch.tensor(padded, dtype=torch.int64, device=self.device)
+        lens = torch.tensor([end for _, end in spans], dtype=torch.int64, device=self.device)
+        starts = torch.tensor([lo for lo, _ in spans], dtype=torch.int64, device=self.device)
+        key_pos = torch.arange(keys, device=self.device)
+        visible = (key_pos >= starts[:, None]) & (key_pos < lens[:, None])
+        return DecodeGroup(len(items), keys, block_tables, lens, visible[:, None, None, :])
+
+    def _windowed_chunk(self, item: BatchItem, offset: int, window: int) -> PrefillChunk:
+        """A chunk as a sliding layer's stock path reads it: its keys from the block holding
+        the first query's window, and a mask that is causal and ends each query's window."""
+        bt, start, n = self.bt, item.start_pos, len(item.token_ids)
+        total = start + n
+        first_key = max(0, start - window + 1) // bt * bt
+        if start == 0 and n <= window:  # no context and nothing outside the window: causal
+            return PrefillChunk(offset, n, 0, None, None)
+        block_ids = None
+        if start > 0:
+            table = item.block_table[first_key // bt : -(-total // bt)]
+            block_ids = torch.tensor(table, dtype=torch.int64, device=self.device)
+        query_pos = torch.arange(start, total, device=self.device)[:, None]
+        key_pos = torch.arange(first_key if start > 0 else 0, total, device=self.device)[None]
+        mask = (key_pos <= query_pos) & (key_pos > query_pos - window)
+        return PrefillChunk(offset, n, start, block_ids, mask, first_key if start > 0 else 0)
 
 
 def _host_array(tensor: torch.Tensor) -> np.ndarray:

@@ -60,7 +60,8 @@ class CpuKernels:
     def __init__(self, module: ModuleType) -> None:
         self._module = module
 
-    def supports_decode(self, head_dim: int, heads: int, dtype: torch.dtype) -> bool:
+    def supports_attention(self, head_dim: int, heads: int, dtype: torch.dtype) -> bool:
+        """Whether decode and prefill attention both run these shapes (head_dim 16 to 256)."""
         return dtype in (torch.bfloat16, torch.float32) and bool(
             self._module.decode_supported(head_dim, heads)
         )
@@ -73,11 +74,14 @@ class CpuKernels:
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
         scale: float,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: [B, H, D]; caches [num_blocks, block_tokens, KVH, D]; block_tables [B, max_blocks]
-        int64; context_lens [B] int64 → [B, H, D]: each query over its first context_lens keys."""
+        int64; context_lens [B] int64 → [B, H, D]: each query over its first context_lens keys,
+        or only the last `window` of them; `sinks` [H] fp32: a logit per head with no value."""
         out: torch.Tensor = self._module.paged_decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, scale
+            q, k_cache, v_cache, block_tables, context_lens, scale, window or 0, sinks
         )
         return out
 
@@ -89,12 +93,15 @@ class CpuKernels:
         block_table: torch.Tensor | None,
         context_len: int,
         scale: float,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q: [n, H, D] at positions context_len.. → [n, H, D], causal over the sequence's keys.
-        k, v: the pool caches [num_blocks, block_tokens, KVH, D] read through `block_table` [m]
-        int64; or, with no context and no table, the chunk's own [n, KVH, D]."""
+        """q: [n, H, D] at positions context_len.. → [n, H, D], causal over the sequence's keys
+        (with a `window`, the query at p over keys p - window + 1 .. p). k, v: the pool caches
+        [num_blocks, block_tokens, KVH, D] read through `block_table` [m] int64; or, with no
+        context and no table, the chunk's own [n, KVH, D]. `sinks` as for decode."""
         out: torch.Tensor = self._module.paged_prefill_attention(
-            q, k, v, block_table, context_len, scale
+            q, k, v, block_table, context_len, scale, window or 0, sinks
         )
         return out
 
@@ -106,9 +113,12 @@ class CpuKernels:
         out: torch.Tensor = self._module.small_linear(x, weight.panels, weight.out_features, bias)
         return out
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """x: [T, D] bf16 or fp32 → RMSNorm in fp32, rounded to x's dtype, times `weight`."""
-        out: torch.Tensor = self._module.rms_norm(x, weight, eps)
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, round_normed: bool = True
+    ) -> torch.Tensor:
+        """x: [T, D] bf16 or fp32 → RMSNorm in fp32, rounded to x's dtype, times `weight`; with
+        `round_normed` false, times `weight` in fp32 and then rounded (Gemma, GPT-OSS)."""
+        out: torch.Tensor = self._module.rms_norm(x, weight, eps, round_normed)
         return out
 
     def unpack(self, weight: PanelWeight, out: torch.Tensor) -> torch.Tensor:

@@ -17,9 +17,20 @@ void check_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
 }
 
+// The sink logits' data, checked: a contiguous float32 [heads]; null without sinks.
+const float* sink_logits(const std::optional<at::Tensor>& sinks, int64_t heads) {
+  if (!sinks.has_value()) return nullptr;
+  check_cpu(*sinks, "sinks");
+  TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->dim() == 1 &&
+                  sinks->numel() == heads,
+              "sinks must be a contiguous float32 [H]");
+  return sinks->data_ptr<float>();
+}
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, double scale) {
+                                  const at::Tensor& context_lens, double scale, int64_t window,
+                                  const std::optional<at::Tensor>& sinks) {
   for (const auto* t : {&q, &k_cache, &v_cache, &block_tables, &context_lens}) check_cpu(*t, "input");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q [B, H, D], caches [blocks, tokens, KVH, D]");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "K and V caches differ in shape");
@@ -32,6 +43,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(k_cache.size(3) == dim && semantic::decode_supported(dim, heads),
               "unsupported head_dim ", dim, " or head count ", heads);
   TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(window >= 0, "the window must be 0 (none) or positive");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
               "block tables and context lengths must be int64");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == batch &&
@@ -55,7 +67,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                             block_tables.stride(0), context_lens.data_ptr<int64_t>(),
                             batch,                 heads,               kv_heads,
                             dim,                   k_cache.size(1),     static_cast<float>(scale),
-                            out.data_ptr()};
+                            out.data_ptr(),        window,              sink_logits(sinks, heads)};
   if (q.scalar_type() == at::kBFloat16) {
     semantic::paged_decode_bf16(p);
   } else {
@@ -76,7 +88,8 @@ semantic::PagedRows paged_rows(const at::Tensor& t, const int64_t* table) {
 
 at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const std::optional<at::Tensor>& block_table,
-                                   int64_t context_len, double scale) {
+                                   int64_t context_len, double scale, int64_t window,
+                                   const std::optional<at::Tensor>& sinks) {
   for (const auto* t : {&q, &k, &v}) check_cpu(*t, "input");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [n, H, D], D contiguous");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
@@ -87,6 +100,7 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k, con
   TORCH_CHECK(k.size(-1) == dim && semantic::prefill_supported(dim), "unsupported head_dim ", dim);
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(k.stride(-1) == 1 && v.stride(-1) == 1, "K and V rows must be contiguous");
+  TORCH_CHECK(window >= 0, "the window must be 0 (none) or positive");
   const int64_t* table = nullptr;
   if (block_table.has_value()) {
     const at::Tensor& ids = *block_table;
@@ -110,7 +124,7 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k, con
                              paged_rows(k, table),  paged_rows(v, table),
                              context_len,           n,           heads,
                              kv_heads,              dim,         static_cast<float>(scale),
-                             out.data_ptr()};
+                             out.data_ptr(),        window,      sink_logits(sinks, heads)};
   if (q.scalar_type() == at::kBFloat16) {
     semantic::paged_prefill_bf16(p);
   } else {
@@ -162,7 +176,7 @@ void unpack_weight(const at::Tensor& packed, at::Tensor& out) {
                                static_cast<bf16*>(out.data_ptr()), n, k);
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool round_normed) {
   check_cpu(x, "x");
   check_cpu(weight, "weight");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [T, D] with contiguous rows");
@@ -174,7 +188,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (x.scalar_type() == at::kBFloat16) {
     semantic::rms_norm_bf16(static_cast<const bf16*>(x.data_ptr()), x.stride(0),
                             static_cast<const bf16*>(weight.data_ptr()),
-                            static_cast<bf16*>(y.data_ptr()), rows, d, static_cast<float>(eps));
+                            static_cast<bf16*>(y.data_ptr()), rows, d, static_cast<float>(eps),
+                            round_normed);
   } else {
     TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be bfloat16 or float32");
     semantic::rms_norm_f32(x.data_ptr<float>(), x.stride(0), weight.data_ptr<float>(),

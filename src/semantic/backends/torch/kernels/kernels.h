@@ -19,6 +19,8 @@ struct DecodeProblem {
   int64_t batch, heads, kv_heads, head_dim, block_tokens;
   float scale;
   void* out;  // [B, H, D], contiguous
+  int64_t window;      // > 0: each query reads only its last `window` keys (a sliding layer)
+  const float* sinks;  // [H] or null: one more logit per head in the softmax, with no value
 };
 
 bool decode_supported(int64_t head_dim, int64_t heads);
@@ -43,6 +45,8 @@ struct PrefillProblem {
   int64_t context_len, n, heads, kv_heads, head_dim;
   float scale;
   void* out;  // [n, H, D], contiguous
+  int64_t window;      // > 0: the query at position p reads keys p - window + 1 .. p only
+  const float* sinks;  // [H] or null: one more logit per head in the softmax, with no value
 };
 
 bool prefill_supported(int64_t head_dim);
@@ -56,9 +60,10 @@ void small_linear_bf16(const bf16* x, int64_t ldx, const bf16* w, const bf16* bi
 // The packed weight back to plain rows, w [N, K].
 void unpack_weight_bf16(const bf16* packed, bf16* w, int64_t n, int64_t k);
 
-// y[r] = RMSNorm(x[r]) * w for `rows` rows of d elements (y contiguous).
+// y[r] = RMSNorm(x[r]) * w for `rows` rows of d elements (y contiguous); bf16 rounds the
+// normalised row before scaling it where `round_normed` (Llama), after only otherwise (Gemma).
 void rms_norm_bf16(const bf16* x, int64_t ldx, const bf16* w, bf16* y, int64_t rows, int64_t d,
-                   float eps);
+                   float eps, bool round_normed);
 void rms_norm_f32(const float* x, int64_t ldx, const float* w, float* y, int64_t rows, int64_t d,
                   float eps);
 

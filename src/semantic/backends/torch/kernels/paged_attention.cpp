@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -282,18 +283,23 @@ void attend_span(const DecodeProblem& p, const Layout& l, const Span& span, cons
   }
 }
 
+// The first key sequence b reads: its window's first on a sliding layer, else its first.
+int64_t first_key(const DecodeProblem& p, int64_t b) {
+  return p.window > 0 ? std::max<int64_t>(0, p.context_lens[b] - p.window) : 0;
+}
+
 // Spans short enough that there are ~8 items per thread, so the cores finish together.
 std::vector<Span> plan_spans(const DecodeProblem& p, int64_t max_span,
                              std::vector<int64_t>& first_span) {
   int64_t total = 0;
-  for (int64_t b = 0; b < p.batch; ++b) total += p.context_lens[b];
+  for (int64_t b = 0; b < p.batch; ++b) total += p.context_lens[b] - first_key(p, b);
   const int64_t target_items = 8 * at::get_num_threads();
   const int64_t len = std::clamp<int64_t>((total / target_items + 15) / 16 * 16, 16, max_span);
   std::vector<Span> spans;
   first_span.assign(p.batch + 1, 0);
   for (int64_t b = 0; b < p.batch; ++b) {
     first_span[b] = static_cast<int64_t>(spans.size());
-    for (int64_t start = 0; start < p.context_lens[b]; start += len) {
+    for (int64_t start = first_key(p, b); start < p.context_lens[b]; start += len) {
       spans.push_back({b, start, std::min(start + len, p.context_lens[b])});
     }
   }
@@ -301,7 +307,8 @@ std::vector<Span> plan_spans(const DecodeProblem& p, int64_t max_span,
   return spans;
 }
 
-// out[b, h] = the spans' weighted sums, rescaled to one max and divided by the total weight.
+// out[b, h] = the spans' weighted sums, rescaled to one max and divided by the total weight;
+// a head's sink logit, where there is one, adds its weight to the total and nothing to the sum.
 template <typename T, int D>
 void merge_spans(const DecodeProblem& p, const std::vector<int64_t>& first_span,
                  const float* acc, const float* ml) {
@@ -314,6 +321,7 @@ void merge_spans(const DecodeProblem& p, const std::vector<int64_t>& first_span,
       for (int64_t i = first_span[b]; i < first_span[b + 1]; ++i) {
         m = std::max(m, ml[(i * p.heads + h) * 2]);
       }
+      if (p.sinks != nullptr) m = std::max(m, p.sinks[h]);
       __m512 o[C];
       for (int c = 0; c < C; ++c) o[c] = _mm512_setzero_ps();
       float total = 0.0f;
@@ -325,6 +333,7 @@ void merge_spans(const DecodeProblem& p, const std::vector<int64_t>& first_span,
           o[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(acc + row * D + 16 * c), o[c]);
         }
       }
+      if (p.sinks != nullptr) total += std::exp(p.sinks[h] - m);
       const __m512 inv = _mm512_set1_ps(total > 0.0f ? 1.0f / total : 0.0f);
       for (int c = 0; c < C; ++c) store_x16(out + 16 * c, _mm512_mul_ps(o[c], inv));
     }
@@ -360,6 +369,7 @@ void dispatch(const DecodeProblem& p) {
     case 32: return paged_decode<T, 32>(p);
     case 64: return paged_decode<T, 64>(p);
     case 128: return paged_decode<T, 128>(p);
+    case 256: return paged_decode<T, 256>(p);
     default: return;  // decode_supported() said no; the caller checked
   }
 }
@@ -367,7 +377,8 @@ void dispatch(const DecodeProblem& p) {
 }  // namespace
 
 bool decode_supported(int64_t head_dim, int64_t heads) {
-  const bool dim = head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+  const bool dim = head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 ||
+                   head_dim == 256;
   return dim && heads >= 1 && heads <= kScoreFloats / 16;  // a span of 16 tokens at least
 }
 

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -120,6 +121,13 @@ void gemm(int64_t rows, const T* a, int64_t lda, const T* b, int64_t ldb, int64_
   }
 }
 
+// The lanes of a vector of 16 keys below `left`: all for 16 or more, none for 0 or fewer.
+inline __mmask16 lanes_below(int64_t left) {
+  return left >= 16  ? static_cast<__mmask16>(0xFFFF)
+         : left <= 0 ? static_cast<__mmask16>(0)
+                     : static_cast<__mmask16>((1u << left) - 1);
+}
+
 template <typename T>
 constexpr int64_t kPairs = std::is_same_v<T, bf16> ? 2 : 1;  // elements per reduction step
 
@@ -158,9 +166,14 @@ void pack_tile(const PrefillProblem& p, int64_t head, int64_t k0, int64_t count,
   }
 }
 
+// The first key the query at position `pos` sees: its window's first on a sliding layer.
+inline int64_t first_key(const PrefillProblem& p, int64_t pos) {
+  return p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+}
+
 // Scores s [rows][64] of one key tile → weights in p (T) and per-row α (the old sum's rescale);
-// m, l: each row's running max and weight sum. Row r is token t0 + r / group, which sees tile
-// keys j <= context_len + token - k0.
+// m, l: each row's running max and weight sum. Row r is token t0 + r / group, at position
+// pos = context_len + t0 + r / group, which sees tile keys j with first_key(pos) <= k0 + j <= pos.
 template <typename T>
 void online_softmax(const PrefillProblem& p, int64_t rows, int64_t group, int64_t t0, int64_t k0,
                     int64_t count, float* s, T* pw, float* m, float* l, float* alpha) {
@@ -169,14 +182,13 @@ void online_softmax(const PrefillProblem& p, int64_t rows, int64_t group, int64_
   for (int64_t r = 0; r < rows; ++r) {
     float* sr = s + r * kKeyTile;
     T* pr = pw + r * kKeyTile;
-    const int64_t seen = std::clamp<int64_t>(p.context_len + t0 + r / group - k0 + 1, 0, count);
+    const int64_t pos = p.context_len + t0 + r / group;
+    const int64_t seen = std::clamp<int64_t>(pos - k0 + 1, 0, count);
+    const int64_t skipped = std::clamp<int64_t>(first_key(p, pos) - k0, 0, kKeyTile);
     __m512 x[kScoreVecs];
     __m512 mv = neg_inf;
     for (int v = 0; v < kScoreVecs; ++v) {
-      const int64_t left = seen - 16 * v;
-      const __mmask16 lanes = left >= 16  ? static_cast<__mmask16>(0xFFFF)
-                              : left <= 0 ? static_cast<__mmask16>(0)
-                                          : static_cast<__mmask16>((1u << left) - 1);
+      const __mmask16 lanes = lanes_below(seen - 16 * v) & ~lanes_below(skipped - 16 * v);
       x[v] = _mm512_mask_mul_ps(neg_inf, lanes, _mm512_loadu_ps(sr + 16 * v), scale);
       mv = _mm512_max_ps(mv, x[v]);
     }
@@ -209,6 +221,15 @@ void online_softmax(const PrefillProblem& p, int64_t rows, int64_t group, int64_
   }
 }
 
+// 1 / the weight of a row's keys, l (at running max m); a head's sink logit, where there is
+// one, is one more weight in the sum, with no value: the keys' weights rescaled to its max.
+inline float normaliser(const PrefillProblem& p, int64_t q_head, float m, float l) {
+  if (p.sinks == nullptr) return 1.0f / l;
+  const float sink = p.sinks[q_head], m_all = std::max(m, sink);
+  const float rescale = std::exp(m - m_all);
+  return rescale / (l * rescale + std::exp(sink - m_all));
+}
+
 // Per-thread buffers of one item: Q rows, scores, weights, output sums, row statistics.
 template <typename T, int D>
 struct Scratch {
@@ -219,10 +240,11 @@ struct Scratch {
         alpha(rows) {}
 };
 
-// Query tokens [t0, t1) x the G query heads of KV head `head` over the packed tiles they see.
+// Query tokens [t0, t1) x the G query heads of KV head `head` over the packed tiles they see;
+// `packed` starts at tile `first_tile`.
 template <typename T, int D>
-void attend_item(const PrefillProblem& p, const T* packed, int64_t head, int64_t t0, int64_t t1,
-                 Scratch<T, D>& w) {
+void attend_item(const PrefillProblem& p, const T* packed, int64_t first_tile, int64_t head,
+                 int64_t t0, int64_t t1, Scratch<T, D>& w) {
   const int64_t group = p.heads / p.kv_heads;
   const int64_t rows = (t1 - t0) * group;
   const T* q = static_cast<const T*>(p.q);
@@ -235,8 +257,9 @@ void attend_item(const PrefillProblem& p, const T* packed, int64_t head, int64_t
   std::fill(w.l.begin(), w.l.end(), 0.0f);
   const int64_t total = p.context_len + p.n;
   const int64_t tiles = (p.context_len + t1 - 1) / kKeyTile + 1;  // the last token's keys
-  for (int64_t i = 0; i < tiles; ++i) {
-    const T* kp = packed + i * 2 * D * kKeyTile;
+  // A sliding layer's first token sees none of the tiles before its window.
+  for (int64_t i = first_key(p, p.context_len + t0) / kKeyTile; i < tiles; ++i) {
+    const T* kp = packed + (i - first_tile) * 2 * D * kKeyTile;
     const int64_t k0 = i * kKeyTile, count = std::min(kKeyTile, total - k0);
     const int64_t seen = std::min(count, p.context_len + t1 - k0);  // by the item's last token
     scores<T>(rows, w.q.data(), kp, D, (seen + 15) / 16, w.s.data());
@@ -248,7 +271,7 @@ void attend_item(const PrefillProblem& p, const T* packed, int64_t head, int64_t
   }
   T* out = static_cast<T*>(p.out);
   for (int64_t r = 0; r < rows; ++r) {
-    const __m512 inv = _mm512_set1_ps(1.0f / w.l[r]);
+    const __m512 inv = _mm512_set1_ps(normaliser(p, head * group + r % group, w.m[r], w.l[r]));
     T* dst = out + ((t0 + r / group) * p.heads + head * group + r % group) * D;
     for (int c = 0; c < D / 16; ++c) {
       store_x16(dst + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(&w.o[r * D + 16 * c]), inv));
@@ -263,13 +286,15 @@ void paged_prefill(const PrefillProblem& p) {
   const int64_t group = p.heads / p.kv_heads;
   const int64_t total = p.context_len + p.n;
   const int64_t key_tiles = (total + kKeyTile - 1) / kKeyTile;
+  // On a sliding layer, tiles before the chunk's first window are never read: not packed.
+  const int64_t first_tile = first_key(p, p.context_len) / kKeyTile;
   const int64_t tokens = std::max<int64_t>(1, kItemRows / group);
   const int64_t query_tiles = (p.n + tokens - 1) / tokens;
-  std::vector<T> packed(key_tiles * 2 * D * kKeyTile);
+  std::vector<T> packed((key_tiles - first_tile) * 2 * D * kKeyTile);
   for (int64_t head = 0; head < p.kv_heads; ++head) {
-    at::parallel_for(0, key_tiles, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(first_tile, key_tiles, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        T* kp = packed.data() + i * 2 * D * kKeyTile;
+        T* kp = packed.data() + (i - first_tile) * 2 * D * kKeyTile;
         const int64_t k0 = i * kKeyTile;
         pack_tile<T, D>(p, head, k0, std::min(kKeyTile, total - k0), kp, kp + D * kKeyTile);
       }
@@ -279,7 +304,8 @@ void paged_prefill(const PrefillProblem& p) {
       Scratch<T, D> scratch(tokens * group);
       for (int64_t i = next.fetch_add(1); i < query_tiles; i = next.fetch_add(1)) {
         const int64_t t0 = (query_tiles - 1 - i) * tokens;  // latest (costliest) first
-        attend_item<T, D>(p, packed.data(), head, t0, std::min(p.n, t0 + tokens), scratch);
+        attend_item<T, D>(p, packed.data(), first_tile, head, t0, std::min(p.n, t0 + tokens),
+                          scratch);
       }
     });
   }
@@ -292,6 +318,7 @@ void dispatch(const PrefillProblem& p) {
     case 32: return paged_prefill<T, 32>(p);
     case 64: return paged_prefill<T, 64>(p);
     case 128: return paged_prefill<T, 128>(p);
+    case 256: return paged_prefill<T, 256>(p);
     default: return;  // prefill_supported() said no; the caller checked
   }
 }
@@ -299,7 +326,8 @@ void dispatch(const PrefillProblem& p) {
 }  // namespace
 
 bool prefill_supported(int64_t head_dim) {
-  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 ||
+         head_dim == 256;
 }
 
 void paged_prefill_f32(const PrefillProblem& p) { dispatch<float>(p); }

@@ -1,0 +1,53 @@
+"""The Llama family (Llama 3.x, SmolLM2, Mistral), and the skeleton Qwen2 and Qwen3 share: pre-norm
+blocks of grouped-query attention and a SwiGLU MLP; rope with Llama 3's, linear or YaRN scaling;
+tied or untied embeddings; Q/K/V and output biases where `attention_bias` says (or the family);
+Mistral's sliding window in every layer where its config sets one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from semantic.backends.torch.attention import LayerAttention
+from semantic.backends.torch.models.layers import Attention, Block, Build, DecoderModel, activation
+from semantic.backends.torch.models.rope import Rope
+from semantic.backends.torch.models.weights import Weights, decoder
+
+
+@dataclass(slots=True, frozen=True)
+class Variant:
+    """What the families on this skeleton differ in: biases (None: as `attention_bias` says)
+    and RMSNorms of each head's q and k."""
+
+    qkv_bias: bool | None = None
+    o_bias: bool | None = None
+    qk_norms: bool = False
+
+
+def block(w: Weights, index: int, rope: Rope, variant: Variant) -> Block:
+    config = w.build.config
+    qkv_bias = config.attention_bias if variant.qkv_bias is None else variant.qkv_bias
+    o_bias = config.attention_bias if variant.o_bias is None else variant.o_bias
+    qkv, o = w.qkv_and_o(qkv_bias=qkv_bias, o_bias=o_bias)
+    qk_norms = None
+    if variant.qk_norms:
+        qk_norms = (w.rms_norm("self_attn.q_norm"), w.rms_norm("self_attn.k_norm"))
+    how = LayerAttention(config.head_dim**-0.5, config.layer_window(index))
+    return Block(
+        Attention(config, qkv, o, rope, how, qk_norms),
+        w.gated_mlp(activation(config.hidden_act)),
+        w.rms_norm("input_layernorm"),
+        w.rms_norm("post_attention_layernorm"),
+    )
+
+
+def build(
+    b: Build, arrays: Iterable[tuple[str, np.ndarray]], variant: Variant = Variant()
+) -> DecoderModel:
+    config = b.config
+    weights = Weights.load(arrays, b)
+    rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, b.device)
+    layers = range(config.num_hidden_layers)
+    return decoder(weights, [block(weights.layer(i), i, rope, variant) for i in layers])

@@ -1,0 +1,262 @@
+"""Every family over the paged pool against its `transformers` model, on tiny random weights:
+the same prompt logits and 32+ greedy tokens (prompts longer than the sliding windows and across
+block edges), chunking and batching that change nothing, bf16 close to the fp32 reference. On
+the CPU with our kernels, with stock torch ops, and on CUDA where there is a GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from semantic.core import Batch, BatchItem
+from tests.integration.reference_models import (
+    BLOCK_TOKENS,
+    GREEDY,
+    NEEDS_CUDA,
+    PATHS,
+    Model,
+    close,
+    prefill,
+)
+
+pytestmark = pytest.mark.integration
+
+WINDOW = 12  # sliding layers' window: shorter than most prompts below, not a block multiple
+VOCAB = 256
+BASE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 512,
+}
+
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+    "rope_theta": 500000.0,
+}
+
+
+def llama(**overrides: Any) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(**{**BASE, **overrides}))
+
+
+def qwen2(**overrides: Any) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(Qwen2Config(**{**BASE, **overrides}))
+
+
+def qwen3(**overrides: Any) -> torch.nn.Module:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(**{**BASE, "head_dim": 32, **overrides}))
+
+
+def mistral(**overrides: Any) -> torch.nn.Module:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(**{**BASE, "head_dim": 16, "sliding_window": WINDOW, **overrides})
+    return MistralForCausalLM(config)
+
+
+def gemma3(**overrides: Any) -> torch.nn.Module:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        **{
+            **BASE,
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,  # not head_dim: its own scale
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            **overrides,
+        }
+    )
+    return Gemma3ForCausalLM(config)
+
+
+def gpt_oss(**overrides: Any) -> torch.nn.Module:
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    config = GptOssConfig(
+        **{
+            **BASE,
+            "num_hidden_layers": 3,  # sliding, full, sliding
+            "head_dim": 16,
+            "intermediate_size": 48,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": WINDOW,
+            **overrides,
+        }
+    )
+    return GptOssForCausalLM(config)
+
+
+GEMMA3_LINEAR_ROPE = {  # the 4B-27B checkpoints: linear scaling on the global layers only
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+}
+
+# name → a function building the reference model (seeded before each call).
+FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
+    "llama": llama,
+    "llama_llama3_rope": lambda: llama(rope_parameters=LLAMA3_ROPE),
+    "llama_tied": lambda: llama(tie_word_embeddings=True),
+    "llama_attention_bias": lambda: llama(attention_bias=True),
+    "qwen2_untied": qwen2,
+    "qwen2_tied": lambda: qwen2(tie_word_embeddings=True),
+    "qwen2_sliding": lambda: qwen2(
+        use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+    ),
+    "qwen3": qwen3,
+    "qwen3_tied": lambda: qwen3(tie_word_embeddings=True),
+    "mistral_sliding": mistral,
+    "gemma3": gemma3,
+    "gemma3_linear_rope": lambda: gemma3(rope_parameters=GEMMA3_LINEAR_ROPE),
+    "gpt_oss": gpt_oss,
+}
+
+
+# The stock torch path (CUDA's) runs on the CPU for one variant of each kind of layer: a
+# window, sinks, q/k norms, Gemma's norms; the other variants differ only in weights or rope.
+STOCK_ON_CPU = {"llama", "qwen2_sliding", "qwen3", "mistral_sliding", "gemma3", "gpt_oss"}
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for family in FAMILIES:
+        for path in PATHS:
+            if path != "cpu-stock" or family in STOCK_ON_CPU:
+                marks = [NEEDS_CUDA] if path == "cuda" else []
+                cases.append(pytest.param((family, path), marks=marks, id=f"{family}-{path}"))
+    return cases
+
+
+@pytest.fixture(scope="module", params=_cases())
+def model(request: pytest.FixtureRequest) -> Model:
+    family, path = request.param
+    torch.manual_seed(0)
+    return Model(path, FAMILIES[family](), vocab=VOCAB)
+
+
+def test_prompt_logits_equal_transformers(model: Model):
+    for seed, length in enumerate((1, 7, 8, 29, 45)):
+        ids = model.prompt(length, seed)
+        ours = model.logits(Batch([prefill(0, ids, model.blocks(length))]))
+        close(ours[0], model.reference_logits(ids)[-1], model.reference_tolerance)
+
+
+def test_32_greedy_tokens_and_their_logits_equal_transformers(model: Model):
+    steps = 32
+    for seed, length in enumerate((3, 9, 21)):
+        ids = model.prompt(length, seed + 10)
+        table = model.blocks(length + steps)
+        logits = [model.logits(Batch([prefill(0, ids, table)]))[0]]
+        out = [int(logits[-1].argmax())]
+        for n in range(1, steps):
+            decode = BatchItem(0, [out[-1]], length + n - 1, table, True, GREEDY, n)
+            logits.append(model.logits(Batch([decode]))[0])
+            out.append(int(logits[-1].argmax()))
+        reference = model.reference_after(ids, out)
+        assert out == reference.argmax(-1).tolist()
+        close(torch.stack(logits), reference, model.reference_tolerance)
+
+
+def test_chunked_prefill_gives_the_logits_of_one_shot(model: Model):
+    ids = model.prompt(45, 5)
+    one_shot = model.logits(Batch([prefill(0, ids, model.blocks(45))]))
+    table = model.blocks(45)
+    for start, end in ((0, 5), (5, 16), (16, 17), (17, 40)):  # chunks not aligned to blocks
+        chunk = BatchItem(0, ids[start:end], start, table, False, GREEDY, 0)
+        assert model.runner.run(Batch([chunk])) == [None]
+    last = model.logits(Batch([prefill(0, ids, table, start=40)]))
+    close(last, one_shot, model.same)
+
+
+def test_batch_of_eight_gives_each_sequence_its_logits_alone(model: Model):
+    lengths = [1, 3, 8, 9, 15, 16, 30, 41]
+    prompts = [model.prompt(n, 20 + i) for i, n in enumerate(lengths)]
+    tables = [model.blocks(n + 1) for n in lengths]
+    alone = torch.cat(
+        [model.logits(Batch([prefill(i, ids, tables[i])])) for i, ids in enumerate(prompts)]
+    )
+    tokens = alone.argmax(-1).tolist()
+    decodes = [
+        BatchItem(i, [tokens[i]], n, tables[i], True, GREEDY, 1) for i, n in enumerate(lengths)
+    ]
+    batched = model.logits(Batch(decodes))
+    singles = torch.cat([model.logits(Batch([d])) for d in decodes])
+    close(batched, singles, model.same)
+    fresh = [model.blocks(n) for n in lengths]
+    mixed = model.logits(Batch([prefill(i, ids, fresh[i]) for i, ids in enumerate(prompts)]))
+    close(mixed, alone, model.same)
+
+
+def test_run_samples_the_greedy_tokens_of_transformers(model: Model):
+    steps = 16
+    ids = model.prompt(13, 99)
+    table = model.blocks(13 + steps)
+    out: list[int] = []
+    item = prefill(0, ids, table)
+    for n in range(steps):
+        (token,) = model.runner.run(Batch([item]))
+        assert token is not None
+        out.append(token)
+        item = BatchItem(0, [token], 13 + n, table, True, GREEDY, n + 1)
+    assert out == model.reference_after(ids, out).argmax(-1).tolist()
+
+
+def test_bf16_runner_tracks_the_fp32_reference(model: Model):
+    # bf16 on this CPU takes our small-row kernel or oneDNN for the linears (stock: oneDNN
+    # packed for several rows, the native GEMV for one): each must compute the same function
+    # as the fp32 reference, to bf16 precision.
+    runner = model.make_runner("bfloat16")
+    ids = model.prompt(29, 7)
+    table = list(range(-(-30 // 8)))
+    prefill_logits = runner.forward_logits(Batch([prefill(0, ids, table)]))[0].cpu()
+    token = int(prefill_logits.argmax())
+    decode = BatchItem(0, [token], 29, table, True, GREEDY, 1)
+    decode_logits = runner.forward_logits(Batch([decode]))[0].cpu()
+    expected = model.reference_logits([*ids, token])[-2:]
+    for ours, ref in zip((prefill_logits, decode_logits), expected, strict=True):
+        assert torch.nn.functional.cosine_similarity(ours, ref, dim=0) > 0.999
+        assert (ours - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_a_step_of_block_copies_only_computes_nothing(model: Model):
+    source, destination = model.blocks(1)[0], model.blocks(1)[0]
+    model.runner.pool.data[:, :, source] = 1.0
+    assert model.runner.run(Batch([], copies=[(source, destination)])) == []
+    assert bool((model.runner.pool.data[:, :, destination] == 1.0).all())
+
+
+def test_blocks_read_to_the_host_and_written_elsewhere_restore_the_sequence(model: Model):
+    # The disk tier's path: a block leaves the device as host arrays and comes back into
+    # another block; decoding over the restored copy gives the logits of the original. Every
+    # layer's K/V travels, a sliding layer's too.
+    ids = model.prompt(2 * BLOCK_TOKENS + 3, 42)
+    length = len(ids)
+    table = model.blocks(length + 1)
+    (token,) = model.runner.run(Batch([prefill(0, ids, table)]))
+    assert token is not None
+    restored = model.blocks(length + 1)
+    for source, destination in zip(table, restored, strict=True):
+        model.runner.write_block(destination, *model.runner.read_block(source))
+    original = model.logits(Batch([BatchItem(0, [token], length, table, True, GREEDY, 1)]))
+    copy = model.logits(Batch([BatchItem(1, [token], length, restored, True, GREEDY, 1)]))
+    torch.testing.assert_close(copy, original, atol=0, rtol=0)

@@ -1,0 +1,123 @@
+"""ModelConfig from each family's config.json, in the shapes released checkpoints have (older
+fields, nested text configs), and the cache spec's tag for hybrid attention."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from semantic.backends.torch.models.gemma3 import rename
+from semantic.core import CacheSpec
+from semantic.models.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
+
+BASE: dict[str, Any] = {
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+}
+S, F = SLIDING_ATTENTION, FULL_ATTENTION
+
+
+def test_a_multimodal_gemma3_config_reads_its_text_config() -> None:
+    text = {**BASE, "model_type": "gemma3_text", "head_dim": 256, "sliding_window": 512}
+    config = ModelConfig.from_hf(
+        {"model_type": "gemma3", "text_config": text, "eos_token_id": [1, 106]}
+    )
+    assert config.model_type == "gemma3" and config.tie_word_embeddings
+    assert config.eos_token_ids == (1, 106) and config.head_dim == 256
+    assert config.layer_types == (S, S, S, S, S, F)  # five sliding, then one global
+    assert [config.layer_window(i) for i in (0, 5)] == [512, None]
+
+
+def test_an_older_gemma3_config_gives_its_pattern_local_rope_and_global_scaling() -> None:
+    config = ModelConfig.from_hf(
+        {
+            **BASE,
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 4,
+            "sliding_window": 1024,
+            "sliding_window_pattern": 2,
+            "rope_theta": 1_000_000.0,
+            "rope_local_base_freq": 10_000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": 168,
+        }
+    )
+    assert config.layer_types == (S, F, S, F)
+    assert (config.rope_theta, config.rope_local_theta) == (1_000_000.0, 10_000.0)
+    assert config.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert (config.hidden_act, config.query_pre_attn_scalar) == ("gelu_pytorch_tanh", 168)
+
+
+def test_transformers_5_per_layer_rope_parameters_are_read() -> None:
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+    }
+    config = ModelConfig.from_hf({**BASE, "model_type": "gemma3_text", "rope_parameters": rope})
+    assert (config.rope_theta, config.rope_local_theta) == (1e6, 10_000.0)
+    assert config.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        # Released Qwen2.5 configs: a window size, but no sliding (use_sliding_window false).
+        ({"model_type": "qwen2", "sliding_window": 32768, "use_sliding_window": False}, ()),
+        (
+            {
+                "model_type": "qwen2",
+                "sliding_window": 64,
+                "use_sliding_window": True,
+                "max_window_layers": 4,
+            },
+            (F, F, F, F, S, S),
+        ),
+        ({"model_type": "mistral", "sliding_window": None}, ()),  # Mistral v0.2 on
+        ({"model_type": "mistral", "sliding_window": 4096}, (S,) * 6),  # Mistral v0.1
+        ({"model_type": "gpt_oss", "sliding_window": 128}, (S, F) * 3),
+        ({"model_type": "llama"}, ()),
+    ],
+)
+def test_each_family_derives_its_layers_attention(fields: dict[str, Any], expected: tuple) -> None:
+    assert ModelConfig.from_hf({**BASE, **fields}).layer_types == expected
+
+
+def test_qwen2_has_qkv_biases_without_a_flag_and_gpt_oss_reads_its_experts() -> None:
+    assert ModelConfig.from_hf({**BASE, "model_type": "qwen2"}).attention_bias
+    gpt = ModelConfig.from_hf(
+        {**BASE, "model_type": "gpt_oss", "num_local_experts": 32, "num_experts_per_tok": 4,
+         "swiglu_limit": 7.0, "attention_bias": True}
+    )  # fmt: skip
+    assert (gpt.num_local_experts, gpt.num_experts_per_tok, gpt.swiglu_limit) == (32, 4, 7.0)
+
+
+def test_the_cache_tag_is_unchanged_for_full_attention_and_names_every_window_pattern() -> None:
+    full = CacheSpec(6, 1, 64, "bfloat16", 256)
+    assert full.tag() == "L6-kv1-d64-bfloat16-b256"  # caches written before windows existed
+    gemma = CacheSpec(6, 1, 64, "bfloat16", 256, (512, 512, 512, 512, 512, None))
+    alternating = CacheSpec(6, 1, 64, "bfloat16", 256, (512, None) * 3)
+    other_window = CacheSpec(6, 1, 64, "bfloat16", 256, (1024, 1024, 1024, 1024, 1024, None))
+    tags = {spec.tag() for spec in (full, gemma, alternating, other_window)}
+    assert len(tags) == 4
+    assert gemma.bytes_per_block == full.bytes_per_block  # every layer's K/V is held
+    with pytest.raises(ValueError, match="every layer"):
+        CacheSpec(6, 1, 64, "bfloat16", 256, (512, None))
+
+
+def test_a_multimodal_gemma3_checkpoint_loads_its_language_model_only() -> None:
+    assert rename("language_model.model.layers.0.mlp.up_proj.weight") == (
+        "model.layers.0.mlp.up_proj.weight"
+    )
+    assert rename("model.language_model.norm.weight") == "model.norm.weight"
+    assert rename("language_model.lm_head.weight") == "lm_head.weight"
+    assert rename("vision_tower.vision_model.embeddings.patch_embedding.weight") is None
+    assert rename("model.multi_modal_projector.mm_input_projection_weight") is None
+    assert (
+        rename("model.layers.3.self_attn.q_norm.weight") == "model.layers.3.self_attn.q_norm.weight"
+    )
