@@ -9,8 +9,7 @@ from typing import Any
 
 import httpx
 
-from semantic.cache.agents import cache_root
-from semantic.cache.disk import block_path
+from semantic.cache.disk import block_path, cache_root
 from semantic.cache.folder_lock import FolderLock
 from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests
 from semantic.config import Settings

@@ -156,7 +156,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from semantic.api.app import create_app
     from semantic.api.server import serve
-    from semantic.cache.agents import cache_root
+    from semantic.cache.disk import cache_root
     from semantic.cache.folder_lock import FolderLock
     from semantic.observability import configure_logging
 

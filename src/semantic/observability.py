@@ -225,7 +225,7 @@ class EngineReading:
     blocks: dict[str, int]  # held, cached, free
     kv_pool_bytes: int
     reclaimed: dict[str, int]  # cached blocks the pool reclaimed, by eviction tier
-    cache: dict[str, Any]  # `Agents.totals()`, the same numbers /admin/cache shows
+    cache: dict[str, Any]  # `CacheStats.totals()`, the same numbers /admin/cache shows
     agents_active: int
     agents_idle: int
 
@@ -245,7 +245,7 @@ def read_engine(engine: Engine) -> EngineReading:
         },
         kv_pool_bytes=pool.num_blocks * engine.runner.cache_spec.bytes_per_block,
         reclaimed={name: pool.reclaimed[tier] for tier, name in EVICTION_TIERS.items()},
-        cache=engine.agents.totals(),
+        cache=engine.agents.stats.totals(),
         agents_active=active,
         agents_idle=len(agents) - active,
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from semantic.cache.agents import MISS_CORRUPT, MISS_EVICTED, MISS_OTHER_MODEL
+from semantic.cache.cache_stats import MISS_CORRUPT, MISS_EVICTED, MISS_OTHER_MODEL
 from semantic.cache.disk import DiskTier
 from semantic.core import Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
@@ -145,7 +145,7 @@ def test_after_a_restart_the_first_turn_reads_its_cache_from_disk(
     prompt = [*history, 300, 301]
     output, usage = turn(restarted, "alice", prompt)
     assert usage.cached_tokens == len(history) - 1
-    assert restarted.agents.counters.hit_tokens_disk == usage.cached_tokens
+    assert restarted.agents.stats.counters.hit_tokens_disk == usage.cached_tokens
     assert output == fresh_answer(served, tmp_path, prompt)
 
 
@@ -169,7 +169,7 @@ def test_a_damaged_block_file_is_a_quarantined_miss_with_the_right_output(
     prompt = [*history, 300]
     output, usage = turn(restarted, "alice", prompt)
     assert usage.cached_tokens == 0
-    assert restarted.agents.counters.miss_reasons[MISS_CORRUPT] == 1
+    assert restarted.agents.stats.counters.miss_reasons[MISS_CORRUPT] == 1
     assert list(restarted.tiering.disk.quarantine_dir.iterdir())
     assert output == fresh_answer(served, tmp_path, prompt)
 
@@ -182,7 +182,7 @@ def test_another_models_cache_is_never_loaded(tiny_tokenizer: object, tmp_path: 
     other, _ = make_engine(fake_served(tiny_tokenizer, name="model-b"), tmp_path)  # type: ignore[arg-type]
     _, usage = turn(other, "alice", [*history, 300])
     assert usage.cached_tokens == 0
-    assert other.agents.counters.miss_reasons[MISS_OTHER_MODEL] == 1
+    assert other.agents.stats.counters.miss_reasons[MISS_OTHER_MODEL] == 1
 
 
 def test_a_history_evicted_from_memory_and_disk_is_a_miss_named_evicted(
@@ -231,11 +231,11 @@ def test_a_reload_larger_than_the_free_pool_restores_what_fits(
     engine.stop()
     small, _ = make_engine(served, tmp_path, num_blocks=12)
     turn(small, "hog", [50] * 40, max_tokens=1)  # 5 blocks cached for another agent
-    restored_before = small.agents.counters.hit_tokens_disk
+    restored_before = small.agents.stats.counters.hit_tokens_disk
     prompt = [*history, 300]
     output, usage = turn(small, "alice", prompt)
     assert 0 < usage.cached_tokens <= len(history) - 1
-    assert small.agents.counters.hit_tokens_disk > restored_before
+    assert small.agents.stats.counters.hit_tokens_disk > restored_before
     assert output == fresh_answer(served, tmp_path, prompt)
 
 
@@ -287,7 +287,7 @@ def test_a_turn_served_from_memory_counts_no_disk_hits(served: ServedModel, tmp_
     history = conversation(engine, "alice", 2)
     _, usage = turn(engine, "alice", [*history, 300])
     assert usage.cached_tokens == len(history) - 1
-    assert engine.agents.counters.hit_tokens_disk == 0
+    assert engine.agents.stats.counters.hit_tokens_disk == 0
     assert engine.agents.by_id["alice"].stats.disk_hit_tokens == 0
 
 

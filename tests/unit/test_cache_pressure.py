@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from semantic.cache.agents import MISS_EVICTED
 from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_ONE_OFF, TIER_WORKING_AGENT
+from semantic.cache.cache_stats import MISS_EVICTED
 from semantic.core import Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
 from semantic.engine.scheduler import PREEMPT_QUANTUM
@@ -75,7 +75,7 @@ def test_more_agents_at_once_than_the_pool_holds_restore_warm_turns_from_disk(
             assert usage.cached_tokens >= history - 1  # all but the answer's uncomputed last
             assert usage.prompt_tokens - usage.cached_tokens <= prompt - history + 1
     assert engine.tiering.traffic.restored > 0, "no warm turn needed the disk"
-    assert engine.agents.counters.hit_tokens_disk > 0
+    assert engine.agents.stats.counters.hit_tokens_disk > 0
     assert engine.pool.num_held == 0
 
 
@@ -239,7 +239,7 @@ def test_an_anonymous_conversations_partial_last_block_is_found_on_disk_after_a_
     restarted.run_until_idle()
     output, usage = result(second)
     assert usage.cached_tokens == len(history) - 1
-    assert restarted.agents.counters.hit_tokens_disk == usage.cached_tokens
+    assert restarted.agents.stats.counters.hit_tokens_disk == usage.cached_tokens
     assert output == alone(served, tmp_path / "alone-2", [*history, 24], 6)
 
 
@@ -258,4 +258,4 @@ def test_an_anonymous_warm_turn_whose_history_left_the_disk_names_its_miss_evict
     second = submit(engine, "turn-2", [*prompt, *result(first)[0], 32], None)
     engine.run_until_idle()
     assert result(second)[1].cached_tokens == 0
-    assert engine.agents.counters.miss_reasons[MISS_EVICTED] == 1
+    assert engine.agents.stats.counters.miss_reasons[MISS_EVICTED] == 1

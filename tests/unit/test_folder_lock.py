@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from semantic import cli
-from semantic.cache.agents import cache_root
+from semantic.cache.disk import cache_root
 from semantic.cache.folder_lock import FolderLock
 from semantic.cache.manifest import AgentManifest, load_manifest, save_manifest
 from semantic.errors import CacheFolderBusy

@@ -67,7 +67,7 @@ def next_turn_from_disk(served: ServedModel, cache_dir: Path) -> int:
     engine.submit(request, events.append)
     engine.run_until_idle()
     assert events[-1].usage is not None
-    assert engine.agents.counters.hit_tokens_disk == events[-1].usage.cached_tokens
+    assert engine.agents.stats.counters.hit_tokens_disk == events[-1].usage.cached_tokens
     return events[-1].usage.cached_tokens
 
 

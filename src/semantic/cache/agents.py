@@ -1,10 +1,9 @@
 """Agents: whose history is which blocks, what that means for eviction (shared, working, idle,
-pinned), the direct agent API's conversations and turns, persistence of agents, and the cache's
-request statistics (hits, misses and why).
+pinned), the direct agent API's conversations and turns, and persistence of agents.
 
 Everything here runs on the engine thread except `PendingPersist.wait` and `save_manifest`, on
 any thread: they read agents without a lock; manifest writes are serialized by
-`Agents.manifest_lock`, and the counters other threads read are guarded by `Agents.lock`.
+`Agents.manifest_lock`.
 """
 
 from __future__ import annotations
@@ -14,36 +13,20 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_SHARED, TIER_WORKING_AGENT, BlockPool
+from semantic.cache.cache_stats import AgentStats, CacheStats, Served
 from semantic.cache.conversation import Conversation
-from semantic.cache.disk_index import GONE_CORRUPT, GONE_EVICTED
 from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests, save_manifest
 from semantic.cache.prefix import PrefixCache
-from semantic.cache.tiering import DiskTraffic, PendingWrites, Tiering
+from semantic.cache.tiering import PendingWrites, Tiering
 from semantic.core import History, Request
 from semantic.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
-
-# Why a request's prompt was not all served from cache (besides its new tokens).
-MISS_NOTHING_CACHED = "nothing_cached"
-MISS_EVICTED = GONE_EVICTED  # it was cached; the memory and disk budgets let it go
-MISS_CORRUPT = GONE_CORRUPT  # it was on disk but failed its checks
-MISS_OTHER_MODEL = "other_model"
-
-
-@dataclass(slots=True)
-class AgentStats:
-    requests: int = 0
-    hit_tokens: int = 0  # prompt tokens served from cache, memory or disk
-    disk_hit_tokens: int = 0  # of those, read back from disk
-    miss_tokens: int = 0  # prompt tokens prefilled
-    miss_reasons: Counter[str] = field(default_factory=Counter)
-    last_used: float = 0.0
 
 
 @dataclass(slots=True)
@@ -63,16 +46,6 @@ class Agent:
     @property
     def hashes(self) -> list[int]:
         return [*self.block_hashes, *([self.tail_hash] if self.tail_hash is not None else [])]
-
-
-@dataclass(slots=True)
-class RequestCounters:
-    """Prompt tokens since start, in the shape Prometheus counters want."""
-
-    hit_tokens_memory: int = 0
-    hit_tokens_disk: int = 0
-    miss_tokens: int = 0
-    miss_reasons: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(slots=True, frozen=True)
@@ -128,11 +101,10 @@ class Agents:
         self.pool: BlockPool = prefix.pool
         self.tiering = tiering
         self.idle_s = idle_s
-        self.counters = RequestCounters()
+        self.stats = CacheStats(tiering)
         self.by_id: dict[str, Agent] = {}
         self._sharers: Counter[int] = Counter()
         self._pins: dict[str, list[int]] = {}
-        self.lock = threading.Lock()  # `counters`, read by /metrics off the engine thread
         # Held while a manifest is written or deleted: a write that lost the race with a delete
         # must not bring the agent back.
         self.manifest_lock = threading.Lock()
@@ -143,29 +115,6 @@ class Agents:
     @property
     def model_root(self) -> Path:
         return self.tiering.disk.model_root
-
-    def miss_reason(self, request: Request, missing: int | None, cached_tokens: int) -> str | None:
-        """Why reusable history was not found: the story of the first block of the prompt that
-        was cached nowhere (`missing`); `nothing_cached` when nothing was reused at all."""
-        agent_id = request.agent_id
-        agent = self.by_id.get(agent_id) if agent_id else None
-        if missing is not None:
-            gone = self.tiering.why_gone(missing)
-            if gone is not None:
-                return gone
-            if agent is not None and missing in agent.block_hashes:
-                return MISS_EVICTED  # gone too long ago for the disk to remember
-        if cached_tokens:
-            return None
-        new_here = agent is None or (agent.stats.requests == 0 and not agent.hashes)
-        if agent_id is not None and new_here and self._known_elsewhere(agent_id):
-            return MISS_OTHER_MODEL
-        return MISS_NOTHING_CACHED
-
-    def _known_elsewhere(self, agent_id: str) -> bool:
-        """Whether another model's cache has this agent (its cache cannot serve this model)."""
-        own = self.model_root
-        return any(p.parent.parent != own for p in own.parent.glob(f"*/agents/{agent_id}.json"))
 
     # -- on the engine thread ---------------------------------------------------------------
 
@@ -183,28 +132,23 @@ class Agents:
         history: History,
         cached: int,
         from_disk: int,
-        prompt_tokens: int,
-        miss_reason: str | None,
+        missing: int | None,
     ) -> None:
-        """Account for a finished request, and make its history the agent's."""
-        with self.lock:
-            self.counters.hit_tokens_memory += cached - from_disk
-            self.counters.hit_tokens_disk += from_disk
-            self.counters.miss_tokens += prompt_tokens - cached
-            if miss_reason is not None:
-                self.counters.miss_reasons[miss_reason] += 1
-        if request.agent_id is None:
-            return
-        agent = self.by_id.setdefault(request.agent_id, Agent(request.agent_id))
-        stats = agent.stats
-        stats.requests += 1
-        stats.hit_tokens += cached
-        stats.disk_hit_tokens += from_disk
-        stats.miss_tokens += prompt_tokens - cached
-        stats.last_used = time.time()
-        if miss_reason is not None:
-            stats.miss_reasons[miss_reason] += 1
-        if history.num_tokens:  # a request aborted before it ran leaves the history as it was
+        """Account for a finished request — `cached` of its prompt's tokens reused, `from_disk`
+        of them read back from disk, `missing` the first block of it cached nowhere — and make
+        its history the agent's."""
+        agent_id = request.agent_id
+        agent = None if agent_id is None else self.by_id.setdefault(agent_id, Agent(agent_id))
+        reason = self.stats.miss_reason(
+            agent_id,
+            missing,
+            cached,
+            known_here=agent is not None and bool(agent.stats.requests or agent.hashes),
+            agent_had_missing=agent is not None and missing in agent.block_hashes,
+        )
+        served = Served(cached, from_disk, len(request.prompt_token_ids), reason)
+        self.stats.record(served, None if agent is None else agent.stats, time.time())
+        if agent is not None and history.num_tokens:  # aborted before it ran: history as it was
             self._set_history(agent, history)
 
     def _set_history(self, agent: Agent, history: History) -> None:
@@ -374,24 +318,8 @@ class Agents:
 
     def snapshot(self) -> dict[str, Any]:
         """Totals and every agent's statistics, as plain data (taken on the engine thread)."""
-        return {"totals": self.totals(), "agents": [self.describe(a) for a in sorted(self.by_id)]}
-
-    def totals(self) -> dict[str, Any]:
-        """Request counters, disk traffic and the disk's use, as plain data (/admin/cache and
-        /metrics)."""
-        disk = self.tiering.disk.stats
-        with self.lock:
-            totals = asdict(self.counters)
-            # asdict rebuilds a Counter from (key, count) pairs, counting the pairs
-            totals["miss_reasons"] = dict(self.counters.miss_reasons)
-        with self.tiering.lock:
-            traffic: DiskTraffic = self.tiering.traffic
-            totals |= asdict(traffic)
-        return totals | {
-            "disk_files": disk.files,
-            "disk_bytes": disk.bytes,
-            "quarantined": dict(disk.quarantined),
-        }
+        agents = [self.describe(a) for a in sorted(self.by_id)]
+        return {"totals": self.stats.totals(), "agents": agents}
 
     def describe(self, agent_id: str) -> dict[str, Any] | None:
         agent = self.by_id.get(agent_id)
@@ -462,8 +390,3 @@ def _summary(conversation: Conversation | None) -> dict[str, Any] | None:
         "defaults": conversation.defaults.to_json(),
         "messages": len(conversation.messages),
     }
-
-
-def cache_root(cache_dir: Path) -> Path:
-    """Where the KV cache lives under the cache directory."""
-    return cache_dir / "kv"

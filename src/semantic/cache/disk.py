@@ -48,6 +48,11 @@ _HASH_LIMIT = 1 << 64  # hashes are unsigned 64-bit: 16 hex digits in file names
 _SAFE_TAG = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
+def cache_root(cache_dir: Path) -> Path:
+    """Where the KV cache lives under the cache directory."""
+    return cache_dir / "kv"
+
+
 def block_path(model_root: Path, block_hash: int) -> Path:
     """The file of block `block_hash` in the cache of the model rooted at `model_root`."""
     if not 0 <= block_hash < _HASH_LIMIT:

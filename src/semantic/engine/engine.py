@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from semantic.cache.agents import Agents, EvictResult, PersistResult, cache_root
+from semantic.cache.agents import Agents, EvictResult, PersistResult
 from semantic.cache.block_pool import BlockPool
-from semantic.cache.disk import BlockRecord, DiskTier, model_tag
+from semantic.cache.disk import BlockRecord, DiskTier, cache_root, model_tag
 from semantic.cache.prefix import PrefixCache, root_hash
 from semantic.cache.tiering import Tiering
 from semantic.config import Settings
@@ -528,14 +528,8 @@ class Engine:
         seq = active.seq
         history = self.scheduler.finish(seq, reason)
         del self._active[seq.request.request_id]
-        miss_reason = self.agents.miss_reason(seq.request, seq.missing_hash, seq.num_cached_tokens)
         self.agents.finished(
-            seq.request,
-            history,
-            seq.num_cached_tokens,
-            seq.num_disk_tokens,
-            seq.num_prompt_tokens,
-            miss_reason,
+            seq.request, history, seq.num_cached_tokens, seq.num_disk_tokens, seq.missing_hash
         )
         usage = Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens)
         event = TokenEvent(
