@@ -47,6 +47,8 @@ computes those layers' softmax itself.
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass, field
 
 import torch
@@ -63,7 +65,9 @@ class KVPool:
 
     These tensors ARE the cache; no sequence keeps a copy between steps. Slot `s` of a layer is
     token `s % block_tokens` of block `s // block_tokens`. Zero-filled so a padded read of a slot
-    never written is finite (a masked score times NaN would still poison the output).
+    never written is finite (a masked score times NaN would still poison the output). On the CPU
+    the zeros are an anonymous mapping's, which the OS hands out on first touch: the pool takes
+    memory as blocks are used, so a pool sized from the machine costs only what it holds.
     """
 
     def __init__(
@@ -77,11 +81,19 @@ class KVPool:
         shape = (2, spec.num_layers, num_blocks, *block)
         self.spec = spec
         self.kernels = kernels  # None: the stock path, which alone reads the step's masks
-        self.data = torch.zeros(shape, dtype=DTYPES[spec.dtype], device=device)
+        self.data = _zeros(shape, DTYPES[spec.dtype], device)
         scratch = GatherScratch(self.data)
         self.layers = [
             LayerKV(self.data[0, i], self.data[1, i], scratch, kernels) for i in range(shape[1])
         ]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = math.prod(shape)
+    mapping = mmap.mmap(-1, count * dtype.itemsize)  # anonymous: zero pages until written
+    return torch.frombuffer(mapping, dtype=dtype, count=count).view(shape)
 
 
 class GatherScratch:
