@@ -141,7 +141,7 @@ def bf16_engine(checkpoint: Checkpoint, tmp_path_factory: pytest.TempPathFactory
 
 def blocks_for(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
     """Block tables taken from the engine's own pool (room for one decode token each)."""
-    tables = [engine.pool.allocate(engine.scheduler.blocks_for(len(p) + 1)) for p in prompts]
+    tables = [engine.pool.allocate(engine.scheduler.blocks.blocks_for(len(p) + 1)) for p in prompts]
     for table in tables:
         engine.pool.release(table)  # the test writes into them only while the engine is idle
     return tables
