@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from semantic.cache.disk import block_path, cache_root
+from semantic.cache.disk import block_files, cache_root
 from semantic.cache.folder_lock import FolderLock
 from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests
 from semantic.config import Settings
@@ -100,15 +100,15 @@ def _model_roots(root: Path) -> list[Path]:
 
 
 def _describe(model: Path, manifest: AgentManifest) -> dict[str, Any]:
-    files = [block_path(model, h) for h in manifest.hashes]
+    files = [block_files(model, h) for h in manifest.hashes]
     return {
         "agent_id": manifest.agent_id,
         "model": model.name,
         "cached_tokens": manifest.num_tokens,
         "pinned": manifest.pinned,
         "blocks": len(files),
-        "blocks_on_disk": sum(f.exists() for f in files),
-        "bytes_on_disk": sum(f.stat().st_size for f in files if f.exists()),
+        "blocks_on_disk": sum(bool(pages) for pages in files),
+        "bytes_on_disk": sum(f.stat().st_size for pages in files for f in pages),
         "updated_at": manifest.updated_at,
     }
 
@@ -120,10 +120,11 @@ def _delete(model: Path, manifest: AgentManifest, others: list[AgentManifest]) -
     for block_hash in manifest.hashes:
         if block_hash in shared:
             continue
-        try:
-            block_path(model, block_hash).unlink()
-        except FileNotFoundError:
-            continue  # already gone: nothing removed, nothing to count
-        removed += 1
+        for path in block_files(model, block_hash):  # every layer group's page
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue  # already gone: nothing removed, nothing to count
+            removed += 1
     delete_manifest(model, manifest.agent_id)
     print(f"deleted agent {manifest.agent_id} ({removed} block files)")

@@ -255,11 +255,12 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     )
     spec = runner.cache_spec
     log.info(
-        "KV pool: %d blocks of %d tokens, %s tokens in %d MiB (%s; %s)",
+        "KV pool: %d pages of %d tokens × %d layers, %s tokens of every layer in %d MiB (%s; %s)",
         runner.num_blocks,
         spec.block_tokens,
-        f"{runner.num_blocks * spec.block_tokens:,}",
-        runner.num_blocks * spec.bytes_per_block // 2**20,
+        spec.layers_per_group,
+        f"{runner.num_blocks // len(spec.groups) * spec.block_tokens:,}",
+        runner.num_blocks * spec.bytes_per_page // 2**20,
         spec.tag(),
         "cache_budget_mb" if settings.cache_budget_mb else "sized from the free memory",
     )

@@ -29,7 +29,13 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from structlog.typing import EventDict
 
-from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_ONE_OFF, TIER_SHARED, TIER_WORKING_AGENT
+from semantic.cache.block_pool import (
+    TIER_IDLE_AGENT,
+    TIER_ONE_OFF,
+    TIER_OUT_OF_WINDOW,
+    TIER_SHARED,
+    TIER_WORKING_AGENT,
+)
 from semantic.core import Batch, Request
 
 if TYPE_CHECKING:
@@ -208,6 +214,7 @@ class EngineMetrics:
 # -- metrics read at scrape time -------------------------------------------------------------
 
 EVICTION_TIERS = {
+    TIER_OUT_OF_WINDOW: "out_of_window",
     TIER_ONE_OFF: "one_off",
     TIER_IDLE_AGENT: "idle_agent",
     TIER_WORKING_AGENT: "working_agent",
@@ -243,7 +250,7 @@ def read_engine(engine: Engine) -> EngineReading:
             "cached": stats.blocks_cached,
             "free": stats.blocks_free,
         },
-        kv_pool_bytes=pool.num_blocks * engine.runner.cache_spec.bytes_per_block,
+        kv_pool_bytes=pool.num_blocks * engine.runner.cache_spec.bytes_per_page,
         reclaimed={name: pool.reclaimed[tier] for tier, name in EVICTION_TIERS.items()},
         cache=engine.agents.stats.totals(),
         agents_active=active,

@@ -58,8 +58,10 @@ class Model:
         """Our fp32 logits of the batch's sampled items, on the CPU."""
         return self.runner.forward_logits(batch).cpu()
 
-    def blocks(self, tokens: int) -> list[int]:
-        return [self.free.pop() for _ in range(-(-tokens // BLOCK_TOKENS))]
+    def tables(self, tokens: int) -> list[list[int]]:
+        """Fresh block tables for `tokens` tokens, one per layer group."""
+        groups = len(self.runner.cache_spec.groups)
+        return [[self.free.pop() for _ in range(-(-tokens // BLOCK_TOKENS))] for _ in range(groups)]
 
     @torch.no_grad()
     def reference_logits(self, ids: list[int]) -> torch.Tensor:
@@ -82,8 +84,8 @@ def randomise_small_parameters(model: torch.nn.Module) -> None:
             param.add_(torch.randn_like(param) * 0.2)
 
 
-def prefill(seq_id: int, ids: list[int], table: list[int], start: int = 0) -> BatchItem:
-    return BatchItem(seq_id, ids[start:], start, table, True, GREEDY, 0)
+def prefill(seq_id: int, ids: list[int], tables: list[list[int]], start: int = 0) -> BatchItem:
+    return BatchItem(seq_id, ids[start:], start, tables, True, GREEDY, 0)
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:

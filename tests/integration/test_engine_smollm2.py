@@ -156,10 +156,10 @@ def test_batched_logits_agree_with_solo_logits(checkpoint: Checkpoint, fp32_engi
     params = SamplingParams(temperature=0.0)
 
     def prefill(i: int) -> BatchItem:
-        return BatchItem(i, prompts[i], 0, tables[i], True, params, 0)
+        return BatchItem(i, prompts[i], 0, [tables[i]], True, params, 0)
 
     def decode(i: int, token: int) -> BatchItem:
-        return BatchItem(i, [token], len(prompts[i]), tables[i], True, params, 1)
+        return BatchItem(i, [token], len(prompts[i]), [tables[i]], True, params, 1)
 
     solo = torch.cat([runner.forward_logits(Batch([prefill(i)])) for i in range(8)])
     together = runner.forward_logits(Batch([prefill(i) for i in range(8)]))
@@ -183,7 +183,7 @@ def test_bf16_batched_prefill_matches_bf16_solo_logits_within_tolerance(
 
     def items(engine: Engine) -> list[BatchItem]:
         tables = blocks_for(engine, prompts)
-        return [BatchItem(i, p, 0, tables[i], True, params, 0) for i, p in enumerate(prompts)]
+        return [BatchItem(i, p, 0, [tables[i]], True, params, 0) for i, p in enumerate(prompts)]
 
     fp32_runner, runner = fp32_engine.runner, bf16_engine.runner
     assert isinstance(fp32_runner, TorchRunner) and isinstance(runner, TorchRunner)

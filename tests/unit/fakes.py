@@ -68,6 +68,7 @@ def make_engine(
         "first_token_id": 3,
         "fail_on_token": None,
         "fail_row_on_token": None,
+        "layer_windows": (),
     }
     runner_args |= {k: overrides.pop(k) for k in list(overrides) if k in runner_args}
     runner = FakeRunner(**runner_args)  # type: ignore[arg-type]

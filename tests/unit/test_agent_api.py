@@ -108,7 +108,7 @@ def spy_on_steps(engine: Engine, runner: FakeRunner) -> list[tuple[Batch, list[i
     run = runner.run
 
     def recorded(batch: Batch) -> list[int | None]:
-        table = batch.items[0].block_table if batch.items else []
+        table = batch.items[0].block_tables[0] if batch.items else []
         seen.append((batch, [engine.pool.refcount(block) for block in table]))
         return run(batch)
 
@@ -381,7 +381,7 @@ def test_a_fork_shares_its_parents_blocks_and_the_pool_grows_only_by_its_new_tok
         shared = reply["usage"]["cached_tokens"] // BLOCK
         assert shared >= 1
         # The child's first step runs on the parent's own blocks, each now held once...
-        assert batch.items[0].block_table[:shared] == full_blocks[:shared]
+        assert batch.items[0].block_tables[0][:shared] == full_blocks[:shared]
         assert refcounts[:shared] == [1] * shared
         # ...and the parent's block it continues in the middle was copied, not written in
         # place (copy-on-write).

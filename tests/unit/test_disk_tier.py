@@ -23,6 +23,7 @@ from semantic.cache.manifest import (
     load_manifest,
     save_manifest,
 )
+from semantic.cache.prefix import page_key
 from semantic.core import CacheSpec
 from semantic.errors import InvalidRequest
 
@@ -44,7 +45,7 @@ def make_record(
     else:
         k, v = (rng.integers(0, 1 << 16, KV_SHAPE, dtype=np.uint16) for _ in range(2))
     tokens = tuple(int(t) for t in rng.integers(0, 50_000, n_tokens))
-    return BlockRecord(block_hash=block_hash, parent_hash=parent, token_ids=tokens, k=k, v=v)
+    return BlockRecord(key=block_hash, parent_hash=parent, token_ids=tokens, k=k, v=v)
 
 
 def open_tier(
@@ -55,8 +56,8 @@ def open_tier(
 
 def assert_same(got: BlockRecord | None, want: BlockRecord) -> None:
     assert got is not None
-    assert (got.block_hash, got.parent_hash, got.token_ids) == (
-        want.block_hash,
+    assert (got.key, got.parent_hash, got.token_ids) == (
+        want.key,
         want.parent_hash,
         want.token_ids,
     )
@@ -75,8 +76,8 @@ def test_uint16_bits_round_trip_exactly_with_parent_and_tokens(tmp_path: Path) -
     tier = open_tier(tmp_path)
     record = make_record(0xDEADBEEF, parent=0xFFFF_FFFF_FFFF_FFFF)
     assert tier.write(record) > 0
-    assert_same(tier.read(record.block_hash), record)
-    path = tier.blocks_dir / f"{record.block_hash:016x}.safetensors"
+    assert_same(tier.read(record.key), record)
+    path = tier.blocks_dir / f"{record.key:016x}.safetensors"
     with safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
     assert meta["dtype"] == "bfloat16" and meta["cache_spec"] == SPEC.tag()
@@ -91,6 +92,36 @@ def test_float32_partial_block_round_trips(tmp_path: Path) -> None:
     got = tier.read(7)
     assert_same(got, record)
     assert got is not None and len(got.token_ids) == 2 and got.parent_hash is None
+
+
+# A hybrid geometry: a full-attention layer and a sliding one make two groups of one layer.
+HYBRID = CacheSpec(2, 1, 2, "bfloat16", 4, layer_windows=(None, 6))
+
+
+def test_a_later_groups_page_has_its_own_file_and_a_renamed_one_is_quarantined(
+    tmp_path: Path,
+) -> None:
+    tag = model_tag("tiny-hybrid", HYBRID, WEIGHTS)
+    tier = open_tier(tmp_path, HYBRID, tag)
+    first, later = page_key(0xABC, 0), page_key(0xABC, 1)
+    for key in (first, later):
+        rng = np.random.default_rng(key % 1000)
+        k, v = (rng.integers(0, 1 << 16, (1, 4, 1, 2), dtype=np.uint16) for _ in range(2))
+        tier.write(BlockRecord(key, 5, (1, 2), k, v))
+    names = sorted(p.name for p in tier.blocks_dir.iterdir())
+    assert names == ["0000000000000abc-1.safetensors", "0000000000000abc.safetensors"]
+    assert tier.tails(5) == [(0xABC, (1, 2))]  # a partial block, known by its first page
+    reopened = open_tier(tmp_path, HYBRID, tag)
+    assert reopened.contains(later) and reopened.tails(5) == [(0xABC, (1, 2))]
+    got = reopened.read(later)
+    assert got is not None and got.key == later and got.token_ids == (1, 2)
+    os.rename(
+        reopened.blocks_dir / "0000000000000abc-1.safetensors",
+        reopened.blocks_dir / "0000000000000abc-2.safetensors",
+    )
+    moved = open_tier(tmp_path, HYBRID, tag)
+    assert moved.read(page_key(0xABC, 2)) is None  # the file says group 1
+    assert moved.stats.quarantined == {"corrupt": 1}
 
 
 def test_write_is_temp_fsync_rename_then_dir_fsync_and_leaves_no_temp(

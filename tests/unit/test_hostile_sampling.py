@@ -44,7 +44,7 @@ def tiny_runner(vocab_size: int = 300) -> RecordingRunner:
 
 def prefill(seq_id: int, prompt: list[int], params: SamplingParams) -> BatchItem:
     table = list(range(seq_id * 8, (seq_id + 1) * 8))
-    return BatchItem(seq_id, prompt, 0, table, True, params, 0)
+    return BatchItem(seq_id, prompt, 0, [table], True, params, 0)
 
 
 def test_the_torch_runner_returns_the_other_rows_tokens_when_one_cannot_be_sampled() -> None:

@@ -101,7 +101,10 @@ class AgentInfo(BaseModel):
     disk_hit_tokens: int
     miss_tokens: int
     miss_reasons: dict[str, int]
-    bytes_in_memory: int
+    bytes_in_memory: int = Field(description="The pool pages its next turn reads.")
+    bytes_full_attention: int = Field(
+        description="What its blocks would take with every layer's K/V (sliding windows keep less)."
+    )
     bytes_on_disk: int
     last_used: float
     generating: bool

@@ -21,7 +21,7 @@ from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_SHARED, TIER_WORKING
 from semantic.cache.cache_stats import AgentStats, CacheStats, Served
 from semantic.cache.conversation import Conversation
 from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests, save_manifest
-from semantic.cache.prefix import PrefixCache
+from semantic.cache.prefix import PrefixCache, split_key
 from semantic.cache.tiering import PendingWrites, Tiering
 from semantic.core import History, Request
 from semantic.errors import Conflict, NotFound
@@ -158,10 +158,9 @@ class Agents:
         new = set(agent.hashes)
         self._sharers.update(new - old)
         self._sharers -= Counter(old - new)  # `-=` drops hashes no agent shares any more
-        for block_hash in new:
-            block = self.pool.lookup(block_hash)
-            if block is not None and self._sharers[block_hash] >= 2:
-                self.pool.retier(block, TIER_SHARED)
+        for key, page in self._history_pages(agent):
+            if self._sharers[split_key(key)[0]] >= 2:
+                self.pool.retier(page, TIER_SHARED)
         if agent.pinned:
             self._pin(agent)
 
@@ -176,10 +175,9 @@ class Agents:
         for agent in self.by_id.values():
             if agent.working and now - agent.stats.last_used > self.idle_s:
                 agent.working = False
-                for block_hash in agent.hashes:
-                    block = self.pool.lookup(block_hash)
-                    if block is not None and self.pool.tier_of(block) == TIER_WORKING_AGENT:
-                        self.pool.retier(block, TIER_IDLE_AGENT)
+                for _, page in self._history_pages(agent):
+                    if self.pool.tier_of(page) == TIER_WORKING_AGENT:
+                        self.pool.retier(page, TIER_IDLE_AGENT)
 
     def pin(self, agent_id: str, pinned: bool = True) -> None:
         """A pinned agent's hot blocks never leave memory, nor its files the disk."""
@@ -197,11 +195,27 @@ class Agents:
         self.tiering.protected = pinned
 
     def _pin(self, agent: Agent) -> None:
-        blocks = [b for h in agent.hashes if (b := self.pool.lookup(h)) is not None]
-        for block in blocks:
-            self.pool.acquire(block)
-        self.pool.release(self._pins.pop(agent.agent_id, []), TIER_WORKING_AGENT)
-        self._pins[agent.agent_id] = blocks
+        """Hold the pages the agent's next turn reads; of those held for its last history, the
+        ones it has moved past (a sliding window's older pages) leave as out of the window."""
+        pages = [page for _, page in self._history_pages(agent)]
+        for page in pages:
+            self.pool.acquire(page)
+        old, kept = self._pins.pop(agent.agent_id, []), set(pages)
+        history = set(agent.hashes)
+        passed = [
+            page
+            for page in old
+            if page not in kept
+            and (key := self.pool.hash_of(page)) is not None
+            and split_key(key)[0] in history
+        ]
+        self.pool.drop(passed)
+        self.pool.release([page for page in old if page not in passed], TIER_WORKING_AGENT)
+        self._pins[agent.agent_id] = pages
+
+    def _history_pages(self, agent: Agent) -> list[tuple[int, int]]:
+        """(key, page) of the pool pages the agent's next turn reads."""
+        return self.prefix.history_pages(agent.hashes, agent.num_tokens)
 
     # -- the direct agent API: conversations, turns, forks (on the engine thread) -----------
 
@@ -254,21 +268,26 @@ class Agents:
         return agent
 
     def start_persist(self, agent_ids: Iterable[str] | None = None) -> PendingPersist:
-        """Queue writes of the named agents' hot blocks (every hashed block when None) that are
-        not on disk yet. Runs on the engine thread (it reads the pool); `PendingPersist.wait`
-        then waits for durability on any thread and writes the manifests."""
+        """Queue writes of the named agents' hot pages (every hashed page worth keeping when
+        None) that are not on disk yet. Runs on the engine thread (it reads the pool);
+        `PendingPersist.wait` then waits for durability on any thread and writes the
+        manifests."""
         everything = agent_ids is None
         agents = (
             list(self.by_id.values())
             if everything
             else [self.by_id[a] for a in agent_ids or () if a in self.by_id]
         )
-        hashes = self.hot_hashes() if everything else {h for a in agents for h in a.hashes}
+        pages = (
+            dict(self.prefix.hot_pages())
+            if everything
+            else {key: page for a in agents for key, page in self._history_pages(a)}
+        )
         hot = []
-        for block_hash in hashes:
-            block, content = self.pool.lookup(block_hash), self.prefix.content(block_hash)
-            if block is not None and content is not None:
-                hot.append((block, block_hash, *content))
+        for key, page in pages.items():
+            content = self.prefix.content(split_key(key)[0])
+            if content is not None:
+                hot.append((page, key, *content))
         return PendingPersist(self, agents, self.tiering.start_persist(hot))
 
     def persist(
@@ -278,21 +297,17 @@ class Agents:
         return self.start_persist(agent_ids).wait(timeout)
 
     def evict(self, agent_ids: Iterable[str] | None = None) -> int:
-        """Free the pool blocks of the named agents (of every block when None) that are on disk
+        """Free the pool pages of the named agents (of every page when None) that are on disk
         and that neither a running request nor a pin holds; returns how many. `persist` first:
-        a block not on disk stays, so an eviction never loses a cache."""
+        a page not on disk stays, so an eviction never loses a cache."""
         if agent_ids is None:
-            hashes = self.hot_hashes()
+            keys = [key for key, _ in self.prefix.hot_pages()]
         else:
             agents = [self.by_id[a] for a in agent_ids if a in self.by_id]
-            hashes = {h for agent in agents for h in agent.hashes}
-        evicted = sum(self.prefix.discard(h) for h in hashes if self.tiering.disk.contains(h))
+            keys = [k for agent in agents for h in agent.hashes for k in self.prefix.keys(h)]
+        evicted = sum(self.prefix.discard(k) for k in keys if self.tiering.disk.contains(k))
         self.tiering.count_evicted_on_request(evicted)
         return evicted
-
-    def hot_hashes(self) -> set[int]:
-        hashes = (self.pool.hash_of(block) for block in range(self.pool.num_blocks))
-        return {h for h in hashes if h is not None}
 
     def delete(self, agent_id: str) -> bool:
         """Forget an agent: its manifest (conversation included), and the blocks no other agent
@@ -312,8 +327,9 @@ class Agents:
         self._sharers -= Counter(agent.hashes)
         for block_hash in agent.hashes:
             if self._sharers[block_hash] <= 0:
-                self.prefix.discard(block_hash)
-                self.tiering.disk.delete(block_hash)
+                for key in self.prefix.keys(block_hash):
+                    self.prefix.discard(key)
+                    self.tiering.disk.delete(key)
         return True
 
     def snapshot(self) -> dict[str, Any]:
@@ -325,7 +341,8 @@ class Agents:
         agent = self.by_id.get(agent_id)
         if agent is None:
             return None
-        hot = [h for h in agent.hashes if self.pool.lookup(h) is not None]
+        hot = self._history_pages(agent)
+        keys = [key for block_hash in agent.hashes for key in self.prefix.keys(block_hash)]
         stats = agent.stats
         return {
             "agent_id": agent.agent_id,
@@ -337,8 +354,10 @@ class Agents:
             "disk_hit_tokens": stats.disk_hit_tokens,
             "miss_tokens": stats.miss_tokens,
             "miss_reasons": dict(stats.miss_reasons),
-            "bytes_in_memory": len(hot) * self.tiering.disk.spec.bytes_per_block,
-            "bytes_on_disk": sum(self.tiering.disk.size_of(h) for h in agent.hashes),
+            "bytes_in_memory": len(hot) * self.tiering.disk.spec.bytes_per_page,
+            # what every layer's K/V of its blocks would take: more with sliding windows
+            "bytes_full_attention": len(agent.hashes) * self.tiering.disk.spec.bytes_per_block,
+            "bytes_on_disk": sum(self.tiering.disk.size_of(key) for key in keys),
             "last_used": stats.last_used,
             "generating": agent.turn is not None,
             "conversation": _summary(agent.conversation),

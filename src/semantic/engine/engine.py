@@ -138,6 +138,7 @@ class Engine:
             self.pool,
             spec.block_tokens,
             root_hash(tag),
+            group_windows=spec.group_windows,
             lower=self.tiering,
             on_evict=self.tiering.save_evicted,
         )
@@ -150,8 +151,9 @@ class Engine:
             end_token_ids=model.tokenizer.eos_token_ids,
         )
         # A sequence never outgrows the context, nor the whole pool (then it could not run).
-        pool_tokens = runner.num_blocks * runner.cache_spec.block_tokens
-        self.max_seq_tokens = min(model.context_length, pool_tokens)
+        pool_tokens = self.scheduler.blocks.max_tokens(runner.num_blocks)
+        limit = model.context_length if pool_tokens is None else pool_tokens
+        self.max_seq_tokens = min(model.context_length, limit)
         self.metrics = EngineMetrics()
         self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._active: dict[str, _Active] = {}
@@ -466,10 +468,10 @@ class Engine:
             restore = seq.restore
             assert restore is not None
             wanted = []
-            for block_hash, index in zip(restore.hashes, restore.indexes, strict=True):
+            for key, index in zip(restore.keys, restore.indexes, strict=True):
                 full = index < len(restore.block_hashes)
                 end = index * size + (size if full else restore.tail_tokens)
-                wanted.append((block_hash, tuple(seq.token_ids[index * size : end])))
+                wanted.append((key, tuple(seq.token_ids[index * size : end])))
 
             def deliver(
                 records: list[BlockRecord], seq: Sequence = seq, restore: Restore = restore
@@ -479,14 +481,14 @@ class Engine:
             self.tiering.read(wanted, deliver)
 
     def _restored(self, message: _Restored) -> None:
-        """Blocks came back from disk: copy them into the sequence's blocks and let it run.
-        Dropped when the sequence ended (or was restored) meanwhile: its blocks are not its own
+        """Pages came back from disk: copy them into the sequence's pages and let it run.
+        Dropped when the sequence ended (or was restored) meanwhile: its pages are not its own
         any more."""
         seq, restore = message.seq, message.restore
         if seq.status is not SequenceStatus.RESTORING or seq.restore is not restore:
             return
-        for block, record in zip(restore.blocks, message.records, strict=False):
-            self.runner.write_block(block, record.k, record.v)
+        for page, record in zip(restore.pages, message.records, strict=False):
+            self.runner.write_block(page, record.k, record.v)
         self.scheduler.restored(seq, len(message.records))
 
     def _on_token(self, active: _Active, token: int) -> None:

@@ -38,9 +38,11 @@ class Scheduler:
     first; prefill chunks fill what is left of `max_batch_tokens`, so a long prompt is spread
     over several steps instead of stalling everyone's decoding.
 
-    Admission takes the first waiting sequence once blocks for its whole prompt are available
-    (then prefill chunks never need to allocate), keeping one block of headroom per running
-    sequence so admitting does not force the next decode to preempt. It reuses the longest
+    Admission takes the first waiting sequence once pages for its whole prompt are available
+    (then prefill chunks never need room: a sliding layer group's pages are reserved for its
+    window and a chunk, and each chunk trades the pages its window left for new ones,
+    `cache/block_manager.py`), keeping one block of headroom per running sequence so admitting
+    does not force the next decode to preempt. It reuses the longest
     cached prefix of the prompt (`cache/prefix.py`), wherever it is: pool blocks are shared (a
     partial one copied), and blocks only the disk has are restored into the sequence's fresh
     blocks — the sequence waits RESTORING (holding its blocks, so the restore can never fail for
@@ -60,8 +62,9 @@ class Scheduler:
     blocks and cached blocks of one-off requests and idle agents, so a burst of side requests
     never evicts a working agent's cache.
 
-    Invariant: a running or restoring sequence holds blocks for every token of its prompt's
-    reused prefix and every token it has computed; a waiting one holds none.
+    Invariant: a running or restoring sequence holds pages for every token of its prompt's
+    reused prefix and every token it has computed that its layer groups still read; a waiting
+    one holds none.
     """
 
     def __init__(
@@ -75,7 +78,7 @@ class Scheduler:
     ) -> None:
         self.prefix = prefix
         self.pool = prefix.pool
-        self.blocks = BlockManager(prefix, block_tokens)
+        self.blocks = BlockManager(prefix, block_tokens, max_batch_tokens)
         self.max_running = max_running
         self.max_batch_tokens = max_batch_tokens
         self.end_token_ids = tuple(end_token_ids)
@@ -105,14 +108,12 @@ class Scheduler:
         for seq in self._grow_decodes():
             items.append(self._item(seq, 1))
             budget -= 1
-        for seq in self.running:
-            if budget > 0 and self._pending(seq) > 1:
-                items.append(self._prefill_chunk(seq, budget))
-                budget -= len(items[-1].token_ids)
+        for seq in list(self.running):
+            if budget > 0 and seq.status is SequenceStatus.RUNNING and self._pending(seq) > 1:
+                budget -= self._add_chunk(items, seq, budget)
         while budget > 0 and (admitted := self._admit_next()) is not None:
             if admitted.status is SequenceStatus.RUNNING:
-                items.append(self._prefill_chunk(admitted, budget))
-                budget -= len(items[-1].token_ids)
+                budget -= self._add_chunk(items, admitted, budget)
         return Batch(items, self.blocks.take_copies())
 
     def take_restores(self) -> list[Sequence]:
@@ -122,15 +123,15 @@ class Scheduler:
         return taken
 
     def restored(self, seq: Sequence, count: int) -> None:
-        """The first `count` blocks of `seq.restore` now hold their content. All of them: the
-        sequence runs from there. Fewer (a file failed its checks, now quarantined): the blocks
+        """The first `count` pages of `seq.restore` now hold their content. All of them: the
+        sequence runs from there. Fewer (a file failed its checks, now quarantined): the pages
         that did arrive stay cached and the sequence waits, first in line, for a fresh match."""
         restore = seq.restore
         assert restore is not None and seq.status is SequenceStatus.RESTORING
         self.restoring.remove(seq)
         seq.restore = None
         self.blocks.index_restored(seq, restore, count)
-        if count == len(restore.blocks):
+        if count == len(restore.pages):
             seq.block_hashes = list(restore.block_hashes)
             seq.num_computed_tokens = restore.num_tokens
             self._start(seq, restore.num_tokens, restore.disk_tokens)
@@ -192,13 +193,25 @@ class Scheduler:
         for seq in list(self.running):
             if seq.status is not SequenceStatus.RUNNING or self._pending(seq) != 1:
                 continue
-            while not self.blocks.grow(seq):
+            while not self.blocks.grow(seq, len(seq.token_ids)):
                 self._preempt(self.running[-1])
                 if seq.status is not SequenceStatus.RUNNING:
                     break
             if seq.status is SequenceStatus.RUNNING:
                 decodes.append(seq)
         return decodes
+
+    def _add_chunk(self, items: list[BatchItem], seq: Sequence, budget: int) -> int:
+        """Add a chunk of `seq`'s prompt to the step; returns its tokens. Its sliding groups
+        trade the pages their window left for the chunk's: when pages they gave back were
+        shared and the pool is out, it steps aside (preempted, resuming from its cache) rather
+        than take the room of sequences already in this step."""
+        count = min(self._pending(seq), budget)
+        if not self.blocks.grow(seq, seq.num_computed_tokens + count):
+            self._preempt(seq)
+            return 0
+        items.append(self._item(seq, count))
+        return count
 
     def _fit(self, seq: Sequence) -> Fit:
         return self.blocks.fit(seq, headroom=len(self.running))
@@ -262,7 +275,8 @@ class Scheduler:
             if room >= fit.lacking:
                 break
             victims.append(seq)
-            room += self.blocks.freed_by(seq, fit.max_tier) + 1  # + its headroom block
+            # + its headroom block
+            room += self.blocks.freed_by(seq, fit.max_tier) + self.blocks.pages_per_block
         if room < fit.lacking:
             return False
         for seq in victims:
@@ -296,9 +310,6 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
-    def _prefill_chunk(self, seq: Sequence, budget: int) -> BatchItem:
-        return self._item(seq, min(self._pending(seq), budget))
-
     def _item(self, seq: Sequence, count: int) -> BatchItem:
         start = seq.num_computed_tokens
         sample = start + count == len(seq.token_ids)
@@ -308,7 +319,7 @@ class Scheduler:
             seq_id=seq.seq_id,
             token_ids=seq.token_ids[start : start + count],
             start_pos=start,
-            block_table=list(seq.block_ids),
+            block_tables=[table.padded() for table in seq.block_tables],
             sample=sample,
             sampling=sampling,
             num_output_tokens=seq.num_output_tokens,
