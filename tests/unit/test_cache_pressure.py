@@ -8,6 +8,7 @@ through the block tables, so a wrong restore changes outputs."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,12 +65,20 @@ def conversations(
     return rounds
 
 
+# A model with sliding layers, as the fake runner has them (one full-attention layer and three
+# with a window of 12 tokens: a block takes four pages, one per layer group); its pools are
+# sized so that it is as short of room as the plain model's.
+HYBRID = {"layer_windows": (None, 12, 12, 12), "num_blocks": 48}
+PLAIN = {"num_blocks": 24}
+
+
 @pytest.mark.parametrize("named", [True, False], ids=["named", "anonymous"])
+@pytest.mark.parametrize("model", [PLAIN, HYBRID], ids=["plain", "hybrid"])
 def test_more_agents_at_once_than_the_pool_holds_restore_warm_turns_from_disk(
-    served: ServedModel, tmp_path: Path, named: bool
+    served: ServedModel, tmp_path: Path, named: bool, model: dict[str, Any]
 ) -> None:
     # Six agents of ~7 blocks each at the end over a 24-block pool: they cannot all stay.
-    engine, _ = make_engine(served, tmp_path, num_blocks=24)
+    engine, _ = make_engine(served, tmp_path, **model)
     for rounds in conversations(engine, 6, 3, named)[1:]:
         for history, prompt, usage in rounds.values():
             assert usage.cached_tokens >= history - 1  # all but the answer's uncomputed last
@@ -80,8 +89,9 @@ def test_more_agents_at_once_than_the_pool_holds_restore_warm_turns_from_disk(
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named", "anonymous"])
+@pytest.mark.parametrize("model", [PLAIN, HYBRID], ids=["plain", "hybrid"])
 def test_under_pressure_every_answer_is_the_one_a_roomy_pool_gives(
-    served: ServedModel, tmp_path: Path, named: bool
+    served: ServedModel, tmp_path: Path, named: bool, model: dict[str, Any]
 ) -> None:
     def answers(engine: Engine) -> list[list[int]]:
         histories = {f"agent-{a}": system_prompt(a) for a in range(6)}
@@ -93,8 +103,9 @@ def test_under_pressure_every_answer_is_the_one_a_roomy_pool_gives(
             histories = {a: [*prompts[a], *results[a][0]] for a in histories}
         return out
 
-    small, _ = make_engine(served, tmp_path / "small", num_blocks=24)
-    roomy, _ = make_engine(served, tmp_path / "roomy", num_blocks=256)
+    windows = model.get("layer_windows", ())
+    small, _ = make_engine(served, tmp_path / "small", **model)
+    roomy, _ = make_engine(served, tmp_path / "roomy", num_blocks=1024, layer_windows=windows)
     assert answers(small) == answers(roomy)
 
 
