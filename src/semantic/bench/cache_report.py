@@ -62,6 +62,8 @@ def _history(result: HistoryResult) -> Section:
         "cold ÷ warm",
         "warm: cached ÷ prompt",
         "cold: cached ÷ prompt",
+        "KV held (MiB)",
+        "KV ÷ full attention",
     ]
     rows = [
         [
@@ -72,6 +74,8 @@ def _history(result: HistoryResult) -> Section:
             _x(p.speedup),
             _pct(p.warm_cached_share),
             _pct(p.cold_cached_share),
+            "unknown" if p.kv is None else f"{p.kv.held / 2**20:,.1f}",
+            _pct(None if p.kv is None else p.kv.share),
         ]
         for p in result.points
     ]
@@ -81,7 +85,9 @@ def _history(result: HistoryResult) -> Section:
         columns,
         rows,
         f"{_flatness(result)} Cold = the same prompt with its first character changed, under a "
-        f"fresh session id; its length matched the warm prompt's to within {mismatch:.2%}.",
+        f"fresh session id; its length matched the warm prompt's to within {mismatch:.2%}. "
+        "KV held: what the server's pool keeps for the history once built (its /admin/cache), "
+        "against every layer's K/V for every block of it (less with sliding windows).",
     )
 
 
@@ -268,6 +274,8 @@ def summary(
                 "warm_cached_share": p.warm_cached_share,
                 "cold_cached_share": p.cold_cached_share,
                 "token_mismatch": p.token_mismatch,
+                "kv_held_bytes": None if p.kv is None else p.kv.held,
+                "kv_full_attention_bytes": None if p.kv is None else p.kv.full_attention,
             }
             for p in history.points
         ]
