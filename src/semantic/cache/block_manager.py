@@ -24,8 +24,8 @@ from semantic.core import BlockTable, Restore, Sequence, first_read_block
 @dataclass(slots=True, frozen=True)
 class Fit:
     """Admitting a sequence now: its prefix match, the eviction tier its pages get and the
-    highest it may reclaim, the blocks each group's table covers from the start (`ends`), the
-    fresh pages it takes, and how many of those it lacks (≤ 0: it fits)."""
+    highest it may reclaim, the block each group's table ends before (`ends`), the fresh pages
+    it takes, and how many of those it lacks (≤ 0: it fits)."""
 
     match: PrefixMatch
     tier: int
