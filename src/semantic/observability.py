@@ -228,6 +228,7 @@ class EngineReading:
     cache: dict[str, Any]  # `CacheStats.totals()`, the same numbers /admin/cache shows
     agents_active: int
     agents_idle: int
+    preemptions: int
 
 
 def read_engine(engine: Engine) -> EngineReading:
@@ -248,6 +249,7 @@ def read_engine(engine: Engine) -> EngineReading:
         cache=engine.agents.stats.totals(),
         agents_active=active,
         agents_idle=len(agents) - active,
+        preemptions=engine.scheduler.preemptions,
     )
 
 
@@ -286,7 +288,15 @@ def _reading_families(reading: EngineReading) -> Iterable[Metric]:
     written = {"eviction": cache["evicted_to_disk"], "persist": cache["persisted"]}
     yield _counter("semantic_cache_written_blocks", "Blocks written to disk.", written, "reason")
     yield _counter(
+        "semantic_cache_restored_blocks", "Blocks read back from disk.", cache["restored"]
+    )
+    yield _counter(
         "semantic_cache_write_errors", "Block writes that failed.", cache["write_errors"]
+    )
+    yield _counter(
+        "semantic_preemptions",
+        "Running requests taken out for room, to resume from their cache.",
+        reading.preemptions,
     )
     yield _gauge("semantic_cache_disk_bytes", "Disk used by KV blocks.", cache["disk_bytes"])
     yield _gauge("semantic_cache_disk_files", "KV block files on disk.", cache["disk_files"])
