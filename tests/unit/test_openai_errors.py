@@ -1,5 +1,5 @@
-"""Malformed OpenAI requests: each gets the right 4xx in OpenAI's error shape, never a 500
-(SPEC §5, §9.8), on /v1/chat/completions and /v1/completions. One app over the fake runner
+"""Malformed OpenAI requests: each gets the right 4xx in OpenAI's error shape, never a 500,
+on /v1/chat/completions and /v1/completions. One app over the fake runner
 answers the whole table."""
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def error_payload(exc: Exception) -> dict[str, Any]:
 
 def anthropic_status(exc: Exception) -> int:
     status = classify(exc)[0]
-    if isinstance(exc, errors.Unavailable):  # not overload: 503 in both protocols (SPEC §7)
+    if isinstance(exc, errors.Unavailable):  # not overload: 503 in both protocols
         return status
     return _ANTHROPIC_STATUS.get(status, status)
 

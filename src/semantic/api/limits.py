@@ -1,4 +1,4 @@
-"""Request limits (SPEC §8), each a setting: how many messages, tools and stop strings one
+"""Request limits, each a setting: how many messages, tools and stop strings one
 request may carry (and how long a stop string may be), and how many tokens its prompt and its
 answer may have. (The body's size is bodies.py's; the
 context's, the engine's.) Every refusal is a 400 that names the field, in the protocol's shape
