@@ -9,6 +9,10 @@ class SemanticError(Exception):
     """Base of every error semantic raises on purpose."""
 
 
+class InvalidSettings(SemanticError):
+    """A setting's value is not valid; the message names it and where it came from."""
+
+
 class InvalidRequest(SemanticError):
     """The client sent something we cannot serve (maps to 400)."""
 
