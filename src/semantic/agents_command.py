@@ -50,13 +50,15 @@ def server_url(settings: Settings) -> str:
 
 def run(settings: Settings, action: str, agent_id: str | None, *, as_json: bool = False) -> int:
     server = server_url(settings)
+    client = _client(settings)
     try:
-        with _client(settings) as client:
-            return _online(client, server, action, agent_id, as_json)
+        return _online(client, server, action, agent_id, as_json)
     except httpx.ConnectError:
         root = cache_root(settings.cache_dir)
         print(f"no server answers at {server}: reading the cache folder {root}", file=sys.stderr)
         return _from_disk(settings, root, action, agent_id, as_json)
+    finally:
+        client.close()
 
 
 def _client(settings: Settings) -> httpx.Client:

@@ -8,6 +8,7 @@ answers an unknown one with the flag it most likely meant.
 from __future__ import annotations
 
 import argparse
+import itertools
 import typing
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -31,11 +32,20 @@ class Parser(argparse.ArgumentParser):
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         # A command (a subparser) refuses its own unknown arguments, so the message shows its
-        # usage and guesses among its flags rather than the top-level parser's.
+        # usage and guesses among its flags rather than the top-level parser's; an unknown
+        # flag first, before argparse takes its value for a positional argument.
+        if args is not None and self._subparsers is None:
+            given = itertools.takewhile(lambda arg: arg != "--", args)
+            unknown = [arg for arg in given if arg.startswith("--") and not self._knows(arg)]
+            if unknown:
+                self._refuse(unknown)
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
             self._refuse(extras)
         return parsed, extras
+
+    def _knows(self, flag: str) -> bool:
+        return flag.partition("=")[0] in self._option_string_actions
 
     def _refuse(self, extras: list[str]) -> None:
         flags = [option for option in self._option_string_actions if option.startswith("--")]
