@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ import numpy as np
 
 from semantic import __version__
 from semantic.config import Settings
-from semantic.config_errors import load_settings
+from semantic.config_errors import load_settings, unknown_variables
 from semantic.errors import SemanticError
 from semantic.settings_flags import Parser, add_settings_flags, given_settings
 
@@ -66,6 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verb is None:  # bare `semantic`: what it can do, not a usage error
         parser.print_help()
         return 0
+    if args.verb != "bench":  # the commands that read the settings
+        for warning in unknown_variables(os.environ):
+            print(f"semantic: warning: {warning}", file=sys.stderr)
     try:
         return int(args.handler(args))
     except SemanticError as exc:
@@ -187,10 +191,10 @@ def _serve(args: argparse.Namespace) -> int:
     from semantic.observability import configure_logging
 
     settings = settings_from(args)
-    configure_logging(settings.log_level)
     # What can fail fails here, before the load: the bind rule, the model's path, the cache
     # folder (locked until the caches are persisted at exit) and the port (bound here).
     with preflight.checked(settings) as checked:
+        configure_logging(settings.log_level)
         started = time.perf_counter()
         host = build_host(settings, checked.registry, checked.source)
         app = create_app(host, settings)

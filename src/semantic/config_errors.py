@@ -12,7 +12,14 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 from pydantic_settings import SettingsError
 
-from semantic.config import Settings, env_name, flag_name, is_secret, value_sources
+from semantic.config import (
+    Settings,
+    did_you_mean,
+    env_name,
+    flag_name,
+    is_secret,
+    value_sources,
+)
 from semantic.errors import InvalidSettings
 
 # What a value must be, by the validation error's type; `{…}` are the error's context.
@@ -44,6 +51,17 @@ def load_settings(flags: Mapping[str, Any]) -> Settings:
         raise InvalidSettings(explain(exc, flags)) from None
     except SettingsError as exc:  # the config file: missing, not TOML, unknown names
         raise InvalidSettings(str(exc)) from None
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each `SEMANTIC_*` variable that names no setting, which the settings
+    ignore (a typo would leave the default in force unseen), with the one it likely meant."""
+    known = {env_name(name) for name in Settings.model_fields}
+    ours = (name for name in environ if name.upper().startswith("SEMANTIC_"))
+    return [
+        f"{name} names no setting and is ignored{did_you_mean([name.upper()], known)}"
+        for name in sorted(name for name in ours if name.upper() not in known)
+    ]
 
 
 def explain(exc: ValidationError, flags: Mapping[str, Any]) -> str:

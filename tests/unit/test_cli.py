@@ -151,3 +151,15 @@ def test_a_bad_key_is_named_but_never_shown(
     monkeypatch.setenv("SEMANTIC_PORT", "x")
     _, _, err = run(capsys, "config")
     assert "sk-never-shown" not in err and "SEMANTIC_PORT=x" in err
+
+
+def test_a_variable_that_names_no_setting_is_a_warning_with_a_guess(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SEMANTIC_CACHE_BUDGET", "100")
+    status, _, err = run(capsys, "config")
+    assert status == 0
+    assert err == (
+        "semantic: warning: SEMANTIC_CACHE_BUDGET names no setting and is ignored; did you mean "
+        "SEMANTIC_CACHE_BUDGET_MB?\n"
+    )

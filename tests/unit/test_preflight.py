@@ -4,13 +4,16 @@ one sentence that says what to do, and never reaches the load."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import socket
+from collections.abc import Iterator
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import httpx
 import pytest
+import structlog
 
 from semantic import cli, preflight
 from semantic.cache.disk import cache_root
@@ -20,7 +23,7 @@ from semantic.errors import CacheFolderBusy
 
 
 @pytest.fixture(autouse=True)
-def _no_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _no_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     def load(*args: object) -> None:
         raise AssertionError("the model was loaded")
 
@@ -28,6 +31,13 @@ def _no_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
     for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
         monkeypatch.delenv(name)
+    # a `serve` that got past its checks would send the logs to this test's stderr
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.reset_defaults()
 
 
 def serve(capsys: pytest.CaptureFixture[str], tmp_path: Path, *argv: str) -> str:
