@@ -88,6 +88,10 @@ class CacheSpec:
         """K and V of one group's layers for one block: what the pool hands out."""
         return self.bytes_per_block // len(self.groups)
 
+    def whole_blocks(self, num_pages: int) -> int:
+        """Blocks of every layer (a page of each group) that `num_pages` pages hold."""
+        return num_pages // len(self.groups)
+
     @property
     def bytes_per_block(self) -> int:
         """K and V for every layer of one block (a page of every group)."""

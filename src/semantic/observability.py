@@ -36,12 +36,14 @@ from semantic.cache.block_pool import (
     TIER_SHARED,
     TIER_WORKING_AGENT,
 )
-from semantic.core import Batch, Request
+from semantic.core import Batch, Request, Sequence
 
 if TYPE_CHECKING:
     from semantic.engine.engine import Engine
 
 # -- logs ------------------------------------------------------------------------------------
+
+_log = logging.getLogger("semantic.engine")
 
 
 def configure_logging(
@@ -140,6 +142,62 @@ def request_fields(request: Request) -> dict[str, str]:
     return fields
 
 
+class PrefillProgress:
+    """Log lines for a long prefill, which shows nothing else until its first token: a prompt
+    with at least `min_tokens` tokens to compute (past its cached ones) logs how far it is every
+    `every_s` seconds, and its rate once done. Fed the running sequences after each step, on the
+    engine thread."""
+
+    def __init__(
+        self,
+        min_tokens: int = 2048,
+        every_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.min_tokens = min_tokens
+        self.every_s = every_s
+        self._clock = clock
+        self._tracked: dict[int, _Prefill] = {}  # by seq_id
+
+    def stepped(self, running: Iterable[Sequence]) -> None:
+        now, seen = self._clock(), set()
+        for seq in running:
+            seen.add(seq.seq_id)
+            tracked = self._tracked.get(seq.seq_id)
+            if tracked is None and seq.in_prefill:
+                if seq.num_prompt_tokens - seq.num_cached_tokens >= self.min_tokens:
+                    self._tracked[seq.seq_id] = _Prefill(started=now, logged=now)
+            elif tracked is not None and not seq.in_prefill:
+                _log_prefill(seq, "prefill done", now - tracked.started)
+                del self._tracked[seq.seq_id]
+            elif tracked is not None and now - tracked.logged >= self.every_s:
+                _log_prefill(seq, "prefill", now - tracked.started)
+                tracked.logged = now
+        for gone in self._tracked.keys() - seen:  # finished, aborted or preempted
+            del self._tracked[gone]
+
+
+@dataclass(slots=True)
+class _Prefill:
+    started: float
+    logged: float
+
+
+def _log_prefill(seq: Sequence, event: str, elapsed: float) -> None:
+    done = min(seq.num_computed_tokens, seq.num_prompt_tokens) - seq.num_cached_tokens
+    total = seq.num_prompt_tokens - seq.num_cached_tokens
+    _log.info(
+        "%s: %s of %s tokens (%d%%) in %.1f s, %.0f tokens/s",
+        event,
+        f"{done:,}",
+        f"{total:,}",
+        100 * done // max(total, 1),
+        elapsed,
+        done / max(elapsed, 1e-9),
+        extra=request_fields(seq.request),
+    )
+
+
 # -- metrics counted as they happen ----------------------------------------------------------
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -235,6 +293,7 @@ class EngineReading:
     cache: dict[str, Any]  # `CacheStats.totals()`, the same numbers /admin/cache shows
     agents_active: int
     agents_idle: int
+    preemptions: int
 
 
 def read_engine(engine: Engine) -> EngineReading:
@@ -255,6 +314,7 @@ def read_engine(engine: Engine) -> EngineReading:
         cache=engine.agents.stats.totals(),
         agents_active=active,
         agents_idle=len(agents) - active,
+        preemptions=engine.scheduler.preemptions,
     )
 
 
@@ -293,7 +353,15 @@ def _reading_families(reading: EngineReading) -> Iterable[Metric]:
     written = {"eviction": cache["evicted_to_disk"], "persist": cache["persisted"]}
     yield _counter("semantic_cache_written_blocks", "Blocks written to disk.", written, "reason")
     yield _counter(
+        "semantic_cache_restored_blocks", "Blocks read back from disk.", cache["restored"]
+    )
+    yield _counter(
         "semantic_cache_write_errors", "Block writes that failed.", cache["write_errors"]
+    )
+    yield _counter(
+        "semantic_preemptions",
+        "Running requests taken out for room, to resume from their cache.",
+        reading.preemptions,
     )
     yield _gauge("semantic_cache_disk_bytes", "Disk used by KV blocks.", cache["disk_bytes"])
     yield _gauge("semantic_cache_disk_files", "KV block files on disk.", cache["disk_files"])

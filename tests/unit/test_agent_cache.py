@@ -1,6 +1,7 @@
 """The agent cache through the engine and the fake runner: reuse across turns, eviction to disk,
-restarts, and the failure modes of SPEC §9 (1, 3, 5, 6). The fake runner computes each token
-from the context it reads back through the block tables, so a wrong restore changes outputs."""
+restarts, and failure modes 1, 3, 5 and 6 of docs/failure_modes.md. The fake runner computes
+each token from the context it reads back through the block tables, so a wrong restore changes
+outputs."""
 
 from __future__ import annotations
 

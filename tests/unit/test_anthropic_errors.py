@@ -1,5 +1,5 @@
-"""Malformed Anthropic requests: each gets the right 4xx in Anthropic's error shape, never a 500
-(SPEC §5, §9.8). One app over the fake runner answers the whole table."""
+"""Malformed Anthropic requests: each gets the right 4xx in Anthropic's error shape, never a
+500. One app over the fake runner answers the whole table."""
 
 from __future__ import annotations
 

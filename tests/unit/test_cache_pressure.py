@@ -181,6 +181,7 @@ def test_a_newcomer_takes_the_room_of_a_sequence_that_had_its_quantum(
     )
     long_last = max(i for i, b in enumerate(runner.steps) if any(it.seq_id == 0 for it in b.items))
     assert late_first < long_last, "the newcomer waited for the long sequence to finish"
+    assert engine.scheduler.preemptions == 1
     assert result(late)[0] == alone(served, tmp_path / "late", [4] * 40, 3)
     assert result(long)[0] == alone(served, tmp_path / "long", [9] * 90, 30)
 

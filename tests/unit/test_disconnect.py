@@ -1,4 +1,4 @@
-"""SPEC §9.10: a client that disconnects mid-request cancels it, streamed or not, in either
+"""A client that disconnects mid-request cancels it, streamed or not, in either
 protocol; its blocks go back to the pool as cache, and the agent's history keeps what it
 computed. Over a real uvicorn server in this process, so the disconnect is a closed socket."""
 

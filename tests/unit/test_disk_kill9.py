@@ -1,5 +1,5 @@
 """Kill -9 during cache writes: after a restart nothing partial is loaded, and every block that
-was acknowledged as durable is still there, intact (SPEC §9 item 11)."""
+was acknowledged as durable is still there, intact."""
 
 from __future__ import annotations
 

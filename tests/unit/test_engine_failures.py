@@ -1,4 +1,4 @@
-"""SPEC §9.4: an exception anywhere in the engine loop, not only in the runner, fails the
+"""An exception anywhere in the engine loop, not only in the runner, fails the
 requests in flight and nothing else; the engine thread lives on, serves the next request, and
 every block is accounted for. Failures are injected into the real engine thread, once each."""
 

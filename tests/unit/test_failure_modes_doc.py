@@ -1,5 +1,5 @@
 """docs/failure_modes.md maps each failure mode to the tests that show it: every test it names
-must exist, and every SPEC §9 item must have a row with at least one test."""
+must exist, and every numbered failure mode must have a row with at least one test."""
 
 from __future__ import annotations
 

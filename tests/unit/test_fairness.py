@@ -1,4 +1,4 @@
-"""SPEC §9.9: one long generation must not starve other agents. Counted in engine steps, not
+"""One long generation must not starve other agents. Counted in engine steps, not
 seconds: while one agent generates 2,000 tokens, every other running stream gets a token at
 every step, a newcomer gets its first token within a bounded number of steps, and a long prompt
 is prefilled in chunks beside the decodes instead of stalling them."""

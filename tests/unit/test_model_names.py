@@ -1,6 +1,6 @@
 """Which model names a request may use: any (the loaded model answers) unless
 `strict_model_names` is set; then only the served model's names, and any other gets a 404
-in the shape of the protocol asked (SPEC §6)."""
+in the shape of the protocol asked."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Request limits (SPEC §8), each a setting: how many messages, tools and stop strings one
+"""Request limits, each a setting: how many messages, tools and stop strings one
 request may carry (and how long a stop string may be), and how many tokens its prompt and its
 answer may have. (The body's size is bodies.py's; the
 context's, the engine's.) Every refusal is a 400 that names the field, in the protocol's shape
@@ -88,10 +88,13 @@ def output_budget(
     prompt_param: str = "messages",
 ) -> int:
     """max_tokens for a request: what it asked for (`param`), refused past `max_output_tokens`
-    or past the room the context leaves (a context overflow blaming `prompt_param`, the field
-    that holds the prompt); with none asked, `default` cut to both."""
+    or past the room the context leaves (a context overflow that blames `prompt_param`, the
+    field that holds the prompt, when it leaves no room, else `param`, which the client can
+    lower); with none asked, `default` cut to both."""
     asked = checked_max_tokens(settings, requested, param)
     room = context - prompt_tokens
-    if room < 1 or (asked is not None and asked > room):
+    if room < 1:
         raise ContextOverflow(prompt_tokens, asked or 0, context, prompt_param)
+    if asked is not None and asked > room:
+        raise ContextOverflow(prompt_tokens, asked, context, prompt_param, blame=param)
     return asked if asked is not None else min(capped_max_tokens(settings, default), room)

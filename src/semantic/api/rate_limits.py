@@ -1,4 +1,4 @@
-"""Rate limits (SPEC §8): requests per minute for each API key and for each agent, off unless set;
+"""Rate limits: requests per minute for each API key and for each agent, off unless set;
 and failed API key attempts per minute for each client address, always on.
 
 Each key and each agent has a token bucket (the algorithm Anthropic's API documents for its own

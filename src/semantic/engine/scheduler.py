@@ -86,6 +86,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.restoring: list[Sequence] = []
         self._to_restore: list[Sequence] = []  # admitted this step: their reads are not asked yet
+        self.preemptions = 0  # since start
 
     @property
     def has_work(self) -> bool:
@@ -303,6 +304,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Take a running sequence out, keeping everything it computed cached (its partial last
         block too), so it resumes from the cache — memory, or disk if the pool needs the room."""
+        self.preemptions += 1
         self.running.remove(seq)
         self.blocks.cache_tail(seq)
         self.blocks.release(seq)
