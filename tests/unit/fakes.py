@@ -76,8 +76,11 @@ def make_engine(
 
 
 def engine_on(runner: FakeRunner, served: ServedModel, cache_dir: Path, **settings: Any) -> Engine:
-    """An engine on `runner` caching under `cache_dir`, with `make_engine`'s settings."""
-    config = Settings(max_batch_tokens=32, batch_window_ms=0, cache_dir=cache_dir, **settings)
+    """An engine on `runner` caching under `cache_dir`, with `make_engine`'s settings (32-token
+    chunks, no batch window unless `settings` say otherwise)."""
+    config = Settings(
+        **{"max_batch_tokens": 32, "batch_window_ms": 0, **settings}, cache_dir=cache_dir
+    )
     return Engine(runner, served, config)
 
 
