@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from semantic.cache.block_pool import TIER_OUT_OF_WINDOW
-from semantic.core import FinishReason, Request, SamplingParams, TokenEvent
+from semantic.cache.prefix import page_key, split_key
+from semantic.core import FinishReason, Request, SamplingParams, TokenEvent, first_read_block
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
-from tests.unit.fakes import make_engine
+from semantic.text.tokenizer import Tokenizer
+from tests.unit.fakes import fake_served, make_engine
 
 BLOCK = 8  # make_engine's block size
 WINDOW = 12
@@ -187,3 +189,130 @@ def test_random_turns_forks_aborts_evictions_and_restarts_keep_pool_and_answers_
     engine.tiering.disk._index.check_integrity()
     assert restored + engine.tiering.traffic.restored > 0
     assert reclaimed + sum(engine.pool.reclaimed) > 0, "no memory pressure"
+
+
+def window_keys(engine: Engine, agent: str) -> set[int]:
+    """The sliding groups' page keys of the blocks an agent's window reads, from its history."""
+    found = engine.agents.by_id[agent]
+    hashes, num_tokens = found.hashes, found.num_tokens
+    keys = set()
+    for group, window in enumerate(engine.prefix.windows):
+        if window is not None:
+            first = first_read_block(window, num_tokens, BLOCK)
+            keys |= {page_key(h, group) for h in hashes[first:]}
+    return keys
+
+
+def sliding_keys_kept(engine: Engine) -> tuple[set[int], set[int]]:
+    """The sliding groups' page keys cached in memory (but those out of the window), and on
+    disk."""
+    pool, windows = engine.pool, engine.prefix.windows
+    memory = set()
+    for page in pool.cached_blocks():
+        key = pool.hash_of(page)
+        if key is not None and pool.tier_of(page) != TIER_OUT_OF_WINDOW:
+            memory.add(key)
+    disk = set()
+    for path in engine.tiering.disk.blocks_dir.iterdir():
+        block_hash, _, group = path.name.removesuffix(".safetensors").partition("-")
+        disk.add(page_key(int(block_hash, 16), int(group or 0)))
+    return (
+        {k for k in memory if windows[split_key(k)[1]]},
+        {k for k in disk if windows[split_key(k)[1]]},
+    )
+
+
+def test_a_history_persisted_at_every_turn_keeps_one_window_of_sliding_pages(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """Alice is persisted after every turn (and once evicted, so a turn restores its window).
+    The sliding pages her window moved past leave memory's working tiers and the disk, turn
+    after turn, but those bob's history (forked from hers) still reads; both continue after a
+    restart with what they had."""
+    engine, _ = make_engine(served, tmp_path, num_blocks=256, layer_windows=HYBRID)
+    histories: dict[str, list[int]] = {"alice": []}
+    for n in range(4):
+        prompt = [*histories["alice"], *(3 + (n * 50 + k) % 300 for k in range(6 * BLOCK + 3))]
+        histories["alice"] = [*prompt, *turn(engine, f"a{n}", prompt, "alice")[0]]
+        if n == 0:  # bob forks: his window reads a block hers is about to move past
+            fork = [*histories["alice"], 301, 302]
+            histories["bob"] = [*fork, *turn(engine, "b0", fork, "bob")[0]]
+            assert engine.agents.persist(["bob"], timeout=10).failed == 0
+        assert engine.agents.persist(["alice"], timeout=10).failed == 0
+        if n == 1:
+            assert engine.agents.evict(["alice"]) > 0  # the next turn restores her window
+        memory, disk = sliding_keys_kept(engine)
+        windows = window_keys(engine, "alice") | window_keys(engine, "bob")
+        assert memory <= windows and disk == windows, n
+    assert window_keys(engine, "alice").isdisjoint(window_keys(engine, "bob"))
+    alice = engine.agents.by_id["alice"]
+    keys = {k for h in alice.hashes for k in engine.prefix.keys(h)}
+    kept_for_bob = keys & window_keys(engine, "bob")
+    assert kept_for_bob  # her blocks' sliding pages that only bob's window still reads
+    on_disk = [k for k in keys if engine.tiering.contains(k)]
+    assert len(on_disk) == window_pages(HYBRID, len(histories["alice"]) - 1) + len(kept_for_bob)
+    engine.stop()
+    restarted, _ = make_engine(served, tmp_path, num_blocks=256, layer_windows=HYBRID)
+    for agent in ("alice", "bob"):
+        follow_up = [*histories[agent], 307]
+        out, usage = turn(restarted, f"{agent}-after", follow_up, agent)
+        assert usage.cached_tokens == len(histories[agent]) - 1
+        assert out == fresh(served, tmp_path, HYBRID, follow_up)
+
+
+def test_a_pinned_agent_holds_its_window_and_lets_go_of_what_it_passed(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, num_blocks=256, layer_windows=HYBRID)
+    engine.agents.pin("alice")
+    history: list[int] = []
+    for n in range(3):
+        prompt = [*history, *(3 + (n * 70 + k) % 300 for k in range(5 * BLOCK + 1))]
+        history = [*prompt, *turn(engine, f"t{n}", prompt, "alice")[0]]
+        assert engine.pool.num_held == window_pages(HYBRID, len(history) - 1), n
+        memory, _ = sliding_keys_kept(engine)
+        assert memory <= window_keys(engine, "alice"), n  # the rest: out of the window
+    engine.agents.pin("alice", pinned=False)
+    assert engine.pool.num_held == 0
+    out, usage = turn(engine, "after", [*history, 308], "alice")
+    assert usage.cached_tokens == len(history) - 1
+    assert out == fresh(served, tmp_path, HYBRID, [*history, 308])
+
+
+# Gemma 3 270M's layers: five sliding (a 512-token window) then one global, three times.
+GEMMA3_270M = ((512,) * 5 + (None,)) * 3
+
+
+def test_gemma3_270m_holds_at_most_a_quarter_of_full_attention_at_16k_tokens_of_history(
+    tiny_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """A 16K-token history over Gemma 3 270M's layers and 256-token blocks, in a pool of 128
+    pages: full attention would need 6 pages a block (390), the windowed history fits. What
+    /admin/cache reports for it, in memory and on disk, is at most a quarter of every layer's
+    K/V."""
+    served = fake_served(tiny_tokenizer, context=20_000)
+    engine, runner = make_engine(
+        served,
+        tmp_path,
+        num_blocks=128,
+        block_tokens=256,
+        layer_windows=GEMMA3_270M,
+        max_batch_tokens=512,
+    )
+    prompt = [3 + k % 397 for k in range(16_384)]
+    history = [*prompt, *turn(engine, "long", prompt, "alice", max_tokens=4)[0]]
+    assert len(history) - 1 > 16_384 and 6 * -(-len(history) // 256) > engine.pool.num_blocks
+    assert engine.agents.persist(["alice"], timeout=30).failed == 0
+    (agent,) = engine.agents.snapshot()["agents"]
+    assert agent["cached_tokens"] == len(history) - 1
+    assert agent["bytes_in_memory"] <= agent["bytes_full_attention"] / 4
+    page, pages_per_block = runner.cache_spec.bytes_per_page, len(runner.cache_spec.groups)
+    pool = engine.pool
+    kept = [p for p in pool.cached_blocks() if pool.tier_of(p) != TIER_OUT_OF_WINDOW]
+    assert len(kept) * page == agent["bytes_in_memory"]  # the rest is free or out of window
+    files = sum(
+        engine.tiering.contains(k) for h in engine.agents.by_id["alice"].hashes
+        for k in engine.prefix.keys(h)
+    )  # fmt: skip
+    assert files * page == agent["bytes_in_memory"]
+    assert files <= len(engine.agents.by_id["alice"].hashes) * pages_per_block / 4

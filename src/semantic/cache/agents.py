@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_SHARED, TIER_WORKING_AGENT, BlockPool
+from semantic.cache.block_pool import (
+    TIER_IDLE_AGENT,
+    TIER_OUT_OF_WINDOW,
+    TIER_SHARED,
+    TIER_WORKING_AGENT,
+    BlockPool,
+)
 from semantic.cache.cache_stats import AgentStats, CacheStats, Served
 from semantic.cache.conversation import Conversation
 from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests, save_manifest
@@ -152,7 +158,7 @@ class Agents:
             self._set_history(agent, history)
 
     def _set_history(self, agent: Agent, history: History) -> None:
-        old = set(agent.hashes)
+        old, old_windows = set(agent.hashes), self._window_keys(agent)
         agent.block_hashes, agent.tail_hash = history.block_hashes, history.tail_hash
         agent.num_tokens = history.num_tokens
         new = set(agent.hashes)
@@ -163,6 +169,30 @@ class Agents:
                 self.pool.retier(page, TIER_SHARED)
         if agent.pinned:
             self._pin(agent)
+        self._let_go_of_passed(agent, old_windows - self._window_keys(agent))
+
+    def _let_go_of_passed(self, agent: Agent, passed: set[int]) -> None:
+        """Sliding pages the agent's last history read and its new one does not (its window
+        moved past them, or its tail grew into a new block): unless another agent's history
+        still reads them, cached ones go to the out-of-window tier (reclaimed first, never
+        written) and their files are deleted, so a history persisted at every turn keeps one
+        window of sliding pages on disk as in memory. A page held by a running request is
+        left to it; a write still queued lands later, for the disk budget to drop."""
+        if any(self._sharers[split_key(key)[0]] > 1 for key in passed):
+            for other in self.by_id.values():
+                if other is not agent:
+                    passed -= self._window_keys(other)
+        for key in passed:
+            page = self.pool.lookup(key)
+            if page is not None:
+                self.pool.retier(page, TIER_OUT_OF_WINDOW)  # only a cached page moves
+            if self.tiering.disk.contains(key):
+                self.tiering.disk.delete(key)
+
+    def _window_keys(self, agent: Agent) -> set[int]:
+        """The sliding groups' page keys the agent's next turn reads."""
+        keys = self.prefix.history_keys(agent.hashes, agent.num_tokens)
+        return {key for key in keys if self.prefix.is_sliding(key)}
 
     def sweep(self, now: float | None = None) -> None:
         """Move agents not heard from within `idle_s` to the idle tier, and with them the
@@ -195,22 +225,13 @@ class Agents:
         self.tiering.protected = pinned
 
     def _pin(self, agent: Agent) -> None:
-        """Hold the pages the agent's next turn reads; of those held for its last history, the
-        ones it has moved past (a sliding window's older pages) leave as out of the window."""
+        """Hold the pages the agent's next turn reads, and let go of those held for its last
+        history (those its window moved past then leave as out of the window:
+        `_let_go_of_passed`)."""
         pages = [page for _, page in self._history_pages(agent)]
         for page in pages:
             self.pool.acquire(page)
-        old, kept = self._pins.pop(agent.agent_id, []), set(pages)
-        history = set(agent.hashes)
-        passed = [
-            page
-            for page in old
-            if page not in kept
-            and (key := self.pool.hash_of(page)) is not None
-            and split_key(key)[0] in history
-        ]
-        self.pool.drop(passed)
-        self.pool.release([page for page in old if page not in passed], TIER_WORKING_AGENT)
+        self.pool.release(self._pins.pop(agent.agent_id, []), TIER_WORKING_AGENT)
         self._pins[agent.agent_id] = pages
 
     def _history_pages(self, agent: Agent) -> list[tuple[int, int]]:

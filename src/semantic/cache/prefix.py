@@ -305,19 +305,24 @@ class PrefixCache:
         found = ((key, self.pool.lookup(key)) for key in self.keys(block_hash))
         return [(key, page) for key, page in found if page is not None]
 
-    def history_pages(self, hashes: Sequence[int], num_tokens: int) -> list[tuple[int, int]]:
-        """(key, page) of the pool pages that the next turn of a history reads: the history's
-        blocks `hashes` (its partial tail last, if any) of `num_tokens` tokens, in every
-        full-attention group, and those its window still reads in each sliding group."""
-        found = []
+    def history_keys(self, hashes: Sequence[int], num_tokens: int) -> list[int]:
+        """The page keys that the next turn of a history reads: the history's blocks `hashes`
+        (its partial tail last, if any) of `num_tokens` tokens, in every full-attention group,
+        and those its window still reads in each sliding group."""
+        keys = []
         for group, window in enumerate(self.windows):
             first = first_read_block(window, num_tokens, self.block_tokens)
-            for block_hash in hashes[first:]:
-                key = page_key(block_hash, group)
-                page = self.pool.lookup(key)
-                if page is not None:
-                    found.append((key, page))
-        return found
+            keys += [page_key(block_hash, group) for block_hash in hashes[first:]]
+        return keys
+
+    def history_pages(self, hashes: Sequence[int], num_tokens: int) -> list[tuple[int, int]]:
+        """(key, page) of the pool pages that the next turn of a history reads."""
+        found = ((key, self.pool.lookup(key)) for key in self.history_keys(hashes, num_tokens))
+        return [(key, page) for key, page in found if page is not None]
+
+    def is_sliding(self, key: int) -> bool:
+        """Whether a page key is a sliding group's (read only while a window holds it)."""
+        return self.windows[split_key(key)[1]] is not None
 
     def hot_pages(self) -> list[tuple[int, int]]:
         """(key, page) of every hashed page in the pool worth saving: all but those cached out
