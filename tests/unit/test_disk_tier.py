@@ -130,18 +130,23 @@ def test_write_is_temp_fsync_rename_then_dir_fsync_and_leaves_no_temp(
     tier = open_tier(tmp_path)
     calls: list[str] = []
     real_fsync_file, real_fsync_dir, real_replace = durable._fsync, durable.fsync_dir, os.replace
+    # Only this thread's calls: an engine an earlier test left running may still be writing.
+    ours = threading.current_thread()
 
     def fsync_file(fd: int) -> None:
-        calls.append("fsync-file")
+        if threading.current_thread() is ours:
+            calls.append("fsync-file")
         real_fsync_file(fd)
 
     def fsync_dir(folder: Path) -> None:
-        calls.append("fsync-dir")
+        if threading.current_thread() is ours:
+            calls.append("fsync-dir")
         real_fsync_dir(folder)
 
     def replace(src: str | Path, dst: str | Path) -> None:
-        assert Path(src).parent == Path(dst).parent and Path(src).name.endswith(".tmp")
-        calls.append("rename")
+        if threading.current_thread() is ours:
+            assert Path(src).parent == Path(dst).parent and Path(src).name.endswith(".tmp")
+            calls.append("rename")
         real_replace(src, dst)
 
     monkeypatch.setattr(durable, "_fsync", fsync_file)
@@ -351,14 +356,19 @@ def test_flush_returns_only_once_earlier_writes_are_fsynced(
     synced: list[str] = []
     real_fsync_file, real_fsync_dir = durable._fsync, durable.fsync_dir
 
+    # Only the writer's calls: an engine an earlier test left running may still be writing.
     def slow_fsync_file(fd: int) -> None:
-        disk_may_sync.wait(timeout=10)
+        ours = threading.current_thread() is writer._thread
+        if ours:
+            disk_may_sync.wait(timeout=10)
         real_fsync_file(fd)
-        synced.append("file")
+        if ours:
+            synced.append("file")
 
     def fsync_dir(folder: Path) -> None:
         real_fsync_dir(folder)
-        synced.append("folder")
+        if threading.current_thread() is writer._thread:
+            synced.append("folder")
 
     monkeypatch.setattr(durable, "_fsync", slow_fsync_file)
     monkeypatch.setattr(durable, "fsync_dir", fsync_dir)
