@@ -440,9 +440,8 @@ def block_checksum(
 ) -> str:
     """CRC-32 over k, v and token_ids (little-endian raw bytes, in that order), then the page's
     name (`page_name`) and the parent hash string, so a flipped parent link is caught like
-    flipped KV. It guards
-    against damage (torn writes, bit rot), not against whoever can write the cache folder: they
-    could write a matching checksum whatever the algorithm."""
+    flipped KV. It guards against damage (torn writes, bit rot), not against whoever can write
+    the cache folder: they could write a matching checksum whatever the algorithm."""
     crc = 0
     for array in (k, v, tokens):
         crc = zlib.crc32(_little_endian(array).data, crc)

@@ -42,12 +42,12 @@ class Scheduler:
     (then prefill chunks never need room: a sliding layer group's pages are reserved for its
     window and a chunk, and each chunk trades the pages its window left for new ones,
     `cache/block_manager.py`), keeping one block of headroom per running sequence so admitting
-    does not force the next decode to preempt. It reuses the longest
-    cached prefix of the prompt (`cache/prefix.py`), wherever it is: pool blocks are shared (a
-    partial one copied), and blocks only the disk has are restored into the sequence's fresh
-    blocks — the sequence waits RESTORING (holding its blocks, so the restore can never fail for
-    room) while the engine reads them, then runs as if they had never left. A restore that
-    cannot fit waits in line; it is never recomputed for lack of room.
+    does not force the next decode to preempt. It reuses the longest cached prefix of the
+    prompt (`cache/prefix.py`), wherever it is: pool blocks are shared (a partial one copied),
+    and blocks only the disk has are restored into the sequence's fresh blocks — the sequence
+    waits RESTORING (holding its blocks, so the restore can never fail for room) while the
+    engine reads them, then runs as if they had never left. A restore that cannot fit waits in
+    line; it is never recomputed for lack of room.
 
     A decode that needs a new block and finds none preempts the most recently admitted running
     sequence: its full blocks and its partial last block stay cached (and go to disk if the
@@ -276,7 +276,7 @@ class Scheduler:
             if room >= fit.lacking:
                 break
             victims.append(seq)
-            # + its headroom block
+            # its own pages, and its headroom block's
             room += self.blocks.freed_by(seq, fit.max_tier) + self.blocks.pages_per_block
         if room < fit.lacking:
             return False

@@ -237,7 +237,7 @@ class _StepBuilder:
             ids += item.token_ids
             if end - start == 1:  # a decode: one slot per group
                 positions.append(start)
-                for group_slots, table in zip(slots, item.block_tables, strict=False):
+                for group_slots, table in zip(slots, item.block_tables, strict=True):
                     group_slots.append(table[start // bt] * bt + start % bt)
                 continue
             positions += range(start, end)
