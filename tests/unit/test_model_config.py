@@ -120,6 +120,7 @@ def test_layers_fall_into_equal_groups_of_one_kind_full_attention_first() -> Non
     ]  # fmt: skip
     assert gemma.group_windows == (None,) + (512,) * 5 and gemma.layers_per_group == 3
     assert gemma.bytes_per_page * 6 == gemma.bytes_per_block
+    assert gemma.whole_blocks(605) == 100 and full.whole_blocks(605) == 605  # of every layer
     assert gemma.tag().endswith("-g6")  # a file holds a group: not what it held before
     oss = CacheSpec(24, 8, 64, "bfloat16", 256, (128, None) * 12)
     assert oss.group_windows == (None, 128) and oss.layers_per_group == 12
