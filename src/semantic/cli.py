@@ -273,7 +273,9 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         checkpoint = load_checkpoint(source.path, progress=sys.stderr.isatty())
         log.info("read the config and tokenizer in %.1f s", time.perf_counter() - started)
         weights = _logged_weights(checkpoint.weights())
-        runner = create_runner(settings, checkpoint.config, weights)
+        runner = create_runner(
+            settings, checkpoint.config, weights, weights_fingerprint=checkpoint.fingerprint
+        )
     context = checkpoint.config.max_position_embeddings
     served = ServedModel(
         name=_served_name(settings, source),

@@ -141,6 +141,11 @@ class Settings(BaseSettings):
     cpu_kernels: bool = Field(
         True, description="Our compiled CPU kernels where the CPU has AVX-512 BF16 (else stock)."
     )
+    prepared_weights: bool = Field(
+        True,
+        description="Keep the weights converted for our CPU kernels in the user cache, so later "
+        "starts map them (one file about the model's bf16 size, for the 3 models used last).",
+    )
     max_model_len: int | None = Field(
         None, ge=16, description="Context length cap (default: the model's)."
     )
@@ -346,6 +351,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "device",
         "dtype",
         "threads",
+        "prepared_weights",
         "cpu_kernels",
         "max_model_len",
     ),

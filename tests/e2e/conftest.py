@@ -32,18 +32,17 @@ def _die_with_parent() -> None:
 class Server:
     """A server process and its base URL; the log is kept for failure messages."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         command = [sys.executable, "-m", "semantic", "serve", "--port", str(self.port), *args]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(
                 command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
 

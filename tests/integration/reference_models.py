@@ -4,6 +4,7 @@ the harness the family tests share. The reference always runs on the CPU, in fp3
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,15 +44,26 @@ class Model:
     def weights(self) -> list[tuple[str, Any]]:
         return [(k, v.detach().numpy()) for k, v in self.reference.state_dict().items()]
 
-    def make_runner(self, dtype: str, cache_budget_mb: int = 4) -> TorchRunner:
+    def make_runner(
+        self,
+        dtype: str,
+        cache_budget_mb: int = 4,
+        *,
+        prepared: Path | None = None,
+        weights: list[tuple[str, Any]] | None = None,
+    ) -> TorchRunner:
+        """Our runner; with `prepared`, over prepared weights kept there (`weights`: what it
+        is given to convert, the reference's by default)."""
         return TorchRunner(
             self.config,
-            self.weights(),
+            self.weights() if weights is None else weights,
             block_tokens=BLOCK_TOKENS,
             cache_budget_mb=cache_budget_mb,
             dtype=dtype,
             device=self.device,
             kernels=self.path != "cpu-stock",
+            prepared_dir=prepared,
+            weights_fingerprint="reference" if prepared else None,
         )
 
     def logits(self, batch: Batch) -> torch.Tensor:

@@ -6,11 +6,13 @@ the CPU with our kernels, with stock torch ops, and on CUDA where there is a GPU
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from semantic.backends.torch.kernels import cpu_kernels
 from semantic.core import Batch, BatchItem
 from tests.integration.reference_models import (
     BLOCK_TOKENS,
@@ -238,6 +240,23 @@ def test_bf16_runner_tracks_the_fp32_reference(model: Model):
     for ours, ref in zip((prefill_logits, decode_logits), expected, strict=True):
         assert torch.nn.functional.cosine_similarity(ours, ref, dim=0) > 0.999
         assert (ours - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+@pytest.mark.skipif(cpu_kernels() is None, reason="needs our CPU kernels (AVX-512 BF16)")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_mapped_from_its_prepared_file_gives_the_logits_of_the_converted_one(
+    family: str, tmp_path: Path
+):
+    # Only our kernels' bf16 layout is prepared: the other paths convert at every start.
+    torch.manual_seed(0)
+    model = Model("cpu", FAMILIES[family](), vocab=VOCAB)
+    converted = model.make_runner("bfloat16", prepared=tmp_path)
+    mapped = model.make_runner("bfloat16", prepared=tmp_path, weights=[])  # from the file alone
+    ids = model.prompt(29, 3)
+    blocks = -(-29 // BLOCK_TOKENS)
+    groups = range(len(converted.cache_spec.groups))  # a table of fresh pages per group
+    batch = Batch([prefill(0, ids, [list(range(g * blocks, (g + 1) * blocks)) for g in groups])])
+    assert torch.equal(mapped.forward_logits(batch), converted.forward_logits(batch))
 
 
 def test_a_step_of_block_copies_only_computes_nothing(model: Model):

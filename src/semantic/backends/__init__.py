@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from semantic.config import Settings
+from semantic.config import Settings, default_cache_dir
 from semantic.engine.runner import ModelRunner
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
@@ -67,4 +67,5 @@ def _options(settings: Settings) -> dict[str, Any]:
         "device": settings.device,
         "threads": settings.threads,
         "kernels": settings.cpu_kernels,
+        "prepared_dir": default_cache_dir() / "prepared" if settings.prepared_weights else None,
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from semantic.backends.torch.kernels import CpuKernels, cpu_kernels
 from semantic.backends.torch.linear import linear_factory
 from semantic.backends.torch.models import build_model
 from semantic.backends.torch.models.layers import Build
+from semantic.backends.torch.prepared import PreparedWeights
 from semantic.backends.torch.sampling import sample
 from semantic.core import Batch, BatchItem, CacheSpec
 from semantic.engine.runner import step_tokens
@@ -60,6 +62,8 @@ class TorchRunner:
         device: str = "auto",
         threads: int | None = None,
         kernels: bool = True,
+        prepared_dir: Path | None = None,
+        weights_fingerprint: str | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(threads)  # process-wide: this runner is the process's compute
@@ -67,8 +71,13 @@ class TorchRunner:
         self.dtype = pick_dtype(dtype, self.device)
         cpu = pick_cpu_kernels(kernels, self.device, self.dtype)
         linear = linear_factory(self.device, self.dtype, cpu)
+        build = Build(config, self.dtype, self.device, linear, cpu)
         with torch.inference_mode():
-            self.model = build_model(Build(config, self.dtype, self.device, linear, cpu), weights)
+            if prepared_dir is None or not weights_fingerprint or cpu is None:
+                self.model = build_model(build, weights)
+            else:  # our kernels' layout, kept for the next start (prepared.py)
+                prepared = PreparedWeights.for_model(prepared_dir, weights_fingerprint, build)
+                self.model = prepared.build(build, weights, build_model)
         windows = self.model.layer_windows
         self.cache_spec = CacheSpec(
             num_layers=config.num_hidden_layers,
