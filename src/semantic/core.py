@@ -9,6 +9,10 @@ import enum
 import re
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the engine passes a grammar through without looking inside
+    from semantic.text.grammar import Grammar
 
 # Agent ids name files on disk later: letters, digits, '-', '_', '.', never a leading dot.
 AGENT_ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
@@ -76,7 +80,8 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     """How to pick each next token and when to stop. `top_k == 0` and `top_p == 1.0` mean off;
-    a temperature of 0 (or below `GREEDY_BELOW_TEMPERATURE`) means greedy."""
+    a temperature of 0 (or below `GREEDY_BELOW_TEMPERATURE`) means greedy. `grammar`, when set,
+    is what the output must follow (structured output): the runner masks every other token."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -87,6 +92,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    grammar: Grammar | None = None
 
     @property
     def greedy(self) -> bool:

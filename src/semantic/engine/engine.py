@@ -527,6 +527,7 @@ class Engine:
     ) -> None:
         seq = active.seq
         history = self.scheduler.finish(seq, reason)
+        self.runner.forget(seq.seq_id)
         del self._active[seq.request.request_id]
         self.agents.finished(
             seq.request, history, seq.num_cached_tokens, seq.num_disk_tokens, seq.missing_hash

@@ -4,7 +4,9 @@ A seeded request draws from a generator seeded by (seed, tokens generated so far
 is reproducible whatever it is batched with, and the runner keeps no random state between steps.
 A row that cannot be sampled (non-finite logits or probabilities, a value the draw refuses) gets
 its error instead of a token, so it fails its own request and never the batch. Probabilities are
-checked before `multinomial`, which on CUDA would stop the device instead of raising.
+checked before `multinomial`, which on CUDA would stop the device instead of raising. A row with
+a grammar (structured output) has every token its grammar forbids masked first, and its matcher
+takes the token drawn; a row whose grammar fails fails alone too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from semantic.core import BatchItem, SamplingParams
+from semantic.text.grammar import GrammarStates
 
 # Top-p first looks among this many most likely tokens; a nucleus wider than them (rare: a flat
 # distribution) falls back to sorting the whole vocabulary.
@@ -25,10 +28,15 @@ class Unsampleable(ValueError):
     """A row whose logits or probabilities are not finite numbers: it has no token to give."""
 
 
-def sample(logits: torch.Tensor, items: Sequence[BatchItem]) -> list[int | Exception]:
-    """logits: [N, V] fp32, one row per item → per item, its token id or why it has none."""
+def sample(
+    logits: torch.Tensor, items: Sequence[BatchItem], grammars: GrammarStates | None = None
+) -> list[int | Exception]:
+    """logits: [N, V] fp32, one row per item → per item, its token id or why it has none.
+    `grammars` holds the matchers of the items with a grammar (none: no item has one)."""
     with torch.inference_mode():  # the logits are inference tensors; suppression writes them
         _suppress(logits, items)
+        constrained = _constrain(logits, items, grammars)
+        failed = constrained or {}
         best = logits.argmax(-1)
         # argmax picks a NaN or +inf where a row has one, and -inf only when all are: so the
         # chosen logit is finite exactly when the row is usable.
@@ -36,12 +44,46 @@ def sample(logits: torch.Tensor, items: Sequence[BatchItem]) -> list[int | Excep
         tokens, usable = torch.stack([best, finite.long()]).tolist()  # one copy to the host
         outcomes: list[int | Exception] = []
         for row, item in enumerate(items):
-            if not usable[row]:
+            if row in failed:
+                outcomes.append(failed[row])
+            elif not usable[row]:
                 outcomes.append(Unsampleable("the model's logits for this request are not finite"))
             elif item.sampling.greedy:
                 outcomes.append(tokens[row])
             else:
                 outcomes.append(_draw_or_error(logits[row], item))
+    return outcomes if constrained is None else _advance(grammars, items, outcomes)
+
+
+def _constrain(
+    logits: torch.Tensor, items: Sequence[BatchItem], grammars: GrammarStates | None
+) -> dict[int, Exception] | None:
+    """Mask what each constrained row's grammar forbids; the rows whose grammar failed, or
+    None when no row has a grammar."""
+    rows = [row for row, item in enumerate(items) if item.sampling.grammar is not None]
+    if not rows or grammars is None:
+        return None
+    mask, errors = grammars.bitmask(
+        [(items[r].seq_id, items[r].sampling.grammar, items[r].num_output_tokens) for r in rows]
+    )
+    words = torch.from_numpy(mask).to(logits.device)
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    bits = ((words.unsqueeze(-1) >> shifts) & 1).reshape(len(rows), -1)[:, : logits.shape[-1]]
+    index = torch.tensor(rows, device=logits.device)
+    logits[index] = logits[index].masked_fill(bits == 0, float("-inf"))
+    return {rows[i]: error for i, error in errors.items()}
+
+
+def _advance(
+    grammars: GrammarStates | None, items: Sequence[BatchItem], outcomes: list[int | Exception]
+) -> list[int | Exception]:
+    """Each constrained row's matcher takes its token; a token it refuses fails the row."""
+    assert grammars is not None
+    for row, item in enumerate(items):
+        token = outcomes[row]
+        if item.sampling.grammar is not None and isinstance(token, int):
+            error = grammars.accept(item.seq_id, token)
+            outcomes[row] = token if error is None else error
     return outcomes
 
 
