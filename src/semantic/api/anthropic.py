@@ -37,12 +37,14 @@ from semantic.api.streaming import (
     unless_disconnected,
     with_keep_alive,
 )
+from semantic.api.structured_output import output_grammar
 from semantic.api.tool_use import ParsedCall, ToolUse, whole_reply
 from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage, is_valid_agent_id
 from semantic.core import Request as GenerationRequest
 from semantic.errors import ContextOverflow, InvalidRequest
 from semantic.observability import bind_agent
 from semantic.text import client_json
+from semantic.text.grammar import Grammar
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolEvent
 
 router = APIRouter()
@@ -59,13 +61,16 @@ def output_budget(requested: int, prompt_tokens: int, limit: int) -> int:
     return max(1, min(requested, limit - prompt_tokens))
 
 
-def sampling_params(body: MessagesBody, max_tokens: int) -> SamplingParams:
+def sampling_params(
+    body: MessagesBody, max_tokens: int, grammar: Grammar | None = None
+) -> SamplingParams:
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
         max_tokens=max_tokens,
         stop=tuple(body.stop_sequences or ()),
+        grammar=grammar,
     )
 
 
@@ -287,6 +292,7 @@ async def create_message(request: Request) -> Response:
     bind_agent(agent)
     rate_limits.check_agent(request, agent)
     tools = tool_use_of(engine.model, body)
+    grammar = await asyncio.to_thread(output_grammar, engine.model, body.output(), tools)
     prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body, tools.prefill)
     limits.check_prompt(settings, len(prompt_ids))
     requested = limits.capped_max_tokens(settings, body.max_tokens)
@@ -294,7 +300,7 @@ async def create_message(request: Request) -> Response:
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens),
+        sampling=sampling_params(body, max_tokens, grammar),
         agent_id=agent,
     )
     events = engine.stream(generation)

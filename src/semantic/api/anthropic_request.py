@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from semantic.api import tool_use
 from semantic.api.bodies import body_limit, read_body
+from semantic.api.structured_output import AnthropicFormat, OutputFormat
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text import claude_code, client_json
@@ -85,6 +86,7 @@ class Tool(_Body):
     type: str | None = None  # none or "custom" for a client's tool; versioned for server tools
     description: str | None = None
     input_schema: dict[str, Any] | None = None  # absent on server tools (`type: web_search_…`)
+    strict: bool | None = None  # a forced call's input must match input_schema
 
     @property
     def is_custom(self) -> bool:
@@ -100,7 +102,14 @@ class ToolChoice(_Body):
 
 
 class Thinking(_Body):
-    type: str
+    type: str  # enabled, disabled, adaptive; others (between_tools, newer ones) count as off
+    budget_tokens: int | None = Field(None, ge=0)
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class OutputConfig(_Body):
+    effort: str | None = Field(None, max_length=32)
+    format: AnthropicFormat | None = None
 
 
 class Metadata(_Body):
@@ -116,6 +125,16 @@ class PromptBody(_Body):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    output_format: AnthropicFormat | None = None  # the structured-outputs beta's spelling
+
+    def output(self) -> OutputFormat | None:
+        """The answer's format: `output_config.format`, else the beta's `output_format`."""
+        if self.output_config is not None and self.output_config.format is not None:
+            return self.output_config.format.output_format("output_config.format")
+        if self.output_format is not None:
+            return self.output_format.output_format("output_format")
+        return None
 
 
 class MessagesBody(PromptBody):
@@ -295,7 +314,8 @@ def tool_use_of(model: ServedModel, body: PromptBody) -> tool_use.ToolUse:
             raise InvalidRequest(f"tools.{index}.input_schema: Field required", param="tools")
     callable_names = [tool.name for tool in tools if tool.input_schema is not None]
     choice = _tool_choice(body.tool_choice, callable_names)
-    return tool_use.ToolUse(model, callable_names, choice)
+    strict = {t.name: t.input_schema for t in tools if t.strict and t.input_schema is not None}
+    return tool_use.ToolUse(model, callable_names, choice, strict)
 
 
 def _tool_choice(choice: ToolChoice | None, names: list[str]) -> tool_use.ToolChoice:

@@ -39,6 +39,7 @@ from semantic.api.streaming import (
     whole_answer,
     with_keep_alive,
 )
+from semantic.api.structured_output import ResponseFormat, output_grammar
 from semantic.api.tool_use import ToolUse, whole_reply
 from semantic.config import Settings
 from semantic.core import AGENT_ID_PATTERN, FinishReason, SamplingParams, TokenEvent, Usage
@@ -47,6 +48,7 @@ from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text import client_json
 from semantic.text.chat import template_tool_call
+from semantic.text.grammar import Grammar
 from semantic.text.tools import TextDelta, ToolEvent
 
 router = APIRouter(route_class=LimitedBodyRoute)
@@ -115,6 +117,7 @@ class ChatCompletionRequest(GenerationFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoiceField | None = None
     parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
 
 
 def _text_of(message: ChatMessage) -> str:
@@ -154,7 +157,9 @@ def _template_tool_call(call: ToolCall) -> dict[str, Any]:
     return template_tool_call(call.id, call.function.name, arguments)
 
 
-def sampling_params(body: GenerationFields, max_tokens: int, settings: Settings) -> SamplingParams:
+def sampling_params(
+    body: GenerationFields, max_tokens: int, settings: Settings, grammar: Grammar | None = None
+) -> SamplingParams:
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not stop for stop in stops):
         raise InvalidRequest("stop: a stop sequence may not be empty", param="stop")
@@ -168,6 +173,7 @@ def sampling_params(body: GenerationFields, max_tokens: int, settings: Settings)
         min_tokens=body.min_tokens,
         stop=tuple(stops),
         ignore_eos=body.ignore_eos,
+        grammar=grammar,
     )
 
 
@@ -204,6 +210,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     agent_id = named_agent(request.headers, body.session_id, param="session_id")
     rate_limits.check_agent(request, agent_id)
     tools = tool_use_of(engine.model, body.tools, body.tool_choice, body.parallel_tool_calls)
+    output = body.response_format.output_format() if body.response_format else None
+    grammar = await asyncio.to_thread(output_grammar, engine.model, output, tools)
     prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body, tools.prefill)
     limits.check_prompt(settings, len(prompt_ids))
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
@@ -219,7 +227,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens, settings),
+        sampling=sampling_params(body, max_tokens, settings, grammar),
         agent_id=agent_id,
     )
     events = engine.stream(generation)

@@ -7,9 +7,9 @@ a `ToolUse`, append its `prefill` to the prompt, and frame the events `parse` yi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic_core import from_json
 
@@ -54,11 +54,20 @@ class ParsedCall:
 
 
 class ToolUse:
-    """The tool side of one request. `parse` keeps its state: one `ToolUse` per response."""
+    """The tool side of one request. `parse` keeps its state: one `ToolUse` per response.
+    `strict` holds the schemas of the tools whose arguments must match them (`strict: true`):
+    a forced call of such tools is constrained by a grammar (`forced_call`)."""
 
-    def __init__(self, model: ServedModel, tools: Sequence[str], choice: ToolChoice) -> None:
+    def __init__(
+        self,
+        model: ServedModel,
+        tools: Sequence[str],
+        choice: ToolChoice,
+        strict: Mapping[str, dict[str, Any]] | None = None,
+    ) -> None:
         self.tools = tuple(tools)
         self.choice = choice
+        self.strict = dict(strict or {})
         self.active = bool(self.tools) and choice.mode != "none"
         self._format = parser_for(model.chat_template)
         self._hidden = hidden_markers(self._format, model.tokenizer)
@@ -72,6 +81,21 @@ class ToolUse:
         if not self.active or self.choice.mode != "required":
             return ""
         return self._format.opener(self.choice.name)
+
+    def forced_call(self) -> tuple[list[tuple[str, dict[str, Any]]], str] | None:
+        """A forced call of strict tools, as the grammar of its rest takes it: for each tool it
+        may call, what the model writes after the prefill up to the arguments (the name, unless
+        prefilled), with that tool's schema; and what closes the call. None when the call is not
+        forced, or a tool it may call is not strict."""
+        if not self.active or self.choice.mode != "required":
+            return None
+        names = [self.choice.name] if self.choice.name is not None else list(self.tools)
+        if not names or any(name not in self.strict for name in names):
+            return None
+        prefill = self.prefill
+        leads = [self._format.opener(name).removeprefix(prefill) for name in names]
+        calls = [(lead, self.strict[name]) for lead, name in zip(leads, names, strict=True)]
+        return calls, self._format.CLOSER
 
     async def parse(
         self, events: AsyncIterator[TokenEvent], stop: Callable[[], None]

@@ -161,9 +161,11 @@ class ToolCallParser:
 
     Subclasses name their `MARKERS` (the strings that open a call, plus any the format writes
     as special tokens) and say what follows a marker (`_on_marker`). `opener` is the text a
-    reply forced to call a tool starts with (prefilled by the server, then fed here too)."""
+    reply forced to call a tool starts with (prefilled by the server, then fed here too);
+    `CLOSER` what ends a forced call after its arguments object (a strict call's grammar)."""
 
     MARKERS: tuple[str, ...] = ()
+    CLOSER = ""
     SEPARATORS = WHITESPACE  # what may sit between calls, dropped
 
     def __init__(self, tools: Iterable[str]) -> None:
