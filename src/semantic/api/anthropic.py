@@ -49,8 +49,6 @@ from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta, T
 
 router = APIRouter()
 
-KEEP_ALIVE_S = 5.0  # a ping at least this often while the prompt is prefilled
-
 
 def output_budget(requested: int, prompt_tokens: int, limit: int) -> int:
     """max_tokens clamped to the room the context leaves: Claude Code asks for 32000 whatever
@@ -309,7 +307,7 @@ async def create_message(request: Request) -> Response:
     reply = _Reply(body.model, len(prompt_ids), requested)
     if body.stream:
         frames = after_the_200(reply.events(parsed, tools), events, _error_event)
-        return sse_response(with_keep_alive(frames, KEEP_ALIVE_S, PING))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s, PING))
     return JSONResponse(await unless_disconnected(request, reply.collect(parsed, tools)))
 
 

@@ -149,7 +149,7 @@ class MessagesBody(PromptBody):
     metadata: Metadata | None = None
 
 
-B = TypeVar("B", bound=_Body)
+B = TypeVar("B", bound=BaseModel)
 
 
 async def parse_body(request: Request, schema: type[B]) -> B:

@@ -53,7 +53,6 @@ from semantic.text.tools import TextDelta, ToolEvent
 
 router = APIRouter(route_class=LimitedBodyRoute)
 
-KEEP_ALIVE_S = 5.0
 # What the generation routes answer, for the OpenAPI document.
 GENERATION_RESPONSES = {200: STREAMED_OR_JSON, **error_responses("openai", 400, 404, 413, 500, 503)}
 
@@ -237,7 +236,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = completion.chunks(parsed, tools, include_usage)
         frames = after_the_200(chunks, events, lambda exc: data_event(error_payload(exc)))
-        return sse_response(with_keep_alive(frames, KEEP_ALIVE_S))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s))
     return JSONResponse(await unless_disconnected(request, completion.collect(parsed, tools)))
 
 
@@ -399,7 +398,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         frames = after_the_200(completion.chunks(events, include_usage), events, _error_chunk)
-        return sse_response(with_keep_alive(frames, KEEP_ALIVE_S))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s))
     return JSONResponse(await unless_disconnected(request, completion.collect(events)))
 
 

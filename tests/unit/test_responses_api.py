@@ -1,0 +1,338 @@
+"""The OpenAI Responses API over the fake runner, through the `openai` SDK: answers, streams
+(parsed by the SDK's own accumulator), chains kept as agents, stored responses and their
+owners, function calls, Codex's request shape, and malformed input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from semantic.models.served import ServedModel
+from semantic.text.tokenizer import Tokenizer
+from tests.scripted_runner import ScriptedRunner
+from tests.unit.fakes import engine_on, fake_served, running, with_chatml
+
+INSTRUCTIONS = "You answer briefly. " * 20
+
+
+@pytest.fixture
+def served(tiny_tokenizer: Tokenizer) -> ServedModel:
+    return with_chatml(fake_served(tiny_tokenizer, context=4096))
+
+
+@pytest.fixture
+def api(served: ServedModel, tmp_path: Path) -> Iterator[TestClient]:
+    with running(served, tmp_path, num_blocks=600) as (client, _, _):
+        yield client
+
+
+def agent_ids(api: TestClient) -> list[str]:
+    return [agent["agent_id"] for agent in api.get("/admin/cache").json()["agents"]]
+
+
+def sdk(api: TestClient) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{api.base_url}/v1", api_key="any", http_client=api)
+
+
+def test_a_text_input_gets_a_completed_response_with_usage(api: TestClient) -> None:
+    response = sdk(api).responses.create(
+        model="gpt-5-codex", input="Hello", instructions="Be brief.", max_output_tokens=8
+    )
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.model == "gpt-5-codex"
+    assert response.status == "incomplete"  # the fake model never ends on its own
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.output[0].type == "message" and response.output_text
+    assert response.usage is not None and response.usage.output_tokens == 8
+    assert response.usage.input_tokens > 0
+
+
+def test_a_chain_reads_its_history_from_the_cache(api: TestClient) -> None:
+    client = sdk(api)
+    first = client.responses.create(
+        model="m", input="Hello", instructions=INSTRUCTIONS, max_output_tokens=8
+    )
+    second = client.responses.create(
+        model="m",
+        input="And then?",
+        instructions=INSTRUCTIONS,
+        previous_response_id=first.id,
+        max_output_tokens=8,
+    )
+    third = client.responses.create(
+        model="m",
+        input="Go on.",
+        instructions=INSTRUCTIONS,
+        previous_response_id=second.id,
+        max_output_tokens=8,
+    )
+    assert third.usage is not None
+    cached = third.usage.input_tokens_details.cached_tokens
+    assert cached >= 0.9 * third.usage.input_tokens
+    assert agent_ids(api) == [first.id]  # the chain is one agent, named after its first response
+
+
+def test_a_stream_is_put_together_by_the_sdk_accumulator(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    client, runner = scripted(served, tmp_path)
+    runner.say(served.tokenizer.encode("Hello there, friend."))
+    with client, sdk(client).responses.stream(model="m", input="Hello") as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds and "response.output_text.done" in kinds
+    assert final.output_text == "Hello there, friend." and final.usage is not None
+
+
+def test_a_stream_cut_by_max_output_tokens_ends_incomplete(api: TestClient) -> None:
+    body = {"model": "m", "input": "Hello", "max_output_tokens": 5, "stream": True}
+    with api.stream("POST", "/v1/responses", json=body) as response:
+        raw = "".join(response.iter_text())
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_a_stored_response_can_be_read_listed_and_deleted(api: TestClient) -> None:
+    client = sdk(api)
+    items = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+    ]
+    created = client.responses.create(model="m", input=items, max_output_tokens=4)  # type: ignore[arg-type]
+    again = client.responses.retrieve(created.id)
+    assert again.id == created.id and again.output_text == created.output_text
+    listed = client.responses.input_items.list(created.id, order="asc")
+    assert [item.type for item in listed.data] == ["message", "message"]
+    deleted = api.delete(f"/v1/responses/{created.id}").json()
+    assert deleted == {"id": created.id, "object": "response", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+
+
+def test_an_unstored_response_cannot_be_continued(api: TestClient) -> None:
+    client = sdk(api)
+    unstored = client.responses.create(model="m", input="Hi", store=False, max_output_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(
+            model="m", input="More", previous_response_id=unstored.id, max_output_tokens=4
+        )
+
+
+def test_chains_survive_a_restart(served: ServedModel, tmp_path: Path) -> None:
+    with running(served, tmp_path, num_blocks=600) as (client, _, _):
+        first = sdk(client).responses.create(
+            model="m", input="Hello", instructions=INSTRUCTIONS, max_output_tokens=8
+        )
+    with running(served, tmp_path, num_blocks=600) as (client, _, _):
+        second = sdk(client).responses.create(
+            model="m",
+            input="Again",
+            instructions=INSTRUCTIONS,
+            previous_response_id=first.id,
+            max_output_tokens=8,
+        )
+    assert second.usage is not None
+    assert second.usage.input_tokens_details.cached_tokens >= 0.8 * second.usage.input_tokens
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def scripted(served: ServedModel, tmp_path: Path) -> tuple[TestClient, ScriptedRunner]:
+    runner = ScriptedRunner(
+        end_token_id=served.tokenizer.token_to_id("<|im_end|>") or 2,
+        num_blocks=600,
+        block_tokens=8,
+        vocab_size=400,
+        first_token_id=3,
+    )
+    engine = engine_on(runner, served, tmp_path)
+    from semantic.api.app import create_app
+
+    return TestClient(create_app(engine, engine.settings)), runner
+
+
+def test_a_function_call_round_trip(served: ServedModel, tmp_path: Path) -> None:
+    client, runner = scripted(served, tmp_path)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    runner.say(served.tokenizer.encode(call), served.tokenizer.encode("It is sunny."))
+    with client:
+        api = sdk(client)
+        first = api.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER_TOOL])  # type: ignore[list-item]
+        (item,) = first.output
+        assert item.type == "function_call" and item.name == "get_weather"
+        assert json.loads(item.arguments) == {"city": "Paris"}
+        output = {"type": "function_call_output", "call_id": item.call_id, "output": "15 C"}
+        second = api.responses.create(
+            model="m",
+            input=[output],  # type: ignore[list-item]
+            previous_response_id=first.id,
+            tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        )
+    assert second.output_text == "It is sunny."
+    prompt = served.tokenizer.decode([t for t in runner.prompts[-1]], skip_special_tokens=False)
+    assert '"city": "Paris"' in prompt and "15 C" in prompt
+
+
+def test_a_streamed_function_call_is_accumulated_by_the_sdk(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    client, runner = scripted(served, tmp_path)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    runner.say(served.tokenizer.encode(call))
+    with (
+        client,
+        sdk(client).responses.stream(
+            model="m",
+            input="Weather?",
+            tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        ) as stream,
+    ):
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert "response.function_call_arguments.delta" in kinds
+    (item,) = final.output
+    assert item.type == "function_call" and json.loads(item.arguments) == {"city": "Oslo"}
+    assert final.status == "completed"
+
+
+# A Codex request as the CLI sends it (trimmed): stateless, the whole history every turn.
+CODEX_REQUEST: dict[str, Any] = {
+    "model": "gpt-5-codex",
+    "instructions": "You are Codex, based on GPT-5. You are running as a coding agent.",
+    "input": [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "<environment_context>cwd</environment_context>"}
+            ],
+        },
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "List files"}],
+        },
+        {"type": "reasoning", "summary": [], "content": None, "encrypted_content": None},
+        {
+            "type": "function_call",
+            "name": "shell",
+            "arguments": '{"command":["ls"]}',
+            "call_id": "call_1",
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "README.md\nsrc"},
+        {
+            "type": "custom_tool_call",
+            "name": "apply_patch",
+            "input": "*** Begin Patch\n*** End Patch",
+            "call_id": "call_2",
+        },
+        {"type": "custom_tool_call_output", "call_id": "call_2", "output": "Done!"},
+    ],
+    "tools": [
+        {
+            "type": "function",
+            "name": "shell",
+            "description": "Runs a shell command",
+            "strict": False,
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+                "required": ["command"],
+                "additionalProperties": False,
+            },
+        },
+        {
+            "type": "custom",
+            "name": "apply_patch",
+            "description": "Patch",
+            "format": {"type": "grammar"},
+        },
+        {"type": "web_search"},
+    ],
+    "tool_choice": "auto",
+    "parallel_tool_calls": False,
+    "reasoning": {"effort": "medium", "summary": "auto"},
+    "store": False,
+    "stream": True,
+    "include": ["reasoning.encrypted_content"],
+    "prompt_cache_key": "0199a3f0-codex-conversation",
+    "text": {"verbosity": "medium"},
+}
+
+
+def test_a_codex_request_streams_and_names_its_agent(api: TestClient) -> None:
+    headers = {"session_id": "0199a3f0", "originator": "codex_cli_rs"}
+    with api.stream("POST", "/v1/responses", json=CODEX_REQUEST, headers=headers) as response:
+        assert response.status_code == 200
+        raw = "".join(response.iter_text())
+    names = [line[7:] for line in raw.splitlines() if line.startswith("event: ")]
+    assert names[0] == "response.created" and names[-1] in (
+        "response.completed",
+        "response.incomplete",
+    )
+    assert agent_ids(api) == ["0199a3f0-codex-conversation"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"type": "message", "role": "user", "content": 5}]}, "input[0].content"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0]",
+        ),
+        ({"input": [{"type": "function_call", "name": "f"}]}, "input[0]"),
+        (
+            {"input": [{"type": "function_call", "name": "f", "call_id": "c", "arguments": "{"}]},
+            "input[0].arguments",
+        ),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+        ({"input": "x", "previous_response_id": "resp_nope"}, None),
+        ({"input": "x", "max_output_tokens": 0}, None),
+        ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
+        ({"input": "x", "tool_choice": {"type": "function", "name": "absent"}}, "tool_choice"),
+        ({"input": 5}, None),
+    ],
+)
+def test_malformed_responses_requests_get_an_openai_4xx(
+    api: TestClient, body: dict[str, Any], param: str | None
+) -> None:
+    response = api.post("/v1/responses", json={"model": "m", **body})
+    assert 400 <= response.status_code < 500, response.text
+    error = response.json()["error"]
+    assert error["type"] in ("invalid_request_error", "not_found_error")
+    if param is not None:
+        assert error["param"] == param
+
+
+def test_another_keys_response_is_not_found(served: ServedModel, tmp_path: Path) -> None:
+    keys = ["key-alice", "key-bob"]
+    with running(served, tmp_path, num_blocks=600, api_key=keys) as (client, _, _):
+        alice = openai.OpenAI(
+            base_url=f"{client.base_url}/v1", api_key="key-alice", http_client=client
+        )
+        bob = openai.OpenAI(base_url=f"{client.base_url}/v1", api_key="key-bob", http_client=client)
+        mine = alice.responses.create(model="m", input="Hi", max_output_tokens=4)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(mine.id)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.create(model="m", input="x", previous_response_id=mine.id)
+        assert alice.responses.retrieve(mine.id).id == mine.id
