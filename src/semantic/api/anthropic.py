@@ -24,6 +24,7 @@ from semantic.api.anthropic_request import (
     MessagesBody,
     PromptBody,
     parse_body,
+    refuse_images,
     render_prompt,
     tool_use_of,
 )
@@ -38,14 +39,24 @@ from semantic.api.streaming import (
     with_keep_alive,
 )
 from semantic.api.structured_output import output_grammar
-from semantic.api.tool_use import ParsedCall, ToolUse, whole_reply
+from semantic.api.thinking import Thinking, anthropic_switch
+from semantic.api.tool_use import (
+    Reasoning,
+    ReasoningDelta,
+    ReplyEvent,
+    ReplyPart,
+    ToolUse,
+    whole_reply,
+)
 from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage, is_valid_agent_id
 from semantic.core import Request as GenerationRequest
 from semantic.errors import ContextOverflow, InvalidRequest
+from semantic.models.served import ServedModel
 from semantic.observability import bind_agent
 from semantic.text import client_json
 from semantic.text.grammar import Grammar
-from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolEvent
+from semantic.text.reasoning import seal
+from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
 
 router = APIRouter()
 
@@ -78,11 +89,14 @@ def sampling_params(
 _LEGACY_SESSION = re.compile(r"_session_([0-9A-Za-z-]++)$")  # possessive: never backtracks
 # Claude Code names its subagents (the Task tool) in a header; they share the session id.
 SUBAGENT_HEADER = "x-claude-code-agent-id"
+# Claude Code 2.x sends its session id as a header on every request.
+CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"
 
 
 def agent_id(body: MessagesBody, headers: Mapping[str, str]) -> str | None:
     """The agent a request continues: the one it names (`x-session-id`, as in every API), else
-    the one its `metadata.user_id` stands for, else none (prefix reuse still works by content).
+    the one its `metadata.user_id` stands for, else Claude Code's session header
+    (`x-claude-code-session-id`), else none (prefix reuse still works by content).
 
     Claude Code puts its session in `metadata.user_id` of every request, side requests (a
     title, a bash-prefix check) included. Those carry no tools; naming them after the session
@@ -90,12 +104,13 @@ def agent_id(body: MessagesBody, headers: Mapping[str, str]) -> str | None:
     are the first to leave the pool instead of the working conversation's."""
     named = named_agent(headers)
     user_id = body.metadata.user_id if body.metadata is not None else None
-    if named is not None or not user_id:
+    if named is not None:
         return named
-    session = _session_in(user_id)
-    if session is None:
+    session = _session_in(user_id) if user_id else None
+    if user_id and session is None:
         return agent_id_from(user_id)
-    if not body.tools:
+    session = session or headers.get(CLAUDE_CODE_SESSION_HEADER) or None
+    if session is None or not body.tools:
         return None
     subagent = headers.get(SUBAGENT_HEADER)
     return agent_id_from(f"{session}.{subagent}" if subagent else session)
@@ -153,14 +168,22 @@ def stop_reason(event: TokenEvent, requested_max_tokens: int, called: bool = Fal
 
 
 class _Reply:
-    """One response's identity and accounting, shared by its events or its single body."""
+    """One response's identity and accounting, shared by its events or its single body.
+    `show_thinking` False (`display: "omitted"`): thinking blocks carry their seal only."""
 
-    def __init__(self, model: str, prompt_tokens: int, requested_max_tokens: int) -> None:
+    def __init__(
+        self,
+        model: str,
+        prompt_tokens: int,
+        requested_max_tokens: int,
+        show_thinking: bool = True,
+    ) -> None:
         self.id = f"msg_{uuid.uuid4().hex}"
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.requested = requested_max_tokens
         self.silent = requested_max_tokens == 0  # a pre-warm: its one token is not an answer
+        self.show_thinking = show_thinking
 
     def message(
         self, content: list[dict[str, Any]], final: TokenEvent | None = None, called: bool = False
@@ -185,14 +208,14 @@ class _Reply:
         return usage_json(usage.prompt_tokens, usage.cached_tokens, output)
 
     async def events(
-        self, parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]], tools: ToolUse
+        self, parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]], tools: ToolUse
     ) -> AsyncGenerator[str, None]:
         """The event stream: message_start and a ping at once (before the prompt is prefilled),
         text and tool_use blocks one after another (each only once it has content),
         message_delta, message_stop; or an `error` event if the engine fails after the 200."""
         yield anthropic_event({"type": "message_start", "message": self.message([])})
         yield PING
-        blocks = _Blocks()
+        blocks = _Blocks(self.show_thinking)
         async for tool_events, event in parsed:
             if event.error is not None:
                 yield _error_event(event.error)
@@ -212,18 +235,20 @@ class _Reply:
                 return
 
     async def collect(
-        self, parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]], tools: ToolUse
+        self, parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]], tools: ToolUse
     ) -> dict[str, Any]:
         parts, final = await whole_reply(parsed)
         # Never an empty text block: the real API rejects one echoed back.
-        content = [] if self.silent else [_content_block(part) for part in parts if part]
-        return self.message(content, final, tools.called(final))
+        blocks = [self._content_block(part) for part in parts if part]
+        return self.message([] if self.silent else blocks, final, tools.called(final))
 
-
-def _content_block(part: str | ParsedCall) -> dict[str, Any]:
-    if isinstance(part, str):
-        return {"type": "text", "text": part}
-    return {"type": "tool_use", "id": tool_use_id(), "name": part.name, "input": part.input()}
+    def _content_block(self, part: ReplyPart) -> dict[str, Any]:
+        if isinstance(part, str):
+            return {"type": "text", "text": part}
+        if isinstance(part, Reasoning):
+            shown = part.text if self.show_thinking else ""
+            return {"type": "thinking", "thinking": shown, "signature": seal(part.text)}
+        return {"type": "tool_use", "id": tool_use_id(), "name": part.name, "input": part.input()}
 
 
 def tool_use_id() -> str:
@@ -233,13 +258,22 @@ def tool_use_id() -> str:
 class _Blocks:
     """The content blocks of a streamed reply, numbered 0, 1, 2… in order: a block starts when
     its first content comes and stops before the next one starts (Claude Code rejects
-    interleaved or re-typed blocks)."""
+    interleaved or re-typed blocks). A thinking block ends with its seal (`signature_delta`);
+    its text streams only when `show_thinking`."""
 
-    def __init__(self) -> None:
+    def __init__(self, show_thinking: bool = True) -> None:
         self.index = -1
         self.open: str | None = None  # the type of the block being streamed
+        self.show_thinking = show_thinking
+        self._thinking: list[str] = []  # the open thinking block's text, for its seal
 
-    def payloads(self, event: ToolEvent) -> list[dict[str, Any]]:
+    def payloads(self, event: ReplyEvent) -> list[dict[str, Any]]:
+        if isinstance(event, ReasoningDelta):
+            start = [] if self.open == "thinking" else self._start(_THINKING_START)
+            self._thinking.append(event.text)
+            if not self.show_thinking:
+                return start
+            return [*start, self._delta({"type": "thinking_delta", "thinking": event.text})]
         if isinstance(event, TextDelta):
             start = [] if self.open == "text" else self._start({"type": "text", "text": ""})
             return [*start, self._delta({"type": "text_delta", "text": event.text})]
@@ -254,8 +288,13 @@ class _Blocks:
     def close(self) -> list[dict[str, Any]]:
         if self.open is None:
             return []
+        sealed = []
+        if self.open == "thinking":
+            signature = seal("".join(self._thinking))
+            sealed = [self._delta({"type": "signature_delta", "signature": signature})]
+            self._thinking = []
         self.open = None
-        return [{"type": "content_block_stop", "index": self.index}]
+        return [*sealed, {"type": "content_block_stop", "index": self.index}]
 
     def _start(self, block: dict[str, Any]) -> list[dict[str, Any]]:
         stop = self.close()
@@ -266,6 +305,9 @@ class _Blocks:
 
     def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:
         return {"type": "content_block_delta", "index": self.index, "delta": delta}
+
+
+_THINKING_START = {"type": "thinking", "thinking": "", "signature": ""}
 
 
 def _error_event(exc: Exception) -> str:
@@ -286,13 +328,22 @@ async def create_message(request: Request) -> Response:
     engine.model.check_requested_name(body.model, settings.strict_model_names)
     limits.check_counts(settings, len(body.messages), len(body.tools or []))
     limits.check_stops(settings, body.stop_sequences or (), "stop_sequences")
+    refuse_images(body)
     agent = agent_id(body, request.headers)
     bind_agent(agent)
     rate_limits.check_agent(request, agent)
     tools = tool_use_of(engine.model, body)
     grammar = await asyncio.to_thread(output_grammar, engine.model, body.output(), tools)
-    prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body, tools.prefill)
+    thinking = thinking_of(engine.model, body, constrained=grammar is not None)
+    prompt_ids = await asyncio.to_thread(
+        render_prompt,
+        engine.model,
+        body,
+        thinking.prefill + tools.prefill,
+        thinking.template_vars,
+    )
     limits.check_prompt(settings, len(prompt_ids))
+    tools.think(thinking.parser(engine.model, prompt_ids), thinking.hidden(engine.model))
     requested = limits.capped_max_tokens(settings, body.max_tokens)
     max_tokens = output_budget(requested, len(prompt_ids), engine.max_seq_tokens)
     generation = GenerationRequest(
@@ -304,7 +355,7 @@ async def create_message(request: Request) -> Response:
     events = engine.stream(generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     # Any model name is served by the loaded model, and echoed back as asked.
-    reply = _Reply(body.model, len(prompt_ids), requested)
+    reply = _Reply(body.model, len(prompt_ids), requested, thinking.shown)
     if body.stream:
         frames = after_the_200(reply.events(parsed, tools), events, _error_event)
         return sse_response(with_keep_alive(frames, settings.keep_alive_s, PING))
@@ -322,9 +373,24 @@ async def count_tokens(request: Request) -> dict[str, int]:
     model, settings = engine_of(request).model, request.app.state.settings
     model.check_requested_name(body.model, settings.strict_model_names)
     limits.check_counts(settings, len(body.messages), len(body.tools or []))
+    refuse_images(body)
     tools = tool_use_of(model, body)
-    prompt_ids = await asyncio.to_thread(render_prompt, model, body, tools.prefill)
+    grammar = await asyncio.to_thread(output_grammar, model, body.output(), tools)
+    thinking = thinking_of(model, body, constrained=grammar is not None)
+    reply_start = thinking.prefill + tools.prefill
+    prompt_ids = await asyncio.to_thread(
+        render_prompt, model, body, reply_start, thinking.template_vars
+    )
     return {"input_tokens": len(prompt_ids)}
+
+
+def thinking_of(model: ServedModel, body: PromptBody, *, constrained: bool) -> Thinking:
+    """The request's thinking: `thinking.type`, `output_config.effort`, `display`."""
+    kind = body.thinking.type if body.thinking is not None else None
+    effort = body.output_config.effort if body.output_config is not None else None
+    shown = body.thinking is None or body.thinking.display != "omitted"
+    switch = anthropic_switch(kind, effort)
+    return Thinking.of(model, switch, constrained=constrained, shown=shown)
 
 
 @router.head("/", response_class=Response)  # an empty 200: no JSON content to document

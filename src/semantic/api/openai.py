@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
@@ -40,7 +40,8 @@ from semantic.api.streaming import (
     with_keep_alive,
 )
 from semantic.api.structured_output import ResponseFormat, output_grammar
-from semantic.api.tool_use import ToolUse, whole_reply
+from semantic.api.thinking import Thinking
+from semantic.api.tool_use import Reasoning, ReasoningDelta, ReplyEvent, ToolUse, whole_reply
 from semantic.config import Settings
 from semantic.core import AGENT_ID_PATTERN, FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
@@ -49,7 +50,8 @@ from semantic.models.served import ServedModel
 from semantic.text import client_json
 from semantic.text.chat import template_tool_call
 from semantic.text.grammar import Grammar
-from semantic.text.tools import TextDelta, ToolEvent
+from semantic.text.reasoning import ThinkingSwitch
+from semantic.text.tools import TextDelta
 
 router = APIRouter(route_class=LimitedBodyRoute)
 
@@ -84,6 +86,9 @@ class ChatMessage(_Body):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # A thinking model's reasoning, sent back (vLLM's and llama.cpp's name, and the older one).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class StreamOptions(_Body):
@@ -117,6 +122,7 @@ class ChatCompletionRequest(GenerationFields):
     tool_choice: ToolChoiceField | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    reasoning_effort: str | None = Field(None, max_length=32)
 
 
 def _text_of(message: ChatMessage) -> str:
@@ -126,7 +132,9 @@ def _text_of(message: ChatMessage) -> str:
     for part in message.content:
         if part.type != "text" or part.text is None:
             raise InvalidRequest(
-                f"content parts of type {part.type!r} are not supported", param="messages"
+                f"content parts of type {part.type!r} are not supported: this model reads "
+                "text only",
+                param="messages",
             )
         parts.append(part.text)
     return "\n".join(parts)
@@ -144,6 +152,9 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             entry["tool_calls"] = [_template_tool_call(call) for call in message.tool_calls]
         if message.tool_call_id is not None:
             entry["tool_call_id"] = message.tool_call_id
+        reasoning = message.reasoning_content or message.reasoning
+        if message.role == "assistant" and reasoning:
+            entry["reasoning_content"] = reasoning
         rendered.append(entry)
     return rendered
 
@@ -177,12 +188,18 @@ def sampling_params(
 
 
 def render_prompt(
-    model: ServedModel, body: ChatCompletionRequest, reply_start: str = ""
+    model: ServedModel,
+    body: ChatCompletionRequest,
+    reply_start: str = "",
+    template_vars: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """The prompt's token ids: templated, then tokenized (on a worker thread: a long prompt
-    must not stall the event loop). `reply_start` (a forced tool call's opener) ends it."""
+    must not stall the event loop). `reply_start` (a forced tool call's opener) ends it;
+    `template_vars` are the template's switches (thinking)."""
     messages = template_messages(body.messages)
-    prompt = model.chat_template.render(messages, tools=template_tools(body.tools))
+    prompt = model.chat_template.render(
+        messages, tools=template_tools(body.tools), **(template_vars or {})
+    )
     return model.tokenizer.encode(prompt + reply_start)
 
 
@@ -211,8 +228,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     tools = tool_use_of(engine.model, body.tools, body.tool_choice, body.parallel_tool_calls)
     output = body.response_format.output_format() if body.response_format else None
     grammar = await asyncio.to_thread(output_grammar, engine.model, output, tools)
-    prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body, tools.prefill)
+    switch = ThinkingSwitch.from_effort(body.reasoning_effort)
+    thinking = Thinking.of(engine.model, switch, constrained=grammar is not None)
+    prompt_ids = await asyncio.to_thread(
+        render_prompt,
+        engine.model,
+        body,
+        thinking.prefill + tools.prefill,
+        thinking.template_vars,
+    )
     limits.check_prompt(settings, len(prompt_ids))
+    tools.think(thinking.parser(engine.model, prompt_ids), thinking.hidden(engine.model))
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     requested = body.max_completion_tokens or body.max_tokens
     max_tokens = limits.output_budget(
@@ -262,7 +288,7 @@ class _Completion:
 
     async def chunks(
         self,
-        parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]],
+        parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
         tools: ToolUse,
         include_usage: bool,
     ) -> AsyncIterator[str]:
@@ -272,7 +298,9 @@ class _Completion:
                 yield data_event(error_payload(event.error))
                 return
             for tool_event in tool_events:
-                if isinstance(tool_event, TextDelta):
+                if isinstance(tool_event, ReasoningDelta):
+                    yield self._delta({"reasoning_content": tool_event.text})
+                elif isinstance(tool_event, TextDelta):
                     yield self._delta({"content": tool_event.text})
                 elif (delta := tool_call_delta(tool_event)) is not None:
                     yield self._delta(delta)
@@ -283,7 +311,7 @@ class _Completion:
         yield DONE
 
     async def collect(
-        self, parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]], tools: ToolUse
+        self, parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]], tools: ToolUse
     ) -> dict[str, Any]:
         parts, final = await whole_reply(parsed)
         assert final.usage is not None
@@ -291,6 +319,9 @@ class _Completion:
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if calls := tool_calls_json(parts):
             message |= {"content": text or None, "tool_calls": calls}
+        reasoning = "".join(part.text for part in parts if isinstance(part, Reasoning))
+        if reasoning:
+            message["reasoning_content"] = reasoning
         return {
             "id": self.id,
             "object": "chat.completion",

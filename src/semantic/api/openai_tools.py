@@ -6,6 +6,7 @@ stream deltas.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -88,7 +89,7 @@ def tool_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def tool_calls_json(parts: list[str | ParsedCall]) -> list[dict[str, Any]]:
+def tool_calls_json(parts: Sequence[object]) -> list[dict[str, Any]]:
     """`message.tool_calls` of a whole answer; `arguments` is the JSON text the model wrote."""
     return [
         {

@@ -49,13 +49,15 @@ from semantic.api.streaming import (
     with_keep_alive,
 )
 from semantic.api.structured_output import output_grammar
-from semantic.api.tool_use import ParsedCall, ToolUse
+from semantic.api.thinking import Thinking
+from semantic.api.tool_use import ParsedCall, ReasoningDelta, ReplyEvent, ToolUse
 from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text.grammar import Grammar
-from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolEvent
+from semantic.text.reasoning import ThinkingSwitch, seal
+from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
 
 router = APIRouter()
 
@@ -97,14 +99,17 @@ def render_prompt(
     chain: list[StoredResponse],
     new_messages: list[dict[str, Any]],
     tools: ToolUse,
+    thinking: Thinking,
 ) -> list[int]:
     """The chain's messages (each response's input and output) then the new input, after
     this request's `instructions` (instructions are not carried over a chain, as the API says)."""
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     messages = system + [m for stored in chain for m in stored.messages] + new_messages
     functions = [tool.as_function() for tool in body.tools or [] if tool.offered]
-    text = model.chat_template.render(messages, tools=template_tools(functions))
-    return model.tokenizer.encode(text + tools.prefill)
+    text = model.chat_template.render(
+        messages, tools=template_tools(functions), **thinking.template_vars
+    )
+    return model.tokenizer.encode(text + thinking.prefill + tools.prefill)
 
 
 def _tool_use(model: ServedModel, body: ResponsesBody) -> ToolUse:
@@ -132,9 +137,10 @@ class _Output:
     one event list for a stream, the same items for a whole answer. Items open when their first
     content comes and are done before the next one opens."""
 
-    def __init__(self, custom_tools: set[str]) -> None:
+    def __init__(self, custom_tools: set[str], sealed: bool = False) -> None:
         self.items: list[dict[str, Any]] = []
         self.custom_tools = custom_tools
+        self.sealed = sealed  # reasoning items carry encrypted_content (their seal)
         self._open: dict[str, Any] | None = None
         self._sequence = 0
 
@@ -143,7 +149,9 @@ class _Output:
         self._sequence += 1
         return payload
 
-    def feed(self, event: ToolEvent) -> list[dict[str, Any]]:
+    def feed(self, event: ReplyEvent) -> list[dict[str, Any]]:
+        if isinstance(event, ReasoningDelta):
+            return self._reasoning(event.text)
         if isinstance(event, TextDelta):
             return self._text(event.text)
         if isinstance(event, CallStart):
@@ -179,6 +187,21 @@ class _Output:
         delta |= {"output_index": self._index, "content_index": 0, "delta": text, "logprobs": []}
         return [*events, self.event(delta)]
 
+    def _reasoning(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if self._open is None or self._open["type"] != "reasoning":
+            events += self._close()
+            new: dict[str, Any] = {"id": _item_id("rs"), "type": "reasoning", "summary": []}
+            new["content"] = []
+            events += self._add(new)
+            new["content"].append({"type": "reasoning_text", "text": ""})
+        item = self._open
+        assert item is not None
+        item["content"][0]["text"] += text
+        delta: dict[str, Any] = {"type": "response.reasoning_text.delta", "item_id": item["id"]}
+        delta |= {"output_index": self._index, "content_index": 0, "delta": text}
+        return [*events, self.event(delta)]
+
     def _start_call(self, name: str) -> list[dict[str, Any]]:
         item: dict[str, Any]
         if name in self.custom_tools:
@@ -207,7 +230,13 @@ class _Output:
         item["status"] = "completed"
         arguments = item.pop("_arguments", "")
         events = []
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            item["encrypted_content"] = seal(text) if self.sealed else None
+            done = {"type": "response.reasoning_text.done", "item_id": item["id"]}
+            done |= {"output_index": self._index, "content_index": 0, "text": text}
+            events.append(self.event(done))
+        elif item["type"] == "message":
             part = item["content"][0]
             done = {"type": "response.output_text.done", "item_id": item["id"]}
             done |= {"output_index": self._index, "content_index": 0}
@@ -249,7 +278,7 @@ def _public(item: dict[str, Any], in_progress: bool = False) -> dict[str, Any]:
     public = {key: value for key, value in item.items() if not key.startswith("_")}
     if in_progress:
         public = dict(public, status="in_progress")
-        if public["type"] == "message":
+        if public["type"] in ("message", "reasoning"):
             public["content"] = []
     return public
 
@@ -269,6 +298,7 @@ class _Response:
         self.id = response_id
         self.created_at = int(time.time())
         self.prompt_tokens = prompt_tokens
+        self.sealed = "reasoning.encrypted_content" in (body.include or [])
 
     def json(
         self,
@@ -304,7 +334,9 @@ class _Response:
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
             "top_p": 1.0 if body.top_p is None else body.top_p,
             "truncation": "disabled",
-            "usage": None if final is None or final.usage is None else usage_json(final.usage),
+            "usage": None
+            if final is None or final.usage is None
+            else usage_json(final.usage, _reasoning_tokens(output)),
             "user": None,
             "metadata": body.metadata or {},
         }
@@ -313,16 +345,28 @@ class _Response:
         return "incomplete" if final.finish_reason is FinishReason.LENGTH else "completed"
 
 
-def usage_json(usage: Usage) -> dict[str, Any]:
+def usage_json(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
     """Responses usage: `input_tokens` is the whole prompt, of which `cached_tokens` came from
     the cache."""
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
+
+
+def _reasoning_tokens(output: list[dict[str, Any]]) -> int:
+    """An estimate, by characters (about four a token): the engine counts tokens, not which
+    of them were reasoning."""
+    chars = sum(
+        len(part["text"])
+        for item in output
+        if item["type"] == "reasoning"
+        for part in item["content"]
+    )
+    return -(-chars // 4)
 
 
 def _format_json(body: ResponsesBody) -> dict[str, Any]:
@@ -364,10 +408,15 @@ async def create_response(request: Request) -> Response:
     tools = _tool_use(engine.model, body)
     output_format = body.text.format.output_format() if body.text and body.text.format else None
     grammar = await asyncio.to_thread(output_grammar, engine.model, output_format, tools)
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    thinking = Thinking.of(
+        engine.model, ThinkingSwitch.from_effort(effort), constrained=grammar is not None
+    )
     prompt_ids = await asyncio.to_thread(
-        render_prompt, engine.model, body, chain, new_messages, tools
+        render_prompt, engine.model, body, chain, new_messages, tools, thinking
     )
     limits.check_prompt(settings, len(prompt_ids), "input")
+    tools.think(thinking.parser(engine.model, prompt_ids), thinking.hidden(engine.model))
     max_tokens = limits.output_budget(
         settings,
         body.max_output_tokens,
@@ -449,11 +498,11 @@ def _with_id(item: dict[str, Any]) -> dict[str, Any]:
 
 async def _collect(
     reply: _Response,
-    parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]],
+    parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
     custom: set[str],
     record: _Record,
 ) -> dict[str, Any]:
-    output = _Output(custom)
+    output = _Output(custom, reply.sealed)
     async for tool_events, event in parsed:
         if event.error is not None:
             raise event.error
@@ -469,14 +518,14 @@ async def _collect(
 
 async def _frames(
     reply: _Response,
-    parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]],
+    parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
     custom: set[str],
     record: _Record,
 ) -> AsyncIterator[str]:
     """The Responses event stream: created and in_progress at once (before the prompt is
     prefilled), each output item's events, then completed (or incomplete); an `error` event
     and `response.failed` if the engine fails after the 200."""
-    output = _Output(custom)
+    output = _Output(custom, reply.sealed)
     start = reply.json("in_progress", [])
     for kind in ("response.created", "response.in_progress"):
         yield _frame(output.event({"type": kind, "response": start}))

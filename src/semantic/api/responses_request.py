@@ -20,6 +20,7 @@ from semantic.core import AGENT_ID_PATTERN
 from semantic.errors import InvalidRequest
 from semantic.text import client_json
 from semantic.text.chat import template_tool_call
+from semantic.text.reasoning import unseal
 
 RESPONSE_ID_PATTERN = r"^resp_[0-9a-f]{32}$"
 # A freeform (`custom`) tool is offered to the model as a function of one string.
@@ -95,6 +96,7 @@ class ResponsesBody(_Body):
     text: TextControls | None = None
     reasoning: Reasoning | None = None
     metadata: dict[str, str] | None = None
+    include: list[str] | None = None
     # Codex names its conversation here; it names the agent when nothing more specific does.
     prompt_cache_key: str | None = Field(None, max_length=256)
     session_id: str | None = Field(None, pattern=AGENT_ID_PATTERN)
@@ -228,7 +230,11 @@ def _output(item: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def reasoning_text(item: dict[str, Any]) -> str:
-    """What a reasoning item says: its content, else its summary."""
+    """What a reasoning item says: the text its `encrypted_content` holds when it is ours
+    (exactly what the model wrote), else its content, else its summary."""
+    sealed = unseal(item.get("encrypted_content"))
+    if sealed is not None:
+        return sealed
     for field in ("content", "summary"):
         parts = item.get(field)
         if isinstance(parts, list):

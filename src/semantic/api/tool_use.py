@@ -1,5 +1,6 @@
-"""Tool use for one request, in either protocol: which tools the model may call and how, the
-text prefilled to force a call, and the engine's events turned into text and call events.
+"""Tool use for one request, in any protocol: which tools the model may call and how, the
+text prefilled to force a call, and the engine's events turned into text, reasoning and call
+events.
 
 The protocol modules read their own `tools` / `tool_choice` shapes into a `ToolChoice`, build
 a `ToolUse`, append its `prefill` to the prompt, and frame the events `parse` yields.
@@ -15,6 +16,7 @@ from pydantic_core import from_json
 
 from semantic.core import FinishReason, TokenEvent
 from semantic.models.served import ServedModel
+from semantic.text.reasoning import Piece, ReasoningParser
 from semantic.text.tool_formats import hidden_markers, parser_for
 from semantic.text.tools import (
     ArgumentsDelta,
@@ -36,6 +38,23 @@ class ToolChoice:
     mode: Literal["auto", "required", "none"] = "auto"
     name: str | None = None
     parallel: bool = True
+
+
+@dataclass(slots=True, frozen=True)
+class ReasoningDelta:
+    """A piece of the model's reasoning (a thinking model's `<think>` or analysis channel)."""
+
+    text: str
+
+
+ReplyEvent = ToolEvent | ReasoningDelta
+
+
+@dataclass(slots=True)
+class Reasoning:
+    """A whole reply's reasoning (`whole_reply`'s part for it)."""
+
+    text: str
 
 
 @dataclass(slots=True)
@@ -73,6 +92,16 @@ class ToolUse:
         self._hidden = hidden_markers(self._format, model.tokenizer)
         self._parser: ToolCallParser | PlainText = PlainText()
         self._cut_short = False  # the output ended inside a call
+        self._reasoning: ReasoningParser | None = None
+
+    def think(self, parser: ReasoningParser | None, hidden: Mapping[int, str]) -> None:
+        """Tell the reply's reasoning from its answer with `parser` (a thinking model's), the
+        special tokens in `hidden` put back into the text it reads. Not for a forced call:
+        that reply starts as the call."""
+        if parser is None or self.prefill:
+            return
+        self._reasoning = parser
+        self._hidden = {**self._hidden, **hidden}
 
     @property
     def prefill(self) -> str:
@@ -99,16 +128,16 @@ class ToolUse:
 
     async def parse(
         self, events: AsyncIterator[TokenEvent], stop: Callable[[], None]
-    ) -> AsyncIterator[tuple[list[ToolEvent], TokenEvent]]:
-        """Each engine event with the text and call events its text makes (the prefill's come
-        with the first). Without `parallel`, after the first call `stop` ends generation, and
-        the text that still arrives is dropped."""
+    ) -> AsyncIterator[tuple[list[ReplyEvent], TokenEvent]]:
+        """Each engine event with the reasoning, text and call events its text makes (the
+        prefill's come with the first). Without `parallel`, after the first call `stop` ends
+        generation, and the text that still arrives is dropped."""
         self._parser = self._format(self.tools) if self.active else PlainText()
-        parsed = self._parser.feed(self.prefill)
+        parsed: list[ReplyEvent] = list(self._parser.feed(self.prefill))
         done = False
         async for event in events:
             if not done:
-                parsed += self._parser.feed(self._text_of(event))
+                parsed += self._feed(self._text_of(event))
                 if event.final:
                     parsed += self._finish()
                 if not self.choice.parallel and self._parser.calls:
@@ -124,32 +153,50 @@ class ToolUse:
         cut = self._cut_short and final.finish_reason is FinishReason.LENGTH
         return self._parser.calls > 0 and not cut
 
-    def _finish(self) -> list[ToolEvent]:
-        events = self._parser.finish()
-        self._cut_short = any(isinstance(event, CallEnd) for event in events)
+    def _feed(self, text: str) -> list[ReplyEvent]:
+        if self._reasoning is None:
+            return list(self._parser.feed(text))
+        return self._pieces(self._reasoning.feed(text))
+
+    def _pieces(self, pieces: list[Piece]) -> list[ReplyEvent]:
+        events: list[ReplyEvent] = []
+        for piece in pieces:
+            if piece.reasoning:
+                events.append(ReasoningDelta(piece.text))
+            else:
+                events += self._parser.feed(piece.text)
         return events
+
+    def _finish(self) -> list[ReplyEvent]:
+        events = [] if self._reasoning is None else self._pieces(self._reasoning.finish())
+        ended = self._parser.finish()
+        self._cut_short = any(isinstance(event, CallEnd) for event in ended)
+        return [*events, *ended]
 
     def _text_of(self, event: TokenEvent) -> str:
         """The event's text with the markers the detokenizer hid put back, when calls are
         parsed (a special token's own text is empty, so a marker goes after the text its token
         completed)."""
-        if not self.active:
+        if not self.active and self._reasoning is None:
             return event.text
         markers = [self._hidden[token] for token in event.token_ids if token in self._hidden]
         return event.text + "".join(markers)
 
 
-def _through_first_call(events: list[ToolEvent]) -> list[ToolEvent]:
+def _through_first_call(events: list[ReplyEvent]) -> list[ReplyEvent]:
     end = next(i for i, event in enumerate(events) if isinstance(event, CallEnd))
     return events[: end + 1]
 
 
+ReplyPart = str | ParsedCall | Reasoning
+
+
 async def whole_reply(
-    parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]],
-) -> tuple[list[str | ParsedCall], TokenEvent]:
-    """A non-streamed reply: its text and calls in order, and the final engine event; an
-    engine error raises."""
-    parts: list[str | ParsedCall] = []
+    parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
+) -> tuple[list[ReplyPart], TokenEvent]:
+    """A non-streamed reply: its reasoning, text and calls in order, and the final engine
+    event; an engine error raises."""
+    parts: list[ReplyPart] = []
     async for events, event in parsed:
         if event.error is not None:
             raise event.error
@@ -160,9 +207,14 @@ async def whole_reply(
     raise RuntimeError("the engine ended a request without a final event")
 
 
-def _add(parts: list[str | ParsedCall], event: ToolEvent) -> None:
+def _add(parts: list[ReplyPart], event: ReplyEvent) -> None:
     last = parts[-1] if parts else None
-    if isinstance(event, TextDelta):
+    if isinstance(event, ReasoningDelta):
+        if isinstance(last, Reasoning):
+            last.text += event.text
+        else:
+            parts.append(Reasoning(event.text))
+    elif isinstance(event, TextDelta):
         if isinstance(last, str):
             parts[-1] = last + event.text
         else:
