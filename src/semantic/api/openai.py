@@ -10,6 +10,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from functools import partial
 from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
@@ -34,6 +35,7 @@ from semantic.api.streaming import (
     DONE,
     after_the_200,
     data_event,
+    prefill_comments,
     sse_response,
     unless_disconnected,
     whole_answer,
@@ -262,7 +264,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = completion.chunks(parsed, tools, include_usage)
         frames = after_the_200(chunks, events, lambda exc: data_event(error_payload(exc)))
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s))
+        heartbeat = prefill_comments(partial(engine.progress, generation.request_id))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat))
     return JSONResponse(await unless_disconnected(request, completion.collect(parsed, tools)))
 
 

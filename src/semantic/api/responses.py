@@ -14,6 +14,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -44,6 +45,7 @@ from semantic.api.responses_store import ResponseStore, StoredResponse
 from semantic.api.streaming import (
     after_the_200,
     named_event,
+    prefill_comments,
     sse_response,
     unless_disconnected,
     with_keep_alive,
@@ -439,7 +441,8 @@ async def create_response(request: Request) -> Response:
     record = _Record(store, reply, items, new_messages, agent, owner)
     if body.stream:
         frames = after_the_200(_frames(reply, parsed, custom, record), events, _error_frame)
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s))
+        heartbeat = prefill_comments(partial(engine.progress, generation.request_id))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat))
     answer = await unless_disconnected(request, _collect(reply, parsed, custom, record))
     return JSONResponse(answer)
 
