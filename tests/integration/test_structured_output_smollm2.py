@@ -111,19 +111,6 @@ def answer_text(route: str, reply: dict[str, Any]) -> str:
     return "".join(block["text"] for block in reply["content"])
 
 
-async def all_at_once(
-    app: FastAPI, route: str, bodies: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://localhost", timeout=600
-    ) as client:
-        replies = await asyncio.gather(*(client.post(route, json=body) for body in bodies))
-    for reply in replies:
-        assert reply.status_code == 200, reply.text
-    return [reply.json() for reply in replies]
-
-
 ROUTES = [
     ("/v1/chat/completions", openai_body),
     ("/v1/responses", responses_body),
@@ -142,7 +129,10 @@ async def all_at_once(app: FastAPI) -> list[tuple[str, dict[str, Any], dict[str,
         replies = await asyncio.gather(*(client.post(r, json=body) for r, _, body in asked))
     for reply in replies:
         assert reply.status_code == 200, reply.text
-    return [(route, schema, reply.json()) for (route, schema, _), reply in zip(asked, replies)]
+    return [
+        (route, schema, reply.json())
+        for (route, schema, _), reply in zip(asked, replies, strict=True)
+    ]
 
 
 def test_every_answer_in_every_api_parses_and_validates(app: FastAPI) -> None:
