@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from semantic.core import BatchItem, SamplingParams
@@ -35,8 +36,7 @@ def sample(
     `grammars` holds the matchers of the items with a grammar (none: no item has one)."""
     with torch.inference_mode():  # the logits are inference tensors; suppression writes them
         _suppress(logits, items)
-        constrained = _constrain(logits, items, grammars)
-        failed = constrained or {}
+        masks, failed = _grammar_masks(items, grammars)
         best = logits.argmax(-1)
         # argmax picks a NaN or +inf where a row has one, and -inf only when all are: so the
         # chosen logit is finite exactly when the row is usable.
@@ -44,34 +44,51 @@ def sample(
         tokens, usable = torch.stack([best, finite.long()]).tolist()  # one copy to the host
         outcomes: list[int | Exception] = []
         for row, item in enumerate(items):
+            mask = masks.get(row)
+            if mask is not None and not (item.sampling.greedy and _allows(mask, tokens[row])):
+                # A greedy row whose best token the grammar allows needs no mask at all.
+                tokens[row], usable[row] = _masked_best(logits[row], mask)
             if row in failed:
                 outcomes.append(failed[row])
             elif not usable[row]:
-                outcomes.append(Unsampleable("the model's logits for this request are not finite"))
+                outcomes.append(Unsampleable("no token the model and its constraints allow"))
             elif item.sampling.greedy:
                 outcomes.append(tokens[row])
             else:
                 outcomes.append(_draw_or_error(logits[row], item))
-    return outcomes if constrained is None else _advance(grammars, items, outcomes)
+    return _advance(grammars, items, outcomes) if masks else outcomes
 
 
-def _constrain(
-    logits: torch.Tensor, items: Sequence[BatchItem], grammars: GrammarStates | None
-) -> dict[int, Exception] | None:
-    """Mask what each constrained row's grammar forbids; the rows whose grammar failed, or
-    None when no row has a grammar."""
+def _grammar_masks(
+    items: Sequence[BatchItem], grammars: GrammarStates | None
+) -> tuple[dict[int, np.ndarray], dict[int, Exception]]:
+    """The allowed-token bitmask of each row with a grammar, and the rows whose grammar failed."""
     rows = [row for row, item in enumerate(items) if item.sampling.grammar is not None]
     if not rows or grammars is None:
-        return None
+        return {}, {}
     mask, errors = grammars.bitmask(
         [(items[r].seq_id, items[r].sampling.grammar, items[r].num_output_tokens) for r in rows]
     )
-    words = torch.from_numpy(mask).to(logits.device)
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    bits = ((words.unsqueeze(-1) >> shifts) & 1).reshape(len(rows), -1)[:, : logits.shape[-1]]
-    index = torch.tensor(rows, device=logits.device)
-    logits[index] = logits[index].masked_fill(bits == 0, float("-inf"))
-    return {rows[i]: error for i, error in errors.items()}
+    masks = {row: mask[i] for i, row in enumerate(rows) if i not in errors}
+    return masks, {rows[i]: error for i, error in errors.items()}
+
+
+def _allows(mask: np.ndarray, token: int) -> bool:
+    return 0 <= token < mask.shape[0] * 32 and bool((int(mask[token >> 5]) >> (token & 31)) & 1)
+
+
+def _masked_best(logits: torch.Tensor, mask: np.ndarray) -> tuple[int, bool]:
+    """logits: [V] → every token the mask forbids set to -inf (in place: a draw reads them), and
+    the best token left, with whether it is finite. On the CPU in numpy: for one row that is
+    far quicker than a trip through torch's thread pool."""
+    allowed = np.unpackbits(mask.view(np.uint8), bitorder="little")[: logits.shape[-1]]
+    if logits.device.type == "cpu":
+        np.copyto(logits.numpy(), -np.inf, where=allowed == 0)
+    else:
+        forbidden = torch.from_numpy(allowed == 0).to(logits.device, non_blocking=True)
+        logits.masked_fill_(forbidden, float("-inf"))
+    best = int(logits.argmax())
+    return best, bool(torch.isfinite(logits[best]))
 
 
 def _advance(
