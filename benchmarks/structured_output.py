@@ -8,7 +8,8 @@ Each run decodes exactly `--tokens` tokens per sequence: unconstrained with the 
 ignored, constrained with a schema whose shortest answer is longer than that (an array of at
 least 64 strings), so both do the same work but for the grammar. Decode speed counts the
 tokens that arrive after every sequence of the batch has its first one (prefill excluded); the
-best of `--repeats` runs is reported, as the machine may be shared.
+best of `--repeats` runs of each is reported, the runs interleaved, as the machine may be
+shared.
 """
 
 from __future__ import annotations
@@ -112,6 +113,40 @@ async def decode_rate(engine: Engine, batch: int, tokens: int, constrained: bool
     return decoded / (end - all_decoding)
 
 
+class StepClock:
+    """Time spent in the runner's steps and, of it, in grammar work (masks and matchers): the
+    grammar's share of a step, which a shared machine's noise does not hide."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.step_s = self.grammar_s = 0.0
+        self.steps = 0
+        runner: Any = engine.runner
+        self._timed(runner, "run", grammar=False)
+        self._timed(runner.grammars, "bitmask", grammar=True)
+        self._timed(runner.grammars, "accept", grammar=True)
+
+    def _timed(self, owner: Any, name: str, grammar: bool) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - started
+                if grammar:
+                    self.grammar_s += spent
+                else:
+                    self.step_s += spent
+                    self.steps += 1
+
+        setattr(owner, name, timed)
+
+    def reset(self) -> None:
+        self.step_s = self.grammar_s = 0.0
+        self.steps = 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=128)
@@ -128,19 +163,32 @@ def main() -> None:
     results: dict[str, Any] = {"device": str(engine.runner.device), "tokens": args.tokens}  # type: ignore[attr-defined]
     results["first_compile_ms"] = round(compile_ms, 1)
     try:
+        clock = StepClock(engine)
         for batch in (1, 8):
-            rates = {}
-            for constrained in (False, True):
-                runs = [
-                    asyncio.run(decode_rate(engine, batch, args.tokens, constrained))
-                    for _ in range(args.repeats)
-                ]
-                rates["schema" if constrained else "free"] = round(max(runs), 1)
+            runs: dict[str, list[float]] = {"free": [], "schema": []}
+            step_ms = grammar_ms = 0.0
+            for _ in range(args.repeats):  # interleaved: a change in load hits both alike
+                for constrained in (False, True):
+                    clock.reset()
+                    rate = asyncio.run(decode_rate(engine, batch, args.tokens, constrained))
+                    runs["schema" if constrained else "free"].append(rate)
+                    if constrained:
+                        step_ms = 1000 * clock.step_s / clock.steps
+                        grammar_ms = 1000 * clock.grammar_s / clock.steps
+            rates = {kind: round(max(rates), 1) for kind, rates in runs.items()}
             cost = 100 * (1 - rates["schema"] / rates["free"])
-            results[f"batch_{batch}"] = {**rates, "cost_percent": round(cost, 1)}
+            share = 100 * grammar_ms / step_ms
+            results[f"batch_{batch}"] = {
+                **rates,
+                "cost_percent": round(cost, 1),
+                "step_ms": round(step_ms, 2),
+                "grammar_ms_per_step": round(grammar_ms, 3),
+                "grammar_share_percent": round(share, 1),
+            }
             print(
                 f"batch {batch}: {rates['free']} tok/s free, {rates['schema']} tok/s with a "
-                f"schema ({cost:.1f}% cost)",
+                f"schema ({cost:.1f}% cost); grammar work {grammar_ms:.2f} ms of a "
+                f"{step_ms:.1f} ms step ({share:.1f}%)",
                 flush=True,
             )
     finally:

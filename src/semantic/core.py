@@ -9,10 +9,7 @@ import enum
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the engine passes a grammar through without looking inside
-    from semantic.text.grammar import Grammar
+from typing import Any, Protocol
 
 # Agent ids name files on disk later: letters, digits, '-', '_', '.', never a leading dot.
 AGENT_ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
@@ -72,6 +69,17 @@ class CacheSpec:
         return f"{base}-sw{self.sliding_windows[0]}x{pattern:x}"
 
 
+class OutputGrammar(Protocol):
+    """What a request's output must follow (structured output): a grammar compiled by
+    text/grammar.py. The engine passes it through untouched; the runner makes one matcher of
+    it per sequence."""
+
+    @property
+    def description(self) -> str: ...
+
+    def matcher(self) -> Any: ...
+
+
 # Below this temperature a draw is greedy. Dividing logits by less overflows float32 (1e-300
 # makes every probability NaN), and a draw at this temperature is all but the argmax anyway.
 GREEDY_BELOW_TEMPERATURE = 1e-5
@@ -92,7 +100,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    grammar: Grammar | None = None
+    grammar: OutputGrammar | None = None
 
     @property
     def greedy(self) -> bool:

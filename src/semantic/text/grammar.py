@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 import llguidance
 import numpy as np
 
+from semantic.core import OutputGrammar
 from semantic.errors import InvalidRequest
 from semantic.text.tokenizer import Tokenizer
 
@@ -172,7 +173,7 @@ class GrammarStates:
         self._matchers: dict[int, GrammarMatcher] = {}
 
     def bitmask(
-        self, rows: Sequence[tuple[int, Grammar | None, int]]
+        self, rows: Sequence[tuple[int, OutputGrammar | None, int]]
     ) -> tuple[np.ndarray, dict[int, Exception]]:
         """For each row (sequence id, grammar, tokens generated so far): its allowed tokens as
         int32 words (all bits set for a row without a grammar), and the rows that cannot go on
@@ -205,7 +206,7 @@ class GrammarStates:
     def __len__(self) -> int:
         return len(self._matchers)
 
-    def _matcher(self, seq_id: int, grammar: Grammar, generated: int) -> GrammarMatcher:
+    def _matcher(self, seq_id: int, grammar: OutputGrammar, generated: int) -> GrammarMatcher:
         matcher = self._matchers.get(seq_id)
         if matcher is None:
             matcher = self._matchers[seq_id] = grammar.matcher()
