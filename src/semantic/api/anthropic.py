@@ -6,12 +6,12 @@ SSE bytes live in streaming.py, error shapes in errors.py.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -38,8 +38,7 @@ from semantic.api.streaming import (
     unless_disconnected,
     with_keep_alive,
 )
-from semantic.api.structured_output import output_grammar
-from semantic.api.thinking import Thinking, anthropic_switch
+from semantic.api.thinking import Thinking, anthropic_switch, shape_reply
 from semantic.api.tool_use import (
     Reasoning,
     ReasoningDelta,
@@ -332,18 +331,10 @@ async def create_message(request: Request) -> Response:
     agent = agent_id(body, request.headers)
     bind_agent(agent)
     rate_limits.check_agent(request, agent)
-    tools = tool_use_of(engine.model, body)
-    grammar = await asyncio.to_thread(output_grammar, engine.model, body.output(), tools)
-    thinking = thinking_of(engine.model, body, constrained=grammar is not None)
-    prompt_ids = await asyncio.to_thread(
-        render_prompt,
-        engine.model,
-        body,
-        thinking.prefill + tools.prefill,
-        thinking.template_vars,
-    )
+    tools, thinking = tool_use_of(engine.model, body), thinking_of(engine.model, body)
+    render = partial(render_prompt, engine.model, body)
+    prompt_ids, grammar = await shape_reply(engine.model, body.output(), tools, thinking, render)
     limits.check_prompt(settings, len(prompt_ids))
-    tools.think(thinking.parser(engine.model, prompt_ids), thinking.hidden(engine.model))
     requested = limits.capped_max_tokens(settings, body.max_tokens)
     max_tokens = output_budget(requested, len(prompt_ids), engine.max_seq_tokens)
     generation = GenerationRequest(
@@ -374,23 +365,18 @@ async def count_tokens(request: Request) -> dict[str, int]:
     model.check_requested_name(body.model, settings.strict_model_names)
     limits.check_counts(settings, len(body.messages), len(body.tools or []))
     refuse_images(body)
-    tools = tool_use_of(model, body)
-    grammar = await asyncio.to_thread(output_grammar, model, body.output(), tools)
-    thinking = thinking_of(model, body, constrained=grammar is not None)
-    reply_start = thinking.prefill + tools.prefill
-    prompt_ids = await asyncio.to_thread(
-        render_prompt, model, body, reply_start, thinking.template_vars
-    )
+    tools, thinking = tool_use_of(model, body), thinking_of(model, body)
+    render = partial(render_prompt, model, body)
+    prompt_ids, _ = await shape_reply(model, body.output(), tools, thinking, render)
     return {"input_tokens": len(prompt_ids)}
 
 
-def thinking_of(model: ServedModel, body: PromptBody, *, constrained: bool) -> Thinking:
+def thinking_of(model: ServedModel, body: PromptBody) -> Thinking:
     """The request's thinking: `thinking.type`, `output_config.effort`, `display`."""
     kind = body.thinking.type if body.thinking is not None else None
     effort = body.output_config.effort if body.output_config is not None else None
     shown = body.thinking is None or body.thinking.display != "omitted"
-    switch = anthropic_switch(kind, effort)
-    return Thinking.of(model, switch, constrained=constrained, shown=shown)
+    return Thinking.of(model, anthropic_switch(kind, effort), shown=shown)
 
 
 @router.head("/", response_class=Response)  # an empty 200: no JSON content to document

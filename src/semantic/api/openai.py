@@ -41,8 +41,8 @@ from semantic.api.streaming import (
     whole_answer,
     with_keep_alive,
 )
-from semantic.api.structured_output import ResponseFormat, output_grammar
-from semantic.api.thinking import Thinking
+from semantic.api.structured_output import ResponseFormat
+from semantic.api.thinking import Thinking, shape_reply
 from semantic.api.tool_use import Reasoning, ReasoningDelta, ReplyEvent, ToolUse, whole_reply
 from semantic.config import Settings
 from semantic.core import AGENT_ID_PATTERN, FinishReason, SamplingParams, TokenEvent, Usage
@@ -229,18 +229,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     rate_limits.check_agent(request, agent_id)
     tools = tool_use_of(engine.model, body.tools, body.tool_choice, body.parallel_tool_calls)
     output = body.response_format.output_format() if body.response_format else None
-    grammar = await asyncio.to_thread(output_grammar, engine.model, output, tools)
-    switch = ThinkingSwitch.from_effort(body.reasoning_effort)
-    thinking = Thinking.of(engine.model, switch, constrained=grammar is not None)
-    prompt_ids = await asyncio.to_thread(
-        render_prompt,
-        engine.model,
-        body,
-        thinking.prefill + tools.prefill,
-        thinking.template_vars,
-    )
+    thinking = Thinking.of(engine.model, ThinkingSwitch.from_effort(body.reasoning_effort))
+    render = partial(render_prompt, engine.model, body)
+    prompt_ids, grammar = await shape_reply(engine.model, output, tools, thinking, render)
     limits.check_prompt(settings, len(prompt_ids))
-    tools.think(thinking.parser(engine.model, prompt_ids), thinking.hidden(engine.model))
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     requested = body.max_completion_tokens or body.max_tokens
     max_tokens = limits.output_budget(

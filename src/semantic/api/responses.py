@@ -50,8 +50,7 @@ from semantic.api.streaming import (
     unless_disconnected,
     with_keep_alive,
 )
-from semantic.api.structured_output import output_grammar
-from semantic.api.thinking import Thinking
+from semantic.api.thinking import Thinking, shape_reply
 from semantic.api.tool_use import ParsedCall, ReasoningDelta, ReplyEvent, ToolUse
 from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
@@ -100,18 +99,19 @@ def render_prompt(
     body: ResponsesBody,
     chain: list[StoredResponse],
     new_messages: list[dict[str, Any]],
-    tools: ToolUse,
-    thinking: Thinking,
+    reply_start: str = "",
+    template_vars: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """The chain's messages (each response's input and output) then the new input, after
-    this request's `instructions` (instructions are not carried over a chain, as the API says)."""
+    this request's `instructions` (instructions are not carried over a chain, as the API
+    says); `reply_start` ends it, `template_vars` are the template's switches (thinking)."""
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     messages = system + [m for stored in chain for m in stored.messages] + new_messages
     functions = [tool.as_function() for tool in body.tools or [] if tool.offered]
     text = model.chat_template.render(
-        messages, tools=template_tools(functions), **thinking.template_vars
+        messages, tools=template_tools(functions), **(template_vars or {})
     )
-    return model.tokenizer.encode(text + thinking.prefill + tools.prefill)
+    return model.tokenizer.encode(text + reply_start)
 
 
 def _tool_use(model: ServedModel, body: ResponsesBody) -> ToolUse:
@@ -409,16 +409,11 @@ async def create_response(request: Request) -> Response:
     rate_limits.check_agent(request, agent)
     tools = _tool_use(engine.model, body)
     output_format = body.text.format.output_format() if body.text and body.text.format else None
-    grammar = await asyncio.to_thread(output_grammar, engine.model, output_format, tools)
     effort = body.reasoning.effort if body.reasoning is not None else None
-    thinking = Thinking.of(
-        engine.model, ThinkingSwitch.from_effort(effort), constrained=grammar is not None
-    )
-    prompt_ids = await asyncio.to_thread(
-        render_prompt, engine.model, body, chain, new_messages, tools, thinking
-    )
+    thinking = Thinking.of(engine.model, ThinkingSwitch.from_effort(effort))
+    render = partial(render_prompt, engine.model, body, chain, new_messages)
+    prompt_ids, grammar = await shape_reply(engine.model, output_format, tools, thinking, render)
     limits.check_prompt(settings, len(prompt_ids), "input")
-    tools.think(thinking.parser(engine.model, prompt_ids), thinking.hidden(engine.model))
     max_tokens = limits.output_budget(
         settings,
         body.max_output_tokens,

@@ -7,10 +7,15 @@ accepted and changes nothing.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from semantic.api.structured_output import OutputFormat, output_grammar
+from semantic.api.tool_use import ToolUse
 from semantic.models.served import ServedModel
+from semantic.text.grammar import Grammar
 from semantic.text.reasoning import (
     ReasoningFormat,
     ReasoningParser,
@@ -70,3 +75,28 @@ def anthropic_switch(kind: str | None, effort: str | None) -> ThinkingSwitch:
     absent: the model's default) and `output_config.effort`."""
     enabled = None if kind is None else kind in ("enabled", "adaptive")
     return ThinkingSwitch(enabled, effort_level(effort))
+
+
+# The prompt of a request, rendered with the template's switches and ending with the text the
+# reply is forced to start with: `render(reply_start, template_vars) -> token ids`.
+Render = Callable[[str, dict[str, Any]], list[int]]
+
+
+async def shape_reply(
+    model: ServedModel,
+    output: OutputFormat | None,
+    tools: ToolUse,
+    thinking: Thinking,
+    render: Render,
+) -> tuple[list[int], Grammar | None]:
+    """What every generation route does before it submits: compile the grammar the reply must
+    follow (structured output, or a forced call of strict tools), which turns thinking off;
+    render the prompt with the thinking switch and the reply's forced start; and set the
+    reply's reasoning parser on `tools`. Compiling and rendering run on worker threads.
+    Returns the prompt's token ids and the grammar."""
+    grammar = await asyncio.to_thread(output_grammar, model, output, tools)
+    thinking.constrained = grammar is not None
+    reply_start = thinking.prefill + tools.prefill
+    prompt_ids = await asyncio.to_thread(render, reply_start, thinking.template_vars)
+    tools.think(thinking.parser(model, prompt_ids), thinking.hidden(model))
+    return prompt_ids, grammar
