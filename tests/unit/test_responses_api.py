@@ -212,7 +212,51 @@ def test_a_streamed_function_call_is_accumulated_by_the_sdk(
     assert final.status == "completed"
 
 
-# A Codex request as the CLI sends it (trimmed): stateless, the whole history every turn.
+RECORDED = json.loads(
+    (Path(__file__).parent.parent / "fixtures" / "codex_0_171_first_request.json").read_text()
+)
+
+
+def test_the_recorded_codex_first_request_streams_and_names_its_agent(
+    tiny_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """Codex 0.171's first request (tests/fixtures: paths replaced, long texts trimmed): no
+    `instructions` (developer messages instead), a namespace of tools, a hosted tool,
+    `store: false`, `prompt_cache_key`."""
+    served = with_chatml(fake_served(tiny_tokenizer, context=32_768))
+    with running(served, tmp_path, num_blocks=128, block_tokens=256) as (api, _, _):
+        _codex_first_request(api)
+
+
+def _codex_first_request(api: TestClient) -> None:
+    body = RECORDED["body"] | {"max_output_tokens": 8}
+    assert body["store"] is False and body["prompt_cache_key"]
+    assert {tool["type"] for tool in body["tools"]} >= {"function", "namespace", "web_search"}
+    with api.stream("POST", RECORDED["path"], json=body, headers=RECORDED["headers"]) as response:
+        assert response.status_code == 200, response.read()
+        raw = "".join(response.iter_text())
+    names = [line[7:] for line in raw.splitlines() if line.startswith("event: ")]
+    assert names[:2] == ["response.created", "response.in_progress"]
+    assert names[-1] in ("response.completed", "response.incomplete")
+    assert agent_ids(api) == [body["prompt_cache_key"]]
+
+
+def test_a_namespaced_tool_call_names_its_namespace(served: ServedModel, tmp_path: Path) -> None:
+    client, runner = scripted(served, tmp_path)
+    call = '<tool_call>\n{"name": "spawn_agent", "arguments": {"task": "x"}}\n</tool_call>'
+    runner.say(served.tokenizer.encode(call))
+    spawn = {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}
+    tools = [{"type": "namespace", "name": "multi_agent_v1", "description": "d", "tools": [spawn]}]
+    with client:
+        reply = client.post("/v1/responses", json={"model": "m", "input": "Go", "tools": tools})
+    (item,) = reply.json()["output"]
+    assert item["type"] == "function_call" and item["name"] == "spawn_agent"
+    assert item["namespace"] == "multi_agent_v1"
+    prompt = served.tokenizer.decode(runner.prompts[-1], skip_special_tokens=False)
+    assert '"name": "spawn_agent"' in prompt  # offered to the model
+
+
+# A later Codex turn (hand-made from its request types): the whole history every turn.
 CODEX_REQUEST: dict[str, Any] = {
     "model": "gpt-5-codex",
     "instructions": "You are Codex, based on GPT-5. You are running as a coding agent.",
@@ -277,7 +321,9 @@ CODEX_REQUEST: dict[str, Any] = {
 }
 
 
-def test_a_codex_request_streams_and_names_its_agent(api: TestClient) -> None:
+def test_a_later_codex_turn_with_its_history_streams_and_names_its_agent(
+    api: TestClient,
+) -> None:
     headers = {"session_id": "0199a3f0", "originator": "codex_cli_rs"}
     with api.stream("POST", "/v1/responses", json=CODEX_REQUEST, headers=headers) as response:
         assert response.status_code == 200

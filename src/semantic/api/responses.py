@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from typing import Any
@@ -32,12 +31,13 @@ from semantic.api.openai_tools import (
     NamedToolChoice,
     ToolChoiceField,
     template_tools,
-    tool_call_id,
     tool_use_of,
 )
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
+from semantic.api.responses_output import OutputItems, item_id, public
 from semantic.api.responses_request import (
     ResponsesBody,
+    Tool,
     input_items,
     template_messages,
 )
@@ -51,14 +51,14 @@ from semantic.api.streaming import (
     with_keep_alive,
 )
 from semantic.api.thinking import Thinking, shape_reply
-from semantic.api.tool_use import ParsedCall, ReasoningDelta, ReplyEvent, ToolUse
+from semantic.api.tool_use import ReplyEvent, ToolUse
 from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text.grammar import Grammar
-from semantic.text.reasoning import ThinkingSwitch, seal
-from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
+from semantic.text.reasoning import ThinkingSwitch
+from semantic.text.tokenizer import Tokenizer
 
 router = APIRouter()
 
@@ -107,15 +107,14 @@ def render_prompt(
     says); `reply_start` ends it, `template_vars` are the template's switches (thinking)."""
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     messages = system + [m for stored in chain for m in stored.messages] + new_messages
-    functions = [tool.as_function() for tool in body.tools or [] if tool.offered]
     text = model.chat_template.render(
-        messages, tools=template_tools(functions), **(template_vars or {})
+        messages, tools=template_tools(body.functions()), **(template_vars or {})
     )
     return model.tokenizer.encode(text + reply_start)
 
 
 def _tool_use(model: ServedModel, body: ResponsesBody) -> ToolUse:
-    functions = [tool.as_function() for tool in body.tools or [] if tool.offered]
+    functions = body.functions()
     choice = body.tool_choice
     mode: ToolChoiceField = "auto"
     if isinstance(choice, str):
@@ -130,176 +129,15 @@ def _tool_use(model: ServedModel, body: ResponsesBody) -> ToolUse:
 # -- the response --------------------------------------------------------------------------
 
 
-def _item_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-class _Output:
-    """A response's output items as they are built, and the stream events that build them:
-    one event list for a stream, the same items for a whole answer. Items open when their first
-    content comes and are done before the next one opens."""
-
-    def __init__(self, custom_tools: set[str], sealed: bool = False) -> None:
-        self.items: list[dict[str, Any]] = []
-        self.custom_tools = custom_tools
-        self.sealed = sealed  # reasoning items carry encrypted_content (their seal)
-        self._open: dict[str, Any] | None = None
-        self._sequence = 0
-
-    def event(self, payload: dict[str, Any]) -> dict[str, Any]:
-        payload["sequence_number"] = self._sequence
-        self._sequence += 1
-        return payload
-
-    def feed(self, event: ReplyEvent) -> list[dict[str, Any]]:
-        if isinstance(event, ReasoningDelta):
-            return self._reasoning(event.text)
-        if isinstance(event, TextDelta):
-            return self._text(event.text)
-        if isinstance(event, CallStart):
-            return self._close() + self._start_call(event.name)
-        if isinstance(event, ArgumentsDelta):
-            return self._arguments(event.json)
-        assert isinstance(event, CallEnd)
-        return self._close()
-
-    def close(self) -> list[dict[str, Any]]:
-        return self._close()
-
-    def _text(self, text: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        if self._open is None or self._open["type"] != "message":
-            events += self._close()
-            item: dict[str, Any] | None = {
-                "id": _item_id("msg"),
-                "type": "message",
-                "status": "in_progress",
-                "role": "assistant",
-                "content": [],
-            }
-            assert item is not None
-            events += self._add(item)
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            item["content"].append(part)
-            events.append(self._part_event("response.content_part.added", item, dict(part)))
-        item = self._open
-        assert item is not None
-        item["content"][0]["text"] += text
-        delta: dict[str, Any] = {"type": "response.output_text.delta", "item_id": item["id"]}
-        delta |= {"output_index": self._index, "content_index": 0, "delta": text, "logprobs": []}
-        return [*events, self.event(delta)]
-
-    def _reasoning(self, text: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        if self._open is None or self._open["type"] != "reasoning":
-            events += self._close()
-            new: dict[str, Any] = {"id": _item_id("rs"), "type": "reasoning", "summary": []}
-            new["content"] = []
-            events += self._add(new)
-            new["content"].append({"type": "reasoning_text", "text": ""})
-        item = self._open
-        assert item is not None
-        item["content"][0]["text"] += text
-        delta: dict[str, Any] = {"type": "response.reasoning_text.delta", "item_id": item["id"]}
-        delta |= {"output_index": self._index, "content_index": 0, "delta": text}
-        return [*events, self.event(delta)]
-
-    def _start_call(self, name: str) -> list[dict[str, Any]]:
-        item: dict[str, Any]
-        if name in self.custom_tools:
-            item = {"id": _item_id("ctc"), "type": "custom_tool_call", "input": ""}
-        else:
-            item = {"id": _item_id("fc"), "type": "function_call", "arguments": ""}
-        item |= {"call_id": tool_call_id(), "name": name, "status": "in_progress"}
-        item["_arguments"] = ""
-        return self._add(item) if item["type"] == "function_call" else self._hold(item)
-
-    def _arguments(self, text: str) -> list[dict[str, Any]]:
-        item = self._open
-        assert item is not None
-        item["_arguments"] += text
-        if item["type"] != "function_call":
-            return []  # a freeform call's input is known once its arguments are whole
-        item["arguments"] += text
-        delta = {"type": "response.function_call_arguments.delta", "item_id": item["id"]}
-        return [self.event(delta | {"output_index": self._index, "delta": text})]
-
-    def _close(self) -> list[dict[str, Any]]:
-        item = self._open
-        if item is None:
-            return []
-        self._open = None
-        item["status"] = "completed"
-        arguments = item.pop("_arguments", "")
-        events = []
-        if item["type"] == "reasoning":
-            text = item["content"][0]["text"]
-            item["encrypted_content"] = seal(text) if self.sealed else None
-            done = {"type": "response.reasoning_text.done", "item_id": item["id"]}
-            done |= {"output_index": self._index, "content_index": 0, "text": text}
-            events.append(self.event(done))
-        elif item["type"] == "message":
-            part = item["content"][0]
-            done = {"type": "response.output_text.done", "item_id": item["id"]}
-            done |= {"output_index": self._index, "content_index": 0}
-            events.append(self.event(done | {"text": part["text"], "logprobs": []}))
-            events.append(self._part_event("response.content_part.done", item, dict(part)))
-        elif item["type"] == "function_call":
-            done = {"type": "response.function_call_arguments.done", "item_id": item["id"]}
-            done |= {"output_index": self._index, "arguments": item["arguments"]}
-            events.append(self.event(done | {"name": item["name"]}))
-        else:
-            item["input"] = _freeform_input(arguments)
-            events += self._add(item, opened=False)
-        done_item = {"type": "response.output_item.done", "output_index": self._index}
-        return [*events, self.event(done_item | {"item": _public(item)})]
-
-    @property
-    def _index(self) -> int:
-        return len(self.items) - 1
-
-    def _add(self, item: dict[str, Any], opened: bool = True) -> list[dict[str, Any]]:
-        if opened:
-            self.items.append(item)
-            self._open = item
-        added = {"type": "response.output_item.added", "output_index": self._index}
-        return [self.event(added | {"item": _public(item, in_progress=True)})]
-
-    def _hold(self, item: dict[str, Any]) -> list[dict[str, Any]]:
-        self.items.append(item)
-        self._open = item
-        return []
-
-    def _part_event(self, kind: str, item: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
-        payload = {"type": kind, "item_id": item["id"], "output_index": self._index}
-        return self.event(payload | {"content_index": 0, "part": part})
-
-
-def _public(item: dict[str, Any], in_progress: bool = False) -> dict[str, Any]:
-    """An item as the client sees it: no private fields; just added, it has no content yet."""
-    public = {key: value for key, value in item.items() if not key.startswith("_")}
-    if in_progress:
-        public = dict(public, status="in_progress")
-        if public["type"] in ("message", "reasoning"):
-            public["content"] = []
-    return public
-
-
-def _freeform_input(arguments: str) -> str:
-    """A custom tool's input: the `input` string of the arguments the model wrote."""
-    value = ParsedCall("", arguments).input().get("input")
-    return value if isinstance(value, str) else arguments
-
-
 class _Response:
     """One response's identity and settings, shared by its events, its JSON body and its
     stored record."""
 
-    def __init__(self, body: ResponsesBody, response_id: str, prompt_tokens: int) -> None:
+    def __init__(self, body: ResponsesBody, response_id: str, tokenizer: Tokenizer) -> None:
         self.body = body
         self.id = response_id
         self.created_at = int(time.time())
-        self.prompt_tokens = prompt_tokens
+        self.tokenizer = tokenizer
         self.sealed = "reasoning.encrypted_content" in (body.include or [])
 
     def json(
@@ -322,7 +160,7 @@ class _Response:
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
             "model": body.model,
-            "output": [_public(item) for item in output],
+            "output": [public(item) for item in output],
             "parallel_tool_calls": body.parallel_tool_calls,
             "previous_response_id": body.previous_response_id,
             "reasoning": {
@@ -338,10 +176,18 @@ class _Response:
             "truncation": "disabled",
             "usage": None
             if final is None or final.usage is None
-            else usage_json(final.usage, _reasoning_tokens(output)),
+            else usage_json(final.usage, self._reasoning_tokens(output)),
             "user": None,
             "metadata": body.metadata or {},
         }
+
+    def _reasoning_tokens(self, output: list[dict[str, Any]]) -> int:
+        """The reasoning's tokens, counted again from its text (the engine counts the output,
+        not which of it was reasoning)."""
+        texts = [
+            p["text"] for item in output if item["type"] == "reasoning" for p in item["content"]
+        ]
+        return len(self.tokenizer.encode("".join(texts))) if texts else 0
 
     def status_of(self, final: TokenEvent) -> str:
         return "incomplete" if final.finish_reason is FinishReason.LENGTH else "completed"
@@ -357,18 +203,6 @@ def usage_json(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
-
-
-def _reasoning_tokens(output: list[dict[str, Any]]) -> int:
-    """An estimate, by characters (about four a token): the engine counts tokens, not which
-    of them were reasoning."""
-    chars = sum(
-        len(part["text"])
-        for item in output
-        if item["type"] == "reasoning"
-        for part in item["content"]
-    )
-    return -(-chars // 4)
 
 
 def _format_json(body: ResponsesBody) -> dict[str, Any]:
@@ -404,7 +238,7 @@ async def create_response(request: Request) -> Response:
     new_messages = template_messages(items)
     history = sum(len(stored.messages) for stored in chain)
     limits.check_counts(settings, history + len(new_messages), len(body.tools or []))
-    response_id = _item_id("resp")
+    response_id = item_id("resp")
     agent = chain_agent(body, request.headers, chain[-1] if chain else None, response_id)
     rate_limits.check_agent(request, agent)
     tools = _tool_use(engine.model, body)
@@ -431,14 +265,14 @@ async def create_response(request: Request) -> Response:
     )
     events = engine.stream(generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
-    reply = _Response(body, response_id, len(prompt_ids))
-    custom = {tool.name for tool in body.tools or [] if tool.type == "custom" and tool.name}
+    reply = _Response(body, response_id, engine.model.tokenizer)
+    offered = body.offered_tools()
     record = _Record(store, reply, items, new_messages, agent, owner)
     if body.stream:
-        frames = after_the_200(_frames(reply, parsed, custom, record), events, _error_frame)
+        frames = after_the_200(_frames(reply, parsed, offered, record), events, _error_frame)
         heartbeat = prefill_comments(partial(engine.progress, generation.request_id))
         return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat))
-    answer = await unless_disconnected(request, _collect(reply, parsed, custom, record))
+    answer = await unless_disconnected(request, _collect(reply, parsed, offered, record))
     return JSONResponse(answer)
 
 
@@ -484,7 +318,7 @@ def _with_id(item: dict[str, Any]) -> dict[str, Any]:
     """An input item as the input_items list shows it: with an id and a type, a message's text
     as parts."""
     kind = item.get("type", "message")
-    stored = {"id": _item_id("msg" if kind == "message" else "item"), **item, "type": kind}
+    stored = {"id": item_id("msg" if kind == "message" else "item"), **item, "type": kind}
     if kind == "message":
         content = item.get("content")
         if isinstance(content, str):
@@ -497,10 +331,10 @@ def _with_id(item: dict[str, Any]) -> dict[str, Any]:
 async def _collect(
     reply: _Response,
     parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
-    custom: set[str],
+    offered: list[tuple[Tool, str | None]],
     record: _Record,
 ) -> dict[str, Any]:
-    output = _Output(custom, reply.sealed)
+    output = OutputItems(offered, reply.sealed)
     async for tool_events, event in parsed:
         if event.error is not None:
             raise event.error
@@ -517,13 +351,13 @@ async def _collect(
 async def _frames(
     reply: _Response,
     parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
-    custom: set[str],
+    offered: list[tuple[Tool, str | None]],
     record: _Record,
 ) -> AsyncIterator[str]:
     """The Responses event stream: created and in_progress at once (before the prompt is
     prefilled), each output item's events, then completed (or incomplete); an `error` event
     and `response.failed` if the engine fails after the 200."""
-    output = _Output(custom, reply.sealed)
+    output = OutputItems(offered, reply.sealed)
     start = reply.json("in_progress", [])
     for kind in ("response.created", "response.in_progress"):
         yield _frame(output.event({"type": kind, "response": start}))
@@ -546,7 +380,7 @@ async def _frames(
             return
 
 
-def _failure(output: _Output, reply: _Response, exc: Exception) -> list[str]:
+def _failure(output: OutputItems, reply: _Response, exc: Exception) -> list[str]:
     detail = error_payload(exc)["error"]
     error = {"type": "error", "code": detail["code"] or detail["type"]}
     error |= {"message": detail["message"], "param": None}

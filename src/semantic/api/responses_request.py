@@ -37,13 +37,15 @@ class _Body(BaseModel):
 
 class Tool(_Body):
     """A function tool (flat: name and parameters beside `type`), a Codex freeform `custom`
-    tool, or a hosted tool (web_search, …), which is accepted and not offered."""
+    tool, a `namespace` of tools (Codex groups its sub-agent tools so), or a hosted tool
+    (web_search, …), which is accepted and not offered."""
 
     type: str
     name: str | None = Field(None, max_length=256)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    tools: list[Tool] | None = None  # a namespace's
 
     @property
     def offered(self) -> bool:
@@ -56,6 +58,9 @@ class Tool(_Body):
             name=self.name, description=self.description, parameters=parameters, strict=self.strict
         )
         return ToolDefinition(type="function", function=function)
+
+
+Tool.model_rebuild()
 
 
 class FunctionChoice(_Body):
@@ -100,6 +105,21 @@ class ResponsesBody(_Body):
     # Codex names its conversation here; it names the agent when nothing more specific does.
     prompt_cache_key: str | None = Field(None, max_length=256)
     session_id: str | None = Field(None, pattern=AGENT_ID_PATTERN)
+
+    def offered_tools(self) -> list[tuple[Tool, str | None]]:
+        """The tools the model may call, each with its namespace (None outside one)."""
+        offered: list[tuple[Tool, str | None]] = []
+        for tool in self.tools or []:
+            if tool.type == "namespace":
+                inner = [t for t in tool.tools or [] if t.offered]
+                offered += [(t, tool.name) for t in inner]
+            elif tool.offered:
+                offered.append((tool, None))
+        return offered
+
+    def functions(self) -> list[ToolDefinition]:
+        """The offered tools as the function definitions chat templates read."""
+        return [tool.as_function() for tool, _ in self.offered_tools()]
 
 
 def input_items(body: ResponsesBody) -> list[dict[str, Any]]:
