@@ -5,6 +5,7 @@ the protocol's shape, and a grammar that fails fails its own row only."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,15 +13,19 @@ from typing import Any
 
 import jsonschema
 import pytest
+import tokenizers
 from fastapi.testclient import TestClient
 
+from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.errors import RowsFailed
 from semantic.models.served import ServedModel
+from semantic.text.chat import ChatTemplate
 from semantic.text.grammar import GrammarStates
 from semantic.text.tokenizer import Tokenizer
 from tests.unit.fakes import fake_served, running, with_chatml
+from tests.unit.test_tool_calls_api import Server, serving
 from tests.unit.tiny_llama import tiny_llama
 
 # Few choices: the fake runner's walk through it ends in a handful of tokens.
@@ -39,6 +44,13 @@ def api(tiny_tokenizer: Tokenizer, tmp_path: Path) -> Iterator[TestClient]:
     served = with_chatml(fake_served(tiny_tokenizer, context=2048))
     with running(served, tmp_path, num_blocks=300) as (client, _, _):
         yield client
+
+
+@pytest.fixture
+def server(served: ServedModel, tmp_path: Path) -> Iterator[Server]:
+    """A scripted model (ChatML, so the default Hermes tool prompt)."""
+    with serving(served, tmp_path) as running_server:
+        yield running_server
 
 
 def chat(api: TestClient, **fields: Any) -> dict[str, Any]:
@@ -162,6 +174,103 @@ def test_a_required_strict_anthropic_tool_call_names_a_tool_and_has_valid_input(
     (call,) = [block for block in reply["content"] if block["type"] == "tool_use"]
     schema = WEATHER if call["name"] == "forecast" else VERDICT
     jsonschema.validate(call["input"], schema)
+
+
+# -- tool calls held to their schemas, over a scripted model that writes a bad call ----------
+
+FORECAST = {"name": "forecast", "description": "The forecast", "input_schema": WEATHER}
+BAD_ARGUMENTS = '{"unit": "K", "days": 7}}\n</tool_call>'  # neither value is in its enum
+BAD_CALL = 'I\'ll check.\n<tool_call>\n{"name": "forecast", "arguments": ' + BAD_ARGUMENTS
+
+
+def scripted_reply(server: Server, reply: str, **fields: Any) -> list[dict[str, Any]]:
+    """The content of an Anthropic answer to ASK, the model scripted to write `reply`."""
+    server.say(reply)
+    body = {"model": "m", "max_tokens": 200, "messages": ASK, "tools": [FORECAST], **fields}
+    response = server.client.post("/v1/messages", json=body)
+    assert response.status_code == 200, response.text
+    return list(response.json()["content"])
+
+
+def tool_inputs(content: list[dict[str, Any]]) -> list[Any]:
+    return [block["input"] for block in content if block["type"] == "tool_use"]
+
+
+def test_a_strict_tool_the_model_may_call_gets_arguments_that_match_its_schema(
+    server: Server,
+) -> None:
+    """tool_choice auto: the text before the call is the model's own, the call that it opens
+    is held to the schema."""
+    content = scripted_reply(server, BAD_CALL, tools=[FORECAST | {"strict": True}])
+    assert content[0] == {"type": "text", "text": "I'll check."}
+    (arguments,) = tool_inputs(content)
+    jsonschema.validate(arguments, WEATHER)
+
+
+def test_a_tool_that_is_not_strict_gets_the_arguments_the_model_wrote(server: Server) -> None:
+    """The control: without strict and without a forced call, nothing holds the call."""
+    content = scripted_reply(server, BAD_CALL)
+    assert tool_inputs(content) == [{"unit": "K", "days": 7}]
+
+
+def test_a_forced_call_follows_its_tools_schema_strict_or_not(server: Server) -> None:
+    named = {"type": "tool", "name": "forecast"}
+    for tool in (FORECAST, FORECAST | {"strict": True}):
+        content = scripted_reply(server, BAD_ARGUMENTS, tools=[tool], tool_choice=named)
+        (arguments,) = tool_inputs(content)
+        jsonschema.validate(arguments, WEATHER)
+
+
+def test_a_forced_call_may_be_followed_by_more_calls_unless_parallel_calls_are_off(
+    server: Server,
+) -> None:
+    """After a forced call, further calls are held too; `disable_parallel_tool_use` ends the
+    reply at the forced call."""
+    first = 'forecast", "arguments": ' + BAD_ARGUMENTS  # `any`: the model writes the name
+    two_calls = first + '\n<tool_call>\n{"name": "forecast", "arguments": ' + BAD_ARGUMENTS
+    any_tool: dict[str, Any] = {"type": "any"}
+    calls = tool_inputs(scripted_reply(server, two_calls, tool_choice=any_tool))
+    assert len(calls) == 2
+    for arguments in calls:
+        jsonschema.validate(arguments, WEATHER)
+    single = any_tool | {"disable_parallel_tool_use": True}
+    assert len(tool_inputs(scripted_reply(server, two_calls, tool_choice=single))) == 1
+
+
+def test_a_forced_call_of_a_tool_whose_schema_the_engine_cannot_take_is_any_object(
+    server: Server,
+) -> None:
+    """Not strict: the schema is a best effort, so the request is served (a strict tool with
+    this schema is a 400: the malformed-request tables)."""
+    odd = {"name": "forecast", "input_schema": BAD_SCHEMA}
+    named = {"type": "tool", "name": "forecast"}
+    content = scripted_reply(server, BAD_ARGUMENTS, tools=[odd], tool_choice=named)
+    assert tool_inputs(content) and all(isinstance(a, dict) for a in tool_inputs(content))
+
+
+def test_where_a_grammar_cannot_find_calls_in_free_text_only_forced_calls_are_held(
+    served: ServedModel, tiny_tokenizer_dir: Path
+) -> None:
+    """Llama 3 JSON tells a call by its place, and Mistral's `[TOOL_CALLS]` is a special token
+    (free text in a grammar holds none): a strict tool the model may call is not held there,
+    a forced call is (and the reply ends with it)."""
+    backend = tokenizers.Tokenizer.from_file(str(tiny_tokenizer_dir / "tokenizer.json"))
+    backend.add_special_tokens(["[TOOL_CALLS]"])
+    mistral_tokenizer = Tokenizer(
+        backend, bos_token=None, eos_token=None, eos_token_ids=(), add_bos=False
+    )
+    llama3 = ChatTemplate("{{ tools }}<|python_tag|>", bos_token=None, eos_token=None)
+    mistral = ChatTemplate("{{ tools }}[TOOL_CALLS]", bos_token=None, eos_token=None)
+    for model in (
+        dataclasses.replace(served, chat_template=llama3),
+        dataclasses.replace(served, tokenizer=mistral_tokenizer, chat_template=mistral),
+    ):
+        schemas = {"forecast": WEATHER}
+        auto = ToolUse(model, ["forecast"], ToolChoice(), schemas, ["forecast"])
+        assert auto.call_form() is None
+        forced = ToolUse(model, ["forecast"], ToolChoice("required"), schemas, ["forecast"])
+        form = forced.call_form()
+        assert form is not None and form.forced and form.trigger is None
 
 
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "no-such-type"}}}

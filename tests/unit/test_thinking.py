@@ -125,6 +125,29 @@ def test_a_thinking_turn_sent_back_renders_what_the_model_wrote(
     assert prompt_text(runner, qwen3, 1).startswith(prompt_text(runner, qwen3, 0) + reply)
 
 
+def test_a_strict_tool_holds_the_call_and_leaves_the_thinking_free(
+    scripted: tuple[TestClient, ScriptedRunner], qwen3: ServedModel
+) -> None:
+    """The grammar of a strict tool's calls starts at the call: the reasoning before it is the
+    model's own, thinking stays on, and the call's bad arguments are held to the schema."""
+    client, runner = scripted
+    bad_call = CALL.replace('{"city": "Paris"}', '{"town": 7}')
+    say(runner, qwen3, f"<think>\n{REASONING}\n</think>\n\n{bad_call}")
+    schema = {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    tools = [{"name": "lookup", "input_schema": schema, "strict": True}]
+    body = {"model": "c", "max_tokens": 200, "messages": ASK, "tools": tools}
+    content = client.post("/v1/messages", json=body).json()["content"]
+    assert [block["type"] for block in content] == ["thinking", "tool_use"]
+    assert content[0]["thinking"] == REASONING
+    assert content[1]["input"] in ({"city": "Paris"}, {"city": "Rome"})
+    assert not prompt_text(runner, qwen3).endswith("<think>\n\n</think>\n\n")
+
+
 def test_openai_chat_answers_with_reasoning_content(
     scripted: tuple[TestClient, ScriptedRunner], qwen3: ServedModel
 ) -> None:

@@ -348,10 +348,10 @@ def tool_use_of(model: ServedModel, body: PromptBody) -> tool_use.ToolUse:
     for index, tool in enumerate(tools):
         if tool.is_custom and tool.input_schema is None:
             raise InvalidRequest(f"tools.{index}.input_schema: Field required", param="tools")
-    callable_names = [tool.name for tool in tools if tool.input_schema is not None]
-    choice = _tool_choice(body.tool_choice, callable_names)
-    strict = {t.name: t.input_schema for t in tools if t.strict and t.input_schema is not None}
-    return tool_use.ToolUse(model, callable_names, choice, strict)
+    schemas = {tool.name: tool.input_schema for tool in tools if tool.input_schema is not None}
+    choice = _tool_choice(body.tool_choice, list(schemas))
+    strict = [tool.name for tool in tools if tool.strict]
+    return tool_use.ToolUse(model, list(schemas), choice, schemas, strict)
 
 
 def _tool_choice(choice: ToolChoice | None, names: list[str]) -> tool_use.ToolChoice:

@@ -9,6 +9,7 @@ The protocol modules read their own field into an `OutputFormat`; `output_gramma
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -92,17 +93,23 @@ class AnthropicFormat(_Body):
 def output_grammar(
     model: ServedModel, output: OutputFormat | None, tools: ToolUse | None = None
 ) -> Grammar | None:
-    """The grammar the answer must follow: a forced strict tool call's (the call is the whole
-    answer), else the asked format's; None for free text. A schema the grammar engine cannot
-    take is a 400 naming the field it came from."""
-    forced = tools.forced_call() if tools is not None else None
+    """The grammar the answer must follow: a forced tool call's (the answer starts with the
+    call), else the asked format's, else the one that holds strict tools' calls amid free
+    text (`ToolUse.call_form`); None for free text. A schema the grammar engine cannot take is
+    a 400 naming the field it came from."""
+    calls = tools.call_form() if tools is not None else None
+    asked = output if output is not None and output.kind != "text" else None
+    if calls is not None and (calls.forced or asked is None):
+        return _compiled(lambda: model.grammars.tool_calls(calls), "tools")
+    if asked is None:
+        return None
+    schema = asked.schema if asked.kind == "json_schema" else None
+    return _compiled(lambda: model.grammars.json_schema(schema), asked.param)
+
+
+def _compiled(compile_grammar: Callable[[], Grammar], param: str) -> Grammar:
+    """The grammar, or a 400 naming `param` for a schema the engine cannot take."""
     try:
-        if forced is not None:
-            return model.grammars.tool_call(*forced)
-        if output is None or output.kind == "text":
-            return None
-        schema = output.schema if output.kind == "json_schema" else None
-        return model.grammars.json_schema(schema)
+        return compile_grammar()
     except InvalidRequest as exc:
-        param = "tools" if forced is not None else (output.param if output else None)
         raise InvalidRequest(str(exc), param=param) from None

@@ -90,12 +90,12 @@ async def shape_reply(
     render: Render,
 ) -> tuple[list[int], Grammar | None]:
     """What every generation route does before it submits: compile the grammar the reply must
-    follow (structured output, or a forced call of strict tools), which turns thinking off;
-    render the prompt with the thinking switch and the reply's forced start; and set the
-    reply's reasoning parser on `tools`. Compiling and rendering run on worker threads.
-    Returns the prompt's token ids and the grammar."""
+    follow (structured output, or tool calls held to their schemas), which turns thinking off
+    unless it leaves free text around the calls; render the prompt with the thinking switch and
+    the reply's forced start; and set the reply's reasoning parser on `tools`. Compiling and
+    rendering run on worker threads. Returns the prompt's token ids and the grammar."""
     grammar = await asyncio.to_thread(output_grammar, model, output, tools)
-    thinking.constrained = grammar is not None
+    thinking.constrained = grammar is not None and not grammar.lazy
     reply_start = thinking.prefill + tools.prefill
     prompt_ids = await asyncio.to_thread(render, reply_start, thinking.template_vars)
     tools.think(thinking.parser(model, prompt_ids), thinking.hidden(model))

@@ -8,15 +8,17 @@ a `ToolUse`, append its `prefill` to the prompt, and frame the events `parse` yi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic_core import from_json
 
 from semantic.core import FinishReason, TokenEvent
 from semantic.models.served import ServedModel
-from semantic.text.reasoning import Piece, ReasoningParser
+from semantic.text.grammar import CallShape, ToolCallForm
+from semantic.text.reasoning import Piece, ReasoningParser, reasoning_format
+from semantic.text.reasoning import hidden_markers as reasoning_markers
 from semantic.text.tool_formats import hidden_markers, parser_for
 from semantic.text.tools import (
     ArgumentsDelta,
@@ -74,25 +76,29 @@ class ParsedCall:
 
 class ToolUse:
     """The tool side of one request. `parse` keeps its state: one `ToolUse` per response.
-    `strict` holds the schemas of the tools whose arguments must match them (`strict: true`):
-    a forced call of such tools is constrained by a grammar (`forced_call`)."""
+    `schemas` holds the tools' argument schemas by name, and `strict` names the tools whose
+    arguments must match theirs (`strict: true`): `call_form` says how a grammar holds the
+    calls to them."""
 
     def __init__(
         self,
         model: ServedModel,
         tools: Sequence[str],
         choice: ToolChoice,
-        strict: Mapping[str, dict[str, Any]] | None = None,
+        schemas: Mapping[str, dict[str, Any]] | None = None,
+        strict: Collection[str] = (),
     ) -> None:
         self.tools = tuple(tools)
         self.choice = choice
-        self.strict = dict(strict or {})
+        self.schemas = dict(schemas or {})
+        self.strict = frozenset(strict)
         self.active = bool(self.tools) and choice.mode != "none"
         self._format = parser_for(model.chat_template)
         self._hidden = hidden_markers(self._format, model.tokenizer)
         self._parser: ToolCallParser | PlainText = PlainText()
         self._cut_short = False  # the output ended inside a call
         self._reasoning: ReasoningParser | None = None
+        self._free_text_grammar = _free_text_grammar(self._format, model)
 
     def think(self, parser: ReasoningParser | None, hidden: Mapping[int, str]) -> None:
         """Tell the reply's reasoning from its answer with `parser` (a thinking model's), the
@@ -111,20 +117,41 @@ class ToolUse:
             return ""
         return self._format.opener(self.choice.name)
 
-    def forced_call(self) -> tuple[list[tuple[str, dict[str, Any]]], str] | None:
-        """A forced call of strict tools, as the grammar of its rest takes it: for each tool it
-        may call, what the model writes after the prefill up to the arguments (the name, unless
-        prefilled), with that tool's schema; and what closes the call. None when the call is not
-        forced, or a tool it may call is not strict."""
-        if not self.active or self.choice.mode != "required":
+    def call_form(self) -> ToolCallForm | None:
+        """How a grammar holds this reply's calls to their tools' schemas, where the client
+        asked for it. A forced call (`required`, or a named tool) follows its tool's schema
+        from the prefilled opener on, and so do the calls after it, when parallel calls are
+        allowed. With `auto` and a `strict` tool, every call the model opens does, the text
+        around them staying free. A schema binds for a strict tool; for another it is a best
+        effort. None when nothing is held: no tools, `none`, `auto` without a strict tool, or
+        `auto` in a format whose calls a grammar cannot find in free text."""
+        if not self.active:
             return None
-        names = [self.choice.name] if self.choice.name is not None else list(self.tools)
-        if not names or any(name not in self.strict for name in names):
+        forced = self.choice.mode == "required"
+        if not forced and not self.strict.intersection(self.tools):
             return None
-        prefill = self.prefill
-        leads = [self._format.opener(name).removeprefix(prefill) for name in names]
-        calls = [(lead, self.strict[name]) for lead, name in zip(leads, names, strict=True)]
-        return calls, self._format.CLOSER
+        single = forced and not self.choice.parallel  # the reply ends with its forced call
+        trigger = self._format.TRIGGER if self._free_text_grammar and not single else None
+        if not forced and trigger is None:
+            return None
+        form = ToolCallForm(self._format.CLOSER, trigger=trigger)
+        if forced:
+            names = [self.choice.name] if self.choice.name is not None else list(self.tools)
+            form = replace(form, forced=self._shapes(names, self.prefill))
+        if trigger is not None:
+            form = replace(form, later=self._shapes(self.tools, trigger))
+        return form
+
+    def _shapes(self, names: Sequence[str], written: str) -> tuple[CallShape, ...]:
+        """Each tool as a call of it is written after `written` (the prefill, or a trigger)."""
+        return tuple(
+            CallShape(
+                self._format.opener(name).removeprefix(written),
+                self.schemas.get(name) or {"type": "object"},
+                name in self.strict,
+            )
+            for name in names
+        )
 
     async def parse(
         self, events: AsyncIterator[TokenEvent], stop: Callable[[], None]
@@ -181,6 +208,16 @@ class ToolUse:
             return event.text
         markers = [self._hidden[token] for token in event.token_ids if token in self._hidden]
         return event.text + "".join(markers)
+
+
+def _free_text_grammar(fmt: type[ToolCallParser], model: ServedModel) -> bool:
+    """Whether a grammar can hold the calls a model opens amid free text: its format opens a
+    call with text (a trigger) that is no special token, and its reasoning, if it reasons,
+    has none either (free text in a grammar holds no special token but the end)."""
+    if fmt.TRIGGER is None or fmt.TRIGGER in hidden_markers(fmt, model.tokenizer).values():
+        return False
+    reasoning = reasoning_format(model.chat_template)
+    return reasoning is None or not reasoning_markers(reasoning, model.tokenizer)
 
 
 def _through_first_call(events: list[ReplyEvent]) -> list[ReplyEvent]:

@@ -1,5 +1,6 @@
-"""Structured output: JSON schemas (and the arguments of a forced tool call) compiled into
-grammars over the model's vocabulary, and each sequence's progress through its grammar.
+"""Structured output: JSON schemas (and tool calls' arguments: a forced call's, or those of the
+calls a reply opens amid free text) compiled into grammars over the model's vocabulary, and
+each sequence's progress through its grammar.
 
 Built on llguidance: it needs no precomputation per schema (a grammar is ready in well under a
 millisecond, then masks are computed as the parser goes, tens of microseconds a row), its
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -46,11 +47,13 @@ class GrammarViolation(ValueError):
 @dataclass(slots=True, frozen=True, eq=False)
 class Grammar:
     """A compiled grammar: what one request's output must follow. `description` names it in
-    errors and logs; a request holds it in its sampling parameters."""
+    errors and logs; a request holds it in its sampling parameters. `lazy`: it holds only the
+    tool calls the reply opens, and leaves the text around them (reasoning included) free."""
 
     description: str
     source: str  # llguidance's grammar text
     tokenizer: llguidance.LLTokenizer = field(repr=False)
+    lazy: bool = False
 
     def matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self)
@@ -97,27 +100,33 @@ class GrammarCompiler:
     def json_schema(self, schema: dict[str, Any] | None, name: str = "the JSON schema") -> Grammar:
         """Output that is one JSON value valid under `schema` (None: any JSON object)."""
         text = _canonical(_ANY_JSON_OBJECT if schema is None else schema)
-        return self._compiled(f"json:{text}", name, lambda: _json_grammar(text))
+        return self._compiled(f"json:{text}", name, lambda _: _json_grammar(text))
 
-    def tool_call(self, calls: Sequence[tuple[str, dict[str, Any]]], closer: str) -> Grammar:
-        """The rest of a forced tool call after its prefilled opener: for each allowed tool,
-        `lead` (what the opener leaves for the model to write before the arguments: nothing
-        when the name is prefilled) then arguments valid under its schema, then `closer`."""
-        key = "tool:" + _canonical([list(calls), closer])
-        return self._compiled(key, "the tool's input_schema", lambda: _tool_grammar(calls, closer))
+    def tool_calls(self, form: ToolCallForm) -> Grammar:
+        """A reply whose tool calls follow their tools' schemas (`ToolCallForm`)."""
+        key = "tools:" + _canonical(form.key())
+        return self._compiled(
+            key, "the tools' schemas", lambda v: _tool_grammar(form, v), lazy=not form.forced
+        )
 
-    def _compiled(self, key: str, description: str, build: Any) -> Grammar:
+    def _compiled(
+        self,
+        key: str,
+        description: str,
+        build: Callable[[llguidance.LLTokenizer], str],
+        lazy: bool = False,
+    ) -> Grammar:
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)
                 return cached
             vocabulary = self._vocabulary_locked()
-        source = build()
+        source = build(vocabulary)
         error = llguidance.LLMatcher.validate_grammar(source, vocabulary)
         if error:
             raise InvalidRequest(f"{description} is not supported: {error[:500]}")
-        grammar = Grammar(description, source, vocabulary)
+        grammar = Grammar(description, source, vocabulary, lazy)
         with self._lock:
             self._cache[key] = grammar
             while len(self._cache) > _CACHED_GRAMMARS:
@@ -145,15 +154,91 @@ def _json_grammar(schema_text: str) -> str:
         raise InvalidRequest(f"the JSON schema is not supported: {exc}") from None
 
 
-def _tool_grammar(calls: Sequence[tuple[str, dict[str, Any]]], closer: str) -> str:
-    """A Lark grammar: one alternative per tool, `lead`, `%json{schema}`, `closer`."""
-    rules = [
-        f"call_{i}: {_literal(lead)} args_{i} {_literal(closer)}\n"
-        f"args_{i}: %json {json.dumps({**schema, 'x-guidance': _JSON_OPTIONS})}"
-        for i, (lead, schema) in enumerate(calls)
-    ]
-    start = " | ".join(f"call_{i}" for i in range(len(calls)))
-    return llguidance.LLMatcher.grammar_from_lark(f"start: {start}\n" + "\n".join(rules))
+@dataclass(slots=True, frozen=True)
+class CallShape:
+    """One tool a call may name, as the grammar writes it: `lead` (what comes before the
+    arguments: the rest of the opener, with the tool's name), the arguments' `schema`, and
+    whether it binds (`strict`: a schema the engine cannot take is an error) or is a best
+    effort (keywords the engine lacks are ignored; a schema it cannot take at all allows any
+    object)."""
+
+    lead: str
+    schema: dict[str, Any]
+    strict: bool
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCallForm:
+    """How a reply's tool calls must be written. `forced`: the reply starts inside a call of
+    one of these tools (after its prefilled opener); empty when it starts as text. `trigger`
+    and `later`: the text that opens a call anywhere after that (in free text), and the tools
+    such a call may name; no trigger: nothing follows a forced call. `closer` ends a call."""
+
+    closer: str
+    forced: tuple[CallShape, ...] = ()
+    trigger: str | None = None
+    later: tuple[CallShape, ...] = ()
+
+    def key(self) -> list[Any]:
+        """The form as plain JSON values (what the compiler caches its grammar by)."""
+        groups = (self.forced, self.later)
+        shapes = [[[s.lead, s.schema, s.strict] for s in group] for group in groups]
+        return [self.closer, self.trigger, *shapes]
+
+
+def _tool_grammar(form: ToolCallForm, vocabulary: llguidance.LLTokenizer) -> str:
+    """A Lark grammar: a forced call (one alternative per tool: its lead, `%json{schema}`, the
+    closer), then, past a trigger, calls anywhere in free text (a lazy lexeme: any text up to
+    the trigger's first appearance)."""
+    rules: list[str] = []
+    start: list[str] = []
+    if form.forced:
+        start.append(_alternatives(rules, "first", form.forced, form.closer, vocabulary))
+    if form.trigger is not None:
+        called = _alternatives(rules, "later", form.later, form.closer, vocabulary)
+        rules += [
+            "TEXT: /(.|\\n)*/",
+            f"opened[lazy]: TEXT {_literal(form.trigger)}",
+            f"call: opened {called}",
+        ]
+        start.append("call* TEXT")
+    lark = f"start: {' '.join(start)}\n" + "\n".join(rules)
+    return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def _alternatives(
+    rules: list[str],
+    name: str,
+    shapes: Sequence[CallShape],
+    closer: str,
+    vocabulary: llguidance.LLTokenizer,
+) -> str:
+    """Adds a rule per shape (its lead, its arguments, the closer) to `rules`; returns the rule
+    that is any one of them."""
+    for i, shape in enumerate(shapes):
+        schema = json.dumps(_arguments_schema(shape, vocabulary))
+        rules.append(f"{name}_{i}: {_literal(shape.lead)} {name}_args_{i} {_literal(closer)}")
+        rules.append(f"{name}_args_{i}: %json {schema}")
+    rules.append(f"{name}: " + " | ".join(f"{name}_{i}" for i in range(len(shapes))))
+    return name
+
+
+def _arguments_schema(shape: CallShape, vocabulary: llguidance.LLTokenizer) -> dict[str, Any]:
+    """A shape's schema with our JSON options; a best-effort one is lenient, and when even so
+    the engine cannot take it, any object."""
+    if shape.strict:
+        return {**shape.schema, "x-guidance": _JSON_OPTIONS}
+    lenient = {**shape.schema, "x-guidance": {**_JSON_OPTIONS, "lenient": True}}
+    lark = f"start: %json {json.dumps(lenient)}"
+    try:
+        error = llguidance.LLMatcher.validate_grammar(
+            llguidance.LLMatcher.grammar_from_lark(lark), vocabulary
+        )
+    except ValueError as exc:
+        error = str(exc)
+    if error:
+        return {**_ANY_JSON_OBJECT, "x-guidance": _JSON_OPTIONS}
+    return lenient
 
 
 def _literal(text: str) -> str:

@@ -28,6 +28,7 @@ class HermesParser(ToolCallParser):
 
     MARKERS = ("<tool_call>", "</tool_call>")
     CLOSER = "}\n</tool_call>"
+    TRIGGER = "<tool_call>"
 
     @classmethod
     def opener(cls, name: str | None) -> str:
@@ -74,6 +75,7 @@ class MistralParser(ToolCallParser):
 
     MARKERS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
     CLOSER = "}]"
+    TRIGGER = "[TOOL_CALLS]"
 
     def __init__(self, tools: Iterable[str]) -> None:
         super().__init__(tools)
