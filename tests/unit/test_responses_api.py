@@ -13,6 +13,9 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
+from semantic.api.responses_output import item_id
+from semantic.api.responses_store import ResponseStore, StoredResponse
+from semantic.errors import NotFound
 from semantic.models.served import ServedModel
 from semantic.text.tokenizer import Tokenizer
 from tests.scripted_runner import ScriptedRunner
@@ -120,13 +123,33 @@ def test_a_stored_response_can_be_read_listed_and_deleted(api: TestClient) -> No
         client.responses.retrieve(created.id)
 
 
+def test_input_items_page_through_the_sdks_pagination(api: TestClient) -> None:
+    """Five input items, two a page: the SDK's auto-pagination (`after` the last id) reads
+    them all once, newest first by default."""
+    client = sdk(api)
+    items = [{"role": "user", "content": f"message {n}"} for n in range(5)]
+    created = client.responses.create(model="m", input=items, max_output_tokens=4)  # type: ignore[arg-type]
+    page = client.responses.input_items.list(created.id, limit=2)
+    assert page.has_more and len(page.data) == 2
+    texts = [item.content[0].text for item in page]  # type: ignore[union-attr]
+    assert texts == [f"message {n}" for n in (4, 3, 2, 1, 0)]
+    last = client.responses.input_items.list(created.id, limit=2, after=page.data[1].id)
+    assert len(last.data) == 2 and last.has_more
+    ascending = client.responses.input_items.list(created.id, order="asc", limit=100)
+    assert [item.content[0].text for item in ascending.data] == texts[::-1]  # type: ignore[union-attr]
+    assert not ascending.has_more
+
+
 def test_an_unstored_response_cannot_be_continued(api: TestClient) -> None:
     client = sdk(api)
     unstored = client.responses.create(model="m", input="Hi", store=False, max_output_tokens=4)
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(
             model="m", input="More", previous_response_id=unstored.id, max_output_tokens=4
         )
+    # OpenAI's answer, which clients (Codex) recover from by sending the whole history
+    assert refused.value.code == "previous_response_not_found"
+    assert refused.value.body["param"] == "previous_response_id"  # type: ignore[index]
 
 
 def test_chains_survive_a_restart(served: ServedModel, tmp_path: Path) -> None:
@@ -336,39 +359,6 @@ def test_a_later_codex_turn_with_its_history_streams_and_names_its_agent(
     assert agent_ids(api) == ["0199a3f0-codex-conversation"]
 
 
-@pytest.mark.parametrize(
-    ("body", "param"),
-    [
-        ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
-        ({"input": [{"type": "message", "role": "user", "content": 5}]}, "input[0].content"),
-        (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-            "input[0].content[0]",
-        ),
-        ({"input": [{"type": "function_call", "name": "f"}]}, "input[0]"),
-        (
-            {"input": [{"type": "function_call", "name": "f", "call_id": "c", "arguments": "{"}]},
-            "input[0].arguments",
-        ),
-        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
-        ({"input": "x", "previous_response_id": "resp_nope"}, None),
-        ({"input": "x", "max_output_tokens": 0}, None),
-        ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
-        ({"input": "x", "tool_choice": {"type": "function", "name": "absent"}}, "tool_choice"),
-        ({"input": 5}, None),
-    ],
-)
-def test_malformed_responses_requests_get_an_openai_4xx(
-    api: TestClient, body: dict[str, Any], param: str | None
-) -> None:
-    response = api.post("/v1/responses", json={"model": "m", **body})
-    assert 400 <= response.status_code < 500, response.text
-    error = response.json()["error"]
-    assert error["type"] in ("invalid_request_error", "not_found_error")
-    if param is not None:
-        assert error["param"] == param
-
-
 def test_another_keys_response_is_not_found(served: ServedModel, tmp_path: Path) -> None:
     keys = ["key-alice", "key-bob"]
     with running(served, tmp_path, num_blocks=600, api_key=keys) as (client, _, _):
@@ -379,6 +369,34 @@ def test_another_keys_response_is_not_found(served: ServedModel, tmp_path: Path)
         mine = alice.responses.create(model="m", input="Hi", max_output_tokens=4)
         with pytest.raises(openai.NotFoundError):
             bob.responses.retrieve(mine.id)
-        with pytest.raises(openai.NotFoundError):
+        with pytest.raises(openai.BadRequestError) as refused:
             bob.responses.create(model="m", input="x", previous_response_id=mine.id)
+        assert refused.value.code == "previous_response_not_found"
         assert alice.responses.retrieve(mine.id).id == mine.id
+
+
+# -- the store -------------------------------------------------------------------------------
+
+
+def stored(text: str) -> StoredResponse:
+    response = {"id": item_id("resp"), "previous_response_id": None, "output": []}
+    return StoredResponse(response, [], [{"role": "user", "content": text}], None, None)
+
+
+def test_the_store_keeps_the_newest_within_its_count_and_its_bytes(tmp_path: Path) -> None:
+    """Client text is hostile: the oldest responses go once the count or the bytes pass their
+    bounds, also as a restarted store counts what the folder holds."""
+    store = ResponseStore(tmp_path, max_responses=3)
+    records = [stored(f"message {n}") for n in range(5)]
+    for record in records:
+        store.save(record)
+    kept = sorted(path.stem for path in tmp_path.glob("resp_*.json"))
+    assert kept == sorted(record.id for record in records[2:])
+    size = (tmp_path / f"{records[-1].id}.json").stat().st_size
+    restarted = ResponseStore(tmp_path, max_responses=100, max_bytes=int(3.5 * size))
+    big = stored("x" * size)  # about two of the others
+    restarted.save(big)
+    assert sorted(p.stem for p in tmp_path.glob("resp_*.json")) == sorted([records[4].id, big.id])
+    with pytest.raises(NotFound):
+        restarted.load(records[2].id, None)
+    assert restarted.load(big.id, None).messages == big.messages

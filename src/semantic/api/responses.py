@@ -54,7 +54,7 @@ from semantic.api.thinking import Thinking, shape_reply
 from semantic.api.tool_use import ReplyEvent, ToolUse
 from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
-from semantic.errors import InvalidRequest
+from semantic.errors import InvalidRequest, NotFound, PreviousResponseNotFound
 from semantic.models.served import ServedModel
 from semantic.text.grammar import Grammar
 from semantic.text.reasoning import ThinkingSwitch
@@ -233,7 +233,7 @@ async def create_response(request: Request) -> Response:
     owner, store = key_id_of(request), store_of(request)
     chain: list[StoredResponse] = []
     if body.previous_response_id is not None:
-        chain = await asyncio.to_thread(store.chain, body.previous_response_id, owner)
+        chain = await _chain(store, body.previous_response_id, owner)
     items = input_items(body)
     new_messages = template_messages(items)
     history = sum(len(stored.messages) for stored in chain)
@@ -274,6 +274,15 @@ async def create_response(request: Request) -> Response:
         return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat))
     answer = await unless_disconnected(request, _collect(reply, parsed, offered, record))
     return JSONResponse(answer)
+
+
+async def _chain(store: ResponseStore, last_id: str, owner: str | None) -> list[StoredResponse]:
+    """The stored chain a request continues; OpenAI's 400 when a response of it is gone (or
+    is another key's)."""
+    try:
+        return await asyncio.to_thread(store.chain, last_id, owner)
+    except NotFound:
+        raise PreviousResponseNotFound(last_id) from None
 
 
 def _sampling(body: ResponsesBody, max_tokens: int, grammar: Grammar | None) -> SamplingParams:

@@ -1,8 +1,9 @@
 """Stored responses of the Responses API (`store: true`): one JSON file per response under
 `<cache_dir>/responses/`, written atomically, so `previous_response_id` still finds its chain
 after a restart. A response belongs to the API key that made it (none without keys): another
-key neither reads, continues nor deletes it. The oldest go once more than `max_responses` are
-kept. Blocking file I/O: the routes call it on worker threads.
+key neither reads, continues nor deletes it. The oldest go once more than `max_responses`, or
+more than `max_bytes` in all, are kept (a client's text is hostile: stored responses must not
+fill the disk). Blocking file I/O: the routes call it on worker threads.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,20 +47,33 @@ class StoredResponse:
 
 
 class ResponseStore:
-    def __init__(self, root: Path, max_responses: int = 10_000) -> None:
+    def __init__(
+        self, root: Path, max_responses: int = 10_000, max_bytes: int = 1024 * 2**20
+    ) -> None:
         self.root = root
         self.max_responses = max_responses
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._order: list[str] | None = None  # ids, oldest first (read on first use)
+        # Each kept response's file size by id, oldest first (read from the folder on first use).
+        self._kept: OrderedDict[str, int] | None = None
+        self._bytes = 0
 
     def save(self, record: StoredResponse) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({"format": FORMAT, **asdict(record)}, ensure_ascii=False)
-        write_durably(self._path(record.id), data.encode())
         with self._lock:
-            order = self._known()
-            order.append(record.id)
-            dropped, order[:] = order[: -self.max_responses], order[-self.max_responses :]
+            kept = self._known()  # before this one's file is there: it is counted below
+        self.root.mkdir(parents=True, exist_ok=True)
+        data = json.dumps({"format": FORMAT, **asdict(record)}, ensure_ascii=False).encode()
+        write_durably(self._path(record.id), data)
+        dropped = []
+        with self._lock:
+            kept[record.id] = len(data)
+            self._bytes += len(data)
+            while len(kept) > 1 and (
+                len(kept) > self.max_responses or self._bytes > self.max_bytes
+            ):
+                oldest, size = kept.popitem(last=False)
+                self._bytes -= size
+                dropped.append(oldest)
         for response_id in dropped:
             unlink_quietly(self._path(response_id))
 
@@ -82,9 +97,7 @@ class ResponseStore:
         self.load(response_id, owner)
         unlink_quietly(self._path(response_id))
         with self._lock:
-            order = self._known()
-            if response_id in order:
-                order.remove(response_id)
+            self._bytes -= self._known().pop(response_id, 0)
 
     def chain(self, last_id: str, owner: str | None) -> list[StoredResponse]:
         """The responses from the start of `last_id`'s chain to it, oldest first."""
@@ -103,18 +116,22 @@ class ResponseStore:
     def _path(self, response_id: str) -> Path:
         return self.root / f"{response_id}.json"
 
-    def _known(self) -> list[str]:
-        if self._order is None:
-            files = sorted(self.root.glob("resp_*.json"), key=_mtime) if self.root.is_dir() else []
-            self._order = [f.stem for f in files if _ID.fullmatch(f.stem)]
-        return self._order
+    def _known(self) -> OrderedDict[str, int]:
+        if self._kept is None:
+            found = self.root.glob("resp_*.json") if self.root.is_dir() else []
+            stats = sorted((_stat(f), f.stem) for f in found if _ID.fullmatch(f.stem))
+            self._kept = OrderedDict((stem, size) for (_, size), stem in stats)
+            self._bytes = sum(self._kept.values())
+        return self._kept
 
 
-def _mtime(path: Path) -> float:
+def _stat(path: Path) -> tuple[float, int]:
+    """(modified time, size) of a stored response's file; a file gone meanwhile is (0, 0)."""
     try:
-        return path.stat().st_mtime
+        stat = path.stat()
     except OSError:
-        return 0.0
+        return 0.0, 0
+    return stat.st_mtime, stat.st_size
 
 
 def _not_found(response_id: str) -> NotFound:
