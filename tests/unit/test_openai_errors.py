@@ -406,7 +406,7 @@ MALFORMED: list[tuple[str, str, Body, dict[str, str], int, str | None]] = [
         response(input=[{"role": "robot", "content": "Hi"}]),
         {},
         400,
-        "input[0].role",
+        "input.0.role",
     ),
     (
         "responses: an image part",
@@ -414,7 +414,7 @@ MALFORMED: list[tuple[str, str, Body, dict[str, str], int, str | None]] = [
         response(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
         {},
         400,
-        "input[0].content[0]",
+        "input.0.content.0",
     ),
     (
         "responses: call arguments are not JSON",
@@ -422,7 +422,7 @@ MALFORMED: list[tuple[str, str, Body, dict[str, str], int, str | None]] = [
         response(input=[{"type": "function_call", "name": "f", "call_id": "c", "arguments": "{"}]),
         {},
         400,
-        "input[0].arguments",
+        "input.0.arguments",
     ),
     (
         "responses: a tool output without call_id",
@@ -430,15 +430,90 @@ MALFORMED: list[tuple[str, str, Body, dict[str, str], int, str | None]] = [
         response(input=[{"type": "function_call_output", "output": "x"}]),
         {},
         400,
-        "input[0].call_id",
+        "input.0.call_id",
+    ),
+    (
+        "responses: a content that is a number",
+        RESPONSES,
+        response(input=[{"type": "message", "role": "user", "content": 5}]),
+        {},
+        400,
+        "input.0.content",
+    ),
+    (
+        "responses: a call without its call_id",
+        RESPONSES,
+        response(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]),
+        {},
+        400,
+        "input.0",
     ),
     (
         "responses: previous_response_id unknown",
         RESPONSES,
         response(previous_response_id="resp_" + "0" * 32),
         {},
-        404,
-        None,
+        400,
+        "previous_response_id",
+    ),
+    (
+        "responses: previous_response_id is not an id",
+        RESPONSES,
+        response(previous_response_id="../../etc/passwd"),
+        {},
+        400,
+        "previous_response_id",
+    ),
+    (
+        "responses: previous_response_id is too long",
+        RESPONSES,
+        response(previous_response_id="resp_" + "0" * 100),
+        {},
+        400,
+        "previous_response_id",
+    ),
+    (
+        "responses: an unknown reasoning effort type",
+        RESPONSES,
+        response(reasoning={"effort": 3}),
+        {},
+        400,
+        "reasoning.effort",
+    ),
+    (
+        "responses: text.format type is unknown",
+        RESPONSES,
+        response(text={"format": {"type": "xml"}}),
+        {},
+        400,
+        "text.format.type",
+    ),
+    (
+        "responses: a strict tool's schema the engine cannot take",
+        RESPONSES,
+        response(
+            tools=[{"type": "function", "name": "f", "strict": True, "parameters": {"type": "x"}}],
+            tool_choice="required",
+        ),
+        {},
+        400,
+        "tools",
+    ),
+    (
+        "responses: an image part in a tool output",
+        RESPONSES,
+        response(
+            input=[
+                {
+                    "type": "function_call_output",
+                    "call_id": "c",
+                    "output": [{"type": "input_image", "image_url": "x"}],
+                }
+            ]
+        ),
+        {},
+        400,
+        "input.0.output.0",
     ),
     ("responses: store is a string", RESPONSES, response(store="yes"), {}, 400, "store"),
     (
@@ -531,6 +606,32 @@ def test_a_malformed_request_gets_a_4xx_in_openais_shape(
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     kind = "invalid_request_error" if status == 400 else None
     error = assert_openai_error(api.post(path, content=raw, headers=headers), status, kind)
+    assert error["param"] == param
+
+
+STORED_ROUTES: list[tuple[str, str, str, int, str | None]] = [
+    ("an unknown response", "GET", "/v1/responses/resp_" + "0" * 32, 404, None),
+    ("a response id that is a path", "GET", "/v1/responses/..%2F..%2Fetc", 404, None),
+    ("delete an unknown response", "DELETE", "/v1/responses/resp_" + "1" * 32, 404, None),
+    ("input_items of an unknown one", "GET", "/v1/responses/resp_x/input_items", 404, None),
+    ("a limit of 0", "GET", "{stored}/input_items?limit=0", 400, "limit"),
+    ("a limit past 100", "GET", "{stored}/input_items?limit=101", 400, "limit"),
+    ("a limit that is no number", "GET", "{stored}/input_items?limit=ten", 400, "limit"),
+    ("an unknown order", "GET", "{stored}/input_items?order=sideways", 400, "order"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "param"),
+    [pytest.param(*row[1:], id=row[0]) for row in STORED_ROUTES],
+)
+def test_a_bad_stored_response_route_gets_a_4xx_in_openais_shape(
+    api: TestClient, method: str, path: str, status: int, param: str | None
+) -> None:
+    stored = api.post(RESPONSES, json=GOOD_RESPONSE).json()["id"]
+    path = path.format(stored=f"/v1/responses/{stored}")
+    kind = "invalid_request_error" if status == 400 else None
+    error = assert_openai_error(api.request(method, path), status, kind)
     assert error["param"] == param
 
 

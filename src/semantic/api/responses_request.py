@@ -137,7 +137,7 @@ def template_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     reasoning: list[str] = []
     for index, item in enumerate(items):
         if not isinstance(item, dict):
-            raise InvalidRequest(f"input[{index}] must be an object", param=f"input[{index}]")
+            raise InvalidRequest(f"input.{index} must be an object", param=f"input.{index}")
         kind = item.get("type", "message")
         if kind == "message":
             _add(rendered, _message(item, index), reasoning)
@@ -176,8 +176,8 @@ def _message(item: dict[str, Any], index: int) -> dict[str, Any]:
     role = item.get("role")
     if role not in _ROLES:
         raise InvalidRequest(
-            f"input[{index}].role must be one of user, assistant, system, developer",
-            param=f"input[{index}].role",
+            f"input.{index}.role must be one of user, assistant, system, developer",
+            param=f"input.{index}.role",
         )
     return {"role": _ROLES[role], "content": _content_text(item.get("content"), index)}
 
@@ -185,17 +185,19 @@ def _message(item: dict[str, Any], index: int) -> dict[str, Any]:
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
 
-def _content_text(content: Any, index: int) -> str:
+def _content_text(content: Any, index: int, field: str = "content") -> str:
+    """The text of item `index`'s `field` (a message's content, a tool's output): a string,
+    or text parts."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise InvalidRequest(
-            f"input[{index}].content must be a string or a list of parts",
-            param=f"input[{index}].content",
+            f"input.{index}.{field} must be a string or a list of parts",
+            param=f"input.{index}.{field}",
         )
     texts = []
     for part_index, part in enumerate(content):
-        where = f"input[{index}].content[{part_index}]"
+        where = f"input.{index}.{field}.{part_index}"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
             texts.append(part["text"])
@@ -215,26 +217,26 @@ def _call(item: dict[str, Any], index: int) -> dict[str, Any]:
     name, call_id = item.get("name"), item.get("call_id")
     if not isinstance(name, str) or not isinstance(call_id, str):
         raise InvalidRequest(
-            f"input[{index}]: a {item.get('type')} needs a name and a call_id",
-            param=f"input[{index}]",
+            f"input.{index}: a {item.get('type')} needs a name and a call_id",
+            param=f"input.{index}",
         )
     if item.get("type") == "custom_tool_call":
         return template_tool_call(call_id, name, {"input": str(item.get("input", ""))})
     arguments = item.get("arguments")
     if not isinstance(arguments, str):
         raise InvalidRequest(
-            f"input[{index}].arguments must be a JSON string", param=f"input[{index}].arguments"
+            f"input.{index}.arguments must be a JSON string", param=f"input.{index}.arguments"
         )
     try:
         parsed = client_json.loads(arguments or "{}")
     except client_json.NotJson as exc:
         raise InvalidRequest(
-            f"input[{index}].arguments: the JSON string {exc}", param=f"input[{index}].arguments"
+            f"input.{index}.arguments: the JSON string {exc}", param=f"input.{index}.arguments"
         ) from None
     if not isinstance(parsed, dict):
         raise InvalidRequest(
-            f"input[{index}].arguments must encode a JSON object",
-            param=f"input[{index}].arguments",
+            f"input.{index}.arguments must encode a JSON object",
+            param=f"input.{index}.arguments",
         )
     return template_tool_call(call_id, name, parsed)
 
@@ -243,9 +245,9 @@ def _output(item: dict[str, Any], index: int) -> dict[str, Any]:
     call_id, output = item.get("call_id"), item.get("output")
     if not isinstance(call_id, str):
         raise InvalidRequest(
-            f"input[{index}]: a tool output needs its call_id", param=f"input[{index}].call_id"
+            f"input.{index}: a tool output needs its call_id", param=f"input.{index}.call_id"
         )
-    text = output if isinstance(output, str) else _content_text(output or [], index)
+    text = output if isinstance(output, str) else _content_text(output or [], index, "output")
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
