@@ -123,6 +123,10 @@ def test_a_stored_response_can_be_read_listed_and_deleted(api: TestClient) -> No
         client.responses.retrieve(created.id)
 
 
+def first_text(item: Any) -> str:
+    return str(item.content[0].text)
+
+
 def test_input_items_page_through_the_sdks_pagination(api: TestClient) -> None:
     """Five input items, two a page: the SDK's auto-pagination (`after` the last id) reads
     them all once, newest first by default."""
@@ -131,12 +135,12 @@ def test_input_items_page_through_the_sdks_pagination(api: TestClient) -> None:
     created = client.responses.create(model="m", input=items, max_output_tokens=4)  # type: ignore[arg-type]
     page = client.responses.input_items.list(created.id, limit=2)
     assert page.has_more and len(page.data) == 2
-    texts = [item.content[0].text for item in page]  # type: ignore[union-attr]
+    texts = [first_text(item) for item in page]
     assert texts == [f"message {n}" for n in (4, 3, 2, 1, 0)]
     last = client.responses.input_items.list(created.id, limit=2, after=page.data[1].id)
     assert len(last.data) == 2 and last.has_more
     ascending = client.responses.input_items.list(created.id, order="asc", limit=100)
-    assert [item.content[0].text for item in ascending.data] == texts[::-1]  # type: ignore[union-attr]
+    assert [first_text(item) for item in ascending.data] == texts[::-1]
     assert not ascending.has_more
 
 
@@ -379,7 +383,7 @@ def test_another_keys_response_is_not_found(served: ServedModel, tmp_path: Path)
 
 
 def stored(text: str) -> StoredResponse:
-    response = {"id": item_id("resp"), "previous_response_id": None, "output": []}
+    response: dict[str, Any] = {"id": item_id("resp"), "previous_response_id": None}
     return StoredResponse(response, [], [{"role": "user", "content": text}], None, None)
 
 
