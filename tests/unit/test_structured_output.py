@@ -306,6 +306,21 @@ def test_a_schema_is_compiled_once_and_cached(served: ServedModel) -> None:
     assert again is first
 
 
+def test_each_sequences_matcher_is_a_copy_that_leaves_the_grammars_start_alone(
+    served: ServedModel,
+) -> None:
+    """Matchers are copied from the one the compiler built (never built on the engine thread):
+    one sequence's progress moves neither its grammar's start nor another sequence's."""
+    grammar = served.grammars.json_schema({"type": "boolean"})
+    first, second = grammar.matcher(), grammar.matcher()
+    for token in served.tokenizer.encode("true"):
+        first.accept(token)
+    assert first.consumed > 0 and second.consumed == 0
+    assert grammar.start.is_accepting() is False and first._matcher.is_accepting()
+    for token in served.tokenizer.encode("false"):
+        second.accept(token)  # from the start: "false" is still open to it
+
+
 # -- the torch sampler ---------------------------------------------------------------------
 
 
