@@ -17,11 +17,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
-from semantic.backends.torch.runner import TorchRunner
+from semantic.cli import build_engine
 from semantic.config import Settings
-from semantic.engine.engine import Engine
-from semantic.models.checkpoint import load_checkpoint
-from semantic.models.served import ServedModel
 from tests.structured_schemas import SCHEMAS
 
 pytestmark = pytest.mark.integration
@@ -31,28 +28,17 @@ MAX_TOKENS = 160  # every schema's longest answer fits
 
 @pytest.fixture(scope="module")
 def app(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
-    checkpoint = load_checkpoint(smollm2_path, progress=False)
-    runner = TorchRunner(
-        checkpoint.config,
-        checkpoint.weights(),
-        block_tokens=16,
-        cache_budget_mb=128,
-        dtype="auto",
-        device="cpu",
-    )
-    served = ServedModel(
-        "smollm2-135m",
-        checkpoint.config,
-        checkpoint.tokenizer,
-        checkpoint.chat_template,
-        checkpoint.config.max_position_embeddings,
-        checkpoint.fingerprint,
-    )
+    """SmolLM2 as `semantic serve` loads it, on the CPU (`smollm2_path`: skipped without it)."""
     settings = Settings(
-        cache_dir=tmp_path_factory.mktemp("cache"), batch_window_ms=50, max_running=32
+        model=str(smollm2_path),
+        device="cpu",
+        cache_dir=tmp_path_factory.mktemp("cache"),
+        cache_budget_mb=128,
+        block_tokens=16,
+        batch_window_ms=50,
+        max_running=32,
     )
-    engine = Engine(runner, served, settings)
-    app = create_app(engine, settings)
+    app = create_app(build_engine(settings), settings)
     with TestClient(app):  # runs the lifespan: the engine thread
         yield app
 
