@@ -70,6 +70,13 @@ class Settings(BaseSettings):
         description="A client that takes none of its response for this long is cut off: its "
         "request is aborted (its cache kept) and the connection closed.",
     )
+    keep_alive_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="A stream silent this long (a long prompt being prefilled) gets its "
+        "protocol's heartbeat: Anthropic's ping event, an SSE comment in the OpenAI APIs.",
+    )
     max_connections: int = Field(
         512,
         ge=1,
@@ -329,6 +336,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "config",
         "shutdown_timeout_s",
         "send_timeout_s",
+        "keep_alive_s",
         "max_connections",
     ),
     "security": (

@@ -10,6 +10,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 # Agent ids name files on disk later: letters, digits, '-', '_', '.', never a leading dot.
 AGENT_ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
@@ -131,6 +132,17 @@ def _layer_groups(num_layers: int, layer_windows: tuple[int | None, ...]) -> tup
     )
 
 
+class OutputGrammar(Protocol):
+    """What a request's output must follow (structured output): a grammar compiled by
+    text/grammar.py. The engine passes it through untouched; the runner makes one matcher of
+    it per sequence."""
+
+    @property
+    def description(self) -> str: ...
+
+    def matcher(self) -> Any: ...
+
+
 # Below this temperature a draw is greedy. Dividing logits by less overflows float32 (1e-300
 # makes every probability NaN), and a draw at this temperature is all but the argmax anyway.
 GREEDY_BELOW_TEMPERATURE = 1e-5
@@ -139,7 +151,8 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     """How to pick each next token and when to stop. `top_k == 0` and `top_p == 1.0` mean off;
-    a temperature of 0 (or below `GREEDY_BELOW_TEMPERATURE`) means greedy."""
+    a temperature of 0 (or below `GREEDY_BELOW_TEMPERATURE`) means greedy. `grammar`, when set,
+    is what the output must follow (structured output): the runner masks every other token."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -150,6 +163,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    grammar: OutputGrammar | None = None
 
     @property
     def greedy(self) -> bool:

@@ -21,6 +21,17 @@ class InvalidRequest(SemanticError):
         self.param = param
 
 
+class PreviousResponseNotFound(InvalidRequest):
+    """A Responses request continues a stored response that is not there (400, as OpenAI
+    answers it: the code `previous_response_not_found`, which clients recover from)."""
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(
+            f"Previous response with id {response_id[:80]!r} not found.",
+            param="previous_response_id",
+        )
+
+
 class ContextOverflow(InvalidRequest):
     """The prompt plus requested output does not fit the model's context (400). `param` is the
     field that holds the prompt; `blame`, when given, the field the client should change

@@ -293,8 +293,7 @@ def test_claude_code_side_requests_without_tools_do_not_become_the_session(
 def test_pings_keep_a_slow_prefill_alive(
     chat_served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(messages_api, "KEEP_ALIVE_S", 0.02)
-    with running(chat_served, tmp_path) as (client, _, runner):
+    with running(chat_served, tmp_path, keep_alive_s=0.02) as (client, _, runner):
         run = runner.run
 
         def slow(batch: Batch) -> list[int | None]:

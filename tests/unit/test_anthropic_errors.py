@@ -121,6 +121,58 @@ MALFORMED: list[tuple[str, Body, dict[str, str], tuple[int, str]]] = [
     ("tool_choice is a string", with_(tool_choice="auto"), {}, BAD_REQUEST),
     ("tool_choice has no type", with_(tool_choice={"name": "f"}), {}, BAD_REQUEST),
     ("thinking is a string", with_(thinking="on"), {}, BAD_REQUEST),
+    (
+        "thinking.budget_tokens is a string",
+        with_(thinking={"type": "enabled", "budget_tokens": "lots"}),
+        {},
+        BAD_REQUEST,
+    ),
+    (
+        "thinking.budget_tokens is a float",
+        with_(thinking={"type": "enabled", "budget_tokens": 1024.5}),
+        {},
+        BAD_REQUEST,
+    ),
+    (
+        "thinking.display is unknown",
+        with_(thinking={"type": "adaptive", "display": "loud"}),
+        {},
+        BAD_REQUEST,
+    ),
+    (
+        "an image block to a text-only model",
+        blocks(
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iV"}}
+        ),
+        {},
+        BAD_REQUEST,
+    ),
+    ("an image block without its data", blocks({"type": "image"}), {}, BAD_REQUEST),
+    ("output_config.effort is a number", with_(output_config={"effort": 3}), {}, BAD_REQUEST),
+    (
+        "output_config.format has no schema",
+        with_(output_config={"format": {"type": "json_schema"}}),
+        {},
+        BAD_REQUEST,
+    ),
+    (
+        "output_config.format type is unknown",
+        with_(output_config={"format": {"type": "xml", "schema": {}}}),
+        {},
+        BAD_REQUEST,
+    ),
+    (
+        "output_config.format schema the engine cannot take",
+        with_(output_config={"format": {"type": "json_schema", "schema": {"type": "nope"}}}),
+        {},
+        BAD_REQUEST,
+    ),
+    (
+        "a tool's strict is a string",
+        with_(tools=[{"name": "f", "input_schema": {}, "strict": "yes"}]),
+        {},
+        BAD_REQUEST,
+    ),
     ("x-session-id is a path", GOOD, {"x-session-id": "../../etc/passwd"}, BAD_REQUEST),
     ("x-session-id is too long", GOOD, {"x-session-id": "a" * 200}, BAD_REQUEST),
     (
@@ -188,8 +240,19 @@ def test_a_validation_error_names_the_field_that_is_wrong(api: TestClient) -> No
 
 @pytest.mark.parametrize(
     "body",
-    [{"model": "m"}, {"messages": [{"role": "user", "content": "hi"}]}, b"nope", b"[1]"],
-    ids=["no messages", "no model", "not JSON", "not an object"],
+    [
+        {"model": "m"},
+        {"messages": [{"role": "user", "content": "hi"}]},
+        b"nope",
+        b"[1]",
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "image"}]}]},
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "enabled", "budget_tokens": "x"},
+        },
+    ],
+    ids=["no messages", "no model", "not JSON", "not an object", "an image", "bad budget"],
 )
 def test_a_malformed_count_tokens_request_gets_a_400(api: TestClient, body: Body) -> None:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()

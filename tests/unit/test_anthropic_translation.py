@@ -15,6 +15,7 @@ from semantic.core import FinishReason, TokenEvent, Usage
 from semantic.errors import ContextOverflow, InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
+from semantic.text.reasoning import seal
 
 
 def body(**fields: Any) -> request.MessagesBody:
@@ -55,7 +56,9 @@ def test_a_string_system_and_text_blocks_become_one_system_message() -> None:
     }
 
 
-def test_thinking_and_redacted_thinking_in_history_are_accepted_and_not_rendered() -> None:
+def test_thinking_in_history_is_its_turns_reasoning_and_redacted_thinking_is_dropped() -> None:
+    """A template that renders reasoning (Qwen3's) gets it; others ignore the field. Another
+    server's signature is opaque: the block's own text counts."""
     turn = assistant(
         [
             {"type": "thinking", "thinking": "Let me think.", "signature": "EqQB"},
@@ -64,7 +67,19 @@ def test_thinking_and_redacted_thinking_in_history_are_accepted_and_not_rendered
         ]
     )
     messages = rendered(messages=[user("Capital of France?"), turn, user("Thanks")])
-    assert messages[1] == {"role": "assistant", "content": "Paris."}
+    assert messages[1] == {
+        "role": "assistant",
+        "content": "Paris.",
+        "reasoning_content": "Let me think.",
+    }
+
+
+def test_a_thinking_block_sealed_here_renders_the_text_its_seal_holds() -> None:
+    """`display: "omitted"` sent no text; the seal brings the reasoning back whole."""
+    sealed = {"type": "thinking", "thinking": "", "signature": seal("Step one.\nStep two.")}
+    turn = assistant([sealed, {"type": "text", "text": "Done."}])
+    messages = rendered(messages=[user("Go"), turn])
+    assert messages[1]["reasoning_content"] == "Step one.\nStep two."
 
 
 def test_consecutive_turns_of_one_role_merge_and_system_or_unknown_roles_count_as_user() -> None:
@@ -80,9 +95,8 @@ def test_consecutive_turns_of_one_role_merge_and_system_or_unknown_roles_count_a
     ]
 
 
-def test_unknown_blocks_are_ignored_and_images_and_documents_become_placeholders() -> None:
+def test_unknown_blocks_are_ignored_and_documents_become_text_or_placeholders() -> None:
     content = [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iV"}},
         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "doc"}},
         {"type": "document", "source": {"type": "base64", "data": "JVBERi0"}},
         {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}},
@@ -90,9 +104,47 @@ def test_unknown_blocks_are_ignored_and_images_and_documents_become_placeholders
         {"type": "text", "text": ""},
         {"type": "text", "text": "What is this?"},
     ]
-    assert rendered(messages=[user(content)]) == [
-        user("[image]\n\ndoc\n\n[document]\n\nWhat is this?")
-    ]
+    assert rendered(messages=[user(content)]) == [user("doc\n\n[document]\n\nWhat is this?")]
+
+
+@pytest.mark.parametrize(
+    ("messages", "where"),
+    [
+        (
+            [user([{"type": "image", "source": {"type": "base64", "data": "iV"}}])],
+            "messages.0.content.0",
+        ),
+        ([user([{"type": "text", "text": "a"}, {"type": "image"}])], "messages.0.content.1"),
+        (
+            [
+                user("Look"),
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}],
+                },
+                user(
+                    [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [
+                                {"type": "text", "text": "x"},
+                                {"type": "image", "source": {}},
+                            ],
+                        }
+                    ]
+                ),
+            ],
+            "messages.2.content.0.content.1",
+        ),
+    ],
+)
+def test_an_image_anywhere_is_refused_naming_where_it_is(
+    messages: list[dict[str, Any]], where: str
+) -> None:
+    """A text-only model would not see it: the client is told, with or without the data."""
+    with pytest.raises(InvalidRequest, match=where.replace(".", r"\.")):
+        request.refuse_images(body(messages=messages))
 
 
 def test_tool_use_becomes_a_tool_call_and_tool_result_a_tool_message() -> None:
@@ -100,7 +152,7 @@ def test_tool_use_becomes_a_tool_call_and_tool_result_a_tool_message() -> None:
     result = {
         "type": "tool_result",
         "tool_use_id": "toolu_1",
-        "content": [{"type": "text", "text": "15 C"}, {"type": "image", "source": {}}],
+        "content": [{"type": "text", "text": "15 C"}, {"type": "text", "text": "windy"}],
     }
     messages = rendered(
         messages=[
@@ -122,7 +174,7 @@ def test_tool_use_becomes_a_tool_call_and_tool_result_a_tool_message() -> None:
         ],
     }
     assert messages[2:] == [
-        {"role": "tool", "tool_call_id": "toolu_1", "content": "15 C\n\n[image]"},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "15 C\n\nwindy"},
         user("And tomorrow?"),
     ]
 

@@ -23,6 +23,7 @@ from tests.unit.fakes import fake_served, make_engine
 
 CHAT = "/v1/chat/completions"
 LEGACY = "/v1/completions"
+RESPONSES = "/v1/responses"
 GOOD: dict[str, Any] = {
     "model": "gpt-4o",
     "max_tokens": 4,
@@ -61,6 +62,17 @@ def call(**function: Any) -> dict[str, Any]:
 
 def legacy(**fields: Any) -> dict[str, Any]:
     return GOOD_LEGACY | fields
+
+
+GOOD_RESPONSE: dict[str, Any] = {"model": "gpt-5-codex", "input": "Hi", "max_output_tokens": 4}
+
+
+def response(**fields: Any) -> dict[str, Any]:
+    return GOOD_RESPONSE | fields
+
+
+def schema_format(schema: Any) -> dict[str, Any]:
+    return with_(response_format={"type": "json_schema", "json_schema": {"schema": schema}})
 
 
 Body = dict[str, Any] | bytes
@@ -121,6 +133,80 @@ MALFORMED: list[tuple[str, str, Body, dict[str, str], int, str | None]] = [
         "messages.0.content.0.text",
     ),
     ("a name is a number", CHAT, message(name=7), {}, 400, "messages.0.name"),
+    (
+        "an image part to a text-only model",
+        CHAT,
+        parts({"type": "image_url", "image_url": {"url": "data:image/png;base64,iV"}}),
+        {},
+        400,
+        "messages",
+    ),
+    (
+        "reasoning_content is a number",
+        CHAT,
+        message(reasoning_content=3),
+        {},
+        400,
+        "messages.0.reasoning_content",
+    ),
+    ("reasoning_effort is a number", CHAT, with_(reasoning_effort=2), {}, 400, "reasoning_effort"),
+    # structured output
+    (
+        "response_format type is unknown",
+        CHAT,
+        with_(response_format={"type": "xml"}),
+        {},
+        400,
+        "response_format.type",
+    ),
+    (
+        "response_format is a string",
+        CHAT,
+        with_(response_format="json"),
+        {},
+        400,
+        "response_format",
+    ),
+    (
+        "json_schema without its object",
+        CHAT,
+        with_(response_format={"type": "json_schema"}),
+        {},
+        400,
+        "response_format",
+    ),
+    (
+        "json_schema's schema is a list",
+        CHAT,
+        schema_format([1]),
+        {},
+        400,
+        "response_format.json_schema.schema",
+    ),
+    (
+        "a schema of an unknown type",
+        CHAT,
+        schema_format({"type": "object", "properties": {"a": {"type": "integr"}}}),
+        {},
+        400,
+        "response_format",
+    ),
+    (
+        "a strict tool's parameters break",
+        CHAT,
+        with_(
+            tools=[
+                {
+                    "type": "function",
+                    "function": {"name": "ls", "strict": True, "parameters": {"type": "nope"}},
+                }
+            ],
+            tool_choice="required",
+        ),
+        {},
+        400,
+        "tools",
+    ),
     # tool calls in the history, and their ids
     (
         "tool_calls is an object",
@@ -309,6 +395,159 @@ MALFORMED: list[tuple[str, str, Body, dict[str, str], int, str | None]] = [
     ("logprobs is 0", LEGACY, legacy(logprobs=0), {}, 400, "logprobs"),
     ("suffix is set", LEGACY, legacy(suffix="}"), {}, 400, "suffix"),
     ("echo is a string", LEGACY, legacy(echo="yes"), {}, 400, "echo"),
+    # the Responses API
+    ("responses: body is not JSON", RESPONSES, b"{not json", {}, 400, None),
+    ("responses: model missing", RESPONSES, {"input": "Hi"}, {}, 400, "model"),
+    ("responses: input is a number", RESPONSES, response(input=5), {}, 400, "input"),
+    ("responses: an item is a string", RESPONSES, response(input=["Hi"]), {}, 400, "input.0"),
+    (
+        "responses: a role is unknown",
+        RESPONSES,
+        response(input=[{"role": "robot", "content": "Hi"}]),
+        {},
+        400,
+        "input.0.role",
+    ),
+    (
+        "responses: an image part",
+        RESPONSES,
+        response(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+        {},
+        400,
+        "input.0.content.0",
+    ),
+    (
+        "responses: call arguments are not JSON",
+        RESPONSES,
+        response(input=[{"type": "function_call", "name": "f", "call_id": "c", "arguments": "{"}]),
+        {},
+        400,
+        "input.0.arguments",
+    ),
+    (
+        "responses: a tool output without call_id",
+        RESPONSES,
+        response(input=[{"type": "function_call_output", "output": "x"}]),
+        {},
+        400,
+        "input.0.call_id",
+    ),
+    (
+        "responses: a content that is a number",
+        RESPONSES,
+        response(input=[{"type": "message", "role": "user", "content": 5}]),
+        {},
+        400,
+        "input.0.content",
+    ),
+    (
+        "responses: a call without its call_id",
+        RESPONSES,
+        response(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]),
+        {},
+        400,
+        "input.0",
+    ),
+    (
+        "responses: previous_response_id unknown",
+        RESPONSES,
+        response(previous_response_id="resp_" + "0" * 32),
+        {},
+        400,
+        "previous_response_id",
+    ),
+    (
+        "responses: previous_response_id is not an id",
+        RESPONSES,
+        response(previous_response_id="../../etc/passwd"),
+        {},
+        400,
+        "previous_response_id",
+    ),
+    (
+        "responses: previous_response_id is too long",
+        RESPONSES,
+        response(previous_response_id="resp_" + "0" * 100),
+        {},
+        400,
+        "previous_response_id",
+    ),
+    (
+        "responses: an unknown reasoning effort type",
+        RESPONSES,
+        response(reasoning={"effort": 3}),
+        {},
+        400,
+        "reasoning.effort",
+    ),
+    (
+        "responses: text.format type is unknown",
+        RESPONSES,
+        response(text={"format": {"type": "xml"}}),
+        {},
+        400,
+        "text.format.type",
+    ),
+    (
+        "responses: a strict tool's schema the engine cannot take",
+        RESPONSES,
+        response(
+            tools=[{"type": "function", "name": "f", "strict": True, "parameters": {"type": "x"}}],
+            tool_choice="required",
+        ),
+        {},
+        400,
+        "tools",
+    ),
+    (
+        "responses: an image part in a tool output",
+        RESPONSES,
+        response(
+            input=[
+                {
+                    "type": "function_call_output",
+                    "call_id": "c",
+                    "output": [{"type": "input_image", "image_url": "x"}],
+                }
+            ]
+        ),
+        {},
+        400,
+        "input.0.output.0",
+    ),
+    ("responses: store is a string", RESPONSES, response(store="yes"), {}, 400, "store"),
+    (
+        "responses: max_output_tokens is 0",
+        RESPONSES,
+        response(max_output_tokens=0),
+        {},
+        400,
+        "max_output_tokens",
+    ),
+    (
+        "responses: text.format json_schema without a schema",
+        RESPONSES,
+        response(text={"format": {"type": "json_schema", "name": "x"}}),
+        {},
+        400,
+        "text.format.schema",
+    ),
+    (
+        "responses: tool_choice names no tool",
+        RESPONSES,
+        response(tool_choice={"type": "function", "name": "absent"}),
+        {},
+        400,
+        "tool_choice",
+    ),
+    (
+        "responses: reasoning is a string",
+        RESPONSES,
+        response(reasoning="high"),
+        {},
+        400,
+        "reasoning",
+    ),
 ]
 
 
@@ -324,7 +563,7 @@ def api(
 
 
 def assert_openai_error(
-    response: Any, status: int, type_: str = "invalid_request_error"
+    response: Any, status: int, type_: str | None = "invalid_request_error"
 ) -> dict[str, Any]:
     """The response is OpenAI's error JSON with this status and type; returns the error."""
     assert response.status_code == status, response.text
@@ -332,7 +571,8 @@ def assert_openai_error(
     body = response.json()
     assert set(body) == {"error"}
     error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["type"] == type_
+    assert set(error) == {"message", "type", "param", "code"}
+    assert type_ is None or error["type"] == type_
     assert isinstance(error["message"], str) and error["message"]
     assert error["param"] is None or isinstance(error["param"], str)
     assert error["code"] is None or isinstance(error["code"], str)
@@ -344,6 +584,7 @@ def test_the_table_is_large_and_every_good_request_in_it_would_pass(api: TestCli
     assert api.post(CHAT, json=GOOD).status_code == 200
     assert api.post(CHAT, json=calls(call(arguments="{}"))).status_code == 200
     assert api.post(LEGACY, json=GOOD_LEGACY).status_code == 200
+    assert api.post(RESPONSES, json=GOOD_RESPONSE).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -363,7 +604,34 @@ def test_a_malformed_request_gets_a_4xx_in_openais_shape(
     if stream and isinstance(body, dict) and "stream" not in body:
         body = body | {"stream": True}
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    error = assert_openai_error(api.post(path, content=raw, headers=headers), status)
+    kind = "invalid_request_error" if status == 400 else None
+    error = assert_openai_error(api.post(path, content=raw, headers=headers), status, kind)
+    assert error["param"] == param
+
+
+STORED_ROUTES: list[tuple[str, str, str, int, str | None]] = [
+    ("an unknown response", "GET", "/v1/responses/resp_" + "0" * 32, 404, None),
+    ("a response id that is a path", "GET", "/v1/responses/..%2F..%2Fetc", 404, None),
+    ("delete an unknown response", "DELETE", "/v1/responses/resp_" + "1" * 32, 404, None),
+    ("input_items of an unknown one", "GET", "/v1/responses/resp_x/input_items", 404, None),
+    ("a limit of 0", "GET", "{stored}/input_items?limit=0", 400, "limit"),
+    ("a limit past 100", "GET", "{stored}/input_items?limit=101", 400, "limit"),
+    ("a limit that is no number", "GET", "{stored}/input_items?limit=ten", 400, "limit"),
+    ("an unknown order", "GET", "{stored}/input_items?order=sideways", 400, "order"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "param"),
+    [pytest.param(*row[1:], id=row[0]) for row in STORED_ROUTES],
+)
+def test_a_bad_stored_response_route_gets_a_4xx_in_openais_shape(
+    api: TestClient, method: str, path: str, status: int, param: str | None
+) -> None:
+    stored = api.post(RESPONSES, json=GOOD_RESPONSE).json()["id"]
+    path = path.format(stored=f"/v1/responses/{stored}")
+    kind = "invalid_request_error" if status == 400 else None
+    error = assert_openai_error(api.request(method, path), status, kind)
     assert error["param"] == param
 
 
@@ -470,5 +738,5 @@ def test_every_status_in_the_table_is_documented_for_its_route(api: TestClient) 
     paths = api.get("/openapi.json").json()["paths"]
     for what, path, _, _, status, _ in MALFORMED:
         assert str(status) in paths[path]["post"]["responses"], what
-    for path in (CHAT, LEGACY):
+    for path in (CHAT, LEGACY, RESPONSES):
         assert {"413", "500", "503"} <= set(paths[path]["post"]["responses"])

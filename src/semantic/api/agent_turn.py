@@ -30,8 +30,6 @@ from semantic.engine.engine import Engine
 from semantic.errors import Overloaded
 from semantic.models.served import ServedModel
 
-KEEP_ALIVE_S = 5.0
-
 StopString = Annotated[str, Field(min_length=1)]
 
 

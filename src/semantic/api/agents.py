@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from semantic.api import limits, rate_limits
 from semantic.api.admin import engine_of
 from semantic.api.agent_turn import (
-    KEEP_ALIVE_S,
     GenerateBody,
     Generation,
     Sampling,
@@ -250,7 +249,7 @@ async def generate(agent_id: str, body: GenerateBody, request: Request) -> Respo
         raise
     if body.stream:
         frames = after_the_200(turn.frames(events), events, error_event)
-        return sse_response(with_keep_alive(frames, KEEP_ALIVE_S))
+        return sse_response(with_keep_alive(frames, request.app.state.settings.keep_alive_s))
     try:
         return JSONResponse(await unless_disconnected(request, turn.answer(events)))
     finally:

@@ -6,12 +6,12 @@ SSE bytes live in streaming.py, error shapes in errors.py.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,6 +24,7 @@ from semantic.api.anthropic_request import (
     MessagesBody,
     PromptBody,
     parse_body,
+    refuse_images,
     render_prompt,
     tool_use_of,
 )
@@ -37,17 +38,26 @@ from semantic.api.streaming import (
     unless_disconnected,
     with_keep_alive,
 )
-from semantic.api.tool_use import ParsedCall, ToolUse, whole_reply
+from semantic.api.thinking import Thinking, anthropic_switch, shape_reply
+from semantic.api.tool_use import (
+    Reasoning,
+    ReasoningDelta,
+    ReplyEvent,
+    ReplyPart,
+    ToolUse,
+    whole_reply,
+)
 from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage, is_valid_agent_id
 from semantic.core import Request as GenerationRequest
 from semantic.errors import ContextOverflow, InvalidRequest
+from semantic.models.served import ServedModel
 from semantic.observability import bind_agent
 from semantic.text import client_json
-from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolEvent
+from semantic.text.grammar import Grammar
+from semantic.text.reasoning import seal
+from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
 
 router = APIRouter()
-
-KEEP_ALIVE_S = 5.0  # a ping at least this often while the prompt is prefilled
 
 
 def output_budget(requested: int, prompt_tokens: int, limit: int) -> int:
@@ -59,13 +69,16 @@ def output_budget(requested: int, prompt_tokens: int, limit: int) -> int:
     return max(1, min(requested, limit - prompt_tokens))
 
 
-def sampling_params(body: MessagesBody, max_tokens: int) -> SamplingParams:
+def sampling_params(
+    body: MessagesBody, max_tokens: int, grammar: Grammar | None = None
+) -> SamplingParams:
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
         max_tokens=max_tokens,
         stop=tuple(body.stop_sequences or ()),
+        grammar=grammar,
     )
 
 
@@ -75,11 +88,14 @@ def sampling_params(body: MessagesBody, max_tokens: int) -> SamplingParams:
 _LEGACY_SESSION = re.compile(r"_session_([0-9A-Za-z-]++)$")  # possessive: never backtracks
 # Claude Code names its subagents (the Task tool) in a header; they share the session id.
 SUBAGENT_HEADER = "x-claude-code-agent-id"
+# Claude Code 2.x sends its session id as a header on every request.
+CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"
 
 
 def agent_id(body: MessagesBody, headers: Mapping[str, str]) -> str | None:
     """The agent a request continues: the one it names (`x-session-id`, as in every API), else
-    the one its `metadata.user_id` stands for, else none (prefix reuse still works by content).
+    the one its `metadata.user_id` stands for, else Claude Code's session header
+    (`x-claude-code-session-id`), else none (prefix reuse still works by content).
 
     Claude Code puts its session in `metadata.user_id` of every request, side requests (a
     title, a bash-prefix check) included. Those carry no tools; naming them after the session
@@ -87,12 +103,13 @@ def agent_id(body: MessagesBody, headers: Mapping[str, str]) -> str | None:
     are the first to leave the pool instead of the working conversation's."""
     named = named_agent(headers)
     user_id = body.metadata.user_id if body.metadata is not None else None
-    if named is not None or not user_id:
+    if named is not None:
         return named
-    session = _session_in(user_id)
-    if session is None:
+    session = _session_in(user_id) if user_id else None
+    if user_id and session is None:
         return agent_id_from(user_id)
-    if not body.tools:
+    session = session or headers.get(CLAUDE_CODE_SESSION_HEADER) or None
+    if session is None or not body.tools:
         return None
     subagent = headers.get(SUBAGENT_HEADER)
     return agent_id_from(f"{session}.{subagent}" if subagent else session)
@@ -150,14 +167,22 @@ def stop_reason(event: TokenEvent, requested_max_tokens: int, called: bool = Fal
 
 
 class _Reply:
-    """One response's identity and accounting, shared by its events or its single body."""
+    """One response's identity and accounting, shared by its events or its single body.
+    `show_thinking` False (`display: "omitted"`): thinking blocks carry their seal only."""
 
-    def __init__(self, model: str, prompt_tokens: int, requested_max_tokens: int) -> None:
+    def __init__(
+        self,
+        model: str,
+        prompt_tokens: int,
+        requested_max_tokens: int,
+        show_thinking: bool = True,
+    ) -> None:
         self.id = f"msg_{uuid.uuid4().hex}"
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.requested = requested_max_tokens
         self.silent = requested_max_tokens == 0  # a pre-warm: its one token is not an answer
+        self.show_thinking = show_thinking
 
     def message(
         self, content: list[dict[str, Any]], final: TokenEvent | None = None, called: bool = False
@@ -182,14 +207,14 @@ class _Reply:
         return usage_json(usage.prompt_tokens, usage.cached_tokens, output)
 
     async def events(
-        self, parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]], tools: ToolUse
+        self, parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]], tools: ToolUse
     ) -> AsyncGenerator[str, None]:
         """The event stream: message_start and a ping at once (before the prompt is prefilled),
         text and tool_use blocks one after another (each only once it has content),
         message_delta, message_stop; or an `error` event if the engine fails after the 200."""
         yield anthropic_event({"type": "message_start", "message": self.message([])})
         yield PING
-        blocks = _Blocks()
+        blocks = _Blocks(self.show_thinking)
         async for tool_events, event in parsed:
             if event.error is not None:
                 yield _error_event(event.error)
@@ -209,18 +234,20 @@ class _Reply:
                 return
 
     async def collect(
-        self, parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]], tools: ToolUse
+        self, parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]], tools: ToolUse
     ) -> dict[str, Any]:
         parts, final = await whole_reply(parsed)
         # Never an empty text block: the real API rejects one echoed back.
-        content = [] if self.silent else [_content_block(part) for part in parts if part]
-        return self.message(content, final, tools.called(final))
+        blocks = [self._content_block(part) for part in parts if part]
+        return self.message([] if self.silent else blocks, final, tools.called(final))
 
-
-def _content_block(part: str | ParsedCall) -> dict[str, Any]:
-    if isinstance(part, str):
-        return {"type": "text", "text": part}
-    return {"type": "tool_use", "id": tool_use_id(), "name": part.name, "input": part.input()}
+    def _content_block(self, part: ReplyPart) -> dict[str, Any]:
+        if isinstance(part, str):
+            return {"type": "text", "text": part}
+        if isinstance(part, Reasoning):
+            shown = part.text if self.show_thinking else ""
+            return {"type": "thinking", "thinking": shown, "signature": seal(part.text)}
+        return {"type": "tool_use", "id": tool_use_id(), "name": part.name, "input": part.input()}
 
 
 def tool_use_id() -> str:
@@ -230,13 +257,22 @@ def tool_use_id() -> str:
 class _Blocks:
     """The content blocks of a streamed reply, numbered 0, 1, 2… in order: a block starts when
     its first content comes and stops before the next one starts (Claude Code rejects
-    interleaved or re-typed blocks)."""
+    interleaved or re-typed blocks). A thinking block ends with its seal (`signature_delta`);
+    its text streams only when `show_thinking`."""
 
-    def __init__(self) -> None:
+    def __init__(self, show_thinking: bool = True) -> None:
         self.index = -1
         self.open: str | None = None  # the type of the block being streamed
+        self.show_thinking = show_thinking
+        self._thinking: list[str] = []  # the open thinking block's text, for its seal
 
-    def payloads(self, event: ToolEvent) -> list[dict[str, Any]]:
+    def payloads(self, event: ReplyEvent) -> list[dict[str, Any]]:
+        if isinstance(event, ReasoningDelta):
+            start = [] if self.open == "thinking" else self._start(_THINKING_START)
+            self._thinking.append(event.text)
+            if not self.show_thinking:
+                return start
+            return [*start, self._delta({"type": "thinking_delta", "thinking": event.text})]
         if isinstance(event, TextDelta):
             start = [] if self.open == "text" else self._start({"type": "text", "text": ""})
             return [*start, self._delta({"type": "text_delta", "text": event.text})]
@@ -251,8 +287,13 @@ class _Blocks:
     def close(self) -> list[dict[str, Any]]:
         if self.open is None:
             return []
+        sealed = []
+        if self.open == "thinking":
+            signature = seal("".join(self._thinking))
+            sealed = [self._delta({"type": "signature_delta", "signature": signature})]
+            self._thinking = []
         self.open = None
-        return [{"type": "content_block_stop", "index": self.index}]
+        return [*sealed, {"type": "content_block_stop", "index": self.index}]
 
     def _start(self, block: dict[str, Any]) -> list[dict[str, Any]]:
         stop = self.close()
@@ -263,6 +304,9 @@ class _Blocks:
 
     def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:
         return {"type": "content_block_delta", "index": self.index, "delta": delta}
+
+
+_THINKING_START = {"type": "thinking", "thinking": "", "signature": ""}
 
 
 def _error_event(exc: Exception) -> str:
@@ -283,27 +327,29 @@ async def create_message(request: Request) -> Response:
     engine.model.check_requested_name(body.model, settings.strict_model_names)
     limits.check_counts(settings, len(body.messages), len(body.tools or []))
     limits.check_stops(settings, body.stop_sequences or (), "stop_sequences")
+    refuse_images(body)
     agent = agent_id(body, request.headers)
     bind_agent(agent)
     rate_limits.check_agent(request, agent)
-    tools = tool_use_of(engine.model, body)
-    prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body, tools.prefill)
+    tools, thinking = tool_use_of(engine.model, body), thinking_of(engine.model, body)
+    render = partial(render_prompt, engine.model, body)
+    prompt_ids, grammar = await shape_reply(engine.model, body.output(), tools, thinking, render)
     limits.check_prompt(settings, len(prompt_ids))
     requested = limits.capped_max_tokens(settings, body.max_tokens)
     max_tokens = output_budget(requested, len(prompt_ids), engine.max_seq_tokens)
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens),
+        sampling=sampling_params(body, max_tokens, grammar),
         agent_id=agent,
     )
     events = engine.stream(generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     # Any model name is served by the loaded model, and echoed back as asked.
-    reply = _Reply(body.model, len(prompt_ids), requested)
+    reply = _Reply(body.model, len(prompt_ids), requested, thinking.shown)
     if body.stream:
         frames = after_the_200(reply.events(parsed, tools), events, _error_event)
-        return sse_response(with_keep_alive(frames, KEEP_ALIVE_S, PING))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s, PING))
     return JSONResponse(await unless_disconnected(request, reply.collect(parsed, tools)))
 
 
@@ -318,9 +364,19 @@ async def count_tokens(request: Request) -> dict[str, int]:
     model, settings = engine_of(request).model, request.app.state.settings
     model.check_requested_name(body.model, settings.strict_model_names)
     limits.check_counts(settings, len(body.messages), len(body.tools or []))
-    tools = tool_use_of(model, body)
-    prompt_ids = await asyncio.to_thread(render_prompt, model, body, tools.prefill)
+    refuse_images(body)
+    tools, thinking = tool_use_of(model, body), thinking_of(model, body)
+    render = partial(render_prompt, model, body)
+    prompt_ids, _ = await shape_reply(model, body.output(), tools, thinking, render)
     return {"input_tokens": len(prompt_ids)}
+
+
+def thinking_of(model: ServedModel, body: PromptBody) -> Thinking:
+    """The request's thinking: `thinking.type`, `output_config.effort`, `display`."""
+    kind = body.thinking.type if body.thinking is not None else None
+    effort = body.output_config.effort if body.output_config is not None else None
+    shown = body.thinking is None or body.thinking.display != "omitted"
+    return Thinking.of(model, anthropic_switch(kind, effort), shown=shown)
 
 
 @router.head("/", response_class=Response)  # an empty 200: no JSON content to document

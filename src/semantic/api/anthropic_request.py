@@ -1,9 +1,11 @@
 """The Anthropic Messages request: its body, read and checked, and the prompt it stands for.
 
 Accepts generously (PROTOCOLS.md §1.2–1.3): unknown fields and block types pass, roles other
-than `assistant` count as `user`, thinking is dropped. Claude Code's per-request churn is
-stripped here, through text/claude_code.py, before templating, so a session keeps its cached
-prefix from turn to turn.
+than `assistant` count as `user`; thinking blocks become the reasoning of their assistant turn
+(their seal, when it is ours, holds the very text the model wrote). An image is refused: the
+model reads text only, and a client must know its image was not seen. Claude Code's
+per-request churn is stripped here, through text/claude_code.py, before templating, so a
+session keeps its cached prefix from turn to turn.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from semantic.api import tool_use
 from semantic.api.bodies import body_limit, read_body
+from semantic.api.structured_output import AnthropicFormat, OutputFormat
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text import claude_code, client_json
 from semantic.text.chat import template_tool_call
+from semantic.text.reasoning import unseal
 
-IMAGE_TEXT = "[image]"  # what a text-only model sees of an image
-DOCUMENT_TEXT = "[document]"
+DOCUMENT_TEXT = "[document]"  # what a text-only model sees of a PDF
 PART_SEPARATOR = "\n\n"  # between the text blocks of one turn, and merged turns
 
 
@@ -85,6 +88,7 @@ class Tool(_Body):
     type: str | None = None  # none or "custom" for a client's tool; versioned for server tools
     description: str | None = None
     input_schema: dict[str, Any] | None = None  # absent on server tools (`type: web_search_…`)
+    strict: bool | None = None  # a forced call's input must match input_schema
 
     @property
     def is_custom(self) -> bool:
@@ -100,7 +104,14 @@ class ToolChoice(_Body):
 
 
 class Thinking(_Body):
-    type: str
+    type: str  # enabled, disabled, adaptive; others (between_tools, newer ones) count as off
+    budget_tokens: int | None = Field(None, ge=0)
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class OutputConfig(_Body):
+    effort: str | None = Field(None, max_length=32)
+    format: AnthropicFormat | None = None
 
 
 class Metadata(_Body):
@@ -116,6 +127,16 @@ class PromptBody(_Body):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    output_format: AnthropicFormat | None = None  # the structured-outputs beta's spelling
+
+    def output(self) -> OutputFormat | None:
+        """The answer's format: `output_config.format`, else the beta's `output_format`."""
+        if self.output_config is not None and self.output_config.format is not None:
+            return self.output_config.format.output_format("output_config.format")
+        if self.output_format is not None:
+            return self.output_format.output_format("output_format")
+        return None
 
 
 class MessagesBody(PromptBody):
@@ -130,7 +151,7 @@ class MessagesBody(PromptBody):
     metadata: Metadata | None = None
 
 
-B = TypeVar("B", bound=_Body)
+B = TypeVar("B", bound=BaseModel)
 
 
 async def parse_body(request: Request, schema: type[B]) -> B:
@@ -152,11 +173,32 @@ async def parse_body(request: Request, schema: type[B]) -> B:
 # -- the prompt ----------------------------------------------------------------------------
 
 
+def refuse_images(body: PromptBody) -> None:
+    """A 400 naming the first image block, anywhere (a tool result's too): the model would not
+    see it."""
+    blocks: list[tuple[str, Any]] = []
+    if isinstance(body.system, list):
+        blocks += [(f"system.{i}", block) for i, block in enumerate(body.system)]
+    for m, message in enumerate(body.messages):
+        if isinstance(message.content, list):
+            blocks += [(f"messages.{m}.content.{i}", b) for i, b in enumerate(message.content)]
+    while blocks:
+        where, block = blocks.pop(0)
+        if isinstance(block, OtherBlock) and block.type == "image":
+            raise InvalidRequest(
+                f"{where}: this model reads text only; it cannot see an image block",
+                param="messages",
+            )
+        if isinstance(block, ToolResultBlock) and isinstance(block.content, list):
+            blocks += [(f"{where}.content.{i}", b) for i, b in enumerate(block.content)]
+
+
 def template_messages(body: PromptBody) -> list[dict[str, Any]]:
     """The conversation as chat templates expect it (Hugging Face conventions): one system
     message, user and assistant turns (consecutive ones merged, as the API does), tool calls on
-    assistant turns and tool results as `tool` messages. Thinking is dropped; Claude Code's
-    churn is stripped from everything but the model's own words."""
+    assistant turns and tool results as `tool` messages, thinking as the reasoning of its
+    assistant turn. Claude Code's churn is stripped from everything but the model's own
+    words."""
     rendered: list[dict[str, Any]] = []
     system = claude_code.clean_system(_system_texts(body.system))
     if system:
@@ -182,16 +224,21 @@ def _entries(role: str, blocks: Sequence[str | ContentBlock]) -> list[dict[str, 
     entries: list[dict[str, Any]] = []
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
+    thoughts: list[str] = []
 
     def flush() -> None:
-        if texts or calls:
+        if texts or calls or thoughts:
             entry: dict[str, Any] = {"role": role, "content": PART_SEPARATOR.join(texts)}
-            entries.append(entry | ({"tool_calls": list(calls)} if calls else {}))
+            entry |= {"tool_calls": list(calls)} if calls else {}
+            entries.append(entry | ({"reasoning_content": "".join(thoughts)} if thoughts else {}))
         texts.clear()
         calls.clear()
+        thoughts.clear()
 
     for block in blocks:
-        if isinstance(block, ToolUseBlock):
+        if role == "assistant" and isinstance(block, OtherBlock) and block.type == "thinking":
+            thoughts.append(thinking_text(block.model_extra or {}))
+        elif isinstance(block, ToolUseBlock):
             calls.append(template_tool_call(block.id, block.name, block.input))
         elif isinstance(block, ToolResultBlock):
             flush()
@@ -231,9 +278,17 @@ def _text_of(block: str | ContentBlock) -> str | None:
     return None
 
 
+def thinking_text(fields: Mapping[str, Any]) -> str:
+    """What a thinking block sent back says: the text its seal holds (ours: exactly what the
+    model wrote, even when it was not shown), else its `thinking`."""
+    sealed = unseal(fields.get("signature"))
+    if sealed is not None:
+        return sealed
+    thinking = fields.get("thinking")
+    return thinking if isinstance(thinking, str) else ""
+
+
 def _other_text(kind: str, fields: Mapping[str, Any]) -> str | None:
-    if kind == "image":
-        return IMAGE_TEXT
     if kind == "document":
         source = fields.get("source")
         text = source.get("data") if isinstance(source, dict) else None
@@ -293,9 +348,10 @@ def tool_use_of(model: ServedModel, body: PromptBody) -> tool_use.ToolUse:
     for index, tool in enumerate(tools):
         if tool.is_custom and tool.input_schema is None:
             raise InvalidRequest(f"tools.{index}.input_schema: Field required", param="tools")
-    callable_names = [tool.name for tool in tools if tool.input_schema is not None]
-    choice = _tool_choice(body.tool_choice, callable_names)
-    return tool_use.ToolUse(model, callable_names, choice)
+    schemas = {tool.name: tool.input_schema for tool in tools if tool.input_schema is not None}
+    choice = _tool_choice(body.tool_choice, list(schemas))
+    strict = [tool.name for tool in tools if tool.strict]
+    return tool_use.ToolUse(model, list(schemas), choice, schemas, strict)
 
 
 def _tool_choice(choice: ToolChoice | None, names: list[str]) -> tool_use.ToolChoice:
@@ -321,13 +377,21 @@ def template_tool_result(block: ToolResultBlock) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)}
 
 
-def render_prompt(model: ServedModel, body: PromptBody, reply_start: str = "") -> list[int]:
+def render_prompt(
+    model: ServedModel,
+    body: PromptBody,
+    reply_start: str = "",
+    template_vars: Mapping[str, Any] | None = None,
+) -> list[int]:
     """The prompt's token ids: what /v1/messages prefills and /v1/messages/count_tokens counts.
     A last assistant turn is continued (prefill), not closed; `reply_start` (a forced tool
-    call's opener) follows it."""
+    call's opener) follows it. `template_vars` are the template's switches (thinking)."""
     messages = template_messages(body)
     prefilled = bool(messages) and messages[-1]["role"] == "assistant"
     text = model.chat_template.render(
-        messages, tools=template_tools(body.tools), continue_final_message=prefilled
+        messages,
+        tools=template_tools(body.tools),
+        continue_final_message=prefilled,
+        **(template_vars or {}),
     )
     return model.tokenizer.encode(text + reply_start)

@@ -13,12 +13,23 @@ from fastapi import FastAPI, Request, Response
 from starlette.middleware.cors import CORSMiddleware
 
 from semantic import __version__
-from semantic.api import admin, agents, anthropic, auth, errors, gate, openai, openapi
+from semantic.api import (
+    admin,
+    agents,
+    anthropic,
+    auth,
+    errors,
+    gate,
+    openai,
+    openapi,
+    responses,
+)
 from semantic.api.bodies import JsonBodies
 from semantic.api.browsers import RefuseForeignPages
 from semantic.api.lifecycle import Lifecycle, LifecycleGate
 from semantic.api.rate_limits import LimitByKey, RateLimits
 from semantic.api.request_metrics import RequestMetrics
+from semantic.api.responses_store import ResponseStore
 from semantic.api.slow_clients import SendTimeout
 from semantic.config import Settings
 from semantic.engine.engine import Engine
@@ -46,6 +57,7 @@ def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.rate_limits = RateLimits(settings)
     app.state.started_at = time.time()
+    app.state.responses = ResponseStore(settings.cache_dir / "responses")
     # The engine's own metrics: the host lends one set to every engine it loads.
     app.state.metrics = Metrics(lambda: host.metrics)
     errors.install(app)
@@ -86,6 +98,7 @@ def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
     app.add_middleware(SendTimeout, timeout_s=settings.send_timeout_s)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
+    app.include_router(responses.router)
     app.include_router(agents.router)
     app.include_router(admin.router)
     app.add_api_route("/", _index, methods=["GET"], include_in_schema=False)

@@ -33,6 +33,7 @@ Protocol = Literal["anthropic", "openai"]
 # (status, OpenAI type, OpenAI code) for each of our errors; the most specific class wins.
 _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.ContextOverflow, 400, "invalid_request_error", "context_length_exceeded"),
+    (errors.PreviousResponseNotFound, 400, "invalid_request_error", "previous_response_not_found"),
     (errors.InvalidRequest, 400, "invalid_request_error", None),
     (errors.PoolExhausted, 400, "invalid_request_error", "context_length_exceeded"),
     (errors.ModelNotFound, 404, "invalid_request_error", "model_not_found"),

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from functools import partial
 from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
@@ -34,12 +35,15 @@ from semantic.api.streaming import (
     DONE,
     after_the_200,
     data_event,
+    prefill_comments,
     sse_response,
     unless_disconnected,
     whole_answer,
     with_keep_alive,
 )
-from semantic.api.tool_use import ToolUse, whole_reply
+from semantic.api.structured_output import ResponseFormat
+from semantic.api.thinking import Thinking, shape_reply
+from semantic.api.tool_use import Reasoning, ReasoningDelta, ReplyEvent, ToolUse, whole_reply
 from semantic.config import Settings
 from semantic.core import AGENT_ID_PATTERN, FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
@@ -47,11 +51,12 @@ from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text import client_json
 from semantic.text.chat import template_tool_call
-from semantic.text.tools import TextDelta, ToolEvent
+from semantic.text.grammar import Grammar
+from semantic.text.reasoning import ThinkingSwitch
+from semantic.text.tools import TextDelta
 
 router = APIRouter(route_class=LimitedBodyRoute)
 
-KEEP_ALIVE_S = 5.0
 # What the generation routes answer, for the OpenAPI document.
 GENERATION_RESPONSES = {200: STREAMED_OR_JSON, **error_responses("openai", 400, 404, 413, 500, 503)}
 
@@ -83,6 +88,9 @@ class ChatMessage(_Body):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # A thinking model's reasoning, sent back (vLLM's and llama.cpp's name, and the older one).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class StreamOptions(_Body):
@@ -115,6 +123,8 @@ class ChatCompletionRequest(GenerationFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoiceField | None = None
     parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    reasoning_effort: str | None = Field(None, max_length=32)
 
 
 def _text_of(message: ChatMessage) -> str:
@@ -124,7 +134,9 @@ def _text_of(message: ChatMessage) -> str:
     for part in message.content:
         if part.type != "text" or part.text is None:
             raise InvalidRequest(
-                f"content parts of type {part.type!r} are not supported", param="messages"
+                f"content parts of type {part.type!r} are not supported: this model reads "
+                "text only",
+                param="messages",
             )
         parts.append(part.text)
     return "\n".join(parts)
@@ -142,6 +154,9 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             entry["tool_calls"] = [_template_tool_call(call) for call in message.tool_calls]
         if message.tool_call_id is not None:
             entry["tool_call_id"] = message.tool_call_id
+        reasoning = message.reasoning_content or message.reasoning
+        if message.role == "assistant" and reasoning:
+            entry["reasoning_content"] = reasoning
         rendered.append(entry)
     return rendered
 
@@ -154,7 +169,9 @@ def _template_tool_call(call: ToolCall) -> dict[str, Any]:
     return template_tool_call(call.id, call.function.name, arguments)
 
 
-def sampling_params(body: GenerationFields, max_tokens: int, settings: Settings) -> SamplingParams:
+def sampling_params(
+    body: GenerationFields, max_tokens: int, settings: Settings, grammar: Grammar | None = None
+) -> SamplingParams:
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not stop for stop in stops):
         raise InvalidRequest("stop: a stop sequence may not be empty", param="stop")
@@ -168,16 +185,23 @@ def sampling_params(body: GenerationFields, max_tokens: int, settings: Settings)
         min_tokens=body.min_tokens,
         stop=tuple(stops),
         ignore_eos=body.ignore_eos,
+        grammar=grammar,
     )
 
 
 def render_prompt(
-    model: ServedModel, body: ChatCompletionRequest, reply_start: str = ""
+    model: ServedModel,
+    body: ChatCompletionRequest,
+    reply_start: str = "",
+    template_vars: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """The prompt's token ids: templated, then tokenized (on a worker thread: a long prompt
-    must not stall the event loop). `reply_start` (a forced tool call's opener) ends it."""
+    must not stall the event loop). `reply_start` (a forced tool call's opener) ends it;
+    `template_vars` are the template's switches (thinking)."""
     messages = template_messages(body.messages)
-    prompt = model.chat_template.render(messages, tools=template_tools(body.tools))
+    prompt = model.chat_template.render(
+        messages, tools=template_tools(body.tools), **(template_vars or {})
+    )
     return model.tokenizer.encode(prompt + reply_start)
 
 
@@ -204,7 +228,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     agent_id = named_agent(request.headers, body.session_id, param="session_id")
     rate_limits.check_agent(request, agent_id)
     tools = tool_use_of(engine.model, body.tools, body.tool_choice, body.parallel_tool_calls)
-    prompt_ids = await asyncio.to_thread(render_prompt, engine.model, body, tools.prefill)
+    output = body.response_format.output_format() if body.response_format else None
+    thinking = Thinking.of(engine.model, ThinkingSwitch.from_effort(body.reasoning_effort))
+    render = partial(render_prompt, engine.model, body)
+    prompt_ids, grammar = await shape_reply(engine.model, output, tools, thinking, render)
     limits.check_prompt(settings, len(prompt_ids))
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     requested = body.max_completion_tokens or body.max_tokens
@@ -219,7 +246,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens, settings),
+        sampling=sampling_params(body, max_tokens, settings, grammar),
         agent_id=agent_id,
     )
     events = engine.stream(generation)
@@ -229,7 +256,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = completion.chunks(parsed, tools, include_usage)
         frames = after_the_200(chunks, events, lambda exc: data_event(error_payload(exc)))
-        return sse_response(with_keep_alive(frames, KEEP_ALIVE_S))
+        heartbeat = prefill_comments(partial(engine.progress, generation.request_id))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat))
     return JSONResponse(await unless_disconnected(request, completion.collect(parsed, tools)))
 
 
@@ -255,7 +283,7 @@ class _Completion:
 
     async def chunks(
         self,
-        parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]],
+        parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
         tools: ToolUse,
         include_usage: bool,
     ) -> AsyncIterator[str]:
@@ -265,7 +293,9 @@ class _Completion:
                 yield data_event(error_payload(event.error))
                 return
             for tool_event in tool_events:
-                if isinstance(tool_event, TextDelta):
+                if isinstance(tool_event, ReasoningDelta):
+                    yield self._delta({"reasoning_content": tool_event.text})
+                elif isinstance(tool_event, TextDelta):
                     yield self._delta({"content": tool_event.text})
                 elif (delta := tool_call_delta(tool_event)) is not None:
                     yield self._delta(delta)
@@ -276,7 +306,7 @@ class _Completion:
         yield DONE
 
     async def collect(
-        self, parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]], tools: ToolUse
+        self, parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]], tools: ToolUse
     ) -> dict[str, Any]:
         parts, final = await whole_reply(parsed)
         assert final.usage is not None
@@ -284,6 +314,9 @@ class _Completion:
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if calls := tool_calls_json(parts):
             message |= {"content": text or None, "tool_calls": calls}
+        reasoning = "".join(part.text for part in parts if isinstance(part, Reasoning))
+        if reasoning:
+            message["reasoning_content"] = reasoning
         return {
             "id": self.id,
             "object": "chat.completion",
@@ -391,7 +424,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         frames = after_the_200(completion.chunks(events, include_usage), events, _error_chunk)
-        return sse_response(with_keep_alive(frames, KEEP_ALIVE_S))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s))
     return JSONResponse(await unless_disconnected(request, completion.collect(events)))
 
 

@@ -6,6 +6,7 @@ stream deltas.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -57,14 +58,18 @@ def tool_use_of(
     choice: ToolChoiceField | None,
     parallel: bool,
 ) -> ToolUse:
-    """The tools the model may call and how; a 400 for duplicate names, or a `tool_choice`
-    that asks for a call with no tools or names a function that is not among them."""
-    names = [tool.function.name for tool in tools or []]
+    """The tools the model may call and how (with their schemas, and which are `strict`); a
+    400 for duplicate names, or a `tool_choice` that asks for a call with no tools or names a
+    function that is not among them."""
+    functions = [tool.function for tool in tools or []]
+    names = [function.name for function in functions]
     if len(set(names)) < len(names):
         raise InvalidRequest("tools: function names must be unique", param="tools")
+    schemas = {f.name: f.parameters for f in functions if f.parameters is not None}
+    strict = [function.name for function in functions if function.strict]
     if choice is None or choice in ("auto", "none"):
         mode: Literal["auto", "required", "none"] = "none" if choice == "none" else "auto"
-        return ToolUse(model, names, ToolChoice(mode, None, parallel))
+        return ToolUse(model, names, ToolChoice(mode, None, parallel), schemas, strict)
     if not names:
         raise InvalidRequest(
             "tool_choice is only allowed when tools are specified", param="tool_choice"
@@ -75,14 +80,14 @@ def tool_use_of(
             f"tool_choice names the function {name!r}, which is not in tools",
             param="tool_choice",
         )
-    return ToolUse(model, names, ToolChoice("required", name, parallel))
+    return ToolUse(model, names, ToolChoice("required", name, parallel), schemas, strict)
 
 
 def tool_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def tool_calls_json(parts: list[str | ParsedCall]) -> list[dict[str, Any]]:
+def tool_calls_json(parts: Sequence[object]) -> list[dict[str, Any]]:
     """`message.tool_calls` of a whole answer; `arguments` is the JSON text the model wrote."""
     return [
         {

@@ -88,12 +88,29 @@ async def _close(iterator: AsyncIterator[Any]) -> None:
         await aclose()
 
 
+def prefill_comments(progress: Callable[[], tuple[int, int] | None]) -> Callable[[], str]:
+    """The OpenAI APIs' heartbeat, saying how far the prompt is prefilled while it still is
+    (`progress` gives tokens done and in all): a comment has room for it, clients skip it."""
+
+    def comment() -> str:
+        done_and_total = progress()
+        if done_and_total is None or done_and_total[0] >= done_and_total[1]:
+            return KEEP_ALIVE
+        done, total = done_and_total
+        return f": prefill {done}/{total} tokens\n\n"
+
+    return comment
+
+
 async def with_keep_alive(
-    events: AsyncIterator[str], interval_s: float, keep_alive: str = KEEP_ALIVE
+    events: AsyncIterator[str],
+    interval_s: float,
+    keep_alive: str | Callable[[], str] = KEEP_ALIVE,
 ) -> AsyncIterator[str]:
     """Pass `events` through, inserting `keep_alive` (the protocol's heartbeat: `KEEP_ALIVE` or
-    `PING`) whenever none came for `interval_s` (a long prefill must not look like a dead
-    connection). Closing this closes `events`."""
+    `PING`, or a function that makes one, with the prefill's progress) whenever none came for
+    `interval_s` (a long prefill must not look like a dead connection). Closing this closes
+    `events`."""
     pending: asyncio.Task[str] | None = None
     try:
         while True:
@@ -101,7 +118,7 @@ async def with_keep_alive(
                 pending = asyncio.ensure_future(anext(events))
             done, _ = await asyncio.wait({pending}, timeout=interval_s)
             if not done:
-                yield keep_alive
+                yield keep_alive if isinstance(keep_alive, str) else keep_alive()
                 continue
             try:
                 event = pending.result()

@@ -1,5 +1,6 @@
-"""Tool use for one request, in either protocol: which tools the model may call and how, the
-text prefilled to force a call, and the engine's events turned into text and call events.
+"""Tool use for one request, in any protocol: which tools the model may call and how, the
+text prefilled to force a call, and the engine's events turned into text, reasoning and call
+events.
 
 The protocol modules read their own `tools` / `tool_choice` shapes into a `ToolChoice`, build
 a `ToolUse`, append its `prefill` to the prompt, and frame the events `parse` yields.
@@ -7,14 +8,17 @@ a `ToolUse`, append its `prefill` to the prompt, and frame the events `parse` yi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from pydantic_core import from_json
 
 from semantic.core import FinishReason, TokenEvent
 from semantic.models.served import ServedModel
+from semantic.text.grammar import CallShape, ToolCallForm
+from semantic.text.reasoning import Piece, ReasoningParser, reasoning_format
+from semantic.text.reasoning import hidden_markers as reasoning_markers
 from semantic.text.tool_formats import hidden_markers, parser_for
 from semantic.text.tools import (
     ArgumentsDelta,
@@ -38,6 +42,23 @@ class ToolChoice:
     parallel: bool = True
 
 
+@dataclass(slots=True, frozen=True)
+class ReasoningDelta:
+    """A piece of the model's reasoning (a thinking model's `<think>` or analysis channel)."""
+
+    text: str
+
+
+ReplyEvent = ToolEvent | ReasoningDelta
+
+
+@dataclass(slots=True)
+class Reasoning:
+    """A whole reply's reasoning (`whole_reply`'s part for it)."""
+
+    text: str
+
+
 @dataclass(slots=True)
 class ParsedCall:
     name: str
@@ -54,16 +75,39 @@ class ParsedCall:
 
 
 class ToolUse:
-    """The tool side of one request. `parse` keeps its state: one `ToolUse` per response."""
+    """The tool side of one request. `parse` keeps its state: one `ToolUse` per response.
+    `schemas` holds the tools' argument schemas by name, and `strict` names the tools whose
+    arguments must match theirs (`strict: true`): `call_form` says how a grammar holds the
+    calls to them."""
 
-    def __init__(self, model: ServedModel, tools: Sequence[str], choice: ToolChoice) -> None:
+    def __init__(
+        self,
+        model: ServedModel,
+        tools: Sequence[str],
+        choice: ToolChoice,
+        schemas: Mapping[str, dict[str, Any]] | None = None,
+        strict: Collection[str] = (),
+    ) -> None:
         self.tools = tuple(tools)
         self.choice = choice
+        self.schemas = dict(schemas or {})
+        self.strict = frozenset(strict)
         self.active = bool(self.tools) and choice.mode != "none"
         self._format = parser_for(model.chat_template)
         self._hidden = hidden_markers(self._format, model.tokenizer)
         self._parser: ToolCallParser | PlainText = PlainText()
         self._cut_short = False  # the output ended inside a call
+        self._reasoning: ReasoningParser | None = None
+        self._free_text_grammar = _free_text_grammar(self._format, model)
+
+    def think(self, parser: ReasoningParser | None, hidden: Mapping[int, str]) -> None:
+        """Tell the reply's reasoning from its answer with `parser` (a thinking model's), the
+        special tokens in `hidden` put back into the text it reads. Not for a forced call:
+        that reply starts as the call."""
+        if parser is None or self.prefill:
+            return
+        self._reasoning = parser
+        self._hidden = {**self._hidden, **hidden}
 
     @property
     def prefill(self) -> str:
@@ -73,18 +117,54 @@ class ToolUse:
             return ""
         return self._format.opener(self.choice.name)
 
+    def call_form(self) -> ToolCallForm | None:
+        """How a grammar holds this reply's calls to their tools' schemas, where the client
+        asked for it. A forced call (`required`, or a named tool) follows its tool's schema
+        from the prefilled opener on, and so do the calls after it, when parallel calls are
+        allowed. With `auto` and a `strict` tool, every call the model opens does, the text
+        around them staying free. A schema binds for a strict tool; for another it is a best
+        effort. None when nothing is held: no tools, `none`, `auto` without a strict tool, or
+        `auto` in a format whose calls a grammar cannot find in free text."""
+        if not self.active:
+            return None
+        forced = self.choice.mode == "required"
+        if not forced and not self.strict.intersection(self.tools):
+            return None
+        single = forced and not self.choice.parallel  # the reply ends with its forced call
+        trigger = self._format.TRIGGER if self._free_text_grammar and not single else None
+        if not forced and trigger is None:
+            return None
+        form = ToolCallForm(self._format.CLOSER, trigger=trigger)
+        if forced:
+            names = [self.choice.name] if self.choice.name is not None else list(self.tools)
+            form = replace(form, forced=self._shapes(names, self.prefill))
+        if trigger is not None:
+            form = replace(form, later=self._shapes(self.tools, trigger))
+        return form
+
+    def _shapes(self, names: Sequence[str], written: str) -> tuple[CallShape, ...]:
+        """Each tool as a call of it is written after `written` (the prefill, or a trigger)."""
+        return tuple(
+            CallShape(
+                self._format.opener(name).removeprefix(written),
+                self.schemas.get(name) or {"type": "object"},
+                name in self.strict,
+            )
+            for name in names
+        )
+
     async def parse(
         self, events: AsyncIterator[TokenEvent], stop: Callable[[], None]
-    ) -> AsyncIterator[tuple[list[ToolEvent], TokenEvent]]:
-        """Each engine event with the text and call events its text makes (the prefill's come
-        with the first). Without `parallel`, after the first call `stop` ends generation, and
-        the text that still arrives is dropped."""
+    ) -> AsyncIterator[tuple[list[ReplyEvent], TokenEvent]]:
+        """Each engine event with the reasoning, text and call events its text makes (the
+        prefill's come with the first). Without `parallel`, after the first call `stop` ends
+        generation, and the text that still arrives is dropped."""
         self._parser = self._format(self.tools) if self.active else PlainText()
-        parsed = self._parser.feed(self.prefill)
+        parsed: list[ReplyEvent] = list(self._parser.feed(self.prefill))
         done = False
         async for event in events:
             if not done:
-                parsed += self._parser.feed(self._text_of(event))
+                parsed += self._feed(self._text_of(event))
                 if event.final:
                     parsed += self._finish()
                 if not self.choice.parallel and self._parser.calls:
@@ -100,32 +180,60 @@ class ToolUse:
         cut = self._cut_short and final.finish_reason is FinishReason.LENGTH
         return self._parser.calls > 0 and not cut
 
-    def _finish(self) -> list[ToolEvent]:
-        events = self._parser.finish()
-        self._cut_short = any(isinstance(event, CallEnd) for event in events)
+    def _feed(self, text: str) -> list[ReplyEvent]:
+        if self._reasoning is None:
+            return list(self._parser.feed(text))
+        return self._pieces(self._reasoning.feed(text))
+
+    def _pieces(self, pieces: list[Piece]) -> list[ReplyEvent]:
+        events: list[ReplyEvent] = []
+        for piece in pieces:
+            if piece.reasoning:
+                events.append(ReasoningDelta(piece.text))
+            else:
+                events += self._parser.feed(piece.text)
         return events
+
+    def _finish(self) -> list[ReplyEvent]:
+        events = [] if self._reasoning is None else self._pieces(self._reasoning.finish())
+        ended = self._parser.finish()
+        self._cut_short = any(isinstance(event, CallEnd) for event in ended)
+        return [*events, *ended]
 
     def _text_of(self, event: TokenEvent) -> str:
         """The event's text with the markers the detokenizer hid put back, when calls are
         parsed (a special token's own text is empty, so a marker goes after the text its token
         completed)."""
-        if not self.active:
+        if not self.active and self._reasoning is None:
             return event.text
         markers = [self._hidden[token] for token in event.token_ids if token in self._hidden]
         return event.text + "".join(markers)
 
 
-def _through_first_call(events: list[ToolEvent]) -> list[ToolEvent]:
+def _free_text_grammar(fmt: type[ToolCallParser], model: ServedModel) -> bool:
+    """Whether a grammar can hold the calls a model opens amid free text: its format opens a
+    call with text (a trigger) that is no special token, and its reasoning, if it reasons,
+    has none either (free text in a grammar holds no special token but the end)."""
+    if fmt.TRIGGER is None or fmt.TRIGGER in hidden_markers(fmt, model.tokenizer).values():
+        return False
+    reasoning = reasoning_format(model.chat_template)
+    return reasoning is None or not reasoning_markers(reasoning, model.tokenizer)
+
+
+def _through_first_call(events: list[ReplyEvent]) -> list[ReplyEvent]:
     end = next(i for i, event in enumerate(events) if isinstance(event, CallEnd))
     return events[: end + 1]
 
 
+ReplyPart = str | ParsedCall | Reasoning
+
+
 async def whole_reply(
-    parsed: AsyncIterator[tuple[list[ToolEvent], TokenEvent]],
-) -> tuple[list[str | ParsedCall], TokenEvent]:
-    """A non-streamed reply: its text and calls in order, and the final engine event; an
-    engine error raises."""
-    parts: list[str | ParsedCall] = []
+    parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
+) -> tuple[list[ReplyPart], TokenEvent]:
+    """A non-streamed reply: its reasoning, text and calls in order, and the final engine
+    event; an engine error raises."""
+    parts: list[ReplyPart] = []
     async for events, event in parsed:
         if event.error is not None:
             raise event.error
@@ -136,9 +244,14 @@ async def whole_reply(
     raise RuntimeError("the engine ended a request without a final event")
 
 
-def _add(parts: list[str | ParsedCall], event: ToolEvent) -> None:
+def _add(parts: list[ReplyPart], event: ReplyEvent) -> None:
     last = parts[-1] if parts else None
-    if isinstance(event, TextDelta):
+    if isinstance(event, ReasoningDelta):
+        if isinstance(last, Reasoning):
+            last.text += event.text
+        else:
+            parts.append(Reasoning(event.text))
+    elif isinstance(event, TextDelta):
         if isinstance(last, str):
             parts[-1] = last + event.text
         else:

@@ -14,6 +14,7 @@ import numpy as np
 
 from semantic.core import Batch, BatchItem, CacheSpec
 from semantic.engine.runner import step_tokens
+from semantic.text.grammar import GrammarStates, allowed
 
 
 class FakeRunner:
@@ -42,6 +43,7 @@ class FakeRunner:
         self.fail_row_on_token = fail_row_on_token
         self.slots: list[int | None] = [None] * (num_blocks * block_tokens)
         self.steps: list[Batch] = []
+        self.grammars = GrammarStates(vocab_size)
 
     def run(self, batch: Batch) -> list[int | None]:
         self.steps.append(batch)
@@ -59,6 +61,9 @@ class FakeRunner:
                     self.slots[self._slot(item, group, item.start_pos + offset)] = token
         outcomes = [(i, self._outcome(item)) for i, item in enumerate(batch.items) if item.sample]
         return step_tokens(len(batch.items), outcomes)
+
+    def forget(self, seq_id: int) -> None:
+        self.grammars.release(seq_id)
 
     def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         """The page's slots as "K" of each of its layers (token ids, -1 for empty); "V" is
@@ -82,7 +87,29 @@ class FakeRunner:
     def _outcome(self, item: BatchItem) -> int | Exception:
         if self.fail_row_on_token is not None and self.fail_row_on_token in self._context(item):
             return ValueError("injected sampling failure")
+        if item.sampling.grammar is not None:
+            return self._constrained_token(item)
         return self._next_token(item)
+
+    def _constrained_token(self, item: BatchItem) -> int | Exception:
+        """The hashed token if the item's grammar allows it, else the next id up that it
+        allows (any id, end tokens included), as a real runner's mask would leave it."""
+        grammar = item.sampling.grammar
+        mask, errors = self.grammars.bitmask([(item.seq_id, grammar, item.num_output_tokens)])
+        if errors:
+            return errors[0]
+        permitted = allowed(mask[0], self.vocab_size)
+        permitted[list(item.suppress_token_ids)] = False
+        if not permitted.any():
+            return ValueError("the grammar allows no token here")
+        start = self._next_token(item)
+        token = next(
+            t % self.vocab_size
+            for t in range(start, start + self.vocab_size)
+            if permitted[t % self.vocab_size]
+        )
+        error = self.grammars.accept(item.seq_id, token)
+        return token if error is None else error
 
     def _context(self, item: BatchItem) -> list[int | None]:
         """The tokens its last position reads, group by group, through the block tables: all

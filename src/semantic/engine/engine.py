@@ -115,6 +115,7 @@ class Engine:
     without its thread (tests). Only the engine thread (or the caller of `run_until_idle`)
     writes the scheduler, the pool, the prefix index, the agents and `_active`. Other threads
     read some of it without a lock: `stats()` reads sizes of the scheduler and the pool;
+    `progress()` two counts of a request's sequence;
     `PendingPersist.wait` reads agents to write manifests; the disk reader and writer threads
     read the disk tier, which locks inside. `metrics` is Prometheus objects, which lock inside:
     /metrics collects them from any thread.
@@ -281,6 +282,15 @@ class Engine:
         persisted = await self.persist(agent_ids)
         evicted = await self.call(lambda: self.agents.evict(agent_ids))
         return EvictResult(persisted, evicted)
+
+    def progress(self, request_id: str) -> tuple[int, int] | None:
+        """How far a request's prompt is prefilled: (tokens with KV, prompt tokens), for the
+        heartbeat of a long prefill; None once it has left the engine (or not yet arrived)."""
+        active = self._active.get(request_id)
+        if active is None:
+            return None
+        seq = active.seq
+        return min(seq.num_computed_tokens, seq.num_prompt_tokens), seq.num_prompt_tokens
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -531,6 +541,7 @@ class Engine:
     ) -> None:
         seq = active.seq
         history = self.scheduler.finish(seq, reason)
+        self.runner.forget(seq.seq_id)
         del self._active[seq.request.request_id]
         self.agents.finished(
             seq.request, history, seq.num_cached_tokens, seq.num_disk_tokens, seq.missing_hash

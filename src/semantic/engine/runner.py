@@ -33,6 +33,10 @@ class ModelRunner(Protocol):
         every item of the step."""
         ...
 
+    def forget(self, seq_id: int) -> None:
+        """Forget what the runner keeps of a sequence that has ended (its grammar's progress)."""
+        ...
+
     def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         """A copy of one page's K and V, `[layers_per_group, block_tokens, kv_heads, head_dim]`
         (bf16 and fp16 as their raw `np.uint16` bits), for the disk tier."""

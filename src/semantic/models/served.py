@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from semantic.errors import ModelNotFound
 from semantic.models.config import ModelConfig
 from semantic.text.chat import ChatTemplate
+from semantic.text.grammar import GrammarCompiler
 from semantic.text.tokenizer import Tokenizer
 
 
@@ -15,7 +16,8 @@ class ServedModel:
     """Everything about the loaded model that is not compute. `context_length` is the model's
     context, capped by the `max_model_len` setting; `weights_fingerprint` names its weights
     (their KV cache is tagged with it); `aliases` are the other names it answers to (the
-    registry's names for it, when `name` is the served model name)."""
+    registry's names for it, when `name` is the served model name); `grammars` compiles the
+    structured-output grammars of requests over its vocabulary."""
 
     name: str
     config: ModelConfig
@@ -24,6 +26,12 @@ class ServedModel:
     context_length: int
     weights_fingerprint: str
     aliases: tuple[str, ...] = ()
+    grammars: GrammarCompiler = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "grammars", GrammarCompiler(self.tokenizer, self.config.vocab_size)
+        )
 
     def check_requested_name(self, requested: str, strict: bool) -> None:
         """Raise `ModelNotFound` unless this model may answer a request for `requested` (every

@@ -137,6 +137,10 @@ class Tokenizer:
         token_id = self._backend.token_to_id(token)
         return None if token_id is None else int(token_id)
 
+    def backend_json(self) -> str:
+        """The whole tokenizer as `tokenizer.json` text (what grammar engines read)."""
+        return self._backend.to_str()
+
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
 

@@ -27,6 +27,8 @@ class HermesParser(ToolCallParser):
     """`<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` (Hermes, Qwen 2.5 and 3)."""
 
     MARKERS = ("<tool_call>", "</tool_call>")
+    CLOSER = "}\n</tool_call>"
+    TRIGGER = "<tool_call>"
 
     @classmethod
     def opener(cls, name: str | None) -> str:
@@ -51,6 +53,7 @@ class Llama3JsonParser(ToolCallParser):
 
     MARKERS = ("<|python_tag|>", "{")
     SEPARATORS = WHITESPACE + ";"
+    CLOSER = "}"
 
     @classmethod
     def opener(cls, name: str | None) -> str:
@@ -71,6 +74,8 @@ class MistralParser(ToolCallParser):
     (optionally `name[CALL_ID]id[ARGS]{…}`). The prefilled opener is the list form."""
 
     MARKERS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+    CLOSER = "}]"
+    TRIGGER = "[TOOL_CALLS]"
 
     def __init__(self, tools: Iterable[str]) -> None:
         super().__init__(tools)
@@ -156,6 +161,8 @@ class MistralParser(ToolCallParser):
 
 class MistralNamesParser(MistralParser):
     """The newer Mistral format: its prefilled opener is `[TOOL_CALLS]name[ARGS]`."""
+
+    CLOSER = ""
 
     @classmethod
     def opener(cls, name: str | None) -> str:

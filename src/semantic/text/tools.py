@@ -161,9 +161,14 @@ class ToolCallParser:
 
     Subclasses name their `MARKERS` (the strings that open a call, plus any the format writes
     as special tokens) and say what follows a marker (`_on_marker`). `opener` is the text a
-    reply forced to call a tool starts with (prefilled by the server, then fed here too)."""
+    reply forced to call a tool starts with (prefilled by the server, then fed here too);
+    `CLOSER` what ends a call after its arguments object, and `TRIGGER` the text that opens a
+    call anywhere in a reply (None where a call is told from text by its place): the grammar
+    of a call held to its tool's schema is built from them."""
 
     MARKERS: tuple[str, ...] = ()
+    CLOSER = ""
+    TRIGGER: str | None = None
     SEPARATORS = WHITESPACE  # what may sit between calls, dropped
 
     def __init__(self, tools: Iterable[str]) -> None:

@@ -30,6 +30,7 @@ from semantic.engine.runner import step_tokens
 from semantic.errors import ModelLoadFailed
 from semantic.kv_budget import auto_budget_bytes, host_available_bytes
 from semantic.models.config import ModelConfig
+from semantic.text.grammar import GrammarStates
 
 _DTYPE_NAMES = {torch_dtype: name for name, torch_dtype in DTYPES.items()}
 
@@ -99,6 +100,7 @@ class TorchRunner:
         )
         self.pool = KVPool(self.cache_spec, self.num_blocks, self.device, cpu if in_place else None)
         self.vocab_size = config.vocab_size
+        self.grammars = GrammarStates(config.vocab_size)
 
     def _auto_budget_bytes(self) -> int:
         """The pool's share of the memory left once the weights are in (`kv_budget.py`)."""
@@ -112,8 +114,11 @@ class TorchRunner:
         that cannot be sampled fails alone: `ModelRunner.run`)."""
         self._copy_blocks(batch.copies)
         step = self.prepare(batch)
-        outcomes = sample(self._logits(step), step.sampled_items)
+        outcomes = sample(self._logits(step), step.sampled_items, self.grammars)
         return step_tokens(len(batch.items), zip(step.sampled_index, outcomes, strict=True))
+
+    def forget(self, seq_id: int) -> None:
+        self.grammars.release(seq_id)
 
     def forward_logits(self, batch: Batch) -> torch.Tensor:
         """Like `run` but return fp32 logits [N, V] of the sample=True items, in batch order."""

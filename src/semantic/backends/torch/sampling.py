@@ -4,7 +4,9 @@ A seeded request draws from a generator seeded by (seed, tokens generated so far
 is reproducible whatever it is batched with, and the runner keeps no random state between steps.
 A row that cannot be sampled (non-finite logits or probabilities, a value the draw refuses) gets
 its error instead of a token, so it fails its own request and never the batch. Probabilities are
-checked before `multinomial`, which on CUDA would stop the device instead of raising.
+checked before `multinomial`, which on CUDA would stop the device instead of raising. A row with
+a grammar (structured output) has every token its grammar forbids masked first, and its matcher
+takes the token drawn; a row whose grammar fails fails alone too.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from semantic.core import BatchItem, SamplingParams
+from semantic.text.grammar import GrammarStates
 
 # Top-p first looks among this many most likely tokens; a nucleus wider than them (rare: a flat
 # distribution) falls back to sorting the whole vocabulary.
@@ -25,10 +29,14 @@ class Unsampleable(ValueError):
     """A row whose logits or probabilities are not finite numbers: it has no token to give."""
 
 
-def sample(logits: torch.Tensor, items: Sequence[BatchItem]) -> list[int | Exception]:
-    """logits: [N, V] fp32, one row per item → per item, its token id or why it has none."""
+def sample(
+    logits: torch.Tensor, items: Sequence[BatchItem], grammars: GrammarStates | None = None
+) -> list[int | Exception]:
+    """logits: [N, V] fp32, one row per item → per item, its token id or why it has none.
+    `grammars` holds the matchers of the items with a grammar (none: no item has one)."""
     with torch.inference_mode():  # the logits are inference tensors; suppression writes them
         _suppress(logits, items)
+        masks, failed = _grammar_masks(items, grammars)
         best = logits.argmax(-1)
         # argmax picks a NaN or +inf where a row has one, and -inf only when all are: so the
         # chosen logit is finite exactly when the row is usable.
@@ -36,12 +44,63 @@ def sample(logits: torch.Tensor, items: Sequence[BatchItem]) -> list[int | Excep
         tokens, usable = torch.stack([best, finite.long()]).tolist()  # one copy to the host
         outcomes: list[int | Exception] = []
         for row, item in enumerate(items):
-            if not usable[row]:
-                outcomes.append(Unsampleable("the model's logits for this request are not finite"))
+            mask = masks.get(row)
+            if mask is not None and not (item.sampling.greedy and _allows(mask, tokens[row])):
+                # A greedy row whose best token the grammar allows needs no mask at all.
+                tokens[row], usable[row] = _masked_best(logits[row], mask)
+            if row in failed:
+                outcomes.append(failed[row])
+            elif not usable[row]:
+                outcomes.append(Unsampleable("no token the model and its constraints allow"))
             elif item.sampling.greedy:
                 outcomes.append(tokens[row])
             else:
                 outcomes.append(_draw_or_error(logits[row], item))
+    return _advance(grammars, items, outcomes) if masks else outcomes
+
+
+def _grammar_masks(
+    items: Sequence[BatchItem], grammars: GrammarStates | None
+) -> tuple[dict[int, np.ndarray], dict[int, Exception]]:
+    """The allowed-token bitmask of each row with a grammar, and the rows whose grammar failed."""
+    rows = [row for row, item in enumerate(items) if item.sampling.grammar is not None]
+    if not rows or grammars is None:
+        return {}, {}
+    mask, errors = grammars.bitmask(
+        [(items[r].seq_id, items[r].sampling.grammar, items[r].num_output_tokens) for r in rows]
+    )
+    masks = {row: mask[i] for i, row in enumerate(rows) if i not in errors}
+    return masks, {rows[i]: error for i, error in errors.items()}
+
+
+def _allows(mask: np.ndarray, token: int) -> bool:
+    return 0 <= token < mask.shape[0] * 32 and bool((int(mask[token >> 5]) >> (token & 31)) & 1)
+
+
+def _masked_best(logits: torch.Tensor, mask: np.ndarray) -> tuple[int, bool]:
+    """logits: [V] → every token the mask forbids set to -inf (in place: a draw reads them), and
+    the best token left, with whether it is finite. On the CPU in numpy: for one row that is
+    far quicker than a trip through torch's thread pool."""
+    allowed = np.unpackbits(mask.view(np.uint8), bitorder="little")[: logits.shape[-1]]
+    if logits.device.type == "cpu":
+        np.copyto(logits.numpy(), -np.inf, where=allowed == 0)
+    else:
+        forbidden = torch.from_numpy(allowed == 0).to(logits.device, non_blocking=True)
+        logits.masked_fill_(forbidden, float("-inf"))
+    best = int(logits.argmax())
+    return best, bool(torch.isfinite(logits[best]))
+
+
+def _advance(
+    grammars: GrammarStates | None, items: Sequence[BatchItem], outcomes: list[int | Exception]
+) -> list[int | Exception]:
+    """Each constrained row's matcher takes its token; a token it refuses fails the row."""
+    assert grammars is not None
+    for row, item in enumerate(items):
+        token = outcomes[row]
+        if item.sampling.grammar is not None and isinstance(token, int):
+            error = grammars.accept(item.seq_id, token)
+            outcomes[row] = token if error is None else error
     return outcomes
 
 

@@ -1,0 +1,461 @@
+"""OpenAI Responses API (what Codex speaks): `POST /v1/responses`, `GET` / `DELETE
+/v1/responses/{id}` and `GET /v1/responses/{id}/input_items`.
+
+Translation only: the body and its input items are read in responses_request.py, stored
+responses kept in responses_store.py, SSE bytes live in streaming.py. A stored response chain
+is an agent (`chain_agent`): each response of a chain continues the agent its first one
+started, so the next response reads the chain's KV from the agent cache (memory or disk, after
+a restart too) and `usage.input_tokens_details.cached_tokens` shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from semantic.api import limits, rate_limits
+from semantic.api.agents import named_agent
+from semantic.api.anthropic import agent_id_from
+from semantic.api.anthropic_request import parse_body
+from semantic.api.auth import key_id_of
+from semantic.api.errors import error_payload
+from semantic.api.gate import engine_of
+from semantic.api.openai_tools import (
+    FunctionName,
+    NamedToolChoice,
+    ToolChoiceField,
+    template_tools,
+    tool_use_of,
+)
+from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
+from semantic.api.responses_output import OutputItems, item_id, public
+from semantic.api.responses_request import (
+    ResponsesBody,
+    Tool,
+    input_items,
+    template_messages,
+)
+from semantic.api.responses_store import ResponseStore, StoredResponse
+from semantic.api.streaming import (
+    after_the_200,
+    named_event,
+    prefill_comments,
+    sse_response,
+    unless_disconnected,
+    with_keep_alive,
+)
+from semantic.api.thinking import Thinking, shape_reply
+from semantic.api.tool_use import ReplyEvent, ToolUse
+from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage
+from semantic.core import Request as GenerationRequest
+from semantic.errors import InvalidRequest, NotFound, PreviousResponseNotFound
+from semantic.models.served import ServedModel
+from semantic.text.grammar import Grammar
+from semantic.text.reasoning import ThinkingSwitch
+from semantic.text.tokenizer import Tokenizer
+
+router = APIRouter()
+
+
+def store_of(request: Request) -> ResponseStore:
+    store: ResponseStore = request.app.state.responses
+    return store
+
+
+# -- the agent -----------------------------------------------------------------------------
+
+
+def chain_agent(
+    body: ResponsesBody,
+    headers: Mapping[str, str],
+    previous: StoredResponse | None,
+    response_id: str,
+) -> str | None:
+    """The agent a response continues: its chain's (the agent its first response started),
+    else the one the request names (`session_id`, `x-session-id`, then Codex's
+    `prompt_cache_key`), else, for a stored response, a new one named after it (its chain
+    will continue it), else none (prefix reuse still finds its cache by content)."""
+    if previous is not None:
+        return previous.agent_id
+    named = named_agent(headers, body.session_id, param="session_id")
+    if named is not None:
+        return named
+    if body.prompt_cache_key:
+        return agent_id_from(body.prompt_cache_key)
+    return response_id if body.store else None
+
+
+# -- the prompt ----------------------------------------------------------------------------
+
+
+def render_prompt(
+    model: ServedModel,
+    body: ResponsesBody,
+    chain: list[StoredResponse],
+    new_messages: list[dict[str, Any]],
+    reply_start: str = "",
+    template_vars: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """The chain's messages (each response's input and output) then the new input, after
+    this request's `instructions` (instructions are not carried over a chain, as the API
+    says); `reply_start` ends it, `template_vars` are the template's switches (thinking)."""
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    messages = system + [m for stored in chain for m in stored.messages] + new_messages
+    text = model.chat_template.render(
+        messages, tools=template_tools(body.functions()), **(template_vars or {})
+    )
+    return model.tokenizer.encode(text + reply_start)
+
+
+def _tool_use(model: ServedModel, body: ResponsesBody) -> ToolUse:
+    functions = body.functions()
+    choice = body.tool_choice
+    mode: ToolChoiceField = "auto"
+    if isinstance(choice, str):
+        mode = choice
+    elif choice is not None and choice.type in ("function", "custom"):
+        name = getattr(choice, "name", None)
+        if isinstance(name, str):
+            mode = NamedToolChoice(type="function", function=FunctionName(name=name))
+    return tool_use_of(model, functions or None, mode, body.parallel_tool_calls)
+
+
+# -- the response --------------------------------------------------------------------------
+
+
+class _Response:
+    """One response's identity and settings, shared by its events, its JSON body and its
+    stored record."""
+
+    def __init__(self, body: ResponsesBody, response_id: str, tokenizer: Tokenizer) -> None:
+        self.body = body
+        self.id = response_id
+        self.created_at = int(time.time())
+        self.tokenizer = tokenizer
+        self.sealed = "reasoning.encrypted_content" in (body.include or [])
+
+    def json(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        final: TokenEvent | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        body = self.body
+        length = final is not None and final.finish_reason is FinishReason.LENGTH
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "background": False,
+            "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if length else None,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "model": body.model,
+            "output": [public(item) for item in output],
+            "parallel_tool_calls": body.parallel_tool_calls,
+            "previous_response_id": body.previous_response_id,
+            "reasoning": {
+                "effort": body.reasoning.effort if body.reasoning else None,
+                "summary": None,
+            },
+            "store": body.store,
+            "temperature": 1.0 if body.temperature is None else body.temperature,
+            "text": {"format": _format_json(body)},
+            "tool_choice": _tool_choice_json(body),
+            "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
+            "top_p": 1.0 if body.top_p is None else body.top_p,
+            "truncation": "disabled",
+            "usage": None
+            if final is None or final.usage is None
+            else usage_json(final.usage, self._reasoning_tokens(output)),
+            "user": None,
+            "metadata": body.metadata or {},
+        }
+
+    def _reasoning_tokens(self, output: list[dict[str, Any]]) -> int:
+        """The reasoning's tokens, counted again from its text (the engine counts the output,
+        not which of it was reasoning)."""
+        texts = [
+            p["text"] for item in output if item["type"] == "reasoning" for p in item["content"]
+        ]
+        return len(self.tokenizer.encode("".join(texts))) if texts else 0
+
+    def status_of(self, final: TokenEvent) -> str:
+        return "incomplete" if final.finish_reason is FinishReason.LENGTH else "completed"
+
+
+def usage_json(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
+    """Responses usage: `input_tokens` is the whole prompt, of which `cached_tokens` came from
+    the cache."""
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
+
+
+def _format_json(body: ResponsesBody) -> dict[str, Any]:
+    if body.text is None or body.text.format is None:
+        return {"type": "text"}
+    return body.text.format.model_dump(exclude_none=True, by_alias=True)
+
+
+def _tool_choice_json(body: ResponsesBody) -> Any:
+    choice = body.tool_choice
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else choice.model_dump(exclude_none=True)
+
+
+# -- the routes ----------------------------------------------------------------------------
+
+
+@router.post(
+    "/v1/responses",
+    openapi_extra=json_body(ResponsesBody, prefix="Responses"),
+    responses={200: STREAMED_OR_JSON, **error_responses("openai", 400, 404, 413, 500, 503)},
+)
+async def create_response(request: Request) -> Response:
+    body = await parse_body(request, ResponsesBody)
+    engine, settings = engine_of(request), request.app.state.settings
+    engine.model.check_requested_name(body.model, settings.strict_model_names)
+    owner, store = key_id_of(request), store_of(request)
+    chain: list[StoredResponse] = []
+    if body.previous_response_id is not None:
+        chain = await _chain(store, body.previous_response_id, owner)
+    items = input_items(body)
+    new_messages = template_messages(items)
+    history = sum(len(stored.messages) for stored in chain)
+    limits.check_counts(settings, history + len(new_messages), len(body.tools or []))
+    response_id = item_id("resp")
+    agent = chain_agent(body, request.headers, chain[-1] if chain else None, response_id)
+    rate_limits.check_agent(request, agent)
+    tools = _tool_use(engine.model, body)
+    output_format = body.text.format.output_format() if body.text and body.text.format else None
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    thinking = Thinking.of(engine.model, ThinkingSwitch.from_effort(effort))
+    render = partial(render_prompt, engine.model, body, chain, new_messages)
+    prompt_ids, grammar = await shape_reply(engine.model, output_format, tools, thinking, render)
+    limits.check_prompt(settings, len(prompt_ids), "input")
+    max_tokens = limits.output_budget(
+        settings,
+        body.max_output_tokens,
+        len(prompt_ids),
+        engine.max_seq_tokens,
+        settings.default_max_tokens,
+        param="max_output_tokens",
+        prompt_param="input",
+    )
+    generation = GenerationRequest(
+        request_id=request.state.request_id,
+        prompt_token_ids=prompt_ids,
+        sampling=_sampling(body, max_tokens, grammar),
+        agent_id=agent,
+    )
+    events = engine.stream(generation)
+    parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
+    reply = _Response(body, response_id, engine.model.tokenizer)
+    offered = body.offered_tools()
+    record = _Record(store, reply, items, new_messages, agent, owner)
+    if body.stream:
+        frames = after_the_200(_frames(reply, parsed, offered, record), events, _error_frame)
+        heartbeat = prefill_comments(partial(engine.progress, generation.request_id))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat))
+    answer = await unless_disconnected(request, _collect(reply, parsed, offered, record))
+    return JSONResponse(answer)
+
+
+async def _chain(store: ResponseStore, last_id: str, owner: str | None) -> list[StoredResponse]:
+    """The stored chain a request continues; OpenAI's 400 when a response of it is gone (or
+    is another key's)."""
+    try:
+        return await asyncio.to_thread(store.chain, last_id, owner)
+    except NotFound:
+        raise PreviousResponseNotFound(last_id) from None
+
+
+def _sampling(body: ResponsesBody, max_tokens: int, grammar: Grammar | None) -> SamplingParams:
+    return SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        max_tokens=max_tokens,
+        grammar=grammar,
+    )
+
+
+class _Record:
+    """What a finished response leaves in the store, when the request asked for `store`."""
+
+    def __init__(
+        self,
+        store: ResponseStore,
+        reply: _Response,
+        items: list[dict[str, Any]],
+        messages: list[dict[str, Any]],
+        agent: str | None,
+        owner: str | None,
+    ) -> None:
+        self.store, self.reply, self.items, self.messages = store, reply, items, messages
+        self.agent, self.owner = agent, owner
+
+    async def save(self, response: dict[str, Any]) -> None:
+        if not self.reply.body.store:
+            return
+        output_messages = template_messages(response["output"])
+        stored = StoredResponse(
+            response=response,
+            input_items=[_with_id(item) for item in self.items if isinstance(item, dict)],
+            messages=self.messages + output_messages,
+            agent_id=self.agent,
+            owner=self.owner,
+        )
+        await asyncio.to_thread(self.store.save, stored)
+
+
+def _with_id(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as the input_items list shows it: with an id and a type, a message's text
+    as parts."""
+    kind = item.get("type", "message")
+    stored = {"id": item_id("msg" if kind == "message" else "item"), **item, "type": kind}
+    if kind == "message":
+        content = item.get("content")
+        if isinstance(content, str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            stored["content"] = [{"type": part, "text": content}]
+        stored.setdefault("status", "completed")
+    return stored
+
+
+async def _collect(
+    reply: _Response,
+    parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
+    offered: list[tuple[Tool, str | None]],
+    record: _Record,
+) -> dict[str, Any]:
+    output = OutputItems(offered, reply.sealed)
+    async for tool_events, event in parsed:
+        if event.error is not None:
+            raise event.error
+        for tool_event in tool_events:
+            output.feed(tool_event)
+        if event.final:
+            output.close()
+            response = reply.json(reply.status_of(event), output.items, event)
+            await record.save(response)
+            return response
+    raise RuntimeError("the engine ended a request without a final event")
+
+
+async def _frames(
+    reply: _Response,
+    parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
+    offered: list[tuple[Tool, str | None]],
+    record: _Record,
+) -> AsyncIterator[str]:
+    """The Responses event stream: created and in_progress at once (before the prompt is
+    prefilled), each output item's events, then completed (or incomplete); an `error` event
+    and `response.failed` if the engine fails after the 200."""
+    output = OutputItems(offered, reply.sealed)
+    start = reply.json("in_progress", [])
+    for kind in ("response.created", "response.in_progress"):
+        yield _frame(output.event({"type": kind, "response": start}))
+    async for tool_events, event in parsed:
+        if event.error is not None:
+            for frame in _failure(output, reply, event.error):
+                yield frame
+            return
+        for tool_event in tool_events:
+            for payload in output.feed(tool_event):
+                yield _frame(payload)
+        if event.final:
+            for payload in output.close():
+                yield _frame(payload)
+            status = reply.status_of(event)
+            response = reply.json(status, output.items, event)
+            await record.save(response)
+            kind = "response.completed" if status == "completed" else "response.incomplete"
+            yield _frame(output.event({"type": kind, "response": response}))
+            return
+
+
+def _failure(output: OutputItems, reply: _Response, exc: Exception) -> list[str]:
+    detail = error_payload(exc)["error"]
+    error = {"type": "error", "code": detail["code"] or detail["type"]}
+    error |= {"message": detail["message"], "param": None}
+    failed = reply.json(
+        "failed", output.items, error={"code": error["code"], "message": error["message"]}
+    )
+    return [
+        _frame(output.event(error)),
+        _frame(output.event({"type": "response.failed", "response": failed})),
+    ]
+
+
+def _frame(payload: dict[str, Any]) -> str:
+    return named_event(str(payload["type"]), payload)
+
+
+def _error_frame(exc: Exception) -> str:
+    detail = error_payload(exc)["error"]
+    payload = {"type": "error", "code": detail["code"] or detail["type"]}
+    return _frame(payload | {"message": detail["message"], "param": None, "sequence_number": 0})
+
+
+@router.get("/v1/responses/{response_id}", responses=error_responses("openai", 404, 500))
+async def get_response(response_id: str, request: Request) -> dict[str, Any]:
+    stored = await asyncio.to_thread(store_of(request).load, response_id, key_id_of(request))
+    return stored.response
+
+
+@router.delete("/v1/responses/{response_id}", responses=error_responses("openai", 404, 500))
+async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
+    await asyncio.to_thread(store_of(request).delete, response_id, key_id_of(request))
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+@router.get(
+    "/v1/responses/{response_id}/input_items", responses=error_responses("openai", 400, 404, 500)
+)
+async def list_input_items(response_id: str, request: Request) -> dict[str, Any]:
+    """A stored response's input items, newest first unless `order=asc`, `limit` (1 to 100,
+    default 20) at a time, after the item `after`."""
+    stored = await asyncio.to_thread(store_of(request).load, response_id, key_id_of(request))
+    query = request.query_params
+    limit = _limit(query.get("limit"))
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be 'asc' or 'desc'", param="order")
+    items = stored.input_items if order == "asc" else stored.input_items[::-1]
+    after = query.get("after")
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    }
+
+
+def _limit(value: str | None) -> int:
+    if value is None:
+        return 20
+    if not value.isdigit() or not 1 <= int(value) <= 100:
+        raise InvalidRequest(
+            f"limit: must be an integer from 1 to 100, not {value[:20]!r}", param="limit"
+        )
+    return int(value)

@@ -1,0 +1,313 @@
+"""Structured output: JSON schemas (and tool calls' arguments: a forced call's, or those of the
+calls a reply opens amid free text) compiled into grammars over the model's vocabulary, and
+each sequence's progress through its grammar.
+
+Built on llguidance: it needs no precomputation per schema (a grammar is ready in well under a
+millisecond, then masks are computed as the parser goes, tens of microseconds a row), its
+matchers never raise on a bad token (a row in error fails alone), and it depends on nothing,
+so the fake runner uses it as the torch runner does. `GrammarCompiler` (one per served model)
+compiles and caches; `GrammarStates` (one per runner) keeps the matcher of each sequence that
+has a grammar, keyed by sequence id, and fills the allowed-token bitmask of each step's rows.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import llguidance
+import numpy as np
+
+from semantic.core import OutputGrammar
+from semantic.errors import InvalidRequest
+from semantic.text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+# Separators as `json.dumps` writes them, and no other whitespace: what models were trained on,
+# and a small model cannot loop on blank lines.
+_JSON_OPTIONS: dict[str, Any] = {
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "whitespace_flexible": False,
+}
+_ANY_JSON_OBJECT = {"type": "object"}
+_CACHED_GRAMMARS = 128  # per model; a schema is a few KB at most
+
+
+class GrammarViolation(ValueError):
+    """A sequence's output left its grammar (its row fails alone)."""
+
+
+@dataclass(slots=True, frozen=True, eq=False)
+class Grammar:
+    """A compiled grammar: what one request's output must follow. `description` names it in
+    errors and logs; a request holds it in its sampling parameters. `lazy`: it holds only the
+    tool calls the reply opens, and leaves the text around them (reasoning included) free.
+
+    `start` is a matcher at the grammar's start, built when the grammar is compiled (on a
+    worker thread) and never advanced: each sequence's matcher is a copy of it, tens of
+    microseconds on the engine thread where building one anew takes up to tens of
+    milliseconds for many tools' schemas, a stall of every sequence in the step."""
+
+    description: str
+    start: llguidance.LLMatcher = field(repr=False)
+    lazy: bool = False
+
+    def matcher(self) -> GrammarMatcher:
+        return GrammarMatcher(self)
+
+
+class GrammarMatcher:
+    """One sequence's place in its grammar: the tokens it may take next, and each token taken."""
+
+    def __init__(self, grammar: Grammar) -> None:
+        self.grammar = grammar
+        self._matcher = grammar.start.deep_copy()
+        self.consumed = 0  # tokens accepted so far
+
+    def fill(self, row: np.ndarray) -> None:
+        """Write the allowed next tokens into `row` (int32 words, one bit per token id)."""
+        self._check()
+        self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        self._check()
+
+    def accept(self, token: int) -> None:
+        if not self._matcher.consume_token(token):
+            raise GrammarViolation(
+                f"token {token} breaks {self.grammar.description}: {self._matcher.get_error()}"
+            )
+        self.consumed += 1
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            raise GrammarViolation(f"{self.grammar.description}: {self._matcher.get_error()}")
+
+
+class GrammarCompiler:
+    """Grammars over one model's vocabulary, compiled once per schema and kept (a bounded LRU).
+    Thread-safe: the API compiles on worker threads. The vocabulary is read on first use (a
+    fraction of a second), so a server that never constrains output never pays for it."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._vocabulary: llguidance.LLTokenizer | None = None
+        self._cache: OrderedDict[str, Grammar] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def json_schema(self, schema: dict[str, Any] | None, name: str = "the JSON schema") -> Grammar:
+        """Output that is one JSON value valid under `schema` (None: any JSON object)."""
+        text = _canonical(_ANY_JSON_OBJECT if schema is None else schema)
+        return self._compiled(f"json:{text}", name, lambda _: _json_grammar(text))
+
+    def tool_calls(self, form: ToolCallForm) -> Grammar:
+        """A reply whose tool calls follow their tools' schemas (`ToolCallForm`)."""
+        key = "tools:" + _canonical(form.key())
+        return self._compiled(
+            key, "the tools' schemas", lambda v: _tool_grammar(form, v), lazy=not form.forced
+        )
+
+    def _compiled(
+        self,
+        key: str,
+        description: str,
+        build: Callable[[llguidance.LLTokenizer], str],
+        lazy: bool = False,
+    ) -> Grammar:
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                return cached
+            vocabulary = self._vocabulary_locked()
+        source = build(vocabulary)
+        error = llguidance.LLMatcher.validate_grammar(source, vocabulary)
+        if error:
+            raise InvalidRequest(f"{description} is not supported: {error[:500]}")
+        start = llguidance.LLMatcher(vocabulary, source, log_level=0)
+        grammar = Grammar(description, start, lazy)
+        with self._lock:
+            self._cache[key] = grammar
+            while len(self._cache) > _CACHED_GRAMMARS:
+                self._cache.popitem(last=False)
+        return grammar
+
+    def _vocabulary_locked(self) -> llguidance.LLTokenizer:
+        if self._vocabulary is None:
+            eos = sorted(self._tokenizer.eos_token_ids)
+            self._vocabulary = llguidance.LLTokenizer(
+                self._tokenizer.backend_json(), n_vocab=self.vocab_size, eos_token=eos or None
+            )
+        return self._vocabulary
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _json_grammar(schema_text: str) -> str:
+    try:
+        options = cast("JsonCompileOptions", _JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(schema_text, overrides=options)
+    except ValueError as exc:
+        raise InvalidRequest(f"the JSON schema is not supported: {exc}") from None
+
+
+@dataclass(slots=True, frozen=True)
+class CallShape:
+    """One tool a call may name, as the grammar writes it: `lead` (what comes before the
+    arguments: the rest of the opener, with the tool's name), the arguments' `schema`, and
+    whether it binds (`strict`: a schema the engine cannot take is an error) or is a best
+    effort (keywords the engine lacks are ignored; a schema it cannot take at all allows any
+    object)."""
+
+    lead: str
+    schema: dict[str, Any]
+    strict: bool
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCallForm:
+    """How a reply's tool calls must be written. `forced`: the reply starts inside a call of
+    one of these tools (after its prefilled opener); empty when it starts as text. `trigger`
+    and `later`: the text that opens a call anywhere after that (in free text), and the tools
+    such a call may name; no trigger: nothing follows a forced call. `closer` ends a call."""
+
+    closer: str
+    forced: tuple[CallShape, ...] = ()
+    trigger: str | None = None
+    later: tuple[CallShape, ...] = ()
+
+    def key(self) -> list[Any]:
+        """The form as plain JSON values (what the compiler caches its grammar by)."""
+        groups = (self.forced, self.later)
+        shapes = [[[s.lead, s.schema, s.strict] for s in group] for group in groups]
+        return [self.closer, self.trigger, *shapes]
+
+
+def _tool_grammar(form: ToolCallForm, vocabulary: llguidance.LLTokenizer) -> str:
+    """A Lark grammar: a forced call (one alternative per tool: its lead, `%json{schema}`, the
+    closer), then, past a trigger, calls anywhere in free text (a lazy lexeme: any text up to
+    the trigger's first appearance)."""
+    rules: list[str] = []
+    start: list[str] = []
+    if form.forced:
+        start.append(_alternatives(rules, "first", form.forced, form.closer, vocabulary))
+    if form.trigger is not None:
+        called = _alternatives(rules, "later", form.later, form.closer, vocabulary)
+        rules += [
+            "TEXT: /(.|\\n)*/",
+            f"opened[lazy]: TEXT {_literal(form.trigger)}",
+            f"call: opened {called}",
+        ]
+        start.append("call* TEXT")
+    lark = f"start: {' '.join(start)}\n" + "\n".join(rules)
+    return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def _alternatives(
+    rules: list[str],
+    name: str,
+    shapes: Sequence[CallShape],
+    closer: str,
+    vocabulary: llguidance.LLTokenizer,
+) -> str:
+    """Adds a rule per shape (its lead, its arguments, the closer) to `rules`; returns the rule
+    that is any one of them."""
+    for i, shape in enumerate(shapes):
+        schema = json.dumps(_arguments_schema(shape, vocabulary))
+        rules.append(f"{name}_{i}: {_literal(shape.lead)} {name}_args_{i} {_literal(closer)}")
+        rules.append(f"{name}_args_{i}: %json {schema}")
+    rules.append(f"{name}: " + " | ".join(f"{name}_{i}" for i in range(len(shapes))))
+    return name
+
+
+def _arguments_schema(shape: CallShape, vocabulary: llguidance.LLTokenizer) -> dict[str, Any]:
+    """A shape's schema with our JSON options; a best-effort one is lenient, and when even so
+    the engine cannot take it, any object."""
+    if shape.strict:
+        return {**shape.schema, "x-guidance": _JSON_OPTIONS}
+    lenient = {**shape.schema, "x-guidance": {**_JSON_OPTIONS, "lenient": True}}
+    lark = f"start: %json {json.dumps(lenient)}"
+    try:
+        error = llguidance.LLMatcher.validate_grammar(
+            llguidance.LLMatcher.grammar_from_lark(lark), vocabulary
+        )
+    except ValueError as exc:
+        error = str(exc)
+    if error:
+        return {**_ANY_JSON_OBJECT, "x-guidance": _JSON_OPTIONS}
+    return lenient
+
+
+def _literal(text: str) -> str:
+    """A Lark string literal (empty text is no symbol at all)."""
+    return json.dumps(text) if text else ""
+
+
+class GrammarStates:
+    """The grammar matchers of the sequences a runner is computing, by sequence id.
+
+    Owned by a runner and used on the engine thread only. A matcher is made when its sequence
+    is first sampled and dropped by `release` when the sequence ends; a preempted sequence keeps
+    its own (its output tokens are kept too)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.words = -(-vocab_size // 32)
+        self._matchers: dict[int, GrammarMatcher] = {}
+
+    def bitmask(
+        self, rows: Sequence[tuple[int, OutputGrammar | None, int]]
+    ) -> tuple[np.ndarray, dict[int, Exception]]:
+        """For each row (sequence id, grammar, tokens generated so far): its allowed tokens as
+        int32 words (all bits set for a row without a grammar), and the rows that cannot go on
+        (their error)."""
+        mask = np.full((len(rows), self.words), -1, dtype=np.int32)
+        errors: dict[int, Exception] = {}
+        for index, (seq_id, grammar, generated) in enumerate(rows):
+            if grammar is None:
+                continue
+            try:
+                self._matcher(seq_id, grammar, generated).fill(mask[index])
+            except GrammarViolation as exc:
+                errors[index] = exc
+        return mask, errors
+
+    def accept(self, seq_id: int, token: int) -> Exception | None:
+        """Advance a sequence's matcher by its sampled token; the error if the token breaks it."""
+        matcher = self._matchers.get(seq_id)
+        if matcher is None:
+            return None
+        try:
+            matcher.accept(token)
+        except GrammarViolation as exc:
+            return exc
+        return None
+
+    def release(self, seq_id: int) -> None:
+        self._matchers.pop(seq_id, None)
+
+    def __len__(self) -> int:
+        return len(self._matchers)
+
+    def _matcher(self, seq_id: int, grammar: OutputGrammar, generated: int) -> GrammarMatcher:
+        matcher = self._matchers.get(seq_id)
+        if matcher is None:
+            matcher = self._matchers[seq_id] = grammar.matcher()
+        if matcher.consumed != generated:  # a token it never saw: its state would be wrong
+            raise GrammarViolation(
+                f"the grammar has seen {matcher.consumed} of this sequence's {generated} tokens"
+            )
+        return matcher
+
+
+def allowed(mask_row: np.ndarray, vocab_size: int) -> np.ndarray:
+    """A bitmask row as booleans per token id, `[vocab_size]`."""
+    bits = np.unpackbits(mask_row.view(np.uint8), bitorder="little")
+    return bits[:vocab_size].astype(bool)

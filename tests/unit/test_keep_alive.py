@@ -1,0 +1,107 @@
+"""A long cold prefill keeps every stream alive: a 10K-token prompt, prefilled in chunks by a
+slowed fake runner, gets its protocol's heartbeat (Anthropic `ping` events, SSE comments with
+the prefill's progress in the OpenAI APIs) before its first token."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from semantic.api.app import create_app
+from semantic.backends.fake import FakeRunner
+from semantic.config import Settings
+from semantic.core import Batch
+from semantic.engine.engine import Engine
+from semantic.models.served import ServedModel
+from semantic.text.tokenizer import Tokenizer
+from tests.unit.fakes import fake_served, with_chatml
+
+PROMPT_TOKENS = 10_000
+
+
+class SlowPrefill(FakeRunner):
+    """A step with prompt chunks in it takes a while, as a cold prefill does on a CPU."""
+
+    def run(self, batch: Batch) -> list[int | None]:
+        if any(len(item.token_ids) > 1 for item in batch.items):
+            time.sleep(0.04)
+        return super().run(batch)
+
+
+@pytest.fixture
+def api(tiny_tokenizer: Tokenizer, tmp_path: Path) -> Iterator[TestClient]:
+    served: ServedModel = with_chatml(fake_served(tiny_tokenizer, context=12_288))
+    runner = SlowPrefill(num_blocks=50, block_tokens=256, vocab_size=400, first_token_id=3)
+    settings = Settings(
+        cache_dir=tmp_path, batch_window_ms=0, max_batch_tokens=512, keep_alive_s=0.05
+    )
+    engine = Engine(runner, served, settings)
+    with TestClient(create_app(engine, settings)) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def long_text(tiny_tokenizer: Tokenizer) -> str:
+    sentence = "The quick brown fox jumps over the lazy dog. "
+    text = sentence * (PROMPT_TOKENS // len(tiny_tokenizer.encode(sentence)))
+    while len(tiny_tokenizer.encode(text)) < PROMPT_TOKENS:
+        text += sentence * 20
+    return text
+
+
+def stream(api: TestClient, route: str, body: dict[str, Any]) -> list[str]:
+    """The raw SSE frames, in order."""
+    with api.stream("POST", route, json=body) as response:
+        assert response.status_code == 200
+        raw = "".join(response.iter_text())
+    return [frame for frame in raw.split("\n\n") if frame]
+
+
+def test_anthropic_pings_come_before_the_first_token(api: TestClient, long_text: str) -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 4,
+        "stream": True,
+        "messages": [{"role": "user", "content": long_text}],
+    }
+    frames = stream(api, "/v1/messages", body)
+    first_block = next(i for i, f in enumerate(frames) if "content_block_start" in f)
+    pings = [f for f in frames[1:first_block] if f.startswith("event: ping")]
+    assert len(pings) >= 3  # one at once, then one per silent interval
+
+
+def test_openai_comments_report_the_prefill_before_the_first_token(
+    api: TestClient, long_text: str
+) -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 4,
+        "stream": True,
+        "messages": [{"role": "user", "content": long_text}],
+    }
+    frames = stream(api, "/v1/chat/completions", body)
+    first_text = next(
+        i for i, f in enumerate(frames) if '"content":"' in f and '"content":""' not in f
+    )
+    comments = [f for f in frames[:first_text] if f.startswith(":")]
+    assert len(comments) >= 3
+    progress = [
+        tuple(map(int, m.groups()))
+        for f in comments
+        if (m := re.match(r": prefill (\d+)/(\d+)", f))
+    ]
+    assert progress and all(total >= PROMPT_TOKENS for _, total in progress)
+    assert [done for done, _ in progress] == sorted(done for done, _ in progress)
+
+
+def test_responses_comments_come_before_the_first_token(api: TestClient, long_text: str) -> None:
+    body = {"model": "m", "max_output_tokens": 4, "stream": True, "input": long_text}
+    frames = stream(api, "/v1/responses", body)
+    first_item = next(i for i, f in enumerate(frames) if "response.output_item.added" in f)
+    assert len([f for f in frames[:first_item] if f.startswith(":")]) >= 3

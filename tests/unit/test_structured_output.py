@@ -1,0 +1,383 @@
+"""Structured output over the fake runner and a tiny random model: every API's format field
+becomes a grammar, the answer follows it (the fake runner takes only tokens the grammar allows,
+as a real runner's mask leaves them), a cut answer says it was cut, a bad schema is a 400 in
+the protocol's shape, and a grammar that fails fails its own row only."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import tokenizers
+from fastapi.testclient import TestClient
+
+from semantic.api.tool_use import ToolChoice, ToolUse
+from semantic.backends.torch.runner import TorchRunner
+from semantic.core import Batch, BatchItem, SamplingParams
+from semantic.errors import RowsFailed
+from semantic.models.served import ServedModel
+from semantic.text.chat import ChatTemplate
+from semantic.text.grammar import GrammarStates
+from semantic.text.tokenizer import Tokenizer
+from tests.unit.fakes import fake_served, running, with_chatml
+from tests.unit.test_tool_calls_api import Server, serving
+from tests.unit.tiny_llama import tiny_llama
+
+# Few choices: the fake runner's walk through it ends in a handful of tokens.
+VERDICT = {
+    "type": "object",
+    "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+    "required": ["answer", "sure"],
+    "additionalProperties": False,
+}
+ASK = [{"role": "user", "content": "Is the sky blue? Answer in JSON."}]
+
+
+@pytest.fixture
+def api(tiny_tokenizer: Tokenizer, tmp_path: Path) -> Iterator[TestClient]:
+    """Room for tools: ChatML has none, so they come as the default tool prompt."""
+    served = with_chatml(fake_served(tiny_tokenizer, context=2048))
+    with running(served, tmp_path, num_blocks=300) as (client, _, _):
+        yield client
+
+
+@pytest.fixture
+def server(served: ServedModel, tmp_path: Path) -> Iterator[Server]:
+    """A scripted model (ChatML, so the default Hermes tool prompt)."""
+    with serving(served, tmp_path) as running_server:
+        yield running_server
+
+
+def chat(api: TestClient, **fields: Any) -> dict[str, Any]:
+    body = {"model": "m", "messages": ASK, "max_tokens": 60, **fields}
+    response = api.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_chat_json_schema_answer_parses_and_validates(api: TestClient) -> None:
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "verdict", "schema": VERDICT, "strict": True},
+    }
+    reply = chat(api, response_format=response_format)
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(choice["message"]["content"]), VERDICT)
+
+
+def test_without_a_format_the_fake_model_writes_no_json(api: TestClient) -> None:
+    """The control: the same request unconstrained is not JSON, so the grammar made it so."""
+    content = chat(api)["choices"][0]["message"]["content"]
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(content)
+
+
+def test_json_object_mode_gives_a_json_object(api: TestClient) -> None:
+    reply = chat(api, response_format={"type": "json_object"}, max_tokens=400)
+    choice = reply["choices"][0]
+    if choice["finish_reason"] == "stop":
+        assert isinstance(json.loads(choice["message"]["content"]), dict)
+    else:  # an open-ended object may run out of tokens: then it says so
+        assert choice["finish_reason"] == "length"
+
+
+def test_an_answer_cut_by_max_tokens_says_length_and_is_not_whole_json(api: TestClient) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "v", "schema": VERDICT}}
+    choice = chat(api, response_format=response_format, max_tokens=3)["choices"][0]
+    assert choice["finish_reason"] == "length"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(choice["message"]["content"])
+
+
+def test_a_streamed_json_schema_answer_parses(api: TestClient) -> None:
+    body = {
+        "model": "m",
+        "messages": ASK,
+        "max_tokens": 60,
+        "stream": True,
+        "response_format": {"type": "json_schema", "json_schema": {"schema": VERDICT}},
+    }
+    with api.stream("POST", "/v1/chat/completions", json=body) as response:
+        chunks = [
+            json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")
+        ]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    jsonschema.validate(json.loads(text), VERDICT)
+
+
+def test_anthropic_output_config_format_gives_valid_json(api: TestClient) -> None:
+    body = {
+        "model": "claude-x",
+        "max_tokens": 60,
+        "messages": ASK,
+        "output_config": {"format": {"type": "json_schema", "schema": VERDICT}},
+    }
+    reply = api.post("/v1/messages", json=body).json()
+    assert reply["stop_reason"] == "end_turn"
+    jsonschema.validate(json.loads(reply["content"][0]["text"]), VERDICT)
+
+
+def test_anthropic_beta_output_format_gives_valid_json(api: TestClient) -> None:
+    body = {
+        "model": "claude-x",
+        "max_tokens": 60,
+        "messages": ASK,
+        "output_format": {"type": "json_schema", "schema": VERDICT},
+    }
+    reply = api.post("/v1/messages", json=body).json()
+    jsonschema.validate(json.loads(reply["content"][0]["text"]), VERDICT)
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"unit": {"enum": ["C", "F"]}, "days": {"type": "integer", "enum": [1, 2]}},
+    "required": ["unit", "days"],
+    "additionalProperties": False,
+}
+
+
+def test_a_forced_strict_openai_tool_call_has_valid_arguments(api: TestClient) -> None:
+    tool = {
+        "type": "function",
+        "function": {"name": "forecast", "parameters": WEATHER, "strict": True},
+    }
+    choice = {"type": "function", "function": {"name": "forecast"}}
+    reply = chat(api, tools=[tool], tool_choice=choice, max_tokens=80)
+    message = reply["choices"][0]["message"]
+    assert reply["choices"][0]["finish_reason"] == "tool_calls"
+    (call,) = message["tool_calls"]
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
+
+
+def test_a_required_strict_anthropic_tool_call_names_a_tool_and_has_valid_input(
+    api: TestClient,
+) -> None:
+    tools = [
+        {"name": "forecast", "input_schema": WEATHER, "strict": True},
+        {"name": "alarm", "input_schema": VERDICT, "strict": True},
+    ]
+    body = {
+        "model": "claude-x",
+        "max_tokens": 80,
+        "messages": ASK,
+        "tools": tools,
+        "tool_choice": {"type": "any"},
+    }
+    reply = api.post("/v1/messages", json=body).json()
+    assert reply["stop_reason"] == "tool_use", reply
+    (call,) = [block for block in reply["content"] if block["type"] == "tool_use"]
+    schema = WEATHER if call["name"] == "forecast" else VERDICT
+    jsonschema.validate(call["input"], schema)
+
+
+# -- tool calls held to their schemas, over a scripted model that writes a bad call ----------
+
+FORECAST = {"name": "forecast", "description": "The forecast", "input_schema": WEATHER}
+BAD_ARGUMENTS = '{"unit": "K", "days": 7}}\n</tool_call>'  # neither value is in its enum
+BAD_CALL = 'I\'ll check.\n<tool_call>\n{"name": "forecast", "arguments": ' + BAD_ARGUMENTS
+
+
+def scripted_reply(server: Server, reply: str, **fields: Any) -> list[dict[str, Any]]:
+    """The content of an Anthropic answer to ASK, the model scripted to write `reply`."""
+    server.say(reply)
+    body = {"model": "m", "max_tokens": 200, "messages": ASK, "tools": [FORECAST], **fields}
+    response = server.client.post("/v1/messages", json=body)
+    assert response.status_code == 200, response.text
+    return list(response.json()["content"])
+
+
+def tool_inputs(content: list[dict[str, Any]]) -> list[Any]:
+    return [block["input"] for block in content if block["type"] == "tool_use"]
+
+
+def test_a_strict_tool_the_model_may_call_gets_arguments_that_match_its_schema(
+    server: Server,
+) -> None:
+    """tool_choice auto: the text before the call is the model's own, the call that it opens
+    is held to the schema."""
+    content = scripted_reply(server, BAD_CALL, tools=[FORECAST | {"strict": True}])
+    assert content[0] == {"type": "text", "text": "I'll check."}
+    (arguments,) = tool_inputs(content)
+    jsonschema.validate(arguments, WEATHER)
+
+
+def test_a_tool_that_is_not_strict_gets_the_arguments_the_model_wrote(server: Server) -> None:
+    """The control: without strict and without a forced call, nothing holds the call."""
+    content = scripted_reply(server, BAD_CALL)
+    assert tool_inputs(content) == [{"unit": "K", "days": 7}]
+
+
+def test_a_forced_call_follows_its_tools_schema_strict_or_not(server: Server) -> None:
+    named = {"type": "tool", "name": "forecast"}
+    for tool in (FORECAST, FORECAST | {"strict": True}):
+        content = scripted_reply(server, BAD_ARGUMENTS, tools=[tool], tool_choice=named)
+        (arguments,) = tool_inputs(content)
+        jsonschema.validate(arguments, WEATHER)
+
+
+def test_a_forced_call_may_be_followed_by_more_calls_unless_parallel_calls_are_off(
+    server: Server,
+) -> None:
+    """After a forced call, further calls are held too; `disable_parallel_tool_use` ends the
+    reply at the forced call."""
+    first = 'forecast", "arguments": ' + BAD_ARGUMENTS  # `any`: the model writes the name
+    two_calls = first + '\n<tool_call>\n{"name": "forecast", "arguments": ' + BAD_ARGUMENTS
+    any_tool: dict[str, Any] = {"type": "any"}
+    calls = tool_inputs(scripted_reply(server, two_calls, tool_choice=any_tool))
+    assert len(calls) == 2
+    for arguments in calls:
+        jsonschema.validate(arguments, WEATHER)
+    single = any_tool | {"disable_parallel_tool_use": True}
+    assert len(tool_inputs(scripted_reply(server, two_calls, tool_choice=single))) == 1
+
+
+def test_a_forced_call_of_a_tool_whose_schema_the_engine_cannot_take_is_any_object(
+    server: Server,
+) -> None:
+    """Not strict: the schema is a best effort, so the request is served (a strict tool with
+    this schema is a 400: the malformed-request tables)."""
+    odd = {"name": "forecast", "input_schema": BAD_SCHEMA}
+    named = {"type": "tool", "name": "forecast"}
+    content = scripted_reply(server, BAD_ARGUMENTS, tools=[odd], tool_choice=named)
+    assert tool_inputs(content) and all(isinstance(a, dict) for a in tool_inputs(content))
+
+
+def test_where_a_grammar_cannot_find_calls_in_free_text_only_forced_calls_are_held(
+    served: ServedModel, tiny_tokenizer_dir: Path
+) -> None:
+    """Llama 3 JSON tells a call by its place, and Mistral's `[TOOL_CALLS]` is a special token
+    (free text in a grammar holds none): a strict tool the model may call is not held there,
+    a forced call is (and the reply ends with it)."""
+    backend = tokenizers.Tokenizer.from_file(str(tiny_tokenizer_dir / "tokenizer.json"))
+    backend.add_special_tokens(["[TOOL_CALLS]"])
+    mistral_tokenizer = Tokenizer(
+        backend, bos_token=None, eos_token=None, eos_token_ids=(), add_bos=False
+    )
+    llama3 = ChatTemplate("{{ tools }}<|python_tag|>", bos_token=None, eos_token=None)
+    mistral = ChatTemplate("{{ tools }}[TOOL_CALLS]", bos_token=None, eos_token=None)
+    for model in (
+        dataclasses.replace(served, chat_template=llama3),
+        dataclasses.replace(served, tokenizer=mistral_tokenizer, chat_template=mistral),
+    ):
+        schemas = {"forecast": WEATHER}
+        auto = ToolUse(model, ["forecast"], ToolChoice(), schemas, ["forecast"])
+        assert auto.call_form() is None
+        forced = ToolUse(model, ["forecast"], ToolChoice("required"), schemas, ["forecast"])
+        form = forced.call_form()
+        assert form is not None and form.forced and form.trigger is None
+
+
+BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "no-such-type"}}}
+
+
+def test_a_schema_the_engine_cannot_take_is_a_400_in_each_shape(api: TestClient) -> None:
+    openai = api.post(
+        "/v1/chat/completions",
+        json={
+            "model": "m",
+            "messages": ASK,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": BAD_SCHEMA}},
+        },
+    )
+    assert openai.status_code == 400
+    assert openai.json()["error"]["param"] == "response_format"
+    anthropic = api.post(
+        "/v1/messages",
+        json={
+            "model": "m",
+            "max_tokens": 5,
+            "messages": ASK,
+            "output_config": {"format": {"type": "json_schema", "schema": BAD_SCHEMA}},
+        },
+    )
+    assert anthropic.status_code == 400
+    assert anthropic.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_schema_is_compiled_once_and_cached(served: ServedModel) -> None:
+    first = served.grammars.json_schema(VERDICT)
+    again = served.grammars.json_schema(json.loads(json.dumps(VERDICT)))
+    assert again is first
+
+
+def test_each_sequences_matcher_is_a_copy_that_leaves_the_grammars_start_alone(
+    served: ServedModel,
+) -> None:
+    """Matchers are copied from the one the compiler built (never built on the engine thread):
+    one sequence's progress moves neither its grammar's start nor another sequence's."""
+    grammar = served.grammars.json_schema({"type": "boolean"})
+    first, second = grammar.matcher(), grammar.matcher()
+    for token in served.tokenizer.encode("true"):
+        first.accept(token)
+    assert first.consumed > 0 and second.consumed == 0
+    assert grammar.start.is_accepting() is False and first._matcher.is_accepting()
+    for token in served.tokenizer.encode("false"):
+        second.accept(token)  # from the start: "false" is still open to it
+
+
+# -- the torch sampler ---------------------------------------------------------------------
+
+
+def _item(seq_id: int, prompt: list[int], params: SamplingParams, generated: int = 0) -> BatchItem:
+    table = list(range(seq_id * 8, (seq_id + 1) * 8))
+    return BatchItem(seq_id, prompt, 0, table, True, params, generated)
+
+
+def test_the_torch_sampler_follows_the_grammar_and_fails_only_the_row_it_cannot_serve(
+    tiny_tokenizer: Tokenizer,
+) -> None:
+    """Three rows in one step: an unconstrained one, a constrained one (its token is one the
+    grammar allows, though the random model prefers others), and one whose grammar allows only
+    the end token, which min_tokens forbids: that row alone fails."""
+    config, weights = tiny_llama(tied=True, vocab_size=tiny_tokenizer.vocab_size)
+    runner = TorchRunner(
+        config, weights, block_tokens=16, cache_budget_mb=4, dtype="float32", kernels=False
+    )
+    served = fake_served(tiny_tokenizer)
+    boolean = served.grammars.json_schema({"type": "boolean"})
+    constrained = SamplingParams(temperature=0.0, grammar=boolean)
+    prompt = tiny_tokenizer.encode("Hello world!")
+    done = tiny_tokenizer.encode("true")
+    stuck = _item(2, prompt + done, constrained, generated=len(done))
+    stuck = BatchItem(**{**_fields(stuck), "suppress_token_ids": (2,)})
+    # The stuck row's matcher has already taken "true": only the end token is left to it.
+    for count, token in enumerate(done):
+        runner.grammars.bitmask([(2, boolean, count)])
+        assert runner.grammars.accept(2, token) is None
+    free_row = _item(0, prompt, SamplingParams(temperature=0.0))
+    batch = Batch([free_row, _item(1, prompt, constrained), stuck])
+    with pytest.raises(RowsFailed) as failed:
+        runner.run(batch)
+    assert list(failed.value.errors) == [2]
+    free, bound, _ = failed.value.tokens
+    assert free is not None and bound is not None
+    assert "true".startswith(tiny_tokenizer.decode([bound])) or "false".startswith(
+        tiny_tokenizer.decode([bound])
+    )
+
+
+def _fields(item: BatchItem) -> dict[str, Any]:
+    return {name: getattr(item, name) for name in BatchItem.__dataclass_fields__}
+
+
+def test_a_sequence_forgets_its_grammar_when_it_ends(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    with running(chat_served, tmp_path, num_blocks=64) as (client, _, runner):
+        chat(client, response_format={"type": "json_schema", "json_schema": {"schema": VERDICT}})
+        assert len(runner.grammars) == 0
+
+
+def test_grammar_states_refuse_a_matcher_that_missed_a_token(served: ServedModel) -> None:
+    grammar = served.grammars.json_schema(VERDICT)
+    states = GrammarStates(served.config.vocab_size)
+    _, errors = states.bitmask([(5, grammar, 0)])
+    assert not errors
+    _, errors = states.bitmask([(5, grammar, 1)])  # a token it never took
+    assert list(errors) == [0]
