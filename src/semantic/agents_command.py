@@ -42,23 +42,39 @@ def _from_disk(settings: Settings, action: str, agent_id: str | None) -> int:
 def _online(base: str, action: str, agent_id: str | None, headers: dict[str, str]) -> int:
     with httpx.Client(timeout=30, headers=headers) as client:
         if action == "list":
-            response = client.get(base)
-        elif action == "show":
+            return _list_online(client, base)
+        if action == "show":
             response = client.get(f"{base}/{agent_id}")
         else:
             response = client.delete(f"{base}/{agent_id}")
     if response.status_code == 404:
         raise NotFound(f"no agent {agent_id!r}")
+    _check(response)
+    print(json.dumps(response.json(), indent=2))
+    return 0
+
+
+def _check(response: httpx.Response) -> None:
     if response.status_code == 401:
         raise SemanticError(
             "the server wants an API key: --api-key, SEMANTIC_API_KEY or --api-key-file"
         )
     response.raise_for_status()
-    body: dict[str, Any] = response.json()
-    if action == "list":
-        _print_table(body["data"])
-    else:
-        print(json.dumps(body, indent=2))
+
+
+def _list_online(client: httpx.Client, base: str) -> int:
+    """Every agent the key sees, a page at a time."""
+    agents: list[dict[str, Any]] = []
+    params: dict[str, str] = {}
+    while True:
+        response = client.get(base, params=params)
+        _check(response)
+        page: dict[str, Any] = response.json()
+        agents += page["data"]
+        if not page.get("has_more"):
+            break
+        params = {"after": page["last_id"]}
+    _print_table(agents)
     return 0
 
 
@@ -125,5 +141,5 @@ def _delete(model: Path, manifest: AgentManifest, others: list[AgentManifest]) -
         except FileNotFoundError:
             continue  # already gone: nothing removed, nothing to count
         removed += 1
-    delete_manifest(model, manifest.agent_id)
+    delete_manifest(model, manifest.key)
     print(f"deleted agent {manifest.agent_id} ({removed} block files)")

@@ -235,6 +235,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     from semantic.memory import own_mappings
     from semantic.models.checkpoint import load_checkpoint
     from semantic.models.served import ServedModel
+    from semantic.options import engine_options, runner_options
     from semantic.registry import ModelRegistry
 
     source = source or ModelRegistry.from_settings(settings).resolve(settings.model)
@@ -242,7 +243,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     # In mappings of their own, the weights and the pool go back to the system on a swap.
     with own_mappings():
         checkpoint = load_checkpoint(source.path, progress=sys.stderr.isatty())
-        runner = create_runner(settings, checkpoint.config, checkpoint.weights())
+        runner = create_runner(runner_options(settings), checkpoint.config, checkpoint.weights())
     context = checkpoint.config.max_position_embeddings
     served = ServedModel(
         name=_served_name(settings, source),
@@ -263,7 +264,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         spec.tag(),
         "cache_budget_mb" if settings.cache_budget_mb else "sized from the free memory",
     )
-    return Engine(runner, served, settings)
+    return Engine(runner, served, engine_options(settings))
 
 
 def _served_name(settings: Settings, source: ModelSource) -> str:

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from semantic.config import Settings
-from semantic.core import Request, SamplingParams, TokenEvent, Usage
+from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
+from semantic.options import engine_options
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from tests.integration.reference_models import BLOCK_TOKENS, Model
@@ -38,7 +39,7 @@ def engine(model: Model, tiny_tokenizer: Tokenizer, cache_dir: Path) -> Engine:
     template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token=None)
     served = ServedModel("tiny", model.config, tiny_tokenizer, template, 512, "random-weights")
     settings = Settings(max_batch_tokens=24, batch_window_ms=0, cache_dir=cache_dir)
-    return Engine(model.make_runner("float32"), served, settings)
+    return Engine(model.make_runner("float32"), served, engine_options(settings))
 
 
 def turn(engine: Engine, agent: str | None, prompt: list[int]) -> tuple[list[int], Usage]:
@@ -65,8 +66,8 @@ def test_a_continuation_read_back_from_disk_gives_the_reference_tokens(
     answer, _ = turn(first, "alice", prompt)
     assert_reference_greedy(model, prompt, answer)
     history = [*prompt, *answer]
-    assert first.agents.persist(["alice"], timeout=30).failed == 0
-    assert first.agents.evict(["alice"]) > 0  # every block of alice's now only on disk
+    assert first.agents.persist([AgentKey("alice")], timeout=30).failed == 0
+    assert first.agents.evict([AgentKey("alice")]) > 0  # every block of alice's now only on disk
     follow_up = [*history, 7, 8, 9]
     out, usage = turn(first, "alice", follow_up)
     assert usage.cached_tokens == len(history) - 1  # all but the unanswered last token

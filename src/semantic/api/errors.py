@@ -31,11 +31,13 @@ Protocol = Literal["anthropic", "openai"]
 # (status, OpenAI type, OpenAI code) for each of our errors; the most specific class wins.
 _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.ContextOverflow, 400, "invalid_request_error", "context_length_exceeded"),
+    (errors.ConversationTooLarge, 400, "invalid_request_error", "conversation_too_large"),
     (errors.InvalidRequest, 400, "invalid_request_error", None),
     (errors.PoolExhausted, 400, "invalid_request_error", "context_length_exceeded"),
     (errors.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
     (errors.NotFound, 404, "invalid_request_error", None),
     (errors.Conflict, 409, "invalid_request_error", "conflict"),
+    (errors.TooManyAgents, 403, "invalid_request_error", "agent_limit_reached"),
     # OpenAI's own type and code for a requests-per-minute limit.
     (errors.RateLimited, 429, "requests", "rate_limit_exceeded"),
     # A model swap to a model that does not load: the previous model serves again.
