@@ -186,7 +186,11 @@ _BRANCHES = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
 
 
 def _field_path(loc: Sequence[Any]) -> tuple[str, ...]:
-    return tuple(str(part) for part in loc if part != "body" and not _is_branch(part))
+    """The field a validation error is about, without where it came from (the body, the query
+    string: `owner`, not `query.owner`)."""
+    if loc and loc[0] in ("body", "query", "path"):
+        loc = loc[1:]
+    return tuple(str(part) for part in loc if not _is_branch(part))
 
 
 def _is_branch(part: Any) -> bool:
