@@ -30,7 +30,7 @@ def test_the_api_and_the_metrics_reach_agents_only_through_the_door() -> None:
 
 
 def test_the_engine_the_cache_and_the_backends_take_options_not_settings() -> None:
-    # The engine host swaps models: it keeps the settings a new engine's options are cut from.
+    # The engine host swaps models: it keeps the settings for the swap's timeouts and registry.
     parts = [
         *(p for p in (PACKAGE / "engine").glob("*.py") if p.name != "host.py"),
         *(PACKAGE / "cache").glob("*.py"),
