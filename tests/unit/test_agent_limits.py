@@ -159,9 +159,9 @@ def test_the_agent_list_comes_in_pages_in_id_order(
             "has_more": False,
         }
         assert len(page(client)["data"]) == 5  # 100 by default
-        for bad in [{"limit": 0}, {"limit": 1001}, {"after": "../x"}]:
-            param = error_of(client.get("/v1/agents", params=bad), 400)["param"]
-            assert param == next(iter(bad))
+        for name, bad in [("limit", 0), ("limit", 1001), ("after", "../x")]:
+            refused = client.get("/v1/agents", params={name: bad})
+            assert error_of(refused, 400)["param"] == name
 
 
 def test_patch_of_an_unknown_agent_is_a_404_and_creates_nothing(

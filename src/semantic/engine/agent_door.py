@@ -59,10 +59,11 @@ class AgentDoor:
     async def page(
         self, caller: Caller, limit: int, after: str | None = None, owner: str | None = None
     ) -> AgentPage:
-        """Up to `limit` of the caller's agents (an admin's: every owner's, or `owner`'s) whose
-        ids come after `after`. Agents of one id (an admin sees each owner's) never straddle
-        two pages, so a page may hold a few more than `limit`."""
-        scopes = None if owner is None else {self._scope(caller, owner)}
+        """Up to `limit` of the caller's agents (an admin's: every owner's, or `owner`'s; for
+        anyone else `owner` only filters their own) whose ids come after `after`. Agents of
+        one id (an admin sees each owner's) never straddle two pages, so a page may hold a few
+        more than `limit`."""
+        scopes = None if owner is None else {_named_scope(owner)}
 
         def read() -> AgentPage:
             seen = [
@@ -266,10 +267,15 @@ class AgentDoor:
     @staticmethod
     def _scope(caller: Caller, owner: str) -> str | None:
         """The owner scope `owner` names, if the caller may reach it (else NotFound)."""
-        scope = None if owner == UNOWNED else owner
+        scope = _named_scope(owner)
         if not caller.admin and scope != caller.owner:
             raise NotFound(f"no agents of owner {owner[:40]!r}")
         return scope
+
+
+def _named_scope(owner: str) -> str | None:
+    """The scope an `owner` argument names: `none` is the agents of no owner."""
+    return None if owner == UNOWNED else owner
 
 
 def _sees(caller: Caller, agent: Agent) -> bool:
