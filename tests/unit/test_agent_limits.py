@@ -159,7 +159,8 @@ def test_the_agent_list_comes_in_pages_in_id_order(
             "has_more": False,
         }
         assert len(page(client)["data"]) == 5  # 100 by default
-        for name, bad in [("limit", 0), ("limit", 1001), ("after", "../x")]:
+        bad_values: list[tuple[str, int | str]] = [("limit", 0), ("limit", 1001), ("after", "../x")]
+        for name, bad in bad_values:
             refused = client.get("/v1/agents", params={name: bad})
             assert error_of(refused, 400)["param"] == name
 
