@@ -73,6 +73,10 @@ def test_a_version_1_manifest_is_an_unowned_agent_without_a_conversation_under_i
     loaded = load_manifest(root, AgentKey("old"))
     assert loaded is not None and loaded.format_version == MANIFEST_FORMAT_VERSION
     assert loaded.block_hashes == [1] and loaded.owner is None
+    # A crash between writing the new file and removing the old: the new one wins.
+    legacy.write_text(json.dumps(version_1 | {"num_tokens": 99}))
+    again, _ = make_engine(served, tmp_path)
+    assert again.agents.by_key[AgentKey("old")].num_tokens == 8 and not legacy.exists()
 
 
 @pytest.mark.parametrize(

@@ -85,38 +85,42 @@ class ManifestFiles:
     def __init__(self, model_root: Path) -> None:
         self.model_root = model_root
         self._sizes: dict[AgentKey, int] = {}
+        self._total = 0  # sum of `_sizes`: read at every block write, so kept, not summed
         self._lock = threading.Lock()
 
     def load_all(self) -> list[AgentManifest]:
         """Every valid manifest (bad ones are quarantined), files of older formats moved to
         their names of today on the way."""
-        manifests = []
-        for manifest in list_manifests(self.model_root):
+        manifests = list_manifests(self.model_root)
+        for manifest in manifests:
+            path = manifest_path(self.model_root, manifest.key)
+            legacy = _legacy_path(self.model_root, manifest.agent_id)
             if manifest.format_version < MANIFEST_FORMAT_VERSION:
-                self._upgrade(manifest)
-            paths = [manifest_path(self.model_root, manifest.key)]
-            paths.append(_legacy_path(self.model_root, manifest.agent_id))  # not upgraded
-            with self._lock:
-                self._sizes[manifest.key] = max(map(_size_of, paths))
-            manifests.append(manifest)
+                self._upgrade(manifest, legacy)
+            elif manifest.owner is None and legacy.exists() and path.is_file():
+                unlink_quietly(legacy)  # an upgrade cut short by a crash: the new file wins
+            self._count(manifest.key, max(_size_of(path), _size_of(legacy)))
         return manifests
 
     def save(self, manifest: AgentManifest) -> None:
         """Write it atomically and durably; OSError when that failed (the old file stays)."""
-        size = save_manifest(self.model_root, manifest)
-        with self._lock:
-            self._sizes[manifest.key] = size
+        self._count(manifest.key, save_manifest(self.model_root, manifest))
 
     def delete(self, key: AgentKey) -> bool:
-        with self._lock:
-            self._sizes.pop(key, None)
+        self._count(key, 0)
         return delete_manifest(self.model_root, key)
 
     def num_bytes(self) -> int:
         with self._lock:
-            return sum(self._sizes.values())
+            return self._total
 
-    def _upgrade(self, manifest: AgentManifest) -> None:
+    def _count(self, key: AgentKey, size: int) -> None:
+        with self._lock:
+            self._total += size - self._sizes.pop(key, 0)
+            if size:
+                self._sizes[key] = size
+
+    def _upgrade(self, manifest: AgentManifest, legacy: Path) -> None:
         """Write an older file under today's name and format, then remove it; if that fails,
         the old file serves (it is read as it is, and removed with the agent)."""
         try:
@@ -124,7 +128,6 @@ class ManifestFiles:
         except OSError as exc:
             log.warning("agent manifest of %s not upgraded: %s", manifest.agent_id, exc)
             return
-        legacy = _legacy_path(self.model_root, manifest.agent_id)
         unlink_quietly(legacy)
         fsync_dir(legacy.parent)
 
