@@ -102,11 +102,18 @@ def test_an_admin_key_sees_every_keys_agents_and_reaches_them_by_owner(
     with keyed(chat_served, tmp_path) as (client, engine):
         create(client, ALICE_KEY, "twin", system="Alice's.")
         create(client, BOB_KEY, "twin", system="Bob's.")
-        create(client, BOB_KEY, "zed")
         admin = as_(ADMIN_KEY)
+        # A page keeps the agents of one id together, past `limit` if need be.
+        both = client.get("/v1/agents", params={"limit": 1}, headers=admin).json()
+        assert [a["agent_id"] for a in both["data"]] == ["twin", "twin"] and not both["has_more"]
+        create(client, BOB_KEY, "zed")
         assert listed(client, ADMIN_KEY) == sorted(
             [("twin", owner_of(ALICE_KEY)), ("twin", owner_of(BOB_KEY)), ("zed", owner_of(BOB_KEY))]
         )
+        first = client.get("/v1/agents", params={"limit": 1}, headers=admin).json()
+        assert [a["agent_id"] for a in first["data"]] == ["twin", "twin"] and first["has_more"]
+        rest = client.get("/v1/agents", params={"after": "twin"}, headers=admin).json()
+        assert [a["agent_id"] for a in rest["data"]] == ["zed"] and not rest["has_more"]
         assert listed(client, ADMIN_KEY, owner=owner_of(BOB_KEY)) == [
             ("twin", owner_of(BOB_KEY)),
             ("zed", owner_of(BOB_KEY)),

@@ -77,7 +77,8 @@ class AgentDoor:
             cut = len(later)
             if len(later) > limit:
                 last = later[limit - 1].agent_id
-                cut = next(i for i in range(limit, len(later)) if later[i].agent_id != last)
+                rest = range(limit, len(later))
+                cut = next((i for i in rest if later[i].agent_id != last), len(later))
             return AgentPage([self._agents.describe(a) for a in later[:cut]], cut < len(later))
 
         return await self._engine.call(read)
