@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, started
 
 pytestmark = pytest.mark.e2e
 
@@ -25,16 +25,8 @@ def owner(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-def started(folder: Path, name: str) -> Server:
-    keys = ["--api-key", f"{ALICE},{BOB}", "--admin-api-key", ADMIN]
-    args = ["--cache-dir", str(folder / "cache"), "--cache-budget-mb", "64", *keys]
-    server = Server(args, folder / f"{name}.log")
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    return server
+def keyed(folder: Path, name: str) -> Server:
+    return started(folder, name, "--api-key", f"{ALICE},{BOB}", "--admin-api-key", ADMIN)
 
 
 def call(server: Server, key: str, method: str, path: str, **body: Any) -> httpx.Response:
@@ -69,7 +61,7 @@ def chat_in_session(server: Server, key: str, text: str) -> None:
 def test_another_key_never_sees_an_agent_and_two_keys_sessions_are_two_agents(
     tmp_path: Path,
 ) -> None:
-    server = started(tmp_path, "first")
+    server = keyed(tmp_path, "first")
     try:
         made = call(server, ALICE, "POST", "/v1/agents", agent_id="alice", system="Alice only.")
         assert made.status_code == 201 and made.json()["owner"] == owner(ALICE)
@@ -90,7 +82,7 @@ def test_another_key_never_sees_an_agent_and_two_keys_sessions_are_two_agents(
         assert bobs["requests"] == 2 and bobs["owner"] == owner(BOB)
     finally:
         assert server.stop() == 0  # persists every agent, manifests with their owners
-    restarted = started(tmp_path, "second")
+    restarted = keyed(tmp_path, "second")
     try:
         assert call(restarted, BOB, "GET", "/v1/agents/alice").status_code == 404
         kept = call(restarted, ALICE, "GET", "/v1/agents/alice/messages").json()
