@@ -33,8 +33,8 @@ class Caller:
     """Who asks about agents: their `owner` scope (as in `AgentKey`), and whether they may see
     and reach every owner's agents (an admin key, or anyone on a server without keys)."""
 
-    owner: str | None = None
-    admin: bool = True
+    owner: str | None
+    admin: bool
 
 
 @dataclass(slots=True, frozen=True)

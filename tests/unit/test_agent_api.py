@@ -333,7 +333,7 @@ def test_a_turn_dropped_without_an_answer_releases_its_agent(
     engine.agents.create(AgentKey("alice"), Conversation(system="Be brief."))
 
     def hold(turn_id: str) -> TurnHold:
-        return engine.agent_door.hold(Caller(), "alice", turn_id)
+        return engine.agent_door.hold(Caller(None, admin=True), "alice", turn_id)
 
     async def scenario() -> None:
         dropped = await Turn.begin(engine, hold("turn-1"), "Hi")

@@ -125,7 +125,7 @@ def test_a_chat_request_whose_agent_is_deleted_while_it_runs_does_not_bring_it_b
         runner.allow(1)
         await asyncio.to_thread(runner.wait_for_a_step)  # it runs: its agent exists
         # The engine thread waits in its next step; the delete is taken at the one after.
-        deleted = asyncio.ensure_future(engine.agent_door.delete(Caller(), "late"))
+        deleted = asyncio.ensure_future(engine.agent_door.delete(Caller(None, admin=True), "late"))
         runner.allow(1)
         await deleted  # NotFound, had the agent not been there
         runner.release()
