@@ -1,9 +1,16 @@
-"""`semantic agents`: list, show and delete agents, through the running server when there is
-one (it owns the cache), else straight from the cache directory's manifests."""
+"""`semantic agents`: list, show and delete agents, through the running server when one answers
+(it owns the cache), else straight from the cache folder's manifests, and then it says so.
+
+Online or not, `list` prints one table of the same columns (or `--json`); what only a running
+server knows (memory, turns) shows as `-` when read from disk.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
+from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,95 +22,147 @@ from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifes
 from semantic.config import Settings
 from semantic.errors import CacheFolderBusy, NotFound, SemanticError
 
+# A wildcard bind answers on loopback: ask there.
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+_COLUMNS = ("agent", "tokens cached", "in memory", "on disk", "pinned", "last used", "turns")
 
-def run(settings: Settings, action: str, agent_id: str | None) -> int:
-    base = f"http://{settings.host}:{settings.port}/v1/agents"
+
+@dataclass(slots=True, frozen=True)
+class AgentRow:
+    """One agent as the table shows it. `bytes_in_memory` and `turns` (requests since the
+    server started) are None when read from disk; `model` is the cache's model, from disk;
+    `owner` the digest of the API key whose agent it is (None without keys)."""
+
+    agent_id: str
+    cached_tokens: int
+    bytes_in_memory: int | None
+    bytes_on_disk: int
+    pinned: bool
+    last_used: float | None
+    turns: int | None
+    model: str | None = None
+    owner: str | None = None
+
+
+def server_url(settings: Settings) -> str:
+    """Where the server these settings describe answers."""
+    host = _WILDCARDS.get(settings.host, settings.host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
+
+
+def run(settings: Settings, action: str, agent_id: str | None, *, as_json: bool = False) -> int:
+    server = server_url(settings)
+    client = _client(settings)
+    try:
+        return _online(client, server, action, agent_id, as_json)
+    except httpx.ConnectError:
+        root = cache_root(settings.cache_dir)
+        print(f"no server answers at {server}: reading the cache folder {root}", file=sys.stderr)
+        return _from_disk(settings, root, action, agent_id, as_json)
+    finally:
+        client.close()
+
+
+def _client(settings: Settings) -> httpx.Client:
     # A server with API keys answers only a client that sends one.
     keys = settings.api_keys + settings.admin_api_keys
-    auth = {"authorization": f"Bearer {keys[0]}"} if keys else {}
-    try:
-        return _online(base, action, agent_id, auth)
-    except httpx.ConnectError:
-        return _from_disk(settings, action, agent_id)
+    headers = {"authorization": f"Bearer {keys[0]}"} if keys else {}
+    return httpx.Client(timeout=30, headers=headers)
 
 
-def _from_disk(settings: Settings, action: str, agent_id: str | None) -> int:
-    try:
-        return _offline(cache_root(settings.cache_dir), action, agent_id)
-    except CacheFolderBusy as exc:
-        pid = "" if exc.holder_pid is None else f" (pid {exc.holder_pid})"
-        raise SemanticError(
-            f"{exc.folder} is in use by another semantic process{pid}, and no server answers "
-            f"at {settings.host}:{settings.port}: ask the server that holds it (--host, "
-            "--port), or stop it first"
-        ) from exc
-
-
-def _online(base: str, action: str, agent_id: str | None, headers: dict[str, str]) -> int:
-    with httpx.Client(timeout=30, headers=headers) as client:
-        if action == "list":
-            return _list_online(client, base)
-        if action == "show":
-            response = client.get(f"{base}/{agent_id}")
-        else:
-            response = client.delete(f"{base}/{agent_id}")
-    if response.status_code == 404:
-        raise NotFound(f"no agent {agent_id!r}")
-    _check(response)
-    print(json.dumps(response.json(), indent=2))
+def _online(
+    client: httpx.Client, server: str, action: str, agent_id: str | None, as_json: bool
+) -> int:
+    base = f"{server}/v1/agents"
+    if action == "list":
+        rows = [_row_from_server(agent) for agent in _every_agent(client, base, server)]
+        _print_rows(rows, "server", as_json)
+    elif action == "show":
+        described = _answer(client.get(f"{base}/{agent_id}"), server, agent_id)
+        print(json.dumps(described, indent=2) if as_json else _details(described))
+    else:
+        _answer(client.delete(f"{base}/{agent_id}"), server, agent_id)
+        print(f"deleted agent {agent_id}")
     return 0
 
 
-def _check(response: httpx.Response) -> None:
+def _answer(response: httpx.Response, server: str, agent_id: str | None) -> dict[str, Any]:
     if response.status_code == 401:
         raise SemanticError(
-            "the server wants an API key: --api-key, SEMANTIC_API_KEY or --api-key-file"
+            f"the server at {server} wants an API key: --api-key, SEMANTIC_API_KEY or "
+            "--api-key-file"
         )
-    response.raise_for_status()
+    if response.status_code == 404 and agent_id is not None:
+        raise NotFound(f"no agent {agent_id!r} on the server at {server}")
+    if response.is_error:
+        raise SemanticError(
+            f"the server at {server} answered {response.status_code} to {response.request.url.path}"
+            f": {_error_message(response)} (is it a semantic server? --host, --port)"
+        )
+    body: dict[str, Any] = response.json()
+    return body
 
 
-def _list_online(client: httpx.Client, base: str) -> int:
+def _every_agent(client: httpx.Client, base: str, server: str) -> list[dict[str, Any]]:
     """Every agent the key sees, a page at a time."""
     agents: list[dict[str, Any]] = []
     params: dict[str, str] = {}
     while True:
-        response = client.get(base, params=params)
-        _check(response)
-        page: dict[str, Any] = response.json()
+        page = _answer(client.get(base, params=params), server, None)
         agents += page["data"]
         if not page.get("has_more"):
-            break
+            return agents
         params = {"after": page["last_id"]}
-    _print_table(agents)
-    return 0
 
 
-def _print_table(agents: list[dict[str, Any]]) -> None:
-    print(f"{'agent':<32} {'cached':>8} {'hits':>8} {'misses':>8} {'memory MB':>10} {'disk MB':>8}")
-    for a in agents:
-        print(
-            f"{a['agent_id']:<32} {a['cached_tokens']:>8} {a['hit_tokens']:>8} "
-            f"{a['miss_tokens']:>8} {a['bytes_in_memory'] / 2**20:>10.1f} "
-            f"{a['bytes_on_disk'] / 2**20:>8.1f}"
-        )
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]
 
 
-def _offline(root: Path, action: str, agent_id: str | None) -> int:
+def _row_from_server(agent: dict[str, Any]) -> AgentRow:
+    return AgentRow(
+        agent_id=agent["agent_id"],
+        cached_tokens=agent["cached_tokens"],
+        bytes_in_memory=agent["bytes_in_memory"],
+        bytes_on_disk=agent["bytes_on_disk"],
+        pinned=agent["pinned"],
+        last_used=agent["last_used"],
+        turns=agent["requests"],
+        owner=agent.get("owner"),
+    )
+
+
+def _from_disk(
+    settings: Settings, root: Path, action: str, agent_id: str | None, as_json: bool
+) -> int:
+    try:
+        return _offline(root, action, agent_id, as_json)
+    except CacheFolderBusy as exc:
+        pid = "" if exc.holder_pid is None else f" (pid {exc.holder_pid})"
+        raise SemanticError(
+            f"{exc.folder} is in use by another semantic process{pid}, and no server answers "
+            f"at {server_url(settings)}: ask the server that holds it (--host, --port), or "
+            "stop it first"
+        ) from exc
+
+
+def _offline(root: Path, action: str, agent_id: str | None, as_json: bool) -> int:
     """No server answers: the manifests on disk of every model are the whole truth. Reading
     needs no lock; deleting takes the folder's, so a server that holds it is left alone."""
     found = [(model, m) for model in _model_roots(root) for m in list_manifests(model)]
     if action == "list":
-        print(f"{'agent':<32} {'cached':>8} {'blocks':>7}  model (no server running: from disk)")
-        for model, manifest in found:
-            count = len(manifest.hashes)
-            print(f"{manifest.agent_id:<32} {manifest.num_tokens:>8} {count:>7}  {model.name}")
+        _print_rows([_row_from_disk(model, m) for model, m in found], "disk", as_json)
         return 0
     mine = [(model, m) for model, m in found if m.agent_id == agent_id]
     if not mine:
         raise NotFound(f"no agent {agent_id!r} under {root}")
     if action == "show":
         for model, manifest in mine:
-            print(json.dumps(_describe(model, manifest), indent=2))
+            described = _describe(model, manifest)
+            print(json.dumps(described, indent=2) if as_json else _details(described))
         return 0
     with FolderLock.acquire(root):  # the folder's one writer while it deletes
         for model, manifest in mine:
@@ -115,17 +174,35 @@ def _model_roots(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("*") if (p / "agents").is_dir())
 
 
+def _row_from_disk(model: Path, manifest: AgentManifest) -> AgentRow:
+    files = [block_path(model, h) for h in manifest.hashes]
+    return AgentRow(
+        agent_id=manifest.agent_id,
+        cached_tokens=manifest.num_tokens,
+        bytes_in_memory=None,
+        bytes_on_disk=sum(f.stat().st_size for f in files if f.exists()),
+        pinned=manifest.pinned,
+        last_used=manifest.updated_at,
+        turns=None,
+        model=model.name,
+        owner=manifest.owner,
+    )
+
+
 def _describe(model: Path, manifest: AgentManifest) -> dict[str, Any]:
     files = [block_path(model, h) for h in manifest.hashes]
+    conversation = manifest.conversation
     return {
         "agent_id": manifest.agent_id,
+        "owner": manifest.owner,
         "model": model.name,
         "cached_tokens": manifest.num_tokens,
         "pinned": manifest.pinned,
         "blocks": len(files),
         "blocks_on_disk": sum(f.exists() for f in files),
         "bytes_on_disk": sum(f.stat().st_size for f in files if f.exists()),
-        "updated_at": manifest.updated_at,
+        "last_used": manifest.updated_at,
+        "messages": None if conversation is None else len(conversation.messages),
     }
 
 
@@ -143,3 +220,79 @@ def _delete(model: Path, manifest: AgentManifest, others: list[AgentManifest]) -
         removed += 1
     delete_manifest(model, manifest.key)
     print(f"deleted agent {manifest.agent_id} ({removed} block files)")
+
+
+# -- what it prints --------------------------------------------------------------------------
+
+
+def _print_rows(rows: list[AgentRow], source: str, as_json: bool) -> None:
+    if as_json:
+        agents = [{**asdict(row), "last_used": _iso_time(row.last_used)} for row in rows]
+        print(json.dumps({"source": source, "agents": agents}, indent=2))
+        return
+    if not rows:
+        print("no agents")
+        return
+    models = sorted({row.model for row in rows if row.model is not None})
+    if len(models) < 2:
+        _print_table(rows)
+        return
+    for model in models:  # a cache folder of several models: a table each
+        print(f"\nmodel {model}")
+        _print_table([row for row in rows if row.model == model])
+
+
+def _print_table(rows: list[AgentRow]) -> None:
+    # Agents of API keys: an owner column, by the key id the logs name (its first 8 digits).
+    owned = any(row.owner is not None for row in rows)
+    columns = (*_COLUMNS, "owner") if owned else _COLUMNS
+    cells = [columns, *(_cells(row, owned) for row in rows)]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for first, *rest in cells:  # the agent left-aligned, the figures right
+        figures = (cell.rjust(width) for cell, width in zip(rest, widths[1:], strict=True))
+        print("  ".join([first.ljust(widths[0]), *figures]))
+
+
+def _cells(row: AgentRow, owned: bool) -> tuple[str, ...]:
+    cells = (
+        row.agent_id,
+        f"{row.cached_tokens:,}",
+        _size(row.bytes_in_memory),
+        _size(row.bytes_on_disk),
+        "yes" if row.pinned else "no",
+        _local_time(row.last_used),
+        "-" if row.turns is None else str(row.turns),
+    )
+    return (*cells, row.owner[:8] if row.owner else "-") if owned else cells
+
+
+def _details(described: dict[str, Any]) -> str:
+    """One agent, a field a line: sizes in MiB, times local, nested values flattened."""
+    width = max(len(key) for key in described)
+    return "\n".join(f"{key:<{width}}  {_value(key, v)}" for key, v in described.items())
+
+
+def _value(key: str, value: Any) -> str:
+    if key.startswith("bytes_"):
+        return _size(value)
+    if key in ("last_used", "updated_at"):
+        return _local_time(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_value(k, v)}" for k, v in value.items()) or "-"
+    return "-" if value is None else str(value)
+
+
+def _size(size: int | None) -> str:
+    return "-" if size is None else f"{size / 2**20:.1f} MiB"
+
+
+def _local_time(stamp: float | None) -> str:
+    return "-" if not stamp else datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _iso_time(stamp: float | None) -> str | None:
+    if not stamp:
+        return None
+    return datetime.fromtimestamp(stamp).astimezone().isoformat(timespec="seconds")

@@ -1,74 +1,139 @@
 """The `semantic` command, and the only wiring: settings → model → runner → engine → app.
 
-Every `Settings` field is a flag here (`--cache-budget-mb`; a list field's flag may repeat); only
-flags given on the command line are passed on, so the environment, `.env` and the TOML file still
-apply beneath them.
+Each command takes its own flags: `serve` and `config` every setting's (settings_flags.py),
+`models` and `agents` the few they use. Only flags given on the command line are passed on, so
+the environment, `.env` and the TOML file still apply beneath them.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
-import typing
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-from pydantic_settings import SettingsError
+import numpy as np
 
 from semantic import __version__
 from semantic.config import Settings
+from semantic.config_errors import load_settings, unknown_variables
 from semantic.errors import SemanticError
+from semantic.settings_flags import Parser, add_settings_flags, given_settings
 
 if TYPE_CHECKING:
     from semantic.engine.engine import Engine
     from semantic.engine.host import EngineHost
-    from semantic.registry import ModelSource
+    from semantic.preflight import Checked
+    from semantic.registry import ModelRegistry, ModelSource
 
 log = logging.getLogger("semantic")
+
+_ABOUT = """\
+semantic: a local inference server for many LLM agents at once. Each agent's KV cache stays
+between its turns, in memory or on disk, across restarts; clients speak the OpenAI or the
+Anthropic API, or the direct agent API.
+
+Start with `semantic serve` (http://127.0.0.1:8000, the built-in SmolLM2 model), then open
+http://127.0.0.1:8000/docs for the API. Settings come from flags, SEMANTIC_* environment
+variables, .env and a TOML file (--config): `semantic config` shows each one and where it came
+from."""
+
+_SERVE_ABOUT = """\
+Load the model, then serve the OpenAI, Anthropic and agent APIs (http://127.0.0.1:8000 by
+default; the API's own documentation at /docs). Everything that can fail before the load (the
+port, the cache folder, the model's path, the settings) is checked first.
+
+Each setting below is a flag, an environment variable (shown) and a key of the TOML file that
+--config names; a flag wins over the environment, .env and the file."""
+
+_WITH_SETTINGS = "%(prog)s [--SETTING VALUE ...]"
+
+_AGENTS_ABOUT = """\
+list (the default): every agent, its cached tokens in memory and on disk, pinned or not, when
+it was last used and how many turns it had; show ID: one agent in full; delete ID: an agent and
+the cache no other agent shares.
+
+Asks the running server at --host and --port, with its API key; when none answers, reads the
+cache folder (--cache-dir) directly, and says so."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.verb is None:  # bare `semantic`: what it can do, not a usage error
+        parser.print_help()
+        return 0
+    if args.verb != "bench":  # the commands that read the settings
+        for warning in unknown_variables(os.environ):
+            print(f"semantic: warning: {warning}", file=sys.stderr)
     try:
         return int(args.handler(args))
-    except (SemanticError, ValidationError, SettingsError) as exc:
+    except SemanticError as exc:
         print(f"semantic: {exc}", file=sys.stderr)
         return 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="semantic", description=__doc__)
+    parser = Parser(prog="semantic", description=_ABOUT)
     parser.add_argument("--version", action="version", version=f"semantic {__version__}")
-    verbs = parser.add_subparsers(dest="verb", required=True)
+    verbs = parser.add_subparsers(
+        dest="verb", title="commands", metavar="COMMAND", parser_class=Parser
+    )
 
-    serve = verbs.add_parser("serve", help="start the HTTP server")
-    _add_settings_flags(serve)
+    serve = verbs.add_parser(
+        "serve", help="start the HTTP server", description=_SERVE_ABOUT, usage=_WITH_SETTINGS
+    )
+    add_settings_flags(serve)
     serve.set_defaults(handler=_serve)
 
     config = verbs.add_parser(
-        "config", help="print every effective setting and where it came from (secrets masked)"
+        "config",
+        help="print every effective setting and where it came from (secrets masked)",
+        description="Every setting's value with these flags over the environment, .env and "
+        "the config file, and where it came from (keys masked).",
+        usage=_WITH_SETTINGS,
     )
     config.add_argument("--json", action="store_true", help="print JSON")
-    _add_settings_flags(config)
+    add_settings_flags(config)
     config.set_defaults(handler=_config)
 
-    models = verbs.add_parser("models", help="list the models that can be served")
-    _add_settings_flags(models)
+    models = verbs.add_parser(
+        "models",
+        help="list the models that can be served",
+        description="The models that can be served: the built-in ones installed, and "
+        "model_alias entries; * marks the configured one.",
+    )
+    add_settings_flags(models, ["config", "model", "model_alias"], title="which models")
     models.set_defaults(handler=_models)
 
     agents = verbs.add_parser(
-        "agents",
-        help="list, inspect or delete agents and their caches",
-        description="Asks the running server (--host/--port); without one, reads the cache "
-        "directory (--cache-dir) directly.",
+        "agents", help="list, inspect or delete agents and their caches", description=_AGENTS_ABOUT
     )
-    agents.add_argument("action", nargs="?", default="list", choices=["list", "show", "delete"])
+    agents.add_argument(
+        "action",
+        nargs="?",
+        default="list",
+        choices=["list", "show", "delete"],
+        help="what to do (default: list)",
+    )
     agents.add_argument("agent_id", nargs="?", help="the agent, for show and delete")
-    _add_settings_flags(agents)
+    agents.add_argument("--json", action="store_true", help="print JSON")
+    add_settings_flags(
+        agents,
+        ["host", "port", "api_key", "api_key_file", "admin_api_key", "cache_dir", "config"],
+        title="the server to ask, else the cache folder to read",
+        help_for={
+            "host": "Host of the running server to ask.",
+            "port": "Port of the running server to ask.",
+            "api_key": "API key to send to the server.",
+            "api_key_file": "File of API keys; the first is sent.",
+            "admin_api_key": "Admin key to send when no other key is set.",
+        },
+    )
     agents.set_defaults(handler=_agents)
 
     bench = verbs.add_parser("bench", help="benchmark an OpenAI-compatible server")
@@ -79,48 +144,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    for name, field in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        help_text = field.description
-        if field.annotation is bool:
-            parser.add_argument(
-                flag,
-                action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS,
-                help=help_text,
-            )
-            continue
-        choices = _literal_choices(field.annotation)
-        parser.add_argument(
-            flag,
-            action="append" if typing.get_origin(field.annotation) is list else "store",
-            default=argparse.SUPPRESS,
-            choices=choices,
-            help=help_text,
-            metavar=None if choices else name.upper(),
-        )
-
-
-def _literal_choices(annotation: Any) -> list[Any] | None:
-    if typing.get_origin(annotation) is typing.Literal:
-        return list(typing.get_args(annotation))
-    return None
-
-
 def settings_from(args: argparse.Namespace) -> Settings:
-    return Settings(**_flags(args))
-
-
-def _flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings given on the command line, and only those."""
-    return {name: getattr(args, name) for name in Settings.model_fields if hasattr(args, name)}
+    return load_settings(given_settings(args))
 
 
 def _config(args: argparse.Namespace) -> int:
     from semantic import config_command
 
-    return config_command.run(_flags(args), as_json=args.json)
+    return config_command.run(given_settings(args), as_json=args.json)
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -142,7 +173,7 @@ def _agents(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if args.action != "list" and not args.agent_id:
         raise SemanticError(f"`semantic agents {args.action}` needs an agent id")
-    return agents_command.run(settings, args.action, args.agent_id)
+    return agents_command.run(settings, args.action, args.agent_id, as_json=args.json)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -154,50 +185,46 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from semantic import preflight
     from semantic.api.app import create_app
     from semantic.api.server import serve
-    from semantic.cache.disk import cache_root
-    from semantic.cache.folder_lock import FolderLock
     from semantic.observability import configure_logging
 
     settings = settings_from(args)
-    check_bind(settings)
-    configure_logging(settings.log_level)
-    # One server per cache folder, refused before the model loads so that a second one fails
-    # at once; held until the caches are persisted at exit.
-    with FolderLock.acquire(cache_root(settings.cache_dir)):
-        app = create_app(build_host(settings), settings)
+    # What can fail fails here, before the load: the bind rule, the model's path, the cache
+    # folder (locked until the caches are persisted at exit) and the port (bound here).
+    with preflight.checked(settings) as checked:
+        configure_logging(settings.log_level)
+        started = time.perf_counter()
+        host = build_host(settings, checked.registry, checked.source)
+        app = create_app(host, settings)
         # On SIGTERM/SIGINT: drain (503 to new requests, running ones get
         # shutdown_timeout_s), persist every hot cache, exit 0.
-        serve(app, settings)
+        serve(app, settings, checked.listener, _ready_line(checked, host, started))
     return 0
 
 
-def check_bind(settings: Settings) -> None:
-    """Loopback by default: serving other machines takes `--allow-remote` and an API key, so a
-    server is never reachable from the network without a key by accident."""
-    if settings.is_loopback:
-        return
-    how_to_key = "--api-key, SEMANTIC_API_KEY, --api-key-file or --admin-api-key"
-    if not settings.allow_remote:
-        raise SemanticError(
-            f"refusing to bind {settings.host!r}: it is not a loopback address; serving other "
-            f"machines needs --allow-remote and an API key ({how_to_key})"
-        )
-    if not settings.any_api_keys:
-        raise SemanticError(
-            f"refusing to bind {settings.host!r} without an API key: set one with {how_to_key}"
-        )
+def _ready_line(checked: Checked, host: EngineHost, started: float) -> str:
+    runner = host.engine.runner
+    tokens = runner.num_blocks * runner.cache_spec.block_tokens
+    return (
+        f"ready on {checked.url} ({time.perf_counter() - started:.1f} s to load) — "
+        f"{runner.num_blocks:,} KV blocks (~{tokens:,} tokens); API at {checked.url}/docs"
+    )
 
 
-def build_host(settings: Settings) -> EngineHost:
-    """The configured model's engine, in a host that can swap it for another model (each load
-    on a short-lived thread, as the first)."""
+def build_host(
+    settings: Settings,
+    registry: ModelRegistry | None = None,
+    source: ModelSource | None = None,
+) -> EngineHost:
+    """The configured model's engine (`source` of `registry`, when found already), in a host
+    that can swap it for another model (each load on a short-lived thread, as the first)."""
     from semantic.engine.host import EngineHost
     from semantic.registry import ModelRegistry
 
-    registry = ModelRegistry.from_settings(settings)
-    source = registry.resolve(settings.model)
+    registry = registry or ModelRegistry.from_settings(settings)
+    source = source or registry.resolve(settings.model)
 
     def load(source: ModelSource) -> Engine:
         return _build_engine_off_the_main_thread(settings, source)
@@ -240,10 +267,13 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
 
     source = source or ModelRegistry.from_settings(settings).resolve(settings.model)
     log.info("loading %s from %s", source.name, source.path)
+    started = time.perf_counter()
     # In mappings of their own, the weights and the pool go back to the system on a swap.
     with own_mappings():
         checkpoint = load_checkpoint(source.path, progress=sys.stderr.isatty())
-        runner = create_runner(runner_options(settings), checkpoint.config, checkpoint.weights())
+        log.info("read the config and tokenizer in %.1f s", time.perf_counter() - started)
+        weights = _logged_weights(checkpoint.weights())
+        runner = create_runner(runner_options(settings), checkpoint.config, weights)
     context = checkpoint.config.max_position_embeddings
     served = ServedModel(
         name=_served_name(settings, source),
@@ -264,7 +294,23 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         spec.tag(),
         "cache_budget_mb" if settings.cache_budget_mb else "sized from the free memory",
     )
-    return Engine(runner, served, engine_options(settings))
+    engine = Engine(runner, served, engine_options(settings))
+    log.info("loaded %s in %.1f s", source.name, time.perf_counter() - started)
+    return engine
+
+
+def _logged_weights(
+    tensors: Iterator[tuple[str, np.ndarray]],
+) -> Iterator[tuple[str, np.ndarray]]:
+    """The weights, unchanged; once the backend has taken the last, a log line of how many and
+    how long (the terminal's progress bar aside, the one sign of this phase in a log)."""
+    started, count = time.perf_counter(), 0
+    for tensor in tensors:
+        count += 1
+        yield tensor
+    log.info(
+        "weights: %d tensors read and converted in %.1f s", count, time.perf_counter() - started
+    )
 
 
 def _served_name(settings: Settings, source: ModelSource) -> str:

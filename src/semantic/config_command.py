@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import typing
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import SecretStr
 from pydantic_core import to_jsonable_python
 
-from semantic.config import Settings, value_sources
+from semantic.config import Settings, is_secret, value_sources
+from semantic.config_errors import load_settings
 
 
 def run(flags: Mapping[str, Any], as_json: bool) -> int:
     """Print the settings that `flags` over the environment, `.env` and the config file give."""
-    settings = Settings(**flags)
+    settings = load_settings(flags)
     sources = value_sources(flags)
     shown = {
         name: {**_shown(name, getattr(settings, name)), "source": sources[name]}
@@ -30,14 +29,9 @@ def run(flags: Mapping[str, Any], as_json: bool) -> int:
 
 def _shown(name: str, value: Any) -> dict[str, Any]:
     """The value, JSON-ready; a secret shows only as `***` and how many there are."""
-    if _is_secret(name):
+    if is_secret(name):
         return {"value": "***" if value else None, "count": len(value)}
     return {"value": to_jsonable_python(value)}
-
-
-def _is_secret(name: str) -> bool:
-    annotation = Settings.model_fields[name].annotation
-    return annotation is SecretStr or SecretStr in typing.get_args(annotation)
 
 
 def _print_table(shown: dict[str, dict[str, Any]]) -> None:

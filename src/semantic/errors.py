@@ -9,6 +9,10 @@ class SemanticError(Exception):
     """Base of every error semantic raises on purpose."""
 
 
+class InvalidSettings(SemanticError):
+    """A setting's value is not valid; the message names it and where it came from."""
+
+
 class InvalidRequest(SemanticError):
     """The client sent something we cannot serve (maps to 400)."""
 
@@ -18,17 +22,25 @@ class InvalidRequest(SemanticError):
 
 
 class ContextOverflow(InvalidRequest):
-    """The prompt plus requested output does not fit the model's context (400)."""
+    """The prompt plus requested output does not fit the model's context (400). `param` is the
+    field that holds the prompt; `blame`, when given, the field the client should change
+    instead (a `max_tokens` too large for the room the prompt leaves)."""
 
     def __init__(
-        self, prompt_tokens: int, max_tokens: int, context_length: int, param: str = "messages"
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        context_length: int,
+        param: str = "messages",
+        *,
+        blame: str | None = None,
     ) -> None:
         super().__init__(
             f"This model's maximum context length is {context_length} tokens. However, you "
             f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {param}, "
             f"{max_tokens} in the completion). Please reduce the length of the {param} or "
             "completion.",
-            param=param,
+            param=blame or param,
         )
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens

@@ -30,12 +30,14 @@ from prometheus_client.registry import Collector
 from structlog.typing import EventDict
 
 from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_ONE_OFF, TIER_SHARED, TIER_WORKING_AGENT
-from semantic.core import Batch, Request
+from semantic.core import Batch, Request, Sequence
 
 if TYPE_CHECKING:
     from semantic.engine.engine import Engine
 
 # -- logs ------------------------------------------------------------------------------------
+
+_log = logging.getLogger("semantic.engine")
 
 
 def configure_logging(
@@ -132,6 +134,62 @@ def request_fields(request: Request) -> dict[str, str]:
     if request.agent_id is not None:
         fields["agent_id"] = request.agent_id
     return fields
+
+
+class PrefillProgress:
+    """Log lines for a long prefill, which shows nothing else until its first token: a prompt
+    with at least `min_tokens` tokens to compute (past its cached ones) logs how far it is every
+    `every_s` seconds, and its rate once done. Fed the running sequences after each step, on the
+    engine thread."""
+
+    def __init__(
+        self,
+        min_tokens: int = 2048,
+        every_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.min_tokens = min_tokens
+        self.every_s = every_s
+        self._clock = clock
+        self._tracked: dict[int, _Prefill] = {}  # by seq_id
+
+    def stepped(self, running: Iterable[Sequence]) -> None:
+        now, seen = self._clock(), set()
+        for seq in running:
+            seen.add(seq.seq_id)
+            tracked = self._tracked.get(seq.seq_id)
+            if tracked is None and seq.in_prefill:
+                if seq.num_prompt_tokens - seq.num_cached_tokens >= self.min_tokens:
+                    self._tracked[seq.seq_id] = _Prefill(started=now, logged=now)
+            elif tracked is not None and not seq.in_prefill:
+                _log_prefill(seq, "prefill done", now - tracked.started)
+                del self._tracked[seq.seq_id]
+            elif tracked is not None and now - tracked.logged >= self.every_s:
+                _log_prefill(seq, "prefill", now - tracked.started)
+                tracked.logged = now
+        for gone in self._tracked.keys() - seen:  # finished, aborted or preempted
+            del self._tracked[gone]
+
+
+@dataclass(slots=True)
+class _Prefill:
+    started: float
+    logged: float
+
+
+def _log_prefill(seq: Sequence, event: str, elapsed: float) -> None:
+    done = min(seq.num_computed_tokens, seq.num_prompt_tokens) - seq.num_cached_tokens
+    total = seq.num_prompt_tokens - seq.num_cached_tokens
+    _log.info(
+        "%s: %s of %s tokens (%d%%) in %.1f s, %.0f tokens/s",
+        event,
+        f"{done:,}",
+        f"{total:,}",
+        100 * done // max(total, 1),
+        elapsed,
+        done / max(elapsed, 1e-9),
+        extra=request_fields(seq.request),
+    )
 
 
 # -- metrics counted as they happen ----------------------------------------------------------

@@ -100,15 +100,18 @@ def test_the_default_max_tokens_shrinks_to_the_room_the_context_leaves(
     assert usage["completion_tokens"] == 4
 
 
-def test_a_max_tokens_past_the_context_is_a_400_that_blames_the_prompt(
+def test_a_max_tokens_past_the_room_the_prompt_leaves_is_a_400_that_names_max_tokens(
     api: TestClient, engine: Engine
 ) -> None:
     prompt = [5] * (engine.max_seq_tokens - 4)
     response = api.post("/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 5})
     assert response.status_code == 400
     error = response.json()["error"]
-    assert (error["code"], error["param"]) == ("context_length_exceeded", "prompt")
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "max_tokens")
     assert "in the prompt" in error["message"]
+    full = [5] * engine.max_seq_tokens  # no room at all: only a shorter prompt helps
+    response = api.post("/v1/completions", json={"model": "m", "prompt": full, "max_tokens": 1})
+    assert response.json()["error"]["param"] == "prompt"
 
 
 def test_a_model_that_wants_bos_on_raw_text_gets_it_first(

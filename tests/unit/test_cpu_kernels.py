@@ -4,11 +4,17 @@ formula, and a bf16 model runs the same with them as with the stock kernels."""
 
 from __future__ import annotations
 
+import logging
 import random
+import re
+import shutil
+import types
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils import cpp_extension
 
 from semantic.backends.torch import kernels as kernels_module
 from semantic.backends.torch.attention import GatherScratch, LayerAttention, LayerKV, PrefillChunk
@@ -434,3 +440,59 @@ def test_a_failed_build_leaves_the_stock_kernels_and_says_why(monkeypatch):
     kernels, reason = kernels_module._load.__wrapped__()
     assert kernels is None
     assert reason is not None and "no compiler today" in reason
+
+
+def _checkout_copy(folder: Path) -> Path:
+    """The kernel sources as another checkout of the same commit holds them."""
+    folder.mkdir(parents=True)
+    for name in (*kernels_module._SOURCES, *kernels_module._HEADERS):
+        shutil.copy(kernels_module._FOLDER / name, folder / name)
+    return folder
+
+
+def test_the_build_folder_is_named_by_the_sources_contents_not_their_path(tmp_path: Path) -> None:
+    first, second = _checkout_copy(tmp_path / "a"), _checkout_copy(tmp_path / "b")
+    assert kernels_module.build_directory(first) == kernels_module.build_directory(second)
+    assert kernels_module.build_directory(first) == kernels_module.build_directory()
+    with (second / "rms_norm.cpp").open("a") as source:
+        source.write("// changed\n")
+    assert kernels_module.build_directory(first) != kernels_module.build_directory(second)
+
+
+@needs_kernels
+def test_another_checkout_loads_the_built_kernels_without_compiling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The build this process loaded serves a checkout at another path, whose build files would
+    otherwise name other paths and make the build tool compile everything again."""
+
+    def compile_again(**options: object) -> None:
+        raise AssertionError(f"compiled again: {options}")
+
+    monkeypatch.setattr(cpp_extension, "load", compile_again)
+    caplog.set_level(logging.INFO, logger=kernels_module.__name__)
+    module = kernels_module._build(_checkout_copy(tmp_path / "other-checkout"))
+    assert module.rms_norm is not None
+    assert "loaded in" in caplog.text and "building" not in caplog.text
+
+
+def test_a_build_says_that_it_builds_and_how_long_it_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    built: list[dict[str, object]] = []
+
+    def fake_build(**options: object) -> types.ModuleType:
+        built.append(options)
+        return types.ModuleType("semantic_cpu_kernels")
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpp_extension, "load", fake_build)
+    caplog.set_level(logging.INFO, logger=kernels_module.__name__)
+    kernels_module._build()
+    folder = kernels_module.build_directory()
+    assert folder.is_relative_to(tmp_path / "cache")
+    # compiled from copies inside the folder: its build files name no checkout
+    assert all(Path(str(s)).parent == folder / "src" for s in built[0]["sources"])  # type: ignore[attr-defined]
+    assert re.search(
+        r"building the semantic CPU kernels into .*\n.*built .* in \d+\.\d s", caplog.text
+    )

@@ -20,10 +20,11 @@ from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from semantic import core
 from semantic.api.agents import named_agent
 from semantic.api.app import create_app
 from semantic.models.served import ServedModel
-from semantic.observability import configure_logging
+from semantic.observability import PrefillProgress, configure_logging
 from tests.unit.fakes import make_engine
 
 KEY, WRONG = "sk-log-test-0123456789", "sk-not-a-key-9876543210"
@@ -191,3 +192,31 @@ def test_api_keys_never_reach_the_json_logs(chat_served: ServedModel, tmp_path: 
     refusals = [line for line in lines(stream) if line["event"].startswith("401 on")]
     assert len(refusals) == 3 and all(line["request_id"].startswith("req_") for line in refusals)
     assert KEY not in output and WRONG not in output
+
+
+def test_a_long_prefill_logs_its_progress_and_its_rate(
+    served: ServedModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Off a terminal too: a prompt of many tokens says how far it is while it is computed, in
+    chunks of `max_batch_tokens`, and once done; a short one says nothing."""
+    engine, _ = make_engine(served, tmp_path, num_blocks=64)  # chunks of 32 tokens
+    ticks = iter(range(1000))
+    engine.prefill_progress = PrefillProgress(
+        min_tokens=200, every_s=2.0, clock=lambda: next(ticks)
+    )
+    caplog.set_level(logging.INFO, logger="semantic.engine")
+    params = core.SamplingParams(temperature=0.0, max_tokens=3)
+    long_prompt = core.Request("long", [3 + k % 390 for k in range(320)], params)
+    short_prompt = core.Request("short", [3 + k % 300 for k in range(150)], params)
+    for request in (long_prompt, short_prompt):
+        engine.submit(request, lambda event: None)
+    engine.run_until_idle()
+    lines = [r for r in caplog.records if r.getMessage().startswith("prefill")]
+    assert lines and all(getattr(r, "request_id", None) == "long" for r in lines)
+    progress = [r.getMessage() for r in lines[:-1]]
+    assert progress and all(
+        re.match(r"prefill: \d+ of 320 tokens \(\d+%\) in", m) for m in progress
+    )
+    assert re.match(
+        r"prefill done: 320 of 320 tokens \(100%\) in \d+\.\d s", lines[-1].getMessage()
+    )

@@ -236,8 +236,8 @@ MALFORMED: list[tuple[str, str, Body, dict[str, str], int, str | None]] = [
     ("max_tokens is a string", CHAT, with_(max_tokens="10"), {}, 400, "max_tokens"),
     ("max_tokens is a float", CHAT, with_(max_tokens=1.5), {}, 400, "max_tokens"),
     ("max_tokens is a bool", CHAT, with_(max_tokens=True), {}, 400, "max_tokens"),
-    ("max_tokens is a billion", CHAT, with_(max_tokens=10**9), {}, 400, "messages"),
-    ("max_tokens is 2**80", LEGACY, legacy(max_tokens=2**80), {}, 400, "prompt"),
+    ("max_tokens is a billion", CHAT, with_(max_tokens=10**9), {}, 400, "max_tokens"),
+    ("max_tokens is 2**80", LEGACY, legacy(max_tokens=2**80), {}, 400, "max_tokens"),
     (
         "max_completion_tokens is 0",
         CHAT,

@@ -1,4 +1,5 @@
-"""The HTTP application: routes, error handlers, request ids, and the engine's lifetime."""
+"""The HTTP application: routes, error handlers, request ids, the engine's lifetime, and the
+index at `/` that says what answers here and where its routes are described."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from starlette.middleware.cors import CORSMiddleware
@@ -21,6 +23,7 @@ from semantic.api.slow_clients import SendTimeout
 from semantic.config import Settings
 from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
+from semantic.errors import SemanticError
 from semantic.observability import Metrics, bind_request
 
 
@@ -85,7 +88,22 @@ def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
     app.include_router(anthropic.router)
     app.include_router(agents.router)
     app.include_router(admin.router)
+    app.add_api_route("/", _index, methods=["GET"], include_in_schema=False)
     return app
+
+
+async def _index(request: Request) -> dict[str, Any]:
+    """What a browser shows first: which server, which model, and where the routes are."""
+    try:
+        model: str | None = gate.engine_of(request).model.name
+    except SemanticError:  # a model swap in progress, or no model could be loaded
+        model = None
+    return {
+        "name": "semantic",
+        "version": __version__,
+        "model": model,
+        "links": {"docs": "/docs", "openapi": "/openapi.json", "health": "/health/ready"},
+    }
 
 
 async def _request_id(

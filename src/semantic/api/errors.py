@@ -13,6 +13,7 @@ import math
 import re
 import uuid
 from collections.abc import Sequence
+from http import HTTPStatus
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -20,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
 
 from semantic import errors
 from semantic.api.streaming import ClientGone
@@ -47,6 +49,7 @@ _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.Unavailable, 503, "server_error", "unavailable"),
 ]
 INTERNAL = "internal server error"  # all a client learns of a fault: the log has the rest
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 # Anthropic's statuses differ from OpenAI's only for overload (529, which its SDKs retry).
@@ -121,14 +124,21 @@ def anthropic_error(request: Request, status: int, message: str) -> JSONResponse
 
 
 def error_response(
-    request: Request, status: int, message: str, code: str | None = None
+    request: Request,
+    status: int,
+    message: str,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """An error of HTTP `status` in the request's protocol, its type the one the protocol gives
     that status (OpenAI: `code`, when given, says which refusal it is)."""
     if protocol_of(request) == "anthropic":
-        return anthropic_error(request, status, message)
-    type_ = _HTTP_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return openai_error(status, message, type_, code=code)
+        response = anthropic_error(request, status, message)
+    else:
+        fallback = "server_error" if status >= 500 else "invalid_request_error"
+        response = openai_error(status, message, _HTTP_TYPES.get(status, fallback), code=code)
+    response.headers.update(headers or {})
+    return response
 
 
 def anthropic_type(status: int) -> str:
@@ -244,6 +254,25 @@ def retry_after_headers(seconds: float) -> dict[str, str]:
     }
 
 
+def _no_route(request: Request, status: int) -> JSONResponse:
+    """A 404 that names the path and says where the routes are; a 405 whose `Allow` lists the
+    methods of every route at the path (the router's names only the first route's)."""
+    path = request.url.path[:200]
+    if status == 404:
+        where = "the routes are listed at /docs and /openapi.json"
+        return error_response(request, 404, f"no route {request.method} {path}: {where}")
+    routes: list[BaseRoute] = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes
+        )
+    ]
+    message = f"{path} takes {', '.join(allowed)}, not {request.method}"
+    return error_response(request, 405, message, headers={"Allow": ", ".join(allowed)})
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -261,6 +290,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code in (404, 405) and exc.detail == HTTPStatus(exc.status_code).phrase:
+            return _no_route(request, exc.status_code)  # the router's own: no route matched
         response = error_response(request, exc.status_code, str(exc.detail))
         response.headers.update(exc.headers or {})
         return response

@@ -88,10 +88,13 @@ def output_budget(
     prompt_param: str = "messages",
 ) -> int:
     """max_tokens for a request: what it asked for (`param`), refused past `max_output_tokens`
-    or past the room the context leaves (a context overflow blaming `prompt_param`, the field
-    that holds the prompt); with none asked, `default` cut to both."""
+    or past the room the context leaves (a context overflow that blames `prompt_param`, the
+    field that holds the prompt, when it leaves no room, else `param`, which the client can
+    lower); with none asked, `default` cut to both."""
     asked = checked_max_tokens(settings, requested, param)
     room = context - prompt_tokens
-    if room < 1 or (asked is not None and asked > room):
+    if room < 1:
         raise ContextOverflow(prompt_tokens, asked or 0, context, prompt_param)
+    if asked is not None and asked > room:
+        raise ContextOverflow(prompt_tokens, asked, context, prompt_param, blame=param)
     return asked if asked is not None else min(capped_max_tokens(settings, default), room)

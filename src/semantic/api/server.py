@@ -15,6 +15,7 @@ still persisted. A third, once drained, is uvicorn's own: quit without waiting f
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import socket
 from types import FrameType
@@ -25,18 +26,29 @@ from fastapi import FastAPI
 from semantic.api.lifecycle import RESPONSE_GRACE_S, Lifecycle
 from semantic.config import Settings
 
+log = logging.getLogger("semantic")
+
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, timeout_s: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        lifecycle: Lifecycle,
+        timeout_s: float,
+        ready_line: str | None = None,
+    ) -> None:
         super().__init__(config)
         self.lifecycle = lifecycle
         self.timeout_s = timeout_s
+        self.ready_line = ready_line  # logged once serving has started
         self.drained = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        if self.started and self.ready_line:
+            log.info(self.ready_line)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """uvicorn's signal handler. It runs on the event loop's thread between two bytecodes,
@@ -54,17 +66,18 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def serve(app: FastAPI, settings: Settings) -> None:
-    """Serve `app` until a stop signal, then drain, shut down and return (the exit status is 0:
-    a graceful stop is a success)."""
+def serve(app: FastAPI, settings: Settings, listener: socket.socket, ready_line: str) -> None:
+    """Serve `app` on `listener` (bound before the model loaded, so a port in use failed
+    before it) until a stop signal, then drain, shut down and return (the exit status is 0: a
+    graceful stop is a success). `ready_line` is logged once it serves."""
     server = DrainingServer(
-        uvicorn_config(app, settings), app.state.lifecycle, settings.shutdown_timeout_s
+        uvicorn_config(app, settings), app.state.lifecycle, settings.shutdown_timeout_s, ready_line
     )
     # uvicorn re-raises the stop signal to the handler it found once it has shut down; a no-op
     # one makes the exit status 0.
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, lambda signum, frame: None)
-    server.run()
+    server.run(sockets=[listener])
 
 
 def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:

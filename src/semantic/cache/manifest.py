@@ -62,8 +62,8 @@ class AgentManifest:
     num_tokens: int
     pinned: bool = False
     conversation: Conversation | None = None
-    owner: str | None = None  # `AgentKey.owner`
     updated_at: float = field(default_factory=time.time)
+    owner: str | None = None  # `AgentKey.owner`
     format_version: int = MANIFEST_FORMAT_VERSION
 
     @property

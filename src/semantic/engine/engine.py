@@ -50,7 +50,7 @@ from semantic.errors import (
     Unavailable,
 )
 from semantic.models.served import ServedModel
-from semantic.observability import EngineMetrics, request_fields
+from semantic.observability import EngineMetrics, PrefillProgress, request_fields
 from semantic.options import EngineOptions
 from semantic.text.detokenizer import IncrementalDetokenizer, StopMatcher
 
@@ -160,6 +160,7 @@ class Engine:
         pool_tokens = runner.num_blocks * runner.cache_spec.block_tokens
         self.max_seq_tokens = min(model.context_length, pool_tokens)
         self.metrics = EngineMetrics()
+        self.prefill_progress = PrefillProgress()  # log lines while a long prompt is computed
         self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._active: dict[str, _Active] = {}
         self._seq_ids = itertools.count()
@@ -325,6 +326,7 @@ class Engine:
             return True
         sampled = self.scheduler.update(batch, tokens)
         self.metrics.stepped(batch, len(sampled))
+        self.prefill_progress.stepped(self.scheduler.running)
         for seq, token in sampled:
             self._publish(self._active[seq.request.request_id], token)
         return True

@@ -1,23 +1,28 @@
 """The torch backend's own CPU kernels: paged decode and prefill attention read in place, the
 small-row bf16 linear over weights packed in 16-row panels (`PanelWeight`), and RMSNorm.
 
-A C++ extension (AVX-512 with BF16 dot products) compiled on first use into the user cache,
-keyed by torch and Python versions and a digest of the sources, so later processes load it in
-well under a second.
+A C++ extension (AVX-512 with BF16 dot products), built once per sources, compiler flags, torch
+build and Python into a folder of the user cache named by their digest, never by a checkout's
+path: every checkout and venv with the same ones loads that build in well under a second. A
+build says that it is building and how long it took.
 `cpu_kernels()` returns None, logged once, where it cannot run: another architecture, a CPU
 without AVX-512 BF16, or no working compiler; callers then keep the stock torch kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -40,7 +45,7 @@ _SOURCES = (
 _HEADERS = ("kernels.h", "simd.h")
 # Explicit ISA flags, not -march=native: a cache folder shared between machines must not hold
 # code for a CPU that `_missing_feature` did not check.
-_CFLAGS = [
+_CFLAGS = (
     "-O3",
     "-mavx512f",
     "-mavx512bw",
@@ -50,7 +55,8 @@ _CFLAGS = [
     "-mfma",
     "-fno-math-errno",
     "-fopenmp",  # at::parallel_for is inline OpenMP; the process's libgomp is torch's
-]
+)
+_LDFLAGS = ("-fopenmp",)
 _FOLDER = Path(__file__).parent
 
 
@@ -187,31 +193,89 @@ def _missing_feature() -> str | None:
     return None
 
 
-def build_directory() -> Path:
-    """<user cache>/semantic/kernels/torch-<version>-py<version>-<digest of sources and flags>."""
-    digest = hashlib.sha256(" ".join(_CFLAGS).encode())
-    for name in (*_SOURCES, *_HEADERS):
-        digest.update((_FOLDER / name).read_bytes())
+def build_directory(sources: Path = _FOLDER) -> Path:
+    """<user cache>/semantic/kernels/torch-<version>-py<version>-<digest>: the digest covers the
+    sources' contents, the compiler flags and torch's build, and nothing of where they lie."""
+    return _build_folder(_read_sources(sources))
+
+
+def _read_sources(sources: Path) -> dict[str, bytes]:
+    return {name: (sources / name).read_bytes() for name in (*_SOURCES, *_HEADERS)}
+
+
+def _build_folder(files: dict[str, bytes]) -> Path:
+    digest = hashlib.sha256(" ".join([*_CFLAGS, *_LDFLAGS]).encode())
+    digest.update(f"{torch.__version__} {torch.version.git_version}".encode())
+    for name, text in files.items():
+        digest.update(f"{name} {len(text)}\n".encode())
+        digest.update(text)
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
     tag = f"torch-{torch.__version__}-{python}-{digest.hexdigest()[:16]}"
     return default_cache_dir() / "kernels" / tag
 
 
-def _build() -> ModuleType:
+def _build(sources: Path = _FOLDER) -> ModuleType:
+    """The extension built from `sources`: loaded from its folder when a build is there (from
+    any checkout), else built there first, one process at a time."""
+    files = _read_sources(sources)
+    folder = _build_folder(files)
+    folder.mkdir(parents=True, exist_ok=True)
+    library = folder / f"{_NAME}.so"
+    with _build_lock(folder):
+        if library.exists():
+            try:
+                return _import(library)
+            except ImportError as exc:  # a build cut short: a truncated library
+                log.warning("the CPU kernels in %s do not load (%s): building again", folder, exc)
+                library.unlink()
+        return _compile(files, folder)
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """Held while a process looks for, or builds, the library: a second process that starts
+    meanwhile waits for the first's build instead of compiling the same files over it."""
+    with open(folder / "build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file drops the lock
+
+
+def _import(library: Path) -> ModuleType:
+    started = time.perf_counter()
+    spec = importlib.util.spec_from_file_location(_NAME, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{library} is not a Python extension")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    log.info(
+        "semantic CPU kernels loaded in %.2f s from %s", time.perf_counter() - started, library
+    )
+    return module
+
+
+def _compile(files: dict[str, bytes], folder: Path) -> ModuleType:
+    """Build from copies of the sources inside `folder`, so its build files name that folder
+    alone and no checkout's path."""
     from torch.utils import cpp_extension  # imports setuptools: only when building
 
-    folder = build_directory()
-    folder.mkdir(parents=True, exist_ok=True)
-    if not any(folder.glob(f"{_NAME}*.so")):
-        log.info("compiling semantic CPU kernels into %s (once per torch version)", folder)
+    copies = folder / "src"
+    copies.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (copies / name).write_bytes(text)
+    log.info(
+        "building the semantic CPU kernels into %s (once per sources, compiler flags and torch "
+        "build; 15-60 s, by the cores)",
+        folder,
+    )
     started = time.perf_counter()
     module = cpp_extension.load(
         name=_NAME,
-        sources=[str(_FOLDER / name) for name in _SOURCES],
-        extra_cflags=_CFLAGS,
-        extra_ldflags=["-fopenmp"],
+        sources=[str(copies / name) for name in _SOURCES],
+        # lists of their own: torch appends its own flags to the ones it is given
+        extra_cflags=list(_CFLAGS),
+        extra_ldflags=list(_LDFLAGS),
         build_directory=str(folder),
         verbose=False,
     )
-    log.info("semantic CPU kernels ready in %.1f s (%s)", time.perf_counter() - started, folder)
+    log.info("built the semantic CPU kernels in %.1f s", time.perf_counter() - started)
     return module

@@ -1,0 +1,138 @@
+"""`semantic agents`: one table of the same columns from the running server and from the disk,
+`--json`, a readable `show`, and a word on stderr when it reads the disk because no server
+answers where the settings say."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from semantic import agents_command, cli
+from semantic.cache.disk import cache_root
+from semantic.cache.manifest import AgentManifest, save_manifest
+from semantic.config import Settings
+from semantic.models.served import ServedModel
+from tests.unit.fakes import chat_app
+
+COLUMNS = ["agent", "tokens cached", "in memory", "on disk", "pinned", "last used", "turns"]
+TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+
+
+@pytest.fixture(autouse=True)
+def _only_our_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
+        monkeypatch.delenv(name)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def header_and_rows(out: str) -> tuple[list[str], list[list[str]]]:
+    header, *rows = out.strip().splitlines()
+    return re.split(r"\s{2,}", header.strip()), [re.split(r"\s{2,}", r.strip()) for r in rows]
+
+
+def on_disk(cache_dir: Path, agent_id: str, tokens: int, pinned: bool) -> None:
+    model_root = cache_root(cache_dir) / "tiny-L1-kv1-d1-float32-b8-0123456789ab"
+    updated = time.mktime((2025, 3, 4, 5, 6, 7, 0, 0, -1))
+    manifest = AgentManifest(agent_id, model_root.name, [], None, tokens, pinned, None, updated)
+    save_manifest(model_root, manifest)
+
+
+def test_from_disk_it_says_so_and_prints_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    on_disk(tmp_path, "alice", 12345, pinned=True)
+    port = free_port()
+    assert cli.main(["agents", "--cache-dir", str(tmp_path), "--port", str(port)]) == 0
+    out, err = capsys.readouterr()
+    assert err == (
+        f"no server answers at http://127.0.0.1:{port}: reading the cache folder "
+        f"{cache_root(tmp_path)}\n"
+    )
+    header, rows = header_and_rows(out)
+    assert header == COLUMNS
+    assert rows == [["alice", "12,345", "-", "0.0 MiB", "yes", "2025-03-04 05:06:07", "-"]]
+
+
+def test_from_disk_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    on_disk(tmp_path, "bob", 8, pinned=False)
+    argv = ["agents", "list", "--json", "--cache-dir", str(tmp_path), "--port", str(free_port())]
+    assert cli.main(argv) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["source"] == "disk"
+    [bob] = shown["agents"]
+    assert bob["agent_id"] == "bob" and bob["cached_tokens"] == 8 and bob["pinned"] is False
+    assert bob["last_used"].startswith("2025-03-04T05:06:07")
+    assert bob["bytes_in_memory"] is None and bob["turns"] is None
+
+
+def test_show_from_disk_is_readable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    on_disk(tmp_path, "carol", 64, pinned=False)
+    argv = ["agents", "show", "carol", "--cache-dir", str(tmp_path), "--port", str(free_port())]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^last_used\s+2025-03-04 05:06:07$", out, re.MULTILINE)
+    assert re.search(r"^pinned\s+no$", out, re.MULTILINE)
+    assert re.search(r"^bytes_on_disk\s+0\.0 MiB$", out, re.MULTILINE)
+
+
+def test_the_server_gives_the_same_columns_with_memory_and_turns(
+    chat_served: ServedModel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with chat_app(chat_served, tmp_path) as client:
+        for turn in range(2):
+            answer = client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "messages": [{"role": "user", "content": f"hello {turn}"}],
+                    "max_tokens": 3,
+                    "session_id": "dave",
+                },
+            )
+            assert answer.status_code == 200, answer.text
+
+        def ask_the_app(settings: Settings) -> TestClient:
+            return TestClient(client.app)  # the running app, as over the network
+
+        monkeypatch.setattr(agents_command, "_client", ask_the_app)
+        assert cli.main(["agents"]) == 0
+        out, err = capsys.readouterr()
+        assert err == ""
+        header, [row] = header_and_rows(out)
+        assert header == COLUMNS
+        agent, tokens, memory, disk, pinned, last_used, turns = row
+        assert (agent, pinned, turns) == ("dave", "no", "2")
+        assert int(tokens) > 0 and memory.endswith(" MiB") and disk.endswith(" MiB")
+        assert re.fullmatch(TIME, last_used)
+
+        assert cli.main(["agents", "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["source"] == "server" and shown["agents"][0]["turns"] == 2
+
+        assert cli.main(["agents", "show", "dave"]) == 0
+        assert re.search(rf"^last_used\s+{TIME}$", capsys.readouterr().out, re.MULTILINE)
+        assert cli.main(["agents", "delete", "dave"]) == 0
+        assert capsys.readouterr().out == "deleted agent dave\n"
+        assert cli.main(["agents", "show", "dave"]) == 2
+        assert "no agent 'dave' on the server at http://127.0.0.1:8000" in capsys.readouterr().err
+
+
+def test_a_wildcard_bind_is_asked_on_loopback() -> None:
+    assert agents_command.server_url(Settings(host="0.0.0.0", port=9)) == "http://127.0.0.1:9"
+    assert agents_command.server_url(Settings(host="::", port=9)) == "http://[::1]:9"
