@@ -1,5 +1,6 @@
 """What the agent API acknowledges is on disk, over the fake runner: a change whose manifest
-cannot be written answers 500 `persist_failed` and leaves nothing changed; ids that differ only
+cannot be written (or, for a delete, removed) answers 500 `persist_failed` and leaves nothing
+changed; ids that differ only
 in case have files of their own; a chat request whose agent is deleted while it runs does not
 bring the agent back."""
 
@@ -90,6 +91,37 @@ def test_a_turn_whose_manifest_cannot_be_written_leaves_the_conversation_as_it_w
         "First turn.",
         "Second turn, again.",
     ]
+
+
+def test_a_delete_whose_manifest_cannot_be_removed_leaves_the_agent_as_it_was(
+    chat_served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unlink = Path.unlink
+
+    def refuse_manifests(path: Path, missing_ok: bool = False) -> None:
+        if "agents" in path.parts:  # a folder a server may not write in any more
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        unlink(path, missing_ok)
+
+    with running(chat_served, tmp_path) as (client, engine, _):
+        create(client, "stays", system="Kept.")
+        generate(client, "stays", "Hello world!")
+        assert client.patch("/v1/agents/stays", json={"pinned": True}).status_code == 200
+        assert engine.pool.num_held > 0  # its pins (the engine is idle: read from here)
+
+        monkeypatch.setattr(Path, "unlink", refuse_manifests)
+        error = error_of(client.delete("/v1/agents/stays"), 500)
+        assert error["code"] == "persist_failed" and "Permission denied" in error["message"]
+        assert "/" not in error["message"]
+        agent = client.get("/v1/agents/stays").json()
+        assert agent["pinned"] is True and agent["conversation"]["messages"] == 2
+        monkeypatch.undo()
+        assert client.delete("/v1/agents/stays").status_code == 200
+        # Its pins went with it: none were leaked by the delete that failed.
+        assert engine.pool.num_held == 0
+        engine.pool.check_integrity()
+    with running(chat_served, tmp_path) as (client, _, _):
+        assert error_of(client.get("/v1/agents/stays"), 404)
 
 
 def test_ids_that_differ_only_in_case_have_files_of_their_own(

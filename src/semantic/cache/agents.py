@@ -404,10 +404,15 @@ class Agents:
             self.delete(agent.key)
 
     def _forget(self, agent: Agent) -> None:
-        """The agent's name, manifest and pins go; its blocks stay where they are."""
+        """The agent's name, manifest and pins go; its blocks stay where they are. The
+        manifest goes first: when it cannot be removed, PersistFailed, and the agent stays
+        as it was (else it would come back at the next start, its pins leaked meanwhile)."""
         with self.manifest_lock:
+            try:
+                self.manifests.delete(agent.key)
+            except OSError as exc:
+                raise _not_durable(agent, "removed from", exc) from exc
             del self.by_key[agent.key]
-            self.manifests.delete(agent.key)
         self._per_owner[agent.owner] -= 1
         self.pool.release(self._pins.pop(agent.key, []), TIER_WORKING_AGENT)
         if agent.pinned:
@@ -465,11 +470,7 @@ class Agents:
             try:
                 self.manifests.save(manifest)
             except OSError as exc:
-                log.warning("manifest of agent %s not saved: %s", agent.agent_id, exc)
-                raise PersistFailed(
-                    f"agent {agent.agent_id!r} could not be written to disk ({exc.strerror}); "
-                    "nothing was changed"
-                ) from exc
+                raise _not_durable(agent, "written to", exc) from exc
             agent.conversation = kept
         self.tiering.enforce_budget()  # the manifest counts in the disk budget
         return True
@@ -495,6 +496,15 @@ class Agents:
         if agent is None:
             raise NotFound(f"no agent {key.agent_id!r}")
         return agent
+
+
+def _not_durable(agent: Agent, done: str, exc: OSError) -> PersistFailed:
+    """The error of a manifest that could not be `done` disk: logged in full, told to the
+    client without the server's paths."""
+    log.warning("manifest of agent %s not %s disk: %s", agent.agent_id, done, exc)
+    return PersistFailed(
+        f"agent {agent.agent_id!r} could not be {done} disk ({exc.strerror}); nothing was changed"
+    )
 
 
 def _summary(conversation: Conversation | None) -> dict[str, Any] | None:

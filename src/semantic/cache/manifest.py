@@ -107,8 +107,12 @@ class ManifestFiles:
         self._count(manifest.key, save_manifest(self.model_root, manifest))
 
     def delete(self, key: AgentKey) -> bool:
-        self._count(key, 0)
-        return delete_manifest(self.model_root, key)
+        """Remove it durably; OSError when that failed (and then it may still be there)."""
+        try:
+            return delete_manifest(self.model_root, key)
+        finally:
+            if not has_manifest(self.model_root, key):
+                self._count(key, 0)
 
     def num_bytes(self) -> int:
         with self._lock:

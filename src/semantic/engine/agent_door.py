@@ -160,7 +160,8 @@ class AgentDoor:
         return await self._engine.call(lambda: self._agents.describe(agent))
 
     async def delete(self, caller: Caller, agent_id: str, owner: str | None = None) -> None:
-        """NotFound for an unknown agent, Conflict while a turn holds it."""
+        """NotFound for an unknown agent, Conflict while a turn holds it, PersistFailed (and
+        the agent as it was) when its manifest could not be removed."""
         key = self._key(caller, agent_id, owner)
         if not await self._engine.call(lambda: self._agents.delete(key)):
             raise NotFound(f"no agent {agent_id!r}")
