@@ -50,6 +50,19 @@ def test_past_the_limit_a_chat_agent_takes_the_place_of_the_least_recently_used(
     assert set(engine.agents.by_key) == {AgentKey("c"), AgentKey("a")}
 
 
+def test_a_limit_lowered_since_the_last_start_holds_for_the_next_new_agent(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, _ = make_engine(served, tmp_path, max_agents_per_key=3)
+    for agent_id, first in (("a", 10), ("b", 20), ("c", 30)):
+        assert chat_turn(engine, agent_id, list(range(first, first + 12))).error is None
+    assert engine.agents.persist(timeout=10).agents_saved == 3
+    lowered, _ = make_engine(served, tmp_path, max_agents_per_key=1)
+    assert len(lowered.agents.by_key) == 3  # read back as they were: none is lost at a start
+    assert chat_turn(lowered, "d", list(range(40, 52))).error is None
+    assert set(lowered.agents.by_key) == {AgentKey("d")}
+
+
 def test_agents_with_conversations_never_make_room_so_a_new_one_is_a_403(
     chat_served: ServedModel, tmp_path: Path
 ) -> None:

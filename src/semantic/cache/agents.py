@@ -314,11 +314,14 @@ class Agents:
         return agent
 
     def _make_room(self, owner: str | None) -> None:
-        """Past `max_per_key`, the owner's least recently used agent that nothing needs (no
-        conversation, not pinned, no turn, no request running) is forgotten: its name goes,
-        its blocks stay as cache. TooManyAgents when no agent may go."""
+        """At `max_per_key`, the owner's least recently used agents that nothing needs (no
+        conversation, not pinned, no turn, no request running) are forgotten, as many as it
+        takes to make room for one (more than one when the limit was lowered since the
+        manifests were written): their names go, their blocks stay as cache. TooManyAgents,
+        and none forgotten, when too few may go."""
         limit = self.options.max_per_key
-        if self._per_owner[owner] < limit:
+        excess = self._per_owner[owner] - limit + 1
+        if excess <= 0:
             return
         running = {agent.key for agent in self._began.values()}
         spare = [
@@ -330,15 +333,15 @@ class Agents:
             and a.turn is None
             and a.key not in running
         ]
-        if not spare:
+        if len(spare) < excess:
             raise TooManyAgents(
                 f"this API key has {limit} agents, the most it may keep (max_agents_per_key), "
                 "and each has a conversation, a pin or a request running: delete some "
                 "(DELETE /v1/agents/{agent_id})"
             )
-        oldest = min(spare, key=lambda agent: agent.stats.last_used)
-        log.info("agent %s forgotten to make room for a new one", oldest.agent_id)
-        self._forget(oldest)
+        for oldest in sorted(spare, key=lambda agent: agent.stats.last_used)[:excess]:
+            log.info("agent %s forgotten to make room for a new one", oldest.agent_id)
+            self._forget(oldest)
 
     def start_persist(self, keys: Iterable[AgentKey] | None = None) -> PendingPersist:
         """Queue writes of the named agents' hot blocks (every hashed block when None) that are
