@@ -186,11 +186,8 @@ def list_manifests(root_for_model: Path) -> list[AgentManifest]:
 def delete_manifest(root_for_model: Path, key: AgentKey) -> bool:
     """Remove an agent's manifest durably (a deleted agent must not return after a crash),
     and the file an older format named it by, if it is still there."""
-    paths = [manifest_path(root_for_model, key)]
-    if key.owner is None:
-        paths.append(_legacy_path(root_for_model, key.agent_id))
     removed = False
-    for path in paths:
+    for path in _paths_of(root_for_model, key):
         try:
             path.unlink()
         except FileNotFoundError:
@@ -202,10 +199,7 @@ def delete_manifest(root_for_model: Path, key: AgentKey) -> bool:
 
 def has_manifest(root_for_model: Path, key: AgentKey) -> bool:
     """Whether the cache of the model at `root_for_model` has a manifest of this agent."""
-    paths = [manifest_path(root_for_model, key)]
-    if key.owner is None:
-        paths.append(_legacy_path(root_for_model, key.agent_id))
-    return any(path.is_file() for path in paths)
+    return any(path.is_file() for path in _paths_of(root_for_model, key))
 
 
 def manifest_path(root_for_model: Path, key: AgentKey) -> Path:
@@ -216,6 +210,15 @@ def manifest_path(root_for_model: Path, key: AgentKey) -> Path:
         raise ValueError(f"owner {key.owner[:40]!r} is not a key digest")
     digest = hashlib.blake2b(key.agent_id.encode(), digest_size=4).hexdigest()
     return root_for_model / "agents" / (key.owner or UNOWNED) / f"{key.agent_id}.{digest}.json"
+
+
+def _paths_of(root_for_model: Path, key: AgentKey) -> list[Path]:
+    """Where the agent's manifest may lie: its own name, and for an agent of no owner, the
+    name an older format gave it."""
+    paths = [manifest_path(root_for_model, key)]
+    if key.owner is None:
+        paths.append(_legacy_path(root_for_model, key.agent_id))
+    return paths
 
 
 def _legacy_path(root_for_model: Path, agent_id: str) -> Path:
@@ -235,10 +238,7 @@ def _read(root_for_model: Path, path: Path, key: AgentKey | None) -> AgentManife
         manifest = _manifest_from_json(data)
         if manifest.model_tag != root_for_model.name or key not in (None, manifest.key):
             raise Rejected(QuarantineReason.OTHER_MODEL, "written for another model or agent")
-        names = [manifest_path(root_for_model, manifest.key)]
-        if manifest.owner is None:
-            names.append(_legacy_path(root_for_model, manifest.agent_id))
-        if path not in names:
+        if path not in _paths_of(root_for_model, manifest.key):
             raise Rejected(QuarantineReason.CORRUPT, "its name is not its agent's")
     except Rejected as rejected:
         move_to_quarantine(path, root_for_model / "quarantine", rejected.reason)
