@@ -88,6 +88,17 @@ def test_another_key_gets_404_for_an_agent_and_does_not_list_it(
         # Without admin keys every key reaches /admin/, but sees its own agents there only.
         seen = client.get("/admin/cache", headers=bob).json()["agents"]
         assert seen == [] and "secret plan" not in json.dumps(seen)
+        # Naming Alice's agent there finds nothing, as an unknown id does: not even a 404.
+        alices = {"agents": ["alice"], "owner": owner_of(ALICE_KEY)}
+        for route in ("/admin/cache/persist", "/admin/cache/evict"):
+            answer = client.post(route, json=alices, headers=bob)
+            assert answer.status_code == 200, answer.text
+        assert client.post("/admin/cache/persist", json=alices, headers=bob).json() == {
+            "blocks_written": 0,
+            "failed": 0,
+            "agents_saved": 0,
+            "agents_failed": 0,
+        }
         assert listed(client, ALICE_KEY) == [("alice", owner_of(ALICE_KEY))]
         messages = client.get("/v1/agents/alice/messages", headers=as_(ALICE_KEY)).json()
         assert len(messages["data"]) == 2 and messages["system"] == "Alice's secret plan."

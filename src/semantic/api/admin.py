@@ -103,7 +103,7 @@ class AgentsBody(BaseModel):
         None,
         pattern=f"^({OWNER_PATTERN.pattern}|{UNOWNED})$",
         description="Whose agents `agents` names (an agent's `owner`, or `none`); by default "
-        "the caller's own.",
+        "the caller's own. Another key's agents are found by an admin key only.",
     )
 
 

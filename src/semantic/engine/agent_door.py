@@ -178,7 +178,8 @@ class AgentDoor:
         self, caller: Caller, agent_ids: list[str] | None, owner: str | None = None
     ) -> PersistResult:
         """Persist the named agents of the caller's scope (or `owner`'s), or every cache when
-        none are named (an admin route)."""
+        none are named (an admin route). Names of agents the caller cannot see name none, as
+        unknown ids do: never a 404 here."""
         return await self._engine.persist(self._keys(caller, agent_ids, owner))
 
     async def evict_many(
@@ -264,13 +265,15 @@ class AgentDoor:
     ) -> list[AgentKey] | None:
         if agent_ids is None:
             return None
+        if owner is not None and not _reaches(caller, _named_scope(owner)):
+            return []
         return [self._key(caller, agent_id, owner) for agent_id in agent_ids]
 
     @staticmethod
     def _scope(caller: Caller, owner: str) -> str | None:
         """The owner scope `owner` names, if the caller may reach it (else NotFound)."""
         scope = _named_scope(owner)
-        if not caller.admin and scope != caller.owner:
+        if not _reaches(caller, scope):
             raise NotFound(f"no agents of owner {owner[:40]!r}")
         return scope
 
@@ -281,7 +284,12 @@ def _named_scope(owner: str) -> str | None:
 
 
 def _sees(caller: Caller, agent: Agent) -> bool:
-    return caller.admin or agent.owner == caller.owner
+    return _reaches(caller, agent.owner)
+
+
+def _reaches(caller: Caller, scope: str | None) -> bool:
+    """Whether the caller may see the agents of owner scope `scope`."""
+    return caller.admin or scope == caller.owner
 
 
 def _listing_order(agent: Agent) -> tuple[str, str]:
