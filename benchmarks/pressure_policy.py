@@ -31,6 +31,7 @@ from semantic.engine import scheduler
 from semantic.engine.engine import Engine
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
+from semantic.options import engine_options
 from semantic.registry import ModelRegistry
 
 BLOCK_TOKENS = 16
@@ -71,7 +72,7 @@ def run(
                          first_token_id=100)  # fmt: skip
     with tempfile.TemporaryDirectory() as cache:
         settings = Settings(cache_dir=Path(cache), max_batch_tokens=64, batch_window_ms=0)
-        engine = Engine(runner, served, settings)
+        engine = Engine(runner, served, engine_options(settings))
         done = _drive(engine, agents, turns)
         restored, preemptions = engine.tiering.traffic.restored, engine.scheduler.preemptions
         engine.stop()

@@ -167,10 +167,26 @@ class Settings(BaseSettings):
     block_tokens: int = Field(256, ge=1, le=4096, description="Tokens per KV block.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache directory.")
     disk_budget_mb: int = Field(
-        10240, ge=1, description="Disk for KV blocks, in MiB; the least recently used go first."
+        10240,
+        ge=1,
+        description="Disk for KV blocks and agent manifests, in MiB; the least recently used "
+        "blocks go first.",
     )
     agent_idle_s: float = Field(
         300.0, gt=0, description="An agent silent this long is idle: its cache leaves memory first."
+    )
+    max_agents_per_key: int = Field(
+        10_000,
+        ge=1,
+        description="Most agents one API key keeps (all clients together when no keys are set); "
+        "past it a new agent takes the place of the key's least recently used one that has no "
+        "conversation and is neither pinned nor busy, and with none such it is refused (403).",
+    )
+    max_conversation_mb: int = Field(
+        8,
+        ge=1,
+        description="Largest conversation the agent API keeps for one agent, in MiB of text; a "
+        "turn past it is refused (400 conversation_too_large).",
     )
     max_running: int = Field(64, ge=1, description="Most sequences decoding at once.")
     max_batch_tokens: int = Field(
@@ -383,6 +399,8 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "max_stop_sequence_chars",
         "max_prompt_tokens",
         "max_output_tokens",
+        "max_agents_per_key",
+        "max_conversation_mb",
     ),
     "rate limits (off unless set)": ("rate_limit_key_rpm", "rate_limit_agent_rpm"),
 }

@@ -40,6 +40,25 @@ class LayerGroup:
 
 
 @dataclass(slots=True, frozen=True)
+class AgentKey:
+    """An agent's identity: the id its client chose, within the scope of its owner, a digest of
+    the API key that made it (None on a server without keys, and for agents made before
+    agents had owners). Two keys that choose one id have two agents."""
+
+    agent_id: str
+    owner: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Caller:
+    """Who asks about agents: their `owner` scope (as in `AgentKey`), and whether they may see
+    and reach every owner's agents (an admin key, or anyone on a server without keys)."""
+
+    owner: str | None
+    admin: bool
+
+
+@dataclass(slots=True, frozen=True)
 class CacheSpec:
     """The geometry of one model's KV cache: what a block holds and how big it is.
 
@@ -185,7 +204,13 @@ class Request:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     agent_id: str | None = None
+    owner: str | None = None  # the scope of `agent_id`: the caller's (`AgentKey`)
     arrival_time: float = field(default_factory=time.monotonic)
+
+    @property
+    def agent(self) -> AgentKey | None:
+        """The agent this request continues, if it names one."""
+        return None if self.agent_id is None else AgentKey(self.agent_id, self.owner)
 
 
 class SequenceStatus(enum.Enum):

@@ -298,8 +298,8 @@ class EngineReading:
 
 def read_engine(engine: Engine) -> EngineReading:
     """Run on the engine thread (`engine.call`), which owns everything read here."""
-    stats, pool, agents = engine.stats(), engine.pool, engine.agents.by_id.values()
-    active = sum(agent.working for agent in agents)
+    stats, pool = engine.stats(), engine.pool
+    active, idle = engine.agent_door.census()
     return EngineReading(
         model=engine.model.name,
         running=stats.running,
@@ -311,9 +311,9 @@ def read_engine(engine: Engine) -> EngineReading:
         },
         kv_pool_bytes=pool.num_blocks * engine.runner.cache_spec.bytes_per_page,
         reclaimed={name: pool.reclaimed[tier] for tier, name in EVICTION_TIERS.items()},
-        cache=engine.agents.stats.totals(),
+        cache=engine.agent_door.cache_totals(),
         agents_active=active,
-        agents_idle=len(agents) - active,
+        agents_idle=idle,
         preemptions=engine.scheduler.preemptions,
     )
 

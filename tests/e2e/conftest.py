@@ -71,6 +71,19 @@ class Server:
             return self.process.wait()
 
 
+def started(folder: Path, name: str, *extra: str) -> Server:
+    """A server caching under `folder/cache` on a 64 MiB pool, ready; its log is
+    `folder/<name>.log`. Stop it yourself."""
+    args = ["--cache-dir", str(folder / "cache"), "--cache-budget-mb", "64", *extra]
+    server = Server(args, folder / f"{name}.log")
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
 def _running(tmp_path_factory: pytest.TempPathFactory, name: str, *extra: str) -> Iterator[Server]:
     root = tmp_path_factory.mktemp(name)
     args = ["--cache-dir", str(root / "cache"), "--cache-budget-mb", "256", *extra]

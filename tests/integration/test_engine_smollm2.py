@@ -16,6 +16,7 @@ from semantic.core import Batch, BatchItem, FinishReason, Request, SamplingParam
 from semantic.engine.engine import Engine
 from semantic.models.checkpoint import Checkpoint, load_checkpoint
 from semantic.models.served import ServedModel
+from semantic.options import engine_options
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +74,7 @@ def make_engine(
         checkpoint.fingerprint,
     )
     settings = Settings(max_batch_tokens=64, batch_window_ms=0, cache_dir=cache_dir)
-    return Engine(runner, served, settings)
+    return Engine(runner, served, engine_options(settings))
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,10 @@ import torch
 
 from semantic.cache.block_pool import TIER_OUT_OF_WINDOW
 from semantic.config import Settings
-from semantic.core import Request, SamplingParams, TokenEvent, Usage, first_read_block
+from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage, first_read_block
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
+from semantic.options import engine_options
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from tests.integration.reference_models import BLOCK_TOKENS, Model
@@ -48,7 +49,7 @@ def engine(model: Model, tiny_tokenizer: Tokenizer, cache_dir: Path) -> Engine:
     template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token=None)
     served = ServedModel("tiny", model.config, tiny_tokenizer, template, 512, "random-weights")
     settings = Settings(max_batch_tokens=24, batch_window_ms=0, cache_dir=cache_dir)
-    return Engine(model.make_runner("float32"), served, settings)
+    return Engine(model.make_runner("float32"), served, engine_options(settings))
 
 
 def turn(engine: Engine, agent: str | None, prompt: list[int]) -> tuple[list[int], Usage]:
@@ -75,8 +76,8 @@ def test_a_continuation_read_back_from_disk_gives_the_reference_tokens(
     answer, _ = turn(first, "alice", prompt)
     assert_reference_greedy(model, prompt, answer)
     history = [*prompt, *answer]
-    assert first.agents.persist(["alice"], timeout=30).failed == 0
-    assert first.agents.evict(["alice"]) > 0  # every block of alice's now only on disk
+    assert first.agents.persist([AgentKey("alice")], timeout=30).failed == 0
+    assert first.agents.evict([AgentKey("alice")]) > 0  # every block of alice's now only on disk
     follow_up = [*history, 7, 8, 9]
     out, usage = turn(first, "alice", follow_up)
     assert usage.cached_tokens == len(history) - 1  # all but the unanswered last token
@@ -133,11 +134,11 @@ def test_a_long_history_holds_the_windowed_kv_in_memory_and_on_disk_and_reads_ba
     needed = held_pages(server, len(history) - 1)
     full_attention = len(spec.groups) * -(-(len(history) - 1) // BLOCK_TOKENS)
     assert needed < 0.6 * full_attention
-    memory = server.agents.describe("alice")
+    memory = server.agents.describe(server.agents.by_key[AgentKey("alice")])
     assert memory is not None and memory["bytes_in_memory"] == needed * spec.bytes_per_page
-    assert server.agents.persist(["alice"], timeout=30).failed == 0
+    assert server.agents.persist([AgentKey("alice")], timeout=30).failed == 0
     assert server.tiering.disk.stats.files == needed
-    assert server.agents.evict(["alice"]) == needed
+    assert server.agents.evict([AgentKey("alice")]) == needed
     follow_up = [*history, 7, 8]
     out, usage = turn(server, "alice", follow_up)
     assert usage.cached_tokens == len(history) - 1

@@ -14,7 +14,7 @@ import pytest
 
 from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_ONE_OFF, TIER_WORKING_AGENT
 from semantic.cache.cache_stats import MISS_EVICTED
-from semantic.core import Request, SamplingParams, TokenEvent, Usage
+from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
 from semantic.engine.scheduler import PREEMPT_QUANTUM
 from semantic.models.served import ServedModel
@@ -136,8 +136,8 @@ def test_a_restore_that_cannot_fit_waits_instead_of_recomputing(
     history = system_prompt(1)
     first = submit(engine, "alice-1", history, "alice", max_tokens=1)
     engine.run_until_idle()
-    assert engine.agents.persist(["alice"], timeout=10).failed == 0
-    assert engine.agents.evict(["alice"]) > 0  # alice's cache is on disk only
+    assert engine.agents.persist([AgentKey("alice")], timeout=10).failed == 0
+    assert engine.agents.evict([AgentKey("alice")]) > 0  # alice's cache is on disk only
     hog = submit(engine, "hog", [7] * 100, "hog", max_tokens=20)  # 13 of 16 blocks
     engine.step()
     prompt = [*history, *result(first)[0], 300]
@@ -145,7 +145,7 @@ def test_a_restore_that_cannot_fit_waits_instead_of_recomputing(
     engine.run_until_idle()
     output, usage = result(back)
     assert usage.cached_tokens == len(prompt) - 2  # everything computed before
-    assert engine.agents.by_id["alice"].stats.disk_hit_tokens == usage.cached_tokens
+    assert engine.agents.by_key[AgentKey("alice")].stats.disk_hit_tokens == usage.cached_tokens
     assert output == alone(served, tmp_path, prompt, 6)
     assert result(hog)[0] == alone(served, tmp_path, [7] * 100, 20)
 
@@ -192,10 +192,10 @@ def test_a_running_sequences_growth_takes_an_idle_agents_blocks_before_a_waiting
     engine, _ = make_engine(served, tmp_path, num_blocks=20, agent_idle_s=60)
     idle = submit(engine, "idle-1", system_prompt(1), "idle", max_tokens=1)
     engine.run_until_idle()
-    engine.agents.sweep(now=engine.agents.by_id["idle"].stats.last_used + 120)
+    engine.agents.sweep(now=engine.agents.by_key[AgentKey("idle")].stats.last_used + 120)
     waiter = submit(engine, "waiter-1", system_prompt(2), "waiter", max_tokens=1)
     engine.run_until_idle()
-    idle_hashes = engine.agents.by_id["idle"].hashes
+    idle_hashes = engine.agents.by_key[AgentKey("idle")].hashes
     assert {engine.pool.tier_of(engine.pool.lookup(h) or 0) for h in idle_hashes} == {
         TIER_IDLE_AGENT
     }
@@ -206,14 +206,16 @@ def test_a_running_sequences_growth_takes_an_idle_agents_blocks_before_a_waiting
     engine.step()
     assert engine.scheduler.waiting, "the waiter did not have to wait"
     while engine.scheduler.waiting:
-        waiter_hashes = engine.agents.by_id["waiter"].hashes
+        waiter_hashes = engine.agents.by_key[AgentKey("waiter")].hashes
         assert all(engine.pool.lookup(h) is not None for h in waiter_hashes)
         engine.step()
     assert any(engine.pool.lookup(h) is None for h in idle_hashes), "nothing was reclaimed"
     engine.run_until_idle()
     output, usage = result(back)
     assert usage.cached_tokens == 5 * BLOCK
-    assert engine.agents.by_id["waiter"].stats.disk_hit_tokens == 0  # all still in memory
+    assert (
+        engine.agents.by_key[AgentKey("waiter")].stats.disk_hit_tokens == 0
+    )  # all still in memory
     assert output == alone(served, tmp_path, prompt, 6)
     assert result(hog)[0] == alone(served, tmp_path / "hog", [7] * 80, 12)
     result(idle)

@@ -21,10 +21,11 @@ from semantic.cache.manifest import (
     delete_manifest,
     list_manifests,
     load_manifest,
+    manifest_path,
     save_manifest,
 )
 from semantic.cache.prefix import page_key
-from semantic.core import CacheSpec
+from semantic.core import AgentKey, CacheSpec
 from semantic.errors import InvalidRequest
 
 SPEC = CacheSpec(num_layers=2, num_kv_heads=1, head_dim=2, dtype="bfloat16", block_tokens=4)
@@ -452,11 +453,11 @@ def test_manifests_round_trip_list_and_delete(tmp_path: Path) -> None:
     first, second = _manifest(tier, "agent-1"), _manifest(tier, "b.2_x")
     save_manifest(tier.model_root, first)
     save_manifest(tier.model_root, second)
-    assert load_manifest(tier.model_root, "agent-1") == first
+    assert load_manifest(tier.model_root, AgentKey("agent-1")) == first
     assert list_manifests(tier.model_root) == [first, second]
-    assert delete_manifest(tier.model_root, "agent-1") is True
-    assert load_manifest(tier.model_root, "agent-1") is None
-    assert delete_manifest(tier.model_root, "agent-1") is False
+    assert delete_manifest(tier.model_root, AgentKey("agent-1")) is True
+    assert load_manifest(tier.model_root, AgentKey("agent-1")) is None
+    assert delete_manifest(tier.model_root, AgentKey("agent-1")) is False
     assert temp_files(tier) == []
 
 
@@ -466,9 +467,9 @@ def test_manifests_refuse_ids_that_are_not_safe_names(tmp_path: Path, bad_id: st
     with pytest.raises(InvalidRequest):
         save_manifest(tier.model_root, _manifest(tier, bad_id))
     with pytest.raises(InvalidRequest):
-        load_manifest(tier.model_root, bad_id)
+        load_manifest(tier.model_root, AgentKey(bad_id))
     with pytest.raises(InvalidRequest):
-        delete_manifest(tier.model_root, bad_id)
+        delete_manifest(tier.model_root, AgentKey(bad_id))
     assert list(tmp_path.rglob("*.json")) == []
 
 
@@ -478,9 +479,10 @@ def test_manifests_refuse_ids_that_are_not_safe_names(tmp_path: Path, bad_id: st
 def test_a_bad_manifest_is_quarantined_and_reads_as_none(tmp_path: Path, content: bytes) -> None:
     tier = open_tier(tmp_path)
     save_manifest(tier.model_root, _manifest(tier, "good"))
-    (tier.model_root / "agents" / "bad.json").write_bytes(content)
-    assert load_manifest(tier.model_root, "bad") is None
-    assert not (tier.model_root / "agents" / "bad.json").exists()
+    path = manifest_path(tier.model_root, AgentKey("bad"))
+    path.write_bytes(content)
+    assert load_manifest(tier.model_root, AgentKey("bad")) is None
+    assert not path.exists()
     assert [p.name.split(".")[0] for p in tier.quarantine_dir.iterdir()] == ["bad"]
     assert [m.agent_id for m in list_manifests(tier.model_root)] == ["good"]
 

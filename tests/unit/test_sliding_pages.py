@@ -12,7 +12,14 @@ import pytest
 
 from semantic.cache.block_pool import TIER_OUT_OF_WINDOW
 from semantic.cache.prefix import page_key, split_key
-from semantic.core import FinishReason, Request, SamplingParams, TokenEvent, first_read_block
+from semantic.core import (
+    AgentKey,
+    FinishReason,
+    Request,
+    SamplingParams,
+    TokenEvent,
+    first_read_block,
+)
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
 from semantic.text.tokenizer import Tokenizer
@@ -49,8 +56,8 @@ def test_a_continuation_after_evict_and_restart_gives_the_answers_of_no_cache(
     prompt = [3 + k % 300 for k in range(10 * BLOCK + extra)]
     answer, _ = turn(engine, "t1", prompt, "alice")
     history = [*prompt, *answer]
-    assert engine.agents.persist(["alice"], timeout=10).failed == 0
-    assert engine.agents.evict(["alice"]) > 0
+    assert engine.agents.persist([AgentKey("alice")], timeout=10).failed == 0
+    assert engine.agents.evict([AgentKey("alice")]) > 0
     follow_up = [*history, 301, 302]
     out, usage = turn(engine, "t2", follow_up, "alice")
     assert usage.cached_tokens == len(history) - 1
@@ -82,7 +89,7 @@ def test_a_long_history_holds_every_block_of_the_full_group_and_a_window_of_the_
     needed = window_pages(HYBRID, computed)
     assert needed < 0.3 * len(HYBRID) * -(-computed // BLOCK)  # a fraction of full attention
     page, full = runner.cache_spec.bytes_per_page, runner.cache_spec.bytes_per_block
-    described = engine.agents.describe("alice")
+    described = engine.agents.describe(engine.agents.by_key[AgentKey("alice")])
     assert described is not None and described["bytes_in_memory"] == needed * page
     assert described["bytes_full_attention"] == -(-computed // BLOCK) * full
     kept = [p for p in engine.pool.cached_blocks() if engine.pool.tier_of(p) != TIER_OUT_OF_WINDOW]
@@ -179,8 +186,8 @@ def test_random_turns_forks_aborts_evictions_and_restarts_keep_pool_and_answers_
                 histories[agent] = [*prompt, *out]
         if rng.random() < 0.3:
             victim = rng.choice(list(histories))
-            assert engine.agents.persist([victim], timeout=10).failed == 0
-            engine.agents.evict([victim])
+            assert engine.agents.persist([AgentKey(victim)], timeout=10).failed == 0
+            engine.agents.evict([AgentKey(victim)])
         if rng.random() < 0.2:
             engine.stop()
             restored += engine.tiering.traffic.restored
@@ -193,7 +200,7 @@ def test_random_turns_forks_aborts_evictions_and_restarts_keep_pool_and_answers_
 
 def window_keys(engine: Engine, agent: str) -> set[int]:
     """The sliding groups' page keys of the blocks an agent's window reads, from its history."""
-    found = engine.agents.by_id[agent]
+    found = engine.agents.by_key[AgentKey(agent)]
     hashes, num_tokens = found.hashes, found.num_tokens
     keys = set()
     for group, window in enumerate(engine.prefix.windows):
@@ -237,15 +244,15 @@ def test_a_history_persisted_at_every_turn_keeps_one_window_of_sliding_pages(
         if n == 0:  # bob forks: his window reads a block hers is about to move past
             fork = [*histories["alice"], 301, 302]
             histories["bob"] = [*fork, *turn(engine, "b0", fork, "bob")[0]]
-            assert engine.agents.persist(["bob"], timeout=10).failed == 0
-        assert engine.agents.persist(["alice"], timeout=10).failed == 0
+            assert engine.agents.persist([AgentKey("bob")], timeout=10).failed == 0
+        assert engine.agents.persist([AgentKey("alice")], timeout=10).failed == 0
         if n == 1:
-            assert engine.agents.evict(["alice"]) > 0  # the next turn restores her window
+            assert engine.agents.evict([AgentKey("alice")]) > 0  # the next turn restores her window
         memory, disk = sliding_keys_kept(engine)
         windows = window_keys(engine, "alice") | window_keys(engine, "bob")
         assert memory <= windows and disk == windows, n
     assert window_keys(engine, "alice").isdisjoint(window_keys(engine, "bob"))
-    alice = engine.agents.by_id["alice"]
+    alice = engine.agents.by_key[AgentKey("alice")]
     keys = {k for h in alice.hashes for k in engine.prefix.keys(h)}
     kept_for_bob = keys & window_keys(engine, "bob")
     assert kept_for_bob  # her blocks' sliding pages that only bob's window still reads
@@ -264,15 +271,16 @@ def test_a_pinned_agent_holds_its_window_and_lets_go_of_what_it_passed(
     served: ServedModel, tmp_path: Path
 ) -> None:
     engine, _ = make_engine(served, tmp_path, num_blocks=256, layer_windows=HYBRID)
-    engine.agents.pin("alice")
     history: list[int] = []
     for n in range(3):
         prompt = [*history, *(3 + (n * 70 + k) % 300 for k in range(5 * BLOCK + 1))]
         history = [*prompt, *turn(engine, f"t{n}", prompt, "alice")[0]]
+        if n == 0:  # pinning needs the agent, which its first turn makes
+            engine.agents.pin(AgentKey("alice"))
         assert engine.pool.num_held == window_pages(HYBRID, len(history) - 1), n
         memory, _ = sliding_keys_kept(engine)
         assert memory <= window_keys(engine, "alice"), n  # the rest: out of the window
-    engine.agents.pin("alice", pinned=False)
+    engine.agents.pin(AgentKey("alice"), pinned=False)
     assert engine.pool.num_held == 0
     out, usage = turn(engine, "after", [*history, 308], "alice")
     assert usage.cached_tokens == len(history) - 1
@@ -302,8 +310,9 @@ def test_gemma3_270m_holds_at_most_a_quarter_of_full_attention_at_16k_tokens_of_
     prompt = [3 + k % 397 for k in range(16_384)]
     history = [*prompt, *turn(engine, "long", prompt, "alice", max_tokens=4)[0]]
     assert len(history) - 1 > 16_384 and 6 * -(-len(history) // 256) > engine.pool.num_blocks
-    assert engine.agents.persist(["alice"], timeout=30).failed == 0
-    (agent,) = engine.agents.snapshot()["agents"]
+    assert engine.agents.persist([AgentKey("alice")], timeout=30).failed == 0
+    alice = engine.agents.by_key[AgentKey("alice")]
+    agent = engine.agents.describe(alice)  # what /admin/cache reports for her
     assert agent["cached_tokens"] == len(history) - 1
     assert agent["bytes_in_memory"] <= agent["bytes_full_attention"] / 4
     page, pages_per_block = runner.cache_spec.bytes_per_page, len(runner.cache_spec.groups)
@@ -311,8 +320,7 @@ def test_gemma3_270m_holds_at_most_a_quarter_of_full_attention_at_16k_tokens_of_
     kept = [p for p in pool.cached_blocks() if pool.tier_of(p) != TIER_OUT_OF_WINDOW]
     assert len(kept) * page == agent["bytes_in_memory"]  # the rest is free or out of window
     files = sum(
-        engine.tiering.contains(k) for h in engine.agents.by_id["alice"].hashes
-        for k in engine.prefix.keys(h)
+        engine.tiering.contains(k) for h in alice.hashes for k in engine.prefix.keys(h)
     )  # fmt: skip
     assert files * page == agent["bytes_in_memory"]
-    assert files <= len(engine.agents.by_id["alice"].hashes) * pages_per_block / 4
+    assert files <= len(alice.hashes) * pages_per_block / 4

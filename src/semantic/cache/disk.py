@@ -19,6 +19,7 @@ import os
 import re
 import threading
 import zlib
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -152,7 +153,17 @@ class DiskTier:
     Eviction and reads race benignly: a block deleted mid-read is a miss.
     """
 
-    def __init__(self, root: Path, *, model_tag: str, spec: CacheSpec, budget_bytes: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        model_tag: str,
+        spec: CacheSpec,
+        budget_bytes: int,
+        other_bytes: Callable[[], int] = lambda: 0,
+    ) -> None:
+        """`other_bytes` tells what this cache's other files take (the agents' manifests):
+        the budget counts them too, and blocks make room for them."""
         if not _SAFE_TAG.fullmatch(model_tag):
             raise ValueError(f"model tag {model_tag!r} is not a safe folder name")
         if spec.dtype not in ("bfloat16", "float16", "float32"):
@@ -160,6 +171,7 @@ class DiskTier:
         self.model_tag = model_tag
         self.spec = spec
         self.budget_bytes = budget_bytes
+        self.other_bytes = other_bytes
         self.model_root = root / model_tag
         self.blocks_dir = self.model_root / "blocks"
         self.quarantine_dir = self.model_root / "quarantine"
@@ -274,11 +286,18 @@ class DiskTier:
         with self._lock:
             return self._index.num_bytes
 
+    def excess_bytes(self) -> int:
+        """How far blocks and the other files together are over the budget (<= 0: within)."""
+        other = self.other_bytes()
+        with self._lock:
+            return self._index.num_bytes + other - self.budget_bytes
+
     def evict_to_budget(self, protected: AbstractSet[int] = frozenset()) -> list[int]:
         """Delete least recently used pages, skipping those of `protected` block hashes, until
         usage fits the budget. Returns the evicted keys, oldest first."""
+        other = self.other_bytes()
         with self._lock:
-            excess = self._index.num_bytes - self.budget_bytes
+            excess = self._index.num_bytes + other - self.budget_bytes
             victims: list[int] = []
             for key, size in self._index.sizes.items():
                 if excess <= 0:

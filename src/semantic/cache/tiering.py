@@ -135,7 +135,7 @@ class Tiering:
             self.traffic.write_errors += 1
 
     def enforce_budget(self) -> None:
-        if self.disk.usage_bytes() > self.disk.budget_bytes:
+        if self.disk.excess_bytes() > 0:
             dropped = self.disk.evict_to_budget(self.protected)
             with self.lock:
                 self.traffic.evicted_from_disk += len(dropped)
