@@ -115,9 +115,12 @@ def vllm_command(python: Path, model_dir: Path, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def vllm_env(base: Mapping[str, str], kv_space_gib: int) -> dict[str, str]:
+def vllm_env(
+    base: Mapping[str, str], kv_space_gib: int, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """vLLM's CPU KV cache is a fixed space it allocates at start; the hub stays offline (the
-    model is a local folder, and nothing may be downloaded) and no usage report is sent."""
+    model is a local folder, and nothing may be downloaded) and no usage report is sent.
+    `extra` (`--vllm-env`) comes last, so a user's tuning wins."""
     return {
         **base,
         "VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib),
@@ -125,6 +128,7 @@ def vllm_env(base: Mapping[str, str], kv_space_gib: int) -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        **(extra or {}),
     }
 
 
@@ -526,14 +530,15 @@ class Setup:
     machine: str
     versions: Versions
     workload: Workload
-    kv_space_gib: int
+    vllm_env: Mapping[str, str]  # what the run set for vLLM: the KV space and any --vllm-env
     started_at: str
 
 
 def report(setup: Setup, table: Sequence[Row]) -> str:
+    settings = ", ".join(f"{name}={value}" for name, value in setup.vllm_env.items())
     heading = (
         f"vLLM {setup.versions.vllm} (CPU build, torch {setup.versions.torch}, bf16, "
-        f"VLLM_CPU_KVCACHE_SPACE={setup.kv_space_gib} GiB) against semantic (defaults), "
+        f"{settings}) against semantic (defaults), "
         f"SmolLM2-135M-Instruct, {setup.workload}; {setup.machine}; {setup.started_at}."
     )
     notes = (
@@ -581,7 +586,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PeerError as exc:
         print(f"vs_vllm: {exc}", file=sys.stderr)
         return 1
-    setup = Setup(str(Machine.this()), versions, workload, args.kv_space_gib,
+    shown = {"VLLM_CPU_KVCACHE_SPACE": f"{args.kv_space_gib} GiB", **dict(args.vllm_env)}
+    setup = Setup(str(Machine.this()), versions, workload, shown,
                   started_at.isoformat(timespec="seconds"))  # fmt: skip
     text = report(setup, rows(vllm, semantic))
     print(f"\n{text}")
@@ -595,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _start_vllm(args: argparse.Namespace, out: Path) -> Server:
     port = free_port()
     command = vllm_command(args.venv / "bin" / "python", args.model_dir, port)
-    env = vllm_env(os.environ, args.kv_space_gib)
+    env = vllm_env(os.environ, args.kv_space_gib, dict(args.vllm_env))
     return Server.start("vllm", command, env, port, "/health", out / "vllm.log")
 
 
@@ -604,6 +610,13 @@ def _start_semantic(out: Path) -> Server:
     command = semantic_command(port, out / "semantic-cache")
     return Server.start("semantic", command, os.environ, port, "/health/ready",
                         out / "semantic.log")  # fmt: skip
+
+
+def _variable(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not (name and equals):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
 
 
 def _peers_dir() -> Path:
@@ -623,6 +636,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--model-dir", type=Path, default=_peers_dir() / "smollm2-135m-hf",
         help="the exported model for vLLM, made here once (default: %(default)s)")  # fmt: skip
     add("--kv-space-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE (default: 2)")
+    add("--vllm-env", type=_variable, action="append", default=[], metavar="NAME=VALUE",
+        help="an environment variable for vLLM (repeatable), e.g. "
+        "--vllm-env VLLM_CPU_OMP_THREADS_BIND=0-1")  # fmt: skip
     add("--agents", type=int, default=defaults.agents)
     add("--turns", type=int, default=defaults.turns)
     add("--system-tokens", type=int, default=defaults.system_tokens)

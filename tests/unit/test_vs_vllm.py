@@ -62,7 +62,18 @@ def _run(bench: dict[str, Any], ready_s: float, rss_mib: int) -> Any:
 def test_the_table_puts_each_figure_beside_its_ratio_and_target() -> None:
     vllm = _run(_bench_json(decode_s=4.0, cold_s=3.0, warm_s=0.2, wall_s=40.0), 95.0, 4400)
     ours = _run(_bench_json(decode_s=1.0, cold_s=1.0, warm_s=0.1, wall_s=10.0), 2.5, 1100)
+    setup = vs.Setup(
+        "AMD EPYC, 2 cores", vs.Versions("0.32.0", "2.13.0+cpu"), vs.Workload(),
+        {"VLLM_CPU_KVCACHE_SPACE": "2 GiB"}, "2026-01-02T03:04:05+00:00",
+    )  # fmt: skip
+    text = vs.report(setup, vs.rows(vllm, ours))
+    assert text.startswith(
+        "vLLM 0.32.0 (CPU build, torch 2.13.0+cpu, bf16, VLLM_CPU_KVCACHE_SPACE=2 GiB) against "
+        "semantic (defaults), SmolLM2-135M-Instruct, 4 agents × 4 turns, distinct ~1,000-token "
+        "system prompts, 64 tokens per answer, all agents at once; AMD EPYC, 2 cores; "
+    )
     lines = vs.markdown_table(vs.rows(vllm, ours)).splitlines()
+    assert "\n".join(lines) in text
     assert lines[0] == "| metric | vLLM CPU | semantic | semantic ÷ vLLM | target | |"
     assert lines[2:] == [
         "| Workload wall time (s) | 40.000 | 10.000 | 0.25× | ≤ 0.4× | met |",
@@ -119,6 +130,15 @@ def test_vllm_starts_on_loopback_in_bf16_under_our_model_name_offline() -> None:
     env = vs.vllm_env({"PATH": "/usr/bin"}, kv_space_gib=2)
     assert env["PATH"] == "/usr/bin" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1"
+
+
+def test_the_users_vllm_environment_wins_and_a_malformed_one_is_refused() -> None:
+    extra = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    env = vs.vllm_env({}, kv_space_gib=2, extra=extra)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    with pytest.raises(SystemExit) as exit_info:  # argparse's usage error, before any step runs
+        vs.main(["--vllm-env", "VLLM_CPU_OMP_THREADS_BIND"])
+    assert exit_info.value.code == 2
 
 
 def test_semantic_serves_the_same_model_on_a_cache_folder_of_its_own() -> None:
