@@ -116,17 +116,18 @@ def test_the_bench_command_asks_semantic_bench_for_the_comparisons_workload() ->
     assert options.model == "smollm2-135m" and options.json_out == Path("/tmp/out.json")
 
 
+def _flags(args: list[str]) -> dict[str, str]:
+    """`--flag value` pairs; fails on a flag without its value."""
+    return dict(zip(args[::2], args[1::2], strict=True))
+
+
 def test_vllm_starts_on_loopback_in_bf16_under_our_model_name_offline() -> None:
     command = vs.vllm_command(Path("/venv/bin/python"), Path("/models/smollm2"), 9002)
     assert command[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
-    flags = dict(zip(command[3::2], command[4::2], strict=True))
-    assert flags == {
-        "--host": "127.0.0.1",
-        "--port": "9002",
-        "--dtype": "bfloat16",
-        "--model": "/models/smollm2",
-        "--served-model-name": "smollm2-135m",
-    }
+    assert _flags(command[3:]) == {
+        "--host": "127.0.0.1", "--port": "9002", "--dtype": "bfloat16",
+        "--model": "/models/smollm2", "--served-model-name": "smollm2-135m",
+    }  # fmt: skip
     env = vs.vllm_env({"PATH": "/usr/bin"}, kv_space_gib=2)
     assert env["PATH"] == "/usr/bin" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1"
@@ -144,13 +145,10 @@ def test_the_users_vllm_environment_wins_and_a_malformed_one_is_refused() -> Non
 def test_semantic_serves_the_same_model_on_a_cache_folder_of_its_own() -> None:
     command = vs.semantic_command(9003, Path("/run/cache"))
     assert command[:4] == [sys.executable, "-m", "semantic", "serve"]
-    flags = dict(zip(command[4::2], command[5::2], strict=True))
-    assert flags == {
-        "--host": "127.0.0.1",
-        "--port": "9003",
-        "--model": "smollm2-135m",
+    assert _flags(command[4:]) == {
+        "--host": "127.0.0.1", "--port": "9003", "--model": "smollm2-135m",
         "--cache-dir": "/run/cache",
-    }
+    }  # fmt: skip
 
 
 def test_pip_installs_the_package_then_removes_what_vllm_will_not_import_with() -> None:
