@@ -284,8 +284,8 @@ def export_model(gguf: Path, out: Path) -> None:
 @dataclass(slots=True)
 class MemoryPeak:
     """The highest total RSS and PSS seen over a process group (the server and any workers it
-    started: vLLM runs its engine in a second process). PSS splits shared pages between the
-    processes that map them, so it does not count a library twice."""
+    started: vLLM runs its engine core and a model worker in processes of their own). PSS splits
+    shared pages between the processes that map them, so it does not count a library twice."""
 
     rss_bytes: int = 0
     pss_bytes: int = 0
