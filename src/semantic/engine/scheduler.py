@@ -47,7 +47,7 @@ class Scheduler:
     steps and holds each decode up by one short chunk. The prompt with the fewest tokens left
     goes first (a warm turn's few new tokens before a cold prompt's thousands; equal ones in the
     order they started), unless newer prompts have overtaken an older one by `OVERTAKE_LIMIT`
-    times what it has left. Why this policy: docs/cache.md.
+    times what it has left. Why this policy: docs/design.md.
 
     Admission takes waiting sequences in order, each once blocks for its whole prompt are
     available (then prefill chunks never need to allocate), keeping one block of headroom per
@@ -213,7 +213,7 @@ class Scheduler:
 
     def _prefill_order(self) -> list[Sequence]:
         """Running prompts, fewest tokens left first — less what newer prompts took ahead of
-        them, over `OVERTAKE_LIMIT`. A stable sort: equals keep their order of admission."""
+        them, over `OVERTAKE_LIMIT`. A stable sort: equals keep the order they started in."""
 
         def rank(seq: Sequence) -> float:
             return self._pending(seq) - self._overtaken.get(seq.seq_id, 0) / OVERTAKE_LIMIT
