@@ -273,3 +273,21 @@ def test_an_anonymous_warm_turn_whose_history_left_the_disk_names_its_miss_evict
     engine.run_until_idle()
     assert result(second)[1].cached_tokens == 0
     assert engine.agents.stats.counters.miss_reasons[MISS_EVICTED] == 1
+
+
+def test_a_one_off_request_takes_idle_cached_agent_blocks_when_nothing_runs(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    # Agents' histories fill the pool, cached at the working tier; then a one-off request whose
+    # prompt needs most of the pool arrives while nothing runs. It used to wait until the
+    # agents went idle (agent_idle_s, 300 s by default): the server idled with work waiting.
+    engine, _ = make_engine(served, tmp_path, num_blocks=24)
+    agents = {f"agent-{a}": system_prompt(a) for a in range(4)}  # 4 × 6 blocks: the pool
+    run_at_once(engine, agents, named=True)
+    working = [
+        b for b in engine.pool.cached_blocks() if engine.pool.tier_of(b) == TIER_WORKING_AGENT
+    ]
+    assert len(working) >= 20
+    one_off = [3 + (k * 13) % 380 for k in range(20 * BLOCK)]
+    ((out, usage),) = run_at_once(engine, {"side": one_off}, named=False).values()
+    assert len(out) == 6 and usage.prompt_tokens == len(one_off)

@@ -87,9 +87,11 @@ class BlockManager:
         force the next decode step to preempt)."""
         match = self.prefix.match(seq.token_ids)
         tier = seq.cache_tier if seq.first_scheduled_time is not None else tier_of(seq, match)
-        # A one-off may not reclaim agents' pages — unless it was preempted: finishing what was
-        # started beats keeping a cache, and it could otherwise wait for ever.
-        one_off = tier == TIER_ONE_OFF and not seq.started
+        # A one-off may not reclaim agents' pages — unless it was preempted (finishing what was
+        # started beats keeping a cache, and it could otherwise wait for ever), or nothing runs
+        # (`headroom` is one per running sequence): the server never idles while a request
+        # waits for pages that only cache what no one is using.
+        one_off = tier == TIER_ONE_OFF and not seq.started and headroom > 0
         max_tier = TIER_IDLE_AGENT if one_off else TOP_TIER
         # Cached pages we are about to reuse cannot also be reclaimed for the rest (a held
         # page has no tier and was never counted as available).
