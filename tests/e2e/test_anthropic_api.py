@@ -88,7 +88,7 @@ def test_errors_reach_the_sdk_as_its_exception_classes(server: Server) -> None:
     assert "prompt is too long" in overflow.value.message
 
 
-# What Claude Code sends (PROTOCOLS.md §2): a billing line whose hash changes every request,
+# What Claude Code sends: a billing line whose hash changes every request,
 # then its identity and a long prompt, 20+ tools, thinking, a session in metadata.
 BETAS = [
     "claude-code-20250219",

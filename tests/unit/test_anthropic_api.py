@@ -44,7 +44,7 @@ def roomy_api(chat_served: ServedModel, tmp_path: Path) -> Iterator[TestClient]:
 
 
 def events_of(raw: str) -> list[tuple[str, dict[str, Any]]]:
-    """Strict SSE parsing (PROTOCOLS.md §4): every event is exactly `event:` + one `data:` line
+    """Strict SSE parsing: every event is exactly `event:` + one `data:` line
     of JSON whose type is the event's name, ended by one blank line; nothing else."""
     assert raw.endswith("\n\n") and "\n\n\n" not in raw and "\r" not in raw
     parsed = []
@@ -58,7 +58,7 @@ def events_of(raw: str) -> list[tuple[str, dict[str, Any]]]:
     return parsed
 
 
-# PROTOCOLS.md §1.9's text answer, byte for byte, with the values a run decides left open.
+# Anthropic's documented text answer, byte for byte, with the values a run decides left open.
 TEXT_STREAM = (
     "event: message_start\n"
     'data: {"type":"message_start","message":{"id":"%(id)s","type":"message",'

@@ -60,7 +60,7 @@ def test_either_header_with_any_configured_key_passes(
 
 
 def test_a_good_bearer_token_passes_beside_a_stale_x_api_key(keyed: TestClient) -> None:
-    """Claude Code may send both headers (PROTOCOLS.md §2.1); one matching key is enough."""
+    """Claude Code may send both headers; one matching key is enough."""
     headers = {"x-api-key": WRONG, "authorization": f"Bearer {KEY}"}
     assert keyed.post(ROUTES["anthropic"], json=MESSAGES, headers=headers).status_code == 200
 

@@ -58,7 +58,7 @@ def sdk(api: TestClient) -> openai.OpenAI:
 
 
 def chunks_of(raw: str) -> list[dict[str, Any]]:
-    """Strict SSE parsing (PROTOCOLS.md §4): `data:` lines of JSON, one blank line after each,
+    """Strict SSE parsing: `data:` lines of JSON, one blank line after each,
     and `[DONE]` last."""
     assert raw.endswith("data: [DONE]\n\n") and "\n\n\n" not in raw
     frames = raw.removesuffix("data: [DONE]\n\n").removesuffix("\n\n").split("\n\n")

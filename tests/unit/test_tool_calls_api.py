@@ -1,5 +1,5 @@
-"""Tool calls through both APIs, over a scripted runner: stream bytes against PROTOCOLS.md,
-whole answers, tool_choice, single-call mode, and the 400s for bad tool definitions.
+"""Tool calls through both APIs, over a scripted runner: stream bytes against each protocol's
+wire format, whole answers, tool_choice, single-call mode, and the 400s for bad tool definitions.
 
 The runner answers each request with queued token ids (the tiny tokenizer's encoding of a
 chosen reply, then the end token), through the real engine and scheduler; the template is

@@ -1,6 +1,6 @@
 """Anthropic Messages API: body → prompt → `Request` → engine events → a Message or its events.
 
-Translation only (PROTOCOLS.md §1–2): the body and its prompt are read in anthropic_request.py,
+Translation only: the body and its prompt are read in anthropic_request.py,
 SSE bytes live in streaming.py, error shapes in errors.py.
 """
 

@@ -1,6 +1,6 @@
 """The Anthropic Messages request: its body, read and checked, and the prompt it stands for.
 
-Accepts generously (PROTOCOLS.md §1.2–1.3): unknown fields and block types pass, roles other
+Accepts generously: unknown fields and block types pass, roles other
 than `assistant` count as `user`; thinking blocks become the reasoning of their assistant turn
 (their seal, when it is ours, holds the very text the model wrote). An image is refused: the
 model reads text only, and a client must know its image was not seen. Claude Code's

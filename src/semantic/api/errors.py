@@ -55,7 +55,7 @@ _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_f
 
 # Anthropic's statuses differ from OpenAI's only for overload (529, which its SDKs retry).
 _ANTHROPIC_STATUS = {503: 529}
-# Anthropic's error type for each status (PROTOCOLS.md §1.10); other 4xx are invalid requests.
+# Anthropic's error type for each status; other 4xx are invalid requests.
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -91,7 +91,7 @@ class OpenAIErrorDetail(BaseModel):
 
 
 class OpenAIError(BaseModel):
-    """OpenAI's error body (PROTOCOLS.md §3.5); the OpenAPI document shows this model."""
+    """OpenAI's error body; the OpenAPI document shows this model."""
 
     error: OpenAIErrorDetail
 
@@ -102,7 +102,7 @@ class AnthropicErrorDetail(BaseModel):
 
 
 class AnthropicError(BaseModel):
-    """Anthropic's error body (PROTOCOLS.md §1.10); the OpenAPI document shows this model."""
+    """Anthropic's error body; the OpenAPI document shows this model."""
 
     type: Literal["error"]
     error: AnthropicErrorDetail
@@ -172,7 +172,7 @@ def anthropic_status(exc: Exception) -> int:
 
 def anthropic_message(exc: Exception) -> str:
     """Our message, except for context overflow: Claude Code recognises Anthropic's own
-    wording (PROTOCOLS.md §1.10) and compacts the conversation instead of failing."""
+    wording (`prompt is too long`) and compacts the conversation instead of failing."""
     if not isinstance(exc, errors.ContextOverflow):
         return str(exc) if isinstance(exc, errors.SemanticError) else INTERNAL
     prompt, output, context = exc.prompt_tokens, exc.max_tokens, exc.context_length

@@ -71,7 +71,7 @@ def checked_max_tokens(
 
 def capped_max_tokens(settings: Settings, max_tokens: int) -> int:
     """`max_tokens` cut to `max_output_tokens`: for a default, and on /v1/messages, whose clients
-    ask for 32000 or more whatever the model (PROTOCOLS.md §2.4), so it clamps instead of
+    ask for 32000 or more whatever the model (Claude Code does), so it clamps instead of
     refusing."""
     limit = settings.max_output_tokens
     return max_tokens if limit is None else min(max_tokens, limit)

@@ -1,7 +1,7 @@
 """OpenAI Chat Completions, legacy Completions and Models: body → `Request` → engine events →
 JSON or SSE chunks.
 
-Translation only (PROTOCOLS.md §3): no engine state, no SSE bytes (those live in streaming.py).
+Translation only: no engine state, no SSE bytes (those live in streaming.py).
 """
 
 from __future__ import annotations
@@ -340,7 +340,7 @@ def _finish_reason(final: TokenEvent, tools: ToolUse) -> str:
     return "tool_calls" if tools.called(final) else finish_reason_json(final.finish_reason)
 
 
-# -- legacy completions (PROTOCOLS.md §3.7): raw text in, text out, no chat template ----------
+# -- legacy completions: raw text in, text out, no chat template ----------
 
 LEGACY_MAX_TOKENS = 16  # the legacy API's default when a request gives no max_tokens
 

@@ -1,4 +1,4 @@
-"""OpenAI's side of tool calls (PROTOCOLS.md §3): `tools`, `tool_choice` and
+"""OpenAI's side of tool calls: `tools`, `tool_choice` and
 `parallel_tool_calls` read and checked, and parsed calls written as `tool_calls`, whole or as
 stream deltas.
 """

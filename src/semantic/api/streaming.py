@@ -1,6 +1,6 @@
 """Server-sent events for every API: framing, keep-alive, and abort when the client goes away.
 
-The one place that knows SSE bytes (PROTOCOLS.md §4). Protocol modules hand it an async
+The one place that knows SSE bytes. Protocol modules hand it an async
 iterator of already-framed events and get a response back.
 """
 

@@ -3,7 +3,7 @@
 Claude Code sends text that changes on every request without changing what the model should
 do. Each change moves the first token where this prompt differs from the last one's, and the
 server prefills everything after it again: a billing header with a per-request hash as the first
-system block means the whole prompt, every turn (PROTOCOLS.md §2.6 #7); a token countdown in
+system block means the whole prompt, every turn; a token countdown in
 the history means everything after it. Pure functions over text: they know nothing of HTTP,
 templates or token ids.
 
