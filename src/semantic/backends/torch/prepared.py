@@ -27,7 +27,7 @@ import logging
 import os
 import pickle
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from safetensors.torch import save_file
 
 import semantic
 from semantic.backends.torch.kernels import CpuKernels
+from semantic.backends.torch.models import build_model
 from semantic.backends.torch.models.layers import Build, DecoderModel
 from semantic.models.config import ModelConfig
 
@@ -55,7 +56,6 @@ _CLASSES = "semantic.backends.torch."  # the modules whose classes a prepared fi
 _FUNCTIONS = "torch.nn.functional"  # and the module of the functions it may name (activations)
 
 Arrays = Iterable[tuple[str, np.ndarray]]
-Builder = Callable[[Build, Arrays], DecoderModel]
 
 
 @dataclass(slots=True, frozen=True)
@@ -80,7 +80,7 @@ class PreparedWeights:
     def path(self) -> Path:
         return self.folder / f"{self.key}{SUFFIX}"
 
-    def build(self, build: Build, arrays: Arrays, builder: Builder) -> DecoderModel:
+    def build(self, build: Build, arrays: Arrays) -> DecoderModel:
         """The model: mapped from the prepared file when there is one that loads, else built
         from `arrays` and written there for the next start."""
         started = time.perf_counter()
@@ -89,7 +89,7 @@ class PreparedWeights:
             os.utime(self.path)  # most recently used: the last to be removed
             log.info("weights: prepared ones mapped in %.2f s from %s", _since(started), self.path)
             return model
-        model = builder(build, arrays)
+        model = build_model(build, arrays)
         self._write(model)
         return model
 

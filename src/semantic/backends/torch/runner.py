@@ -78,7 +78,7 @@ class TorchRunner:
                 self.model = build_model(build, weights)
             else:  # our kernels' layout, kept for the next start (prepared.py)
                 prepared = PreparedWeights.for_model(prepared_dir, weights_fingerprint, build)
-                self.model = prepared.build(build, weights, build_model)
+                self.model = prepared.build(build, weights)
         windows = self.model.layer_windows
         self.cache_spec = CacheSpec(
             num_layers=config.num_hidden_layers,
