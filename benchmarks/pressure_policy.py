@@ -22,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from semantic.backends.fake import FakeRunner
 from semantic.config import Settings
@@ -30,6 +31,7 @@ from semantic.engine import scheduler
 from semantic.engine.engine import Engine
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
+from semantic.options import engine_options
 from semantic.registry import ModelRegistry
 
 BLOCK_TOKENS = 16
@@ -42,7 +44,7 @@ NO_PREEMPTION = 10**9  # a quantum no sequence reaches
 class _SlowRunner(FakeRunner):
     """The fake runner, each step taking `step_s` as a model's would."""
 
-    def __init__(self, step_s: float, **args: int) -> None:
+    def __init__(self, step_s: float, **args: Any) -> None:
         super().__init__(**args)
         self.step_s = step_s
 
@@ -70,7 +72,7 @@ def run(
                          first_token_id=100)  # fmt: skip
     with tempfile.TemporaryDirectory() as cache:
         settings = Settings(cache_dir=Path(cache), max_batch_tokens=64, batch_window_ms=0)
-        engine = Engine(runner, served, settings)
+        engine = Engine(runner, served, engine_options(settings))
         done = _drive(engine, agents, turns)
         restored, preemptions = engine.tiering.traffic.restored, engine.scheduler.preemptions
         engine.stop()

@@ -188,7 +188,7 @@ class Sequences:
 
     def decode_step(self) -> None:
         items = [
-            BatchItem(i, [self.last[i]], self.lengths[i], table, True, GREEDY, 1)
+            BatchItem(i, [self.last[i]], self.lengths[i], [table], True, GREEDY, 1)
             for i, table in enumerate(self.tables)
         ]
         tokens = self.runner.run(Batch(items))
@@ -202,7 +202,7 @@ def prefill(runner: TorchRunner, ids: list[int], table: list[int]) -> int:
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start : start + CHUNK]
         last = start + len(chunk) == len(ids)
-        item = BatchItem(0, chunk, start, table, last, GREEDY, 0)
+        item = BatchItem(0, chunk, start, [table], last, GREEDY, 0)
         (token,) = runner.run(Batch([item]))
     assert token is not None
     return token

@@ -9,13 +9,14 @@ holds token ids, so the prompt a sequence saw (cached prefix included) can be re
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from semantic.backends.fake import FakeRunner
 from semantic.core import BatchItem
 
 
 class ScriptedRunner(FakeRunner):
-    def __init__(self, *, end_token_id: int, **fake_runner_args: int) -> None:
+    def __init__(self, *, end_token_id: int, **fake_runner_args: Any) -> None:
         super().__init__(**fake_runner_args)
         self.end_token_id = end_token_id
         self.replies: deque[list[int]] = deque()  # one per request to come, in order

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from semantic.cache.disk import block_path, cache_root
+from semantic.cache.disk import block_files, cache_root
 from semantic.cache.folder_lock import FolderLock
-from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests
+from semantic.cache.manifest import UNOWNED, AgentManifest, delete_manifest, list_manifests
 from semantic.config import Settings
 from semantic.errors import CacheFolderBusy, NotFound, SemanticError
 
@@ -28,9 +28,20 @@ _COLUMNS = ("agent", "tokens cached", "in memory", "on disk", "pinned", "last us
 
 
 @dataclass(slots=True, frozen=True)
+class Query:
+    """What the command was asked."""
+
+    action: str  # "list", "show" or "delete"
+    agent_id: str | None = None  # for show and delete
+    owner: str | None = None  # whose agents: an owner digest or `none` (None: the key's own)
+    as_json: bool = False
+
+
+@dataclass(slots=True, frozen=True)
 class AgentRow:
     """One agent as the table shows it. `bytes_in_memory` and `turns` (requests since the
-    server started) are None when read from disk; `model` is the cache's model, from disk."""
+    server started) are None when read from disk; `model` is the cache's model, from disk;
+    `owner` the digest of the API key whose agent it is (None without keys)."""
 
     agent_id: str
     cached_tokens: int
@@ -40,6 +51,7 @@ class AgentRow:
     last_used: float | None
     turns: int | None
     model: str | None = None
+    owner: str | None = None
 
 
 def server_url(settings: Settings) -> str:
@@ -48,39 +60,38 @@ def server_url(settings: Settings) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
 
 
-def run(settings: Settings, action: str, agent_id: str | None, *, as_json: bool = False) -> int:
+def run(settings: Settings, query: Query) -> int:
     server = server_url(settings)
     client = _client(settings)
     try:
-        return _online(client, server, action, agent_id, as_json)
+        return _online(client, server, query)
     except httpx.ConnectError:
         root = cache_root(settings.cache_dir)
         print(f"no server answers at {server}: reading the cache folder {root}", file=sys.stderr)
-        return _from_disk(settings, root, action, agent_id, as_json)
+        return _from_disk(settings, root, query)
     finally:
         client.close()
 
 
 def _client(settings: Settings) -> httpx.Client:
-    # A server with API keys answers only a client that sends one.
-    keys = settings.api_keys + settings.admin_api_keys
+    # A server with API keys answers only a client that sends one; agents belong to keys, and
+    # an admin key sees every key's, so it goes first.
+    keys = settings.admin_api_keys + settings.api_keys
     headers = {"authorization": f"Bearer {keys[0]}"} if keys else {}
     return httpx.Client(timeout=30, headers=headers)
 
 
-def _online(
-    client: httpx.Client, server: str, action: str, agent_id: str | None, as_json: bool
-) -> int:
-    base = f"{server}/v1/agents"
-    if action == "list":
-        body = _answer(client.get(base), server, agent_id)
-        rows = [_row_from_server(agent) for agent in body["data"]]
-        _print_rows(rows, "server", as_json)
-    elif action == "show":
-        described = _answer(client.get(f"{base}/{agent_id}"), server, agent_id)
-        print(json.dumps(described, indent=2) if as_json else _details(described))
+def _online(client: httpx.Client, server: str, query: Query) -> int:
+    base, agent_id = f"{server}/v1/agents", query.agent_id
+    owner = {} if query.owner is None else {"owner": query.owner}
+    if query.action == "list":
+        rows = [_row_from_server(agent) for agent in _every_agent(client, base, server, owner)]
+        _print_rows(rows, "server", query.as_json)
+    elif query.action == "show":
+        described = _answer(client.get(f"{base}/{agent_id}", params=owner), server, agent_id)
+        print(json.dumps(described, indent=2) if query.as_json else _details(described))
     else:
-        _answer(client.delete(f"{base}/{agent_id}"), server, agent_id)
+        _answer(client.delete(f"{base}/{agent_id}", params=owner), server, agent_id)
         print(f"deleted agent {agent_id}")
     return 0
 
@@ -102,6 +113,20 @@ def _answer(response: httpx.Response, server: str, agent_id: str | None) -> dict
     return body
 
 
+def _every_agent(
+    client: httpx.Client, base: str, server: str, owner: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Every agent the key sees (of `owner`'s, when it names one), a page at a time."""
+    agents: list[dict[str, Any]] = []
+    params = owner
+    while True:
+        page = _answer(client.get(base, params=params), server, None)
+        agents += page["data"]
+        if not page.get("has_more"):
+            return agents
+        params = {**owner, "after": page["last_id"]}
+
+
 def _error_message(response: httpx.Response) -> str:
     try:
         return str(response.json()["error"]["message"])
@@ -118,14 +143,13 @@ def _row_from_server(agent: dict[str, Any]) -> AgentRow:
         pinned=agent["pinned"],
         last_used=agent["last_used"],
         turns=agent["requests"],
+        owner=agent.get("owner"),
     )
 
 
-def _from_disk(
-    settings: Settings, root: Path, action: str, agent_id: str | None, as_json: bool
-) -> int:
+def _from_disk(settings: Settings, root: Path, query: Query) -> int:
     try:
-        return _offline(root, action, agent_id, as_json)
+        return _offline(root, query)
     except CacheFolderBusy as exc:
         pid = "" if exc.holder_pid is None else f" (pid {exc.holder_pid})"
         raise SemanticError(
@@ -135,20 +159,22 @@ def _from_disk(
         ) from exc
 
 
-def _offline(root: Path, action: str, agent_id: str | None, as_json: bool) -> int:
-    """No server answers: the manifests on disk of every model are the whole truth. Reading
-    needs no lock; deleting takes the folder's, so a server that holds it is left alone."""
+def _offline(root: Path, query: Query) -> int:
+    """No server answers: the manifests on disk of every model are the whole truth, every
+    owner's (whoever reads the folder owns it all). Reading needs no lock; deleting takes the
+    folder's, so a server that holds it is left alone."""
     found = [(model, m) for model in _model_roots(root) for m in list_manifests(model)]
-    if action == "list":
-        _print_rows([_row_from_disk(model, m) for model, m in found], "disk", as_json)
+    shown = [(model, m) for model, m in found if query.owner in (None, m.owner or UNOWNED)]
+    if query.action == "list":
+        _print_rows([_row_from_disk(model, m) for model, m in shown], "disk", query.as_json)
         return 0
-    mine = [(model, m) for model, m in found if m.agent_id == agent_id]
+    mine = [(model, m) for model, m in shown if m.agent_id == query.agent_id]
     if not mine:
-        raise NotFound(f"no agent {agent_id!r} under {root}")
-    if action == "show":
+        raise NotFound(f"no agent {query.agent_id!r} under {root}")
+    if query.action == "show":
         for model, manifest in mine:
             described = _describe(model, manifest)
-            print(json.dumps(described, indent=2) if as_json else _details(described))
+            print(json.dumps(described, indent=2) if query.as_json else _details(described))
         return 0
     with FolderLock.acquire(root):  # the folder's one writer while it deletes
         for model, manifest in mine:
@@ -161,30 +187,32 @@ def _model_roots(root: Path) -> list[Path]:
 
 
 def _row_from_disk(model: Path, manifest: AgentManifest) -> AgentRow:
-    files = [block_path(model, h) for h in manifest.hashes]
+    files = [f for h in manifest.hashes for f in block_files(model, h)]  # every group's page
     return AgentRow(
         agent_id=manifest.agent_id,
         cached_tokens=manifest.num_tokens,
         bytes_in_memory=None,
-        bytes_on_disk=sum(f.stat().st_size for f in files if f.exists()),
+        bytes_on_disk=sum(f.stat().st_size for f in files),
         pinned=manifest.pinned,
         last_used=manifest.updated_at,
         turns=None,
         model=model.name,
+        owner=manifest.owner,
     )
 
 
 def _describe(model: Path, manifest: AgentManifest) -> dict[str, Any]:
-    files = [block_path(model, h) for h in manifest.hashes]
+    files = [block_files(model, h) for h in manifest.hashes]
     conversation = manifest.conversation
     return {
         "agent_id": manifest.agent_id,
+        "owner": manifest.owner,
         "model": model.name,
         "cached_tokens": manifest.num_tokens,
         "pinned": manifest.pinned,
         "blocks": len(files),
-        "blocks_on_disk": sum(f.exists() for f in files),
-        "bytes_on_disk": sum(f.stat().st_size for f in files if f.exists()),
+        "blocks_on_disk": sum(bool(pages) for pages in files),
+        "bytes_on_disk": sum(f.stat().st_size for pages in files for f in pages),
         "last_used": manifest.updated_at,
         "messages": None if conversation is None else len(conversation.messages),
     }
@@ -197,12 +225,13 @@ def _delete(model: Path, manifest: AgentManifest, others: list[AgentManifest]) -
     for block_hash in manifest.hashes:
         if block_hash in shared:
             continue
-        try:
-            block_path(model, block_hash).unlink()
-        except FileNotFoundError:
-            continue  # already gone: nothing removed, nothing to count
-        removed += 1
-    delete_manifest(model, manifest.agent_id)
+        for path in block_files(model, block_hash):  # every layer group's page
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue  # already gone: nothing removed, nothing to count
+            removed += 1
+    delete_manifest(model, manifest.key)
     print(f"deleted agent {manifest.agent_id} ({removed} block files)")
 
 
@@ -227,15 +256,18 @@ def _print_rows(rows: list[AgentRow], source: str, as_json: bool) -> None:
 
 
 def _print_table(rows: list[AgentRow]) -> None:
-    cells = [_COLUMNS, *(_cells(row) for row in rows)]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS))]
+    # Agents of API keys: an owner column (its first 8 digits are the key id the logs name).
+    owned = any(row.owner is not None for row in rows)
+    columns = (*_COLUMNS, "owner") if owned else _COLUMNS
+    cells = [columns, *(_cells(row, owned) for row in rows)]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     for first, *rest in cells:  # the agent left-aligned, the figures right
         figures = (cell.rjust(width) for cell, width in zip(rest, widths[1:], strict=True))
         print("  ".join([first.ljust(widths[0]), *figures]))
 
 
-def _cells(row: AgentRow) -> tuple[str, ...]:
-    return (
+def _cells(row: AgentRow, owned: bool) -> tuple[str, ...]:
+    cells = (
         row.agent_id,
         f"{row.cached_tokens:,}",
         _size(row.bytes_in_memory),
@@ -244,6 +276,7 @@ def _cells(row: AgentRow) -> tuple[str, ...]:
         _local_time(row.last_used),
         "-" if row.turns is None else str(row.turns),
     )
+    return (*cells, row.owner or "-") if owned else cells
 
 
 def _details(described: dict[str, Any]) -> str:

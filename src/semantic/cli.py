@@ -57,8 +57,9 @@ list (the default): every agent, its cached tokens in memory and on disk, pinned
 it was last used and how many turns it had; show ID: one agent in full; delete ID: an agent and
 the cache no other agent shares.
 
-Asks the running server at --host and --port, with its API key; when none answers, reads the
-cache folder (--cache-dir) directly, and says so."""
+Asks the running server at --host and --port, with its admin key, else its API key: a key sees
+its own agents, an admin key every key's (--owner names whose). When no server answers, reads
+the cache folder (--cache-dir) directly, every owner's agents, and says so."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     agents.add_argument("agent_id", nargs="?", help="the agent, for show and delete")
     agents.add_argument("--json", action="store_true", help="print JSON")
+    agents.add_argument(
+        "--owner",
+        help="whose agents: an owner from the list (the digest of a key), or `none` for "
+        "agents of no key; by default, with an admin key every key's to list and its own to "
+        "show or delete",
+    )
     add_settings_flags(
         agents,
         ["host", "port", "api_key", "api_key_file", "admin_api_key", "cache_dir", "config"],
@@ -129,9 +136,9 @@ def _parser() -> argparse.ArgumentParser:
         help_for={
             "host": "Host of the running server to ask.",
             "port": "Port of the running server to ask.",
-            "api_key": "API key to send to the server.",
-            "api_key_file": "File of API keys; the first is sent.",
-            "admin_api_key": "Admin key to send when no other key is set.",
+            "api_key": "API key to send to the server when no admin key is set.",
+            "api_key_file": "File of API keys; the first is sent when no admin key is set.",
+            "admin_api_key": "Admin key to send (it sees every key's agents).",
         },
     )
     agents.set_defaults(handler=_agents)
@@ -173,7 +180,8 @@ def _agents(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if args.action != "list" and not args.agent_id:
         raise SemanticError(f"`semantic agents {args.action}` needs an agent id")
-    return agents_command.run(settings, args.action, args.agent_id, as_json=args.json)
+    query = agents_command.Query(args.action, args.agent_id, args.owner, args.json)
+    return agents_command.run(settings, query)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -206,10 +214,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _ready_line(checked: Checked, host: EngineHost, started: float) -> str:
     runner = host.engine.runner
-    tokens = runner.num_blocks * runner.cache_spec.block_tokens
+    blocks = runner.cache_spec.whole_blocks(runner.num_blocks)  # of every layer
+    tokens = blocks * runner.cache_spec.block_tokens
     return (
         f"ready on {checked.url} ({time.perf_counter() - started:.1f} s to load) — "
-        f"{runner.num_blocks:,} KV blocks (~{tokens:,} tokens); API at {checked.url}/docs"
+        f"{blocks:,} KV blocks (~{tokens:,} tokens); API at {checked.url}/docs"
     )
 
 
@@ -262,6 +271,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     from semantic.memory import own_mappings
     from semantic.models.checkpoint import load_checkpoint
     from semantic.models.served import ServedModel
+    from semantic.options import engine_options, runner_options
     from semantic.registry import ModelRegistry
 
     source = source or ModelRegistry.from_settings(settings).resolve(settings.model)
@@ -272,7 +282,9 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         checkpoint = load_checkpoint(source.path, progress=sys.stderr.isatty())
         log.info("read the config and tokenizer in %.1f s", time.perf_counter() - started)
         weights = _logged_weights(checkpoint.weights())
-        runner = create_runner(settings, checkpoint.config, weights)
+        runner = create_runner(
+            runner_options(settings), checkpoint.config, weights, checkpoint.fingerprint
+        )
     context = checkpoint.config.max_position_embeddings
     served = ServedModel(
         name=_served_name(settings, source),
@@ -285,15 +297,16 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     )
     spec = runner.cache_spec
     log.info(
-        "KV pool: %d blocks of %d tokens, %s tokens in %d MiB (%s; %s)",
+        "KV pool: %d pages of %d tokens × %d layers, %s tokens of every layer in %d MiB (%s; %s)",
         runner.num_blocks,
         spec.block_tokens,
-        f"{runner.num_blocks * spec.block_tokens:,}",
-        runner.num_blocks * spec.bytes_per_block // 2**20,
+        spec.layers_per_group,
+        f"{spec.whole_blocks(runner.num_blocks) * spec.block_tokens:,}",
+        runner.num_blocks * spec.bytes_per_page // 2**20,
         spec.tag(),
         "cache_budget_mb" if settings.cache_budget_mb else "sized from the free memory",
     )
-    engine = Engine(runner, served, settings)
+    engine = Engine(runner, served, engine_options(settings))
     log.info("loaded %s in %.1f s", source.name, time.perf_counter() - started)
     return engine
 

@@ -148,6 +148,11 @@ class Settings(BaseSettings):
     cpu_kernels: bool = Field(
         True, description="Our compiled CPU kernels where the CPU has AVX-512 BF16 (else stock)."
     )
+    prepared_weights: bool = Field(
+        True,
+        description="Keep the weights converted for our CPU kernels in the user cache, so later "
+        "starts map them (one file about the model's bf16 size, for the 3 models used last).",
+    )
     max_model_len: int | None = Field(
         None, ge=16, description="Context length cap (default: the model's)."
     )
@@ -162,10 +167,26 @@ class Settings(BaseSettings):
     block_tokens: int = Field(256, ge=1, le=4096, description="Tokens per KV block.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache directory.")
     disk_budget_mb: int = Field(
-        10240, ge=1, description="Disk for KV blocks, in MiB; the least recently used go first."
+        10240,
+        ge=1,
+        description="Disk for KV blocks and agent manifests, in MiB; the least recently used "
+        "blocks go first.",
     )
     agent_idle_s: float = Field(
         300.0, gt=0, description="An agent silent this long is idle: its cache leaves memory first."
+    )
+    max_agents_per_key: int = Field(
+        10_000,
+        ge=1,
+        description="Most agents one API key keeps (all clients together when no keys are set); "
+        "past it a new agent takes the place of the key's least recently used one that has no "
+        "conversation and is neither pinned nor busy, and with none such it is refused (403).",
+    )
+    max_conversation_mb: int = Field(
+        8,
+        ge=1,
+        description="Largest conversation the agent API keeps for one agent, in MiB of text; a "
+        "turn past it is refused (400 conversation_too_large).",
     )
     max_running: int = Field(64, ge=1, description="Most sequences decoding at once.")
     max_batch_tokens: int = Field(
@@ -354,6 +375,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "device",
         "dtype",
         "threads",
+        "prepared_weights",
         "cpu_kernels",
         "max_model_len",
     ),
@@ -377,6 +399,8 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "max_stop_sequence_chars",
         "max_prompt_tokens",
         "max_output_tokens",
+        "max_agents_per_key",
+        "max_conversation_mb",
     ),
     "rate limits (off unless set)": ("rate_limit_key_rpm", "rate_limit_agent_rpm"),
 }

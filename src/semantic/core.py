@@ -6,6 +6,7 @@ Standard library only: the engine's pure core and the HTTP layer both import thi
 from __future__ import annotations
 
 import enum
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -19,14 +20,57 @@ def is_valid_agent_id(agent_id: str) -> bool:
     return re.fullmatch(AGENT_ID_PATTERN, agent_id) is not None
 
 
+def first_read_block(window: int | None, num_tokens: int, block_tokens: int) -> int:
+    """The first block the next token reads once a sequence has `num_tokens` tokens of KV: 0
+    for full attention; for a sliding window, the block of the first key in it (the token at
+    position p reads keys p - window + 1 .. p)."""
+    if window is None:
+        return 0
+    return max(0, num_tokens - window + 1) // block_tokens
+
+
+@dataclass(slots=True, frozen=True)
+class LayerGroup:
+    """Layers whose K/V for a block share one page of the pool: layers of one kind of attention
+    (`window` None: full attention, else the sliding window they read), so a page is needed
+    exactly as long as any of them reads the block."""
+
+    layers: tuple[int, ...]
+    window: int | None
+
+
+@dataclass(slots=True, frozen=True)
+class AgentKey:
+    """An agent's identity: the id its client chose, within the scope of its owner, a digest of
+    the API key that made it (None on a server without keys, and for agents made before
+    agents had owners). Two keys that choose one id have two agents."""
+
+    agent_id: str
+    owner: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Caller:
+    """Who asks about agents: their `owner` scope (as in `AgentKey`), and whether they may see
+    and reach every owner's agents (an admin key, or anyone on a server without keys)."""
+
+    owner: str | None
+    admin: bool
+
+
 @dataclass(slots=True, frozen=True)
 class CacheSpec:
     """The geometry of one model's KV cache: what a block holds and how big it is.
 
     Cache files and prefix hashes are tagged with `tag()`, so a cache written for one geometry is
     never read into another. `layer_windows` gives each layer's attention: None for full
-    attention, else the sliding window it reads (empty: full attention in every layer). A
-    block holds every layer's K/V either way; the windows say what attention reads of them.
+    attention, else the sliding window it reads (empty: full attention in every layer).
+
+    The layers fall into `groups` of `layers_per_group` layers of one kind each (every layer in
+    one group when they are all alike): a block of a sequence takes one page of the pool per
+    group, and a sliding group's page is released once the block has left its window. The
+    groups are equal in size (the greatest common divisor of each kind's layer count), so the
+    pool hands out pages of one size to every group; full-attention groups come first.
     """
 
     num_layers: int
@@ -35,10 +79,12 @@ class CacheSpec:
     dtype: str  # "bfloat16" | "float16" | "float32"
     block_tokens: int
     layer_windows: tuple[int | None, ...] = ()
+    groups: tuple[LayerGroup, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise ValueError("layer_windows must name every layer's attention, or none")
+        object.__setattr__(self, "groups", _layer_groups(self.num_layers, self.layer_windows))
 
     @property
     def sliding_windows(self) -> tuple[int, ...]:
@@ -46,12 +92,29 @@ class CacheSpec:
         return tuple(sorted({w for w in self.layer_windows if w is not None}))
 
     @property
+    def group_windows(self) -> tuple[int | None, ...]:
+        return tuple(group.window for group in self.groups)
+
+    @property
+    def layers_per_group(self) -> int:
+        return len(self.groups[0].layers)
+
+    @property
     def dtype_bytes(self) -> int:
         return 4 if self.dtype == "float32" else 2
 
     @property
+    def bytes_per_page(self) -> int:
+        """K and V of one group's layers for one block: what the pool hands out."""
+        return self.bytes_per_block // len(self.groups)
+
+    def whole_blocks(self, num_pages: int) -> int:
+        """Blocks of every layer (a page of each group) that `num_pages` pages hold."""
+        return num_pages // len(self.groups)
+
+    @property
     def bytes_per_block(self) -> int:
-        """K and V for every layer of one block."""
+        """K and V for every layer of one block (a page of every group)."""
         per_layer = self.block_tokens * self.num_kv_heads * self.head_dim * self.dtype_bytes
         return 2 * self.num_layers * per_layer
 
@@ -62,11 +125,30 @@ class CacheSpec:
         )
         if not self.sliding_windows:
             return base  # the tag of every full-attention cache written before windows existed
+        # Pages of several groups: a file holds one group's layers (caches written before the
+        # groups held every layer in a file, under the tag without this suffix).
+        paged = f"-g{len(self.groups)}" if len(self.groups) > 1 else ""
         if len(self.sliding_windows) > 1:  # rare: every layer's window (0: full)
-            return f"{base}-sw" + ".".join(str(w or 0) for w in self.layer_windows)
+            return f"{base}-sw" + ".".join(str(w or 0) for w in self.layer_windows) + paged
         # Which layers slide: a bit per layer, so two patterns never share a tag.
         pattern = sum(1 << i for i, w in enumerate(self.layer_windows) if w is not None)
-        return f"{base}-sw{self.sliding_windows[0]}x{pattern:x}"
+        return f"{base}-sw{self.sliding_windows[0]}x{pattern:x}{paged}"
+
+
+def _layer_groups(num_layers: int, layer_windows: tuple[int | None, ...]) -> tuple[LayerGroup, ...]:
+    """Each kind of attention's layers (full first, then windows smallest first) in groups of
+    the greatest common divisor of the kinds' layer counts: one group when all layers are
+    alike; Gemma 3 270M's 3 global and 15 sliding layers make 6 groups of 3."""
+    windows = layer_windows or (None,) * num_layers
+    kinds: dict[int | None, list[int]] = {}
+    for window in sorted(set(windows), key=lambda w: -1 if w is None else w):
+        kinds[window] = [i for i, w in enumerate(windows) if w == window]
+    size = math.gcd(*(len(layers) for layers in kinds.values()))
+    return tuple(
+        LayerGroup(tuple(layers[start : start + size]), window)
+        for window, layers in kinds.items()
+        for start in range(0, len(layers), size)
+    )
 
 
 class OutputGrammar(Protocol):
@@ -122,7 +204,13 @@ class Request:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     agent_id: str | None = None
+    owner: str | None = None  # the scope of `agent_id`: the caller's (`AgentKey`)
     arrival_time: float = field(default_factory=time.monotonic)
+
+    @property
+    def agent(self) -> AgentKey | None:
+        """The agent this request continues, if it names one."""
+        return None if self.agent_id is None else AgentKey(self.agent_id, self.owner)
 
 
 class SequenceStatus(enum.Enum):
@@ -134,26 +222,50 @@ class SequenceStatus(enum.Enum):
 
 @dataclass(slots=True, frozen=True)
 class Restore:
-    """Blocks an admitted sequence waits for from disk: `blocks[i]` (its `indexes[i]`-th block)
-    gets the content of `hashes[i]`; a trailing partial block gives its first `tail_tokens`.
-    Once all are in, the sequence has KV for `num_tokens` tokens, its full blocks hashed as
-    `block_hashes`."""
+    """Pages an admitted sequence waits for from disk: `pages[i]` (a page of its `indexes[i]`-th
+    block) gets the content saved under the page key `keys[i]`; a trailing partial block gives
+    its first `tail_tokens`. Once all are in, the sequence has KV for `num_tokens` tokens, its
+    full blocks hashed as `block_hashes`."""
 
-    blocks: list[int]
-    hashes: list[int]
+    pages: list[int]
+    keys: list[int]
     indexes: list[int]
     tail_tokens: int
     num_tokens: int
-    disk_tokens: int  # of `num_tokens`, those these blocks hold
+    disk_tokens: int  # of `num_tokens`, those in blocks some of these pages belong to
     block_hashes: list[int]
 
 
 @dataclass(slots=True)
-class Sequence:
-    """The engine's state for one request: its tokens, how many have KV in the pool, its blocks.
+class BlockTable:
+    """A sequence's pages in one layer group: `pages[i]` holds block `first + i`. The blocks
+    before `first` have left the group's window: their pages were given back (`first` stays 0
+    for full attention)."""
 
-    Invariant: `num_computed_tokens <= len(token_ids)`, and `block_ids` cover at least
-    `num_computed_tokens` tokens.
+    first: int = 0
+    pages: list[int] = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        """The block after the last one it has a page for."""
+        return self.first + len(self.pages)
+
+    def page(self, block: int) -> int:
+        return self.pages[block - self.first]
+
+    def padded(self) -> list[int]:
+        """Indexed by block, as the runner reads it: the blocks before `first` are never read
+        (they are out of the window), so page 0 stands in for them."""
+        return [0] * self.first + self.pages if self.first else list(self.pages)
+
+
+@dataclass(slots=True)
+class Sequence:
+    """The engine's state for one request: its tokens, how many have KV in the pool, its pages.
+
+    Invariant: `num_computed_tokens <= len(token_ids)`, and each layer group's `block_tables`
+    entry covers at least the blocks of its first `num_computed_tokens` tokens that the group
+    still reads.
     """
 
     seq_id: int
@@ -162,7 +274,7 @@ class Sequence:
     num_prompt_tokens: int
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the cache, not from prefill
-    block_ids: list[int] = field(default_factory=list)
+    block_tables: list[BlockTable] = field(default_factory=list)  # one per layer group
     block_hashes: list[int] = field(default_factory=list)  # chain hashes of the full blocks
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
@@ -191,15 +303,16 @@ class Sequence:
 class BatchItem:
     """One sequence's share of a step: a prefill chunk or a single decode token.
 
-    `token_ids` sit at positions `start_pos ..`; their K/V go to the slots that `block_table`
-    gives those positions. `sample` says whether the step must return the next token (the last
-    chunk of a prompt, or a decode).
+    `token_ids` sit at positions `start_pos ..`; their K/V go to the slots that `block_tables`
+    (one per layer group, each indexed by block: `BlockTable.padded`) give those positions.
+    `sample` says whether the step must return the next token (the last chunk of a prompt, or a
+    decode).
     """
 
     seq_id: int
     token_ids: list[int]
     start_pos: int
-    block_table: list[int]
+    block_tables: list[list[int]]
     sample: bool
     sampling: SamplingParams
     num_output_tokens: int  # tokens generated so far: seeds the per-step random stream
@@ -209,7 +322,7 @@ class BatchItem:
 @dataclass(slots=True, frozen=True)
 class Batch:
     """What the scheduler hands the runner: plain data, no tensors. `copies` are (source,
-    destination) block pairs to copy before computing (a reused partial block)."""
+    destination) page pairs to copy before computing (a reused partial block)."""
 
     items: list[BatchItem]
     copies: list[tuple[int, int]] = field(default_factory=list)

@@ -84,6 +84,14 @@ class Conflict(SemanticError):
     that is already generating (409)."""
 
 
+class ConversationTooLarge(InvalidRequest):
+    """A conversation the agent API would keep is past `max_conversation_mb` (400)."""
+
+
+class TooManyAgents(SemanticError):
+    """An API key has as many agents as it may keep, and none of them may make room (403)."""
+
+
 class PersistFailed(SemanticError):
     """A persist the client waits for could not make everything durable (disk full, I/O error)."""
 

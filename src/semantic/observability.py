@@ -29,7 +29,13 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from structlog.typing import EventDict
 
-from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_ONE_OFF, TIER_SHARED, TIER_WORKING_AGENT
+from semantic.cache.block_pool import (
+    TIER_IDLE_AGENT,
+    TIER_ONE_OFF,
+    TIER_OUT_OF_WINDOW,
+    TIER_SHARED,
+    TIER_WORKING_AGENT,
+)
 from semantic.core import Batch, Request, Sequence
 
 if TYPE_CHECKING:
@@ -266,6 +272,7 @@ class EngineMetrics:
 # -- metrics read at scrape time -------------------------------------------------------------
 
 EVICTION_TIERS = {
+    TIER_OUT_OF_WINDOW: "out_of_window",
     TIER_ONE_OFF: "one_off",
     TIER_IDLE_AGENT: "idle_agent",
     TIER_WORKING_AGENT: "working_agent",
@@ -291,8 +298,8 @@ class EngineReading:
 
 def read_engine(engine: Engine) -> EngineReading:
     """Run on the engine thread (`engine.call`), which owns everything read here."""
-    stats, pool, agents = engine.stats(), engine.pool, engine.agents.by_id.values()
-    active = sum(agent.working for agent in agents)
+    stats, pool = engine.stats(), engine.pool
+    active, idle = engine.agent_door.census()
     return EngineReading(
         model=engine.model.name,
         running=stats.running,
@@ -302,11 +309,11 @@ def read_engine(engine: Engine) -> EngineReading:
             "cached": stats.blocks_cached,
             "free": stats.blocks_free,
         },
-        kv_pool_bytes=pool.num_blocks * engine.runner.cache_spec.bytes_per_block,
+        kv_pool_bytes=pool.num_blocks * engine.runner.cache_spec.bytes_per_page,
         reclaimed={name: pool.reclaimed[tier] for tier, name in EVICTION_TIERS.items()},
-        cache=engine.agents.stats.totals(),
+        cache=engine.agent_door.cache_totals(),
         agents_active=active,
-        agents_idle=len(agents) - active,
+        agents_idle=idle,
         preemptions=engine.scheduler.preemptions,
     )
 

@@ -32,18 +32,17 @@ def _die_with_parent() -> None:
 class Server:
     """A server process and its base URL; the log is kept for failure messages."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         command = [sys.executable, "-m", "semantic", "serve", "--port", str(self.port), *args]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(
                 command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
 
@@ -70,6 +69,19 @@ class Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait()
+
+
+def started(folder: Path, name: str, *extra: str) -> Server:
+    """A server caching under `folder/cache` on a 64 MiB pool, ready; its log is
+    `folder/<name>.log`. Stop it yourself."""
+    args = ["--cache-dir", str(folder / "cache"), "--cache-budget-mb", "64", *extra]
+    server = Server(args, folder / f"{name}.log")
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def _running(tmp_path_factory: pytest.TempPathFactory, name: str, *extra: str) -> Iterator[Server]:

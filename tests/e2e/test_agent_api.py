@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, started
 
 pytestmark = pytest.mark.e2e
 
@@ -23,18 +23,6 @@ SYSTEM = (
     "You are the build assistant of a small software team. You answer questions about the "
     "project's code, its tests and its release process, in one short sentence. "
 ) * 9  # about 300 tokens: a full block and a partial one
-
-
-def started(folder: Path, name: str) -> Server:
-    server = Server(
-        ["--cache-dir", str(folder / "cache"), "--cache-budget-mb", "64"], folder / f"{name}.log"
-    )
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    return server
 
 
 def call(server: Server, method: str, path: str, status: int = 200, **body: Any) -> Any:

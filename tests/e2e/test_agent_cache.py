@@ -265,4 +265,4 @@ def test_a_second_server_on_one_cache_folder_exits_at_once_naming_the_first(
         assert httpx.get(f"{first.url}/health/ready", timeout=30).status_code == 200
     finally:
         assert first.stop() == 0
-    assert len(list((tmp_path / "cache" / "kv").glob("*/agents/keeper.json"))) == 1
+    assert len(list((tmp_path / "cache" / "kv").glob("*/agents/none/keeper.*.json"))) == 1

@@ -1,14 +1,17 @@
 """What `semantic serve` says while it starts, off a terminal: each load phase with its
-duration, then one line that says where it serves and how much the KV pool holds."""
+duration, then one line that says where it serves and how much the KV pool holds; and a second
+start that maps the weights the first one prepared."""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import httpx
 import pytest
 
+from semantic.config import default_cache_dir
 from tests.e2e.conftest import Server
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +26,9 @@ def test_the_load_logs_its_phases_and_one_ready_line(server: Server) -> None:
             continue  # a line not of our logger's
     for phase in (
         r"read the config and tokenizer in \d+\.\d s",
-        r"weights: \d+ tensors read and converted in \d+\.\d s",
+        # The first start on this machine converts; later ones map what it prepared.
+        r"weights: (\d+ tensors read and converted in \d+\.\d s|prepared ones mapped in "
+        r"\d+\.\d\d s from .+\.safetensors)",
         r"loaded smollm2-135m in \d+\.\d s",
     ):
         assert any(re.fullmatch(phase, event) for event in events), phase
@@ -36,3 +41,34 @@ def test_the_load_logs_its_phases_and_one_ready_line(server: Server) -> None:
     )
     assert said is not None and said.group(1) == server.url
     assert httpx.get(f"{server.url}/").json()["model"] == "smollm2-135m"
+
+
+def test_a_second_start_maps_the_weights_the_first_one_prepared(tmp_path: Path) -> None:
+    # A user cache of its own, sharing only the compiled kernels (a build takes a minute).
+    user_cache = tmp_path / "user-cache"
+    kernels = default_cache_dir() / "kernels"
+    kernels.mkdir(parents=True, exist_ok=True)
+    (user_cache / "semantic").mkdir(parents=True)
+    (user_cache / "semantic" / "kernels").symlink_to(kernels)
+    logs, answers = [], []
+    for start in ("first", "second"):
+        args = ["--cache-dir", str(tmp_path / start), "--cache-budget-mb", "256"]
+        server = Server(args, tmp_path / f"{start}.log", {"XDG_CACHE_HOME": str(user_cache)})
+        try:
+            server.wait_ready()
+            body = {
+                "model": "smollm2-135m",
+                "prompt": "The capital of France is",
+                "max_tokens": 12,
+                "temperature": 0,
+            }
+            reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+            answers.append(reply.json()["choices"][0]["text"])
+        finally:
+            server.stop()
+        logs.append(server.log_path.read_text())
+    assert "tensors read and converted" in logs[0]
+    assert "weights: prepared for the next start" in logs[0]
+    assert "prepared ones mapped" in logs[1] and "tensors read and converted" not in logs[1]
+    assert answers[0] == answers[1] and answers[0]
+    assert len(list((user_cache / "semantic" / "prepared").glob("*.safetensors"))) == 1

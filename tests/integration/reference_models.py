@@ -4,6 +4,7 @@ the harness the family tests share. The reference always runs on the CPU, in fp3
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,23 +44,36 @@ class Model:
     def weights(self) -> list[tuple[str, Any]]:
         return [(k, v.detach().numpy()) for k, v in self.reference.state_dict().items()]
 
-    def make_runner(self, dtype: str, cache_budget_mb: int = 4) -> TorchRunner:
+    def make_runner(
+        self,
+        dtype: str,
+        cache_budget_mb: int = 4,
+        *,
+        prepared: Path | None = None,
+        weights: list[tuple[str, Any]] | None = None,
+    ) -> TorchRunner:
+        """Our runner; with `prepared`, over prepared weights kept there (`weights`: what it
+        is given to convert, the reference's by default)."""
         return TorchRunner(
             self.config,
-            self.weights(),
+            self.weights() if weights is None else weights,
             block_tokens=BLOCK_TOKENS,
             cache_budget_mb=cache_budget_mb,
             dtype=dtype,
             device=self.device,
             kernels=self.path != "cpu-stock",
+            prepared_dir=prepared,
+            weights_fingerprint="reference" if prepared else None,
         )
 
     def logits(self, batch: Batch) -> torch.Tensor:
         """Our fp32 logits of the batch's sampled items, on the CPU."""
         return self.runner.forward_logits(batch).cpu()
 
-    def blocks(self, tokens: int) -> list[int]:
-        return [self.free.pop() for _ in range(-(-tokens // BLOCK_TOKENS))]
+    def tables(self, tokens: int) -> list[list[int]]:
+        """Fresh block tables for `tokens` tokens, one per layer group."""
+        groups = len(self.runner.cache_spec.groups)
+        return [[self.free.pop() for _ in range(-(-tokens // BLOCK_TOKENS))] for _ in range(groups)]
 
     @torch.no_grad()
     def reference_logits(self, ids: list[int]) -> torch.Tensor:
@@ -82,8 +96,8 @@ def randomise_small_parameters(model: torch.nn.Module) -> None:
             param.add_(torch.randn_like(param) * 0.2)
 
 
-def prefill(seq_id: int, ids: list[int], table: list[int], start: int = 0) -> BatchItem:
-    return BatchItem(seq_id, ids[start:], start, table, True, GREEDY, 0)
+def prefill(seq_id: int, ids: list[int], tables: list[list[int]], start: int = 0) -> BatchItem:
+    return BatchItem(seq_id, ids[start:], start, tables, True, GREEDY, 0)
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:

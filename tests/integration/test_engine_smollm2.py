@@ -16,6 +16,7 @@ from semantic.core import Batch, BatchItem, FinishReason, Request, SamplingParam
 from semantic.engine.engine import Engine
 from semantic.models.checkpoint import Checkpoint, load_checkpoint
 from semantic.models.served import ServedModel
+from semantic.options import engine_options
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +74,7 @@ def make_engine(
         checkpoint.fingerprint,
     )
     settings = Settings(max_batch_tokens=64, batch_window_ms=0, cache_dir=cache_dir)
-    return Engine(runner, served, settings)
+    return Engine(runner, served, engine_options(settings))
 
 
 @pytest.fixture(scope="module")
@@ -156,10 +157,10 @@ def test_batched_logits_agree_with_solo_logits(checkpoint: Checkpoint, fp32_engi
     params = SamplingParams(temperature=0.0)
 
     def prefill(i: int) -> BatchItem:
-        return BatchItem(i, prompts[i], 0, tables[i], True, params, 0)
+        return BatchItem(i, prompts[i], 0, [tables[i]], True, params, 0)
 
     def decode(i: int, token: int) -> BatchItem:
-        return BatchItem(i, [token], len(prompts[i]), tables[i], True, params, 1)
+        return BatchItem(i, [token], len(prompts[i]), [tables[i]], True, params, 1)
 
     solo = torch.cat([runner.forward_logits(Batch([prefill(i)])) for i in range(8)])
     together = runner.forward_logits(Batch([prefill(i) for i in range(8)]))
@@ -183,7 +184,7 @@ def test_bf16_batched_prefill_matches_bf16_solo_logits_within_tolerance(
 
     def items(engine: Engine) -> list[BatchItem]:
         tables = blocks_for(engine, prompts)
-        return [BatchItem(i, p, 0, tables[i], True, params, 0) for i, p in enumerate(prompts)]
+        return [BatchItem(i, p, 0, [tables[i]], True, params, 0) for i, p in enumerate(prompts)]
 
     fp32_runner, runner = fp32_engine.runner, bf16_engine.runner
     assert isinstance(fp32_runner, TorchRunner) and isinstance(runner, TorchRunner)

@@ -6,11 +6,13 @@ the CPU with our kernels, with stock torch ops, and on CUDA where there is a GPU
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from semantic.backends.torch.kernels import cpu_kernels
 from semantic.core import Batch, BatchItem
 from tests.integration.reference_models import (
     BLOCK_TOKENS,
@@ -157,7 +159,7 @@ def model(request: pytest.FixtureRequest) -> Model:
 def test_prompt_logits_equal_transformers(model: Model):
     for seed, length in enumerate((1, 7, 8, 29, 45)):
         ids = model.prompt(length, seed)
-        ours = model.logits(Batch([prefill(0, ids, model.blocks(length))]))
+        ours = model.logits(Batch([prefill(0, ids, model.tables(length))]))
         close(ours[0], model.reference_logits(ids)[-1], model.reference_tolerance)
 
 
@@ -165,11 +167,11 @@ def test_32_greedy_tokens_and_their_logits_equal_transformers(model: Model):
     steps = 32
     for seed, length in enumerate((3, 9, 21)):
         ids = model.prompt(length, seed + 10)
-        table = model.blocks(length + steps)
-        logits = [model.logits(Batch([prefill(0, ids, table)]))[0]]
+        tables = model.tables(length + steps)
+        logits = [model.logits(Batch([prefill(0, ids, tables)]))[0]]
         out = [int(logits[-1].argmax())]
         for n in range(1, steps):
-            decode = BatchItem(0, [out[-1]], length + n - 1, table, True, GREEDY, n)
+            decode = BatchItem(0, [out[-1]], length + n - 1, tables, True, GREEDY, n)
             logits.append(model.logits(Batch([decode]))[0])
             out.append(int(logits[-1].argmax()))
         reference = model.reference_after(ids, out)
@@ -179,19 +181,19 @@ def test_32_greedy_tokens_and_their_logits_equal_transformers(model: Model):
 
 def test_chunked_prefill_gives_the_logits_of_one_shot(model: Model):
     ids = model.prompt(45, 5)
-    one_shot = model.logits(Batch([prefill(0, ids, model.blocks(45))]))
-    table = model.blocks(45)
+    one_shot = model.logits(Batch([prefill(0, ids, model.tables(45))]))
+    tables = model.tables(45)
     for start, end in ((0, 5), (5, 16), (16, 17), (17, 40)):  # chunks not aligned to blocks
-        chunk = BatchItem(0, ids[start:end], start, table, False, GREEDY, 0)
+        chunk = BatchItem(0, ids[start:end], start, tables, False, GREEDY, 0)
         assert model.runner.run(Batch([chunk])) == [None]
-    last = model.logits(Batch([prefill(0, ids, table, start=40)]))
+    last = model.logits(Batch([prefill(0, ids, tables, start=40)]))
     close(last, one_shot, model.same)
 
 
 def test_batch_of_eight_gives_each_sequence_its_logits_alone(model: Model):
     lengths = [1, 3, 8, 9, 15, 16, 30, 41]
     prompts = [model.prompt(n, 20 + i) for i, n in enumerate(lengths)]
-    tables = [model.blocks(n + 1) for n in lengths]
+    tables = [model.tables(n + 1) for n in lengths]
     alone = torch.cat(
         [model.logits(Batch([prefill(i, ids, tables[i])])) for i, ids in enumerate(prompts)]
     )
@@ -202,7 +204,7 @@ def test_batch_of_eight_gives_each_sequence_its_logits_alone(model: Model):
     batched = model.logits(Batch(decodes))
     singles = torch.cat([model.logits(Batch([d])) for d in decodes])
     close(batched, singles, model.same)
-    fresh = [model.blocks(n) for n in lengths]
+    fresh = [model.tables(n) for n in lengths]
     mixed = model.logits(Batch([prefill(i, ids, fresh[i]) for i, ids in enumerate(prompts)]))
     close(mixed, alone, model.same)
 
@@ -210,14 +212,14 @@ def test_batch_of_eight_gives_each_sequence_its_logits_alone(model: Model):
 def test_run_samples_the_greedy_tokens_of_transformers(model: Model):
     steps = 16
     ids = model.prompt(13, 99)
-    table = model.blocks(13 + steps)
+    tables = model.tables(13 + steps)
     out: list[int] = []
-    item = prefill(0, ids, table)
+    item = prefill(0, ids, tables)
     for n in range(steps):
         (token,) = model.runner.run(Batch([item]))
         assert token is not None
         out.append(token)
-        item = BatchItem(0, [token], 13 + n, table, True, GREEDY, n + 1)
+        item = BatchItem(0, [token], 13 + n, tables, True, GREEDY, n + 1)
     assert out == model.reference_after(ids, out).argmax(-1).tolist()
 
 
@@ -227,10 +229,12 @@ def test_bf16_runner_tracks_the_fp32_reference(model: Model):
     # as the fp32 reference, to bf16 precision.
     runner = model.make_runner("bfloat16")
     ids = model.prompt(29, 7)
-    table = list(range(-(-30 // 8)))
-    prefill_logits = runner.forward_logits(Batch([prefill(0, ids, table)]))[0].cpu()
+    per_group = -(-30 // 8)
+    groups = range(len(runner.cache_spec.groups))
+    tables = [list(range(g * per_group, (g + 1) * per_group)) for g in groups]
+    prefill_logits = runner.forward_logits(Batch([prefill(0, ids, tables)]))[0].cpu()
     token = int(prefill_logits.argmax())
-    decode = BatchItem(0, [token], 29, table, True, GREEDY, 1)
+    decode = BatchItem(0, [token], 29, tables, True, GREEDY, 1)
     decode_logits = runner.forward_logits(Batch([decode]))[0].cpu()
     expected = model.reference_logits([*ids, token])[-2:]
     for ours, ref in zip((prefill_logits, decode_logits), expected, strict=True):
@@ -238,25 +242,43 @@ def test_bf16_runner_tracks_the_fp32_reference(model: Model):
         assert (ours - ref).abs().max() < 0.05 * ref.abs().max()
 
 
+@pytest.mark.skipif(cpu_kernels() is None, reason="needs our CPU kernels (AVX-512 BF16)")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_mapped_from_its_prepared_file_gives_the_logits_of_the_converted_one(
+    family: str, tmp_path: Path
+):
+    # Only our kernels' bf16 layout is prepared: the other paths convert at every start.
+    torch.manual_seed(0)
+    model = Model("cpu", FAMILIES[family](), vocab=VOCAB)
+    converted = model.make_runner("bfloat16", prepared=tmp_path)
+    mapped = model.make_runner("bfloat16", prepared=tmp_path, weights=[])  # from the file alone
+    ids = model.prompt(29, 3)
+    blocks = -(-29 // BLOCK_TOKENS)
+    groups = range(len(converted.cache_spec.groups))  # a table of fresh pages per group
+    batch = Batch([prefill(0, ids, [list(range(g * blocks, (g + 1) * blocks)) for g in groups])])
+    assert torch.equal(mapped.forward_logits(batch), converted.forward_logits(batch))
+
+
 def test_a_step_of_block_copies_only_computes_nothing(model: Model):
-    source, destination = model.blocks(1)[0], model.blocks(1)[0]
+    source, destination = model.tables(1)[0][0], model.tables(1)[0][0]
     model.runner.pool.data[:, :, source] = 1.0
     assert model.runner.run(Batch([], copies=[(source, destination)])) == []
     assert bool((model.runner.pool.data[:, :, destination] == 1.0).all())
 
 
 def test_blocks_read_to_the_host_and_written_elsewhere_restore_the_sequence(model: Model):
-    # The disk tier's path: a block leaves the device as host arrays and comes back into
-    # another block; decoding over the restored copy gives the logits of the original. Every
-    # layer's K/V travels, a sliding layer's too.
+    # The disk tier's path: a page leaves the device as host arrays and comes back into
+    # another page; decoding over the restored copies gives the logits of the original. Every
+    # group's pages travel, a sliding group's too.
     ids = model.prompt(2 * BLOCK_TOKENS + 3, 42)
     length = len(ids)
-    table = model.blocks(length + 1)
-    (token,) = model.runner.run(Batch([prefill(0, ids, table)]))
+    tables = model.tables(length + 1)
+    (token,) = model.runner.run(Batch([prefill(0, ids, tables)]))
     assert token is not None
-    restored = model.blocks(length + 1)
-    for source, destination in zip(table, restored, strict=True):
-        model.runner.write_block(destination, *model.runner.read_block(source))
-    original = model.logits(Batch([BatchItem(0, [token], length, table, True, GREEDY, 1)]))
+    restored = model.tables(length + 1)
+    for table, copies in zip(tables, restored, strict=True):
+        for source, destination in zip(table, copies, strict=True):
+            model.runner.write_block(destination, *model.runner.read_block(source))
+    original = model.logits(Batch([BatchItem(0, [token], length, tables, True, GREEDY, 1)]))
     copy = model.logits(Batch([BatchItem(1, [token], length, restored, True, GREEDY, 1)]))
     torch.testing.assert_close(copy, original, atol=0, rtol=0)

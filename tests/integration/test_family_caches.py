@@ -2,7 +2,8 @@
 sliding windows, through the engine (full attention has the SmolLM2 engine tests). A
 continuation after the cache went to disk and came back (evicted; a restart) gives
 transformers' greedy tokens, and so do prefix hits whose matched length ends inside a sliding
-window and beyond it."""
+window and beyond it. A sliding layer group keeps only its window's pages, in memory and on
+disk."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from semantic.cache.block_pool import TIER_OUT_OF_WINDOW
 from semantic.config import Settings
-from semantic.core import Request, SamplingParams, TokenEvent, Usage
+from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage, first_read_block
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
+from semantic.options import engine_options
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from tests.integration.reference_models import BLOCK_TOKENS, Model
@@ -23,22 +26,30 @@ from tests.integration.test_families_vs_transformers import FAMILIES, VOCAB, WIN
 
 pytestmark = pytest.mark.integration
 
-CACHED_FAMILIES = ["gemma3", "gpt_oss", "mistral_sliding"]
+# (family, path): our CPU kernels for each, and the stock torch path (CUDA's) for Gemma 3,
+# whose windowed views read the sliding groups' tables from their window on.
+CACHED_FAMILIES = [
+    ("gemma3", "cpu"),
+    ("gpt_oss", "cpu"),
+    ("mistral_sliding", "cpu"),
+    ("gemma3", "cpu-stock"),
+]
 STEPS = 32
 
 
-@pytest.fixture(scope="module", params=CACHED_FAMILIES)
+@pytest.fixture(scope="module", params=CACHED_FAMILIES, ids=lambda p: "-".join(p))
 def model(request: pytest.FixtureRequest) -> Model:
-    build: Callable[[], torch.nn.Module] = FAMILIES[request.param]
+    family, path = request.param
+    build: Callable[[], torch.nn.Module] = FAMILIES[family]
     torch.manual_seed(0)
-    return Model("cpu", build(), vocab=VOCAB)
+    return Model(path, build(), vocab=VOCAB)
 
 
 def engine(model: Model, tiny_tokenizer: Tokenizer, cache_dir: Path) -> Engine:
     template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token=None)
     served = ServedModel("tiny", model.config, tiny_tokenizer, template, 512, "random-weights")
     settings = Settings(max_batch_tokens=24, batch_window_ms=0, cache_dir=cache_dir)
-    return Engine(model.make_runner("float32"), served, settings)
+    return Engine(model.make_runner("float32"), served, engine_options(settings))
 
 
 def turn(engine: Engine, agent: str | None, prompt: list[int]) -> tuple[list[int], Usage]:
@@ -65,8 +76,8 @@ def test_a_continuation_read_back_from_disk_gives_the_reference_tokens(
     answer, _ = turn(first, "alice", prompt)
     assert_reference_greedy(model, prompt, answer)
     history = [*prompt, *answer]
-    assert first.agents.persist(["alice"], timeout=30).failed == 0
-    assert first.agents.evict(["alice"]) > 0  # every block of alice's now only on disk
+    assert first.agents.persist([AgentKey("alice")], timeout=30).failed == 0
+    assert first.agents.evict([AgentKey("alice")]) > 0  # every block of alice's now only on disk
     follow_up = [*history, 7, 8, 9]
     out, usage = turn(first, "alice", follow_up)
     assert usage.cached_tokens == len(history) - 1  # all but the unanswered last token
@@ -94,5 +105,71 @@ def test_a_prefix_hit_ending_inside_or_beyond_the_window_gives_the_reference_tok
     prompt = [*shared, *model.prompt(20, 4)]
     out, usage = turn(server, "second", prompt)
     assert usage.cached_tokens == matched
+    assert_reference_greedy(model, prompt, out)
+    server.stop()
+
+
+def held_pages(server: Engine, num_tokens: int) -> int:
+    """Pages a history of `num_tokens` tokens needs: every block in a full-attention layer
+    group, the blocks its window still reads in a sliding one."""
+    spec = server.runner.cache_spec
+    blocks = -(-num_tokens // spec.block_tokens)
+    return sum(
+        blocks - first_read_block(group.window, num_tokens, spec.block_tokens)
+        for group in spec.groups
+    )
+
+
+def test_a_long_history_holds_the_windowed_kv_in_memory_and_on_disk_and_reads_back(
+    model: Model, tiny_tokenizer: Tokenizer, tmp_path: Path
+):
+    """A history of many windows keeps, in the pool and then on disk, every block of the
+    full-attention layers and only a window's of the sliding ones; evicted, then after a
+    restart, its continuation still gives transformers' tokens."""
+    server = engine(model, tiny_tokenizer, tmp_path)
+    prompt = model.prompt(8 * WINDOW + 3, 5)
+    answer, _ = turn(server, "alice", prompt)
+    history = [*prompt, *answer]
+    spec = server.runner.cache_spec
+    needed = held_pages(server, len(history) - 1)
+    full_attention = len(spec.groups) * -(-(len(history) - 1) // BLOCK_TOKENS)
+    assert needed < 0.6 * full_attention
+    memory = server.agents.describe(server.agents.by_key[AgentKey("alice")])
+    assert memory is not None and memory["bytes_in_memory"] == needed * spec.bytes_per_page
+    assert server.agents.persist([AgentKey("alice")], timeout=30).failed == 0
+    assert server.tiering.disk.stats.files == needed
+    assert server.agents.evict([AgentKey("alice")]) == needed
+    follow_up = [*history, 7, 8]
+    out, usage = turn(server, "alice", follow_up)
+    assert usage.cached_tokens == len(history) - 1
+    assert_reference_greedy(model, follow_up, out)
+    server.stop()
+    restarted = engine(model, tiny_tokenizer, tmp_path)
+    history = [*follow_up, *out]
+    last = [*history, 9]
+    out, usage = turn(restarted, "alice", last)
+    assert usage.cached_tokens == len(history) - 1
+    assert_reference_greedy(model, last, out)
+    restarted.stop()
+
+
+def test_a_prefix_whose_sliding_pages_were_dropped_recomputes_and_gives_the_reference(
+    model: Model, tiny_tokenizer: Tokenizer, tmp_path: Path
+):
+    """The pages a sliding window left are cached as the first to go and never written: once
+    memory pressure took them, a prompt sharing the start of a history cannot reuse it (a
+    sliding layer's K/V cannot be recomputed alone) and computes it, rightly."""
+    server = engine(model, tiny_tokenizer, tmp_path)
+    history = model.prompt(8 * WINDOW, 6)
+    turn(server, "alice", history)
+    pool = server.pool
+    dropped = sum(pool.tier_of(p) == TIER_OUT_OF_WINDOW for p in pool.cached_blocks())
+    assert dropped > 0
+    pool.release(pool.allocate(pool.num_free + dropped))  # pressure: they are reclaimed
+    server.tiering.writer.flush(30)
+    assert server.tiering.disk.stats.files == 0  # none was written on the way out
+    prompt = [*history[: 4 * WINDOW], 1, 2, 3]
+    out, usage = turn(server, "bob", prompt)
+    assert usage.cached_tokens == 0  # every window before alice's last lost its pages
     assert_reference_greedy(model, prompt, out)
     server.stop()

@@ -162,7 +162,9 @@ def assert_logits_of(model: Any, path: Path) -> None:
         device="cpu",
     )
     ids = [(7 * i + 3) % 400 for i in range(45)]  # longer than the window
-    ours = runner.forward_logits(Batch([prefill(0, ids, list(range(6)))]))[0]
+    groups = range(len(runner.cache_spec.groups))
+    tables = [list(range(6 * g, 6 * g + 6)) for g in groups]
+    ours = runner.forward_logits(Batch([prefill(0, ids, tables)]))[0]
     with torch.no_grad():
         expected = model(torch.tensor([ids])).logits[0, -1]
     close(ours, expected, 1e-4)

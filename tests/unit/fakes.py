@@ -18,6 +18,7 @@ from semantic.core import Batch
 from semantic.engine.engine import Engine
 from semantic.models.config import ModelConfig
 from semantic.models.served import ServedModel
+from semantic.options import engine_options
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 
@@ -42,7 +43,7 @@ def with_chatml(served: ServedModel) -> ServedModel:
 @contextmanager
 def running(
     served: ServedModel, cache_dir: Path, **overrides: object
-) -> Iterator[tuple[TestClient, Engine, FakeRunner]]:
+) -> Iterator[tuple[TestClient, SettledEngine, FakeRunner]]:
     """The whole app, engine thread included, over a fake runner (`make_engine` overrides)."""
     engine, runner = make_engine(served, cache_dir, **overrides)
     with TestClient(create_app(engine, engine.settings)) as client:
@@ -58,7 +59,7 @@ def chat_app(served: ServedModel, cache_dir: Path, **overrides: object) -> Itera
 
 def make_engine(
     served: ServedModel, cache_dir: Path, **overrides: object
-) -> tuple[Engine, FakeRunner]:
+) -> tuple[SettledEngine, FakeRunner]:
     """An engine on a fake runner (32 blocks of 8 tokens unless overridden) caching under
     `cache_dir`; overrides go to the runner or the settings, by name."""
     runner_args: dict[str, object] = {
@@ -68,16 +69,31 @@ def make_engine(
         "first_token_id": 3,
         "fail_on_token": None,
         "fail_row_on_token": None,
+        "layer_windows": (),
     }
     runner_args |= {k: overrides.pop(k) for k in list(overrides) if k in runner_args}
     runner = FakeRunner(**runner_args)  # type: ignore[arg-type]
     return engine_on(runner, served, cache_dir, **overrides), runner
 
 
-def engine_on(runner: FakeRunner, served: ServedModel, cache_dir: Path, **settings: Any) -> Engine:
-    """An engine on `runner` caching under `cache_dir`, with `make_engine`'s settings."""
-    config = Settings(max_batch_tokens=32, batch_window_ms=0, cache_dir=cache_dir, **settings)
-    return Engine(runner, served, config)
+class SettledEngine(Engine):
+    """An engine that keeps the settings its options were cut from, for the app a test builds
+    around it (`create_app(engine, engine.settings)`)."""
+
+    def __init__(self, runner: FakeRunner, served: ServedModel, settings: Settings) -> None:
+        super().__init__(runner, served, engine_options(settings))
+        self.settings = settings
+
+
+def engine_on(
+    runner: FakeRunner, served: ServedModel, cache_dir: Path, **settings: Any
+) -> SettledEngine:
+    """An engine on `runner` caching under `cache_dir`, with `make_engine`'s settings (32-token
+    chunks, no batch window unless `settings` say otherwise)."""
+    config = Settings(
+        **{"max_batch_tokens": 32, "batch_window_ms": 0, **settings}, cache_dir=cache_dir
+    )
+    return SettledEngine(runner, served, config)
 
 
 class SteppedRunner(FakeRunner):

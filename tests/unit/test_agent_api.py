@@ -27,7 +27,8 @@ from semantic.cache.block_pool import TIER_SHARED
 from semantic.cache.conversation import Conversation
 from semantic.cache.disk import DiskTier
 from semantic.cache.manifest import load_manifest
-from semantic.core import Batch
+from semantic.core import AgentKey, Batch, Caller
+from semantic.engine.agent_door import TurnHold
 from semantic.engine.engine import Engine
 from semantic.errors import Conflict
 from semantic.models.served import ServedModel
@@ -108,7 +109,7 @@ def spy_on_steps(engine: Engine, runner: FakeRunner) -> list[tuple[Batch, list[i
     run = runner.run
 
     def recorded(batch: Batch) -> list[int | None]:
-        table = batch.items[0].block_table if batch.items else []
+        table = batch.items[0].block_tables[0] if batch.items else []
         seen.append((batch, [engine.pool.refcount(block) for block in table]))
         return run(batch)
 
@@ -161,7 +162,7 @@ def test_two_creates_of_one_id_at_once_exactly_one_wins(
         engine.stop()
     assert sorted(r.status_code for r in responses) == [201, 409]
     [winner] = [r.json() for r in responses if r.status_code == 201]
-    manifest = load_manifest(engine.tiering.disk.model_root, "twin")
+    manifest = load_manifest(engine.tiering.disk.model_root, AgentKey("twin"))
     assert manifest is not None and manifest.conversation is not None
     assert manifest.conversation.system == winner["conversation"]["system"]
 
@@ -329,20 +330,23 @@ def test_a_turn_dropped_without_an_answer_releases_its_agent(
     """A stream that never ran (the client left before the 200) drops its `Turn` unfinished:
     collecting it lets the agent go, and that late release never frees a later turn."""
     engine, _ = make_engine(chat_served, tmp_path)
-    engine.agents.create("alice", Conversation(system="Be brief."))
+    engine.agents.create(AgentKey("alice"), Conversation(system="Be brief."))
+
+    def hold(turn_id: str) -> TurnHold:
+        return engine.agent_door.hold(Caller(None, admin=True), "alice", turn_id)
 
     async def scenario() -> None:
-        dropped = await Turn.begin(engine, "alice", "turn-1")
+        dropped = await Turn.begin(engine, hold("turn-1"), "Hi")
         with pytest.raises(Conflict):
-            await Turn.begin(engine, "alice", "turn-2")
+            await Turn.begin(engine, hold("turn-2"), "Hi")
         del dropped
         gc.collect()
-        later = await Turn.begin(engine, "alice", "turn-3")  # the release ran first
-        engine.post(lambda: engine.agents.end_turn("alice", "turn-1"))  # late, again
+        later = await Turn.begin(engine, hold("turn-3"), "Hi")  # the release ran first
+        engine.agent_door.release_turn(hold("turn-1"))  # late, again
         with pytest.raises(Conflict):
-            await Turn.begin(engine, "alice", "turn-4")
+            await Turn.begin(engine, hold("turn-4"), "Hi")
         later.abandon()
-        await Turn.begin(engine, "alice", "turn-5")
+        await Turn.begin(engine, hold("turn-5"), "Hi")
 
     engine.start()
     try:
@@ -361,11 +365,11 @@ def test_a_fork_shares_its_parents_blocks_and_the_pool_grows_only_by_its_new_tok
         create(client, "parent", system="You are brief.", defaults={"temperature": 0})
         generate(client, "parent", "Hello world!")
         last = generate(client, "parent", "The quick brown fox")
-        parent = engine.agents.by_id["parent"]
+        parent = engine.agents.by_key[AgentKey("parent")]
         before = used_blocks(engine)
         forked = client.post("/v1/agents/parent/fork", json={"agent_id": "child"})
         assert forked.status_code == 201 and forked.json()["cached_tokens"] == parent.num_tokens
-        child = engine.agents.by_id["child"]
+        child = engine.agents.by_key[AgentKey("child")]
         assert child.hashes == parent.hashes and used_blocks(engine) == before  # no block yet
         assert forked.json()["conversation"]["messages"] == 4
         for block_hash in parent.block_hashes:  # two agents name them: the shared tier
@@ -381,7 +385,7 @@ def test_a_fork_shares_its_parents_blocks_and_the_pool_grows_only_by_its_new_tok
         shared = reply["usage"]["cached_tokens"] // BLOCK
         assert shared >= 1
         # The child's first step runs on the parent's own blocks, each now held once...
-        assert batch.items[0].block_table[:shared] == full_blocks[:shared]
+        assert batch.items[0].block_tables[0][:shared] == full_blocks[:shared]
         assert refcounts[:shared] == [1] * shared
         # ...and the parent's block it continues in the middle was copied, not written in
         # place (copy-on-write).
@@ -408,7 +412,7 @@ def test_deleting_the_parent_leaves_the_child_its_shared_blocks(
         generate(client, "parent", "The quick brown fox")
         client.post("/v1/agents/parent/fork", json={"agent_id": "child"})
         last = generate(client, "child", "And then?")
-        child_hashes = list(engine.agents.by_id["child"].hashes)
+        child_hashes = list(engine.agents.by_key[AgentKey("child")].hashes)
         assert client.delete("/v1/agents/parent").json()["deleted"] is True
         assert all(engine.pool.lookup(h) is not None for h in child_hashes)
         reply = generate(client, "child", "Tell me more.")
@@ -421,7 +425,7 @@ def test_a_fork_of_a_parent_whose_blocks_are_only_on_disk(
     with running(chat_served, tmp_path, num_blocks=16) as (client, engine, _):
         create(client, "parent", system="You are brief.", defaults={"temperature": 0})
         last = generate(client, "parent", "Hello world!")
-        parent = engine.agents.by_id["parent"]
+        parent = engine.agents.by_key[AgentKey("parent")]
         for other in range(8):  # other agents' turns push the parent's blocks out of memory
             create(client, f"other-{other}", system=f"Agent {other}: " + "fox " * 20)
             generate(client, f"other-{other}", "The quick brown fox jumps over the lazy dog.")
@@ -458,7 +462,9 @@ def test_persist_makes_cache_and_conversation_durable_for_a_server_that_never_sh
         last = generate(client, "keeper", "The quick brown fox")
         persisted = client.post("/v1/agents/keeper/persist")
         assert persisted.status_code == 200 and persisted.json()["durable"] is True
-        assert persisted.json()["blocks_written"] == len(engine.agents.by_id["keeper"].hashes)
+        assert persisted.json()["blocks_written"] == len(
+            engine.agents.by_key[AgentKey("keeper")].hashes
+        )
         # A second server on the same folder while the first still runs: what a crash now
         # would leave behind.
         with running(chat_served, tmp_path) as (restarted, _, _):
@@ -496,9 +502,9 @@ def test_delete_removes_the_conversation_and_the_id_can_be_created_again(
         generate(client, "phoenix", "Hello world!")
         assert client.post("/v1/agents/phoenix/persist").status_code == 200
         root = engine.tiering.disk.model_root
-        assert load_manifest(root, "phoenix") is not None
+        assert load_manifest(root, AgentKey("phoenix")) is not None
         assert client.delete("/v1/agents/phoenix").status_code == 200
-        assert load_manifest(root, "phoenix") is None
+        assert load_manifest(root, AgentKey("phoenix")) is None
         assert error_of(client.get("/v1/agents/phoenix/messages"), 404)
         reborn = create(client, "phoenix", system="Second life.")
         assert reborn["conversation"] == {"system": "Second life.", "defaults": {}, "messages": 0}

@@ -13,7 +13,7 @@ import pytest
 
 from semantic.cache.cache_stats import MISS_CORRUPT, MISS_EVICTED, MISS_OTHER_MODEL
 from semantic.cache.disk import DiskTier
-from semantic.core import Request, SamplingParams, TokenEvent, Usage
+from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
 from tests.unit.fakes import fake_served, make_engine
@@ -75,9 +75,9 @@ def test_ten_agents_share_one_copy_of_a_system_prompt_in_memory_and_on_disk(
     for agent in range(10):
         _, usage = turn(engine, f"agent-{agent}", [*SYSTEM, 300 + agent, 301])
         assert usage.cached_tokens == (0 if agent == 0 else 40)
-    system_hashes = engine.agents.by_id["agent-0"].block_hashes[:5]
+    system_hashes = engine.agents.by_key[AgentKey("agent-0")].block_hashes[:5]
     for agent in range(10):
-        assert engine.agents.by_id[f"agent-{agent}"].block_hashes[:5] == system_hashes
+        assert engine.agents.by_key[AgentKey(f"agent-{agent}")].block_hashes[:5] == system_hashes
     blocks = [engine.pool.lookup(h) for h in system_hashes]
     assert None not in blocks and len(set(blocks)) == 5
     engine.stop()
@@ -99,7 +99,7 @@ def test_evicted_blocks_come_back_from_disk_and_change_nothing(
     prompt = [*history, 300]
     output, usage = turn(engine, "alice", prompt)
     assert usage.cached_tokens == len(history) - 1
-    assert engine.agents.by_id["alice"].stats.disk_hit_tokens > 0
+    assert engine.agents.by_key[AgentKey("alice")].stats.disk_hit_tokens > 0
     assert output == fresh_answer(served, tmp_path, prompt)
 
 
@@ -108,19 +108,23 @@ def test_evict_frees_only_blocks_on_disk_and_the_next_turn_reads_them_back(
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
     alice, bob = conversation(engine, "alice", 2), conversation(engine, "bob", 1)
-    private = set(engine.agents.by_id["alice"].hashes) - set(engine.agents.by_id["bob"].hashes)
-    assert engine.agents.evict(["alice"]) == 0  # nothing on disk yet: nothing may go
-    assert engine.agents.persist(["alice"], timeout=10).failed == 0
+    private = set(engine.agents.by_key[AgentKey("alice")].hashes) - set(
+        engine.agents.by_key[AgentKey("bob")].hashes
+    )
+    assert engine.agents.evict([AgentKey("alice")]) == 0  # nothing on disk yet: nothing may go
+    assert engine.agents.persist([AgentKey("alice")], timeout=10).failed == 0
     free_before = engine.pool.num_free
-    evicted = engine.agents.evict(["alice"])
-    assert evicted == len(engine.agents.by_id["alice"].hashes) > len(private)
+    evicted = engine.agents.evict([AgentKey("alice")])
+    assert evicted == len(engine.agents.by_key[AgentKey("alice")].hashes) > len(private)
     assert engine.pool.num_free == free_before + evicted
-    assert all(engine.pool.lookup(h) is None for h in engine.agents.by_id["alice"].hashes)
+    assert all(
+        engine.pool.lookup(h) is None for h in engine.agents.by_key[AgentKey("alice")].hashes
+    )
     assert engine.tiering.traffic.evicted_on_request == evicted
     prompt = [*alice, 300]
     output, usage = turn(engine, "alice", prompt)
     assert usage.cached_tokens == len(alice) - 1
-    assert engine.agents.by_id["alice"].stats.disk_hit_tokens == len(alice) - 1
+    assert engine.agents.by_key[AgentKey("alice")].stats.disk_hit_tokens == len(alice) - 1
     assert output == fresh_answer(served, tmp_path, prompt)
     _, usage = turn(engine, "bob", [*bob, 300])  # the shared prefix came back for alice
     assert usage.cached_tokens == len(bob) - 1
@@ -129,10 +133,10 @@ def test_evict_frees_only_blocks_on_disk_and_the_next_turn_reads_them_back(
 def test_evict_keeps_a_pinned_agents_blocks(served: ServedModel, tmp_path: Path) -> None:
     engine, _ = make_engine(served, tmp_path)
     conversation(engine, "vip", 1)
-    engine.agents.pin("vip")
+    engine.agents.pin(AgentKey("vip"))
     engine.agents.persist(timeout=10)
     assert engine.agents.evict() == 0
-    assert None not in [engine.pool.lookup(h) for h in engine.agents.by_id["vip"].hashes]
+    assert None not in [engine.pool.lookup(h) for h in engine.agents.by_key[AgentKey("vip")].hashes]
 
 
 def test_after_a_restart_the_first_turn_reads_its_cache_from_disk(
@@ -142,7 +146,7 @@ def test_after_a_restart_the_first_turn_reads_its_cache_from_disk(
     history = conversation(engine, "alice", 2)
     engine.stop()  # graceful: persists every hot block and the manifests
     restarted, _ = make_engine(served, tmp_path)
-    assert restarted.agents.by_id["alice"].num_tokens == len(history) - 1
+    assert restarted.agents.by_key[AgentKey("alice")].num_tokens == len(history) - 1
     prompt = [*history, 300, 301]
     output, usage = turn(restarted, "alice", prompt)
     assert usage.cached_tokens == len(history) - 1
@@ -157,7 +161,7 @@ def test_a_damaged_block_file_is_a_quarantined_miss_with_the_right_output(
     engine, _ = make_engine(served, tmp_path)
     history = conversation(engine, "alice", 1)
     engine.stop()
-    first = engine.agents.by_id["alice"].block_hashes[0]
+    first = engine.agents.by_key[AgentKey("alice")].block_hashes[0]
     path = engine.tiering.disk.blocks_dir / f"{first:016x}.safetensors"
     data = path.read_bytes()
     if damage == "truncate":
@@ -197,7 +201,7 @@ def test_a_history_evicted_from_memory_and_disk_is_a_miss_named_evicted(
     engine.tiering.writer.flush(10)
     _, usage = turn(engine, "alice", [*history, 300])
     assert usage.cached_tokens == 0
-    assert engine.agents.by_id["alice"].stats.miss_reasons[MISS_EVICTED] == 1
+    assert engine.agents.by_key[AgentKey("alice")].stats.miss_reasons[MISS_EVICTED] == 1
 
 
 def test_disk_full_while_persisting_keeps_serving_and_loses_nothing_acknowledged(
@@ -205,14 +209,14 @@ def test_disk_full_while_persisting_keeps_serving_and_loses_nothing_acknowledged
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
     alice = conversation(engine, "alice", 1)
-    assert engine.agents.persist(["alice"], timeout=10).failed == 0  # acknowledged
+    assert engine.agents.persist([AgentKey("alice")], timeout=10).failed == 0  # acknowledged
     conversation(engine, "bob", 1)
 
     def full(self: DiskTier, record: object) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(DiskTier, "write", full)
-    result = engine.agents.persist(["bob"], timeout=10)
+    result = engine.agents.persist([AgentKey("bob")], timeout=10)
     assert result.failed > 0 and result.agents_saved == 0
     assert engine.tiering.traffic.write_errors == result.failed
     output, _ = turn(engine, "carol", [*SYSTEM, 9, 9])  # still serving
@@ -261,8 +265,8 @@ def test_two_requests_creating_the_same_agent_at_once(served: ServedModel, tmp_p
     finally:
         engine.stop()
     assert all(r[-1].usage is not None and r[-1].error is None for r in results)
-    assert list(engine.agents.by_id) == ["twin"]
-    assert engine.agents.by_id["twin"].stats.requests == 2
+    assert list(engine.agents.by_key) == [AgentKey("twin")]
+    assert engine.agents.by_key[AgentKey("twin")].stats.requests == 2
     assert engine.pool.num_held == 0
 
 
@@ -271,15 +275,15 @@ def test_a_pinned_agent_keeps_its_cache_in_memory_under_pressure(
 ) -> None:
     engine, _ = make_engine(served, tmp_path, num_blocks=16)
     history = conversation(engine, "vip", 1)
-    engine.agents.pin("vip")
+    engine.agents.pin(AgentKey("vip"))
     for other in range(6):  # far more than the pool holds
         turn(engine, f"other-{other}", [100 + other] * 60)
-    pinned_blocks = [engine.pool.lookup(h) for h in engine.agents.by_id["vip"].hashes]
+    pinned_blocks = [engine.pool.lookup(h) for h in engine.agents.by_key[AgentKey("vip")].hashes]
     assert None not in pinned_blocks
     _, usage = turn(engine, "vip", [*history, 300])
     assert usage.cached_tokens == len(history) - 1
-    assert engine.agents.by_id["vip"].stats.disk_hit_tokens == 0  # all from memory
-    engine.agents.pin("vip", False)
+    assert engine.agents.by_key[AgentKey("vip")].stats.disk_hit_tokens == 0  # all from memory
+    engine.agents.pin(AgentKey("vip"), False)
     engine.pool.check_integrity()
 
 
@@ -289,7 +293,7 @@ def test_a_turn_served_from_memory_counts_no_disk_hits(served: ServedModel, tmp_
     _, usage = turn(engine, "alice", [*history, 300])
     assert usage.cached_tokens == len(history) - 1
     assert engine.agents.stats.counters.hit_tokens_disk == 0
-    assert engine.agents.by_id["alice"].stats.disk_hit_tokens == 0
+    assert engine.agents.by_key[AgentKey("alice")].stats.disk_hit_tokens == 0
 
 
 def test_sharer_counts_keep_only_hashes_an_agent_still_uses(
@@ -299,8 +303,8 @@ def test_sharer_counts_keep_only_hashes_an_agent_still_uses(
     conversation(engine, "alice", 3)  # each turn replaces alice's partial tail
     conversation(engine, "bob", 2)
     sharers = engine.agents._sharers
-    in_use = {h for agent in engine.agents.by_id.values() for h in agent.hashes}
+    in_use = {h for agent in engine.agents.by_key.values() for h in agent.hashes}
     assert set(sharers) == in_use and all(count > 0 for count in sharers.values())
-    engine.agents.delete("alice")
-    engine.agents.delete("bob")
+    engine.agents.delete(AgentKey("alice"))
+    engine.agents.delete(AgentKey("bob"))
     assert not sharers

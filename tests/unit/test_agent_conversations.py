@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 
 from semantic.cache.conversation import Conversation, Message, SamplingDefaults
-from semantic.cache.manifest import AgentManifest, load_manifest, save_manifest
-from semantic.core import Request, SamplingParams, TokenEvent
+from semantic.cache.manifest import (
+    MANIFEST_FORMAT_VERSION,
+    AgentManifest,
+    load_manifest,
+    manifest_path,
+    save_manifest,
+)
+from semantic.core import AgentKey, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.errors import Conflict, NotFound
 from semantic.models.served import ServedModel
@@ -38,23 +44,39 @@ def test_a_manifest_keeps_the_conversation(served: ServedModel, tmp_path: Path) 
     root = engine.tiering.disk.model_root
     manifest = AgentManifest("talker", root.name, [1, 2], 3, 20, conversation=TALK)
     save_manifest(root, manifest)
-    assert load_manifest(root, "talker") == manifest
+    assert load_manifest(root, AgentKey("talker")) == manifest
     restarted, _ = make_engine(served, tmp_path)
-    assert restarted.agents.by_id["talker"].conversation == TALK
+    assert restarted.agents.by_key[AgentKey("talker")].conversation == TALK
 
 
-def test_a_version_1_manifest_is_an_agent_without_a_conversation(
+def test_a_version_1_manifest_is_an_unowned_agent_without_a_conversation_under_its_new_name(
     served: ServedModel, tmp_path: Path
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
     root = engine.tiering.disk.model_root
-    save_manifest(root, AgentManifest("old", root.name, [1], None, 8))
-    path = root / "agents" / "old.json"
-    raw = json.loads(path.read_text())
-    del raw["conversation"]
-    path.write_text(json.dumps(raw | {"format_version": 1}))
-    loaded = load_manifest(root, "old")
-    assert loaded is not None and loaded.conversation is None and loaded.block_hashes == [1]
+    legacy = root / "agents" / "old.json"  # where versions 1 and 2 kept it
+    version_1 = {
+        "format_version": 1,
+        "agent_id": "old",
+        "model_tag": root.name,
+        "block_hashes": ["0000000000000001"],
+        "tail_hash": None,
+        "num_tokens": 8,
+        "pinned": False,
+        "updated_at": 1.0,
+    }
+    legacy.write_text(json.dumps(version_1))
+    restarted, _ = make_engine(served, tmp_path)
+    agent = restarted.agents.by_key[AgentKey("old")]
+    assert agent.owner is None and agent.conversation is None and agent.block_hashes == [1]
+    assert not legacy.exists()
+    loaded = load_manifest(root, AgentKey("old"))
+    assert loaded is not None and loaded.format_version == MANIFEST_FORMAT_VERSION
+    assert loaded.block_hashes == [1] and loaded.owner is None
+    # A crash between writing the new file and removing the old: the new one wins.
+    legacy.write_text(json.dumps(version_1 | {"num_tokens": 99}))
+    again, _ = make_engine(served, tmp_path)
+    assert again.agents.by_key[AgentKey("old")].num_tokens == 8 and not legacy.exists()
 
 
 @pytest.mark.parametrize(
@@ -74,9 +96,9 @@ def test_a_manifest_with_a_bad_conversation_is_quarantined(
     engine, _ = make_engine(served, tmp_path)
     root = engine.tiering.disk.model_root
     save_manifest(root, AgentManifest("bad", root.name, [], None, 0, conversation=TALK))
-    path = root / "agents" / "bad.json"
+    path = manifest_path(root, AgentKey("bad"))
     path.write_text(json.dumps(json.loads(path.read_text()) | {"conversation": conversation}))
-    assert load_manifest(root, "bad") is None
+    assert load_manifest(root, AgentKey("bad")) is None
     assert [p.name.split(".")[0] for p in (root / "quarantine").iterdir()] == ["bad"]
 
 
@@ -92,17 +114,17 @@ def test_a_fork_is_one_more_sharer_of_each_block_and_delete_keeps_the_others(
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
     store = engine.agents
-    store.create("parent", TALK)
+    store.create(AgentKey("parent"), TALK)
     run_turn(engine, "parent", list(range(10, 30)))  # two full blocks and a tail
-    parent = store.by_id["parent"]
-    child = store.fork("parent", "child")
+    parent = store.by_key[AgentKey("parent")]
+    child = store.fork(AgentKey("parent"), AgentKey("child"))
     assert child.conversation == TALK and child.hashes == parent.hashes
     assert all(store._sharers[h] == 2 for h in parent.hashes)
     with pytest.raises(Conflict):
-        store.fork("parent", "child")
+        store.fork(AgentKey("parent"), AgentKey("child"))
     with pytest.raises(NotFound):
-        store.fork("nobody", "other")
-    assert store.delete("parent")
+        store.fork(AgentKey("nobody"), AgentKey("other"))
+    assert store.delete(AgentKey("parent"))
     assert all(store._sharers[h] == 1 for h in child.hashes)
     assert all(engine.pool.lookup(h) is not None for h in child.hashes)
     engine.pool.check_integrity()
@@ -114,19 +136,19 @@ def test_turns_are_held_one_at_a_time_and_released_only_by_their_own_id(
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
     store = engine.agents
-    store.create("alice", TALK)
-    assert store.begin_turn("alice", "t1") == TALK
+    alice = AgentKey("alice")
+    store.create(alice, TALK)
+    assert store.begin_turn(alice, "t1", "Hi")[1] == TALK
     with pytest.raises(Conflict):
-        store.begin_turn("alice", "t2")
+        store.begin_turn(alice, "t2", "Hi")
     with pytest.raises(Conflict):
-        store.delete("alice")
-    assert store.end_turn("alice", "t2") is None  # not its hold
-    longer = TALK.with_turn("And?", "Done.")
-    assert store.end_turn("alice", "t1", longer) is store.by_id["alice"]
-    assert store.end_turn("alice", "t1") is None  # released already
-    assert store.by_id["alice"].conversation == longer
+        store.delete(alice)
+    assert not store.end_turn(alice, "t2")  # not its hold
+    assert store.end_turn(alice, "t1")
+    assert not store.end_turn(alice, "t1")  # released already
+    assert store.begin_turn(alice, "t3", "Hi")[1] == TALK  # the conversation unchanged
     with pytest.raises(NotFound):
-        store.begin_turn("nobody", "t3")
+        store.begin_turn(AgentKey("nobody"), "t4", "Hi")
 
 
 def test_a_manifest_write_after_a_delete_does_not_bring_the_agent_back(
@@ -134,12 +156,12 @@ def test_a_manifest_write_after_a_delete_does_not_bring_the_agent_back(
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
     store = engine.agents
-    stale = store.create("ghost", TALK)
+    stale = store.create(AgentKey("ghost"), TALK)
     assert store.save_manifest(stale)
-    assert store.delete("ghost")
+    assert store.delete(AgentKey("ghost"))
     assert not store.save_manifest(stale)  # a late write of the deleted agent
-    assert load_manifest(store.model_root, "ghost") is None
-    again = store.create("ghost", Conversation("Second life."))
+    assert load_manifest(store.model_root, AgentKey("ghost")) is None
+    again = store.create(AgentKey("ghost"), Conversation("Second life."))
     assert not store.save_manifest(stale) and store.save_manifest(again)
-    loaded = load_manifest(store.model_root, "ghost")
+    loaded = load_manifest(store.model_root, AgentKey("ghost"))
     assert loaded is not None and loaded.conversation == Conversation("Second life.")

@@ -4,6 +4,7 @@ answers where the settings say."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -136,3 +137,59 @@ def test_the_server_gives_the_same_columns_with_memory_and_turns(
 def test_a_wildcard_bind_is_asked_on_loopback() -> None:
     assert agents_command.server_url(Settings(host="0.0.0.0", port=9)) == "http://127.0.0.1:9"
     assert agents_command.server_url(Settings(host="::", port=9)) == "http://[::1]:9"
+
+
+def test_with_keys_it_asks_as_the_admin_and_names_each_agents_owner(
+    chat_served: ServedModel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    alice, bob, admin = "sk-alice-1", "sk-bob-2", "sk-admin-3"
+    keys = {"api_key": [alice, bob], "admin_api_key": [admin]}
+    # Settings that name both kinds of key send the admin key: it sees every key's agents.
+    with agents_command._client(Settings(**keys)) as sent:  # type: ignore[arg-type]
+        assert sent.headers["authorization"] == f"Bearer {admin}"
+    bobs = hashlib.sha256(bob.encode()).hexdigest()[:32]
+    with chat_app(chat_served, tmp_path, **keys) as client:
+        for key in (alice, bob):
+            made = client.post(
+                "/v1/agents", json={"agent_id": "twin"}, headers={"authorization": f"Bearer {key}"}
+            )
+            assert made.status_code == 201, made.text
+
+        def ask_the_app(settings: Settings) -> TestClient:
+            as_admin = {"authorization": f"Bearer {admin}"}
+            return TestClient(client.app, headers=as_admin)  # the running app, as over the network
+
+        monkeypatch.setattr(agents_command, "_client", ask_the_app)
+        assert cli.main(["agents"]) == 0
+        header, rows = header_and_rows(capsys.readouterr().out)
+        assert header == [*COLUMNS, "owner"]
+        assert sorted(row[-1] for row in rows) == sorted(
+            [hashlib.sha256(alice.encode()).hexdigest()[:32], bobs]
+        )
+        assert cli.main(["agents", "show", "twin", "--owner", bobs, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["owner"] == bobs
+        assert cli.main(["agents", "delete", "twin", "--owner", bobs]) == 0
+        assert capsys.readouterr().out == "deleted agent twin\n"
+        assert cli.main(["agents", "--owner", bobs, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["agents"] == []
+        assert cli.main(["agents", "--json"]) == 0
+        [left] = json.loads(capsys.readouterr().out)["agents"]
+        assert left["owner"] != bobs
+
+
+def test_from_disk_owner_picks_one_owners_agent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_root = cache_root(tmp_path) / "tiny-L1-kv1-d1-float32-b8-0123456789ab"
+    owners = ["a" * 32, "b" * 32]
+    for owner in owners:
+        save_manifest(model_root, AgentManifest("twin", model_root.name, [], None, 8, owner=owner))
+    where = ["--cache-dir", str(tmp_path), "--port", str(free_port())]
+    assert cli.main(["agents", "delete", "twin", "--owner", owners[0], *where]) == 0
+    assert capsys.readouterr().out == "deleted agent twin (0 block files)\n"
+    assert cli.main(["agents", "--json", *where]) == 0
+    [left] = json.loads(capsys.readouterr().out)["agents"]
+    assert left["owner"] == owners[1]

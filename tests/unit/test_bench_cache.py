@@ -14,6 +14,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
+from semantic.bench.cache_counters import AgentKV, read_agent_kv
 from semantic.bench.cli import add_bench_arguments, options_from_args
 from semantic.bench.conversation import (
     ANSWER_TOKENS,
@@ -290,3 +291,27 @@ def test_machine_names_the_cpu_model_from_proc_cpuinfo(tmp_path: Path) -> None:
     cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9654 96-Core Processor\n")
     assert _cpu_model(cpuinfo) == "AMD EPYC 9654 96-Core Processor"
     assert Machine.this().cores >= 1
+
+
+def test_the_history_phase_reports_the_kv_the_server_holds_against_full_attention() -> None:
+    agents = [{"agent_id": "bench-x-history-4000", "bytes_in_memory": 3 << 20}]
+    agents[0]["bytes_full_attention"] = 12 << 20
+
+    def admin(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/admin/cache"
+        return httpx.Response(200, json={"totals": {}, "agents": agents})
+
+    async def read(agent_id: str) -> AgentKV | None:
+        transport = httpx.MockTransport(admin)
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            return await read_agent_kv(client, agent_id)
+
+    kv = asyncio.run(read("bench-x-history-4000"))
+    assert kv == AgentKV(3 << 20, 12 << 20) and kv.share == 0.25
+    assert asyncio.run(read("someone-else")) is None
+    result = _result()
+    assert result.history is not None
+    result.history.points[1].kv = kv
+    markdown = to_markdown(result)
+    assert "| KV held (MiB) | KV ÷ full attention |" in markdown
+    assert "| 3.0 | 25.0% |" in markdown and "| unknown | unknown |" in markdown

@@ -26,7 +26,13 @@ from semantic.bench.report import BenchResult, to_json, to_markdown
 from semantic.bench.run import run_bench
 from semantic.bench.workload import BenchError
 from tests.unit.bench_records import bench_result
-from tests.unit.test_bench_fakeserver import TOKENS_PER_WORD, FakeServer, fresh_totals, running
+from tests.unit.test_bench_fakeserver import (
+    TOKEN_DELAY_S,
+    TOKENS_PER_WORD,
+    FakeServer,
+    fresh_totals,
+    running,
+)
 
 SPEC = WorkloadSpec(agents=3, turns=3, system_tokens=30, user_tokens=8, max_tokens=4)
 
@@ -97,6 +103,27 @@ def test_hit_rate_is_cached_over_history_and_prefill_is_prefilled_over_new_on_wa
     # warm TTFTs: 0.2, 0.3, 0.4; p95 interpolates between the two highest ranks
     assert (warm.p50, warm.p95) == (pytest.approx(0.3), pytest.approx(0.39))
     assert (cold.p50, cold.p95) == (pytest.approx(0.15), pytest.approx(0.195))
+
+
+def test_inter_token_latency_pools_every_gap_of_every_answer() -> None:
+    turns = [
+        CrowdTurn(0, 0, 0, 2.0, 1000, 4, 0, gaps_s=(0.01, 0.02, 0.03)),
+        CrowdTurn(1, 0, 0, 2.5, 1000, 3, 0, gaps_s=(0.5, 0.04)),  # a stall behind a prefill
+        CrowdTurn(0, 1, 1004, 0.1, 1100, 1, 1004),  # one token: no gap
+    ]
+    itl = CrowdRun(Clients.NAMED, None, turns, wall_s=3.0, cache=None).inter_token
+    # the pooled gaps 0.01, 0.02, 0.03, 0.04, 0.5: p95 sits 0.8 of the way from 0.04 to 0.5
+    assert itl.count == 5
+    assert (itl.p50, itl.p95) == (pytest.approx(0.03), pytest.approx(0.04 + 0.8 * 0.46))
+    assert CrowdRun(Clients.NAMED, None, [turns[2]], 1.0, None).inter_token.p50 is None
+
+
+def test_each_turn_records_the_gaps_between_its_streamed_tokens(fake: FakeServer) -> None:
+    run = _crowd(fake, Clients.NAMED)
+    for turn in run.turns:
+        assert len(turn.gaps_s) == SPEC.max_tokens - 1  # one delta per token
+        assert all(gap >= TOKEN_DELAY_S * 0.9 for gap in turn.gaps_s)
+    assert run.inter_token.count == len(run.turns) * (SPEC.max_tokens - 1)
 
 
 def test_ratios_are_none_when_the_server_does_not_report_cached_tokens() -> None:
@@ -243,6 +270,7 @@ def _result(crowd: CrowdResult) -> BenchResult:
 
 def test_the_crowd_section_puts_each_kind_of_client_in_a_column() -> None:
     turns = [_turn(0, 0, 0, 1000, 0), _turn(0, 1, 1004, 1100, 1004)]
+    turns[1] = CrowdTurn(0, 1, 1004, 0.4, 1100, 4, 1004, gaps_s=(0.02, 0.03, 0.25))
     cache = _counters(1004, 5, {"nothing_cached": 1, "evicted": 1})
     named = CrowdRun(Clients.NAMED, PoolBudget(900.0, 600), turns, 10.0, cache)
     anonymous = CrowdRun(Clients.ANONYMOUS, PoolBudget(900.0, 600), turns, 8.0, None)
@@ -256,5 +284,7 @@ def test_the_crowd_section_puts_each_kind_of_client_in_a_column() -> None:
     assert "| Disk blocks read / written | 5 / 10 | unknown |" in markdown
     assert "| Prompt tokens from memory / disk / prefilled | 1,004 / 0 / 0 | unknown |" in markdown
     assert "| Aggregate output (tok/s) | 0.8 | 1.0 |" in markdown
+    assert "| Inter-token latency p50 / p95 (s) | 0.030 / 0.228 | 0.030 / 0.228 |" in markdown
+    assert data["cache"]["crowd"]["named"]["inter_token_p95_s"] == pytest.approx(0.228)
     assert data["cache"]["crowd"]["named"]["prefilled_over_new"] == pytest.approx(1.0)
     assert data["result"]["crowd"]["runs"][0]["cache"]["restored"] == 5

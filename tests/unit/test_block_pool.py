@@ -6,7 +6,12 @@ import random
 
 import pytest
 
-from semantic.cache.block_pool import TIER_ONE_OFF, TIER_WORKING_AGENT, BlockPool
+from semantic.cache.block_pool import (
+    TIER_ONE_OFF,
+    TIER_OUT_OF_WINDOW,
+    TIER_WORKING_AGENT,
+    BlockPool,
+)
 
 
 def test_allocate_and_release_return_every_block() -> None:
@@ -95,6 +100,27 @@ def test_a_reclaimed_block_forgets_its_old_tier() -> None:
     pool.check_integrity()
 
 
+def test_a_page_dropped_out_of_its_window_is_reclaimed_first_and_never_reported_above_it() -> None:
+    pool = BlockPool(4)
+    passed, shared, kept, plain = pool.allocate(4)
+    for page, key in ((passed, 1), (shared, 2), (kept, 3)):
+        pool.set_hash(page, key)
+    pool.release([passed, kept], TIER_WORKING_AGENT)  # an agent's history ended here
+    pool.acquire(passed)  # its next turn reads them, then its window moves past one
+    pool.acquire(kept)
+    pool.acquire(shared)  # another sequence still reads this one
+    pool.drop([passed, shared, plain])
+    assert pool.tier_of(passed) == TIER_OUT_OF_WINDOW  # lowered, unlike a release
+    assert pool.refcount(shared) == 1 and pool.tier_of(shared) is None
+    assert pool.refcount(plain) == 0 and pool.num_free == 1  # nothing to keep: free
+    pool.release([kept, shared], TIER_WORKING_AGENT)
+    reclaimed: list[tuple[int, int]] = []
+    pool.on_reclaim = lambda page, key, tier: reclaimed.append((key, tier))
+    pool.allocate(2)  # the free page, then the out-of-window one before any agent's
+    assert reclaimed == [(1, TIER_OUT_OF_WINDOW)]
+    pool.check_integrity()
+
+
 def test_random_operations_keep_the_invariants() -> None:
     rng = random.Random(0)
     pool = BlockPool(32)
@@ -112,7 +138,8 @@ def test_random_operations_keep_the_invariants() -> None:
                 pool.acquire(block)
             owners.append(list(shared))
         elif owners:
-            pool.release(owners.pop(rng.randrange(len(owners))))
+            give_back = pool.drop if rng.random() < 0.3 else pool.release
+            give_back(owners.pop(rng.randrange(len(owners))))
         pool.check_integrity()
     for blocks in owners:
         pool.release(blocks)

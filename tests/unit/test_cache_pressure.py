@@ -8,12 +8,13 @@ through the block tables, so a wrong restore changes outputs."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_ONE_OFF, TIER_WORKING_AGENT
 from semantic.cache.cache_stats import MISS_EVICTED
-from semantic.core import Request, SamplingParams, TokenEvent, Usage
+from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
 from semantic.engine.scheduler import PREEMPT_QUANTUM
 from semantic.models.served import ServedModel
@@ -64,12 +65,20 @@ def conversations(
     return rounds
 
 
+# A model with sliding layers, as the fake runner has them (one full-attention layer and three
+# with a window of 12 tokens: a block takes four pages, one per layer group); its pools are
+# sized so that it is as short of room as the plain model's.
+HYBRID = {"layer_windows": (None, 12, 12, 12), "num_blocks": 48}
+PLAIN = {"num_blocks": 24}
+
+
 @pytest.mark.parametrize("named", [True, False], ids=["named", "anonymous"])
+@pytest.mark.parametrize("model", [PLAIN, HYBRID], ids=["plain", "hybrid"])
 def test_more_agents_at_once_than_the_pool_holds_restore_warm_turns_from_disk(
-    served: ServedModel, tmp_path: Path, named: bool
+    served: ServedModel, tmp_path: Path, named: bool, model: dict[str, Any]
 ) -> None:
     # Six agents of ~7 blocks each at the end over a 24-block pool: they cannot all stay.
-    engine, _ = make_engine(served, tmp_path, num_blocks=24)
+    engine, _ = make_engine(served, tmp_path, **model)
     for rounds in conversations(engine, 6, 3, named)[1:]:
         for history, prompt, usage in rounds.values():
             assert usage.cached_tokens >= history - 1  # all but the answer's uncomputed last
@@ -80,8 +89,9 @@ def test_more_agents_at_once_than_the_pool_holds_restore_warm_turns_from_disk(
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named", "anonymous"])
+@pytest.mark.parametrize("model", [PLAIN, HYBRID], ids=["plain", "hybrid"])
 def test_under_pressure_every_answer_is_the_one_a_roomy_pool_gives(
-    served: ServedModel, tmp_path: Path, named: bool
+    served: ServedModel, tmp_path: Path, named: bool, model: dict[str, Any]
 ) -> None:
     def answers(engine: Engine) -> list[list[int]]:
         histories = {f"agent-{a}": system_prompt(a) for a in range(6)}
@@ -93,8 +103,9 @@ def test_under_pressure_every_answer_is_the_one_a_roomy_pool_gives(
             histories = {a: [*prompts[a], *results[a][0]] for a in histories}
         return out
 
-    small, _ = make_engine(served, tmp_path / "small", num_blocks=24)
-    roomy, _ = make_engine(served, tmp_path / "roomy", num_blocks=256)
+    windows = model.get("layer_windows", ())
+    small, _ = make_engine(served, tmp_path / "small", **model)
+    roomy, _ = make_engine(served, tmp_path / "roomy", num_blocks=1024, layer_windows=windows)
     assert answers(small) == answers(roomy)
 
 
@@ -125,8 +136,8 @@ def test_a_restore_that_cannot_fit_waits_instead_of_recomputing(
     history = system_prompt(1)
     first = submit(engine, "alice-1", history, "alice", max_tokens=1)
     engine.run_until_idle()
-    assert engine.agents.persist(["alice"], timeout=10).failed == 0
-    assert engine.agents.evict(["alice"]) > 0  # alice's cache is on disk only
+    assert engine.agents.persist([AgentKey("alice")], timeout=10).failed == 0
+    assert engine.agents.evict([AgentKey("alice")]) > 0  # alice's cache is on disk only
     hog = submit(engine, "hog", [7] * 100, "hog", max_tokens=20)  # 13 of 16 blocks
     engine.step()
     prompt = [*history, *result(first)[0], 300]
@@ -134,7 +145,7 @@ def test_a_restore_that_cannot_fit_waits_instead_of_recomputing(
     engine.run_until_idle()
     output, usage = result(back)
     assert usage.cached_tokens == len(prompt) - 2  # everything computed before
-    assert engine.agents.by_id["alice"].stats.disk_hit_tokens == usage.cached_tokens
+    assert engine.agents.by_key[AgentKey("alice")].stats.disk_hit_tokens == usage.cached_tokens
     assert output == alone(served, tmp_path, prompt, 6)
     assert result(hog)[0] == alone(served, tmp_path, [7] * 100, 20)
 
@@ -181,10 +192,10 @@ def test_a_running_sequences_growth_takes_an_idle_agents_blocks_before_a_waiting
     engine, _ = make_engine(served, tmp_path, num_blocks=20, agent_idle_s=60)
     idle = submit(engine, "idle-1", system_prompt(1), "idle", max_tokens=1)
     engine.run_until_idle()
-    engine.agents.sweep(now=engine.agents.by_id["idle"].stats.last_used + 120)
+    engine.agents.sweep(now=engine.agents.by_key[AgentKey("idle")].stats.last_used + 120)
     waiter = submit(engine, "waiter-1", system_prompt(2), "waiter", max_tokens=1)
     engine.run_until_idle()
-    idle_hashes = engine.agents.by_id["idle"].hashes
+    idle_hashes = engine.agents.by_key[AgentKey("idle")].hashes
     assert {engine.pool.tier_of(engine.pool.lookup(h) or 0) for h in idle_hashes} == {
         TIER_IDLE_AGENT
     }
@@ -195,14 +206,16 @@ def test_a_running_sequences_growth_takes_an_idle_agents_blocks_before_a_waiting
     engine.step()
     assert engine.scheduler.waiting, "the waiter did not have to wait"
     while engine.scheduler.waiting:
-        waiter_hashes = engine.agents.by_id["waiter"].hashes
+        waiter_hashes = engine.agents.by_key[AgentKey("waiter")].hashes
         assert all(engine.pool.lookup(h) is not None for h in waiter_hashes)
         engine.step()
     assert any(engine.pool.lookup(h) is None for h in idle_hashes), "nothing was reclaimed"
     engine.run_until_idle()
     output, usage = result(back)
     assert usage.cached_tokens == 5 * BLOCK
-    assert engine.agents.by_id["waiter"].stats.disk_hit_tokens == 0  # all still in memory
+    assert (
+        engine.agents.by_key[AgentKey("waiter")].stats.disk_hit_tokens == 0
+    )  # all still in memory
     assert output == alone(served, tmp_path, prompt, 6)
     assert result(hog)[0] == alone(served, tmp_path / "hog", [7] * 80, 12)
     result(idle)
@@ -260,3 +273,21 @@ def test_an_anonymous_warm_turn_whose_history_left_the_disk_names_its_miss_evict
     engine.run_until_idle()
     assert result(second)[1].cached_tokens == 0
     assert engine.agents.stats.counters.miss_reasons[MISS_EVICTED] == 1
+
+
+def test_a_one_off_request_takes_idle_cached_agent_blocks_when_nothing_runs(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    # Agents' histories fill the pool, cached at the working tier; then a one-off request whose
+    # prompt needs most of the pool arrives while nothing runs. It used to wait until the
+    # agents went idle (agent_idle_s, 300 s by default): the server idled with work waiting.
+    engine, _ = make_engine(served, tmp_path, num_blocks=24)
+    agents = {f"agent-{a}": system_prompt(a) for a in range(4)}  # 4 × 6 blocks: the pool
+    run_at_once(engine, agents, named=True)
+    working = [
+        b for b in engine.pool.cached_blocks() if engine.pool.tier_of(b) == TIER_WORKING_AGENT
+    ]
+    assert len(working) >= 20
+    one_off = [3 + (k * 13) % 380 for k in range(20 * BLOCK)]
+    ((out, usage),) = run_at_once(engine, {"side": one_off}, named=False).values()
+    assert len(out) == 6 and usage.prompt_tokens == len(one_off)

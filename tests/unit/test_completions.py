@@ -23,18 +23,18 @@ from semantic.core import Request
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
 from semantic.text.tokenizer import Tokenizer
-from tests.unit.fakes import make_engine
+from tests.unit.fakes import SettledEngine, make_engine
 
 HELLO = {"model": "gpt-3.5-turbo-instruct", "prompt": "Hello world!", "max_tokens": 6}
 
 
 @pytest.fixture
-def engine(served: ServedModel, tmp_path: Path) -> Engine:
+def engine(served: ServedModel, tmp_path: Path) -> SettledEngine:
     return make_engine(served, tmp_path)[0]
 
 
 @pytest.fixture
-def api(engine: Engine) -> Iterator[TestClient]:
+def api(engine: SettledEngine) -> Iterator[TestClient]:
     with TestClient(create_app(engine, engine.settings)) as client:
         yield client
 

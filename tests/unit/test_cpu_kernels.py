@@ -402,12 +402,12 @@ def step_logits(runner: TorchRunner, prompts: list[list[int]], steps: int) -> li
     logits = []
     for i, ids in enumerate(prompts):
         split = len(ids) - 3
-        runner.forward_logits(Batch([BatchItem(i, ids[:split], 0, tables[i], False, greedy, 0)]))
-        item = BatchItem(i, ids[split:], split, tables[i], True, greedy, 0)
+        runner.forward_logits(Batch([BatchItem(i, ids[:split], 0, [tables[i]], False, greedy, 0)]))
+        item = BatchItem(i, ids[split:], split, [tables[i]], True, greedy, 0)
         logits.append(runner.forward_logits(Batch([item])))
     for n in range(steps):
         items = [
-            BatchItem(i, [7 * n + i], len(ids) + n, tables[i], True, greedy, n + 1)
+            BatchItem(i, [7 * n + i], len(ids) + n, [tables[i]], True, greedy, n + 1)
             for i, ids in enumerate(prompts)
         ]
         logits.append(runner.forward_logits(Batch(items)))

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from semantic.api.app import create_app
-from semantic.core import Request, SamplingParams, TokenEvent
+from semantic.core import AgentKey, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import EngineStats
 from semantic.models.served import ServedModel
 from semantic.text.tokenizer import Tokenizer
@@ -74,7 +74,7 @@ def test_a_client_that_disconnects_mid_request_cancels_it_and_its_blocks_stay_ca
             await asyncio.wait_for(aborts.seen.wait(), timeout=60)  # not for ever, if broken
             # Handled after the abort: the engine thread takes its messages in order.
             stats = await engine.call(engine.stats)
-            history = await engine.call(lambda: engine.agents.by_id["leaver"].num_tokens)
+            history = await engine.call(lambda: engine.agents.by_key[AgentKey("leaver")].num_tokens)
             # The agent's next turn reuses what the abandoned one computed.
             turn = Request("next", [*PROMPT, 7], SamplingParams(max_tokens=1), agent_id="leaver")
             events = [event async for event in engine.stream(turn)]

@@ -21,9 +21,11 @@ from semantic.cache.manifest import (
     delete_manifest,
     list_manifests,
     load_manifest,
+    manifest_path,
     save_manifest,
 )
-from semantic.core import CacheSpec
+from semantic.cache.prefix import page_key
+from semantic.core import AgentKey, CacheSpec
 from semantic.errors import InvalidRequest
 
 SPEC = CacheSpec(num_layers=2, num_kv_heads=1, head_dim=2, dtype="bfloat16", block_tokens=4)
@@ -44,7 +46,7 @@ def make_record(
     else:
         k, v = (rng.integers(0, 1 << 16, KV_SHAPE, dtype=np.uint16) for _ in range(2))
     tokens = tuple(int(t) for t in rng.integers(0, 50_000, n_tokens))
-    return BlockRecord(block_hash=block_hash, parent_hash=parent, token_ids=tokens, k=k, v=v)
+    return BlockRecord(key=block_hash, parent_hash=parent, token_ids=tokens, k=k, v=v)
 
 
 def open_tier(
@@ -55,8 +57,8 @@ def open_tier(
 
 def assert_same(got: BlockRecord | None, want: BlockRecord) -> None:
     assert got is not None
-    assert (got.block_hash, got.parent_hash, got.token_ids) == (
-        want.block_hash,
+    assert (got.key, got.parent_hash, got.token_ids) == (
+        want.key,
         want.parent_hash,
         want.token_ids,
     )
@@ -75,8 +77,8 @@ def test_uint16_bits_round_trip_exactly_with_parent_and_tokens(tmp_path: Path) -
     tier = open_tier(tmp_path)
     record = make_record(0xDEADBEEF, parent=0xFFFF_FFFF_FFFF_FFFF)
     assert tier.write(record) > 0
-    assert_same(tier.read(record.block_hash), record)
-    path = tier.blocks_dir / f"{record.block_hash:016x}.safetensors"
+    assert_same(tier.read(record.key), record)
+    path = tier.blocks_dir / f"{record.key:016x}.safetensors"
     with safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
     assert meta["dtype"] == "bfloat16" and meta["cache_spec"] == SPEC.tag()
@@ -93,24 +95,59 @@ def test_float32_partial_block_round_trips(tmp_path: Path) -> None:
     assert got is not None and len(got.token_ids) == 2 and got.parent_hash is None
 
 
+# A hybrid geometry: a full-attention layer and a sliding one make two groups of one layer.
+HYBRID = CacheSpec(2, 1, 2, "bfloat16", 4, layer_windows=(None, 6))
+
+
+def test_a_later_groups_page_has_its_own_file_and_a_renamed_one_is_quarantined(
+    tmp_path: Path,
+) -> None:
+    tag = model_tag("tiny-hybrid", HYBRID, WEIGHTS)
+    tier = open_tier(tmp_path, HYBRID, tag)
+    first, later = page_key(0xABC, 0), page_key(0xABC, 1)
+    for key in (first, later):
+        rng = np.random.default_rng(key % 1000)
+        k, v = (rng.integers(0, 1 << 16, (1, 4, 1, 2), dtype=np.uint16) for _ in range(2))
+        tier.write(BlockRecord(key, 5, (1, 2), k, v))
+    names = sorted(p.name for p in tier.blocks_dir.iterdir())
+    assert names == ["0000000000000abc-1.safetensors", "0000000000000abc.safetensors"]
+    assert tier.tails(5) == [(0xABC, (1, 2))]  # a partial block, known by its first page
+    reopened = open_tier(tmp_path, HYBRID, tag)
+    assert reopened.contains(later) and reopened.tails(5) == [(0xABC, (1, 2))]
+    got = reopened.read(later)
+    assert got is not None and got.key == later and got.token_ids == (1, 2)
+    os.rename(
+        reopened.blocks_dir / "0000000000000abc-1.safetensors",
+        reopened.blocks_dir / "0000000000000abc-2.safetensors",
+    )
+    moved = open_tier(tmp_path, HYBRID, tag)
+    assert moved.read(page_key(0xABC, 2)) is None  # the file says group 1
+    assert moved.stats.quarantined == {"corrupt": 1}
+
+
 def test_write_is_temp_fsync_rename_then_dir_fsync_and_leaves_no_temp(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tier = open_tier(tmp_path)
     calls: list[str] = []
     real_fsync_file, real_fsync_dir, real_replace = durable._fsync, durable.fsync_dir, os.replace
+    # Only this thread's calls: an engine an earlier test left running may still be writing.
+    ours = threading.current_thread()
 
     def fsync_file(fd: int) -> None:
-        calls.append("fsync-file")
+        if threading.current_thread() is ours:
+            calls.append("fsync-file")
         real_fsync_file(fd)
 
     def fsync_dir(folder: Path) -> None:
-        calls.append("fsync-dir")
+        if threading.current_thread() is ours:
+            calls.append("fsync-dir")
         real_fsync_dir(folder)
 
     def replace(src: str | Path, dst: str | Path) -> None:
-        assert Path(src).parent == Path(dst).parent and Path(src).name.endswith(".tmp")
-        calls.append("rename")
+        if threading.current_thread() is ours:
+            assert Path(src).parent == Path(dst).parent and Path(src).name.endswith(".tmp")
+            calls.append("rename")
         real_replace(src, dst)
 
     monkeypatch.setattr(durable, "_fsync", fsync_file)
@@ -320,14 +357,19 @@ def test_flush_returns_only_once_earlier_writes_are_fsynced(
     synced: list[str] = []
     real_fsync_file, real_fsync_dir = durable._fsync, durable.fsync_dir
 
+    # Only the writer's calls: an engine an earlier test left running may still be writing.
     def slow_fsync_file(fd: int) -> None:
-        disk_may_sync.wait(timeout=10)
+        ours = threading.current_thread() is writer._thread
+        if ours:
+            disk_may_sync.wait(timeout=10)
         real_fsync_file(fd)
-        synced.append("file")
+        if ours:
+            synced.append("file")
 
     def fsync_dir(folder: Path) -> None:
         real_fsync_dir(folder)
-        synced.append("folder")
+        if threading.current_thread() is writer._thread:
+            synced.append("folder")
 
     monkeypatch.setattr(durable, "_fsync", slow_fsync_file)
     monkeypatch.setattr(durable, "fsync_dir", fsync_dir)
@@ -411,11 +453,11 @@ def test_manifests_round_trip_list_and_delete(tmp_path: Path) -> None:
     first, second = _manifest(tier, "agent-1"), _manifest(tier, "b.2_x")
     save_manifest(tier.model_root, first)
     save_manifest(tier.model_root, second)
-    assert load_manifest(tier.model_root, "agent-1") == first
+    assert load_manifest(tier.model_root, AgentKey("agent-1")) == first
     assert list_manifests(tier.model_root) == [first, second]
-    assert delete_manifest(tier.model_root, "agent-1") is True
-    assert load_manifest(tier.model_root, "agent-1") is None
-    assert delete_manifest(tier.model_root, "agent-1") is False
+    assert delete_manifest(tier.model_root, AgentKey("agent-1")) is True
+    assert load_manifest(tier.model_root, AgentKey("agent-1")) is None
+    assert delete_manifest(tier.model_root, AgentKey("agent-1")) is False
     assert temp_files(tier) == []
 
 
@@ -425,9 +467,9 @@ def test_manifests_refuse_ids_that_are_not_safe_names(tmp_path: Path, bad_id: st
     with pytest.raises(InvalidRequest):
         save_manifest(tier.model_root, _manifest(tier, bad_id))
     with pytest.raises(InvalidRequest):
-        load_manifest(tier.model_root, bad_id)
+        load_manifest(tier.model_root, AgentKey(bad_id))
     with pytest.raises(InvalidRequest):
-        delete_manifest(tier.model_root, bad_id)
+        delete_manifest(tier.model_root, AgentKey(bad_id))
     assert list(tmp_path.rglob("*.json")) == []
 
 
@@ -437,9 +479,10 @@ def test_manifests_refuse_ids_that_are_not_safe_names(tmp_path: Path, bad_id: st
 def test_a_bad_manifest_is_quarantined_and_reads_as_none(tmp_path: Path, content: bytes) -> None:
     tier = open_tier(tmp_path)
     save_manifest(tier.model_root, _manifest(tier, "good"))
-    (tier.model_root / "agents" / "bad.json").write_bytes(content)
-    assert load_manifest(tier.model_root, "bad") is None
-    assert not (tier.model_root / "agents" / "bad.json").exists()
+    path = manifest_path(tier.model_root, AgentKey("bad"))
+    path.write_bytes(content)
+    assert load_manifest(tier.model_root, AgentKey("bad")) is None
+    assert not path.exists()
     assert [p.name.split(".")[0] for p in tier.quarantine_dir.iterdir()] == ["bad"]
     assert [m.agent_id for m in list_manifests(tier.model_root)] == ["good"]
 

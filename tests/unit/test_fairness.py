@@ -14,11 +14,13 @@ import pytest
 
 from semantic.core import FinishReason, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
+from semantic.engine.scheduler import PREFILL_SHARE_WHILE_DECODING
 from semantic.models.served import ServedModel
 from semantic.text.tokenizer import Tokenizer
 from tests.unit.fakes import fake_served, make_engine
 
 BUDGET = 32  # max_batch_tokens (make_engine's): the most tokens one step computes
+CHUNK = int(BUDGET * PREFILL_SHARE_WHILE_DECODING)  # the most prompt tokens beside decodes
 LONG_TOKENS = 2000
 
 
@@ -87,8 +89,9 @@ def test_while_one_agent_generates_2000_tokens_every_other_stream_gets_a_token_e
         got = run.token_steps[request.request_id]
         assert len(got) == request.sampling.max_tokens
         assert every_step(got), f"{request.request_id} missed a step"
-        # Its whole prompt fits beside the decodes in one step: first token at once.
-        assert got[0] == run.submitted[request.request_id]
+        # Its prompt is computed a chunk a step beside the decodes, then it samples at once.
+        chunks = -(-len(request.prompt_token_ids) // CHUNK)
+        assert got[0] == run.submitted[request.request_id] + chunks - 1
         assert run.finals[request.request_id].finish_reason is FinishReason.LENGTH
     assert all(batch.num_tokens <= BUDGET for batch in runner.steps)
 
@@ -106,8 +109,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_and_stalls_no_decode(
 
     for name in ("writer", "chatter"):
         assert every_step(run.token_steps[name]), f"{name} stalled during the long prefill"
-    # Two decodes leave BUDGET - 2 tokens a step for the prompt: it is done in as many chunks
-    # as that takes, and not one step more.
+    # Beside the decodes a step computes CHUNK tokens of the prompt: it is done in as many
+    # chunks as that takes, and not one step more.
     reader_seq = 2  # sequence ids follow admission: writer, chatter, reader
     chunks = [
         len(item.token_ids)
@@ -115,7 +118,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_and_stalls_no_decode(
         for item in batch.items
         if item.seq_id == reader_seq and item.start_pos < 1500
     ]
-    assert sum(chunks) == 1500 and max(chunks) <= BUDGET - 2
+    assert sum(chunks) == 1500 and max(chunks) <= CHUNK
     waited = run.token_steps["reader"][0] - run.submitted["reader"]
-    assert waited <= -(-1500 // (BUDGET - 2))
+    assert waited <= -(-1500 // CHUNK)
     assert all(batch.num_tokens <= BUDGET for batch in runner.steps)

@@ -16,6 +16,7 @@ from semantic import cli
 from semantic.cache.disk import cache_root
 from semantic.cache.folder_lock import FolderLock
 from semantic.cache.manifest import AgentManifest, load_manifest, save_manifest
+from semantic.core import AgentKey
 from semantic.errors import CacheFolderBusy
 
 HOLD = (
@@ -93,6 +94,6 @@ def test_the_agents_command_reads_a_held_folder_but_never_deletes_from_it(
         holder.communicate("")
     error = capsys.readouterr().err
     assert f"pid {holder.pid}" in error and "ask the server that holds it" in error
-    assert load_manifest(model_root, "keeper") is not None
+    assert load_manifest(model_root, AgentKey("keeper")) is not None
     assert cli.main(["agents", "delete", "keeper", *no_server]) == 0  # no holder now
-    assert load_manifest(model_root, "keeper") is None
+    assert load_manifest(model_root, AgentKey("keeper")) is None

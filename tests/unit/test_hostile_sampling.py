@@ -16,6 +16,7 @@ from semantic.config import Settings
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.engine.engine import Engine
 from semantic.errors import RowsFailed
+from semantic.options import engine_options
 from semantic.text.tokenizer import Tokenizer
 from tests.unit.fakes import fake_served, with_chatml
 from tests.unit.tiny_llama import tiny_llama
@@ -44,7 +45,7 @@ def tiny_runner(vocab_size: int = 300) -> RecordingRunner:
 
 def prefill(seq_id: int, prompt: list[int], params: SamplingParams) -> BatchItem:
     table = list(range(seq_id * 8, (seq_id + 1) * 8))
-    return BatchItem(seq_id, prompt, 0, table, True, params, 0)
+    return BatchItem(seq_id, prompt, 0, [table], True, params, 0)
 
 
 def test_the_torch_runner_returns_the_other_rows_tokens_when_one_cannot_be_sampled() -> None:
@@ -69,7 +70,7 @@ def test_requests_sharing_a_step_with_hostile_sampling_values_all_complete(
     others for other extremes. Every one gets its whole answer."""
     runner = tiny_runner(vocab_size=tiny_tokenizer.vocab_size)
     settings = Settings(cache_dir=tmp_path, batch_window_ms=1000, cpu_kernels=False)
-    engine = Engine(runner, with_chatml(fake_served(tiny_tokenizer)), settings)
+    engine = Engine(runner, with_chatml(fake_served(tiny_tokenizer)), engine_options(settings))
     app = create_app(engine, settings)
     hostile: list[dict[str, Any]] = [
         {"temperature": 1e-300},

@@ -19,6 +19,7 @@ from semantic.config import Settings
 from semantic.core import Batch
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
+from semantic.options import engine_options
 from semantic.text.tokenizer import Tokenizer
 from tests.unit.fakes import fake_served, with_chatml
 
@@ -41,7 +42,7 @@ def api(tiny_tokenizer: Tokenizer, tmp_path: Path) -> Iterator[TestClient]:
     settings = Settings(
         cache_dir=tmp_path, batch_window_ms=0, max_batch_tokens=512, keep_alive_s=0.05
     )
-    engine = Engine(runner, served, settings)
+    engine = Engine(runner, served, engine_options(settings))
     with TestClient(create_app(engine, settings)) as client:
         yield client
 

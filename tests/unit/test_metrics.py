@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from semantic.api.app import create_app
+from semantic.core import AgentKey
 from semantic.models.served import ServedModel
 from tests.unit.fakes import make_engine, running
 
@@ -214,7 +215,7 @@ def test_admin_evict_moves_caches_to_disk_and_counts_as_memory_evictions(
     history = [3 + (k * 7) % 380 for k in range(40)]
     with running(served, tmp_path) as (client, engine, _):
         completion(client, history, agent="alice")
-        held = len(engine.agents.by_id["alice"].hashes)
+        held = len(engine.agents.by_key[AgentKey("alice")].hashes)
         answer = client.post("/admin/cache/evict", json={"agents": ["alice"]})
         assert answer.status_code == 200, answer.text
         assert answer.json()["blocks_evicted"] == held

@@ -105,9 +105,27 @@ def test_the_cache_tag_is_unchanged_for_full_attention_and_names_every_window_pa
     other_window = CacheSpec(6, 1, 64, "bfloat16", 256, (1024, 1024, 1024, 1024, 1024, None))
     tags = {spec.tag() for spec in (full, gemma, alternating, other_window)}
     assert len(tags) == 4
-    assert gemma.bytes_per_block == full.bytes_per_block  # every layer's K/V is held
+    assert gemma.bytes_per_block == full.bytes_per_block  # a block of every layer, whole
     with pytest.raises(ValueError, match="every layer"):
         CacheSpec(6, 1, 64, "bfloat16", 256, (512, None))
+
+
+def test_layers_fall_into_equal_groups_of_one_kind_full_attention_first() -> None:
+    full = CacheSpec(30, 3, 64, "bfloat16", 256)
+    assert [(g.layers, g.window) for g in full.groups] == [(tuple(range(30)), None)]
+    assert full.bytes_per_page == full.bytes_per_block and full.group_windows == (None,)
+    gemma = CacheSpec(18, 1, 256, "bfloat16", 256, ((512,) * 5 + (None,)) * 3)  # Gemma 3 270M
+    assert [g.layers for g in gemma.groups] == [
+        (5, 11, 17), (0, 1, 2), (3, 4, 6), (7, 8, 9), (10, 12, 13), (14, 15, 16)
+    ]  # fmt: skip
+    assert gemma.group_windows == (None,) + (512,) * 5 and gemma.layers_per_group == 3
+    assert gemma.bytes_per_page * 6 == gemma.bytes_per_block
+    assert gemma.whole_blocks(605) == 100 and full.whole_blocks(605) == 605  # of every layer
+    assert gemma.tag().endswith("-g6")  # a file holds a group: not what it held before
+    oss = CacheSpec(24, 8, 64, "bfloat16", 256, (128, None) * 12)
+    assert oss.group_windows == (None, 128) and oss.layers_per_group == 12
+    mistral = CacheSpec(4, 1, 8, "float32", 16, (4096,) * 4)
+    assert mistral.group_windows == (4096,) and not mistral.tag().endswith("-g1")
 
 
 def test_a_multimodal_gemma3_checkpoint_loads_its_language_model_only() -> None:

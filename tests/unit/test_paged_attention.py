@@ -78,7 +78,7 @@ def dense(seq: Seq, start: int, end: int) -> torch.Tensor:
 
 
 def item(seq: Seq, start: int, end: int) -> BatchItem:
-    return BatchItem(0, [1] * (end - start), start, seq.blocks, True, SamplingParams(), 0)
+    return BatchItem(0, [1] * (end - start), start, [seq.blocks], True, SamplingParams(), 0)
 
 
 def run_step(pool: LayerKV, parts: list[tuple[Seq, int, int]]) -> torch.Tensor:
@@ -177,7 +177,7 @@ def test_stock_path_reads_a_sliding_layer_window_only(pool, free_blocks, window)
             for block in seq.blocks[:first_block]:
                 pool.k[block], pool.v[block] = float("nan"), float("nan")
     batch = Batch([item(s, lo, hi) for s, lo, hi in parts])
-    step = build_step(batch, BLOCK_TOKENS, CPU, windows=[window])
+    step = build_step(batch, BLOCK_TOKENS, CPU, group_windows=[window])
     q, k, v = (torch.cat([getattr(s, name)[lo:hi] for s, lo, hi in parts]) for name in "qkv")
     out = paged_attention(q, k, v, pool, step.meta, LayerAttention(SCALE, window, sinks))
     for (seq, start, end), got in zip(parts, split(out, parts), strict=True):

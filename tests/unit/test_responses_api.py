@@ -400,6 +400,13 @@ def test_another_keys_response_is_not_found(served: ServedModel, tmp_path: Path)
         assert refused.value.code == "previous_response_not_found"
         assert alice.responses.retrieve(mine.id).id == mine.id
 
+        # The chain's agent is alice's key's too: bob's agent list does not hold it.
+        def listed(key: str) -> list[str]:
+            page = client.get("/v1/agents", headers={"Authorization": f"Bearer {key}"})
+            return [agent["agent_id"] for agent in page.json()["data"]]
+
+        assert listed("key-bob") == [] and len(listed("key-alice")) == 1
+
 
 # -- the store -------------------------------------------------------------------------------
 

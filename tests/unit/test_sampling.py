@@ -13,7 +13,7 @@ VOCAB = 50
 
 
 def item(params: SamplingParams, num_output_tokens: int = 0) -> BatchItem:
-    return BatchItem(0, [1], 5, [0], True, params, num_output_tokens)
+    return BatchItem(0, [1], 5, [[0]], True, params, num_output_tokens)
 
 
 def random_logits(rows: int = 4, seed: int = 0) -> torch.Tensor:
@@ -102,10 +102,10 @@ def test_temperature_sampling_follows_the_softmax():
 def test_suppressed_tokens_are_never_sampled():
     logits = torch.zeros(1, VOCAB)
     logits[0, 2] = 100.0  # the end token would win
-    held_back = BatchItem(0, [1], 5, [0], True, SamplingParams(temperature=0.0), 1, (2, 7))
+    held_back = BatchItem(0, [1], 5, [[0]], True, SamplingParams(temperature=0.0), 1, (2, 7))
     assert sample(logits.clone(), [held_back]) != [2]
     assert sample(logits.clone(), [item(SamplingParams(temperature=0.0), 3)]) == [2]
-    hot = BatchItem(0, [1], 5, [0], True, SamplingParams(temperature=1.0, seed=1), 1, (2,))
+    hot = BatchItem(0, [1], 5, [[0]], True, SamplingParams(temperature=1.0, seed=1), 1, (2,))
     assert all(sample(logits.clone(), [hot]) != [2] for _ in range(5))
 
 
@@ -159,7 +159,7 @@ def test_a_row_with_non_finite_logits_fails_alone(temperature: float, bad: float
 def test_a_row_whose_every_token_is_suppressed_fails_alone():
     logits = random_logits(rows=2)
     everything = tuple(range(VOCAB))
-    rows = [BatchItem(0, [1], 5, [0], True, SamplingParams(temperature=0.0), 0, everything)]
+    rows = [BatchItem(0, [1], 5, [[0]], True, SamplingParams(temperature=0.0), 0, everything)]
     outcomes = sample(logits.clone(), [*rows, item(SamplingParams(temperature=0.0))])
     assert isinstance(outcomes[0], Unsampleable) and isinstance(outcomes[1], int)
 
@@ -174,6 +174,6 @@ def test_a_draw_that_raises_fails_its_row_alone():
 def test_suppressed_ids_past_the_vocabulary_are_ignored():
     logits = random_logits(rows=1)
     best = int(logits.argmax())
-    row = BatchItem(0, [1], 5, [0], True, SamplingParams(temperature=0.0), 0, (VOCAB + 5, best))
+    row = BatchItem(0, [1], 5, [[0]], True, SamplingParams(temperature=0.0), 0, (VOCAB + 5, best))
     token = sample(logits.clone(), [row])[0]
     assert isinstance(token, int) and token != best

@@ -1,4 +1,5 @@
-"""The scheduler against the fake runner: batching, chunked prefill, admission, preemption."""
+"""The scheduler against the fake runner: batching, chunked prefill, which prompt goes first,
+admission, preemption."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from semantic.backends.fake import FakeRunner
 from semantic.cache.block_pool import BlockPool
 from semantic.cache.prefix import PrefixCache, root_hash
 from semantic.core import FinishReason, Request, SamplingParams, Sequence, SequenceStatus
-from semantic.engine.scheduler import Scheduler
+from semantic.engine.scheduler import PREFILL_SHARE_WHILE_DECODING, Scheduler
 
 
 def make_seq(seq_id: int, prompt_len: int, max_tokens: int = 8) -> Sequence:
@@ -73,6 +74,64 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes() -> None:
         chunk_sizes += [len(i.token_ids) for i in batch.items if i.seq_id == long.seq_id]
         scheduler.update(batch, runner.run(batch))
     assert sum(chunk_sizes) == 60 and len(chunk_sizes) >= 4
+
+
+def first_token_steps(
+    scheduler: Scheduler, runner: FakeRunner, arrivals: dict[int, list[Sequence]], steps: int
+) -> dict[int, int]:
+    """Run `steps` steps, adding `arrivals[step]` before each; the step at which each sequence
+    got its first token."""
+    first: dict[int, int] = {}
+    for step in range(steps):
+        for seq in arrivals.get(step, []):
+            scheduler.add(seq)
+        batch = scheduler.schedule()
+        for seq, _token in scheduler.update(batch, runner.run(batch)):
+            first.setdefault(seq.seq_id, step)
+            if seq.num_output_tokens >= seq.request.sampling.max_tokens:
+                scheduler.finish(seq, FinishReason.LENGTH)
+        scheduler.pool.check_integrity()
+    return first
+
+
+def test_a_decode_waits_for_at_most_one_capped_chunk_of_a_long_prompt() -> None:
+    scheduler, runner = make(max_batch_tokens=16)
+    cap = int(16 * PREFILL_SHARE_WHILE_DECODING)
+    decoding, long = make_seq(0, 3, max_tokens=40), make_seq(1, 60)
+    first_token_steps(scheduler, runner, {0: [decoding]}, steps=1)
+    scheduler.add(long)
+    while long.in_prefill:
+        batch = scheduler.schedule()
+        chunk = [len(i.token_ids) for i in batch.items if i.seq_id == long.seq_id]
+        assert any(item.seq_id == decoding.seq_id for item in batch.items), "decode stalled"
+        assert chunk and chunk[0] <= cap, "a decode waited for more than one capped chunk"
+        scheduler.update(batch, runner.run(batch))
+
+
+def test_a_prompt_alone_is_computed_a_whole_step_at_a_time() -> None:
+    scheduler, runner = make(max_batch_tokens=16)
+    first_token_steps(scheduler, runner, {0: [make_seq(0, 60, max_tokens=1)]}, steps=5)
+    assert [batch.num_tokens for batch in runner.steps[:4]] == [16, 16, 16, 12]
+
+
+def test_a_short_prompt_that_arrives_behind_a_long_one_gets_its_first_token_first() -> None:
+    scheduler, runner = make(max_batch_tokens=16)
+    long, short = make_seq(0, 60, max_tokens=1), make_seq(1, 5, max_tokens=1)
+    first = first_token_steps(scheduler, runner, {0: [long], 1: [short]}, steps=8)
+    assert first[short.seq_id] == 1, "the short prompt waited for the long one"
+    assert first[long.seq_id] == 4  # one step later than alone: the short prompt's five tokens
+
+
+def test_a_stream_of_short_prompts_does_not_starve_a_long_one() -> None:
+    scheduler, runner = make(max_batch_tokens=16)
+    long = make_seq(0, 40, max_tokens=1)
+    # Three 6-token prompts a step: more than a step computes, so shortest-first alone would
+    # never come back to the long prompt.
+    shorts = {step: [make_seq(3 * step + k, 6, max_tokens=1) for k in range(1, 4)]
+              for step in range(1, 30)}  # fmt: skip
+    first = first_token_steps(scheduler, runner, {0: [long], **shorts}, steps=30)
+    assert first[long.seq_id] <= 12, "newer short prompts starved the long one"
+    assert first[4] <= 3, "short prompts did not go first at all"
 
 
 def test_requests_wait_while_the_pool_is_full_and_run_when_it_frees() -> None:

@@ -326,7 +326,7 @@ def test_each_sequences_matcher_is_a_copy_that_leaves_the_grammars_start_alone(
 
 def _item(seq_id: int, prompt: list[int], params: SamplingParams, generated: int = 0) -> BatchItem:
     table = list(range(seq_id * 8, (seq_id + 1) * 8))
-    return BatchItem(seq_id, prompt, 0, table, True, params, generated)
+    return BatchItem(seq_id, prompt, 0, [table], True, params, generated)
 
 
 def test_the_torch_sampler_follows_the_grammar_and_fails_only_the_row_it_cannot_serve(

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
+from semantic.api.auth import caller_of
 from semantic.api.bodies import LimitedBodyRoute
 from semantic.api.errors import AnthropicError, OpenAIError
 from semantic.api.gate import engine_of
 from semantic.api.lifecycle import Lifecycle
+from semantic.cache.manifest import OWNER_PATTERN, UNOWNED
+from semantic.core import AGENT_ID_PATTERN
 from semantic.engine.host import EngineHost
 from semantic.errors import SemanticError
 from semantic.observability import EngineReading, Metrics, read_engine
@@ -84,30 +87,39 @@ async def _reading(request: Request) -> EngineReading | None:
 
 @router.get("/admin/cache")
 async def cache_stats(request: Request) -> dict[str, Any]:
-    """Cache totals (hit and miss tokens by tier, evictions, disk use) and every agent."""
+    """Cache totals (hit and miss tokens by tier, evictions, disk use) and every agent the key
+    may see (an admin key: all)."""
     engine = engine_of(request)
-    snapshot: dict[str, Any] = await engine.call(engine.agents.snapshot)
+    snapshot = await engine.agent_door.snapshot(caller_of(request))
     return {"pool": asdict(engine.stats()), **snapshot}
 
 
 class AgentsBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
-    agents: list[str] | None = Field(None, description="These agents' caches; all when absent.")
+    agents: list[Annotated[str, Field(pattern=AGENT_ID_PATTERN)]] | None = Field(
+        None, description="These agents' caches; all when absent."
+    )
+    owner: str | None = Field(
+        None,
+        pattern=f"^({OWNER_PATTERN.pattern}|{UNOWNED})$",
+        description="Whose agents `agents` names (an agent's `owner`, or `none`); by default "
+        "the caller's own. Another key's agents are found by an admin key only.",
+    )
 
 
 @router.post("/admin/cache/persist")
 async def persist(request: Request, body: AgentsBody | None = None) -> dict[str, Any]:
     """Write hot caches to disk; answers only once they are fsynced."""
-    result = await engine_of(request).persist(body.agents if body else None)
-    return asdict(result)
+    body, door = body or AgentsBody(), engine_of(request).agent_door
+    return asdict(await door.persist_many(caller_of(request), body.agents, body.owner))
 
 
 @router.post("/admin/cache/evict")
 async def evict(request: Request, body: AgentsBody | None = None) -> dict[str, Any]:
     """Move caches out of memory to disk: persist them, then free their blocks, but for those a
     running request holds or a pinned agent keeps. The next turn reads them back from disk."""
-    result = await engine_of(request).evict(body.agents if body else None)
-    return asdict(result)
+    body, door = body or AgentsBody(), engine_of(request).agent_door
+    return asdict(await door.evict_many(caller_of(request), body.agents, body.owner))
 
 
 class SwapBody(BaseModel):

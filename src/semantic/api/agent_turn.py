@@ -14,7 +14,6 @@ import asyncio
 import time
 import weakref
 from collections.abc import AsyncIterator
-from functools import partial
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,6 +25,7 @@ from semantic.cache.conversation import Conversation, SamplingDefaults
 from semantic.config import Settings
 from semantic.core import FinishReason, SamplingParams, TokenEvent
 from semantic.core import Request as GenerationRequest
+from semantic.engine.agent_door import TurnHold
 from semantic.engine.engine import Engine
 from semantic.errors import Overloaded
 from semantic.models.served import ServedModel
@@ -87,26 +87,29 @@ class Generation(BaseModel):
 
 
 class Turn:
-    """A generate call's hold on its agent (`Agents.begin_turn`), then one of: `commit` (the
+    """A generate call's hold on its agent (`AgentDoor.begin_turn`), then one of: `commit` (the
     reply joins the conversation and the hold ends) or a release: `abandon`, or, for a stream
     that never ran or was dropped, this object's garbage collection, so a hold never outlives
-    its call. The hold is keyed by `turn_id`, so a late release never frees a later turn."""
+    its call. The hold is keyed by its turn id, so a late release never frees a later turn."""
 
-    def __init__(self, engine: Engine, agent_id: str, turn_id: str) -> None:
-        self.engine, self.agent_id, self.turn_id = engine, agent_id, turn_id
+    def __init__(self, engine: Engine, hold: TurnHold) -> None:
+        self.engine, self.hold = engine, hold
         self.conversation = Conversation()
         self.message = ""
-        release = partial(engine.agents.end_turn, agent_id, turn_id)
-        self._release = weakref.finalize(self, engine.post, release)
+        self._release = weakref.finalize(self, engine.agent_door.release_turn, hold)
 
     @classmethod
-    async def begin(cls, engine: Engine, agent_id: str, turn_id: str) -> Turn:
-        """Hold the agent (NotFound, or Conflict when another call holds it). The release is
-        armed first: a call cancelled while the hold is taken still lets it go."""
-        turn = cls(engine, agent_id, turn_id)
-        store = engine.agents
-        turn.conversation = await engine.call(lambda: store.begin_turn(agent_id, turn_id))
+    async def begin(cls, engine: Engine, hold: TurnHold, message: str) -> Turn:
+        """Take the hold for a turn of `message` (NotFound, Conflict when another call holds
+        the agent, ConversationTooLarge past the limit). The release is armed first: a call
+        cancelled while the hold is taken still lets it go."""
+        turn = cls(engine, hold)
+        turn.conversation = await engine.agent_door.begin_turn(hold, message)
         return turn
+
+    @property
+    def agent_id(self) -> str:
+        return self.hold.key.agent_id
 
     def abandon(self) -> None:
         """Release the hold without changing the conversation (a no-op after `commit`)."""
@@ -134,10 +137,11 @@ class Turn:
             prompt_param="message",
         )
         return GenerationRequest(
-            request_id=self.turn_id,
+            request_id=self.hold.turn_id,
             prompt_token_ids=prompt,
             sampling=_sampling_params(chosen, max_tokens),
             agent_id=self.agent_id,
+            owner=self.hold.key.owner,
         )
 
     async def answer(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
@@ -166,16 +170,13 @@ class Turn:
         if final.finish_reason is FinishReason.ABORT or final.usage is None:
             raise Overloaded("the generation was cancelled: the server is stopping")
         conversation = self.conversation.with_turn(self.message, text)
-        engine, store = self.engine, self.engine.agents
-        agent = await engine.call(lambda: store.end_turn(self.agent_id, self.turn_id, conversation))
-        self._release.detach()
-        if agent is not None:
-            await asyncio.to_thread(store.save_manifest, agent)
+        self._release.detach()  # the commit releases the hold, whatever becomes of it
+        await self.engine.agent_door.commit_turn(self.hold, conversation)
         usage = final.usage
         return Generation(
-            id=f"gen_{self.turn_id.removeprefix('req_')}",
+            id=f"gen_{self.hold.turn_id.removeprefix('req_')}",
             agent_id=self.agent_id,
-            model=engine.model.name,
+            model=self.engine.model.name,
             created=int(time.time()),
             text=text,
             finish_reason="length" if final.finish_reason is FinishReason.LENGTH else "stop",

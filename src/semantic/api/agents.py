@@ -1,15 +1,17 @@
 """The direct agent API under /v1/agents: create, list, inspect, pin, fork, persist and delete
 agents and their caches, and generate (the server keeps the conversation: `api/agent_turn.py`);
-and how a request of any API names its agent (`named_agent`). Errors are OpenAI-shaped."""
+and how a request of any API names its agent (`named_agent`). Errors are OpenAI-shaped.
+
+Every route goes through the engine's agent door (`engine/agent_door.py`) as the request's
+caller (`auth.caller_of`): a key sees its own agents only, an admin key every key's."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,15 +24,15 @@ from semantic.api.agent_turn import (
     Turn,
     error_event,
 )
+from semantic.api.auth import caller_of
 from semantic.api.bodies import LimitedBodyRoute
 from semantic.api.errors import OpenAIError
 from semantic.api.openapi import SSE_EVENT
 from semantic.api.streaming import after_the_200, sse_response, unless_disconnected, with_keep_alive
-from semantic.cache.agents import Agent
 from semantic.cache.conversation import Conversation
+from semantic.cache.manifest import OWNER_PATTERN, UNOWNED
 from semantic.core import AGENT_ID_PATTERN, is_valid_agent_id
-from semantic.engine.engine import Engine
-from semantic.errors import InvalidRequest, NotFound, PersistFailed
+from semantic.errors import InvalidRequest, PersistFailed
 from semantic.observability import bind_agent
 
 router = APIRouter(tags=["agents"], route_class=LimitedBodyRoute)
@@ -64,13 +66,26 @@ def _checked(agent_id: str) -> str:
 
 
 _ERROR_TEXT = {
-    400: "An invalid agent id or body (the message names the field), or a conversation that "
-    "no longer fits the context (code `context_length_exceeded`).",
-    404: "No such agent.",
+    400: "An invalid agent id or body (the message names the field), a conversation that "
+    "no longer fits the context (code `context_length_exceeded`) or is past "
+    "`max_conversation_mb` (code `conversation_too_large`).",
+    403: "The key has `max_agents_per_key` agents and none can make room (code "
+    "`agent_limit_reached`).",
+    404: "No such agent (or not one of this key's).",
     409: "The agent id is taken, or the agent is generating (code `conflict`).",
-    500: "A fault in the server (the log has the details); for persist, a disk write that "
-    "failed (code `persist_failed`).",
+    500: "A fault in the server (the log has the details); or a disk write that failed (code "
+    "`persist_failed`): then nothing was changed.",
 }
+
+# An admin names another key's agent by that key's owner digest (`none`: agents of no key).
+OwnerParam = Annotated[
+    str | None,
+    Query(
+        pattern=f"^({OWNER_PATTERN.pattern}|{UNOWNED})$",
+        description="For an admin key: the owner of the agent meant (an agent's `owner`, or "
+        "`none`); by default the caller's own.",
+    ),
+]
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -92,6 +107,10 @@ class AgentInfo(BaseModel):
     """An agent and its cache statistics (`Agents.describe`)."""
 
     agent_id: str
+    owner: str | None = Field(
+        description="A digest of the API key whose agent it is (null on a server without "
+        "keys, and for agents made before agents had owners)."
+    )
     cached_tokens: int
     pinned: bool
     working: bool
@@ -100,7 +119,10 @@ class AgentInfo(BaseModel):
     disk_hit_tokens: int
     miss_tokens: int
     miss_reasons: dict[str, int]
-    bytes_in_memory: int
+    bytes_in_memory: int = Field(description="The pool pages its next turn reads.")
+    bytes_full_attention: int = Field(
+        description="What its blocks would take with every layer's K/V (sliding windows keep less)."
+    )
     bytes_on_disk: int
     last_used: float
     generating: bool
@@ -111,8 +133,13 @@ class AgentInfo(BaseModel):
 
 
 class AgentList(BaseModel):
+    """One page of agents in id order; pass `last_id` as `after` for the next."""
+
     object: str = "list"
     data: list[AgentInfo]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
 
 
 class AgentCreate(BaseModel):
@@ -173,55 +200,65 @@ _JSON_OR_SSE = {
 # -- routes -----------------------------------------------------------------------------------
 
 
-@router.post("/v1/agents", status_code=201, response_model=AgentInfo, responses=_errors(400, 409))
+@router.post(
+    "/v1/agents", status_code=201, response_model=AgentInfo, responses=_errors(400, 403, 409)
+)
 async def create_agent(request: Request, body: AgentCreate | None = None) -> dict[str, Any]:
     """Create an agent with a system prompt and sampling defaults; nothing is cached until its
-    first generate. Of two creates of one id, exactly one wins (the other gets 409)."""
-    engine, body = engine_of(request), body or AgentCreate()
+    first generate. Of two creates of one id, exactly one wins (the other gets 409). It belongs
+    to the key that creates it."""
+    door, body = engine_of(request).agent_door, body or AgentCreate()
     agent_id = body.agent_id or _new_id()
     defaults = body.defaults.settings()
     limits.check_stops(request.app.state.settings, defaults.stop or (), "defaults.stop")
-    conversation = Conversation(body.system, defaults)
-    return await _created(engine, lambda: engine.agents.create(agent_id, conversation))
+    return await door.create(caller_of(request), agent_id, Conversation(body.system, defaults))
 
 
-@router.get("/v1/agents", response_model=AgentList, responses=_errors())
-async def list_agents(request: Request) -> dict[str, Any]:
-    engine = engine_of(request)
-    snapshot: dict[str, Any] = await engine.call(engine.agents.snapshot)
-    return {"object": "list", "data": snapshot["agents"]}
+@router.get("/v1/agents", response_model=AgentList, responses=_errors(400))
+async def list_agents(
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[
+        str | None, Query(pattern=AGENT_ID_PATTERN, description="The `last_id` of a page.")
+    ] = None,
+    owner: OwnerParam = None,
+) -> dict[str, Any]:
+    """The key's agents in id order (an admin key's: every key's, or `owner`'s), `limit` at a
+    time."""
+    door = engine_of(request).agent_door
+    page = await door.page(caller_of(request), limit, after, owner)
+    ids = [agent["agent_id"] for agent in page.data]
+    return {
+        "object": "list",
+        "data": page.data,
+        "first_id": ids[0] if ids else None,
+        "last_id": ids[-1] if ids else None,
+        "has_more": page.has_more,
+    }
 
 
 @router.get("/v1/agents/{agent_id}", response_model=AgentInfo, responses=_errors(400, 404))
-async def get_agent(agent_id: str, request: Request) -> dict[str, Any]:
-    engine, agent_id = engine_of(request), _checked(agent_id)
-    described: dict[str, Any] | None = await engine.call(lambda: engine.agents.describe(agent_id))
-    if described is None:
-        raise NotFound(f"no agent {agent_id!r}")
-    return described
+async def get_agent(agent_id: str, request: Request, owner: OwnerParam = None) -> dict[str, Any]:
+    door, agent_id = engine_of(request).agent_door, _checked(agent_id)
+    return await door.describe(caller_of(request), agent_id, owner)
 
 
-@router.patch("/v1/agents/{agent_id}", response_model=AgentInfo, responses=_errors(400))
-async def update_agent(agent_id: str, body: AgentUpdate, request: Request) -> dict[str, Any]:
-    """Pin (or unpin) an agent: a pinned agent's cache never leaves memory or disk."""
-    engine, agent_id = engine_of(request), _checked(agent_id)
-
-    def apply() -> dict[str, Any] | None:
-        engine.agents.pin(agent_id, body.pinned)
-        return engine.agents.describe(agent_id)
-
-    described: dict[str, Any] | None = await engine.call(apply)
-    assert described is not None
-    return described
+@router.patch("/v1/agents/{agent_id}", response_model=AgentInfo, responses=_errors(400, 404))
+async def update_agent(
+    agent_id: str, body: AgentUpdate, request: Request, owner: OwnerParam = None
+) -> dict[str, Any]:
+    """Pin (or unpin) an agent: a pinned agent's cache never leaves memory or disk. Durable
+    once answered (its manifest is written); an unknown agent is a 404."""
+    door, agent_id = engine_of(request).agent_door, _checked(agent_id)
+    return await door.pin(caller_of(request), agent_id, body.pinned, owner)
 
 
 @router.delete("/v1/agents/{agent_id}", response_model=Deleted, responses=_errors(400, 404, 409))
-async def delete_agent(agent_id: str, request: Request) -> dict[str, Any]:
+async def delete_agent(agent_id: str, request: Request, owner: OwnerParam = None) -> dict[str, Any]:
     """Forget the agent and its conversation; frees its blocks in memory and on disk that no
     other agent shares. Its id can be created again."""
-    engine, agent_id = engine_of(request), _checked(agent_id)
-    if not await engine.call(lambda: engine.agents.delete(agent_id)):
-        raise NotFound(f"no agent {agent_id!r}")
+    door, agent_id = engine_of(request).agent_door, _checked(agent_id)
+    await door.delete(caller_of(request), agent_id, owner)
     return {"id": agent_id, "object": "agent", "deleted": True}
 
 
@@ -230,14 +267,17 @@ async def delete_agent(agent_id: str, request: Request) -> dict[str, Any]:
     response_model=Generation,
     responses={200: _JSON_OR_SSE, **_errors(400, 404, 409)},
 )
-async def generate(agent_id: str, body: GenerateBody, request: Request) -> Response:
+async def generate(
+    agent_id: str, body: GenerateBody, request: Request, owner: OwnerParam = None
+) -> Response:
     """One turn: the new user message after the agent's whole conversation, rendered through
     the chat template (the agent's cache serves what it has seen); the reply joins the
     conversation, on disk, before the answer (or the `done` event) goes out. One turn at a
     time per agent: 409 while another runs."""
-    engine, agent_id = engine_of(request), _checked(agent_id)
+    engine, agent_id, caller = engine_of(request), _checked(agent_id), caller_of(request)
     rate_limits.check_agent(request, agent_id)
-    turn = await Turn.begin(engine, agent_id, request.state.request_id)
+    hold = engine.agent_door.hold(caller, agent_id, request.state.request_id, owner)
+    turn = await Turn.begin(engine, hold, body.message)
     try:
         generation = await turn.request(body, request.app.state.settings)
         events = engine.stream(generation)
@@ -257,25 +297,26 @@ async def generate(agent_id: str, body: GenerateBody, request: Request) -> Respo
     "/v1/agents/{agent_id}/fork",
     status_code=201,
     response_model=AgentInfo,
-    responses=_errors(400, 404, 409),
+    responses=_errors(400, 403, 404, 409),
 )
 async def fork_agent(
-    agent_id: str, request: Request, body: AgentFork | None = None
+    agent_id: str, request: Request, body: AgentFork | None = None, owner: OwnerParam = None
 ) -> dict[str, Any]:
     """A new agent with a copy of this one's conversation, sharing its cache: no block is
-    copied until one of them extends the shared partial last block."""
-    engine, parent = engine_of(request), _checked(agent_id)
+    copied until one of them extends the shared partial last block. The new agent is the
+    caller's."""
+    door, parent = engine_of(request).agent_door, _checked(agent_id)
     child = (body.agent_id if body else None) or _new_id()
-    return await _created(engine, lambda: engine.agents.fork(parent, child))
+    return await door.fork(caller_of(request), parent, child, owner)
 
 
 @router.post("/v1/agents/{agent_id}/persist", response_model=Persisted, responses=_errors(400, 404))
-async def persist_agent(agent_id: str, request: Request) -> dict[str, Any]:
+async def persist_agent(
+    agent_id: str, request: Request, owner: OwnerParam = None
+) -> dict[str, Any]:
     """Write the agent's cache and conversation to disk; answers once they are fsynced."""
-    engine, agent_id = engine_of(request), _checked(agent_id)
-    if await engine.call(lambda: engine.agents.describe(agent_id)) is None:
-        raise NotFound(f"no agent {agent_id!r}")
-    result = await engine.persist([agent_id])
+    door, agent_id = engine_of(request).agent_door, _checked(agent_id)
+    result = await door.persist(caller_of(request), agent_id, owner)
     if result.failed or result.agents_failed:
         raise PersistFailed(
             f"agent {agent_id!r} is not durable: {result.failed} block writes failed, or its "
@@ -287,34 +328,15 @@ async def persist_agent(agent_id: str, request: Request) -> dict[str, Any]:
 @router.get(
     "/v1/agents/{agent_id}/messages", response_model=MessageList, responses=_errors(400, 404)
 )
-async def agent_messages(agent_id: str, request: Request) -> dict[str, Any]:
+async def agent_messages(
+    agent_id: str, request: Request, owner: OwnerParam = None
+) -> dict[str, Any]:
     """The conversation the server keeps for the agent, oldest message first."""
-    engine, agent_id = engine_of(request), _checked(agent_id)
-
-    def read() -> Conversation | None:
-        agent = engine.agents.by_id.get(agent_id)
-        return None if agent is None else agent.conversation or Conversation()
-
-    conversation = await engine.call(read)
-    if conversation is None:
-        raise NotFound(f"no agent {agent_id!r}")
+    door, agent_id = engine_of(request).agent_door, _checked(agent_id)
+    conversation = await door.conversation(caller_of(request), agent_id, owner)
     data = [{"role": m.role, "content": m.content} for m in conversation.messages]
     return {"object": "list", "agent_id": agent_id, "system": conversation.system, "data": data}
 
 
 def _new_id() -> str:
     return f"agent_{uuid.uuid4().hex[:24]}"
-
-
-async def _created(engine: Engine, create: Callable[[], Agent]) -> dict[str, Any]:
-    """Run `create` on the engine thread, then write the new agent's manifest off it, so the
-    agent survives a restart from the moment it is acknowledged."""
-
-    def create_and_describe() -> tuple[Agent, dict[str, Any] | None]:
-        agent = create()
-        return agent, engine.agents.describe(agent.agent_id)
-
-    agent, described = await engine.call(create_and_describe)
-    await asyncio.to_thread(engine.agents.save_manifest, agent)
-    assert described is not None
-    return described

@@ -28,6 +28,7 @@ from semantic.api.anthropic_request import (
     render_prompt,
     tool_use_of,
 )
+from semantic.api.auth import caller_of
 from semantic.api.errors import anthropic_error_event
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
 from semantic.api.streaming import (
@@ -342,6 +343,7 @@ async def create_message(request: Request) -> Response:
         prompt_token_ids=prompt_ids,
         sampling=sampling_params(body, max_tokens, grammar),
         agent_id=agent,
+        owner=caller_of(request).owner,
     )
     events = engine.stream(generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))

@@ -12,6 +12,10 @@ swap, cache persist and evict): any other known key gets 403, as a key that lack
 and only they may swap models by naming one in a request (`swap_on_request`). With no admin key
 set, every key reaches every route.
 
+Agents belong to the key that made them: a request carries its key's owner digest
+(`caller_of`), and `engine/agent_door.py` shows each key its own agents only, an admin key
+every key's. With no keys at all, there is one owner, and every client is it.
+
 Guessing is slow: each 401 counts against its client address (rate_limits.py), and an address
 over `auth_failures_per_minute` gets 429 before its key is looked at.
 """
@@ -30,6 +34,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic.api import errors
+from semantic.core import Caller
 from semantic.errors import RateLimited
 
 if TYPE_CHECKING:  # rate_limits.py imports this module
@@ -42,6 +47,8 @@ OPEN_PATHS = ("/health/",)
 ADMIN_PATHS = ("/admin/",)
 _KEY_ID = "api_key_id"  # the request state's name for the key's short digest
 _ADMIN = "api_key_admin"  # the request state's name for whether the key may administer
+_OWNER = "api_key_owner"  # the request state's name for the owner digest of its agents
+_ADMIN_KEY = "api_key_is_admin_key"  # … for whether it is an admin key (sees every agent)
 _MISSING = "missing API key: send it as x-api-key or Authorization: Bearer"
 _NOT_ADMIN = "this API key may not use the admin routes: send an admin key (admin_api_key)"
 
@@ -83,9 +90,13 @@ class RequireApiKey:
             _log_refusal(request, 401, refusal)
             await _unauthorized(request, refusal)(scope, receive, send)
             return
-        admin = not self._admin_digests or _match(sent, self._admin_digests) is not None
-        setattr(request.state, _KEY_ID, matched.hex()[:8])  # scope["state"]: seen downstream
+        admin_key = _match(sent, self._admin_digests) is not None
+        admin = admin_key or not self._admin_digests
+        # scope["state"]: seen downstream. The key id (logs) is the owner digest's start.
+        setattr(request.state, _KEY_ID, matched.hex()[:8])
+        setattr(request.state, _OWNER, owner_digest(matched))
         setattr(request.state, _ADMIN, admin)
+        setattr(request.state, _ADMIN_KEY, admin_key)
         if scope["path"].startswith(ADMIN_PATHS) and not admin:
             _log_refusal(request, 403, _NOT_ADMIN)
             await _forbidden(request)(scope, receive, send)
@@ -105,6 +116,22 @@ def may_administer(request: Request) -> bool:
     any key (or none) when the server has no admin keys."""
     admin: bool = getattr(request.state, _ADMIN, True)
     return admin
+
+
+def caller_of(request: Request) -> Caller:
+    """Who the request asks about agents as: its key's owner scope, and whether it sees every
+    owner's agents (an admin key). On a server without keys, everyone is the one owner (None),
+    and sees everything."""
+    owner: str | None = getattr(request.state, _OWNER, None)
+    if owner is None:
+        return Caller(None, admin=True)
+    return Caller(owner, admin=bool(getattr(request.state, _ADMIN_KEY, False)))
+
+
+def owner_digest(key_digest: bytes) -> str:
+    """The owner of a key's agents, as manifests record it: the first 128 bits of the key's
+    SHA-256, in hex (the key's id in the logs is its first 8 digits)."""
+    return key_digest.hex()[:32]
 
 
 def _match(sent: list[str], digests: list[bytes]) -> bytes | None:

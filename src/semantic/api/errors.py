@@ -34,11 +34,13 @@ Protocol = Literal["anthropic", "openai"]
 _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.ContextOverflow, 400, "invalid_request_error", "context_length_exceeded"),
     (errors.PreviousResponseNotFound, 400, "invalid_request_error", "previous_response_not_found"),
+    (errors.ConversationTooLarge, 400, "invalid_request_error", "conversation_too_large"),
     (errors.InvalidRequest, 400, "invalid_request_error", None),
     (errors.PoolExhausted, 400, "invalid_request_error", "context_length_exceeded"),
     (errors.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
     (errors.NotFound, 404, "invalid_request_error", None),
     (errors.Conflict, 409, "invalid_request_error", "conflict"),
+    (errors.TooManyAgents, 403, "invalid_request_error", "agent_limit_reached"),
     # OpenAI's own type and code for a requests-per-minute limit.
     (errors.RateLimited, 429, "requests", "rate_limit_exceeded"),
     # A model swap to a model that does not load: the previous model serves again.
@@ -195,7 +197,11 @@ _BRANCHES = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
 
 
 def _field_path(loc: Sequence[Any]) -> tuple[str, ...]:
-    return tuple(str(part) for part in loc if part != "body" and not _is_branch(part))
+    """The field a validation error is about, without where it came from (the body, the query
+    string: `owner`, not `query.owner`)."""
+    if loc and loc[0] in ("body", "query", "path"):
+        loc = loc[1:]
+    return tuple(str(part) for part in loc if not _is_branch(part))
 
 
 def _is_branch(part: Any) -> bool:

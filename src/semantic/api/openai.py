@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from semantic.api import anthropic, limits, rate_limits
 from semantic.api.agents import named_agent
+from semantic.api.auth import caller_of
 from semantic.api.bodies import LimitedBodyRoute
 from semantic.api.errors import error_payload, protocol_of
 from semantic.api.gate import engine_of
@@ -248,6 +249,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         prompt_token_ids=prompt_ids,
         sampling=sampling_params(body, max_tokens, settings, grammar),
         agent_id=agent_id,
+        owner=caller_of(request).owner,
     )
     events = engine.stream(generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
@@ -418,6 +420,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         prompt_token_ids=prompt_ids,
         sampling=sampling_params(body, max_tokens, settings),
         agent_id=agent_id,
+        owner=caller_of(request).owner,
     )
     events = engine.stream(generation)
     completion = _TextCompletion(int(time.time()), body.model, prompt_text if body.echo else "")

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic.api import errors
-from semantic.api.auth import OPEN_PATHS, key_id_of
+from semantic.api.auth import OPEN_PATHS, caller_of, key_id_of
 from semantic.config import Settings
 from semantic.errors import RateLimited
 
@@ -138,11 +138,12 @@ class RateLimits:
             who = "this server" if key_id == ANONYMOUS else "this API key"
             raise _limited(who, self.by_key.per_minute, wait_s)
 
-    def check_agent(self, agent_id: str | None) -> None:
-        """RateLimited when the agent is over its limit; a request naming no agent has none."""
+    def check_agent(self, agent_id: str | None, owner: str | None = None) -> None:
+        """RateLimited when the agent (`agent_id` of `owner`'s: two keys' agents of one id are
+        two agents) is over its limit; a request naming no agent has none."""
         if self.by_agent is None or agent_id is None:
             return
-        wait_s = self.by_agent.admit(agent_id)
+        wait_s = self.by_agent.admit(f"{owner}/{agent_id}")
         if wait_s > 0:
             raise _limited(f"agent {agent_id!r}", self.by_agent.per_minute, wait_s)
 
@@ -159,7 +160,7 @@ def check_agent(request: Request, agent_id: str | None) -> None:
     """For a route, once it knows the agent it serves: RateLimited past the agent's limit."""
     limits: RateLimits = request.app.state.rate_limits
     try:
-        limits.check_agent(agent_id)
+        limits.check_agent(agent_id, caller_of(request).owner)
     except RateLimited as exc:
         _log_refusal(request, f"agent {agent_id}", exc)
         raise

@@ -23,7 +23,7 @@ from semantic.api import limits, rate_limits
 from semantic.api.agents import named_agent
 from semantic.api.anthropic import agent_id_from
 from semantic.api.anthropic_request import parse_body
-from semantic.api.auth import key_id_of
+from semantic.api.auth import caller_of
 from semantic.api.errors import error_payload
 from semantic.api.gate import engine_of
 from semantic.api.openai_tools import (
@@ -228,7 +228,7 @@ async def create_response(request: Request) -> Response:
     body = await parse_body(request, ResponsesBody)
     engine, settings = engine_of(request), request.app.state.settings
     engine.model.check_requested_name(body.model, settings.strict_model_names)
-    owner, store = key_id_of(request), store_of(request)
+    owner, store = caller_of(request).owner, store_of(request)
     chain: list[StoredResponse] = []
     if body.previous_response_id is not None:
         chain = await _chain(store, body.previous_response_id, owner)
@@ -260,6 +260,7 @@ async def create_response(request: Request) -> Response:
         prompt_token_ids=prompt_ids,
         sampling=_sampling(body, max_tokens, grammar),
         agent_id=agent,
+        owner=owner,  # the chain's agent is this key's, as its stored responses are
     )
     events = engine.stream(generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
@@ -412,13 +413,13 @@ def _error_frame(exc: Exception) -> str:
 
 @router.get("/v1/responses/{response_id}", responses=error_responses("openai", 404, 500))
 async def get_response(response_id: str, request: Request) -> dict[str, Any]:
-    stored = await asyncio.to_thread(store_of(request).load, response_id, key_id_of(request))
+    stored = await asyncio.to_thread(store_of(request).load, response_id, caller_of(request).owner)
     return stored.response
 
 
 @router.delete("/v1/responses/{response_id}", responses=error_responses("openai", 404, 500))
 async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
-    await asyncio.to_thread(store_of(request).delete, response_id, key_id_of(request))
+    await asyncio.to_thread(store_of(request).delete, response_id, caller_of(request).owner)
     return {"id": response_id, "object": "response", "deleted": True}
 
 
@@ -428,7 +429,7 @@ async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
 async def list_input_items(response_id: str, request: Request) -> dict[str, Any]:
     """A stored response's input items, newest first unless `order=asc`, `limit` (1 to 100,
     default 20) at a time, after the item `after`."""
-    stored = await asyncio.to_thread(store_of(request).load, response_id, key_id_of(request))
+    stored = await asyncio.to_thread(store_of(request).load, response_id, caller_of(request).owner)
     query = request.query_params
     limit = _limit(query.get("limit"))
     order = query.get("order", "desc")

@@ -28,7 +28,7 @@ FORMAT = 1
 class StoredResponse:
     """A response as answered (`response`), its input items (each with an id), the chat-template
     messages it adds to its chain (its input, then its output), the agent its chain's cache is
-    kept as, and its owner (a key's id)."""
+    kept as, and its owner (the owner digest of its API key, as agents have)."""
 
     response: dict[str, Any]
     input_items: list[dict[str, Any]]

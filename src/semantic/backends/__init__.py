@@ -7,14 +7,13 @@ import importlib.util
 import platform
 import sys
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 
-from semantic.config import Settings
 from semantic.engine.runner import ModelRunner
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
+from semantic.options import RunnerOptions
 
 _RUNNERS = {
     "torch": ("semantic.backends.torch.runner", "TorchRunner"),
@@ -23,17 +22,14 @@ _RUNNERS = {
 
 
 def create_runner(
-    backend: str | Settings,
+    options: RunnerOptions,
     config: ModelConfig,
     weights: Iterable[tuple[str, np.ndarray]],
-    **options: Any,
+    weights_fingerprint: str | None = None,
 ) -> ModelRunner:
-    """Build a backend's runner. `backend` is a name ("auto", "torch", "mlx") with the runner's
-    keyword settings in `options`, or the `Settings`, which supplies both."""
-    if isinstance(backend, Settings):
-        options = {**_options(backend), **options}
-        backend = backend.backend
-    name = default_backend() if backend == "auto" else backend
+    """Build the runner of `options.backend` ("auto" picks this platform's) for a model; its
+    `weights_fingerprint` names the weights it may keep prepared (None: none kept)."""
+    name = default_backend() if options.backend == "auto" else options.backend
     if name not in _RUNNERS:
         raise ModelLoadFailed(f"unknown backend {name!r}; known: {sorted(_RUNNERS)}")
     module_name, class_name = _RUNNERS[name]
@@ -41,7 +37,8 @@ def create_runner(
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ModelLoadFailed(f"backend {name!r} is not available here: {exc}") from exc
-    runner: ModelRunner = getattr(module, class_name)(config, weights, **options)
+    keywords = {**options.keywords(), "weights_fingerprint": weights_fingerprint}
+    runner: ModelRunner = getattr(module, class_name)(config, weights, **keywords)
     return runner
 
 
@@ -57,14 +54,3 @@ def _exists(module_name: str) -> bool:
         return importlib.util.find_spec(module_name) is not None
     except ModuleNotFoundError:  # a parent package is missing
         return False
-
-
-def _options(settings: Settings) -> dict[str, Any]:
-    return {
-        "block_tokens": settings.block_tokens,
-        "cache_budget_mb": settings.cache_budget_mb,
-        "dtype": settings.dtype,
-        "device": settings.device,
-        "threads": settings.threads,
-        "kernels": settings.cpu_kernels,
-    }

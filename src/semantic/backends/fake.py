@@ -1,8 +1,9 @@
 """A deterministic runner with no tensors, for scheduler, engine and API tests.
 
 Its "KV cache" is the token id stored in each slot, and its next token is a hash of the context
-it reads back through the block table. So a wrong block table, a slot written by the wrong
-sequence or a lost chunk changes the output, exactly as it would corrupt a real model's.
+it reads back through the block tables: each layer group's, within the group's window. So a
+wrong block table, a slot written by the wrong sequence or a lost chunk changes the output,
+exactly as it would corrupt a real model's.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ class FakeRunner:
         first_token_id: int = 0,
         fail_on_token: int | None = None,
         fail_row_on_token: int | None = None,
+        layer_windows: tuple[int | None, ...] = (),
     ) -> None:
         """Tokens are drawn from `first_token_id .. vocab_size - 1` (keep special ids below it).
         To test failure paths: a step whose input contains `fail_on_token` raises; an item whose
         context contains `fail_row_on_token` cannot be sampled, while the rest of its step goes
-        on (as a row with non-finite probabilities)."""
-        self.cache_spec = CacheSpec(1, 1, 1, "float32", block_tokens)
+        on (as a row with non-finite probabilities). `layer_windows` gives it layers with
+        sliding windows, as a hybrid model has (default: one layer of full attention)."""
+        layers = len(layer_windows) or 1
+        self.cache_spec = CacheSpec(layers, 1, 1, "float32", block_tokens, layer_windows)
         self.num_blocks = num_blocks
         self.vocab_size = vocab_size
         self.first_token_id = first_token_id
@@ -52,8 +56,9 @@ class FakeRunner:
             copied = self.slots[source * size : (source + 1) * size]
             self.slots[destination * size : (destination + 1) * size] = copied
         for item in batch.items:
-            for offset, token in enumerate(item.token_ids):
-                self.slots[self._slot(item, item.start_pos + offset)] = token
+            for group in range(len(item.block_tables)):
+                for offset, token in enumerate(item.token_ids):
+                    self.slots[self._slot(item, group, item.start_pos + offset)] = token
         outcomes = [(i, self._outcome(item)) for i, item in enumerate(batch.items) if item.sample]
         return step_tokens(len(batch.items), outcomes)
 
@@ -61,20 +66,23 @@ class FakeRunner:
         self.grammars.release(seq_id)
 
     def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
-        """The block's slots as "K" (token ids, -1 for empty); "V" is zeros."""
-        size = self.cache_spec.block_tokens
+        """The page's slots as "K" of each of its layers (token ids, -1 for empty); "V" is
+        zeros."""
+        size, layers = self.cache_spec.block_tokens, self.cache_spec.layers_per_group
         slots = self.slots[block * size : (block + 1) * size]
-        k = np.array([-1 if s is None else s for s in slots], np.float32).reshape(1, size, 1, 1)
+        row = np.array([-1 if s is None else s for s in slots], np.float32)
+        k = np.repeat(row[None], layers, 0).reshape(layers, size, 1, 1)
         return k, np.zeros_like(k)
 
     def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
         size = self.cache_spec.block_tokens
-        values = [None if x < 0 else int(x) for x in k.reshape(-1)]
+        values = [None if x < 0 else int(x) for x in k[0].reshape(-1)]
         self.slots[block * size : (block + 1) * size] = values
 
-    def _slot(self, item: BatchItem, position: int) -> int:
+    def _slot(self, item: BatchItem, group: int, position: int) -> int:
         block_tokens = self.cache_spec.block_tokens
-        return item.block_table[position // block_tokens] * block_tokens + position % block_tokens
+        page = item.block_tables[group][position // block_tokens]
+        return page * block_tokens + position % block_tokens
 
     def _outcome(self, item: BatchItem) -> int | Exception:
         if self.fail_row_on_token is not None and self.fail_row_on_token in self._context(item):
@@ -104,9 +112,14 @@ class FakeRunner:
         return token if error is None else error
 
     def _context(self, item: BatchItem) -> list[int | None]:
-        """The item's tokens so far, read back through its block table."""
+        """The tokens its last position reads, group by group, through the block tables: all
+        of them, or a sliding group's window."""
         end = item.start_pos + len(item.token_ids)
-        return [self.slots[self._slot(item, position)] for position in range(end)]
+        context: list[int | None] = []
+        for group, layers in enumerate(self.cache_spec.groups):
+            start = 0 if layers.window is None else max(0, end - layers.window)
+            context += [self.slots[self._slot(item, group, p)] for p in range(start, end)]
+        return context
 
     def _next_token(self, item: BatchItem) -> int:
         context = self._context(item)

@@ -75,6 +75,33 @@ async def read_cache_counters(client: httpx.AsyncClient) -> CacheCounters | None
         return None
 
 
+@dataclass(slots=True, frozen=True)
+class AgentKV:
+    """What the target's pool holds for one agent (`/admin/cache`): the bytes its next turn
+    reads, and what every layer's K/V of the same blocks would take (more than `held` for a
+    model with sliding windows, which keep only theirs)."""
+
+    held: int
+    full_attention: int
+
+    @property
+    def share(self) -> float | None:
+        return self.held / self.full_attention if self.full_attention else None
+
+
+async def read_agent_kv(client: httpx.AsyncClient, agent_id: str) -> AgentKV | None:
+    """The KV the target holds for `agent_id`; None where it has no `/admin/cache`, or does not
+    know the agent or say those figures."""
+    try:
+        response = await client.get(ADMIN_CACHE_PATH)
+        if response.status_code != 200:
+            return None
+        agent = next(a for a in response.json()["agents"] if a["agent_id"] == agent_id)
+        return AgentKV(_count(agent["bytes_in_memory"]), _count(agent["bytes_full_attention"]))
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+
+
 def counters_over(
     before: CacheCounters | None, after: CacheCounters | None
 ) -> CacheCounters | None:

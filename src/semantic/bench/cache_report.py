@@ -15,6 +15,7 @@ from semantic.bench.crowd import Clients, CrowdResult, CrowdRun
 from semantic.bench.history import HistoryResult
 from semantic.bench.pressure import MISS_SHARE, PressureResult
 from semantic.bench.restart import RestartResult
+from semantic.bench.workload import LatencySummary
 
 
 @dataclass(slots=True)
@@ -62,6 +63,8 @@ def _history(result: HistoryResult) -> Section:
         "cold ÷ warm",
         "warm: cached ÷ prompt",
         "cold: cached ÷ prompt",
+        "KV held (MiB)",
+        "KV ÷ full attention",
     ]
     rows = [
         [
@@ -72,6 +75,8 @@ def _history(result: HistoryResult) -> Section:
             _x(p.speedup),
             _pct(p.warm_cached_share),
             _pct(p.cold_cached_share),
+            "unknown" if p.kv is None else f"{p.kv.held / 2**20:,.1f}",
+            _pct(None if p.kv is None else p.kv.share),
         ]
         for p in result.points
     ]
@@ -81,7 +86,9 @@ def _history(result: HistoryResult) -> Section:
         columns,
         rows,
         f"{_flatness(result)} Cold = the same prompt with its first character changed, under a "
-        f"fresh session id; its length matched the warm prompt's to within {mismatch:.2%}.",
+        f"fresh session id; its length matched the warm prompt's to within {mismatch:.2%}. "
+        "KV held: what the server's pool keeps for the history once built (its /admin/cache), "
+        "against every layer's K/V for every block of it (less with sliding windows).",
     )
 
 
@@ -168,8 +175,9 @@ def _crowd(result: CrowdResult) -> Section:
         ["Prompt tokens from memory / disk / prefilled", *(_tokens(r.cache) for r in result.runs)],
         ["Miss reasons (requests)", *(_reasons(r.cache) for r in result.runs)],
         ["Disk blocks read / written", *(_disk(r.cache) for r in result.runs)],
-        ["TTFT warm p50 / p95 (s)", *(_p50_p95(r, warm=True) for r in result.runs)],
-        ["TTFT cold p50 / p95 (s)", *(_p50_p95(r, warm=False) for r in result.runs)],
+        ["TTFT warm p50 / p95 (s)", *(_p50_p95(r.warm_ttft) for r in result.runs)],
+        ["TTFT cold p50 / p95 (s)", *(_p50_p95(r.cold_ttft) for r in result.runs)],
+        ["Inter-token latency p50 / p95 (s)", *(_p50_p95(r.inter_token) for r in result.runs)],
         ["Aggregate output (tok/s)", *(f"{r.output_tok_s:,.1f}" for r in result.runs)],
         ["Wall time (s)", *(f"{r.wall_s:,.1f}" for r in result.runs)],
         ["Errors (requests)", *(str(len(r.errors)) for r in result.runs)],
@@ -188,7 +196,8 @@ _CROWD_CAPTION = (
     "Every agent sends its next turn as soon as its answer arrives. Hit rate: tokens served "
     "from cache ÷ the agent's previous prompt and answer, over warm turns (a turn is credited "
     "at most its history). Prefilled ÷ new: (prompt − cached) ÷ (prompt − history) over warm "
-    "turns; 1.00× means they paid for their new tokens only. Tokens, miss reasons and disk "
+    "turns; 1.00× means they paid for their new tokens only. Inter-token latency: the time "
+    "between two streamed tokens of one answer, over every answer. Tokens, miss reasons and disk "
     "blocks are the server's GET /admin/cache over the run (unknown where it has none). Each "
     "kind of client ran on a fresh server with a fresh cache folder when the bench spawned it."
 )
@@ -218,8 +227,7 @@ def _disk(cache: CacheCounters | None) -> str:
     return "unknown" if cache is None else f"{cache.restored:,} / {cache.disk_writes:,}"
 
 
-def _p50_p95(run: CrowdRun, warm: bool) -> str:
-    summary = run.warm_ttft if warm else run.cold_ttft
+def _p50_p95(summary: LatencySummary) -> str:
     return f"{_s(summary.p50)} / {_s(summary.p95)}"
 
 
@@ -268,6 +276,8 @@ def summary(
                 "warm_cached_share": p.warm_cached_share,
                 "cold_cached_share": p.cold_cached_share,
                 "token_mismatch": p.token_mismatch,
+                "kv_held_bytes": None if p.kv is None else p.kv.held,
+                "kv_full_attention_bytes": None if p.kv is None else p.kv.full_attention,
             }
             for p in history.points
         ]
@@ -301,6 +311,8 @@ def _crowd_figures(run: CrowdRun) -> dict[str, Any]:
         "warm_ttft_p95_s": run.warm_ttft.p95,
         "cold_ttft_p50_s": run.cold_ttft.p50,
         "cold_ttft_p95_s": run.cold_ttft.p95,
+        "inter_token_p50_s": run.inter_token.p50,
+        "inter_token_p95_s": run.inter_token.p95,
         "output_tok_s": run.output_tok_s,
         "wall_s": run.wall_s,
         "errors": len(run.errors),

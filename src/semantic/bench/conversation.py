@@ -11,11 +11,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from semantic.bench.plan import BenchPlan, Message
+from semantic.bench.plan import ANSWER_TOKENS, BenchPlan, Message
 from semantic.bench.workload import chat_body, stream_chat
 
-# Answers while a history grows: the cache phases measure prefill, so answers stay short.
-ANSWER_TOKENS = 16
 # The chat template's tokens around one more user turn (role headers, end markers): a guess
 # that only steers the last user message's size; the history is then measured, not assumed.
 TURN_OVERHEAD_TOKENS = 10

@@ -52,7 +52,8 @@ class Clients(enum.StrEnum):
 @dataclass(slots=True, frozen=True)
 class CrowdTurn:
     """One turn of one agent. `history_tokens` is what the agent sent and received before it
-    (its previous prompt and answer): all of it could have come from cache."""
+    (its previous prompt and answer): all of it could have come from cache. `gaps_s`: the time
+    between each streamed token of its answer and the next."""
 
     agent: int
     turn: int
@@ -61,6 +62,7 @@ class CrowdTurn:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None  # None: the server does not report it
+    gaps_s: tuple[float, ...] = ()
 
     @property
     def warm(self) -> bool:
@@ -115,6 +117,12 @@ class CrowdRun:
     @property
     def cold_ttft(self) -> LatencySummary:
         return LatencySummary.of([t.ttft_s for t in self.turns if not t.warm])
+
+    @property
+    def inter_token(self) -> LatencySummary:
+        """Inter-token latency: every gap between two streamed tokens of one answer, pooled
+        over all answers (so a long answer weighs as its tokens do)."""
+        return LatencySummary.of([gap for t in self.turns for gap in t.gaps_s])
 
     @property
     def output_tok_s(self) -> float:
@@ -201,6 +209,7 @@ class _Agent:
                 reply.prompt_tokens,
                 reply.completion_tokens,
                 reply.cached_tokens,
+                tuple(reply.gaps_s),
             )
         )
         return reply

@@ -1,5 +1,6 @@
 """History scaling: time to first token of an agent's next turn, warm (its own cache) and cold
-(the same prompt with nothing reusable), as its history grows — 1K, 2K, 4K tokens by default.
+(the same prompt with nothing reusable), as its history grows — 1K, 2K, 4K tokens by default —
+and the KV the server holds for that history.
 
 Warm TTFT should stay nearly flat (only the new message is prefilled) while cold TTFT grows
 with the history; `HistoryResult.flatness` is warm TTFT at the largest size ÷ at the smallest.
@@ -11,6 +12,7 @@ import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from semantic.bench.cache_counters import AgentKV, read_agent_kv
 from semantic.bench.conversation import (
     Chat,
     Conversation,
@@ -26,12 +28,14 @@ HISTORY_TURNS = 3  # user/assistant turns after the system prompt
 
 @dataclass(slots=True)
 class HistoryPoint:
-    """One history size: `repeats` warm probes and as many cold twins of the same prompts."""
+    """One history size: `repeats` warm probes and as many cold twins of the same prompts, and
+    the KV the server held for the history once it was built (None: it does not say)."""
 
     target_tokens: int
     history_tokens: int  # as the server counted it once the history was built
     warm: list[Probe]
     cold: list[Probe]
+    kv: AgentKV | None = None
 
     @property
     def warm_ttft_s(self) -> float:
@@ -99,7 +103,10 @@ async def run_history(
     for size in sorted(sizes):
         convo = new_conversation(chat.plan, f"history-{size}", size)
         await grow_history(chat, convo, size, HISTORY_TURNS, step)
-        points.append(await _probe_size(chat, convo, size, repeats, markers, step))
+        kv = await read_agent_kv(chat.client, convo.session_id)
+        point = await _probe_size(chat, convo, size, repeats, markers, step)
+        point.kv = kv
+        points.append(point)
     return HistoryResult(repeats, points)
 
 

@@ -7,9 +7,8 @@ import enum
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from semantic.bench.conversation import ANSWER_TOKENS
 from semantic.bench.crowd import Clients
-from semantic.bench.plan import WorkloadSpec
+from semantic.bench.plan import ANSWER_TOKENS, WorkloadSpec
 from semantic.bench.workload import BenchError
 
 

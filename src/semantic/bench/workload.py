@@ -51,7 +51,8 @@ def cached_share(items: Iterable[PromptUsage]) -> float | None:
 @dataclass(slots=True)
 class StreamResult:
     """One streamed completion. Times are `time.perf_counter()` seconds; `first_at`/`last_at`
-    are when the first and last non-empty content deltas arrived."""
+    are when the first and last non-empty content deltas arrived, `gaps_s` the time between
+    each content delta and the next (one token each, unless the server held text back)."""
 
     sent_at: float
     first_at: float
@@ -60,6 +61,7 @@ class StreamResult:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None  # None: the server does not report prompt_tokens_details
+    gaps_s: list[float] = field(default_factory=list)
 
     @property
     def ttft_s(self) -> float:
@@ -73,6 +75,7 @@ class _StreamState:
     first_at: float | None = None
     last_at: float | None = None
     pieces: list[str] = field(default_factory=list)
+    gaps_s: list[float] = field(default_factory=list)
     usage: dict[str, Any] | None = None
 
     def take(self, chunk: dict[str, Any], now: float) -> None:
@@ -84,6 +87,8 @@ class _StreamState:
             piece = delta.get("content") or delta.get("reasoning_content") or ""
             if piece:
                 self.first_at = now if self.first_at is None else self.first_at
+                if self.last_at is not None:
+                    self.gaps_s.append(now - self.last_at)
                 self.last_at = now
                 self.pieces.append(delta.get("content") or "")
             elif choice.get("finish_reason") and self.first_at is None:
@@ -151,6 +156,7 @@ def _finish(state: _StreamState, sent_at: float) -> StreamResult:
         prompt_tokens=int(state.usage.get("prompt_tokens") or 0),
         completion_tokens=int(state.usage.get("completion_tokens") or 0),
         cached_tokens=details.get("cached_tokens"),
+        gaps_s=state.gaps_s,
     )
 
 

@@ -1,5 +1,9 @@
 """Agents: whose history is which blocks, what that means for eviction (shared, working, idle,
-pinned), the direct agent API's conversations and turns, and persistence of agents.
+pinned), the direct agent API's conversations and turns, how many agents an owner keeps, and
+persistence of agents.
+
+Agents are keyed by `AgentKey`: an id within its owner's scope. Who may see which agent is not
+decided here but in `engine/agent_door.py`, the API's one way in.
 
 Everything here runs on the engine thread except `PendingPersist.wait` and `save_manifest`, on
 any thread: they read agents without a lock; manifest writes are serialized by
@@ -17,21 +21,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_SHARED, TIER_WORKING_AGENT, BlockPool
+from semantic.cache.block_pool import (
+    TIER_IDLE_AGENT,
+    TIER_OUT_OF_WINDOW,
+    TIER_SHARED,
+    TIER_WORKING_AGENT,
+    BlockPool,
+)
 from semantic.cache.cache_stats import AgentStats, CacheStats, Served
 from semantic.cache.conversation import Conversation
-from semantic.cache.manifest import AgentManifest, delete_manifest, list_manifests, save_manifest
-from semantic.cache.prefix import PrefixCache
+from semantic.cache.manifest import AgentManifest, ManifestFiles
+from semantic.cache.prefix import PrefixCache, split_key
 from semantic.cache.tiering import PendingWrites, Tiering
-from semantic.core import History, Request
-from semantic.errors import Conflict, NotFound
+from semantic.core import AgentKey, History, Request
+from semantic.errors import Conflict, ConversationTooLarge, NotFound, PersistFailed, TooManyAgents
+from semantic.options import AgentOptions
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class Agent:
-    agent_id: str
+    key: AgentKey
     block_hashes: list[int] = field(default_factory=list)
     tail_hash: int | None = None
     num_tokens: int = 0
@@ -42,6 +53,14 @@ class Agent:
     # the id of the generate call holding it, if one is: one turn at a time, never interleaved.
     conversation: Conversation | None = None
     turn: str | None = None
+
+    @property
+    def agent_id(self) -> str:
+        return self.key.agent_id
+
+    @property
+    def owner(self) -> str | None:
+        return self.key.owner
 
     @property
     def hashes(self) -> list[int]:
@@ -66,8 +85,8 @@ class PendingPersist:
     """Writes queued by `Agents.start_persist`; `wait` returns once they are durable (or failed)
     and the manifests of the agents whose blocks all made it are written."""
 
-    def __init__(self, owner: Agents, agents: list[Agent], writes: PendingWrites) -> None:
-        self.owner = owner
+    def __init__(self, store: Agents, agents: list[Agent], writes: PendingWrites) -> None:
+        self.store = store
         self.agents = agents
         self.writes = writes
 
@@ -78,9 +97,15 @@ class PendingPersist:
         # An agent with nothing cached and no conversation has nothing to keep.
         worth = [a for a in self.agents if a.hashes or a.conversation is not None]
         complete = [a for a in worth if not writes.failed & set(a.hashes)]
-        saved = sum(self.owner.save_manifest(agent) for agent in complete)
+        saved = sum(self._saved(agent) for agent in complete)
         written = writes.submitted - len(writes.failed)
         return PersistResult(written, len(writes.failed), saved, len(worth) - saved)
+
+    def _saved(self, agent: Agent) -> bool:
+        try:
+            return self.store.save_manifest(agent)
+        except PersistFailed:
+            return False  # logged; the agent counts as not durable
 
 
 class Agents:
@@ -89,42 +114,66 @@ class Agents:
 
     Invariants: an agent's `hashes` name its last history; `_sharers[h]` counts the agents whose
     history contains `h` (two or more puts the block in the shared tier); a pinned agent's hot
-    blocks hold one pin reference each; an agent is held by at most one generate call (`turn`).
-    Manifests are written on `persist` and at shutdown, never after every turn, except for
-    agents with a conversation (the agent API): theirs is written at each turn, a few bytes that
-    cannot be computed again. Blocks need no manifest to be found: a prompt walks its chain in
-    memory and on disk alike (`cache/prefix.py`).
+    blocks hold one pin reference each; an agent is held by at most one generate call (`turn`);
+    `_per_owner` counts each owner's agents, at most `options.max_per_key` each; `_began` maps
+    each request in flight that names an agent to the agent it began on, so a request whose
+    agent was deleted meanwhile never brings it back. Manifests are written on `persist` and at
+    shutdown, never after every turn, except for agents with a conversation (the agent API):
+    theirs is written at each turn, a few bytes that cannot be computed again. Blocks need no
+    manifest to be found: a prompt walks its chain in memory and on disk alike
+    (`cache/prefix.py`).
     """
 
-    def __init__(self, prefix: PrefixCache, tiering: Tiering, *, idle_s: float) -> None:
+    def __init__(
+        self,
+        prefix: PrefixCache,
+        tiering: Tiering,
+        manifests: ManifestFiles,
+        options: AgentOptions,
+    ) -> None:
         self.prefix = prefix
         self.pool: BlockPool = prefix.pool
         self.tiering = tiering
-        self.idle_s = idle_s
+        self.manifests = manifests
+        self.options = options
         self.stats = CacheStats(tiering)
-        self.by_id: dict[str, Agent] = {}
+        self.by_key: dict[AgentKey, Agent] = {}
+        self._per_owner: Counter[str | None] = Counter()
         self._sharers: Counter[int] = Counter()
-        self._pins: dict[str, list[int]] = {}
+        self._pins: dict[AgentKey, list[int]] = {}
+        self._began: dict[str, Agent] = {}
         # Held while a manifest is written or deleted: a write that lost the race with a delete
         # must not bring the agent back.
         self.manifest_lock = threading.Lock()
         self._next_sweep = 0.0
-        for manifest in list_manifests(self.model_root):
+        for manifest in manifests.load_all():
             self._remember(manifest)
 
     @property
     def model_root(self) -> Path:
-        return self.tiering.disk.model_root
+        return self.manifests.model_root
+
+    def get(self, key: AgentKey) -> Agent | None:
+        return self.by_key.get(key)
 
     # -- on the engine thread ---------------------------------------------------------------
 
     def begin(self, request: Request) -> None:
-        """A request of an agent arrived (creating the agent on first sight)."""
-        if request.agent_id is None:
+        """A request of an agent arrived (creating the agent on first sight, within its
+        owner's limit: TooManyAgents past it)."""
+        key = request.agent
+        if key is None:
             return
-        agent = self.by_id.setdefault(request.agent_id, Agent(request.agent_id))
+        agent = self.by_key.get(key)
+        if agent is None:
+            agent = self._add(Agent(key))
+        self._began[request.request_id] = agent
         agent.working = True
         agent.stats.last_used = time.time()
+
+    def not_admitted(self, request: Request) -> None:
+        """A request `begin` saw failed before it could run: it ends without `finished`."""
+        self._began.pop(request.request_id, None)
 
     def finished(
         self,
@@ -136,11 +185,12 @@ class Agents:
     ) -> None:
         """Account for a finished request — `cached` of its prompt's tokens reused, `from_disk`
         of them read back from disk, `missing` the first block of it cached nowhere — and make
-        its history the agent's."""
-        agent_id = request.agent_id
-        agent = None if agent_id is None else self.by_id.setdefault(agent_id, Agent(agent_id))
+        its history the agent's, unless that agent was deleted while the request ran."""
+        began = self._began.pop(request.request_id, None)
+        agent = began if began is not None and self.by_key.get(began.key) is began else None
+        key = None if agent is None else agent.key
         reason = self.stats.miss_reason(
-            agent_id,
+            key,
             missing,
             cached,
             known_here=agent is not None and bool(agent.stats.requests or agent.hashes),
@@ -152,18 +202,41 @@ class Agents:
             self._set_history(agent, history)
 
     def _set_history(self, agent: Agent, history: History) -> None:
-        old = set(agent.hashes)
+        old, old_windows = set(agent.hashes), self._window_keys(agent)
         agent.block_hashes, agent.tail_hash = history.block_hashes, history.tail_hash
         agent.num_tokens = history.num_tokens
         new = set(agent.hashes)
         self._sharers.update(new - old)
         self._sharers -= Counter(old - new)  # `-=` drops hashes no agent shares any more
-        for block_hash in new:
-            block = self.pool.lookup(block_hash)
-            if block is not None and self._sharers[block_hash] >= 2:
-                self.pool.retier(block, TIER_SHARED)
+        for key, page in self._history_pages(agent):
+            if self._sharers[split_key(key)[0]] >= 2:
+                self.pool.retier(page, TIER_SHARED)
         if agent.pinned:
             self._pin(agent)
+        self._let_go_of_passed(agent, old_windows - self._window_keys(agent))
+
+    def _let_go_of_passed(self, agent: Agent, passed: set[int]) -> None:
+        """Sliding pages the agent's last history read and its new one does not (its window
+        moved past them, or its tail grew into a new block): unless another agent's history
+        still reads them, cached ones go to the out-of-window tier (reclaimed first, never
+        written) and their files are deleted, so a history persisted at every turn keeps one
+        window of sliding pages on disk as in memory. A page held by a running request is
+        left to it; a write still queued lands later, for the disk budget to drop."""
+        if any(self._sharers[split_key(key)[0]] > 1 for key in passed):
+            for other in self.by_key.values():
+                if other is not agent:
+                    passed -= self._window_keys(other)
+        for key in passed:
+            page = self.pool.lookup(key)
+            if page is not None:
+                self.pool.retier(page, TIER_OUT_OF_WINDOW)  # only a cached page moves
+            if self.tiering.disk.contains(key):
+                self.tiering.disk.delete(key)
+
+    def _window_keys(self, agent: Agent) -> set[int]:
+        """The sliding groups' page keys the agent's next turn reads."""
+        keys = self.prefix.history_keys(agent.hashes, agent.num_tokens)
+        return {key for key in keys if self.prefix.is_sliding(key)}
 
     def sweep(self, now: float | None = None) -> None:
         """Move agents not heard from within `idle_s` to the idle tier, and with them the
@@ -172,163 +245,233 @@ class Agents:
         if now < self._next_sweep:
             return
         self._next_sweep = now + 1.0
-        self.pool.demote_idle(self.idle_s)
-        for agent in self.by_id.values():
-            if agent.working and now - agent.stats.last_used > self.idle_s:
+        idle_s = self.options.idle_s
+        self.pool.demote_idle(idle_s)
+        for agent in self.by_key.values():
+            if agent.working and now - agent.stats.last_used > idle_s:
                 agent.working = False
-                for block_hash in agent.hashes:
-                    block = self.pool.lookup(block_hash)
-                    if block is not None and self.pool.tier_of(block) == TIER_WORKING_AGENT:
-                        self.pool.retier(block, TIER_IDLE_AGENT)
+                for _, page in self._history_pages(agent):
+                    if self.pool.tier_of(page) == TIER_WORKING_AGENT:
+                        self.pool.retier(page, TIER_IDLE_AGENT)
 
-    def pin(self, agent_id: str, pinned: bool = True) -> None:
-        """A pinned agent's hot blocks never leave memory, nor its files the disk."""
-        agent = self.by_id.setdefault(agent_id, Agent(agent_id))
+    def pin(self, key: AgentKey, pinned: bool = True) -> Agent:
+        """A pinned agent's hot blocks never leave memory, nor its files the disk (NotFound
+        for an unknown agent: pinning creates none)."""
+        agent = self._known(key)
         agent.pinned = pinned
         if pinned:
             self._pin(agent)
         else:
-            self.pool.release(self._pins.pop(agent_id, []), TIER_WORKING_AGENT)
+            self.pool.release(self._pins.pop(key, []), TIER_WORKING_AGENT)
         self._protect_pinned()
+        return agent
 
     def _protect_pinned(self) -> None:
         """The disk budget never drops the files of a pinned agent."""
-        pinned = frozenset(h for a in self.by_id.values() if a.pinned for h in a.hashes)
+        pinned = frozenset(h for a in self.by_key.values() if a.pinned for h in a.hashes)
         self.tiering.protected = pinned
 
     def _pin(self, agent: Agent) -> None:
-        blocks = [b for h in agent.hashes if (b := self.pool.lookup(h)) is not None]
-        for block in blocks:
-            self.pool.acquire(block)
-        self.pool.release(self._pins.pop(agent.agent_id, []), TIER_WORKING_AGENT)
-        self._pins[agent.agent_id] = blocks
+        """Hold the pages the agent's next turn reads, and let go of those held for its last
+        history (those its window moved past then leave as out of the window:
+        `_let_go_of_passed`)."""
+        pages = [page for _, page in self._history_pages(agent)]
+        for page in pages:
+            self.pool.acquire(page)
+        self.pool.release(self._pins.pop(agent.key, []), TIER_WORKING_AGENT)
+        self._pins[agent.key] = pages
+
+    def _history_pages(self, agent: Agent) -> list[tuple[int, int]]:
+        """(key, page) of the pool pages the agent's next turn reads."""
+        return self.prefix.history_pages(agent.hashes, agent.num_tokens)
 
     # -- the direct agent API: conversations, turns, forks (on the engine thread) -----------
 
-    def create(self, agent_id: str, conversation: Conversation) -> Agent:
+    def create(self, key: AgentKey, conversation: Conversation) -> Agent:
         """A new agent with a conversation and nothing cached yet; Conflict if the id is taken
-        (the engine thread runs one call at a time, so of two creates of one id exactly one
-        wins). The caller then writes its manifest with `save_manifest`."""
-        if agent_id in self.by_id:
-            raise Conflict(f"agent {agent_id!r} already exists")
-        agent = self.by_id[agent_id] = Agent(agent_id, conversation=conversation)
+        in its owner's scope (the engine thread runs one call at a time, so of two creates of
+        one id exactly one wins), ConversationTooLarge or TooManyAgents past the limits. The
+        caller then writes its manifest with `save_manifest`."""
+        if key in self.by_key:
+            raise Conflict(f"agent {key.agent_id!r} already exists")
+        self.check_size(conversation)
+        agent = self._add(Agent(key, conversation=conversation))
         agent.stats.last_used = time.time()
         return agent
 
-    def fork(self, parent_id: str, child_id: str) -> Agent:
+    def fork(self, parent_key: AgentKey, child_key: AgentKey) -> Agent:
         """A new agent with a copy of the parent's conversation whose cache is the parent's:
         the same blocks by hash, in memory or on disk, so the fork costs no block. Either side
         extending the shared partial tail copies it first (the scheduler's copy-on-write);
         deleting one keeps every block the other still names."""
-        parent = self.by_id.get(parent_id)
-        if parent is None:
-            raise NotFound(f"no agent {parent_id!r}")
-        child = self.create(child_id, parent.conversation or Conversation())
+        parent = self._known(parent_key)
+        child = self.create(child_key, parent.conversation or Conversation())
         history = History(list(parent.block_hashes), parent.tail_hash, parent.num_tokens)
         self._set_history(child, history)
         return child
 
-    def begin_turn(self, agent_id: str, turn_id: str) -> Conversation:
-        """Hold the agent for one generate call and return its conversation so far; NotFound,
-        or Conflict while another call holds it."""
-        agent = self.by_id.get(agent_id)
-        if agent is None:
-            raise NotFound(f"no agent {agent_id!r}")
+    def begin_turn(self, key: AgentKey, turn_id: str, message: str) -> tuple[Agent, Conversation]:
+        """Hold the agent for one generate call of `message` and return it with its
+        conversation so far; NotFound, Conflict while another call holds it, or
+        ConversationTooLarge when the conversation and the message are past the limit."""
+        agent = self._known(key)
         if agent.turn is not None:
-            raise Conflict(f"agent {agent_id!r} is already generating")
+            raise Conflict(f"agent {key.agent_id!r} is already generating")
+        conversation = agent.conversation or Conversation()
+        self.check_size(conversation.with_turn(message, ""))
         agent.turn = turn_id
-        return agent.conversation or Conversation()
+        return agent, conversation
 
-    def end_turn(
-        self, agent_id: str, turn_id: str, conversation: Conversation | None = None
-    ) -> Agent | None:
-        """Release the agent held by `turn_id`, making `conversation` its own when given (the
-        turn's reply). Returns the agent, or None when that turn no longer holds it (it was
+    def end_turn(self, key: AgentKey, turn_id: str) -> bool:
+        """Release the agent held by `turn_id`. False when that turn no longer holds it (it was
         ended already: releasing twice never frees a later turn's hold)."""
-        agent = self.by_id.get(agent_id)
+        agent = self.by_key.get(key)
         if agent is None or agent.turn != turn_id:
-            return None
+            return False
         agent.turn = None
-        if conversation is not None:
-            agent.conversation = conversation
+        return True
+
+    def check_size(self, conversation: Conversation) -> None:
+        limit = self.options.max_conversation_bytes
+        if conversation.text_bytes() > limit:
+            raise ConversationTooLarge(
+                f"the conversation would hold {conversation.text_bytes()} bytes of text; an "
+                f"agent keeps at most {limit} (max_conversation_mb): fork from an earlier "
+                "agent or start a new one",
+                param="message",
+            )
+
+    def _add(self, agent: Agent) -> Agent:
+        """A new agent in its owner's scope, making room for it (`_make_room`) first."""
+        self._make_room(agent.owner)
+        self.by_key[agent.key] = agent
+        self._per_owner[agent.owner] += 1
         return agent
 
-    def start_persist(self, agent_ids: Iterable[str] | None = None) -> PendingPersist:
-        """Queue writes of the named agents' hot blocks (every hashed block when None) that are
-        not on disk yet. Runs on the engine thread (it reads the pool); `PendingPersist.wait`
-        then waits for durability on any thread and writes the manifests."""
-        everything = agent_ids is None
+    def _make_room(self, owner: str | None) -> None:
+        """At `max_per_key`, the owner's least recently used agents that nothing needs (no
+        conversation, not pinned, no turn, no request running) are forgotten, as many as it
+        takes to make room for one (more than one when the limit was lowered since the
+        manifests were written): their names go, their blocks stay as cache. TooManyAgents,
+        and none forgotten, when too few may go."""
+        limit = self.options.max_per_key
+        excess = self._per_owner[owner] - limit + 1
+        if excess <= 0:
+            return
+        running = {agent.key for agent in self._began.values()}
+        spare = [
+            a
+            for a in self.by_key.values()
+            if a.owner == owner
+            and a.conversation is None
+            and not a.pinned
+            and a.turn is None
+            and a.key not in running
+        ]
+        if len(spare) < excess:
+            raise TooManyAgents(
+                f"this API key has {limit} agents, the most it may keep (max_agents_per_key), "
+                "and each has a conversation, a pin or a request running: delete some "
+                "(DELETE /v1/agents/{agent_id})"
+            )
+        for oldest in sorted(spare, key=lambda agent: agent.stats.last_used)[:excess]:
+            log.info("agent %s forgotten to make room for a new one", oldest.agent_id)
+            self._forget(oldest)
+
+    def start_persist(self, keys: Iterable[AgentKey] | None = None) -> PendingPersist:
+        """Queue writes of the named agents' hot pages (every hashed page worth keeping when
+        None) that are not on disk yet. Runs on the engine thread (it reads the pool);
+        `PendingPersist.wait` then waits for durability on any thread and writes the
+        manifests."""
+        everything = keys is None
         agents = (
-            list(self.by_id.values())
+            list(self.by_key.values())
             if everything
-            else [self.by_id[a] for a in agent_ids or () if a in self.by_id]
+            else [self.by_key[k] for k in keys or () if k in self.by_key]
         )
-        hashes = self.hot_hashes() if everything else {h for a in agents for h in a.hashes}
+        pages = (
+            dict(self.prefix.hot_pages())
+            if everything
+            else {key: page for a in agents for key, page in self._history_pages(a)}
+        )
         hot = []
-        for block_hash in hashes:
-            block, content = self.pool.lookup(block_hash), self.prefix.content(block_hash)
-            if block is not None and content is not None:
-                hot.append((block, block_hash, *content))
+        for key, page in pages.items():
+            content = self.prefix.content(split_key(key)[0])
+            if content is not None:
+                hot.append((page, key, *content))
         return PendingPersist(self, agents, self.tiering.start_persist(hot))
 
     def persist(
-        self, agent_ids: Iterable[str] | None = None, timeout: float | None = None
+        self, keys: Iterable[AgentKey] | None = None, timeout: float | None = None
     ) -> PersistResult:
         """`start_persist` and wait for it, on the calling (engine) thread."""
-        return self.start_persist(agent_ids).wait(timeout)
+        return self.start_persist(keys).wait(timeout)
 
-    def evict(self, agent_ids: Iterable[str] | None = None) -> int:
-        """Free the pool blocks of the named agents (of every block when None) that are on disk
+    def evict(self, keys: Iterable[AgentKey] | None = None) -> int:
+        """Free the pool pages of the named agents (of every page when None) that are on disk
         and that neither a running request nor a pin holds; returns how many. `persist` first:
-        a block not on disk stays, so an eviction never loses a cache."""
-        if agent_ids is None:
-            hashes = self.hot_hashes()
+        a page not on disk stays, so an eviction never loses a cache."""
+        if keys is None:
+            pages = [key for key, _ in self.prefix.hot_pages()]
         else:
-            agents = [self.by_id[a] for a in agent_ids if a in self.by_id]
-            hashes = {h for agent in agents for h in agent.hashes}
-        evicted = sum(self.prefix.discard(h) for h in hashes if self.tiering.disk.contains(h))
+            agents = [self.by_key[k] for k in keys if k in self.by_key]
+            pages = [k for agent in agents for h in agent.hashes for k in self.prefix.keys(h)]
+        evicted = sum(self.prefix.discard(k) for k in pages if self.tiering.disk.contains(k))
         self.tiering.count_evicted_on_request(evicted)
         return evicted
 
-    def hot_hashes(self) -> set[int]:
-        hashes = (self.pool.hash_of(block) for block in range(self.pool.num_blocks))
-        return {h for h in hashes if h is not None}
-
-    def delete(self, agent_id: str) -> bool:
+    def delete(self, key: AgentKey) -> bool:
         """Forget an agent: its manifest (conversation included), and the blocks no other agent
         uses, in memory (cached ones; a block a running request holds stays until it finishes)
         and on disk. Conflict while a generate call holds it."""
-        agent = self.by_id.get(agent_id)
+        agent = self.by_key.get(key)
         if agent is None:
             return False
         if agent.turn is not None:
-            raise Conflict(f"agent {agent_id!r} is generating; delete it once the call ends")
+            raise Conflict(f"agent {key.agent_id!r} is generating; delete it once the call ends")
+        self._forget(agent)
+        for block_hash in agent.hashes:
+            if self._sharers[block_hash] <= 0:
+                for page_key in self.prefix.keys(block_hash):
+                    self.prefix.discard(page_key)
+                    self.tiering.disk.delete(page_key)
+        return True
+
+    def withdraw(self, agent: Agent) -> None:
+        """Undo the creation of `agent`, whose manifest could not be written: deleted, unless
+        it was deleted (and perhaps created again) meanwhile."""
+        if self.by_key.get(agent.key) is agent and agent.turn is None:
+            self.delete(agent.key)
+
+    def _forget(self, agent: Agent) -> None:
+        """The agent's name, manifest and pins go; its blocks stay where they are. The
+        manifest goes first: when it cannot be removed, PersistFailed, and the agent stays
+        as it was (else it would come back at the next start, its pins leaked meanwhile)."""
         with self.manifest_lock:
-            del self.by_id[agent_id]
-            delete_manifest(self.model_root, agent_id)
-        self.pool.release(self._pins.pop(agent_id, []), TIER_WORKING_AGENT)
+            try:
+                self.manifests.delete(agent.key)
+            except OSError as exc:
+                raise _not_durable(agent, "removed from", exc) from exc
+            del self.by_key[agent.key]
+        self._per_owner[agent.owner] -= 1
+        self.pool.release(self._pins.pop(agent.key, []), TIER_WORKING_AGENT)
         if agent.pinned:
             self._protect_pinned()
         self._sharers -= Counter(agent.hashes)
-        for block_hash in agent.hashes:
-            if self._sharers[block_hash] <= 0:
-                self.prefix.discard(block_hash)
-                self.tiering.disk.delete(block_hash)
-        return True
 
-    def snapshot(self) -> dict[str, Any]:
-        """Totals and every agent's statistics, as plain data (taken on the engine thread)."""
-        agents = [self.describe(a) for a in sorted(self.by_id)]
-        return {"totals": self.stats.totals(), "agents": agents}
+    def census(self) -> tuple[int, int]:
+        """(agents active within `idle_s`, agents idle)."""
+        active = sum(agent.working for agent in self.by_key.values())
+        return active, len(self.by_key) - active
 
-    def describe(self, agent_id: str) -> dict[str, Any] | None:
-        agent = self.by_id.get(agent_id)
-        if agent is None:
-            return None
-        hot = [h for h in agent.hashes if self.pool.lookup(h) is not None]
+    def describe(self, agent: Agent) -> dict[str, Any]:
+        """The agent and its cache statistics, as plain data (taken on the engine thread)."""
+        hot = self._history_pages(agent)
+        keys = [key for block_hash in agent.hashes for key in self.prefix.keys(block_hash)]
         stats = agent.stats
         return {
             "agent_id": agent.agent_id,
+            "owner": agent.owner,
             "cached_tokens": agent.num_tokens,
             "pinned": agent.pinned,
             "working": agent.working,
@@ -337,19 +480,26 @@ class Agents:
             "disk_hit_tokens": stats.disk_hit_tokens,
             "miss_tokens": stats.miss_tokens,
             "miss_reasons": dict(stats.miss_reasons),
-            "bytes_in_memory": len(hot) * self.tiering.disk.spec.bytes_per_block,
-            "bytes_on_disk": sum(self.tiering.disk.size_of(h) for h in agent.hashes),
+            "bytes_in_memory": len(hot) * self.tiering.disk.spec.bytes_per_page,
+            # what every layer's K/V of its blocks would take: more with sliding windows
+            "bytes_full_attention": len(agent.hashes) * self.tiering.disk.spec.bytes_per_block,
+            "bytes_on_disk": sum(self.tiering.disk.size_of(key) for key in keys),
             "last_used": stats.last_used,
             "generating": agent.turn is not None,
             "conversation": _summary(agent.conversation),
         }
 
-    def save_manifest(self, agent: Agent) -> bool:
+    def save_manifest(self, agent: Agent, conversation: Conversation | None = None) -> bool:
         """Write the agent's manifest as it is now, on any thread (it does disk I/O: not the
-        engine thread's). False when it failed, or when the agent was deleted meanwhile."""
+        engine thread's). With `conversation`, that is written as the agent's, and becomes
+        its own once it is on disk: how a turn commits, the agent held, so no other write of
+        the manifest can come between. False when the agent was deleted meanwhile;
+        PersistFailed when the write failed, and then the file and the agent stay as they
+        were."""
         with self.manifest_lock:
-            if self.by_id.get(agent.agent_id) is not agent:
+            if self.by_key.get(agent.key) is not agent:
                 return False  # deleted (perhaps created again): this file is not ours any more
+            kept = agent.conversation if conversation is None else conversation
             manifest = AgentManifest(
                 agent.agent_id,
                 self.model_root.name,
@@ -357,18 +507,20 @@ class Agents:
                 agent.tail_hash,
                 agent.num_tokens,
                 pinned=agent.pinned,
-                conversation=agent.conversation,
+                conversation=kept,
+                owner=agent.owner,
             )
             try:
-                save_manifest(self.model_root, manifest)
+                self.manifests.save(manifest)
             except OSError as exc:
-                log.warning("manifest of agent %s not saved: %s", agent.agent_id, exc)
-                return False
+                raise _not_durable(agent, "written to", exc) from exc
+            agent.conversation = kept
+        self.tiering.enforce_budget()  # the manifest counts in the disk budget
         return True
 
     def _remember(self, manifest: AgentManifest) -> None:
         agent = Agent(
-            manifest.agent_id,
+            manifest.key,
             list(manifest.block_hashes),
             manifest.tail_hash,
             manifest.num_tokens,
@@ -376,10 +528,26 @@ class Agents:
             conversation=manifest.conversation,
         )
         agent.stats.last_used = manifest.updated_at
-        self.by_id[agent.agent_id] = agent
+        self.by_key[agent.key] = agent
+        self._per_owner[agent.owner] += 1
         self._sharers.update(agent.hashes)
         if agent.pinned:
             self.tiering.protected = self.tiering.protected | set(agent.hashes)
+
+    def _known(self, key: AgentKey) -> Agent:
+        agent = self.by_key.get(key)
+        if agent is None:
+            raise NotFound(f"no agent {key.agent_id!r}")
+        return agent
+
+
+def _not_durable(agent: Agent, done: str, exc: OSError) -> PersistFailed:
+    """The error of a manifest that could not be `done` disk: logged in full, told to the
+    client without the server's paths."""
+    log.warning("manifest of agent %s not %s disk: %s", agent.agent_id, done, exc)
+    return PersistFailed(
+        f"agent {agent.agent_id!r} could not be {done} disk ({exc.strerror}); nothing was changed"
+    )
 
 
 def _summary(conversation: Conversation | None) -> dict[str, Any] | None:

@@ -1,9 +1,10 @@
-"""The blocks each sequence holds: what admitting it would reuse and take, its block table
-(shared pool blocks, copies, fresh blocks, blocks to restore from disk), hashing blocks as they
-fill, caching its partial last block, and giving everything back.
+"""The pages each sequence holds: what admitting it would reuse and take, its block tables (one
+per layer group: shared pool pages, copies, fresh pages, pages to restore from disk), giving
+back the pages a sliding window has left, hashing blocks as they fill, caching its partial last
+block, and giving everything back.
 
 Standard library and the block pool only; the scheduler decides when, this file decides which
-blocks.
+pages.
 """
 
 from __future__ import annotations
@@ -17,114 +18,185 @@ from semantic.cache.block_pool import (
     TOP_TIER,
 )
 from semantic.cache.prefix import PrefixCache, PrefixMatch
-from semantic.core import Restore, Sequence
+from semantic.core import BlockTable, Restore, Sequence, first_read_block
 
 
 @dataclass(slots=True, frozen=True)
 class Fit:
-    """Admitting a sequence now: its prefix match, the eviction tier its blocks get and the
-    highest it may reclaim, the fresh blocks it takes, and how many of those it lacks (≤ 0:
-    it fits)."""
+    """Admitting a sequence now: its prefix match, the eviction tier its pages get and the
+    highest it may reclaim, the block each group's table ends before (`ends`), the fresh pages
+    it takes, and how many of those it lacks (≤ 0: it fits)."""
 
     match: PrefixMatch
     tier: int
     max_tier: int
+    ends: list[int]
     needed: int
     lacking: int
 
 
 class BlockManager:
-    """Allocates, shares, copies and releases a sequence's blocks over the pool and its prefix
-    index. A reused partial block is copied into the sequence's own block by the next step
-    (`take_copies`); its source is held until that step has run.
+    """Allocates, shares, copies and releases a sequence's pages over the pool and its prefix
+    index. A reused partial block is copied into the sequence's own pages by the next step
+    (`take_copies`); its sources are held until that step has run.
 
-    Invariant: a sequence's `block_ids` hold one reference each, released exactly once.
+    A full-attention group's table covers the whole prompt from admission on. A sliding group's
+    table covers only what the group reads: at admission the window and the first chunk (at
+    most `max_chunk_tokens`), then `grow` gives back each page the window has left (`drop`)
+    and takes one for each new block, so a sliding group holds a window's worth of pages
+    however long the sequence grows.
+
+    Invariant: the pages in a sequence's `block_tables` hold one reference each, released
+    exactly once.
     """
 
-    def __init__(self, prefix: PrefixCache, block_tokens: int) -> None:
+    def __init__(self, prefix: PrefixCache, block_tokens: int, max_chunk_tokens: int) -> None:
         self.prefix = prefix
         self.pool = prefix.pool
         self.block_tokens = block_tokens
+        self.windows = prefix.windows
+        self._sliding = [(g, w) for g, w in enumerate(self.windows) if w is not None]
+        # The most blocks a sliding group reads at once: a chunk's and the window before it.
+        self._spans = [
+            None if w is None else -(-(w - 1 + max_chunk_tokens) // block_tokens) + 1
+            for w in self.windows
+        ]
         self._copies: list[tuple[int, int]] = []
-        self._copy_sources: list[tuple[int, int]] = []  # (block, tier) held until copied
+        self._copy_sources: list[tuple[int, int]] = []  # (page, tier) held until copied
+
+    @property
+    def pages_per_block(self) -> int:
+        """Pages a new block takes: one per layer group."""
+        return len(self.windows)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_tokens)
 
+    def max_tokens(self, num_pages: int) -> int | None:
+        """The longest sequence a pool of `num_pages` pages holds on its own; None when no group
+        reads every block (its sliding groups recycle a window's worth of pages)."""
+        spare = num_pages - sum(span for span in self._spans if span is not None)
+        full = sum(window is None for window in self.windows)
+        if spare < full:
+            return 0
+        return spare // full * self.block_tokens if full else None
+
     def fit(self, seq: Sequence, headroom: int) -> Fit:
-        """What admitting `seq` now would reuse and take, and how many blocks it lacks, keeping
-        `headroom` blocks available for others (one per running sequence, so admitting does
-        not force the next decode step to preempt)."""
+        """What admitting `seq` now would reuse and take, and how many pages it lacks, keeping
+        room for `headroom` blocks of others (one per running sequence, so admitting does not
+        force the next decode step to preempt)."""
         match = self.prefix.match(seq.token_ids)
         tier = seq.cache_tier if seq.first_scheduled_time is not None else tier_of(seq, match)
-        # A one-off may not reclaim agents' blocks — unless it was preempted: finishing what was
-        # started beats keeping a cache, and it could otherwise wait for ever.
-        one_off = tier == TIER_ONE_OFF and not seq.started
+        # A one-off may not reclaim agents' pages — unless it was preempted (finishing what was
+        # started beats keeping a cache, and it could otherwise wait for ever), or nothing runs
+        # (`headroom` is one per running sequence): the server never idles while a request
+        # waits for pages that only cache what no one is using.
+        one_off = tier == TIER_ONE_OFF and not seq.started and headroom > 0
         max_tier = TIER_IDLE_AGENT if one_off else TOP_TIER
-        # Cached blocks we are about to reuse cannot also be reclaimed for the rest (a held
-        # block has no tier and was never counted as available).
+        # Cached pages we are about to reuse cannot also be reclaimed for the rest (a held
+        # page has no tier and was never counted as available).
         reclaimable_reused = sum(
-            1 for b in match.in_memory if (t := self.pool.tier_of(b)) is not None and t <= max_tier
+            1 for p in match.in_memory if (t := self.pool.tier_of(p)) is not None and t <= max_tier
         )
-        needed = self.blocks_for(len(seq.token_ids)) - sum(b is not None for b in match.blocks)
-        available = self.pool.num_available(max_tier) - reclaimable_reused - headroom
-        return Fit(match, tier, max_tier, needed, needed - available)
+        blocks = self.blocks_for(len(seq.token_ids))
+        ends = [
+            blocks if span is None else min(blocks, first + span)
+            for first, span in zip(match.first, self._spans, strict=True)
+        ]
+        covered = sum(end - first for end, first in zip(ends, match.first, strict=True))
+        needed = covered - match.num_shared
+        available = (
+            self.pool.num_available(max_tier) - reclaimable_reused - headroom * self.pages_per_block
+        )
+        return Fit(match, tier, max_tier, ends, needed, needed - available)
 
     def admit(self, seq: Sequence, fit: Fit) -> Restore | None:
-        """Give `seq` its block table: the pool blocks it reuses (shared; a partial one copied
-        into a fresh block), fresh blocks for the rest. Returns the restore of the blocks only
-        the disk has (into their fresh blocks), or None when the pool had everything."""
+        """Give `seq` its block tables: the pool pages it reuses (shared; a partial block's
+        copied into fresh pages), fresh pages for the rest. Returns the restore of the pages
+        only the disk has (into their fresh pages), or None when the pool had everything."""
         match = fit.match
-        if match.tail_block is not None:
-            self._copy_sources.append((match.tail_block, self._tier_of_cached(match.tail_block)))
-        for block in match.in_memory:
-            self.pool.acquire(block)
+        tail_index = len(match.hashes)
+        for index, _, page in match.entries():
+            if page is not None and index == tail_index:
+                self._copy_sources.append((page, self._tier_of_cached(page)))
+        for page in match.in_memory:
+            self.pool.acquire(page)
         fresh = iter(self.pool.allocate(fit.needed, fit.max_tier))
-        seq.block_ids = [b if b is not None else next(fresh) for b in match.blocks]
-        seq.block_ids += fresh
-        if match.tail_block is not None:
-            self._copies.append((match.tail_block, seq.block_ids[len(match.blocks)]))
+        seq.block_tables = [BlockTable(first, []) for first in match.first]
+        for group, reused in enumerate(match.pages):
+            table = seq.block_tables[group]
+            for page in reused:
+                if page is not None and table.end < tail_index:  # a full block's: shared
+                    table.pages.append(page)
+                    continue
+                table.pages.append(next(fresh))
+                if page is not None:  # the tail's: copied
+                    self._copies.append((page, table.pages[-1]))
+            table.pages += [next(fresh) for _ in range(fit.ends[group] - table.end)]
         return self._restore_plan(seq, match)
 
     def take_copies(self) -> list[tuple[int, int]]:
-        """The block copies the next step must make first; their sources are released after."""
+        """The page copies the next step must make first; their sources are released after."""
         copies, self._copies = self._copies, []
         return copies
 
     def release_copy_sources(self) -> None:
         """Copy sources are held until the step that copies them has run."""
-        for block, tier in self._copy_sources:
-            self.pool.release([block], tier)
+        for page, tier in self._copy_sources:
+            self.pool.release([page], tier)
         self._copy_sources = []
 
-    def grow(self, seq: Sequence) -> bool:
-        """A block for the next token of a decoding sequence, when it needs one; False when the
-        pool has none. A running sequence may reclaim any cached block: finishing what was
-        started beats keeping a cache (the tier limit applies to admission only)."""
-        if self.blocks_for(len(seq.token_ids)) <= len(seq.block_ids):
+    def grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Pages in every group for the blocks of the first `num_tokens` tokens that the next
+        step computes, once each sliding group has given back the pages its window has left;
+        False (taking none) when the pool has too few. A running sequence may reclaim any
+        cached page: finishing what was started beats keeping a cache (the tier limit applies
+        to admission only)."""
+        if self._sliding:
+            self._drop_passed(seq)
+        blocks = self.blocks_for(num_tokens)
+        short = [t for t in seq.block_tables if t.first + len(t.pages) < blocks]
+        if not short:
             return True
-        if not self.pool.num_available():
+        count = sum(blocks - table.end for table in short)
+        if count > self.pool.num_available():
             return False
-        seq.block_ids += self.pool.allocate(1)
+        fresh = iter(self.pool.allocate(count))
+        for table in short:
+            table.pages += [next(fresh) for _ in range(blocks - table.end)]
         return True
 
+    def _drop_passed(self, seq: Sequence) -> None:
+        """Give back each sliding group's pages of the blocks its window has left: cached out
+        of the window (reclaimed first, never saved to disk) unless someone else holds them."""
+        if not seq.block_tables:  # waiting: it holds nothing
+            return
+        for group, window in self._sliding:
+            table = seq.block_tables[group]
+            first = first_read_block(window, seq.num_computed_tokens, self.block_tokens)
+            passed = min(first, table.end) - table.first
+            if passed > 0:
+                self.pool.drop(table.pages[:passed])
+                del table.pages[:passed]
+                table.first += passed
+
     def freed_by(self, seq: Sequence, max_tier: int) -> int:
-        """Blocks releasing `seq` would make available to an admission limited to `max_tier`:
+        """Pages releasing `seq` would make available to an admission limited to `max_tier`:
         those only it holds, when it caches at that tier or below."""
         if seq.cache_tier > max_tier:
             return 0
-        return sum(1 for block in seq.block_ids if self.pool.refcount(block) == 1)
+        return sum(self.pool.refcount(p) == 1 for t in seq.block_tables for p in t.pages)
 
     def index_restored(self, seq: Sequence, restore: Restore, count: int) -> None:
-        """Index the full blocks of `restore` that arrived (its first `count`), so others share
-        them as they share computed ones."""
+        """Index the full blocks' pages of `restore` that arrived (its first `count`), so others
+        share them as they share computed ones."""
         size = self.block_tokens
-        arrived = zip(restore.blocks[:count], restore.hashes, restore.indexes, strict=False)
-        for block, block_hash, index in arrived:
+        arrived = zip(restore.pages[:count], restore.keys, restore.indexes, strict=False)
+        for page, key, index in arrived:
             if index < len(restore.block_hashes):
                 parent = restore.block_hashes[index - 1] if index else self.prefix.root
                 tokens = seq.token_ids[index * size : (index + 1) * size]
-                self.prefix.insert(block, block_hash, parent, tokens)
+                self.prefix.insert(page, key, parent, tokens)
 
     def hash_full_blocks(self, seq: Sequence) -> None:
         """Index the blocks that just filled up: from now on other requests can share them."""
@@ -133,50 +205,53 @@ class BlockManager:
             index = len(seq.block_hashes)
             parent = seq.block_hashes[-1] if seq.block_hashes else self.prefix.root
             tokens = seq.token_ids[index * size : (index + 1) * size]
-            seq.block_hashes.append(self.prefix.register(seq.block_ids[index], parent, tokens))
+            pages = [table.page(index) for table in seq.block_tables]
+            seq.block_hashes.append(self.prefix.register(pages, parent, tokens))
 
     def cache_tail(self, seq: Sequence) -> int | None:
         """Index the partial last block, so the next turn of this history reuses it."""
         full = len(seq.block_hashes)
         start = full * self.block_tokens
-        if seq.num_computed_tokens <= start or len(seq.block_ids) <= full:
+        if seq.num_computed_tokens <= start or any(t.end <= full for t in seq.block_tables):
             return None
         parent = seq.block_hashes[-1] if full else self.prefix.root
         tokens = seq.token_ids[start : seq.num_computed_tokens]
-        return self.prefix.register(seq.block_ids[full], parent, tokens)
+        pages = [table.page(full) for table in seq.block_tables]
+        return self.prefix.register(pages, parent, tokens)
 
     def release(self, seq: Sequence) -> None:
-        """Give back every block of `seq`; hashed ones stay cached at its tier."""
-        self.pool.release(seq.block_ids, seq.cache_tier)
-        seq.block_ids = []
+        """Give back every page of `seq`; hashed ones stay cached at its tier, but those its
+        windows have left since its last step (`grow`) out of the window."""
+        self._drop_passed(seq)
+        for table in seq.block_tables:
+            self.pool.release(table.pages, seq.cache_tier)
+        seq.block_tables = []
         seq.block_hashes = []
 
     def _restore_plan(self, seq: Sequence, match: PrefixMatch) -> Restore | None:
-        indexes = [i for i, block in enumerate(match.blocks) if block is None]
-        tail_tokens = 0
-        if match.tail_hash is not None and match.tail_block is None:
-            indexes.append(len(match.blocks))
-            tail_tokens = match.tail_tokens
-        if not indexes:
+        below = [(i, g) for i, g, page in match.entries() if page is None]
+        if not below:
             return None
-        full = len(indexes) - (tail_tokens > 0)
+        tail_index = len(match.hashes)
+        blocks = {i for i, _ in below}
+        tail_tokens = match.tail_tokens if tail_index in blocks else 0
         return Restore(
-            blocks=[seq.block_ids[i] for i in indexes],
-            hashes=match.to_restore,
-            indexes=indexes,
+            pages=[seq.block_tables[g].page(i) for i, g in below],
+            keys=[match.key(i, g) for i, g in below],
+            indexes=[i for i, _ in below],
             tail_tokens=tail_tokens,
             num_tokens=match.num_tokens,
-            disk_tokens=full * self.block_tokens + tail_tokens,
+            disk_tokens=len(blocks - {tail_index}) * self.block_tokens + tail_tokens,
             block_hashes=list(match.hashes),
         )
 
-    def _tier_of_cached(self, block: int) -> int:
-        tier = self.pool.tier_of(block)
+    def _tier_of_cached(self, page: int) -> int:
+        tier = self.pool.tier_of(page)
         return TIER_WORKING_AGENT if tier is None else tier
 
 
 def tier_of(seq: Sequence, match: PrefixMatch) -> int:
-    """The eviction tier of a request's blocks: an agent's — named, or a conversation without a
+    """The eviction tier of a request's pages: an agent's — named, or a conversation without a
     name, known by its prompt extending a history whole — or a one-off's."""
     continues = seq.request.agent_id is not None or match.extends_history
     return TIER_WORKING_AGENT if continues else TIER_ONE_OFF

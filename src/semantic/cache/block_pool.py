@@ -1,6 +1,8 @@
-"""The block pool: which KV block ids are free, who holds them, and which hold reusable content.
+"""The block pool: which KV pages are free, who holds them, and which hold reusable content.
 
-Bookkeeping over integers only. The tensors live in the backend; this file never sees them.
+Bookkeeping over integers only. The tensors live in the backend; this file never sees them. A
+page is one layer group's K/V for one block of a sequence (`core.py: CacheSpec`): with one
+group (every layer alike) a page is a whole block, and the pool's ids are called blocks here.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 # Eviction tiers of cached blocks, lowest leaves memory first (see `cache/prefix.py`).
-TIER_ONE_OFF = 0  # a request with no agent: a title, a summary, a one-off prompt
-TIER_IDLE_AGENT = 1  # an agent that has not been heard from for a while
-TIER_WORKING_AGENT = 2  # an agent mid-conversation (it may be waiting on a tool call)
-TIER_SHARED = 3  # content several agents use (a common system prompt)
+TIER_OUT_OF_WINDOW = 0  # a sliding layer group's page its sequence moved past: never to disk
+TIER_ONE_OFF = 1  # a request with no agent: a title, a summary, a one-off prompt
+TIER_IDLE_AGENT = 2  # an agent that has not been heard from for a while
+TIER_WORKING_AGENT = 3  # an agent mid-conversation (it may be waiting on a tool call)
+TIER_SHARED = 4  # content several agents use (a common system prompt)
 TOP_TIER = TIER_SHARED
 
-ReclaimHook = Callable[[int, int], None]
+# (block, hash, tier it was cached at) of a cached block about to be reused
+ReclaimHook = Callable[[int, int, int], None]
 
 
 class BlockPool:
@@ -31,9 +35,10 @@ class BlockPool:
     a hash maps to one block and back. Releasing a block that is not held is a no-op, so a
     double release cannot corrupt another owner's count. A release never lowers a block's tier:
     a block cached before is cached again at least at the tier it last had, so a one-off request
-    that reused an agent's blocks cannot demote them by finishing last. `on_reclaim(block, hash)`
-    runs just before a cached block's content is dropped for reuse: the last moment to save it
-    to disk. Within a tier, LRU order is the order of `clock()` when blocks were cached.
+    that reused an agent's blocks cannot demote them by finishing last; only `drop` does, for a
+    page its sequence's window has moved past. `on_reclaim(block, hash, tier)` runs just before a
+    cached block's content is dropped for reuse: the last moment to save it to disk. Within a
+    tier, LRU order is the order of `clock()` when blocks were cached.
     """
 
     def __init__(
@@ -96,6 +101,16 @@ class BlockPool:
                     self._cache(block, max(tier, self._last_tier.get(block, tier)))
                 else:
                     self._free.append(block)
+
+    def drop(self, blocks: list[int]) -> None:
+        """Drop one reference to each page a sequence no longer reads (its sliding window moved
+        past it): an unreferenced one is cached in the out-of-window tier, whatever tier it had,
+        so it is reclaimed before anything else (and never saved to disk); one without a hash is
+        freed."""
+        for block in blocks:
+            if self._refcount[block] == 1 and block in self._hash_of:
+                self._last_tier[block] = TIER_OUT_OF_WINDOW
+        self.release(blocks, TIER_OUT_OF_WINDOW)
 
     def acquire(self, block: int) -> None:
         """Add a reference to a block found by hash (held or cached)."""
@@ -190,7 +205,7 @@ class BlockPool:
         block_hash = self._hash_of.pop(block)
         del self._block_of[block_hash]
         if self.on_reclaim is not None:
-            self.on_reclaim(block, block_hash)
+            self.on_reclaim(block, block_hash, tier)
         return block
 
     def check_integrity(self) -> None:

@@ -10,7 +10,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from semantic.cache.disk_index import GONE_CORRUPT, GONE_EVICTED
+from semantic.cache.manifest import has_manifest
 from semantic.cache.tiering import DiskTraffic, Tiering
+from semantic.core import AgentKey
 
 # Why a request's prompt was not all served from cache (besides its new tokens).
 MISS_NOTHING_CACHED = "nothing_cached"
@@ -60,7 +62,7 @@ class CacheStats:
 
     def miss_reason(
         self,
-        agent_id: str | None,
+        agent: AgentKey | None,
         missing: int | None,
         cached: int,
         *,
@@ -79,14 +81,15 @@ class CacheStats:
                 return MISS_EVICTED  # gone too long ago for the disk to remember
         if cached:
             return None
-        if agent_id is not None and not known_here and self._known_elsewhere(agent_id):
+        if agent is not None and not known_here and self._known_elsewhere(agent):
             return MISS_OTHER_MODEL
         return MISS_NOTHING_CACHED
 
-    def _known_elsewhere(self, agent_id: str) -> bool:
+    def _known_elsewhere(self, agent: AgentKey) -> bool:
         """Whether another model's cache has this agent (its cache cannot serve this model)."""
         own = self.tiering.disk.model_root
-        return any(p.parent.parent != own for p in own.parent.glob(f"*/agents/{agent_id}.json"))
+        others = (root for root in own.parent.iterdir() if root != own and root.is_dir())
+        return any(has_manifest(root, agent) for root in others)
 
     def record(self, served: Served, agent: AgentStats | None, now: float) -> None:
         with self.lock:

@@ -76,6 +76,12 @@ class Conversation:
         turn = (Message("user", user), Message("assistant", assistant))
         return replace(self, messages=(*self.messages, *turn))
 
+    def text_bytes(self) -> int:
+        """The size of its text, system prompt and messages, in UTF-8 bytes: what the limit on
+        a stored conversation counts."""
+        texts = [self.system or "", *(m.content for m in self.messages)]
+        return sum(len(text.encode(errors="replace")) for text in texts)
+
     def template_messages(self, user: str) -> list[dict[str, Any]]:
         """The whole dialogue plus a new user message, as chat templates expect it."""
         system = [] if self.system is None else [{"role": "system", "content": self.system}]

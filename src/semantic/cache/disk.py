@@ -1,4 +1,5 @@
-"""The disk tier of the KV cache: content-addressed safetensors block files.
+"""The disk tier of the KV cache: content-addressed safetensors files, one per page (a layer
+group's K/V of one block), named by page key.
 
 Owns the layout under `<cache_dir>/<model_tag>/` (`blocks/`, `quarantine/`; manifests live in
 `cache/manifest.py`), the checks every read makes, quarantine of bad files and LRU eviction to a
@@ -18,6 +19,7 @@ import os
 import re
 import threading
 import zlib
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +37,7 @@ from semantic.cache.durable import (
     remove_temp_files,
     write_durably,
 )
+from semantic.cache.prefix import page_key, split_key
 from semantic.core import CacheSpec
 from semantic.errors import CacheCorrupt
 
@@ -44,8 +47,9 @@ log = logging.getLogger(__name__)
 # blake2b, which took three quarters of a block's read).
 FORMAT_VERSION = "2"
 BLOCK_SUFFIX = ".safetensors"
-_HASH_LIMIT = 1 << 64  # hashes are unsigned 64-bit: 16 hex digits in file names
+_MAX_GROUPS = 1 << 16
 _SAFE_TAG = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+_GROUP = re.compile(r"[1-9][0-9]{0,4}")
 
 
 def cache_root(cache_dir: Path) -> Path:
@@ -53,11 +57,27 @@ def cache_root(cache_dir: Path) -> Path:
     return cache_dir / "kv"
 
 
-def block_path(model_root: Path, block_hash: int) -> Path:
-    """The file of block `block_hash` in the cache of the model rooted at `model_root`."""
-    if not 0 <= block_hash < _HASH_LIMIT:
-        raise ValueError(f"block hash {block_hash} is not an unsigned 64-bit integer")
-    return model_root / "blocks" / f"{block_hash:016x}{BLOCK_SUFFIX}"
+def block_path(model_root: Path, key: int) -> Path:
+    """The file of the page `key` in the cache of the model rooted at `model_root`:
+    `<block hash, 16 hex digits>.safetensors` for a block's first layer group (the only one when
+    all layers are alike), `<block hash>-<group>.safetensors` for the others."""
+    return model_root / "blocks" / f"{page_name(key)}{BLOCK_SUFFIX}"
+
+
+def block_files(model_root: Path, block_hash: int) -> list[Path]:
+    """The files of a block's pages, every layer group's, that are under `model_root` (for
+    tools that read a cache folder without knowing its geometry)."""
+    first = block_path(model_root, block_hash)
+    others = sorted(first.parent.glob(f"{block_hash:016x}-*{BLOCK_SUFFIX}"))
+    return [path for path in (first, *others) if path.is_file()]
+
+
+def page_name(key: int) -> str:
+    """A page's name: its block hash (16 hex digits), then `-<group>` past the first group."""
+    block_hash, group = split_key(key)
+    if key < 0 or group >= _MAX_GROUPS:
+        raise ValueError(f"page key {key} names no block and group")
+    return f"{block_hash:016x}" if group == 0 else f"{block_hash:016x}-{group}"
 
 
 class QuarantineReason(enum.StrEnum):
@@ -90,10 +110,12 @@ def model_tag(model_id: str, spec: CacheSpec, weights: str) -> str:
 
 @dataclass(slots=True, frozen=True)
 class BlockRecord:
-    """One block's content: K and V for every layer, shaped `[layers, block_tokens, kv_heads,
-    head_dim]`, and the `token_ids` it holds (fewer than `block_tokens` for a partial tail)."""
+    """One page's content: K and V of its layer group's layers, shaped `[layers_per_group,
+    block_tokens, kv_heads, head_dim]`, and the `token_ids` its block holds (fewer than
+    `block_tokens` for a partial tail). `key` is the page key (`cache/prefix.py: page_key`: the
+    block's hash, with the group above it)."""
 
-    block_hash: int
+    key: int
     parent_hash: int | None
     token_ids: tuple[int, ...]
     k: np.ndarray
@@ -117,19 +139,31 @@ class DiskStats:
 
 
 class DiskTier:
-    """One model's KV blocks on disk, addressed by block hash.
+    """One model's KV pages on disk, addressed by page key (for a model whose layers are all
+    alike: by block hash).
 
     Invariants: a file under its final name is complete — it was written under a temp name,
-    fsynced and renamed — so a crash leaves the whole block or nothing; an existing block is never
-    rewritten (same hash, same content). The index (`cache/disk_index.py`: sizes least recently
-    used first, partial tails by parent) mirrors `blocks/`. Content is trusted only after its
-    checks pass on read; a file that fails is moved to `quarantine/` and counted, never loaded.
+    fsynced and renamed — so a crash leaves the whole page or nothing; an existing page is never
+    rewritten (same key, same content). The index (`cache/disk_index.py`: sizes least recently
+    used first, partial tails by parent, known by their first group's page) mirrors `blocks/`.
+    Content is trusted only after its checks pass on read; a file that fails is moved to
+    `quarantine/` and counted, never loaded.
     Thread-safe: the writer thread writes while the reader thread reads and the engine side
     evicts; one lock guards the index and counters, I/O runs outside it.
     Eviction and reads race benignly: a block deleted mid-read is a miss.
     """
 
-    def __init__(self, root: Path, *, model_tag: str, spec: CacheSpec, budget_bytes: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        model_tag: str,
+        spec: CacheSpec,
+        budget_bytes: int,
+        other_bytes: Callable[[], int] = lambda: 0,
+    ) -> None:
+        """`other_bytes` tells what this cache's other files take (the agents' manifests):
+        the budget counts them too, and blocks make room for them."""
         if not _SAFE_TAG.fullmatch(model_tag):
             raise ValueError(f"model tag {model_tag!r} is not a safe folder name")
         if spec.dtype not in ("bfloat16", "float16", "float32"):
@@ -137,6 +171,7 @@ class DiskTier:
         self.model_tag = model_tag
         self.spec = spec
         self.budget_bytes = budget_bytes
+        self.other_bytes = other_bytes
         self.model_root = root / model_tag
         self.blocks_dir = self.model_root / "blocks"
         self.quarantine_dir = self.model_root / "quarantine"
@@ -162,14 +197,14 @@ class DiskTier:
             )
 
     def write(self, record: BlockRecord) -> int:
-        """Store a block durably; return the bytes written, 0 when it was already on disk.
+        """Store a page durably; return the bytes written, 0 when it was already on disk.
 
         Raises OSError (ENOSPC, EIO, …) after removing its temp file, and ValueError for a record
         that does not fit this tier's spec.
         """
-        path = block_path(self.model_root, record.block_hash)
+        path = block_path(self.model_root, record.key)
         if path.exists():
-            self._touch(record.block_hash, path)  # a rewrite is a use: keep it from eviction
+            self._touch(record.key, path)  # a rewrite is a use: keep it from eviction
             return 0
         data = self._encode(record)
         try:
@@ -177,46 +212,47 @@ class DiskTier:
         except OSError:
             with self._lock:
                 self._stats.write_errors += 1
-            self._adopt_if_present(record.block_hash, path)  # failed after the rename
+            self._adopt_if_present(record.key, path)  # failed after the rename
             raise
         with self._lock:
-            self._index.add(record.block_hash, len(data))
+            self._index.add(record.key, len(data))
+            # A partial block is found by its first group's page (`tails`).
             partial = len(record.token_ids) < self.spec.block_tokens
-            if partial and record.parent_hash is not None:
-                self._index.add_tail(record.block_hash, record.parent_hash, record.token_ids)
+            if partial and record.parent_hash is not None and split_key(record.key)[1] == 0:
+                self._index.add_tail(record.key, record.parent_hash, record.token_ids)
             self._stats.writes += 1
         return len(data)
 
-    def read(self, block_hash: int) -> BlockRecord | None:
-        """The block, or None when it is absent or fails a check (then it is quarantined)."""
-        path = block_path(self.model_root, block_hash)
+    def read(self, key: int) -> BlockRecord | None:
+        """The page, or None when it is absent or fails a check (then it is quarantined)."""
+        path = block_path(self.model_root, key)
         try:
             data = path.read_bytes()
         except OSError as exc:
-            self._forget_unreadable(block_hash, exc)
+            self._forget_unreadable(key, exc)
             return None
         try:
-            record = self._decode(block_hash, data)
+            record = self._decode(key, data)
         except Rejected as rejected:
-            self._quarantine(block_hash, path, rejected)
+            self._quarantine(key, path, rejected)
             return None
-        self._touch(block_hash, path)
+        self._touch(key, path)
         with self._lock:
             self._stats.reads += 1
         return record
 
-    def contains(self, block_hash: int) -> bool:
+    def contains(self, key: int) -> bool:
         with self._lock:
-            return block_hash in self._index
+            return key in self._index
 
-    def read_ahead(self, block_hash: int) -> None:
+    def read_ahead(self, key: int) -> None:
         """Ask the OS to bring a block's file into memory: a read of it is coming, and it is
         cheaper while the request waits than when the restore starts (Linux; a no-op elsewhere)."""
         advise = getattr(os, "posix_fadvise", None)
-        if advise is None or not self.contains(block_hash):
+        if advise is None or not self.contains(key):
             return
         with contextlib.suppress(OSError):
-            fd = os.open(block_path(self.model_root, block_hash), os.O_RDONLY)
+            fd = os.open(block_path(self.model_root, key), os.O_RDONLY)
             try:
                 advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
             finally:
@@ -227,40 +263,47 @@ class DiskTier:
         with self._lock:
             return self._index.tails(parent)
 
-    def why_gone(self, block_hash: int) -> str | None:
+    def why_gone(self, key: int) -> str | None:
         """Why a block that was here left (`evicted` by the budget, or `corrupt`); None when it
         was never here, was deleted on request, or left too long ago to remember."""
         with self._lock:
-            return self._index.why_gone(block_hash)
+            return self._index.why_gone(key)
 
-    def delete(self, block_hash: int, reason: str | None = None) -> bool:
+    def delete(self, key: int, reason: str | None = None) -> bool:
         """Remove a block; True if it was there. No directory fsync: a deleted block that comes
         back after a crash is harmless (content-addressed, verified on read)."""
         with self._lock:
-            size = self._index.remove(block_hash, reason)
-        block_path(self.model_root, block_hash).unlink(missing_ok=True)
+            size = self._index.remove(key, reason)
+        block_path(self.model_root, key).unlink(missing_ok=True)
         return size is not None
 
-    def size_of(self, block_hash: int) -> int:
+    def size_of(self, key: int) -> int:
         """Bytes the block's file takes (0 when it is not on disk)."""
         with self._lock:
-            return self._index.sizes.get(block_hash, 0)
+            return self._index.sizes.get(key, 0)
 
     def usage_bytes(self) -> int:
         with self._lock:
             return self._index.num_bytes
 
-    def evict_to_budget(self, protected: AbstractSet[int] = frozenset()) -> list[int]:
-        """Delete least recently used blocks, skipping `protected`, until usage fits the budget.
-        Returns the evicted hashes, oldest first."""
+    def excess_bytes(self) -> int:
+        """How far blocks and the other files together are over the budget (<= 0: within)."""
+        other = self.other_bytes()
         with self._lock:
-            excess = self._index.num_bytes - self.budget_bytes
+            return self._index.num_bytes + other - self.budget_bytes
+
+    def evict_to_budget(self, protected: AbstractSet[int] = frozenset()) -> list[int]:
+        """Delete least recently used pages, skipping those of `protected` block hashes, until
+        usage fits the budget. Returns the evicted keys, oldest first."""
+        other = self.other_bytes()
+        with self._lock:
+            excess = self._index.num_bytes + other - self.budget_bytes
             victims: list[int] = []
-            for block_hash, size in self._index.sizes.items():
+            for key, size in self._index.sizes.items():
                 if excess <= 0:
                     break
-                if block_hash not in protected:
-                    victims.append(block_hash)
+                if split_key(key)[0] not in protected:
+                    victims.append(key)
                     excess -= size
         evicted = [h for h in victims if self.delete(h, GONE_EVICTED)]
         with self._lock:
@@ -277,17 +320,17 @@ class DiskTier:
             remove_temp_files(folder)
         found: list[tuple[float, int, int, Path]] = []
         for entry in os.scandir(self.blocks_dir):
-            block_hash = _parse_block_name(entry.name)
-            if block_hash is not None and entry.is_file():
+            key = _parse_block_name(entry.name)
+            if key is not None and entry.is_file():
                 stat = entry.stat()
-                found.append((stat.st_mtime, block_hash, stat.st_size, Path(entry.path)))
-        for _, block_hash, size, path in sorted(found):
-            self._index.add(block_hash, size)
-            tail = _peek_tail(path, self.spec.block_tokens)
+                found.append((stat.st_mtime, key, stat.st_size, Path(entry.path)))
+        for _, key, size, path in sorted(found):
+            self._index.add(key, size)
+            tail = _peek_tail(path, self.spec.block_tokens) if split_key(key)[1] == 0 else None
             if tail is not None:
-                self._index.add_tail(block_hash, *tail)
+                self._index.add_tail(key, *tail)
 
-    def _touch(self, block_hash: int, path: Path) -> None:
+    def _touch(self, key: int, path: Path) -> None:
         # mtime carries the LRU order across restarts; atime is unreliable (noatime mounts).
         try:
             os.utime(path)
@@ -295,32 +338,32 @@ class DiskTier:
         except OSError:
             return
         with self._lock:
-            if block_hash in self._index:  # not if evicted meanwhile: that would resurrect it
-                self._index.add(block_hash, size)
+            if key in self._index:  # not if evicted meanwhile: that would resurrect it
+                self._index.add(key, size)
 
-    def _adopt_if_present(self, block_hash: int, path: Path) -> None:
+    def _adopt_if_present(self, key: int, path: Path) -> None:
         with contextlib.suppress(OSError), self._lock:
-            self._index.add(block_hash, path.stat().st_size)
+            self._index.add(key, path.stat().st_size)
 
-    def _forget_unreadable(self, block_hash: int, exc: OSError) -> None:
+    def _forget_unreadable(self, key: int, exc: OSError) -> None:
         reason = None if isinstance(exc, FileNotFoundError) else GONE_CORRUPT
         with self._lock:
-            self._index.remove(block_hash, reason)
+            self._index.remove(key, reason)
             self._stats.misses += 1
             if not isinstance(exc, FileNotFoundError):
                 self._stats.read_errors += 1
         if not isinstance(exc, FileNotFoundError):
-            log.warning("cache block %016x unreadable, treated as a miss: %s", block_hash, exc)
+            log.warning("cache page %s unreadable, treated as a miss: %s", page_name(key), exc)
 
-    def _quarantine(self, block_hash: int, path: Path, rejected: Rejected) -> None:
+    def _quarantine(self, key: int, path: Path, rejected: Rejected) -> None:
         moved = move_to_quarantine(path, self.quarantine_dir, rejected.reason)
         with self._lock:
-            self._index.remove(block_hash, GONE_CORRUPT)
+            self._index.remove(key, GONE_CORRUPT)
             self._stats.misses += 1
             if moved:  # a concurrent reader may have moved it first: count it once
                 counts = self._stats.quarantined
                 counts[rejected.reason] = counts.get(rejected.reason, 0) + 1
-        log.warning("cache block %016x quarantined: %s", block_hash, rejected)
+        log.warning("cache page %s quarantined: %s", page_name(key), rejected)
 
     # -- encoding ------------------------------------------------------------------------------
 
@@ -332,7 +375,7 @@ class DiskTier:
     @property
     def _kv_shape(self) -> tuple[int, int, int, int]:
         s = self.spec
-        return (s.num_layers, s.block_tokens, s.num_kv_heads, s.head_dim)
+        return (s.layers_per_group, s.block_tokens, s.num_kv_heads, s.head_dim)
 
     def _encode(self, record: BlockRecord) -> bytes:
         for name, array in (("k", record.k), ("v", record.v)):
@@ -346,45 +389,49 @@ class DiskTier:
         tokens = np.asarray(record.token_ids, dtype=np.int32)
         k, v = _little_endian(record.k), _little_endian(record.v)
         parent = "" if record.parent_hash is None else f"{record.parent_hash:016x}"
+        block_hash, group = split_key(record.key)
         meta = {
             "format_version": FORMAT_VERSION,
-            "block_hash": f"{record.block_hash:016x}",
+            "block_hash": f"{block_hash:016x}",
             "parent_hash": parent,
             "model_tag": self.model_tag,
             "cache_spec": self.spec.tag(),
             "dtype": self.spec.dtype,
         }
-        meta["checksum"] = block_checksum(k, v, tokens, meta["block_hash"], parent)
+        if group:  # the first group's files are those of a model with one group
+            meta["group"] = str(group)
+        meta["checksum"] = block_checksum(k, v, tokens, page_name(record.key), parent)
         return save_tensors({"k": k, "v": v, "token_ids": tokens}, metadata=meta)
 
-    def _decode(self, block_hash: int, data: bytes) -> BlockRecord:
+    def _decode(self, key: int, data: bytes) -> BlockRecord:
         meta = _header_metadata(data)
-        self._check_identity(block_hash, meta)
+        self._check_identity(key, meta)
         try:
             tensors = load_tensors(data)
         except (SafetensorError, ValueError) as exc:
             raise Rejected(QuarantineReason.CORRUPT, str(exc)) from exc
         k, v, tokens = self._check_tensors(tensors)
         parent = meta["parent_hash"]
-        if block_checksum(k, v, tokens, meta["block_hash"], parent) != meta["checksum"]:
+        if block_checksum(k, v, tokens, page_name(key), parent) != meta["checksum"]:
             raise Rejected(QuarantineReason.CHECKSUM, "content does not match its checksum")
         return BlockRecord(
-            block_hash=block_hash,
+            key=key,
             parent_hash=parse_hash(parent) if parent else None,
             token_ids=tuple(tokens.tolist()),
             k=k,
             v=v,
         )
 
-    def _check_identity(self, block_hash: int, meta: dict[str, str]) -> None:
+    def _check_identity(self, key: int, meta: dict[str, str]) -> None:
         if meta.get("format_version") != FORMAT_VERSION:
             raise Rejected(QuarantineReason.VERSION, f"format {meta.get('format_version')!r}")
         if meta.get("model_tag") != self.model_tag:
             raise Rejected(QuarantineReason.OTHER_MODEL, f"model {meta.get('model_tag')!r}")
         if meta.get("cache_spec") != self.spec.tag() or meta.get("dtype") != self.spec.dtype:
             raise Rejected(QuarantineReason.OTHER_SPEC, f"spec {meta.get('cache_spec')!r}")
-        if meta.get("block_hash") != f"{block_hash:016x}":
-            raise Rejected(QuarantineReason.CORRUPT, "file name and block hash disagree")
+        block_hash, group = split_key(key)
+        if meta.get("block_hash") != f"{block_hash:016x}" or meta.get("group", "0") != str(group):
+            raise Rejected(QuarantineReason.CORRUPT, "file name and page disagree")
         parent = meta.get("parent_hash")
         if parent is None or (parent and not HEX_HASH.fullmatch(parent)):
             raise Rejected(QuarantineReason.CORRUPT, "bad parent hash")
@@ -410,10 +457,10 @@ class DiskTier:
 def block_checksum(
     k: np.ndarray, v: np.ndarray, tokens: np.ndarray, block: str, parent: str
 ) -> str:
-    """CRC-32 over k, v and token_ids (little-endian raw bytes, in that order), then the block
-    and parent hash strings, so a flipped parent link is caught like flipped KV. It guards
-    against damage (torn writes, bit rot), not against whoever can write the cache folder: they
-    could write a matching checksum whatever the algorithm."""
+    """CRC-32 over k, v and token_ids (little-endian raw bytes, in that order), then the page's
+    name (`page_name`) and the parent hash string, so a flipped parent link is caught like
+    flipped KV. It guards against damage (torn writes, bit rot), not against whoever can write
+    the cache folder: they could write a matching checksum whatever the algorithm."""
     crc = 0
     for array in (k, v, tokens):
         crc = zlib.crc32(_little_endian(array).data, crc)
@@ -467,5 +514,10 @@ def _little_endian(array: np.ndarray) -> np.ndarray:
 
 
 def _parse_block_name(name: str) -> int | None:
+    """The page key a file name gives (`page_name`), or None for any other file."""
     stem = name.removesuffix(BLOCK_SUFFIX)
-    return int(stem, 16) if stem != name and HEX_HASH.fullmatch(stem) else None
+    block, _, group = stem.partition("-")
+    if stem == name or not HEX_HASH.fullmatch(block) or (group and not _GROUP.fullmatch(group)):
+        return None
+    key = page_key(int(block, 16), int(group or 0))
+    return key if split_key(key)[1] < _MAX_GROUPS else None

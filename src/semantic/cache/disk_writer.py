@@ -7,7 +7,8 @@ import queue
 import threading
 from collections.abc import Callable
 
-from semantic.cache.disk import BlockRecord, DiskTier
+from semantic.cache.disk import BlockRecord, DiskTier, page_name
+from semantic.cache.prefix import split_key
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +59,21 @@ class DiskWriter:
         with self._cond:
             return self._failed
 
-    def queued(self, block_hash: int) -> BlockRecord | None:
-        """The record of a block whose write has not ended yet, if one is queued."""
+    def queued(self, key: int) -> BlockRecord | None:
+        """The record of a page whose write has not ended yet, if one is queued."""
         with self._cond:
-            return self._queued.get(block_hash)
+            return self._queued.get(key)
 
     def queued_tails(self, parent: int, block_tokens: int) -> list[tuple[int, tuple[int, ...]]]:
-        """(hash, token ids) of the queued partial blocks that continue `parent`."""
+        """(hash, token ids) of the queued partial blocks that continue `parent`, known by
+        their first group's page (as on disk)."""
         with self._cond:
             return [
-                (r.block_hash, r.token_ids)
+                (r.key, r.token_ids)
                 for r in self._queued.values()
-                if r.parent_hash == parent and len(r.token_ids) < block_tokens
+                if r.parent_hash == parent
+                and len(r.token_ids) < block_tokens
+                and split_key(r.key)[1] == 0
             ]
 
     def submit(self, record: BlockRecord, on_done: WriteCallback | None = None) -> None:
@@ -84,7 +88,7 @@ class DiskWriter:
                 lambda: self._queued_bytes + size <= self._max or not self._queued_bytes
             )
             self._queued_bytes += size
-            self._queued[record.block_hash] = record
+            self._queued[record.key] = record
             self._submitted += 1
             self._jobs.put((self._submitted, record, on_done))
 
@@ -114,15 +118,15 @@ class DiskWriter:
                 self._done = seq
                 self._failed += error is not None
                 self._queued_bytes -= _size(record)
-                if self._queued.get(record.block_hash) is record:
-                    del self._queued[record.block_hash]
+                if self._queued.get(record.key) is record:
+                    del self._queued[record.key]
                 self._cond.notify_all()
 
     def _write(self, record: BlockRecord) -> tuple[int, BaseException | None]:
         try:
             return self._tier.write(record), None
         except Exception as exc:  # a failed write must not kill the writer: report it
-            log.warning("cache block %016x not written: %s", record.block_hash, exc)
+            log.warning("cache page %s not written: %s", page_name(record.key), exc)
             return 0, exc
 
 

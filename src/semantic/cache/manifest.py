@@ -1,10 +1,19 @@
-"""Agent manifests: which blocks make up an agent's cache on disk, and the conversation the
-direct agent API keeps for it; one JSON file per agent."""
+"""Agent manifests: which blocks make up an agent's cache on disk, the conversation the direct
+agent API keeps for it, and whose it is; one JSON file per agent, under
+`agents/<owner>/<agent id>.<digest>.json` (`ManifestFiles` keeps them for a running server).
+
+File names are unique per agent whatever the filesystem: the owner's folder is lower-case hex
+(`none` for agents without an owner), and the digest of the exact id tells `Alice` from `alice`
+where the filesystem ignores case (macOS), while the API keeps ids case-sensitive.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,15 +21,24 @@ from typing import TypeVar
 
 from semantic.cache.conversation import Conversation
 from semantic.cache.disk import QuarantineReason, Rejected
-from semantic.cache.durable import fsync_dir, move_to_quarantine, parse_hash, write_durably
-from semantic.core import is_valid_agent_id
+from semantic.cache.durable import (
+    fsync_dir,
+    move_to_quarantine,
+    parse_hash,
+    unlink_quietly,
+    write_durably,
+)
+from semantic.core import AgentKey, is_valid_agent_id
 from semantic.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
-# 2 added `conversation`; a version-1 file is read as an agent without one.
-MANIFEST_FORMAT_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+# 3 added `owner` and the per-owner folders (older files lie at `agents/<agent id>.json` and are
+# read as owned by no one); 2 added `conversation` (a version-1 file has none).
+MANIFEST_FORMAT_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
+OWNER_PATTERN = re.compile(r"[0-9a-f]{32}")  # a digest of an API key (`api/auth.py`)
+UNOWNED = "none"  # the folder of agents without an owner
 _T = TypeVar("_T")
 
 
@@ -45,7 +63,12 @@ class AgentManifest:
     pinned: bool = False
     conversation: Conversation | None = None
     updated_at: float = field(default_factory=time.time)
+    owner: str | None = None  # `AgentKey.owner`
     format_version: int = MANIFEST_FORMAT_VERSION
+
+    @property
+    def key(self) -> AgentKey:
+        return AgentKey(self.agent_id, self.owner)
 
     @property
     def hashes(self) -> list[int]:
@@ -53,15 +76,77 @@ class AgentManifest:
         return [*self.block_hashes, *([self.tail_hash] if self.tail_hash is not None else [])]
 
 
-def save_manifest(root_for_model: Path, manifest: AgentManifest) -> None:
-    """Write `agents/<agent_id>.json` atomically and durably (InvalidRequest for a bad id)."""
+class ManifestFiles:
+    """The manifests of one model's agents, for the server that owns the folder: written and
+    deleted through here, so that the bytes they take are known (the disk budget counts them).
+    Thread-safe: manifests are written off the engine thread, and the disk writer reads the
+    total."""
+
+    def __init__(self, model_root: Path) -> None:
+        self.model_root = model_root
+        self._sizes: dict[AgentKey, int] = {}
+        self._total = 0  # sum of `_sizes`: read at every block write, so kept, not summed
+        self._lock = threading.Lock()
+
+    def load_all(self) -> list[AgentManifest]:
+        """Every valid manifest (bad ones are quarantined), files of older formats moved to
+        their names of today on the way."""
+        manifests = list_manifests(self.model_root)
+        for manifest in manifests:
+            path = manifest_path(self.model_root, manifest.key)
+            legacy = _legacy_path(self.model_root, manifest.agent_id)
+            if manifest.format_version < MANIFEST_FORMAT_VERSION:
+                self._upgrade(manifest, legacy)
+            elif manifest.owner is None and legacy.exists() and path.is_file():
+                unlink_quietly(legacy)  # an upgrade cut short by a crash: the new file wins
+            self._count(manifest.key, max(_size_of(path), _size_of(legacy)))
+        return manifests
+
+    def save(self, manifest: AgentManifest) -> None:
+        """Write it atomically and durably; OSError when that failed (the old file stays)."""
+        self._count(manifest.key, save_manifest(self.model_root, manifest))
+
+    def delete(self, key: AgentKey) -> bool:
+        """Remove it durably; OSError when that failed (and then it may still be there)."""
+        try:
+            return delete_manifest(self.model_root, key)
+        finally:
+            if not has_manifest(self.model_root, key):
+                self._count(key, 0)
+
+    def num_bytes(self) -> int:
+        with self._lock:
+            return self._total
+
+    def _count(self, key: AgentKey, size: int) -> None:
+        with self._lock:
+            self._total += size - self._sizes.pop(key, 0)
+            if size:
+                self._sizes[key] = size
+
+    def _upgrade(self, manifest: AgentManifest, legacy: Path) -> None:
+        """Write an older file under today's name and format, then remove it; if that fails,
+        the old file serves (it is read as it is, and removed with the agent)."""
+        try:
+            save_manifest(self.model_root, manifest)
+        except OSError as exc:
+            log.warning("agent manifest of %s not upgraded: %s", manifest.agent_id, exc)
+            return
+        unlink_quietly(legacy)
+        fsync_dir(legacy.parent)
+
+
+def save_manifest(root_for_model: Path, manifest: AgentManifest) -> int:
+    """Write the agent's manifest atomically and durably (InvalidRequest for a bad id); returns
+    its size in bytes."""
     if manifest.model_tag != root_for_model.name:
         raise ValueError(f"manifest of {manifest.model_tag!r} under {root_for_model}")
-    path = _manifest_path(root_for_model, manifest.agent_id)
+    path = manifest_path(root_for_model, manifest.key)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     raw = {
-        "format_version": manifest.format_version,
+        "format_version": MANIFEST_FORMAT_VERSION,
         "agent_id": manifest.agent_id,
+        "owner": manifest.owner,
         "model_tag": manifest.model_tag,
         "block_hashes": [f"{h:016x}" for h in manifest.block_hashes],
         "tail_hash": None if manifest.tail_hash is None else f"{manifest.tail_hash:016x}",
@@ -70,12 +155,79 @@ def save_manifest(root_for_model: Path, manifest: AgentManifest) -> None:
         "conversation": None if manifest.conversation is None else manifest.conversation.to_json(),
         "updated_at": manifest.updated_at,
     }
-    write_durably(path, json.dumps(raw, indent=1).encode())
+    data = json.dumps(raw, indent=1).encode()
+    write_durably(path, data)
+    return len(data)
 
 
-def load_manifest(root_for_model: Path, agent_id: str) -> AgentManifest | None:
+def load_manifest(root_for_model: Path, key: AgentKey) -> AgentManifest | None:
     """The agent's manifest; None when absent or bad (a bad one is moved to `quarantine/`)."""
-    path = _manifest_path(root_for_model, agent_id)
+    return _read(root_for_model, manifest_path(root_for_model, key), key)
+
+
+def list_manifests(root_for_model: Path) -> list[AgentManifest]:
+    """Every valid manifest of this model, by owner and agent id, older formats' files included
+    where they lie; bad ones are quarantined on the way."""
+    folder = root_for_model / "agents"
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.glob("*/*.json")):
+        if OWNER_PATTERN.fullmatch(path.parent.name) or path.parent.name == UNOWNED:
+            found.append(_read(root_for_model, path, None))
+    taken = {m.key for m in found if m is not None}
+    for path in sorted(folder.glob("*.json")):  # format 2 and older: unowned, named by the id
+        key = AgentKey(path.stem)
+        if is_valid_agent_id(path.stem) and key not in taken:
+            found.append(_read(root_for_model, path, key))
+    return [m for m in found if m is not None]
+
+
+def delete_manifest(root_for_model: Path, key: AgentKey) -> bool:
+    """Remove an agent's manifest durably (a deleted agent must not return after a crash),
+    and the file an older format named it by, if it is still there."""
+    removed = False
+    for path in _paths_of(root_for_model, key):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        fsync_dir(path.parent)
+        removed = True
+    return removed
+
+
+def has_manifest(root_for_model: Path, key: AgentKey) -> bool:
+    """Whether the cache of the model at `root_for_model` has a manifest of this agent."""
+    return any(path.is_file() for path in _paths_of(root_for_model, key))
+
+
+def manifest_path(root_for_model: Path, key: AgentKey) -> Path:
+    """Where an agent's manifest lives: unique per agent even where case is ignored."""
+    if not is_valid_agent_id(key.agent_id):
+        raise InvalidRequest(f"invalid agent id {key.agent_id[:40]!r}", param="agent_id")
+    if key.owner is not None and not OWNER_PATTERN.fullmatch(key.owner):
+        raise ValueError(f"owner {key.owner[:40]!r} is not a key digest")
+    digest = hashlib.blake2b(key.agent_id.encode(), digest_size=4).hexdigest()
+    return root_for_model / "agents" / (key.owner or UNOWNED) / f"{key.agent_id}.{digest}.json"
+
+
+def _paths_of(root_for_model: Path, key: AgentKey) -> list[Path]:
+    """Where the agent's manifest may lie: its own name, and for an agent of no owner, the
+    name an older format gave it."""
+    paths = [manifest_path(root_for_model, key)]
+    if key.owner is None:
+        paths.append(_legacy_path(root_for_model, key.agent_id))
+    return paths
+
+
+def _legacy_path(root_for_model: Path, agent_id: str) -> Path:
+    return root_for_model / "agents" / f"{agent_id}.json"
+
+
+def _read(root_for_model: Path, path: Path, key: AgentKey | None) -> AgentManifest | None:
+    """The manifest at `path`, which must be `key`'s (any agent's when None) and sit where its
+    own key puts it (or at the older name for its id)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -84,8 +236,10 @@ def load_manifest(root_for_model: Path, agent_id: str) -> AgentManifest | None:
         return None
     try:
         manifest = _manifest_from_json(data)
-        if manifest.model_tag != root_for_model.name or manifest.agent_id != agent_id:
+        if manifest.model_tag != root_for_model.name or key not in (None, manifest.key):
             raise Rejected(QuarantineReason.OTHER_MODEL, "written for another model or agent")
+        if path not in _paths_of(root_for_model, manifest.key):
+            raise Rejected(QuarantineReason.CORRUPT, "its name is not its agent's")
     except Rejected as rejected:
         move_to_quarantine(path, root_for_model / "quarantine", rejected.reason)
         log.warning("agent manifest %s quarantined: %s", path.name, rejected)
@@ -93,30 +247,11 @@ def load_manifest(root_for_model: Path, agent_id: str) -> AgentManifest | None:
     return manifest
 
 
-def list_manifests(root_for_model: Path) -> list[AgentManifest]:
-    """Every valid manifest of this model, by agent id; bad ones are quarantined on the way."""
-    folder = root_for_model / "agents"
-    if not folder.is_dir():
-        return []
-    ids = sorted(p.stem for p in folder.glob("*.json") if is_valid_agent_id(p.stem))
-    return [m for agent_id in ids if (m := load_manifest(root_for_model, agent_id)) is not None]
-
-
-def delete_manifest(root_for_model: Path, agent_id: str) -> bool:
-    """Remove an agent's manifest durably (a deleted agent must not return after a crash)."""
-    path = _manifest_path(root_for_model, agent_id)
+def _size_of(path: Path) -> int:
     try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    fsync_dir(path.parent)
-    return True
-
-
-def _manifest_path(root_for_model: Path, agent_id: str) -> Path:
-    if not is_valid_agent_id(agent_id):
-        raise InvalidRequest(f"invalid agent id {agent_id[:40]!r}", param="agent_id")
-    return root_for_model / "agents" / f"{agent_id}.json"
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _manifest_from_json(data: bytes) -> AgentManifest:
@@ -127,17 +262,23 @@ def _manifest_from_json(data: bytes) -> AgentManifest:
         version = raw.get("format_version")
         if version not in _READABLE_VERSIONS or isinstance(version, bool):
             raise Rejected(QuarantineReason.VERSION, f"format {version!r}")
-        tail, conversation = raw["tail_hash"], raw.get("conversation")
+        tail, conversation, owner = raw["tail_hash"], raw.get("conversation"), raw.get("owner")
+        if owner is not None and not (isinstance(owner, str) and OWNER_PATTERN.fullmatch(owner)):
+            raise ValueError("owner is not a key digest")
+        agent_id = _typed(raw, "agent_id", str)
+        if not is_valid_agent_id(agent_id):
+            raise ValueError("agent_id is not a valid agent id")
         return AgentManifest(
-            agent_id=_typed(raw, "agent_id", str),
+            agent_id=agent_id,
             model_tag=_typed(raw, "model_tag", str),
             block_hashes=[parse_hash(h) for h in _typed(raw, "block_hashes", list)],
             tail_hash=None if tail is None else parse_hash(tail),
             num_tokens=_typed(raw, "num_tokens", int),
             pinned=bool(raw.get("pinned", False)),
             conversation=None if conversation is None else Conversation.from_json(conversation),
+            owner=owner,
             updated_at=float(_typed(raw, "updated_at", (int, float))),
-            format_version=MANIFEST_FORMAT_VERSION,
+            format_version=version,
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise Rejected(QuarantineReason.CORRUPT, str(exc)) from exc

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 
 from semantic.cache.disk import BlockRecord, DiskTier
 from semantic.cache.disk_writer import DiskWriter
+from semantic.cache.prefix import split_key
 from semantic.engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
-# One block to persist: (pool block, hash, parent hash, token ids).
+# One page to persist: (pool page, page key, parent hash, token ids).
 HotBlock = tuple[int, int, int, tuple[int, ...]]
-# One block to restore: its hash and the token ids it must hold (a prefix, for a partial one).
+# One page to restore: its key and the token ids it must hold (a prefix, for a partial one).
 Wanted = tuple[int, tuple[int, ...]]
 
 
@@ -43,7 +44,7 @@ class DiskTraffic:
 @dataclass(slots=True)
 class PendingWrites:
     """Writes queued by `Tiering.start_persist`; `wait` returns once they are durable or have
-    failed, with the hashes that failed."""
+    failed, with the hashes of the blocks a page of which failed."""
 
     tiering: Tiering
     submitted: int = 0
@@ -60,12 +61,13 @@ class PendingWrites:
 
 class Tiering:
     """The pool's lower tier (`cache/prefix.py: LowerTier`): the disk, and the writes on their way
-    to it, which count as there — a block evicted a moment ago is read back from its queued copy,
-    never recomputed.
+    to it, which count as there — a page evicted a moment ago is read back from its queued copy,
+    never recomputed. Pages are known by their page keys (a block's hash and layer group).
 
-    A block goes to disk when the pool reclaims it (unless the disk has it: content-addressed
-    files are never rewritten), on persist, and at shutdown. The disk budget drops least recently
-    used files first, never those of `protected` hashes (pinned agents').
+    A page goes to disk when the pool reclaims it (unless the disk has it: content-addressed
+    files are never rewritten; nor a page out of its window, which nothing reads), on persist,
+    and at shutdown. The disk budget drops least recently used files first, never those of
+    `protected` block hashes (pinned agents').
     """
 
     def __init__(self, disk: DiskTier, runner: ModelRunner) -> None:
@@ -79,47 +81,45 @@ class Tiering:
 
     # -- what it holds ----------------------------------------------------------------------
 
-    def contains(self, block_hash: int) -> bool:
-        return self.writer.queued(block_hash) is not None or self.disk.contains(block_hash)
+    def contains(self, key: int) -> bool:
+        return self.writer.queued(key) is not None or self.disk.contains(key)
 
     def tails(self, parent: int) -> list[tuple[int, tuple[int, ...]]]:
         queued = self.writer.queued_tails(parent, self.disk.spec.block_tokens)
         return [*self.disk.tails(parent), *queued]
 
-    def why_gone(self, block_hash: int) -> str | None:
-        return self.disk.why_gone(block_hash)
+    def why_gone(self, key: int) -> str | None:
+        return self.disk.why_gone(key)
 
     # -- down: eviction and persistence (on the engine thread) ------------------------------
 
-    def save_evicted(
-        self, block: int, block_hash: int, parent: int, tokens: tuple[int, ...]
-    ) -> None:
-        """The pool is reclaiming a cached block: write it to disk first, unless it is there."""
-        if self.contains(block_hash):
+    def save_evicted(self, page: int, key: int, parent: int, tokens: tuple[int, ...]) -> None:
+        """The pool is reclaiming a cached page: write it to disk first, unless it is there."""
+        if self.contains(key):
             return
-        self._submit((block, block_hash, parent, tokens), self._evicted_written)
+        self._submit((page, key, parent, tokens), self._evicted_written)
 
     def start_persist(self, blocks: Iterable[HotBlock]) -> PendingWrites:
-        """Queue writes of the hot blocks the disk lacks; `PendingWrites.wait` then waits for
+        """Queue writes of the hot pages the disk lacks; `PendingWrites.wait` then waits for
         durability on any thread."""
         pending = PendingWrites(self)
         for hot in blocks:
             if self.disk.contains(hot[1]):
                 continue
 
-            def done(size: int, error: BaseException | None, block_hash: int = hot[1]) -> None:
+            def done(size: int, error: BaseException | None, key: int = hot[1]) -> None:
                 if error is not None:
                     self._count_write_error()
-                    pending.failed.add(block_hash)
+                    pending.failed.add(split_key(key)[0])
 
             self._submit(hot, done)
             pending.submitted += 1
         return pending
 
     def _submit(self, hot: HotBlock, done: Callable[[int, BaseException | None], None]) -> None:
-        block, block_hash, parent, tokens = hot
-        k, v = self.runner.read_block(block)
-        self.writer.submit(BlockRecord(block_hash, parent, tokens, k, v), done)
+        page, key, parent, tokens = hot
+        k, v = self.runner.read_block(page)
+        self.writer.submit(BlockRecord(key, parent, tokens, k, v), done)
 
     def _evicted_written(self, size: int, error: BaseException | None) -> None:
         """On the writer thread, once an evicted block is durable (or failed)."""
@@ -135,7 +135,7 @@ class Tiering:
             self.traffic.write_errors += 1
 
     def enforce_budget(self) -> None:
-        if self.disk.usage_bytes() > self.disk.budget_bytes:
+        if self.disk.excess_bytes() > 0:
             dropped = self.disk.evict_to_budget(self.protected)
             with self.lock:
                 self.traffic.evicted_from_disk += len(dropped)
@@ -146,14 +146,14 @@ class Tiering:
 
     # -- up: restores -----------------------------------------------------------------------
 
-    def read_ahead(self, hashes: list[int]) -> None:
-        """A request that will restore these blocks has arrived: have the OS read their files
+    def read_ahead(self, keys: list[int]) -> None:
+        """A request that will restore these pages has arrived: have the OS read their files
         while it waits for room (on the reader thread, behind any restore in progress)."""
-        for block_hash in hashes:
-            self._reader.submit(self.disk.read_ahead, block_hash)
+        for key in keys:
+            self._reader.submit(self.disk.read_ahead, key)
 
     def read(self, wanted: list[Wanted], deliver: Callable[[list[BlockRecord]], None]) -> None:
-        """Read blocks on the reader thread, in order, and hand `deliver` those before the first
+        """Read pages on the reader thread, in order, and hand `deliver` those before the first
         that is gone, fails its checks (it is quarantined) or does not hold the tokens wanted.
         `deliver` runs on the reader thread."""
         self._reader.submit(self._read, wanted, deliver)
@@ -161,8 +161,8 @@ class Tiering:
     def _read(self, wanted: list[Wanted], deliver: Callable[[list[BlockRecord]], None]) -> None:
         records: list[BlockRecord] = []
         try:
-            for block_hash, tokens in wanted:
-                record = self.writer.queued(block_hash) or self.disk.read(block_hash)
+            for key, tokens in wanted:
+                record = self.writer.queued(key) or self.disk.read(key)
                 if record is None or record.token_ids[: len(tokens)] != tokens:
                     break
                 records.append(record)

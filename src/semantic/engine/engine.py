@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 from semantic.cache.agents import Agents, EvictResult, PersistResult
 from semantic.cache.block_pool import BlockPool
 from semantic.cache.disk import BlockRecord, DiskTier, cache_root, model_tag
+from semantic.cache.manifest import ManifestFiles
 from semantic.cache.prefix import PrefixCache, root_hash
 from semantic.cache.tiering import Tiering
-from semantic.config import Settings
 from semantic.core import (
+    AgentKey,
     Batch,
     FinishReason,
     Request,
@@ -35,6 +36,7 @@ from semantic.core import (
     TokenEvent,
     Usage,
 )
+from semantic.engine.agent_door import AgentDoor
 from semantic.engine.runner import ModelRunner
 from semantic.engine.scheduler import Scheduler
 from semantic.errors import (
@@ -44,10 +46,12 @@ from semantic.errors import (
     Overloaded,
     PoolExhausted,
     RowsFailed,
+    SemanticError,
     Unavailable,
 )
 from semantic.models.served import ServedModel
 from semantic.observability import EngineMetrics, PrefillProgress, request_fields
+from semantic.options import EngineOptions
 from semantic.text.detokenizer import IncrementalDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
@@ -121,17 +125,19 @@ class Engine:
     /metrics collects them from any thread.
     """
 
-    def __init__(self, runner: ModelRunner, model: ServedModel, settings: Settings) -> None:
+    def __init__(self, runner: ModelRunner, model: ServedModel, options: EngineOptions) -> None:
         self.runner = runner
         self.model = model
-        self.settings = settings
+        self.options = options
         spec = runner.cache_spec
         tag = model_tag(model.name, spec, model.weights_fingerprint)
+        manifests = ManifestFiles(cache_root(options.cache.cache_dir) / tag)
         disk = DiskTier(
-            cache_root(settings.cache_dir),
+            cache_root(options.cache.cache_dir),
             model_tag=tag,
             spec=spec,
-            budget_bytes=settings.disk_budget_mb * 2**20,
+            budget_bytes=options.cache.disk_budget_bytes,
+            other_bytes=manifests.num_bytes,
         )
         self.tiering = Tiering(disk, runner)
         self.pool = BlockPool(runner.num_blocks)
@@ -139,20 +145,23 @@ class Engine:
             self.pool,
             spec.block_tokens,
             root_hash(tag),
+            group_windows=spec.group_windows,
             lower=self.tiering,
             on_evict=self.tiering.save_evicted,
         )
-        self.agents = Agents(self.prefix, self.tiering, idle_s=settings.agent_idle_s)
+        self.agents = Agents(self.prefix, self.tiering, manifests, options.agents)
+        self.agent_door = AgentDoor(self)
         self.scheduler = Scheduler(
             self.prefix,
             block_tokens=runner.cache_spec.block_tokens,
-            max_running=settings.max_running,
-            max_batch_tokens=settings.max_batch_tokens,
+            max_running=options.max_running,
+            max_batch_tokens=options.max_batch_tokens,
             end_token_ids=model.tokenizer.eos_token_ids,
         )
         # A sequence never outgrows the context, nor the whole pool (then it could not run).
-        pool_tokens = runner.num_blocks * runner.cache_spec.block_tokens
-        self.max_seq_tokens = min(model.context_length, pool_tokens)
+        pool_tokens = self.scheduler.blocks.max_tokens(runner.num_blocks)
+        limit = model.context_length if pool_tokens is None else pool_tokens
+        self.max_seq_tokens = min(model.context_length, limit)
         self.metrics = EngineMetrics()
         self.prefill_progress = PrefillProgress()  # log lines while a long prompt is computed
         self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
@@ -267,18 +276,18 @@ class Engine:
         if not self._inbox_closed:
             self._inbox.put(_Call(function, _log_failure))
 
-    async def persist(self, agent_ids: list[str] | None = None) -> PersistResult:
-        """Write hot caches to disk (the named agents', or all) and return once durable. The
+    async def persist(self, agents: list[AgentKey] | None = None) -> PersistResult:
+        """Write hot caches to disk (these agents', or all) and return once durable. The
         engine thread only copies blocks out; the wait for fsync happens off it."""
         with self.metrics.cache_persist_duration.time():
-            pending = await self.call(lambda: self.agents.start_persist(agent_ids))
+            pending = await self.call(lambda: self.agents.start_persist(agents))
             return await asyncio.to_thread(pending.wait)
 
-    async def evict(self, agent_ids: list[str] | None = None) -> EvictResult:
-        """Move caches out of memory (the named agents', or all): persist them, then free the
+    async def evict(self, agents: list[AgentKey] | None = None) -> EvictResult:
+        """Move caches out of memory (these agents', or all): persist them, then free the
         blocks that made it to disk and that no running request holds."""
-        persisted = await self.persist(agent_ids)
-        evicted = await self.call(lambda: self.agents.evict(agent_ids))
+        persisted = await self.persist(agents)
+        evicted = await self.call(lambda: self.agents.evict(agents))
         return EvictResult(persisted, evicted)
 
     def progress(self, request_id: str) -> tuple[int, int] | None:
@@ -416,7 +425,7 @@ class Engine:
             self._handle(self._inbox.get(timeout=timeout))
         except queue.Empty:
             return
-        window_end = time.monotonic() + self.settings.batch_window_ms / 1000
+        window_end = time.monotonic() + self.options.batch_window_s
         while not self._stopping and (remaining := window_end - time.monotonic()) > 0:
             try:
                 self._handle(self._inbox.get(timeout=remaining))
@@ -450,8 +459,10 @@ class Engine:
             try:
                 self._admit(message.request, message.sink)
             except Exception as exc:  # before it joined the scheduler: it alone fails
-                log.exception("admitting request %s failed", message.request.request_id)
+                if not isinstance(exc, SemanticError):  # ours (a limit) say what they are
+                    log.exception("admitting request %s failed", message.request.request_id)
                 self._active.pop(message.request.request_id, None)
+                self.agents.not_admitted(message.request)
                 message.sink(_refused(message.request, _failure(exc)))
 
     def _admit(self, request: Request, sink: EventSink) -> None:
@@ -478,10 +489,10 @@ class Engine:
             restore = seq.restore
             assert restore is not None
             wanted = []
-            for block_hash, index in zip(restore.hashes, restore.indexes, strict=True):
+            for key, index in zip(restore.keys, restore.indexes, strict=True):
                 full = index < len(restore.block_hashes)
                 end = index * size + (size if full else restore.tail_tokens)
-                wanted.append((block_hash, tuple(seq.token_ids[index * size : end])))
+                wanted.append((key, tuple(seq.token_ids[index * size : end])))
 
             def deliver(
                 records: list[BlockRecord], seq: Sequence = seq, restore: Restore = restore
@@ -491,14 +502,14 @@ class Engine:
             self.tiering.read(wanted, deliver)
 
     def _restored(self, message: _Restored) -> None:
-        """Blocks came back from disk: copy them into the sequence's blocks and let it run.
-        Dropped when the sequence ended (or was restored) meanwhile: its blocks are not its own
+        """Pages came back from disk: copy them into the sequence's pages and let it run.
+        Dropped when the sequence ended (or was restored) meanwhile: its pages are not its own
         any more."""
         seq, restore = message.seq, message.restore
         if seq.status is not SequenceStatus.RESTORING or seq.restore is not restore:
             return
-        for block, record in zip(restore.blocks, message.records, strict=False):
-            self.runner.write_block(block, record.k, record.v)
+        for page, record in zip(restore.pages, message.records, strict=False):
+            self.runner.write_block(page, record.k, record.v)
         self.scheduler.restored(seq, len(message.records))
 
     def _on_token(self, active: _Active, token: int) -> None:
@@ -577,7 +588,7 @@ class Engine:
                 active.sink(_refused(active.seq.request, error))
 
     def _expire_waiting(self) -> None:
-        timeout = self.settings.queue_timeout_s
+        timeout = self.options.queue_timeout_s
         for seq in self.scheduler.expired(timeout):
             error = Overloaded(f"no room in the KV pool within {timeout:g} s; try again later")
             self._finish(
@@ -602,13 +613,24 @@ def _log_finish(
         "output_tokens": usage.completion_tokens,
     }
     if error is not None:
-        log.warning("request failed: %s", error, extra=fields)
+        cause = f" ({error.__cause__!r})" if error.__cause__ is not None else ""
+        log.warning("request failed: %s%s", error, cause, extra=fields)
     else:
         log.info("request finished", extra=fields)
 
 
-def _failure(exc: Exception) -> EngineFailure:
-    return EngineFailure(f"the engine failed while running this request: {exc}")
+def _failure(exc: Exception) -> SemanticError:
+    """What a request's client learns of `exc`: an error of ours says what went wrong (a limit,
+    an overload); any other is a fault whose text (paths, internals) stays in the log, where
+    the caller put it and `_log_finish` names it with the request."""
+    if isinstance(exc, SemanticError) and not isinstance(exc, RowsFailed):
+        return exc
+    failure = EngineFailure(ENGINE_FAILED)
+    failure.__cause__ = exc
+    return failure
+
+
+ENGINE_FAILED = "the engine failed while running this request (the server log has the details)"
 
 
 _STOPPED = "the engine has stopped"

@@ -14,8 +14,9 @@ from semantic.errors import RowsFailed
 class ModelRunner(Protocol):
     """A model bound to its KV block pool tensors (torch, mlx, or the fake one for tests).
 
-    The runner owns the tensors; the engine owns which block ids are whose. `num_blocks` is fixed
-    when the runner is built (from the cache budget) and the engine sizes its `BlockPool` from it.
+    The runner owns the tensors; the engine owns which pages are whose. `num_blocks` (pages: a
+    layer group's K/V of one block, every layer's when the model has one group) is fixed when
+    the runner is built (from the cache budget) and the engine sizes its `BlockPool` from it.
     """
 
     cache_spec: CacheSpec
@@ -24,8 +25,8 @@ class ModelRunner(Protocol):
 
     def run(self, batch: Batch) -> list[int | None]:
         """Compute every item of `batch`, writing K/V into the pool through the items' block
-        tables, and return one sampled token per item with `sample=True` (None for the others),
-        in the order of `batch.items`. `batch.copies` are done first.
+        tables (one per layer group), and return one sampled token per item with `sample=True`
+        (None for the others), in the order of `batch.items`. `batch.copies` are done first.
 
         An item that cannot be sampled fails alone: `run` raises `RowsFailed` naming it, with
         the other items' tokens (`step_tokens` builds either answer). Any other exception fails
@@ -37,12 +38,12 @@ class ModelRunner(Protocol):
         ...
 
     def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
-        """A copy of one block's K and V, `[layers, block_tokens, kv_heads, head_dim]` (bf16 and
-        fp16 as their raw `np.uint16` bits), for the disk tier."""
+        """A copy of one page's K and V, `[layers_per_group, block_tokens, kv_heads, head_dim]`
+        (bf16 and fp16 as their raw `np.uint16` bits), for the disk tier."""
         ...
 
     def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Fill one block with K and V read back from disk (the shapes `read_block` returns)."""
+        """Fill one page with K and V read back from disk (the shapes `read_block` returns)."""
         ...
 
 

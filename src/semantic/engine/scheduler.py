@@ -24,6 +24,13 @@ from semantic.core import (
 # Tokens a sequence produces after it starts (or resumes) before a newcomer may preempt it:
 # bounds how often one sequence can be swapped out.
 PREEMPT_QUANTUM = 8
+# The share of `max_batch_tokens` a step that also decodes may spend on prompts: a decode then
+# waits for one such chunk at most (256 tokens at the default 512: ~0.25 s of SmolLM2 on two
+# CPU cores, against ~0.5 s for a whole step), while a prompt alone still gets whole steps.
+PREFILL_SHARE_WHILE_DECODING = 0.5
+# Shorter prompts go first, but newer ones may overtake a waiting prompt by at most this many
+# times its remaining length: then it goes first, so a stream of short prompts never starves it.
+OVERTAKE_LIMIT = 4
 
 
 def _work_left(seq: Sequence) -> int:
@@ -35,17 +42,24 @@ class Scheduler:
 
     Every step computes, for each running sequence, the tokens that have no KV yet:
     one token for a decoding sequence, a chunk of its prompt for a prefilling one. Decodes go
-    first; prefill chunks fill what is left of `max_batch_tokens`, so a long prompt is spread
-    over several steps instead of stalling everyone's decoding.
+    first; prompt chunks fill what is left of `max_batch_tokens`, and no more than its
+    `PREFILL_SHARE_WHILE_DECODING` while anyone decodes, so a long prompt is spread over several
+    steps and holds each decode up by one short chunk. The prompt with the fewest tokens left
+    goes first (a warm turn's few new tokens before a cold prompt's thousands; equal ones in the
+    order they started), unless newer prompts have overtaken an older one by `OVERTAKE_LIMIT`
+    times what it has left. Why this policy: docs/design.md.
 
-    Admission takes the first waiting sequence once blocks for its whole prompt are available
-    (then prefill chunks never need to allocate), keeping one block of headroom per running
-    sequence so admitting does not force the next decode to preempt. It reuses the longest
-    cached prefix of the prompt (`cache/prefix.py`), wherever it is: pool blocks are shared (a
-    partial one copied), and blocks only the disk has are restored into the sequence's fresh
-    blocks — the sequence waits RESTORING (holding its blocks, so the restore can never fail for
-    room) while the engine reads them, then runs as if they had never left. A restore that
-    cannot fit waits in line; it is never recomputed for lack of room.
+    Admission takes waiting sequences in order, each once pages for its whole prompt are
+    available (then prefill chunks never need room: a sliding layer group's pages are reserved
+    for its window and a chunk, and each chunk trades the pages its window left for new ones,
+    `cache/block_manager.py`), keeping one block of headroom per running sequence so admitting
+    does not force the next decode to preempt. All that fit are admitted before the step's
+    chunks are chosen, so a short prompt can go first. Admission reuses the longest cached
+    prefix of the prompt (`cache/prefix.py`), wherever it is: pool blocks are shared (a partial
+    one copied), and blocks only the disk has are restored into the sequence's fresh blocks —
+    the sequence waits RESTORING (holding its blocks, so the restore can never fail for room)
+    while the engine reads them, then runs as if they had never left. A restore that cannot fit
+    waits in line; it is never recomputed for lack of room.
 
     A decode that needs a new block and finds none preempts the most recently admitted running
     sequence: its full blocks and its partial last block stay cached (and go to disk if the
@@ -60,8 +74,9 @@ class Scheduler:
     blocks and cached blocks of one-off requests and idle agents, so a burst of side requests
     never evicts a working agent's cache.
 
-    Invariant: a running or restoring sequence holds blocks for every token of its prompt's
-    reused prefix and every token it has computed; a waiting one holds none.
+    Invariant: a running or restoring sequence holds pages for every token of its prompt's
+    reused prefix and every token it has computed that its layer groups still read; a waiting
+    one holds none.
     """
 
     def __init__(
@@ -75,7 +90,7 @@ class Scheduler:
     ) -> None:
         self.prefix = prefix
         self.pool = prefix.pool
-        self.blocks = BlockManager(prefix, block_tokens)
+        self.blocks = BlockManager(prefix, block_tokens, max_batch_tokens)
         self.max_running = max_running
         self.max_batch_tokens = max_batch_tokens
         self.end_token_ids = tuple(end_token_ids)
@@ -83,6 +98,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.restoring: list[Sequence] = []
         self._to_restore: list[Sequence] = []  # admitted this step: their reads are not asked yet
+        # Prompt tokens newer sequences computed while each running prompt got none (seq ids
+        # are given in order of arrival).
+        self._overtaken: dict[int, int] = {}
         self.preemptions = 0  # since start
 
     @property
@@ -101,20 +119,11 @@ class Scheduler:
     def schedule(self) -> Batch:
         self.blocks.release_copy_sources()
         self._admit_newcomers()
-        budget = self.max_batch_tokens
-        items: list[BatchItem] = []
-        for seq in self._grow_decodes():
-            items.append(self._item(seq, 1))
-            budget -= 1
-        for seq in self.running:
-            if budget > 0 and self._pending(seq) > 1:
-                items.append(self._prefill_chunk(seq, budget))
-                budget -= len(items[-1].token_ids)
-        while budget > 0 and (admitted := self._admit_next()) is not None:
-            if admitted.status is SequenceStatus.RUNNING:
-                items.append(self._prefill_chunk(admitted, budget))
-                budget -= len(items[-1].token_ids)
-        return Batch(items, self.blocks.take_copies())
+        while self._admit_next() is not None:
+            pass
+        decodes = [self._item(seq, 1) for seq in self._grow_decodes()]
+        chunks = self._prefill_chunks(self._prefill_budget(len(decodes)))
+        return Batch(decodes + chunks, self.blocks.take_copies())
 
     def take_restores(self) -> list[Sequence]:
         """The sequences admitted since the last call that wait for blocks from disk: the
@@ -123,15 +132,15 @@ class Scheduler:
         return taken
 
     def restored(self, seq: Sequence, count: int) -> None:
-        """The first `count` blocks of `seq.restore` now hold their content. All of them: the
-        sequence runs from there. Fewer (a file failed its checks, now quarantined): the blocks
+        """The first `count` pages of `seq.restore` now hold their content. All of them: the
+        sequence runs from there. Fewer (a file failed its checks, now quarantined): the pages
         that did arrive stay cached and the sequence waits, first in line, for a fresh match."""
         restore = seq.restore
         assert restore is not None and seq.status is SequenceStatus.RESTORING
         self.restoring.remove(seq)
         seq.restore = None
         self.blocks.index_restored(seq, restore, count)
-        if count == len(restore.blocks):
+        if count == len(restore.pages):
             seq.block_hashes = list(restore.block_hashes)
             seq.num_computed_tokens = restore.num_tokens
             self._start(seq, restore.num_tokens, restore.disk_tokens)
@@ -186,6 +195,46 @@ class Scheduler:
     def _pending(self, seq: Sequence) -> int:
         return len(seq.token_ids) - seq.num_computed_tokens
 
+    def _prefill_budget(self, decodes: int) -> int:
+        """Prompt tokens this step may compute beside `decodes` decoding sequences."""
+        budget = self.max_batch_tokens - decodes
+        if decodes:
+            budget = min(budget, int(self.max_batch_tokens * PREFILL_SHARE_WHILE_DECODING))
+        return budget
+
+    def _prefill_chunks(self, budget: int) -> list[BatchItem]:
+        """Chunks of the running prompts, in `_prefill_order`, until `budget` is spent."""
+        prefilling = self._prefill_order()
+        chunks: list[BatchItem] = []
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            budget -= self._add_chunk(chunks, seq, budget)
+        self._count_overtaking(prefilling, chunks)
+        return chunks
+
+    def _prefill_order(self) -> list[Sequence]:
+        """Running prompts, fewest tokens left first — less what newer prompts took ahead of
+        them, over `OVERTAKE_LIMIT`. A stable sort: equals keep the order they started in."""
+
+        def rank(seq: Sequence) -> float:
+            return self._pending(seq) - self._overtaken.get(seq.seq_id, 0) / OVERTAKE_LIMIT
+
+        running = (s for s in self.running if s.status is SequenceStatus.RUNNING)
+        return sorted((seq for seq in running if self._pending(seq) > 1), key=rank)
+
+    def _count_overtaking(self, prefilling: list[Sequence], chunks: list[BatchItem]) -> None:
+        """Credit every prompt that got no chunk this step with the tokens newer prompts got
+        (forgetting those that left prefill)."""
+        served = {item.seq_id: len(item.token_ids) for item in chunks}
+        overtaken = {}
+        for seq in prefilling:
+            passed = 0
+            if seq.seq_id not in served:
+                passed = sum(n for seq_id, n in served.items() if seq_id > seq.seq_id)
+            overtaken[seq.seq_id] = self._overtaken.get(seq.seq_id, 0) + passed
+        self._overtaken = overtaken
+
     def _grow_decodes(self) -> list[Sequence]:
         """Running sequences with exactly one token to compute, each given room for it;
         preempts the newest sequences when the pool runs dry."""
@@ -193,13 +242,25 @@ class Scheduler:
         for seq in list(self.running):
             if seq.status is not SequenceStatus.RUNNING or self._pending(seq) != 1:
                 continue
-            while not self.blocks.grow(seq):
+            while not self.blocks.grow(seq, len(seq.token_ids)):
                 self._preempt(self.running[-1])
                 if seq.status is not SequenceStatus.RUNNING:
                     break
             if seq.status is SequenceStatus.RUNNING:
                 decodes.append(seq)
         return decodes
+
+    def _add_chunk(self, items: list[BatchItem], seq: Sequence, budget: int) -> int:
+        """Add a chunk of `seq`'s prompt to the step; returns its tokens. Its sliding groups
+        trade the pages their window left for the chunk's: when pages they gave back were
+        shared and the pool is out, it steps aside (preempted, resuming from its cache) rather
+        than take the room of sequences already in this step."""
+        count = min(self._pending(seq), budget)
+        if not self.blocks.grow(seq, seq.num_computed_tokens + count):
+            self._preempt(seq)
+            return 0
+        items.append(self._item(seq, count))
+        return count
 
     def _fit(self, seq: Sequence) -> Fit:
         return self.blocks.fit(seq, headroom=len(self.running))
@@ -263,7 +324,8 @@ class Scheduler:
             if room >= fit.lacking:
                 break
             victims.append(seq)
-            room += self.blocks.freed_by(seq, fit.max_tier) + 1  # + its headroom block
+            # its own pages, and its headroom block's
+            room += self.blocks.freed_by(seq, fit.max_tier) + self.blocks.pages_per_block
         if room < fit.lacking:
             return False
         for seq in victims:
@@ -298,9 +360,6 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
-    def _prefill_chunk(self, seq: Sequence, budget: int) -> BatchItem:
-        return self._item(seq, min(self._pending(seq), budget))
-
     def _item(self, seq: Sequence, count: int) -> BatchItem:
         start = seq.num_computed_tokens
         sample = start + count == len(seq.token_ids)
@@ -310,7 +369,7 @@ class Scheduler:
             seq_id=seq.seq_id,
             token_ids=seq.token_ids[start : start + count],
             start_pos=start,
-            block_table=list(seq.block_ids),
+            block_tables=[table.padded() for table in seq.block_tables],
             sample=sample,
             sampling=sampling,
             num_output_tokens=seq.num_output_tokens,

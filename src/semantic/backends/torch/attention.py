@@ -39,17 +39,18 @@ prefill in chunks of 512 goes from ~835-960 to ~1,235-1,370 tok/s, medians of th
 Sliding-window layers (Gemma 3, GPT-OSS, Mistral's window) read only their window: the CPU
 kernels start each query's keys at its window (whole key tiles and spans before it are never
 loaded); the stock path gathers only the blocks that hold a window and masks the rest of their
-first block. Every layer's K/V stays in the pool: the window limits what attention reads, not
-what the cache holds. Attention sinks (GPT-OSS) are a logit per head that joins the softmax with
-no value: the kernels add its weight to the sum; the stock path, which SDPA cannot give it,
-computes those layers' softmax itself.
+first block. The pool holds a page per layer group (`core.py: CacheSpec`): a sliding group's
+pages of the blocks its window has left are given back, so its block tables name no page there
+(page 0 stands in, never read). Attention sinks (GPT-OSS) are a logit per head that joins the
+softmax with no value: the kernels add its weight to the sum; the stock path, which SDPA cannot
+give it, computes those layers' softmax itself.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -61,30 +62,40 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 class KVPool:
-    """The KV cache: one tensor `[2, num_layers, num_blocks, block_tokens, kv_heads, head_dim]`.
+    """The KV cache: one tensor `[2, layers_per_group, num_pages, block_tokens, kv_heads,
+    head_dim]`, where page `p` holds one layer group's K/V of one block (`data[:, :, p]`).
 
-    These tensors ARE the cache; no sequence keeps a copy between steps. Slot `s` of a layer is
-    token `s % block_tokens` of block `s // block_tokens`. Zero-filled so a padded read of a slot
+    These tensors ARE the cache; no sequence keeps a copy between steps. The i-th layer of every
+    group reads `data[:, i]`, through its own group's block tables: one page size serves every
+    group, so a page freed by a sliding group holds a full-attention group's block next (with
+    one group, a page is a block of every layer). Slot `s` of a layer is token
+    `s % block_tokens` of page `s // block_tokens`. Zero-filled so a padded read of a slot
     never written is finite (a masked score times NaN would still poison the output). On the CPU
     the zeros are an anonymous mapping's, which the OS hands out on first touch: the pool takes
-    memory as blocks are used, so a pool sized from the machine costs only what it holds.
+    memory as pages are used, so a pool sized from the machine costs only what it holds.
     """
 
     def __init__(
         self,
         spec: CacheSpec,
-        num_blocks: int,
+        num_pages: int,
         device: torch.device,
         kernels: CpuKernels | None = None,
     ) -> None:
-        block = (spec.block_tokens, spec.num_kv_heads, spec.head_dim)
-        shape = (2, spec.num_layers, num_blocks, *block)
+        page = (spec.block_tokens, spec.num_kv_heads, spec.head_dim)
+        shape = (2, spec.layers_per_group, num_pages, *page)
         self.spec = spec
         self.kernels = kernels  # None: the stock path, which alone reads the step's masks
         self.data = _zeros(shape, DTYPES[spec.dtype], device)
         scratch = GatherScratch(self.data)
+        where = {
+            layer: (group, i)
+            for group, layers in enumerate(spec.groups)
+            for i, layer in enumerate(layers.layers)
+        }
         self.layers = [
-            LayerKV(self.data[0, i], self.data[1, i], scratch, kernels) for i in range(shape[1])
+            LayerKV(self.data[0, i], self.data[1, i], scratch, kernels, group)
+            for group, i in (where[layer] for layer in range(spec.num_layers))
         ]
 
 
@@ -116,11 +127,11 @@ class GatherScratch:
 
 
 class LayerKV:
-    """One layer's K and V pool tensors `[num_blocks, block_tokens, KVH, D]`, the gather scratch,
-    and the CPU kernels that read the pool in place for decodes and prefills (None: gather +
-    SDPA)."""
+    """One layer's K and V pool tensors `[num_pages, block_tokens, KVH, D]`, its layer group
+    (whose view of the step it reads), the gather scratch, and the CPU kernels that read the
+    pool in place for decodes and prefills (None: gather + SDPA)."""
 
-    __slots__ = ("k", "kernels", "scratch", "v")
+    __slots__ = ("group", "k", "kernels", "scratch", "v")
 
     def __init__(
         self,
@@ -128,11 +139,13 @@ class LayerKV:
         v: torch.Tensor,
         scratch: GatherScratch,
         kernels: CpuKernels | None = None,
+        group: int = 0,
     ) -> None:
         self.k = k
         self.v = v
         self.scratch = scratch
         self.kernels = kernels
+        self.group = group
 
     def gather(self, block_ids: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each of `batch` sequences' blocks (`block_ids` [batch · m]), one copy each of K and V,
@@ -174,32 +187,24 @@ class PrefillChunk:
 
 
 @dataclass(slots=True, frozen=True)
-class AttentionView:
-    """What one kind of layer reads in a step: the decode group and the prefill chunks."""
+class GroupView:
+    """What the layers of one layer group write and read in a step, through the group's block
+    tables: where each new token's K/V goes, the decode group and the prefill chunks. A sliding
+    group's, on the stock path, has tables cut to the window and masks that end it (the CPU
+    kernels take whole tables and the window)."""
 
+    slot_mapping: torch.Tensor  # [T] int64: pool slot of each new token
     decode: DecodeGroup | None
     prefills: list[PrefillChunk]
 
 
 @dataclass(slots=True, frozen=True)
 class AttentionMetadata:
-    """Where this step's tokens go and what they see; built once per step, read by every layer.
+    """Where this step's tokens go and what they see, one view per layer group; built once per
+    step, read by every layer. Layout of the step's flat tokens `[T]`: the decode group first,
+    then each prefill chunk."""
 
-    Layout of the step's flat tokens `[T]`: the decode group first, then each prefill chunk.
-    `windowed` holds, for the stock path, each sliding window's own view: block tables cut to
-    the window and masks that end it (the CPU kernels take the full view and the window).
-    """
-
-    slot_mapping: torch.Tensor  # [T] int64: pool slot of each new token
-    decode: DecodeGroup | None
-    prefills: list[PrefillChunk]
-    windowed: dict[int, AttentionView] = field(default_factory=dict)
-
-    def view(self, window: int | None) -> AttentionView:
-        """The full view, or a window's (which the step must have been built with)."""
-        if window is None:
-            return AttentionView(self.decode, self.prefills)
-        return self.windowed[window]
+    groups: list[GroupView]
 
 
 @dataclass(slots=True, frozen=True)
@@ -225,8 +230,8 @@ def paged_attention(
 
     q: [T, H, D]; k, v: [T, KVH, D] → [T, H, D], in the layout order.
     """
-    write_kv(kv, k, v, meta.slot_mapping)
-    view = meta.view(how.window if kv.kernels is None else None)
+    view = meta.groups[kv.group]
+    write_kv(kv, k, v, view.slot_mapping)
     outs: list[torch.Tensor] = []
     if view.decode is not None:
         outs.append(decode_attention(q[: view.decode.num_tokens], kv, view.decode, how))
@@ -251,7 +256,7 @@ def decode_attention(
     sequence's blocks into one padded batch, then one SDPA call with a length mask; each KV
     head's G = H / KVH query heads are folded into the query axis ([B, KVH, G, D]), so GQA needs
     no K/V expansion (SDPA's `enable_gqa` would leave the fused CPU kernel for the math path).
-    On a sliding layer the stock path is handed the window's view (`AttentionMetadata.view`).
+    On a sliding layer the stock path is handed the window's view (`GroupView`).
     """
     if kv.kernels is not None:
         return kv.kernels.decode_attention(

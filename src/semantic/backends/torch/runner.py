@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -12,8 +14,8 @@ import torch
 from semantic.backends.torch.attention import (
     DTYPES,
     AttentionMetadata,
-    AttentionView,
     DecodeGroup,
+    GroupView,
     KVPool,
     PrefillChunk,
 )
@@ -21,6 +23,7 @@ from semantic.backends.torch.kernels import CpuKernels, cpu_kernels
 from semantic.backends.torch.linear import linear_factory
 from semantic.backends.torch.models import build_model
 from semantic.backends.torch.models.layers import Build
+from semantic.backends.torch.prepared import PreparedWeights
 from semantic.backends.torch.sampling import sample
 from semantic.core import Batch, BatchItem, CacheSpec
 from semantic.engine.runner import step_tokens
@@ -60,6 +63,8 @@ class TorchRunner:
         device: str = "auto",
         threads: int | None = None,
         kernels: bool = True,
+        prepared_dir: Path | None = None,
+        weights_fingerprint: str | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(threads)  # process-wide: this runner is the process's compute
@@ -67,8 +72,13 @@ class TorchRunner:
         self.dtype = pick_dtype(dtype, self.device)
         cpu = pick_cpu_kernels(kernels, self.device, self.dtype)
         linear = linear_factory(self.device, self.dtype, cpu)
+        build = Build(config, self.dtype, self.device, linear, cpu)
         with torch.inference_mode():
-            self.model = build_model(Build(config, self.dtype, self.device, linear, cpu), weights)
+            if prepared_dir is None or not weights_fingerprint or cpu is None:
+                self.model = build_model(build, weights)
+            else:  # our kernels' layout, kept for the next start (prepared.py)
+                prepared = PreparedWeights.for_model(prepared_dir, weights_fingerprint, build)
+                self.model = prepared.build(build, weights, build_model)
         windows = self.model.layer_windows
         self.cache_spec = CacheSpec(
             num_layers=config.num_hidden_layers,
@@ -79,11 +89,11 @@ class TorchRunner:
             layer_windows=windows if any(w is not None for w in windows) else (),
         )
         budget = self._auto_budget_bytes() if cache_budget_mb is None else cache_budget_mb * 2**20
-        self.num_blocks = budget // self.cache_spec.bytes_per_block
+        self.num_blocks = budget // self.cache_spec.bytes_per_page  # pages, one size for all
         if self.num_blocks < 1:
             raise ModelLoadFailed(
-                f"cache_budget_mb={budget // 2**20} holds no block of "
-                f"{self.cache_spec.bytes_per_block} bytes"
+                f"cache_budget_mb={budget // 2**20} holds no page of "
+                f"{self.cache_spec.bytes_per_page} bytes"
             )
         in_place = cpu is not None and cpu.supports_attention(
             config.head_dim, config.num_attention_heads, self.dtype
@@ -130,9 +140,9 @@ class TorchRunner:
             return self.model.logits(hidden)
 
     def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
-        """A host copy of one block's K and V, `[layers, block_tokens, kv_heads, head_dim]`;
-        bf16/fp16 as raw uint16 bits (numpy has no bf16)."""
-        kv = self.pool.data[:, :, block].to("cpu", copy=True)  # [2, L, bt, KVH, D]
+        """A host copy of one page's K and V, `[layers_per_group, block_tokens, kv_heads,
+        head_dim]`; bf16/fp16 as raw uint16 bits (numpy has no bf16)."""
+        kv = self.pool.data[:, :, block].to("cpu", copy=True)  # [2, L/G, bt, KVH, D]
         return _host_array(kv[0]), _host_array(kv[1])
 
     def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
@@ -140,7 +150,8 @@ class TorchRunner:
             self.pool.data[index, :, block].copy_(_device_tensor(array, self.dtype))
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write of reused partial blocks: all layers, K and V, before the step."""
+        """Copy-on-write of reused partial blocks' pages: K and V of the page's layers, before
+        the step."""
         for source, destination in copies:
             self.pool.data[:, :, destination].copy_(self.pool.data[:, :, source])
 
@@ -150,7 +161,7 @@ class TorchRunner:
         spec = self.cache_spec
         masks = self.pool.kernels is None
         return build_step(
-            batch, spec.block_tokens, self.device, masks=masks, windows=spec.sliding_windows
+            batch, spec.block_tokens, self.device, masks=masks, group_windows=spec.group_windows
         )
 
 
@@ -160,49 +171,58 @@ def build_step(
     device: torch.device,
     *,
     masks: bool = True,
-    windows: Iterable[int] = (),
+    group_windows: Sequence[int | None] = (None,),
 ) -> StepInputs:
-    """The step's flat tokens, positions and attention metadata (decodes first, then chunks).
-    `masks=False` leaves out the attention masks and the sliding `windows`' own views, which
+    """The step's flat tokens, positions and attention metadata (decodes first, then chunks),
+    with a view per layer group (`group_windows`: each group's sliding window, None for full
+    attention). `masks=False` leaves out the attention masks and the windows' own views, which
     only the stock attention path reads."""
-    return _StepBuilder(block_tokens, device, masks, tuple(windows) if masks else ()).build(batch)
+    return _StepBuilder(block_tokens, device, masks, tuple(group_windows)).build(batch)
 
 
 class _StepBuilder:
     """Builds `StepInputs`: lists in Python, then a handful of tensor constructions, because
-    each small tensor op costs microseconds and a decode step has little else to do."""
+    each small tensor op costs microseconds and a decode step has little else to do. What a
+    window decides (lengths, masks) is built once per window, shared by its groups; each group
+    has its own block tables and slots."""
 
     def __init__(
-        self, block_tokens: int, device: torch.device, masks: bool, windows: tuple[int, ...]
+        self,
+        block_tokens: int,
+        device: torch.device,
+        masks: bool,
+        group_windows: tuple[int | None, ...],
     ) -> None:
         self.bt = block_tokens
         self.device = device
         self.masks = masks
-        self.windows = windows
-        self.ids: list[int] = []
-        self.positions: list[int] = []
-        self.slots: list[int] = []
+        # The stock path reads a sliding group's window through its own view; the CPU kernels
+        # read every group through whole tables, given the window.
+        self.windows = group_windows if masks else (None,) * len(group_windows)
+        self._decode_spans: dict[int | None, _DecodeSpans] = {}
 
     def build(self, batch: Batch) -> StepInputs:
         items = batch.items
         decodes = [i for i, item in enumerate(items) if len(item.token_ids) == 1]
         chunks = [i for i, item in enumerate(items) if len(item.token_ids) > 1]
-        decode = self._decode_group([items[i] for i in decodes]) if decodes else None
-        prefills = [self._prefill_chunk(items[i]) for i in chunks]
-        windowed = {
-            w: AttentionView(
-                self._windowed_decode([items[i] for i in decodes], w) if decodes else None,
+        order = [items[i] for i in decodes + chunks]
+        ids, positions, slots = self._layout(order)
+        flat = torch.tensor([ids, positions, *slots], dtype=torch.int64).to(self.device)
+        offsets = list(itertools.accumulate((len(items[i].token_ids) for i in chunks), initial=0))
+        offsets = [len(decodes) + offset for offset in offsets]
+        views = [
+            GroupView(
+                flat[2 + group],
+                self._decode_group([items[i] for i in decodes], group) if decodes else None,
                 [
-                    self._windowed_chunk(items[i], chunk.offset, w)
-                    for i, chunk in zip(chunks, prefills, strict=True)
+                    self._prefill_chunk(items[i], offset, group)
+                    for i, offset in zip(chunks, offsets, strict=False)
                 ],
             )
-            for w in self.windows
-        }
-        flat = torch.tensor([self.ids, self.positions, self.slots], dtype=torch.int64)
-        flat = flat.to(self.device)
-        # Each item's last token: decodes are rows 0..B-1, chunks end at offset + length - 1.
-        ends = list(range(len(decodes))) + [c.offset + c.length - 1 for c in prefills]
+            for group in range(len(self.windows))
+        ]
+        # Each item's last token: decodes are rows 0..B-1, chunks end before the next offset.
+        ends = list(range(len(decodes))) + [offset - 1 for offset in offsets[1:]]
         sampled = [
             (end, i) for end, i in zip(ends, decodes + chunks, strict=True) if items[i].sample
         ]
@@ -210,8 +230,8 @@ class _StepBuilder:
         return StepInputs(
             input_ids=flat[0],
             positions=flat[1],
-            meta=AttentionMetadata(flat[2], decode, prefills, windowed),
-            sample_rows=self._rows(rows) if rows != list(range(len(self.ids))) else None,
+            meta=AttentionMetadata(views),
+            sample_rows=self._rows(rows) if rows != list(range(len(ids))) else None,
             sampled_items=[items[i] for _, i in sampled],
             sampled_index=[i for _, i in sampled],
         )
@@ -219,66 +239,92 @@ class _StepBuilder:
     def _rows(self, rows: list[int]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.int64, device=self.device)
 
-    def _decode_group(self, items: list[BatchItem]) -> DecodeGroup:
+    def _layout(self, order: list[BatchItem]) -> tuple[list[int], list[int], list[list[int]]]:
+        """The step's token ids and positions, and the pool slot of each token in each layer
+        group's pages, in layout order."""
         bt = self.bt
-        lengths = []
-        for item in items:
-            pos = item.start_pos
-            self.ids.append(item.token_ids[0])
-            self.positions.append(pos)
-            self.slots.append(item.block_table[pos // bt] * bt + pos % bt)
-            lengths.append(pos + 1)
-        keys = max(lengths)
-        width = -(-keys // bt)
-        tables = [(item.block_table + [0] * width)[:width] for item in items]
-        block_tables = torch.tensor(tables, dtype=torch.int64, device=self.device)
-        context_lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
-        mask = None
-        if self.masks and min(lengths) < keys:
-            key_pos = torch.arange(keys, device=self.device)
-            mask = (key_pos < context_lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
-        return DecodeGroup(len(items), keys, block_tables, context_lens, mask)
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[list[int]] = [[] for _ in self.windows]
+        for item in order:
+            start, end = item.start_pos, item.start_pos + len(item.token_ids)
+            ids += item.token_ids
+            if end - start == 1:  # a decode: one slot per group
+                positions.append(start)
+                for group_slots, table in zip(slots, item.block_tables, strict=True):
+                    group_slots.append(table[start // bt] * bt + start % bt)
+                continue
+            positions += range(start, end)
+            for group_slots, table in zip(slots, item.block_tables, strict=True):
+                for block in range(start // bt, -(-end // bt)):
+                    base = table[block] * bt - block * bt
+                    group_slots += range(
+                        base + max(start, block * bt), base + min(end, block * bt + bt)
+                    )
+        return ids, positions, slots
 
-    def _prefill_chunk(self, item: BatchItem) -> PrefillChunk:
-        bt, start, n = self.bt, item.start_pos, len(item.token_ids)
-        offset = len(self.ids)
-        self.ids.extend(item.token_ids)
-        self.positions.extend(range(start, start + n))
-        for block in range(start // bt, -(-(start + n) // bt)):
-            base = item.block_table[block] * bt
-            lo, hi = max(start, block * bt), min(start + n, (block + 1) * bt)
-            self.slots.extend(range(base + lo - block * bt, base + hi - block * bt))
+    def _decode_group(self, items: list[BatchItem], group: int) -> DecodeGroup:
+        """The decode group as `group` reads it: whole tables (a sliding group's, on the stock
+        path, from the block holding its window's first key, the keys before that masked)."""
+        spans = self._spans(items, self.windows[group])
+        width = -(-spans.num_keys // self.bt)
+        tables = []
+        for item, base in zip(items, spans.bases, strict=True):
+            table = item.block_tables[group][base : base + width]
+            tables.append(table + [0] * (width - len(table)))
+        block_tables = torch.tensor(tables, dtype=torch.int64, device=self.device)
+        return DecodeGroup(len(items), spans.num_keys, block_tables, spans.lens, spans.mask)
+
+    def _spans(self, items: list[BatchItem], window: int | None) -> _DecodeSpans:
+        """What the decodes read in `window`'s view (None: all their keys), built once a step."""
+        spans = self._decode_spans.get(window)
+        if spans is not None:
+            return spans
+        lengths = [item.start_pos + 1 for item in items]
+        if window is None:  # every key, from the first block
+            starts = bases = [0] * len(items)
+            ends = lengths
+        else:
+            starts = [max(0, n - window) for n in lengths]
+            bases = [lo // self.bt for lo in starts]
+            ends = [n - base * self.bt for n, base in zip(lengths, bases, strict=True)]
+        keys = max(ends)
+        lens = torch.tensor(ends, dtype=torch.int64, device=self.device)
+        mask = None
+        if window is not None:
+            first = torch.tensor(
+                [lo - base * self.bt for lo, base in zip(starts, bases, strict=True)],
+                dtype=torch.int64,
+                device=self.device,
+            )
+            key_pos = torch.arange(keys, device=self.device)
+            visible = (key_pos >= first[:, None]) & (key_pos < lens[:, None])
+            mask = visible[:, None, None, :]
+        elif self.masks and min(lengths) < keys:
+            key_pos = torch.arange(keys, device=self.device)
+            mask = (key_pos < lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
+        spans = self._decode_spans[window] = _DecodeSpans(bases, keys, lens, mask)
+        return spans
+
+    def _prefill_chunk(self, item: BatchItem, offset: int, group: int) -> PrefillChunk:
+        window = self.windows[group]
+        if window is not None:
+            return self._windowed_chunk(item, offset, group, window)
+        start, n = item.start_pos, len(item.token_ids)
         if start == 0:
             return PrefillChunk(offset, n, 0, None, None)
         total = start + n
-        block_ids = torch.tensor(item.block_table[: -(-total // bt)], device=self.device)
+        table = item.block_tables[group][: -(-total // self.bt)]
+        block_ids = torch.tensor(table, dtype=torch.int64, device=self.device)
         mask = None
         if self.masks:  # [n, total]: ~n · total bytes, megabytes per chunk at long context
             mask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril_(start)
         return PrefillChunk(offset, n, start, block_ids, mask)
 
-    def _windowed_decode(self, items: list[BatchItem], window: int) -> DecodeGroup:
-        """The decode group as a sliding layer's stock path reads it: each sequence's blocks
-        from the one holding its window's first key, the keys before that masked."""
-        bt = self.bt
-        tables, spans = [], []
-        for item in items:
-            length = item.start_pos + 1
-            base = max(0, length - window) // bt * bt
-            tables.append(item.block_table[base // bt : -(-length // bt)])
-            spans.append((max(0, length - window) - base, length - base))
-        keys = max(end for _, end in spans)
-        width = -(-keys // bt)
-        padded = [(table + [0] * width)[:width] for table in tables]
-        block_tables = torch.tensor(padded, dtype=torch.int64, device=self.device)
-        lens = torch.tensor([end for _, end in spans], dtype=torch.int64, device=self.device)
-        starts = torch.tensor([lo for lo, _ in spans], dtype=torch.int64, device=self.device)
-        key_pos = torch.arange(keys, device=self.device)
-        visible = (key_pos >= starts[:, None]) & (key_pos < lens[:, None])
-        return DecodeGroup(len(items), keys, block_tables, lens, visible[:, None, None, :])
-
-    def _windowed_chunk(self, item: BatchItem, offset: int, window: int) -> PrefillChunk:
-        """A chunk as a sliding layer's stock path reads it: its keys from the block holding
+    def _windowed_chunk(
+        self, item: BatchItem, offset: int, group: int, window: int
+    ) -> PrefillChunk:
+        """A chunk as a sliding group's stock path reads it: its keys from the block holding
         the first query's window, and a mask that is causal and ends each query's window."""
         bt, start, n = self.bt, item.start_pos, len(item.token_ids)
         total = start + n
@@ -287,12 +333,23 @@ class _StepBuilder:
             return PrefillChunk(offset, n, 0, None, None)
         block_ids = None
         if start > 0:
-            table = item.block_table[first_key // bt : -(-total // bt)]
+            table = item.block_tables[group][first_key // bt : -(-total // bt)]
             block_ids = torch.tensor(table, dtype=torch.int64, device=self.device)
         query_pos = torch.arange(start, total, device=self.device)[:, None]
         key_pos = torch.arange(first_key if start > 0 else 0, total, device=self.device)[None]
         mask = (key_pos <= query_pos) & (key_pos > query_pos - window)
         return PrefillChunk(offset, n, start, block_ids, mask, first_key if start > 0 else 0)
+
+
+@dataclass(slots=True, frozen=True)
+class _DecodeSpans:
+    """What one view of the step's decodes reads, whatever the group: each sequence's first
+    block (`bases`), the longest span of keys, each span's length, the mask."""
+
+    bases: list[int]
+    num_keys: int
+    lens: torch.Tensor  # [B] int64
+    mask: torch.Tensor | None  # [B, 1, 1, S] bool
 
 
 def _host_array(tensor: torch.Tensor) -> np.ndarray:

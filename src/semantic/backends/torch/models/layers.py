@@ -29,9 +29,15 @@ from semantic.models.config import ModelConfig
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# Named functions, not lambdas: a built model is pickled into its prepared file (prepared.py).
 _ACTIVATIONS: dict[str, Activation] = {
     "silu": F.silu,
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": gelu_tanh,
     "gelu": F.gelu,
 }
 

@@ -38,7 +38,7 @@ class Weights:
     @classmethod
     def load(
         cls,
-        arrays: Iterable[tuple[str, np.ndarray]],
+        arrays: Iterable[tuple[str, np.ndarray | torch.Tensor]],
         build: Build,
         rename: Rename | None = None,
     ) -> Weights:
@@ -47,7 +47,7 @@ class Weights:
             renamed = rename(name) if rename is not None else name
             if renamed is None or renamed.endswith("rotary_emb.inv_freq"):
                 continue
-            tensors[renamed] = build.tensor(torch.from_numpy(np.ascontiguousarray(array)))
+            tensors[renamed] = build.tensor(_as_tensor(array))
         return cls(tensors, build)
 
     def take(self, name: str) -> torch.Tensor:
@@ -85,6 +85,13 @@ class Weights:
         down = self.take(f"{prefix}down_proj.weight")
         linear = self.build.linear
         return GatedMLP(linear(torch.cat([gate, up]), None), linear(down, None), act)
+
+
+def _as_tensor(array: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A checkpoint's array as a tensor (a prepared load's skeleton passes shape-only tensors)."""
+    if isinstance(array, torch.Tensor):
+        return array
+    return torch.from_numpy(np.ascontiguousarray(array))
 
 
 def norm_from(build: Build, weight: torch.Tensor, offset: float, scale_in_fp32: bool) -> RMSNorm:

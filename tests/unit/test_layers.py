@@ -1,0 +1,39 @@
+"""The boundaries the code keeps: the API reaches agents through the engine's agent door only
+(so who may see an agent is decided in one place), and the engine, the cache and the backends
+take options cut for them, never the whole settings object."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import semantic
+
+PACKAGE = Path(semantic.__file__).parent
+
+
+def imported_modules(path: Path) -> set[str]:
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            modules.add(node.module)
+    return modules
+
+
+def test_the_api_and_the_metrics_reach_agents_only_through_the_door() -> None:
+    readers = [*sorted((PACKAGE / "api").glob("*.py")), PACKAGE / "observability.py"]
+    reaching = [p.name for p in readers if "engine.agents" in p.read_text()]
+    assert reaching == []
+    assert not any("semantic.cache.agents" in imported_modules(p) for p in readers)
+
+
+def test_the_engine_the_cache_and_the_backends_take_options_not_settings() -> None:
+    # The engine host swaps models: it keeps the settings for the swap's timeouts and registry.
+    parts = [
+        *(p for p in (PACKAGE / "engine").glob("*.py") if p.name != "host.py"),
+        *(PACKAGE / "cache").glob("*.py"),
+        PACKAGE / "backends" / "__init__.py",
+    ]
+    assert [p.name for p in parts if "semantic.config" in imported_modules(p)] == []
