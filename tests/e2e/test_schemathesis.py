@@ -35,18 +35,9 @@ CHECKS = (
 )
 
 
-# The fuzz names agents (session ids, chains) in request after request, and its 1,024-token pool
-# soon holds nothing but caches of agents heard from within `agent_idle_s`: a one-off request
-# may not evict those, and would wait for room past the fuzz's read timeout (its right wait,
-# up to `queue_timeout_s`). Here an agent is idle a second after its last request.
-AGENT_IDLE_S = 1.0
-
-
 @pytest.fixture(scope="module")
 def base_url(tiny_tokenizer: Tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with fake_server(
-        tiny_tokenizer, tmp_path_factory.mktemp("cache"), agent_idle_s=AGENT_IDLE_S
-    ) as url:
+    with fake_server(tiny_tokenizer, tmp_path_factory.mktemp("cache")) as url:
         yield url
 
 
@@ -75,12 +66,6 @@ def test_no_server_errors_and_every_answer_as_documented(base_url: str, tmp_path
 def test_401_and_429_are_answered_as_documented(tiny_tokenizer: Tokenizer, tmp_path: Path) -> None:
     """With API keys and a key rate limit, the document lists 401 and 429, and the server
     answers them in the documented shapes (the budget runs out early in the run)."""
-    limited = fake_server(
-        tiny_tokenizer,
-        tmp_path / "cache",
-        api_key=[KEY],
-        rate_limit_key_rpm=60,
-        agent_idle_s=AGENT_IDLE_S,
-    )
+    limited = fake_server(tiny_tokenizer, tmp_path / "cache", api_key=[KEY], rate_limit_key_rpm=60)
     with limited as url:
         schemathesis_run(url, tmp_path, "--max-examples", "5", "--header", f"x-api-key: {KEY}")
