@@ -281,6 +281,7 @@ def test_a_one_off_request_takes_idle_cached_agent_blocks_when_nothing_runs(
     # Agents' histories fill the pool, cached at the working tier; then a one-off request whose
     # prompt needs most of the pool arrives while nothing runs. It used to wait until the
     # agents went idle (agent_idle_s, 300 s by default): the server idled with work waiting.
+    # Now it waits ONE_OFF_PATIENCE_S (a burst of side requests still leaves agents alone).
     engine, _ = make_engine(served, tmp_path, num_blocks=24)
     agents = {f"agent-{a}": system_prompt(a) for a in range(4)}  # 4 × 6 blocks: the pool
     run_at_once(engine, agents, named=True)

@@ -9,6 +9,7 @@ pages.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from semantic.cache.block_pool import (
@@ -19,6 +20,9 @@ from semantic.cache.block_pool import (
 )
 from semantic.cache.prefix import PrefixCache, PrefixMatch
 from semantic.core import BlockTable, Restore, Sequence, first_read_block
+
+# How long a one-off request waits, while nothing runs, before it may take agents' cached pages.
+ONE_OFF_PATIENCE_S = 1.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,10 +92,11 @@ class BlockManager:
         match = self.prefix.match(seq.token_ids)
         tier = seq.cache_tier if seq.first_scheduled_time is not None else tier_of(seq, match)
         # A one-off may not reclaim agents' pages — unless it was preempted (finishing what was
-        # started beats keeping a cache, and it could otherwise wait for ever), or nothing runs
-        # (`headroom` is one per running sequence): the server never idles while a request
-        # waits for pages that only cache what no one is using.
-        one_off = tier == TIER_ONE_OFF and not seq.started and headroom > 0
+        # started beats keeping a cache, and it could otherwise wait for ever), or it has waited
+        # `ONE_OFF_PATIENCE_S` while nothing ran (`headroom` is one per running sequence): the
+        # server never idles long while a request waits for pages no one is using.
+        patient = headroom > 0 or time.monotonic() - seq.request.arrival_time < ONE_OFF_PATIENCE_S
+        one_off = tier == TIER_ONE_OFF and not seq.started and patient
         max_tier = TIER_IDLE_AGENT if one_off else TOP_TIER
         # Cached pages we are about to reuse cannot also be reclaimed for the rest (a held
         # page has no tier and was never counted as available).
