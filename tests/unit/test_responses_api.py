@@ -82,6 +82,27 @@ def test_a_chain_reads_its_history_from_the_cache(api: TestClient) -> None:
     assert agent_ids(api) == [first.id]  # the chain is one agent, named after its first response
 
 
+def test_one_shot_stored_responses_stay_one_offs_so_side_requests_find_room(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """The API stores every response by default: a burst of one-shot calls filling the pool
+    must not pass for working agents, whose caches a side request may not evict while anything
+    runs. The chain becomes an agent once a response continues it."""
+    with running(served, tmp_path, num_blocks=40, queue_timeout_s=2) as (client, _, _):
+        api = sdk(client)
+        first = api.responses.create(model="m", input="Hello there. " * 8, max_output_tokens=8)
+        for n in range(12):
+            api.responses.create(model="m", input=f"Question {n}. " * 8, max_output_tokens=8)
+        assert agent_ids(client) == []
+        side = [{"role": "user", "content": "A side question. " * 8}]
+        body = {"model": "m", "messages": side, "max_tokens": 8}
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+        api.responses.create(
+            model="m", input="And then?", previous_response_id=first.id, max_output_tokens=8
+        )
+        assert agent_ids(client) == [first.id]
+
+
 def test_a_stream_is_put_together_by_the_sdk_accumulator(
     served: ServedModel, tmp_path: Path
 ) -> None:
@@ -378,12 +399,17 @@ def test_another_keys_response_is_not_found(served: ServedModel, tmp_path: Path)
         assert refused.value.code == "previous_response_not_found"
         assert alice.responses.retrieve(mine.id).id == mine.id
 
-        # The chain's agent is alice's key's too: bob's agent list does not hold it.
+        # The chain's agent (once alice continues it) is alice's key's too: bob's agent list
+        # does not hold it.
+        alice.responses.create(
+            model="m", input="More", previous_response_id=mine.id, max_output_tokens=4
+        )
+
         def listed(key: str) -> list[str]:
             page = client.get("/v1/agents", headers={"Authorization": f"Bearer {key}"})
             return [agent["agent_id"] for agent in page.json()["data"]]
 
-        assert listed("key-bob") == [] and len(listed("key-alice")) == 1
+        assert listed("key-bob") == [] and listed("key-alice") == [mine.id]
 
 
 # -- the store -------------------------------------------------------------------------------

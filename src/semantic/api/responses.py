@@ -3,9 +3,9 @@
 
 Translation only: the body and its input items are read in responses_request.py, stored
 responses kept in responses_store.py, SSE bytes live in streaming.py. A stored response chain
-is an agent (`chain_agent`): each response of a chain continues the agent its first one
-started, so the next response reads the chain's KV from the agent cache (memory or disk, after
-a restart too) and `usage.input_tokens_details.cached_tokens` shows it.
+is an agent (`chain_agent`): once a response continues a chain, the chain is an agent named
+after its first response, so each next response reads the chain's KV from the agent cache
+(memory or disk, after a restart too) and `usage.input_tokens_details.cached_tokens` shows it.
 """
 
 from __future__ import annotations
@@ -72,23 +72,21 @@ def store_of(request: Request) -> ResponseStore:
 
 
 def chain_agent(
-    body: ResponsesBody,
-    headers: Mapping[str, str],
-    previous: StoredResponse | None,
-    response_id: str,
+    body: ResponsesBody, headers: Mapping[str, str], chain: list[StoredResponse]
 ) -> str | None:
-    """The agent a response continues: its chain's (the agent its first response started),
+    """The agent a response continues: its chain's (the agent a response of it named, else one
+    named after its first response: a chain becomes an agent once a response continues it),
     else the one the request names (`session_id`, `x-session-id`, then Codex's
-    `prompt_cache_key`), else, for a stored response, a new one named after it (its chain
-    will continue it), else none (prefix reuse still finds its cache by content)."""
-    if previous is not None:
-        return previous.agent_id
+    `prompt_cache_key`), else none. A stored response that continues nothing is a one-off
+    until one does (the API stores every response unless told not to, and a burst of one-shot
+    calls must not pass for working agents, whose caches side requests may not evict); prefix
+    reuse still finds its cache by content when its chain goes on."""
+    if chain:
+        return chain[-1].agent_id or chain[0].id
     named = named_agent(headers, body.session_id, param="session_id")
     if named is not None:
         return named
-    if body.prompt_cache_key:
-        return agent_id_from(body.prompt_cache_key)
-    return response_id if body.store else None
+    return agent_id_from(body.prompt_cache_key) if body.prompt_cache_key else None
 
 
 # -- the prompt ----------------------------------------------------------------------------
@@ -239,7 +237,7 @@ async def create_response(request: Request) -> Response:
     history = sum(len(stored.messages) for stored in chain)
     limits.check_counts(settings, history + len(new_messages), len(body.tools or []))
     response_id = item_id("resp")
-    agent = chain_agent(body, request.headers, chain[-1] if chain else None, response_id)
+    agent = chain_agent(body, request.headers, chain)
     rate_limits.check_agent(request, agent)
     tools = _tool_use(engine.model, body)
     output_format = body.text.format.output_format() if body.text and body.text.format else None
