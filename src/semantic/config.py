@@ -144,7 +144,12 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weights and KV dtype (auto: bf16 where supported, else fp32)."
     )
-    threads: int | None = Field(None, ge=1, description="CPU threads for compute (default: all).")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="Most CPU threads for compute (default: all); fewer while other programs "
+        "keep cores busy.",
+    )
     cpu_kernels: bool = Field(
         True, description="Our compiled CPU kernels where the CPU has AVX-512 BF16 (else stock)."
     )
