@@ -94,11 +94,16 @@ def test_without_proc_stat_the_count_never_changes(clock: Clock, tmp_path: Path)
     assert (gov.threads, calls) == (2, [])
 
 
-def test_proc_stat_is_read_as_everyones_busy_time_at_our_priority(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("our_nice", "busy_ticks"), [(0, 200), (19, 700)])
+def test_proc_stat_is_read_as_everyones_busy_time_at_our_priority(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, our_nice: int, busy_ticks: int
+) -> None:
+    """Niced time yields to us, unless we are niced ourselves (then ours is counted there)."""
     stat = tmp_path / "stat"
-    # user nice system idle iowait irq softirq steal: the niced 500 yield to us, idle is idle
+    # user nice system idle iowait irq softirq steal
     stat.write_text("cpu  100 500 50 9000 30 5 5 40 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    monkeypatch.setattr(threads.os, "getpriority", lambda *_: our_nice)
     times = read_cpu_times(stat)
     assert times is not None
-    assert times.everyone_s == pytest.approx(200 / os.sysconf("SC_CLK_TCK"))
+    assert times.everyone_s == pytest.approx(busy_ticks / os.sysconf("SC_CLK_TCK"))
     assert times.ours_s > 0
