@@ -24,6 +24,7 @@ from semantic.cache.manifest import (
     manifest_path,
     save_manifest,
 )
+from semantic.cache.page import PageKV
 from semantic.cache.prefix import page_key
 from semantic.core import AgentKey, CacheSpec
 from semantic.errors import InvalidRequest
@@ -46,7 +47,7 @@ def make_record(
     else:
         k, v = (rng.integers(0, 1 << 16, KV_SHAPE, dtype=np.uint16) for _ in range(2))
     tokens = tuple(int(t) for t in rng.integers(0, 50_000, n_tokens))
-    return BlockRecord(key=block_hash, parent_hash=parent, token_ids=tokens, k=k, v=v)
+    return BlockRecord(key=block_hash, parent_hash=parent, token_ids=tokens, kv=PageKV(k, v))
 
 
 def open_tier(
@@ -62,8 +63,10 @@ def assert_same(got: BlockRecord | None, want: BlockRecord) -> None:
         want.parent_hash,
         want.token_ids,
     )
-    assert got.k.dtype == want.k.dtype and np.array_equal(got.k, want.k)
-    assert got.v.dtype == want.v.dtype and np.array_equal(got.v, want.v)
+    got_arrays, want_arrays = got.kv.arrays(), want.kv.arrays()
+    assert got_arrays.keys() == want_arrays.keys()
+    for name, array in want_arrays.items():
+        assert got_arrays[name].dtype == array.dtype and np.array_equal(got_arrays[name], array)
 
 
 def temp_files(tier: DiskTier) -> list[Path]:
@@ -108,7 +111,7 @@ def test_a_later_groups_page_has_its_own_file_and_a_renamed_one_is_quarantined(
     for key in (first, later):
         rng = np.random.default_rng(key % 1000)
         k, v = (rng.integers(0, 1 << 16, (1, 4, 1, 2), dtype=np.uint16) for _ in range(2))
-        tier.write(BlockRecord(key, 5, (1, 2), k, v))
+        tier.write(BlockRecord(key, 5, (1, 2), PageKV(k, v)))
     names = sorted(p.name for p in tier.blocks_dir.iterdir())
     assert names == ["0000000000000abc-1.safetensors", "0000000000000abc.safetensors"]
     assert tier.tails(5) == [(0xABC, (1, 2))]  # a partial block, known by its first page
@@ -174,9 +177,10 @@ def test_a_record_that_does_not_fit_the_spec_is_refused(tmp_path: Path) -> None:
     tier = open_tier(tmp_path)
     good = make_record(1)
     with pytest.raises(ValueError):
-        tier.write(BlockRecord(1, None, good.token_ids, good.k.astype(np.float32), good.v))
+        wrong_dtype = PageKV(good.kv.k.astype(np.float32), good.kv.v)
+        tier.write(BlockRecord(1, None, good.token_ids, wrong_dtype))
     with pytest.raises(ValueError):
-        tier.write(BlockRecord(1, None, (1, 2, 3, 4, 5), good.k, good.v))
+        tier.write(BlockRecord(1, None, (1, 2, 3, 4, 5), good.kv))
     assert not tier.contains(1)
 
 
@@ -503,7 +507,7 @@ def test_submit_waits_while_the_queue_holds_its_bound_of_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tier = open_tier(tmp_path)
-    size = make_record(1).k.nbytes * 2
+    size = make_record(1).kv.k.nbytes * 2
     writer = DiskWriter(tier, max_queued_bytes=2 * size)
     disk_may_write = threading.Event()
     real_write = DiskTier.write
