@@ -38,13 +38,17 @@ class PageKV:
         return cls(named["k"], named["v"], named.get("k_scales"), named.get("v_scales"))
 
 
-def page_layout(spec: CacheSpec) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+ArrayLayout = tuple[tuple[int, ...], np.dtype]  # an array's shape and dtype
+
+
+def page_layout(spec: CacheSpec) -> dict[str, ArrayLayout]:
     """The arrays a page of `spec` holds, by name: each one's shape and numpy dtype."""
     rows = (spec.layers_per_group, spec.block_tokens, spec.num_kv_heads)
+    values = (*rows, spec.head_dim)
     bits16 = np.dtype(np.uint16)
     if spec.kv_dtype is None:
-        values = np.dtype(np.float32) if spec.dtype == "float32" else bits16
-        return {"k": ((*rows, spec.head_dim), values), "v": ((*rows, spec.head_dim), values)}
-    layout = {name: ((*rows, spec.head_dim), np.dtype(np.int8)) for name in ("k", "v")}
+        dtype = np.dtype(np.float32) if spec.dtype == "float32" else bits16
+        return {"k": (values, dtype), "v": (values, dtype)}
+    layout: dict[str, ArrayLayout] = {name: (values, np.dtype(np.int8)) for name in ("k", "v")}
     layout.update({name: (rows, bits16) for name in SCALE_NAMES})
     return layout

@@ -205,7 +205,8 @@ class LayerKV:
         self.scratch = scratch
         self.kernels = kernels
         self.group = group
-        self.k_scales, self.v_scales = (None, None) if scales is None else scales
+        self.k_scales: torch.Tensor | None = None if scales is None else scales[0]
+        self.v_scales: torch.Tensor | None = None if scales is None else scales[1]
 
     def gather(
         self, block_ids: torch.Tensor, batch: int, dtype: torch.dtype
