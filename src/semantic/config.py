@@ -149,7 +149,12 @@ class Settings(BaseSettings):
         description="How the KV cache stores K and V: auto in the model's dtype; int8 as 8-bit "
         "values with a scale per token and head, about half the memory and disk per token.",
     )
-    threads: int | None = Field(None, ge=1, description="CPU threads for compute (default: all).")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="Most CPU threads for compute (default: all); fewer while other programs "
+        "keep cores busy.",
+    )
     cpu_kernels: bool = Field(
         True, description="Our compiled CPU kernels where the CPU has AVX-512 BF16 (else stock)."
     )
