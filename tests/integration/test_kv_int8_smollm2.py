@@ -17,8 +17,9 @@ pytestmark = pytest.mark.integration
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-# Measured: the int8 cache's greedy answer equals the bf16 cache's for all 64 tokens asked
-# (kernels and stock path); others of the benchmark's prompts part at a near-tie after ~16.
+# Measured on our kernels: the int8 cache's greedy answer to this prompt equals the bf16
+# cache's for all 64 tokens asked; other prompts part at a near-tie after 1-30 tokens
+# (docs/benchmarks.md), so the test holds this one, to half of what was measured.
 AGREED_TOKENS = 32
 
 
