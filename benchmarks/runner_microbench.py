@@ -1,10 +1,12 @@
 """Microbenchmark of the torch runner on SmolLM2-135M (bf16): one sequence and a batch at once
 decoding at a long and a short context, chunked prefill, and transformers on the same weights
 for the ratios (its forward of the prompt, and its own decode loop with a KV cache); with our CPU
-kernels, the stock torch kernels, or both interleaved.
+kernels, the stock torch kernels, or both interleaved; with a bf16 KV cache, an 8-bit one
+(`--kv-dtype int8`), or both interleaved.
 
     python benchmarks/runner_microbench.py [--runs 5] [--kernels both] [--context 1000]
     python benchmarks/runner_microbench.py --device cuda --shape smollm2-135m --batch 32
+    python benchmarks/runner_microbench.py --kernels on --kv-dtype both --context 10000
 
 Each figure is the median over `--runs` runs. The machine may be shared: each timed window
 waits for the other processes to go quiet, is retried while they take more than `--quiet` of
@@ -21,6 +23,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +90,20 @@ def pool_mb(config: Any, batch: int, context: int) -> int:
     return -(-blocks * BLOCK_TOKENS * per_token // 2**20) + 1
 
 
-def build_runner(reference: Any, kernels: bool, device: str, cache_mb: int) -> TorchRunner:
+@dataclass(slots=True, frozen=True)
+class Mode:
+    """What one runner under test is built with: our CPU kernels or not, and its KV dtype."""
+
+    kernels: bool
+    kv_dtype: str = "auto"
+
+    @property
+    def label(self) -> str:
+        kernels = "on " if self.kernels else "off"
+        return kernels if self.kv_dtype == "auto" else f"{kernels} {self.kv_dtype}"
+
+
+def build_runner(reference: Any, mode: Mode, device: str, cache_mb: int) -> TorchRunner:
     weights = ((k, v.numpy()) for k, v in reference.state_dict().items())
     return TorchRunner(
         ModelConfig.from_hf(reference.config.to_dict()),
@@ -95,7 +111,8 @@ def build_runner(reference: Any, kernels: bool, device: str, cache_mb: int) -> T
         block_tokens=BLOCK_TOKENS,
         cache_budget_mb=cache_mb,
         device=device,
-        kernels=kernels,
+        kernels=mode.kernels,
+        kv_dtype=mode.kv_dtype,
     )
 
 
@@ -173,18 +190,21 @@ class Gate:
 
 
 class Sequences:
-    """Prompts prefilled into the runner's pool, then decoded in lockstep."""
+    """Sequences of `context` tokens in the runner's pool, decoded in lockstep. One prompt is
+    prefilled; the others' pages are copies of its pages (so 8 sequences of 10,000 tokens take
+    one prefill): each sequence still reads its own pages, which is what a decode step costs."""
 
     def __init__(self, runner: TorchRunner, count: int, context: int) -> None:
         self.runner = runner
         per_seq = -(-(context + 256) // BLOCK_TOKENS)
         self.tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(count)]
         self.lengths = [context] * count
-        self.last = [1] * count
         generator = torch.Generator().manual_seed(0)
-        for i, table in enumerate(self.tables):
-            ids = torch.randint(0, runner.vocab_size, (context,), generator=generator).tolist()
-            self.last[i] = prefill(runner, ids, table)
+        ids = torch.randint(0, runner.vocab_size, (context,), generator=generator).tolist()
+        self.last = [prefill(runner, ids, self.tables[0])] * count
+        for table in self.tables[1:]:
+            for source, destination in zip(self.tables[0], table, strict=True):
+                runner.pool.copy_page(source, destination)
 
     def decode_step(self) -> None:
         items = [
@@ -268,16 +288,15 @@ def _synced(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.cpu()
 
 
-METRICS = ("single", "batch", "batch_short", "prefill")
-
-
 def run_once(runner: TorchRunner, gate: Gate, args: argparse.Namespace) -> dict[str, float]:
-    return {
+    rates = {
         "single": decode_rate(runner, gate, 1, args.context, args.steps),
         "batch": decode_rate(runner, gate, args.batch, args.context, args.steps),
         "batch_short": decode_rate(runner, gate, args.batch, args.short_context, args.steps),
-        "prefill": prefill_rate(runner, gate, args.context),
     }
+    if not args.no_prefill:
+        rates["prefill"] = prefill_rate(runner, gate, args.context)
+    return rates
 
 
 def reference_once(reference: Any, gate: Gate, args: argparse.Namespace) -> dict[str, float]:
@@ -301,6 +320,8 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this shape")
     parser.add_argument("--kernels", choices=("on", "off", "both"), default="both")
+    parser.add_argument("--kv-dtype", choices=("auto", "int8", "both"), default="auto")
+    parser.add_argument("--no-prefill", action="store_true", help="time decode steps only")
     parser.add_argument("--quiet", type=float, default=0.10, help="others' CPU share allowed")
     parser.add_argument("--patience", type=float, default=60.0, help="seconds to wait for it")
     parser.add_argument("--no-reference", action="store_true", help="skip transformers' timing")
@@ -310,7 +331,12 @@ def main() -> None:
     reference = load_reference(args.shape)
     # Our CPU kernels exist on the CPU only: on CUDA there is one mode, the stock kernels.
     kernel_modes = {"on": [True], "off": [False], "both": [False, True]}[args.kernels]
-    modes = kernel_modes if args.device == "cpu" else [False]
+    kv_dtypes = {"auto": ["auto"], "int8": ["int8"], "both": ["auto", "int8"]}[args.kv_dtype]
+    modes = [
+        Mode(kernels, kv_dtype)
+        for kernels in (kernel_modes if args.device == "cpu" else [False])
+        for kv_dtype in kv_dtypes
+    ]
     cache_mb = pool_mb(reference.config, args.batch, max(args.context, args.short_context))
     runners = {m: build_runner(reference, m, args.device, cache_mb) for m in modes}
     if args.device == "cuda":
@@ -320,14 +346,15 @@ def main() -> None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, bf16")
     for mode, runner in runners.items():
         mib = weight_bytes(runner.model) / 2**20
-        print(f"  kernels {_name(mode)}: weights {mib:.0f} MiB")
+        page = runner.cache_spec.bytes_per_page
+        print(f"  kernels {mode.label}: weights {mib:.0f} MiB, KV {page:,} bytes a block")
     gate = Gate(args.quiet, args.patience)
-    results: dict[bool, dict[str, list[float]]] = {m: {k: [] for k in METRICS} for m in modes}
+    results: dict[Mode, dict[str, list[float]]] = {m: {} for m in modes}
     reference_runs: dict[str, list[float]] = {}
     for _ in range(args.runs):
         for mode, runner in runners.items():  # interleaved, so both see the same noise
             for key, value in run_once(runner, gate, args).items():
-                results[mode][key].append(value)
+                results[mode].setdefault(key, []).append(value)
         if not args.no_reference:
             for key, value in reference_once(reference, gate, args).items():
                 reference_runs.setdefault(key, []).append(value)
@@ -340,7 +367,7 @@ def main() -> None:
 
 
 def report(
-    results: dict[bool, dict[str, list[float]]],
+    results: dict[Mode, dict[str, list[float]]],
     reference_runs: dict[str, list[float]],
     args: argparse.Namespace,
 ) -> None:
@@ -350,15 +377,21 @@ def report(
         "batch_short": f"decode, {args.batch} sequences @ctx {args.short_context} (aggregate)",
         "prefill": f"prefill {args.context} tokens, chunks of {CHUNK}",
     }
+    sequences = {"single": 1, "batch": args.batch, "batch_short": args.batch}
     med = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in results.items()}
+    modes = list(med)
     for key, label in labels.items():
-        cells = [f"{'on' if m else 'off'} {med[m][key]:7.1f} tok/s" for m in med]
-        if len(med) == 2:
-            cells.append(f"x{med[True][key] / med[False][key]:.2f}")
+        if key not in med[modes[0]]:
+            continue
+        cells = [f"{m.label} {med[m][key]:7.1f} tok/s" for m in modes]
+        if key in sequences:  # a decode step's time: its sequences / their aggregate rate
+            cells += [f"{m.label} {1000 * sequences[key] / med[m][key]:6.2f} ms" for m in modes]
+        if len(modes) == 2:  # rates: the second mode's over the first's
+            cells.append(f"x{med[modes[1]][key] / med[modes[0]][key]:.2f}")
         print(f"{label:52s} " + "   ".join(cells))
     for mode, values in med.items():
         print(
-            f"kernels {_name(mode)}: {args.batch} sequences = "
+            f"kernels {mode.label}: {args.batch} sequences = "
             f"{values['batch'] / values['single']:.2f}x one @ctx {args.context}, "
             f"{values['batch_short'] / values['single']:.2f}x one at ctx {args.short_context}"
         )
@@ -373,21 +406,18 @@ def report(
             f"transformers {dtype} decode loop @ctx {args.context}: 1 sequence "
             f"{ref['single']:7.1f} tok/s, {args.batch} sequences {ref['batch']:7.1f} tok/s"
         )
-        ours = med[True] if True in med else med[False]  # the server's mode: kernels if any
+        ours = med[max(modes, key=lambda m: m.kernels)]  # the server's mode: kernels if any
+        prefill = ours.get("prefill", float("nan"))
         print(
             f"ours / transformers: decode 1 x{ours['single'] / ref['single']:.2f}, "
             f"decode {args.batch} x{ours['batch'] / ref['batch']:.2f}, "
-            f"prefill x{ours['prefill'] / ref['prefill_last']:.2f} (vs logits_to_keep=1)"
+            f"prefill x{prefill / ref['prefill_last']:.2f} (vs logits_to_keep=1)"
         )
     for mode, runs in results.items():
         for key, runs_of_key in runs.items():
-            print(f"  runs {_name(mode)} {key}: " + ", ".join(f"{v:.1f}" for v in runs_of_key))
+            print(f"  runs {mode.label} {key}: " + ", ".join(f"{v:.1f}" for v in runs_of_key))
     for key, runs_of_key in reference_runs.items():
         print(f"  runs transformers {key}: " + ", ".join(f"{v:.1f}" for v in runs_of_key))
-
-
-def _name(kernels: bool) -> str:
-    return "on " if kernels else "off"
 
 
 if __name__ == "__main__":

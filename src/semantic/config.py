@@ -144,6 +144,11 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weights and KV dtype (auto: bf16 where supported, else fp32)."
     )
+    kv_dtype: Literal["auto", "int8"] = Field(
+        "auto",
+        description="How the KV cache stores K and V: auto in the model's dtype; int8 as 8-bit "
+        "values with a scale per token and head, about half the memory and disk per token.",
+    )
     threads: int | None = Field(
         None,
         ge=1,
@@ -379,6 +384,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "backend",
         "device",
         "dtype",
+        "kv_dtype",
         "threads",
         "prepared_weights",
         "cpu_kernels",

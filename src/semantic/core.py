@@ -29,6 +29,11 @@ def first_read_block(window: int | None, num_tokens: int, block_tokens: int) -> 
     return max(0, num_tokens - window + 1) // block_tokens
 
 
+# KV dtypes stored quantized (`CacheSpec.kv_dtype`), each row with a scale of this many bytes.
+KV_QUANTIZED = ("int8",)
+KV_SCALE_BYTES = 2
+
+
 @dataclass(slots=True, frozen=True)
 class LayerGroup:
     """Layers whose K/V for a block share one page of the pool: layers of one kind of attention
@@ -65,6 +70,9 @@ class CacheSpec:
     Cache files and prefix hashes are tagged with `tag()`, so a cache written for one geometry is
     never read into another. `layer_windows` gives each layer's attention: None for full
     attention, else the sliding window it reads (empty: full attention in every layer).
+    `kv_dtype` is how the pool stores K and V: None in `dtype`, the model's; "int8" as 8-bit
+    integers with a bf16 scale per token and KV head, about half the bytes
+    (`backends/torch/kv_quant.py` says why these scales).
 
     The layers fall into `groups` of `layers_per_group` layers of one kind each (every layer in
     one group when they are all alike): a block of a sequence takes one page of the pool per
@@ -79,9 +87,12 @@ class CacheSpec:
     dtype: str  # "bfloat16" | "float16" | "float32"
     block_tokens: int
     layer_windows: tuple[int | None, ...] = ()
+    kv_dtype: str | None = None  # None: K/V in `dtype`; "int8": quantized, see above
     groups: tuple[LayerGroup, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.kv_dtype not in (None, *KV_QUANTIZED):
+            raise ValueError(f"unknown KV dtype {self.kv_dtype!r}")
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise ValueError("layer_windows must name every layer's attention, or none")
         object.__setattr__(self, "groups", _layer_groups(self.num_layers, self.layer_windows))
@@ -113,15 +124,25 @@ class CacheSpec:
         return num_pages // len(self.groups)
 
     @property
+    def row_bytes(self) -> int:
+        """One token's K (or V) of one KV head in the pool: head_dim values, and with a
+        quantized cache their scale."""
+        if self.kv_dtype is None:
+            return self.head_dim * self.dtype_bytes
+        return self.head_dim + KV_SCALE_BYTES
+
+    @property
     def bytes_per_block(self) -> int:
         """K and V for every layer of one block (a page of every group)."""
-        per_layer = self.block_tokens * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        per_layer = self.block_tokens * self.num_kv_heads * self.row_bytes
         return 2 * self.num_layers * per_layer
 
     def tag(self) -> str:
+        # An 8-bit cache says so after the dtype; the tags of unquantized caches are unchanged.
+        stored = f"{self.dtype}-kv{self.kv_dtype}" if self.kv_dtype else self.dtype
         base = (
             f"L{self.num_layers}-kv{self.num_kv_heads}-d{self.head_dim}"
-            f"-{self.dtype}-b{self.block_tokens}"
+            f"-{stored}-b{self.block_tokens}"
         )
         if not self.sliding_windows:
             return base  # the tag of every full-attention cache written before windows existed

@@ -48,6 +48,7 @@ class RunnerOptions:
     block_tokens: int
     cache_budget_mb: int | None  # None: sized from the free memory
     dtype: str
+    kv_dtype: str  # "auto" (the model's dtype) or "int8"
     device: str
     threads: int | None
     kernels: bool  # our compiled CPU kernels, where the CPU has them
@@ -59,6 +60,7 @@ class RunnerOptions:
             "block_tokens": self.block_tokens,
             "cache_budget_mb": self.cache_budget_mb,
             "dtype": self.dtype,
+            "kv_dtype": self.kv_dtype,
             "device": self.device,
             "threads": self.threads,
             "kernels": self.kernels,
@@ -87,6 +89,7 @@ def runner_options(settings: Settings) -> RunnerOptions:
         block_tokens=settings.block_tokens,
         cache_budget_mb=settings.cache_budget_mb,
         dtype=settings.dtype,
+        kv_dtype=settings.kv_dtype,
         device=settings.device,
         threads=settings.threads,
         kernels=settings.cpu_kernels,

@@ -278,7 +278,7 @@ def test_blocks_read_to_the_host_and_written_elsewhere_restore_the_sequence(mode
     restored = model.tables(length + 1)
     for table, copies in zip(tables, restored, strict=True):
         for source, destination in zip(table, copies, strict=True):
-            model.runner.write_block(destination, *model.runner.read_block(source))
+            model.runner.write_block(destination, model.runner.read_block(source))
     original = model.logits(Batch([BatchItem(0, [token], length, tables, True, GREEDY, 1)]))
     copy = model.logits(Batch([BatchItem(1, [token], length, restored, True, GREEDY, 1)]))
     torch.testing.assert_close(copy, original, atol=0, rtol=0)

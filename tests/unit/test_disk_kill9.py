@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from semantic.cache.disk import BlockRecord, DiskTier, model_tag
+from semantic.cache.page import PageKV
 from semantic.core import CacheSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ def expected_record(block_hash: int) -> BlockRecord:
     bits = (np.arange(np.prod(shape), dtype=np.uint64) * 2654435761 + block_hash) % 65536
     k = bits.astype(np.uint16).reshape(shape)
     tokens = tuple((block_hash * 7 + i) % 50_000 for i in range(SPEC.block_tokens))
-    return BlockRecord(block_hash, block_hash - 1 or None, tokens, k, k[::-1].copy())
+    return BlockRecord(block_hash, block_hash - 1 or None, tokens, PageKV(k, k[::-1].copy()))
 
 
 def _write_until_killed(root: Path, first_hash: int, acks_before_kill: int) -> set[int]:
@@ -120,5 +121,5 @@ def test_kill9_mid_write_keeps_every_acknowledged_block_and_loads_nothing_partia
             want = expected_record(block_hash)
             assert got is not None, f"block {block_hash:016x} was lost or partial"
             assert got.token_ids == want.token_ids and got.parent_hash == want.parent_hash
-            assert np.array_equal(got.k, want.k) and np.array_equal(got.v, want.v)
+            assert np.array_equal(got.kv.k, want.kv.k) and np.array_equal(got.kv.v, want.kv.v)
         assert tier.stats.quarantined == {}

@@ -24,12 +24,14 @@ from semantic.cache.manifest import (
     manifest_path,
     save_manifest,
 )
+from semantic.cache.page import PageKV
 from semantic.cache.prefix import page_key
 from semantic.core import AgentKey, CacheSpec
 from semantic.errors import InvalidRequest
 
 SPEC = CacheSpec(num_layers=2, num_kv_heads=1, head_dim=2, dtype="bfloat16", block_tokens=4)
 SPEC32 = CacheSpec(num_layers=2, num_kv_heads=1, head_dim=2, dtype="float32", block_tokens=4)
+SPEC8 = CacheSpec(2, 1, 2, "bfloat16", 4, kv_dtype="int8")
 WEIGHTS = "0f" * 16  # a weights fingerprint
 TAG = model_tag("tiny-model", SPEC, WEIGHTS)
 KV_SHAPE = (2, 4, 1, 2)
@@ -41,12 +43,16 @@ def make_record(
     rng = np.random.default_rng(block_hash)
     k: np.ndarray
     v: np.ndarray
+    tokens = tuple(int(t) for t in rng.integers(0, 50_000, n_tokens))
+    if spec.kv_dtype == "int8":
+        k, v = (rng.integers(-127, 128, KV_SHAPE, dtype=np.int8) for _ in range(2))
+        scales = (rng.integers(0, 1 << 16, KV_SHAPE[:3], dtype=np.uint16) for _ in range(2))
+        return BlockRecord(block_hash, parent, tokens, PageKV(k, v, *scales))
     if spec.dtype == "float32":
         k, v = (rng.standard_normal(KV_SHAPE).astype(np.float32) for _ in range(2))
     else:
         k, v = (rng.integers(0, 1 << 16, KV_SHAPE, dtype=np.uint16) for _ in range(2))
-    tokens = tuple(int(t) for t in rng.integers(0, 50_000, n_tokens))
-    return BlockRecord(key=block_hash, parent_hash=parent, token_ids=tokens, k=k, v=v)
+    return BlockRecord(key=block_hash, parent_hash=parent, token_ids=tokens, kv=PageKV(k, v))
 
 
 def open_tier(
@@ -62,8 +68,10 @@ def assert_same(got: BlockRecord | None, want: BlockRecord) -> None:
         want.parent_hash,
         want.token_ids,
     )
-    assert got.k.dtype == want.k.dtype and np.array_equal(got.k, want.k)
-    assert got.v.dtype == want.v.dtype and np.array_equal(got.v, want.v)
+    got_arrays, want_arrays = got.kv.arrays(), want.kv.arrays()
+    assert got_arrays.keys() == want_arrays.keys()
+    for name, array in want_arrays.items():
+        assert got_arrays[name].dtype == array.dtype and np.array_equal(got_arrays[name], array)
 
 
 def temp_files(tier: DiskTier) -> list[Path]:
@@ -108,7 +116,7 @@ def test_a_later_groups_page_has_its_own_file_and_a_renamed_one_is_quarantined(
     for key in (first, later):
         rng = np.random.default_rng(key % 1000)
         k, v = (rng.integers(0, 1 << 16, (1, 4, 1, 2), dtype=np.uint16) for _ in range(2))
-        tier.write(BlockRecord(key, 5, (1, 2), k, v))
+        tier.write(BlockRecord(key, 5, (1, 2), PageKV(k, v)))
     names = sorted(p.name for p in tier.blocks_dir.iterdir())
     assert names == ["0000000000000abc-1.safetensors", "0000000000000abc.safetensors"]
     assert tier.tails(5) == [(0xABC, (1, 2))]  # a partial block, known by its first page
@@ -174,9 +182,10 @@ def test_a_record_that_does_not_fit_the_spec_is_refused(tmp_path: Path) -> None:
     tier = open_tier(tmp_path)
     good = make_record(1)
     with pytest.raises(ValueError):
-        tier.write(BlockRecord(1, None, good.token_ids, good.k.astype(np.float32), good.v))
+        wrong_dtype = PageKV(good.kv.k.astype(np.float32), good.kv.v)
+        tier.write(BlockRecord(1, None, good.token_ids, wrong_dtype))
     with pytest.raises(ValueError):
-        tier.write(BlockRecord(1, None, (1, 2, 3, 4, 5), good.k, good.v))
+        tier.write(BlockRecord(1, None, (1, 2, 3, 4, 5), good.kv))
     assert not tier.contains(1)
 
 
@@ -236,6 +245,13 @@ def _other_spec(path: Path) -> None:
     path.write_bytes((other.blocks_dir / path.name).read_bytes())
 
 
+def _other_kv_dtype(path: Path) -> None:
+    """The file of an 8-bit cache of the same model and geometry, under this cache's tag."""
+    other = open_tier(path.parent.parent.parent / "elsewhere", spec=SPEC8)
+    other.write(make_record(42, SPEC8, parent=1))
+    path.write_bytes((other.blocks_dir / path.name).read_bytes())
+
+
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
@@ -248,6 +264,7 @@ def _other_spec(path: Path) -> None:
         (_wrong_shape, "shape"),
         (_other_model, "other_model"),
         (_other_spec, "other_spec"),
+        (_other_kv_dtype, "other_spec"),
     ],
 )
 def test_a_bad_file_is_a_miss_moved_to_quarantine_and_counted(
@@ -503,7 +520,7 @@ def test_submit_waits_while_the_queue_holds_its_bound_of_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tier = open_tier(tmp_path)
-    size = make_record(1).k.nbytes * 2
+    size = make_record(1).kv.k.nbytes * 2
     writer = DiskWriter(tier, max_queued_bytes=2 * size)
     disk_may_write = threading.Event()
     real_write = DiskTier.write
@@ -524,3 +541,49 @@ def test_submit_waits_while_the_queue_holds_its_bound_of_bytes(
     assert not third.is_alive() and writer.flush(timeout=10)
     assert all(tier.contains(h) for h in (1, 2, 3))
     writer.close()
+
+
+def test_an_int8_page_round_trips_with_its_scales_in_about_half_a_bf16_file(
+    tmp_path: Path,
+) -> None:
+    spec8 = CacheSpec(2, 3, 64, "bfloat16", 256, kv_dtype="int8")
+    spec16 = CacheSpec(2, 3, 64, "bfloat16", 256)
+    sizes = {}
+    for spec in (spec8, spec16):
+        tier = open_tier(tmp_path / spec.tag(), spec, model_tag("m", spec, WEIGHTS))
+        rng = np.random.default_rng(7)
+        shape = (2, 256, 3, 64)
+        if spec.kv_dtype:
+            kv = PageKV(
+                *(rng.integers(-127, 128, shape, dtype=np.int8) for _ in range(2)),
+                *(rng.integers(0, 1 << 16, shape[:3], dtype=np.uint16) for _ in range(2)),
+            )
+        else:
+            kv = PageKV(*(rng.integers(0, 1 << 16, shape, dtype=np.uint16) for _ in range(2)))
+        record = BlockRecord(9, 3, tuple(range(256)), kv)
+        sizes[spec.kv_dtype] = tier.write(record)
+        assert_same(open_tier(tmp_path / spec.tag(), spec, tier.model_tag).read(9), record)
+    assert sizes["int8"] < 0.53 * sizes[None]  # 66 bytes a row against 128, and the header
+
+
+def test_an_int8_cache_takes_no_bf16_file_and_a_bf16_cache_no_int8_file(tmp_path: Path) -> None:
+    """Each under the other's folder, its name and metadata as written: refused as another
+    spec, never read as the other layout."""
+    tier8 = open_tier(tmp_path / "a", SPEC8)
+    tier16 = open_tier(tmp_path / "b", SPEC)
+    tier8.write(make_record(42, SPEC8, parent=1))
+    tier16.write(make_record(43, SPEC, parent=1))
+    for source, target, key in ((tier8, tier16, 42), (tier16, tier8, 43)):
+        name = f"{key:016x}.safetensors"
+        (target.blocks_dir / name).write_bytes((source.blocks_dir / name).read_bytes())
+        reopened = open_tier(target.model_root.parent, target.spec)
+        assert reopened.read(key) is None
+        assert reopened.stats.quarantined == {"other_spec": 1}
+
+
+def test_an_int8_record_without_scales_is_refused(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path, SPEC8)
+    good = make_record(1, SPEC8)
+    with pytest.raises(ValueError, match="holds"):
+        tier.write(BlockRecord(1, None, good.token_ids, PageKV(good.kv.k, good.kv.v)))
+    assert not tier.contains(1)

@@ -12,6 +12,7 @@ import hashlib
 
 import numpy as np
 
+from semantic.cache.page import PageKV
 from semantic.core import Batch, BatchItem, CacheSpec
 from semantic.engine.runner import step_tokens
 from semantic.text.grammar import GrammarStates, allowed
@@ -65,18 +66,18 @@ class FakeRunner:
     def forget(self, seq_id: int) -> None:
         self.grammars.release(seq_id)
 
-    def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+    def read_block(self, block: int) -> PageKV:
         """The page's slots as "K" of each of its layers (token ids, -1 for empty); "V" is
         zeros."""
         size, layers = self.cache_spec.block_tokens, self.cache_spec.layers_per_group
         slots = self.slots[block * size : (block + 1) * size]
         row = np.array([-1 if s is None else s for s in slots], np.float32)
         k = np.repeat(row[None], layers, 0).reshape(layers, size, 1, 1)
-        return k, np.zeros_like(k)
+        return PageKV(k, np.zeros_like(k))
 
-    def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
+    def write_block(self, block: int, kv: PageKV) -> None:
         size = self.cache_spec.block_tokens
-        values = [None if x < 0 else int(x) for x in k[0].reshape(-1)]
+        values = [None if x < 0 else int(x) for x in kv.k[0].reshape(-1)]
         self.slots[block * size : (block + 1) * size] = values
 
     def _slot(self, item: BatchItem, group: int, position: int) -> int:

@@ -137,17 +137,21 @@ class SpawnedServer:
 def kv_bytes_per_token(model: str, server_args: list[str]) -> int:
     """K and V of one token in every layer, as a spawned server of `model` holds them: the
     model's geometry and the server's dtype (`--dtype` among `server_args`, else what "auto"
-    picks on this machine). SmolLM2-135M in bf16: 2 · 30 layers · 3 heads · 64 · 2 = 23,040."""
+    picks on this machine) and KV dtype (`--kv-dtype`). SmolLM2-135M in bf16: 2 · 30 layers ·
+    3 heads · 64 · 2 = 23,040; with `--kv-dtype int8`, 2 · 30 · 3 · (64 + a 2-byte scale) =
+    11,880."""
     from semantic.models.checkpoint import load_checkpoint
     from semantic.registry import ModelRegistry
 
     config = load_checkpoint(ModelRegistry().resolve(model).path, progress=False).config
+    kv_dtype = flag_value(server_args, "--kv-dtype") or "auto"
     spec = CacheSpec(
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
         dtype=_server_dtype(server_args),
         block_tokens=1,
+        kv_dtype=None if kv_dtype == "auto" else kv_dtype,
     )
     return spec.bytes_per_block
 

@@ -4,8 +4,9 @@ group's K/V of one block), named by page key.
 Owns the layout under `<cache_dir>/<model_tag>/` (`blocks/`, `quarantine/`; manifests live in
 `cache/manifest.py`), the checks every read makes, quarantine of bad files and LRU eviction to a
 byte budget. Backend-neutral: KV arrives as numpy (bf16/fp16 as `np.uint16` raw bits), and
-nothing is ever unpickled. Writes are atomic (`cache/durable.py`) and run on the writer thread
-(`cache/disk_writer.py`).
+nothing is ever unpickled. A file holds the page's arrays as the pool stores them
+(`cache/page.py`): an 8-bit cache's int8 K/V and their scales, about half a bf16 file. Writes
+are atomic (`cache/durable.py`) and run on the writer thread (`cache/disk_writer.py`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from semantic.cache.durable import (
     remove_temp_files,
     write_durably,
 )
+from semantic.cache.page import SCALE_NAMES, PageKV, page_layout
 from semantic.cache.prefix import page_key, split_key
 from semantic.core import CacheSpec
 from semantic.errors import CacheCorrupt
@@ -44,7 +46,9 @@ from semantic.errors import CacheCorrupt
 log = logging.getLogger(__name__)
 
 # Block files; a different value is quarantined, never guessed at. 2: CRC-32 checksums (1 had
-# blake2b, which took three quarters of a block's read).
+# blake2b, which took three quarters of a block's read). An 8-bit cache's files are version 2
+# too: an unquantized file's layout is unchanged, and a quantized one is told apart by its
+# spec tag and `kv_dtype` metadata (absent: K/V in `dtype`), so neither reads as the other.
 FORMAT_VERSION = "2"
 BLOCK_SUFFIX = ".safetensors"
 _MAX_GROUPS = 1 << 16
@@ -110,16 +114,14 @@ def model_tag(model_id: str, spec: CacheSpec, weights: str) -> str:
 
 @dataclass(slots=True, frozen=True)
 class BlockRecord:
-    """One page's content: K and V of its layer group's layers, shaped `[layers_per_group,
-    block_tokens, kv_heads, head_dim]`, and the `token_ids` its block holds (fewer than
-    `block_tokens` for a partial tail). `key` is the page key (`cache/prefix.py: page_key`: the
-    block's hash, with the group above it)."""
+    """One page's content: K and V of its layer group's layers (`cache/page.py: PageKV`), and
+    the `token_ids` its block holds (fewer than `block_tokens` for a partial tail). `key` is the
+    page key (`cache/prefix.py: page_key`: the block's hash, with the group above it)."""
 
     key: int
     parent_hash: int | None
     token_ids: tuple[int, ...]
-    k: np.ndarray
-    v: np.ndarray
+    kv: PageKV
 
 
 @dataclass(slots=True)
@@ -367,27 +369,22 @@ class DiskTier:
 
     # -- encoding ------------------------------------------------------------------------------
 
-    @property
-    def _storage_dtype(self) -> np.dtype:
-        # bf16 has no numpy dtype: 16-bit KV travels as raw bits, the real dtype in metadata.
-        return np.dtype(np.float32 if self.spec.dtype == "float32" else np.uint16)
-
-    @property
-    def _kv_shape(self) -> tuple[int, int, int, int]:
-        s = self.spec
-        return (s.layers_per_group, s.block_tokens, s.num_kv_heads, s.head_dim)
-
     def _encode(self, record: BlockRecord) -> bytes:
-        for name, array in (("k", record.k), ("v", record.v)):
-            if array.shape != self._kv_shape or array.dtype != self._storage_dtype:
+        # bf16 has no numpy dtype: 16-bit KV travels as raw bits, the real dtype in metadata.
+        arrays = record.kv.arrays()
+        layout = page_layout(self.spec)
+        if set(arrays) != set(layout):
+            raise ValueError(f"a page of this cache holds {sorted(layout)}, not {sorted(arrays)}")
+        for name, (shape, dtype) in layout.items():
+            array = arrays[name]
+            if array.shape != shape or array.dtype != dtype:
                 raise ValueError(
-                    f"{name} is {array.dtype}{list(array.shape)}, "
-                    f"expected {self._storage_dtype}{list(self._kv_shape)}"
+                    f"{name} is {array.dtype}{list(array.shape)}, expected {dtype}{list(shape)}"
                 )
         if not 1 <= len(record.token_ids) <= self.spec.block_tokens:
             raise ValueError(f"a block holds 1..{self.spec.block_tokens} tokens")
         tokens = np.asarray(record.token_ids, dtype=np.int32)
-        k, v = _little_endian(record.k), _little_endian(record.v)
+        arrays = {name: _little_endian(array) for name, array in arrays.items()}
         parent = "" if record.parent_hash is None else f"{record.parent_hash:016x}"
         block_hash, group = split_key(record.key)
         meta = {
@@ -398,10 +395,12 @@ class DiskTier:
             "cache_spec": self.spec.tag(),
             "dtype": self.spec.dtype,
         }
+        if self.spec.kv_dtype is not None:
+            meta["kv_dtype"] = self.spec.kv_dtype
         if group:  # the first group's files are those of a model with one group
             meta["group"] = str(group)
-        meta["checksum"] = block_checksum(k, v, tokens, page_name(record.key), parent)
-        return save_tensors({"k": k, "v": v, "token_ids": tokens}, metadata=meta)
+        meta["checksum"] = block_checksum(arrays, tokens, page_name(record.key), parent)
+        return save_tensors({**arrays, "token_ids": tokens}, metadata=meta)
 
     def _decode(self, key: int, data: bytes) -> BlockRecord:
         meta = _header_metadata(data)
@@ -410,16 +409,15 @@ class DiskTier:
             tensors = load_tensors(data)
         except (SafetensorError, ValueError) as exc:
             raise Rejected(QuarantineReason.CORRUPT, str(exc)) from exc
-        k, v, tokens = self._check_tensors(tensors)
+        arrays, tokens = self._check_tensors(tensors)
         parent = meta["parent_hash"]
-        if block_checksum(k, v, tokens, page_name(key), parent) != meta["checksum"]:
+        if block_checksum(arrays, tokens, page_name(key), parent) != meta["checksum"]:
             raise Rejected(QuarantineReason.CHECKSUM, "content does not match its checksum")
         return BlockRecord(
             key=key,
             parent_hash=parse_hash(parent) if parent else None,
             token_ids=tuple(tokens.tolist()),
-            k=k,
-            v=v,
+            kv=PageKV.from_arrays(arrays),
         )
 
     def _check_identity(self, key: int, meta: dict[str, str]) -> None:
@@ -427,8 +425,11 @@ class DiskTier:
             raise Rejected(QuarantineReason.VERSION, f"format {meta.get('format_version')!r}")
         if meta.get("model_tag") != self.model_tag:
             raise Rejected(QuarantineReason.OTHER_MODEL, f"model {meta.get('model_tag')!r}")
-        if meta.get("cache_spec") != self.spec.tag() or meta.get("dtype") != self.spec.dtype:
+        same_values = meta.get("dtype") == self.spec.dtype
+        if meta.get("cache_spec") != self.spec.tag() or not same_values:
             raise Rejected(QuarantineReason.OTHER_SPEC, f"spec {meta.get('cache_spec')!r}")
+        if meta.get("kv_dtype") != self.spec.kv_dtype:
+            raise Rejected(QuarantineReason.OTHER_SPEC, f"KV dtype {meta.get('kv_dtype')!r}")
         block_hash, group = split_key(key)
         if meta.get("block_hash") != f"{block_hash:016x}" or meta.get("group", "0") != str(group):
             raise Rejected(QuarantineReason.CORRUPT, "file name and page disagree")
@@ -440,29 +441,33 @@ class DiskTier:
 
     def _check_tensors(
         self, tensors: dict[str, np.ndarray]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if set(tensors) != {"k", "v", "token_ids"}:
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        layout = page_layout(self.spec)
+        if set(tensors) != {*layout, "token_ids"}:
             raise Rejected(QuarantineReason.SHAPE, f"tensors {sorted(tensors)}")
-        k, v, tokens = tensors["k"], tensors["v"], tensors["token_ids"]
-        for array in (k, v):
-            if array.shape != self._kv_shape or array.dtype != self._storage_dtype:
-                raise Rejected(QuarantineReason.SHAPE, f"{array.dtype}{list(array.shape)}")
+        tokens = tensors.pop("token_ids")
+        for name, (shape, dtype) in layout.items():
+            array = tensors[name]
+            if array.shape != shape or array.dtype != dtype:
+                raise Rejected(QuarantineReason.SHAPE, f"{name} {array.dtype}{list(array.shape)}")
         if tokens.dtype != np.int32 or tokens.ndim != 1:
             raise Rejected(QuarantineReason.SHAPE, f"token_ids {tokens.dtype}{tokens.shape}")
         if not 1 <= tokens.shape[0] <= self.spec.block_tokens:
             raise Rejected(QuarantineReason.SHAPE, f"{tokens.shape[0]} token ids")
-        return k, v, tokens
+        return {name: tensors[name] for name in layout}, tokens
 
 
 def block_checksum(
-    k: np.ndarray, v: np.ndarray, tokens: np.ndarray, block: str, parent: str
+    arrays: dict[str, np.ndarray], tokens: np.ndarray, block: str, parent: str
 ) -> str:
-    """CRC-32 over k, v and token_ids (little-endian raw bytes, in that order), then the page's
-    name (`page_name`) and the parent hash string, so a flipped parent link is caught like
-    flipped KV. It guards against damage (torn writes, bit rot), not against whoever can write
-    the cache folder: they could write a matching checksum whatever the algorithm."""
+    """CRC-32 over k, v and token_ids (little-endian raw bytes, in that order), an 8-bit page's
+    scales after them (`cache/page.py: SCALE_NAMES`), then the page's name (`page_name`) and the
+    parent hash string, so a flipped parent link is caught like flipped KV. It guards against
+    damage (torn writes, bit rot), not against whoever can write the cache folder: they could
+    write a matching checksum whatever the algorithm."""
     crc = 0
-    for array in (k, v, tokens):
+    scales = [arrays[name] for name in SCALE_NAMES if name in arrays]
+    for array in (arrays["k"], arrays["v"], tokens, *scales):
         crc = zlib.crc32(_little_endian(array).data, crc)
     return f"{zlib.crc32(f'{block}:{parent}'.encode(), crc):08x}"
 

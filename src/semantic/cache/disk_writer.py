@@ -131,7 +131,7 @@ class DiskWriter:
 
 
 def _size(record: BlockRecord) -> int:
-    return record.k.nbytes + record.v.nbytes
+    return sum(array.nbytes for array in record.kv.arrays().values())
 
 
 def _call_quietly(on_done: WriteCallback, written: int, error: BaseException | None) -> None:

@@ -118,8 +118,7 @@ class Tiering:
 
     def _submit(self, hot: HotBlock, done: Callable[[int, BaseException | None], None]) -> None:
         page, key, parent, tokens = hot
-        k, v = self.runner.read_block(page)
-        self.writer.submit(BlockRecord(key, parent, tokens, k, v), done)
+        self.writer.submit(BlockRecord(key, parent, tokens, self.runner.read_block(page)), done)
 
     def _evicted_written(self, size: int, error: BaseException | None) -> None:
         """On the writer thread, once an evicted block is durable (or failed)."""

@@ -509,7 +509,7 @@ class Engine:
         if seq.status is not SequenceStatus.RESTORING or seq.restore is not restore:
             return
         for page, record in zip(restore.pages, message.records, strict=False):
-            self.runner.write_block(page, record.k, record.v)
+            self.runner.write_block(page, record.kv)
         self.scheduler.restored(seq, len(message.records))
 
     def _on_token(self, active: _Active, token: int) -> None:

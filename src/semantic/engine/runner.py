@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-import numpy as np
-
+from semantic.cache.page import PageKV
 from semantic.core import Batch, CacheSpec
 from semantic.errors import RowsFailed
 
@@ -37,13 +36,13 @@ class ModelRunner(Protocol):
         """Forget what the runner keeps of a sequence that has ended (its grammar's progress)."""
         ...
 
-    def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
-        """A copy of one page's K and V, `[layers_per_group, block_tokens, kv_heads, head_dim]`
-        (bf16 and fp16 as their raw `np.uint16` bits), for the disk tier."""
+    def read_block(self, block: int) -> PageKV:
+        """A host copy of one page's K and V as the pool stores them (`cache/page.py`), for
+        the disk tier."""
         ...
 
-    def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Fill one page with K and V read back from disk (the shapes `read_block` returns)."""
+    def write_block(self, block: int, kv: PageKV) -> None:
+        """Fill one page with K and V read back from disk (as `read_block` returns them)."""
         ...
 
 

@@ -44,6 +44,12 @@ pages of the blocks its window has left are given back, so its block tables name
 (page 0 stands in, never read). Attention sinks (GPT-OSS) are a logit per head that joins the
 softmax with no value: the kernels add its weight to the sum; the stock path, which SDPA cannot
 give it, computes those layers' softmax itself.
+
+An 8-bit pool (`kv_dtype = "int8"`) holds int8 K/V with a bf16 scale per token and KV head
+(`kv_quant.py` says why these scales): the step's K/V are quantized as they are written; the CPU
+kernels read the int8 rows and their scales in place and dequantize in registers (decode folds
+each key's scale into its score and each value's into its weight; prefill dequantizes as it
+packs its key tiles); the stock path dequantizes what it gathers.
 """
 
 from __future__ import annotations
@@ -52,10 +58,13 @@ import math
 import mmap
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from semantic.backends.torch.kernels import CpuKernels
+from semantic.backends.torch.kv_quant import SCALE_DTYPE, dequantize_rows, quantize_rows
+from semantic.cache.page import PageKV
 from semantic.core import CacheSpec
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -73,6 +82,9 @@ class KVPool:
     never written is finite (a masked score times NaN would still poison the output). On the CPU
     the zeros are an anonymous mapping's, which the OS hands out on first touch: the pool takes
     memory as pages are used, so a pool sized from the machine costs only what it holds.
+
+    An 8-bit pool's `data` is int8 and `scales` `[2, layers_per_group, num_pages, block_tokens,
+    kv_heads]` holds each row's scale (`kv_quant.py`); unquantized, `scales` is None.
     """
 
     def __init__(
@@ -86,7 +98,9 @@ class KVPool:
         shape = (2, spec.layers_per_group, num_pages, *page)
         self.spec = spec
         self.kernels = kernels  # None: the stock path, which alone reads the step's masks
-        self.data = _zeros(shape, DTYPES[spec.dtype], device)
+        dtype = DTYPES[spec.dtype]
+        self.data = _zeros(shape, torch.int8 if spec.kv_dtype else dtype, device)
+        self.scales = _zeros(shape[:-1], SCALE_DTYPE, device) if spec.kv_dtype else None
         scratch = GatherScratch(self.data)
         where = {
             layer: (group, i)
@@ -94,9 +108,52 @@ class KVPool:
             for i, layer in enumerate(layers.layers)
         }
         self.layers = [
-            LayerKV(self.data[0, i], self.data[1, i], scratch, kernels, group)
+            LayerKV(self.data[0, i], self.data[1, i], scratch, kernels, group, self._scales(i))
             for group, i in (where[layer] for layer in range(spec.num_layers))
         ]
+
+    def _scales(self, i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if self.scales is None else (self.scales[0, i], self.scales[1, i])
+
+    def _page_tensors(self) -> list[torch.Tensor]:
+        """The tensors a page has a slice of (index 2): the values, and the scales if any."""
+        return [self.data] if self.scales is None else [self.data, self.scales]
+
+    def copy_page(self, source: int, destination: int) -> None:
+        for tensor in self._page_tensors():
+            tensor[:, :, destination].copy_(tensor[:, :, source])
+
+    def read_page(self, page: int) -> PageKV:
+        """A host copy of one page (`cache/page.py`): 16-bit values and scales as raw bits."""
+        arrays = [_host_array(t[which, :, page]) for t in self._page_tensors() for which in (0, 1)]
+        return PageKV(*arrays)
+
+    def write_page(self, page: int, kv: PageKV) -> None:
+        """Fill one page from host arrays as `read_page` gives them."""
+        pairs = ((kv.k, kv.v), (kv.k_scales, kv.v_scales))
+        for tensor, pair in zip(self._page_tensors(), pairs, strict=False):
+            for which, array in enumerate(pair):
+                if array is None:
+                    raise ValueError("an 8-bit page needs its scales")
+                tensor[which, :, page].copy_(_device_tensor(array, tensor.dtype))
+
+
+_NUMPY = {torch.float32: np.float32, torch.int8: np.int8}
+
+
+def _host_array(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU copy as numpy: bf16 and fp16 as raw uint16 bits (numpy has no bf16)."""
+    tensor = tensor.to("cpu", copy=True).contiguous()
+    if tensor.itemsize != 2:
+        return tensor.numpy()
+    return tensor.view(torch.int16).numpy().view(np.uint16)
+
+
+def _device_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    if dtype.itemsize != 2:
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=_NUMPY[dtype]))
+    bits = np.ascontiguousarray(array, dtype=np.uint16).view(np.int16)
+    return torch.from_numpy(bits).view(dtype)
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -128,10 +185,11 @@ class GatherScratch:
 
 class LayerKV:
     """One layer's K and V pool tensors `[num_pages, block_tokens, KVH, D]`, its layer group
-    (whose view of the step it reads), the gather scratch, and the CPU kernels that read the
-    pool in place for decodes and prefills (None: gather + SDPA)."""
+    (whose view of the step it reads), the gather scratch, the CPU kernels that read the pool
+    in place for decodes and prefills (None: gather + SDPA), and for an 8-bit pool the rows'
+    scales, K's and V's `[num_pages, block_tokens, KVH]` (None: K/V in the model's dtype)."""
 
-    __slots__ = ("group", "k", "kernels", "scratch", "v")
+    __slots__ = ("group", "k", "k_scales", "kernels", "scratch", "v", "v_scales")
 
     def __init__(
         self,
@@ -140,19 +198,27 @@ class LayerKV:
         scratch: GatherScratch,
         kernels: CpuKernels | None = None,
         group: int = 0,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         self.k = k
         self.v = v
         self.scratch = scratch
         self.kernels = kernels
         self.group = group
+        self.k_scales: torch.Tensor | None = None if scales is None else scales[0]
+        self.v_scales: torch.Tensor | None = None if scales is None else scales[1]
 
-    def gather(self, block_ids: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each of `batch` sequences' blocks (`block_ids` [batch · m]), one copy each of K and V,
-        as [batch, KVH, m · bt, D] views. `index_select` copies whole blocks; advanced indexing
-        is ~4x slower here."""
+    def gather(
+        self, block_ids: torch.Tensor, batch: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each of `batch` sequences' blocks (`block_ids` [batch · m]), one copy each of K and V
+        in `dtype`, as [batch, KVH, m · bt, D] views. `index_select` copies whole blocks;
+        advanced indexing is ~4x slower here. An 8-bit pool's rows are dequantized."""
         k = self.scratch.gather(self.k, block_ids, 0)
         v = self.scratch.gather(self.v, block_ids, 1)
+        if self.k_scales is not None and self.v_scales is not None:
+            k = dequantize_rows(k, self.k_scales.index_select(0, block_ids), dtype)
+            v = dequantize_rows(v, self.v_scales.index_select(0, block_ids), dtype)
         shape = (batch, -1, *self.k.shape[2:])
         return k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
 
@@ -242,9 +308,12 @@ def paged_attention(
 
 
 def write_kv(kv: LayerKV, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-    """k, v: [T, KVH, D] → pool slots `slots` [T]."""
-    kv.k.view(-1, *kv.k.shape[2:]).index_copy_(0, slots, k)
-    kv.v.view(-1, *kv.v.shape[2:]).index_copy_(0, slots, v)
+    """k, v: [T, KVH, D] → pool slots `slots` [T], quantized first in an 8-bit pool."""
+    for cache, scales, x in ((kv.k, kv.k_scales, k), (kv.v, kv.v_scales, v)):
+        if scales is not None:
+            x, x_scales = quantize_rows(x)
+            scales.view(-1, scales.shape[2]).index_copy_(0, slots, x_scales)
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, x)
 
 
 def decode_attention(
@@ -260,11 +329,20 @@ def decode_attention(
     """
     if kv.kernels is not None:
         return kv.kernels.decode_attention(
-            q, kv.k, kv.v, group.block_tables, group.context_lens, how.scale, how.window, how.sinks
+            q,
+            kv.k,
+            kv.v,
+            group.block_tables,
+            group.context_lens,
+            how.scale,
+            how.window,
+            how.sinks,
+            kv.k_scales,
+            kv.v_scales,
         )
     batch, heads, dim = q.shape
     kv_heads = kv.k.shape[2]
-    k, v = kv.gather(group.block_tables.view(-1), batch)
+    k, v = kv.gather(group.block_tables.view(-1), batch, q.dtype)
     k, v = k[:, :, : group.num_keys], v[:, :, : group.num_keys]  # [B, KVH, S, D]
     qg = q.view(batch, kv_heads, heads // kv_heads, dim)  # [B, KVH, G, D]
     sinks = None if how.sinks is None else how.sinks.view(1, kv_heads, -1, 1)
@@ -294,7 +372,16 @@ def prefill_attention(
         if chunk.block_ids is None:
             return kv.kernels.prefill_attention(q, k, v, None, 0, how.scale, window, sinks)
         return kv.kernels.prefill_attention(
-            q, kv.k, kv.v, chunk.block_ids, chunk.context_len, how.scale, window, sinks
+            q,
+            kv.k,
+            kv.v,
+            chunk.block_ids,
+            chunk.context_len,
+            how.scale,
+            window,
+            sinks,
+            kv.k_scales,
+            kv.v_scales,
         )
     heads = q.shape[1]
     qt = q.transpose(0, 1)[None]  # [1, H, n, D]: the fused kernel takes 4-D inputs only
@@ -302,7 +389,7 @@ def prefill_attention(
         kt, vt = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, KVH, n, D]
     else:
         keys = chunk.context_len + chunk.length - chunk.first_key
-        kt, vt = kv.gather(chunk.block_ids, 1)
+        kt, vt = kv.gather(chunk.block_ids, 1, q.dtype)
         kt, vt = kt[:, :, :keys], vt[:, :, :keys]  # [1, KVH, S, D]
     groups = heads // kt.shape[1]
     kt, vt = kt.repeat_interleave(groups, 1), vt.repeat_interleave(groups, 1)  # [1, H, S, D]

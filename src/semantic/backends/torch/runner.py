@@ -27,7 +27,8 @@ from semantic.backends.torch.models.layers import Build
 from semantic.backends.torch.prepared import PreparedWeights
 from semantic.backends.torch.sampling import sample
 from semantic.backends.torch.threads import ThreadGovernor
-from semantic.core import Batch, BatchItem, CacheSpec
+from semantic.cache.page import PageKV
+from semantic.core import KV_QUANTIZED, Batch, BatchItem, CacheSpec
 from semantic.engine.runner import step_tokens
 from semantic.errors import ModelLoadFailed
 from semantic.kv_budget import auto_budget_bytes, host_available_bytes
@@ -62,6 +63,7 @@ class TorchRunner:
         block_tokens: int,
         cache_budget_mb: int | None,
         dtype: str = "auto",
+        kv_dtype: str = "auto",
         device: str = "auto",
         threads: int | None = None,
         kernels: bool = True,
@@ -90,6 +92,7 @@ class TorchRunner:
             dtype=_DTYPE_NAMES[self.dtype],
             block_tokens=block_tokens,
             layer_windows=windows if any(w is not None for w in windows) else (),
+            kv_dtype=pick_kv_dtype(kv_dtype),
         )
         budget = self._auto_budget_bytes() if cache_budget_mb is None else cache_budget_mb * 2**20
         self.num_blocks = budget // self.cache_spec.bytes_per_page  # pages, one size for all
@@ -144,21 +147,17 @@ class TorchRunner:
                 return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
             return self.model.logits(hidden)
 
-    def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
-        """A host copy of one page's K and V, `[layers_per_group, block_tokens, kv_heads,
-        head_dim]`; bf16/fp16 as raw uint16 bits (numpy has no bf16)."""
-        kv = self.pool.data[:, :, block].to("cpu", copy=True)  # [2, L/G, bt, KVH, D]
-        return _host_array(kv[0]), _host_array(kv[1])
+    def read_block(self, block: int) -> PageKV:
+        return self.pool.read_page(block)
 
-    def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
-        for index, array in enumerate((k, v)):
-            self.pool.data[index, :, block].copy_(_device_tensor(array, self.dtype))
+    def write_block(self, block: int, kv: PageKV) -> None:
+        self.pool.write_page(block, kv)
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write of reused partial blocks' pages: K and V of the page's layers, before
         the step."""
         for source, destination in copies:
-            self.pool.data[:, :, destination].copy_(self.pool.data[:, :, source])
+            self.pool.copy_page(source, destination)
 
     def prepare(self, batch: Batch) -> StepInputs:
         """The step's flat tokens and attention metadata, from plain Python lists; the masks
@@ -357,19 +356,6 @@ class _DecodeSpans:
     mask: torch.Tensor | None  # [B, 1, 1, S] bool
 
 
-def _host_array(tensor: torch.Tensor) -> np.ndarray:
-    if tensor.dtype == torch.float32:
-        return tensor.contiguous().numpy()
-    return tensor.contiguous().view(torch.int16).numpy().view(np.uint16)
-
-
-def _device_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    if dtype == torch.float32:
-        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
-    bits = np.ascontiguousarray(array, dtype=np.uint16).view(np.int16)
-    return torch.from_numpy(bits).view(dtype)
-
-
 def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -388,6 +374,17 @@ def pick_cpu_kernels(wanted: bool, device: torch.device, dtype: torch.dtype) -> 
     if not wanted or device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         return None
     return cpu_kernels()
+
+
+def pick_kv_dtype(kv_dtype: str) -> str | None:
+    """How the pool stores K/V (`CacheSpec.kv_dtype`): "auto" in the model's dtype (None)."""
+    if kv_dtype == "auto":
+        return None
+    if kv_dtype not in KV_QUANTIZED:
+        raise ModelLoadFailed(
+            f"unknown kv_dtype {kv_dtype!r}; known: auto, {', '.join(KV_QUANTIZED)}"
+        )
+    return kv_dtype
 
 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -82,12 +82,25 @@ class CpuKernels:
         scale: float,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        k_scales: torch.Tensor | None = None,
+        v_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: [B, H, D]; caches [num_blocks, block_tokens, KVH, D]; block_tables [B, max_blocks]
         int64; context_lens [B] int64 → [B, H, D]: each query over its first context_lens keys,
-        or only the last `window` of them; `sinks` [H] fp32: a logit per head with no value."""
+        or only the last `window` of them; `sinks` [H] fp32: a logit per head with no value.
+        int8 caches (an 8-bit pool) come with their rows' scales, `k_scales` and `v_scales`
+        [num_blocks, block_tokens, KVH] bf16."""
         out: torch.Tensor = self._module.paged_decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, scale, window or 0, sinks
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            scale,
+            window or 0,
+            sinks,
+            k_scales,
+            v_scales,
         )
         return out
 
@@ -101,13 +114,16 @@ class CpuKernels:
         scale: float,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        k_scales: torch.Tensor | None = None,
+        v_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: [n, H, D] at positions context_len.. → [n, H, D], causal over the sequence's keys
         (with a `window`, the query at p over keys p - window + 1 .. p). k, v: the pool caches
         [num_blocks, block_tokens, KVH, D] read through `block_table` [m] int64; or, with no
-        context and no table, the chunk's own [n, KVH, D]. `sinks` as for decode."""
+        context and no table, the chunk's own [n, KVH, D]. `sinks` and, for int8 pools, the
+        scales as for decode."""
         out: torch.Tensor = self._module.paged_prefill_attention(
-            q, k, v, block_table, context_len, scale, window or 0, sinks
+            q, k, v, block_table, context_len, scale, window or 0, sinks, k_scales, v_scales
         )
         return out
 

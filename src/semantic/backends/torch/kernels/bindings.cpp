@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "kernels.h"
 
@@ -27,16 +28,40 @@ const float* sink_logits(const std::optional<at::Tensor>& sinks, int64_t heads) 
   return sinks->data_ptr<float>();
 }
 
+// An 8-bit pool's row scales, checked: null unless the caches are int8, and then a contiguous
+// bfloat16 [blocks, tokens, KVH] of K's and of V's.
+std::pair<const bf16*, const bf16*> row_scales(const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& v,
+                                               const std::optional<at::Tensor>& k_scales,
+                                               const std::optional<at::Tensor>& v_scales) {
+  TORCH_CHECK(k.scalar_type() == v.scalar_type(), "K and V must share a dtype");
+  if (k.scalar_type() != at::kChar) {
+    TORCH_CHECK(q.scalar_type() == k.scalar_type(), "q and the caches must share a dtype");
+    TORCH_CHECK(!k_scales.has_value() && !v_scales.has_value(), "scales need int8 caches");
+    return {nullptr, nullptr};
+  }
+  TORCH_CHECK(k_scales.has_value() && v_scales.has_value(), "int8 caches need their scales");
+  for (const at::Tensor* t : {&*k_scales, &*v_scales}) {
+    check_cpu(*t, "scales");
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 3 &&
+                    t->sizes() == k.sizes().slice(0, 3),
+                "scales must be a contiguous bfloat16 [blocks, tokens, KVH]");
+  }
+  return {static_cast<const bf16*>(k_scales->data_ptr()),
+          static_cast<const bf16*>(v_scales->data_ptr())};
+}
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, double scale, int64_t window,
-                                  const std::optional<at::Tensor>& sinks) {
+                                  const std::optional<at::Tensor>& sinks,
+                                  const std::optional<at::Tensor>& k_scales,
+                                  const std::optional<at::Tensor>& v_scales) {
   for (const auto* t : {&q, &k_cache, &v_cache, &block_tables, &context_lens}) check_cpu(*t, "input");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q [B, H, D], caches [blocks, tokens, KVH, D]");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "K and V caches differ in shape");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
-              "q and the caches must share a dtype");
+  const auto [k_scale_ptr, v_scale_ptr] = row_scales(q, k_cache, v_cache, k_scales, v_scales);
   TORCH_CHECK(q.stride(2) == 1, "q's head_dim must be contiguous");
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k_cache.size(2);
@@ -67,7 +92,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                             block_tables.stride(0), context_lens.data_ptr<int64_t>(),
                             batch,                 heads,               kv_heads,
                             dim,                   k_cache.size(1),     static_cast<float>(scale),
-                            out.data_ptr(),        window,              sink_logits(sinks, heads)};
+                            out.data_ptr(),        window,              sink_logits(sinks, heads),
+                            k_scale_ptr,           v_scale_ptr};
   if (q.scalar_type() == at::kBFloat16) {
     semantic::paged_decode_bf16(p);
   } else {
@@ -79,9 +105,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 
 // K or V as the kernel reads it: a pool [blocks, block_tokens, KVH, D] through `table`, or the
 // chunk's own [n, KVH, D] (any token stride) as one block.
-semantic::PagedRows paged_rows(const at::Tensor& t, const int64_t* table) {
+semantic::PagedRows paged_rows(const at::Tensor& t, const int64_t* table,
+                               const bf16* scales = nullptr) {
   if (table != nullptr) {
-    return {t.data_ptr(), table, t.size(1), t.stride(0), t.stride(1), t.stride(2)};
+    return {t.data_ptr(), table,   t.size(1), t.stride(0), t.stride(1), t.stride(2),
+            scales,       t.size(1) * t.size(2), t.size(2)};
   }
   return {t.data_ptr(), nullptr, std::max<int64_t>(t.size(0), 1), 0, t.stride(0), t.stride(1)};
 }
@@ -89,12 +117,16 @@ semantic::PagedRows paged_rows(const at::Tensor& t, const int64_t* table) {
 at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const std::optional<at::Tensor>& block_table,
                                    int64_t context_len, double scale, int64_t window,
-                                   const std::optional<at::Tensor>& sinks) {
+                                   const std::optional<at::Tensor>& sinks,
+                                   const std::optional<at::Tensor>& k_scales,
+                                   const std::optional<at::Tensor>& v_scales) {
   for (const auto* t : {&q, &k, &v}) check_cpu(*t, "input");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [n, H, D], D contiguous");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
-              "q, k and v must share a dtype");
   TORCH_CHECK(k.sizes() == v.sizes(), "K and V differ in shape");
+  TORCH_CHECK(k.scalar_type() != at::kChar || (block_table.has_value() && k.is_contiguous() &&
+                                               v.is_contiguous()),
+              "int8 K and V are contiguous pools read through a block table");
+  const auto [k_scale_ptr, v_scale_ptr] = row_scales(q, k, v, k_scales, v_scales);
   const int64_t n = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k.size(-2), total = context_len + n;
   TORCH_CHECK(k.size(-1) == dim && semantic::prefill_supported(dim), "unsupported head_dim ", dim);
@@ -121,7 +153,8 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k, con
   at::Tensor out = at::empty({n, heads, dim}, q.options());
   if (n == 0) return out;
   semantic::PrefillProblem p{q.data_ptr(),          q.stride(0), q.stride(1),
-                             paged_rows(k, table),  paged_rows(v, table),
+                             paged_rows(k, table, k_scale_ptr),
+                             paged_rows(v, table, v_scale_ptr),
                              context_len,           n,           heads,
                              kv_heads,              dim,         static_cast<float>(scale),
                              out.data_ptr(),        window,      sink_logits(sinks, heads)};

@@ -21,6 +21,10 @@ struct DecodeProblem {
   void* out;  // [B, H, D], contiguous
   int64_t window;      // > 0: each query reads only its last `window` keys (a sliding layer)
   const float* sinks;  // [H] or null: one more logit per head in the softmax, with no value
+  // An 8-bit cache: the caches are int8 and each row's value is its integers times its scale,
+  // [num_blocks, block_tokens, KVH] bf16. Null: the caches hold q's dtype.
+  const bf16* k_scales = nullptr;
+  const bf16* v_scales = nullptr;
 };
 
 bool decode_supported(int64_t head_dim, int64_t heads);
@@ -30,10 +34,14 @@ void paged_decode_bf16(const DecodeProblem& p);
 // Where token j's K (or V) row of KV head h lies: base + table[j / block_tokens] · block_stride
 // + (j % block_tokens) · token_stride + h · head_stride elements, D contiguous. A null table is
 // one block: the chunk's own K/V, not yet in a pool.
+// With `scales` (an 8-bit pool: int8 rows), the row's scale is at table[...] · scale_block_stride
+// + (j % block_tokens) · scale_token_stride + h.
 struct PagedRows {
   const void* base;
   const int64_t* table;
   int64_t block_tokens, block_stride, token_stride, head_stride;
+  const bf16* scales = nullptr;
+  int64_t scale_block_stride = 0, scale_token_stride = 0;
 };
 
 // Paged prefill attention: a chunk's n queries at positions context_len.. against the sequence's

@@ -23,6 +23,19 @@ inline __m512 load_bf16x16(const bf16* p, __mmask16 mask) {
 inline __m512 load_x16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_x16(const bf16* p) { return load_bf16x16(p); }
 
+// An 8-bit KV row's pieces: 16 int8 -> 16 fp32 (exact), and its bf16 scale as fp32.
+inline __m512 load_i8x16(const int8_t* p) {
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
+}
+
+inline float bf16_to_float(bf16 b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
 // fp32 -> bf16, round to nearest even (NaN stays NaN).
 inline bf16 to_bf16(float f) {
   uint32_t bits;

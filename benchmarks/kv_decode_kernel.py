@@ -1,0 +1,74 @@
+"""Decode attention alone, bf16 K/V against int8 K/V with per-row scales: our CPU kernel over one
+layer of SmolLM2's shape (9 query heads, 3 KV heads, head_dim 64, blocks of 256), for 1 and 8
+sequences at several context lengths, the two interleaved; each call reads K/V cold from memory
+(layers of pools larger than the caches together, walked in turn), as in a real step of 30
+layers. Reports each kind's fastest run (on a shared machine the least disturbed) and median.
+
+    python benchmarks/kv_decode_kernel.py [--contexts 1000,4000,10000] [--runs 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from semantic.backends.torch.kernels import cpu_kernels
+from semantic.backends.torch.kv_quant import quantize_rows
+
+HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 256
+COLD_BYTES = 96 * 2**20  # bf16 K/V of the layers walked in turn: well past the L3 cache
+
+
+def pools(batch: int, context: int) -> tuple[list[tuple[torch.Tensor, ...]], torch.Tensor]:
+    per_seq = -(-context // BLOCK)
+    shape = (batch * per_seq, BLOCK, KV_HEADS, DIM)
+    count = min(64, max(4, COLD_BYTES // (4 * batch * per_seq * BLOCK * KV_HEADS * DIM)))
+    layers = []
+    for _ in range(count):
+        k, v = torch.randn(shape), torch.randn(shape)
+        (k8, ks), (v8, vs) = quantize_rows(k), quantize_rows(v)
+        layers.append((k.bfloat16(), v.bfloat16(), k8, v8, ks, vs))
+    tables = torch.arange(batch * per_seq, dtype=torch.int64).view(batch, per_seq)
+    return layers, tables
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", default="1000,4000,10000")
+    parser.add_argument("--runs", type=int, default=15)
+    args = parser.parse_args()
+    kernels = cpu_kernels()
+    if kernels is None:
+        raise SystemExit("needs our CPU kernels")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; µs per layer")
+    for context in (int(c) for c in args.contexts.split(",")):
+        for batch in (1, 8):
+            layers, tables = pools(batch, context)
+            lens = torch.full((batch,), context, dtype=torch.int64)
+            q = torch.randn(batch, HEADS, DIM).bfloat16()
+            times: dict[str, list[float]] = {"bf16": [], "int8": []}
+            for _ in range(args.runs):  # interleaved: both see the same noise
+                for kind in times:
+                    start = time.perf_counter()
+                    for k, v, k8, v8, ks, vs in layers:
+                        if kind == "bf16":
+                            kernels.decode_attention(q, k, v, tables, lens, 0.125)
+                        else:
+                            kernels.decode_attention(
+                                q, k8, v8, tables, lens, 0.125, None, None, ks, vs
+                            )
+                    times[kind].append((time.perf_counter() - start) / len(layers) * 1e6)
+            fast = {kind: min(runs) for kind, runs in times.items()}
+            mid = {kind: statistics.median(runs) for kind, runs in times.items()}
+            print(
+                f"context {context:6d}, {batch} sequences: fastest bf16 {fast['bf16']:7.0f} µs, "
+                f"int8 {fast['int8']:7.0f} µs, int8/bf16 {fast['int8'] / fast['bf16']:.2f}; "
+                f"median {mid['bf16']:.0f} / {mid['int8']:.0f} µs"
+            )
+
+
+if __name__ == "__main__":
+    main()
