@@ -26,7 +26,7 @@ def pools(batch: int, context: int) -> tuple[list[tuple[torch.Tensor, ...]], tor
     per_seq = -(-context // BLOCK)
     shape = (batch * per_seq, BLOCK, KV_HEADS, DIM)
     count = min(64, max(4, COLD_BYTES // (4 * batch * per_seq * BLOCK * KV_HEADS * DIM)))
-    layers = []
+    layers: list[tuple[torch.Tensor, ...]] = []
     for _ in range(count):
         k, v = torch.randn(shape), torch.randn(shape)
         (k8, ks), (v8, vs) = quantize_rows(k), quantize_rows(v)
