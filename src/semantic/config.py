@@ -145,6 +145,11 @@ class Settings(BaseSettings):
         "auto", description="Weights and KV dtype (auto: bf16 where supported, else fp32)."
     )
     threads: int | None = Field(None, ge=1, description="CPU threads for compute (default: all).")
+    weights: Literal["bf16", "int8"] = Field(
+        "bf16",
+        description="How the linear layers store their weights: bf16 (the dtype, as loaded) or "
+        "int8 (a scale per output row; half the bytes a decode step reads).",
+    )
     cpu_kernels: bool = Field(
         True, description="Our compiled CPU kernels where the CPU has AVX-512 BF16 (else stock)."
     )
@@ -375,6 +380,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "device",
         "dtype",
         "threads",
+        "weights",
         "prepared_weights",
         "cpu_kernels",
         "max_model_len",

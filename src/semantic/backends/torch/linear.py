@@ -44,7 +44,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from semantic.backends.torch.kernels import CpuKernels, PanelWeight
+from semantic.backends.torch.kernels import CpuKernels, Int8PanelWeight, PanelWeight, quantize_rows
 
 _PACK_ROWS_HINT = 64  # oneDNN tunes a packed weight's blocking for this many rows
 _PANEL_MAX_ROWS = 128  # our kernel up to here (decodes, warm turns), unpacked for oneDNN above
@@ -133,8 +133,9 @@ class UnpackScratch:
 
 
 class PanelLinear:
-    """bf16 on CPU with our kernels: one copy, in 16-row panels. Up to `_PANEL_MAX_ROWS` rows
-    our kernel streams it once for all rows; more rows (prefill) unpack it for oneDNN."""
+    """bf16 on CPU with our kernels: one copy, in 16-row panels, bf16 or int8 (`packing`). Up
+    to `_PANEL_MAX_ROWS` rows our kernel streams it once for all rows; more rows (prefill)
+    unpack it to bf16 for oneDNN."""
 
     __slots__ = ("bias", "kernels", "scratch", "weight")
 
@@ -144,8 +145,9 @@ class PanelLinear:
         bias: torch.Tensor | None,
         kernels: CpuKernels,
         scratch: UnpackScratch,
+        packing: type[PanelWeight] | type[Int8PanelWeight] = PanelWeight,
     ) -> None:
-        self.weight = PanelWeight.pack(weight)
+        self.weight: PanelWeight | Int8PanelWeight = packing.pack(weight)
         self.bias = bias
         self.kernels = kernels
         self.scratch = scratch
@@ -162,19 +164,59 @@ class PanelLinear:
 
     @property
     def nbytes(self) -> int:
-        return _nbytes(self.weight.panels, self.bias)
+        scales = self.weight.scales if isinstance(self.weight, Int8PanelWeight) else None
+        return _nbytes(self.weight.panels, scales, self.bias)
+
+
+class DequantizingLinear:
+    """int8 weights without our kernels (CUDA, fp32, a CPU without AVX-512 BF16): int8 rows and
+    a scale per row kept, the weight dequantized to the model dtype at each call. It saves the
+    memory, not the time: correct everywhere, fast nowhere."""
+
+    __slots__ = ("bias", "dtype", "q", "scales")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        q, scales = quantize_rows(weight)
+        self.q = q  # [out, in] int8
+        self.scales = scales[:, None]  # [out, 1] fp32: each value rounded once, as `unpack` does
+        self.bias = bias
+        self.dtype = weight.dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.rows(slice(None)), self.bias)
+
+    def rows(self, ids: torch.Tensor | slice) -> torch.Tensor:
+        return (self.q[ids].float() * self.scales[ids]).to(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.q, self.scales, self.bias)
+
+
+WEIGHT_FORMATS = ("bf16", "int8")  # "bf16": as loaded, in the model dtype; "int8": see above
 
 
 def linear_factory(
-    device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None
+    device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None, weights: str = "bf16"
 ) -> LinearFactory:
     """How this runner's linears store and compute: see the module docstring."""
+    if weights == "int8":
+        return _int8_factory(device, dtype, kernels)
     if device.type != "cpu" or dtype != torch.bfloat16:
         return DenseLinear
     if kernels is None:
         return OneDnnLinear
     scratch = UnpackScratch()
     return lambda weight, bias: PanelLinear(weight, bias, kernels, scratch)
+
+
+def _int8_factory(
+    device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None
+) -> LinearFactory:
+    if device.type != "cpu" or dtype != torch.bfloat16 or kernels is None:
+        return DequantizingLinear
+    scratch = UnpackScratch()
+    return lambda weight, bias: PanelLinear(weight, bias, kernels, scratch, Int8PanelWeight)
 
 
 def _padded_rows(x: torch.Tensor) -> torch.Tensor:
