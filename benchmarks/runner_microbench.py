@@ -1,10 +1,14 @@
 """Microbenchmark of the torch runner on SmolLM2-135M (bf16): one sequence and a batch at once
 decoding at a long and a short context, chunked prefill, and transformers on the same weights
 for the ratios (its forward of the prompt, and its own decode loop with a KV cache); with our CPU
-kernels, the stock torch kernels, or both interleaved.
+kernels, the stock torch kernels, or both interleaved; with bf16 or int8 weights, or both.
 
     python benchmarks/runner_microbench.py [--runs 5] [--kernels both] [--context 1000]
+    python benchmarks/runner_microbench.py --kernels on --weights both --linear-rows 8,16,128
     python benchmarks/runner_microbench.py --device cuda --shape smollm2-135m --batch 32
+
+`--linear-rows` also times all of the model's linears (every layer's, and the LM head) at each
+of those row counts, as one step of that many tokens runs them.
 
 Each figure is the median over `--runs` runs. The machine may be shared: each timed window
 waits for the other processes to go quiet, is retried while they take more than `--quiet` of
@@ -22,10 +26,11 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from semantic.backends.torch.linear import Linear
 from semantic.backends.torch.models.layers import DecoderModel, GatedMLP
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
@@ -87,7 +92,17 @@ def pool_mb(config: Any, batch: int, context: int) -> int:
     return -(-blocks * BLOCK_TOKENS * per_token // 2**20) + 1
 
 
-def build_runner(reference: Any, kernels: bool, device: str, cache_mb: int) -> TorchRunner:
+class Mode(NamedTuple):
+    """One runner configuration under test."""
+
+    kernels: bool
+    weights: str  # "bf16" or "int8"
+
+    def __str__(self) -> str:
+        return f"{'on' if self.kernels else 'off'} {self.weights}"
+
+
+def build_runner(reference: Any, mode: Mode, device: str, cache_mb: int) -> TorchRunner:
     weights = ((k, v.numpy()) for k, v in reference.state_dict().items())
     return TorchRunner(
         ModelConfig.from_hf(reference.config.to_dict()),
@@ -95,16 +110,23 @@ def build_runner(reference: Any, kernels: bool, device: str, cache_mb: int) -> T
         block_tokens=BLOCK_TOKENS,
         cache_budget_mb=cache_mb,
         device=device,
-        kernels=kernels,
+        kernels=mode.kernels,
+        weight_format=mode.weights,
     )
+
+
+def layer_linears(model: DecoderModel) -> list[Linear]:
+    """Every layer's linears, in the order a step runs them (a dense model's)."""
+    linears: list[Linear] = []
+    for block in model.blocks:
+        assert isinstance(block.mlp, GatedMLP), "dense models only"
+        linears += [block.attn.qkv, block.attn.o, block.mlp.gate_up, block.mlp.down]
+    return linears
 
 
 def weight_bytes(model: DecoderModel) -> int:
     """Bytes of a dense model's weights, every copy counted (a tied head's embeddings once)."""
-    linears = [model.lm_head]
-    for block in model.blocks:
-        assert isinstance(block.mlp, GatedMLP), "dense models only"
-        linears += [block.attn.qkv, block.attn.o, block.mlp.gate_up, block.mlp.down]
+    linears = [model.lm_head, *layer_linears(model)]
     if model.embed is not model.lm_head:
         linears.append(model.embed)
     norms = [model.norm.weight]
@@ -268,16 +290,38 @@ def _synced(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.cpu()
 
 
+def linears_ms(runner: TorchRunner, gate: Gate, rows: int) -> float:
+    """Milliseconds to run every linear of the model once on `rows` rows (the LM head too)."""
+    model, config = runner.model, runner.model.config
+    widths = [config.hidden_size, config.num_attention_heads * config.head_dim]
+    widths += [config.hidden_size, config.intermediate_size]  # qkv, o, gate_up, down
+    calls = [(linear, widths[i % 4]) for i, linear in enumerate(layer_linears(model))]
+    calls.append((model.lm_head, config.hidden_size))
+    inputs = {k: torch.randn(rows, k, dtype=runner.dtype, device=runner.device) for k in widths}
+
+    def all_linears() -> None:
+        for linear, in_features in calls:
+            out = linear(inputs[in_features])
+        _synced(out[:1])
+
+    with torch.inference_mode():
+        all_linears()  # warm-up
+        return 1000 * gate.measure(lambda: timed(all_linears, 5))
+
+
 METRICS = ("single", "batch", "batch_short", "prefill")
 
 
 def run_once(runner: TorchRunner, gate: Gate, args: argparse.Namespace) -> dict[str, float]:
-    return {
+    results = {
         "single": decode_rate(runner, gate, 1, args.context, args.steps),
         "batch": decode_rate(runner, gate, args.batch, args.context, args.steps),
         "batch_short": decode_rate(runner, gate, args.batch, args.short_context, args.steps),
         "prefill": prefill_rate(runner, gate, args.context),
     }
+    for rows in args.linear_rows:
+        results[f"linears_{rows}"] = linears_ms(runner, gate, rows)
+    return results
 
 
 def reference_once(reference: Any, gate: Gate, args: argparse.Namespace) -> dict[str, float]:
@@ -301,6 +345,13 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this shape")
     parser.add_argument("--kernels", choices=("on", "off", "both"), default="both")
+    parser.add_argument("--weights", choices=("bf16", "int8", "both"), default="bf16")
+    parser.add_argument(
+        "--linear-rows",
+        type=lambda text: [int(v) for v in text.split(",") if v],
+        default=[],
+        help="also time all linears at these row counts, e.g. 8,16,128",
+    )
     parser.add_argument("--quiet", type=float, default=0.10, help="others' CPU share allowed")
     parser.add_argument("--patience", type=float, default=60.0, help="seconds to wait for it")
     parser.add_argument("--no-reference", action="store_true", help="skip transformers' timing")
@@ -310,7 +361,9 @@ def main() -> None:
     reference = load_reference(args.shape)
     # Our CPU kernels exist on the CPU only: on CUDA there is one mode, the stock kernels.
     kernel_modes = {"on": [True], "off": [False], "both": [False, True]}[args.kernels]
-    modes = kernel_modes if args.device == "cpu" else [False]
+    weight_modes = ["bf16", "int8"] if args.weights == "both" else [args.weights]
+    kernel_modes = kernel_modes if args.device == "cpu" else [False]
+    modes = [Mode(k, w) for k in kernel_modes for w in weight_modes]
     cache_mb = pool_mb(reference.config, args.batch, max(args.context, args.short_context))
     runners = {m: build_runner(reference, m, args.device, cache_mb) for m in modes}
     if args.device == "cuda":
@@ -320,14 +373,14 @@ def main() -> None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, bf16")
     for mode, runner in runners.items():
         mib = weight_bytes(runner.model) / 2**20
-        print(f"  kernels {_name(mode)}: weights {mib:.0f} MiB")
+        print(f"  kernels {mode}: weights {mib:.0f} MiB")
     gate = Gate(args.quiet, args.patience)
-    results: dict[bool, dict[str, list[float]]] = {m: {k: [] for k in METRICS} for m in modes}
+    results: dict[Mode, dict[str, list[float]]] = {m: {} for m in modes}
     reference_runs: dict[str, list[float]] = {}
     for _ in range(args.runs):
         for mode, runner in runners.items():  # interleaved, so both see the same noise
             for key, value in run_once(runner, gate, args).items():
-                results[mode][key].append(value)
+                results[mode].setdefault(key, []).append(value)
         if not args.no_reference:
             for key, value in reference_once(reference, gate, args).items():
                 reference_runs.setdefault(key, []).append(value)
@@ -340,7 +393,7 @@ def main() -> None:
 
 
 def report(
-    results: dict[bool, dict[str, list[float]]],
+    results: dict[Mode, dict[str, list[float]]],
     reference_runs: dict[str, list[float]],
     args: argparse.Namespace,
 ) -> None:
@@ -350,15 +403,19 @@ def report(
         "batch_short": f"decode, {args.batch} sequences @ctx {args.short_context} (aggregate)",
         "prefill": f"prefill {args.context} tokens, chunks of {CHUNK}",
     }
+    labels |= {f"linears_{rows}": f"all linears at {rows} rows (ms)" for rows in args.linear_rows}
     med = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in results.items()}
+    modes = list(med)
     for key, label in labels.items():
-        cells = [f"{'on' if m else 'off'} {med[m][key]:7.1f} tok/s" for m in med]
-        if len(med) == 2:
-            cells.append(f"x{med[True][key] / med[False][key]:.2f}")
+        unit = "ms" if key.startswith("linears") else "tok/s"
+        cells = [f"{mode} {med[mode][key]:7.1f} {unit}" for mode in modes]
+        if len(modes) == 2:  # the second against the first: a speed-up either way
+            first, second = med[modes[0]][key], med[modes[1]][key]
+            cells.append(f"x{(first / second if unit == 'ms' else second / first):.2f}")
         print(f"{label:52s} " + "   ".join(cells))
     for mode, values in med.items():
         print(
-            f"kernels {_name(mode)}: {args.batch} sequences = "
+            f"kernels {mode}: {args.batch} sequences = "
             f"{values['batch'] / values['single']:.2f}x one @ctx {args.context}, "
             f"{values['batch_short'] / values['single']:.2f}x one at ctx {args.short_context}"
         )
@@ -373,7 +430,7 @@ def report(
             f"transformers {dtype} decode loop @ctx {args.context}: 1 sequence "
             f"{ref['single']:7.1f} tok/s, {args.batch} sequences {ref['batch']:7.1f} tok/s"
         )
-        ours = med[True] if True in med else med[False]  # the server's mode: kernels if any
+        ours = med[modes[-1]]  # the server's mode: kernels if any
         print(
             f"ours / transformers: decode 1 x{ours['single'] / ref['single']:.2f}, "
             f"decode {args.batch} x{ours['batch'] / ref['batch']:.2f}, "
@@ -381,13 +438,9 @@ def report(
         )
     for mode, runs in results.items():
         for key, runs_of_key in runs.items():
-            print(f"  runs {_name(mode)} {key}: " + ", ".join(f"{v:.1f}" for v in runs_of_key))
+            print(f"  runs {mode} {key}: " + ", ".join(f"{v:.1f}" for v in runs_of_key))
     for key, runs_of_key in reference_runs.items():
         print(f"  runs transformers {key}: " + ", ".join(f"{v:.1f}" for v in runs_of_key))
-
-
-def _name(kernels: bool) -> str:
-    return "on " if kernels else "off"
 
 
 if __name__ == "__main__":

@@ -26,6 +26,20 @@ differently, so a step's row count picks a request's bf16 rounding (docs/design.
 our kernels (`OneDnnLinear`), bf16 keeps two copies: one packed for oneDNN at several rows, the
 plain one for the native GEMV at one row.
 
+`weights = "int8"` stores each weight in the same panels at one byte a value with an fp32 scale
+per output row (`Int8PanelWeight`): our kernel widens each 32 weights to bf16 in registers
+(exact: every int8 is a bf16), sums q·x in fp32 and scales the sum once; more rows than
+`_PANEL_MAX_ROWS` dequantize the weight into the same scratch for oneDNN. SmolLM2-135M, all
+linears with the LM head, bf16 → int8 (ms, one interleaved run, others busy on the host:
+docs/benchmarks.md):
+
+    rows                                   1          8          16         128
+    our kernel, bf16 panels                BF1        BF8        BF16       BF128
+    our kernel, int8 panels                IN1        IN8        IN16       IN128
+
+Without our kernels (CUDA, fp32, no AVX-512 BF16), int8 is `DequantizingLinear`: the int8 rows
+and scales kept, the weight dequantized at every call; the memory saved, not the time.
+
 oneDNN builds a kernel for each row count it sees and keeps it (its primitive cache, and
 ideep's beside it): about 0.5 MB per weight shape per row count, so a server that prefilled
 chunks of every length up to 512 rows kept growing, ~2.4 MB a request at first
