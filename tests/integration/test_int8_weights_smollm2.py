@@ -8,7 +8,6 @@ import statistics
 from pathlib import Path
 
 import pytest
-import torch
 
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
