@@ -29,13 +29,19 @@ plain one for the native GEMV at one row.
 `weights = "int8"` stores each weight in the same panels at one byte a value with an fp32 scale
 per output row (`Int8PanelWeight`): our kernel widens each 32 weights to bf16 in registers
 (exact: every int8 is a bf16), sums q·x in fp32 and scales the sum once; more rows than
-`_PANEL_MAX_ROWS` dequantize the weight into the same scratch for oneDNN. SmolLM2-135M, all
-linears with the LM head, bf16 → int8 (ms, one interleaved run, others busy on the host:
-docs/benchmarks.md):
+`_PANEL_MAX_ROWS` dequantize the weight into the same scratch for oneDNN. The weights of
+SmolLM2-135M take 129 MiB instead of 257. All its linears (random weights of its shapes, the LM
+head counted up to 16 rows; ms, medians of 7, bf16 and int8 in one run on a host loaded ~2.4×
+over its 2 cores, so the ratios, not the times, are the result):
 
-    rows                                   1          8          16         128
-    our kernel, bf16 panels                BF1        BF8        BF16       BF128
-    our kernel, int8 panels                IN1        IN8        IN16       IN128
+    rows                                   1          8
+    our kernel, bf16 panels                16.0       30.8
+    our kernel, int8 panels                8.9        23.3
+
+At one row int8 takes 0.56× the time, about the bytes it saves; at 8 rows 0.76×, as the dot
+products begin to count. Past 128 rows both unpack to bf16 for oneDNN (int8 multiplies by its
+scales on the way); that host was too loaded to time it. Rerun on a quiet one:
+`benchmarks/runner_microbench.py --kernels on --weights both --linear-rows 1,8,16,128`.
 
 Without our kernels (CUDA, fp32, no AVX-512 BF16), int8 is `DequantizingLinear`: the int8 rows
 and scales kept, the weight dequantized at every call; the memory saved, not the time.
