@@ -144,7 +144,12 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weights and KV dtype (auto: bf16 where supported, else fp32)."
     )
-    threads: int | None = Field(None, ge=1, description="CPU threads for compute (default: all).")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="Most CPU threads for compute (default: all); fewer while other programs "
+        "keep cores busy.",
+    )
     weights: Literal["bf16", "int8"] = Field(
         "bf16",
         description="How the linear layers store their weights: bf16 (the dtype, as loaded) or "

@@ -44,7 +44,7 @@ def conversation(engine: Engine, agent: str, turns: int) -> list[int]:
     """Several turns of one agent; returns the last prompt's history (prompt + answer)."""
     history = list(SYSTEM)
     for i in range(turns):
-        history += [200 + agent.__hash__() % 50, 201 + i]
+        history += [200 + sum(map(ord, agent)) % 50, 201 + i]  # str hashes change per process
         output, _ = turn(engine, agent, history)
         history += output
     return history

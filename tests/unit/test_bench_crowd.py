@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -122,7 +123,8 @@ def test_each_turn_records_the_gaps_between_its_streamed_tokens(fake: FakeServer
     run = _crowd(fake, Clients.NAMED)
     for turn in run.turns:
         assert len(turn.gaps_s) == SPEC.max_tokens - 1  # one delta per token
-        assert all(gap >= TOKEN_DELAY_S * 0.9 for gap in turn.gaps_s)
+        # Most gaps are the server's pause; on a busy machine a late read may bring two at once.
+        assert statistics.median(turn.gaps_s) >= TOKEN_DELAY_S * 0.9
     assert run.inter_token.count == len(run.turns) * (SPEC.max_tokens - 1)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from semantic.backends.torch.models import build_model
 from semantic.backends.torch.models.layers import Build
 from semantic.backends.torch.prepared import PreparedWeights
 from semantic.backends.torch.sampling import sample
+from semantic.backends.torch.threads import ThreadGovernor
 from semantic.core import Batch, BatchItem, CacheSpec
 from semantic.engine.runner import step_tokens
 from semantic.errors import ModelLoadFailed
@@ -70,6 +72,7 @@ class TorchRunner:
         if threads is not None:
             torch.set_num_threads(threads)  # process-wide: this runner is the process's compute
         self.device = pick_device(device)
+        self.threads = thread_governor(self.device)
         self.dtype = pick_dtype(dtype, self.device)
         cpu = pick_cpu_kernels(kernels, self.device, self.dtype)
         if weight_format not in WEIGHT_FORMATS:
@@ -116,6 +119,8 @@ class TorchRunner:
     def run(self, batch: Batch) -> list[int | None]:
         """One step: K/V into the pool, one sampled token per item with sample=True (a row
         that cannot be sampled fails alone: `ModelRunner.run`)."""
+        if self.threads is not None:
+            self.threads.adjust()
         self._copy_blocks(batch.copies)
         step = self.prepare(batch)
         outcomes = sample(self._logits(step), step.sampled_items, self.grammars)
@@ -373,6 +378,13 @@ def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def thread_governor(device: torch.device) -> ThreadGovernor | None:
+    """On the CPU, the thread count follows the other programs' load (`threads.py`)."""
+    if device.type != "cpu":
+        return None
+    return ThreadGovernor(torch.get_num_threads(), os.cpu_count() or 1, torch.set_num_threads)
 
 
 def pick_cpu_kernels(wanted: bool, device: torch.device, dtype: torch.dtype) -> CpuKernels | None:
