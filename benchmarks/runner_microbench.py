@@ -2,11 +2,15 @@
 decoding at a long and a short context, chunked prefill, and transformers on the same weights
 for the ratios (its forward of the prompt, and its own decode loop with a KV cache); with our CPU
 kernels, the stock torch kernels, or both interleaved; with a bf16 KV cache, an 8-bit one
-(`--kv-dtype int8`), or both interleaved.
+(`--kv-dtype int8`), or both interleaved; with bf16 or int8 weights, or both.
 
     python benchmarks/runner_microbench.py [--runs 5] [--kernels both] [--context 1000]
+    python benchmarks/runner_microbench.py --kernels on --weights both --linear-rows 8,16,128
     python benchmarks/runner_microbench.py --device cuda --shape smollm2-135m --batch 32
     python benchmarks/runner_microbench.py --kernels on --kv-dtype both --context 10000
+
+`--linear-rows` also times all of the model's linears (every layer's, and the LM head) at each
+of those row counts, as one step of that many tokens runs them.
 
 Each figure is the median over `--runs` runs. The machine may be shared: each timed window
 waits for the other processes to go quiet, is retried while they take more than `--quiet` of
@@ -29,6 +33,7 @@ from typing import Any
 
 import torch
 
+from semantic.backends.torch.linear import Linear
 from semantic.backends.torch.models.layers import DecoderModel, GatedMLP
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
@@ -92,15 +97,19 @@ def pool_mb(config: Any, batch: int, context: int) -> int:
 
 @dataclass(slots=True, frozen=True)
 class Mode:
-    """What one runner under test is built with: our CPU kernels or not, and its KV dtype."""
+    """What one runner under test is built with: our CPU kernels or not, its KV dtype and its
+    weights' format."""
 
     kernels: bool
     kv_dtype: str = "auto"
+    weights: str = "bf16"
 
     @property
     def label(self) -> str:
-        kernels = "on " if self.kernels else "off"
-        return kernels if self.kv_dtype == "auto" else f"{kernels} {self.kv_dtype}"
+        parts = ["on " if self.kernels else "off"]
+        parts += [] if self.kv_dtype == "auto" else [f"kv {self.kv_dtype}"]
+        parts += [] if self.weights == "bf16" else [f"weights {self.weights}"]
+        return " ".join(parts)
 
 
 def build_runner(reference: Any, mode: Mode, device: str, cache_mb: int) -> TorchRunner:
@@ -113,15 +122,22 @@ def build_runner(reference: Any, mode: Mode, device: str, cache_mb: int) -> Torc
         device=device,
         kernels=mode.kernels,
         kv_dtype=mode.kv_dtype,
+        weight_format=mode.weights,
     )
+
+
+def layer_linears(model: DecoderModel) -> list[Linear]:
+    """Every layer's linears, in the order a step runs them (a dense model's)."""
+    linears: list[Linear] = []
+    for block in model.blocks:
+        assert isinstance(block.mlp, GatedMLP), "dense models only"
+        linears += [block.attn.qkv, block.attn.o, block.mlp.gate_up, block.mlp.down]
+    return linears
 
 
 def weight_bytes(model: DecoderModel) -> int:
     """Bytes of a dense model's weights, every copy counted (a tied head's embeddings once)."""
-    linears = [model.lm_head]
-    for block in model.blocks:
-        assert isinstance(block.mlp, GatedMLP), "dense models only"
-        linears += [block.attn.qkv, block.attn.o, block.mlp.gate_up, block.mlp.down]
+    linears = [model.lm_head, *layer_linears(model)]
     if model.embed is not model.lm_head:
         linears.append(model.embed)
     norms = [model.norm.weight]
@@ -288,6 +304,28 @@ def _synced(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.cpu()
 
 
+def linears_ms(runner: TorchRunner, gate: Gate, rows: int) -> float:
+    """Milliseconds to run every linear of the model once on `rows` rows (the LM head too)."""
+    model, config = runner.model, runner.model.config
+    widths = [config.hidden_size, config.num_attention_heads * config.head_dim]
+    widths += [config.hidden_size, config.intermediate_size]  # qkv, o, gate_up, down
+    calls = [(linear, widths[i % 4]) for i, linear in enumerate(layer_linears(model))]
+    calls.append((model.lm_head, config.hidden_size))
+    inputs = {k: torch.randn(rows, k, dtype=runner.dtype, device=runner.device) for k in widths}
+
+    def all_linears() -> None:
+        for linear, in_features in calls:
+            out = linear(inputs[in_features])
+        _synced(out[:1])
+
+    with torch.inference_mode():
+        all_linears()  # warm-up
+        return 1000 * gate.measure(lambda: timed(all_linears, 5))
+
+
+METRICS = ("single", "batch", "batch_short", "prefill")
+
+
 def run_once(runner: TorchRunner, gate: Gate, args: argparse.Namespace) -> dict[str, float]:
     rates = {
         "single": decode_rate(runner, gate, 1, args.context, args.steps),
@@ -296,6 +334,8 @@ def run_once(runner: TorchRunner, gate: Gate, args: argparse.Namespace) -> dict[
     }
     if not args.no_prefill:
         rates["prefill"] = prefill_rate(runner, gate, args.context)
+    for rows in args.linear_rows:
+        rates[f"linears_{rows}"] = linears_ms(runner, gate, rows)
     return rates
 
 
@@ -322,6 +362,13 @@ def main() -> None:
     parser.add_argument("--kernels", choices=("on", "off", "both"), default="both")
     parser.add_argument("--kv-dtype", choices=("auto", "int8", "both"), default="auto")
     parser.add_argument("--no-prefill", action="store_true", help="time decode steps only")
+    parser.add_argument("--weights", choices=("bf16", "int8", "both"), default="bf16")
+    parser.add_argument(
+        "--linear-rows",
+        type=lambda text: [int(v) for v in text.split(",") if v],
+        default=[],
+        help="also time all linears at these row counts, e.g. 8,16,128",
+    )
     parser.add_argument("--quiet", type=float, default=0.10, help="others' CPU share allowed")
     parser.add_argument("--patience", type=float, default=60.0, help="seconds to wait for it")
     parser.add_argument("--no-reference", action="store_true", help="skip transformers' timing")
@@ -332,10 +379,12 @@ def main() -> None:
     # Our CPU kernels exist on the CPU only: on CUDA there is one mode, the stock kernels.
     kernel_modes = {"on": [True], "off": [False], "both": [False, True]}[args.kernels]
     kv_dtypes = {"auto": ["auto"], "int8": ["int8"], "both": ["auto", "int8"]}[args.kv_dtype]
+    weight_modes = ["bf16", "int8"] if args.weights == "both" else [args.weights]
     modes = [
-        Mode(kernels, kv_dtype)
+        Mode(kernels, kv_dtype, weights)
         for kernels in (kernel_modes if args.device == "cpu" else [False])
         for kv_dtype in kv_dtypes
+        for weights in weight_modes
     ]
     cache_mb = pool_mb(reference.config, args.batch, max(args.context, args.short_context))
     runners = {m: build_runner(reference, m, args.device, cache_mb) for m in modes}
@@ -377,17 +426,20 @@ def report(
         "batch_short": f"decode, {args.batch} sequences @ctx {args.short_context} (aggregate)",
         "prefill": f"prefill {args.context} tokens, chunks of {CHUNK}",
     }
+    labels |= {f"linears_{rows}": f"all linears at {rows} rows (ms)" for rows in args.linear_rows}
     sequences = {"single": 1, "batch": args.batch, "batch_short": args.batch}
     med = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in results.items()}
     modes = list(med)
     for key, label in labels.items():
         if key not in med[modes[0]]:
             continue
-        cells = [f"{m.label} {med[m][key]:7.1f} tok/s" for m in modes]
+        unit = "ms" if key.startswith("linears") else "tok/s"
+        cells = [f"{m.label} {med[m][key]:7.1f} {unit}" for m in modes]
         if key in sequences:  # a decode step's time: its sequences / their aggregate rate
             cells += [f"{m.label} {1000 * sequences[key] / med[m][key]:6.2f} ms" for m in modes]
-        if len(modes) == 2:  # rates: the second mode's over the first's
-            cells.append(f"x{med[modes[1]][key] / med[modes[0]][key]:.2f}")
+        if len(modes) == 2:  # the second against the first: a speed-up either way
+            first, second = med[modes[0]][key], med[modes[1]][key]
+            cells.append(f"x{(first / second if unit == 'ms' else second / first):.2f}")
         print(f"{label:52s} " + "   ".join(cells))
     for mode, values in med.items():
         print(

@@ -3,6 +3,7 @@ converted and prepared) and warm starts (the prepared weights are mapped), and e
 resident memory once ready and after one short chat.
 
     python benchmarks/start_time.py [--model smollm2-135m] [--warm 5] [--baseline 3]
+    python benchmarks/start_time.py --weights int8 --warm 3
 
 `--baseline N` adds N starts with `--no-prepared-weights` (each converts the checkpoint, as every
 start did before prepared weights), in the same run.
@@ -73,7 +74,9 @@ def main() -> int:
     parser.add_argument("--warm", type=int, default=5, help="warm starts after the first")
     parser.add_argument("--baseline", type=int, default=0, help="starts that convert, after")
     parser.add_argument("--port", type=int, default=8790)
+    parser.add_argument("--weights", default="bf16", help="the servers' weights setting")
     args = parser.parse_args()
+    weights = ("--weights", args.weights)
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         kernels = default_cache_dir() / "kernels"
@@ -82,7 +85,7 @@ def main() -> int:
         (root / "user" / "semantic" / "kernels").symlink_to(kernels)
         runs = []
         for index in range(1 + args.warm):
-            runs.append(start(args.model, root / "user", root / f"kv{index}", args.port))
+            runs.append(start(args.model, root / "user", root / f"kv{index}", args.port, *weights))
             ready, rss_ready, rss_chat = runs[-1]
             kind = "first" if index == 0 else "warm"
             print(
@@ -92,7 +95,7 @@ def main() -> int:
         for index in range(args.baseline):
             kv = root / f"baseline{index}"
             converting.append(
-                start(args.model, root / "user", kv, args.port, "--no-prepared-weights")
+                start(args.model, root / "user", kv, args.port, "--no-prepared-weights", *weights)
             )
             print(f"converting ready {converting[-1][0]:.2f} s")
     print(f"first start: {runs[0][0]:.2f} s to ready")

@@ -155,6 +155,11 @@ class Settings(BaseSettings):
         description="Most CPU threads for compute (default: all); fewer while other programs "
         "keep cores busy.",
     )
+    weights: Literal["bf16", "int8"] = Field(
+        "bf16",
+        description="How the linear layers store their weights: bf16 (the dtype, as loaded) or "
+        "int8 (a scale per output row; half the bytes a decode step reads).",
+    )
     cpu_kernels: bool = Field(
         True, description="Our compiled CPU kernels where the CPU has AVX-512 BF16 (else stock)."
     )
@@ -386,6 +391,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "dtype",
         "kv_dtype",
         "threads",
+        "weights",
         "prepared_weights",
         "cpu_kernels",
         "max_model_len",

@@ -52,6 +52,7 @@ class RunnerOptions:
     device: str
     threads: int | None
     kernels: bool  # our compiled CPU kernels, where the CPU has them
+    weights: str  # how the linears store their weights: "bf16" or "int8"
     prepared_dir: Path | None  # where built models are kept for the next start (None: never)
 
     def keywords(self) -> dict[str, Any]:
@@ -64,6 +65,7 @@ class RunnerOptions:
             "device": self.device,
             "threads": self.threads,
             "kernels": self.kernels,
+            "weight_format": self.weights,
             "prepared_dir": self.prepared_dir,
         }
 
@@ -93,5 +95,6 @@ def runner_options(settings: Settings) -> RunnerOptions:
         device=settings.device,
         threads=settings.threads,
         kernels=settings.cpu_kernels,
+        weights=settings.weights,
         prepared_dir=default_cache_dir() / "prepared" if settings.prepared_weights else None,
     )

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from semantic.backends.torch.kernels import cpu_kernels, unavailable_reason
+from semantic.backends.torch.kernels import Int8PanelWeight, cpu_kernels, unavailable_reason
 from semantic.backends.torch.prepared import KEEP, SUFFIX
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
@@ -27,7 +27,10 @@ PROMPT = [5, 17, 42, 99, 3, 250, 7, 1, 64, 128]
 
 
 def runner(
-    folder: Path, weights: list[tuple[str, np.ndarray]], fingerprint: str = "weights-a"
+    folder: Path,
+    weights: list[tuple[str, np.ndarray]],
+    fingerprint: str = "weights-a",
+    weight_format: str = "bf16",
 ) -> TorchRunner:
     config, _ = tiny_llama(tied=True)
     return TorchRunner(
@@ -38,6 +41,7 @@ def runner(
         dtype="bfloat16",
         prepared_dir=folder,
         weights_fingerprint=fingerprint,
+        weight_format=weight_format,
     )
 
 
@@ -64,6 +68,22 @@ def test_a_second_start_maps_the_prepared_model_and_gives_the_same_logits(tmp_pa
         shapes = [file.get_slice(name).get_shape() for name in names]
     assert shapes.count(list(embedding.shape)) == 1
     assert mapped.model.lm_head is mapped.model.embed
+
+
+def test_int8_weights_get_a_file_of_their_own_that_maps_back_to_int8_panels(tmp_path: Path):
+    _, weights = tiny_llama(tied=True)
+    bf16 = runner(tmp_path, weights)
+    (bf16_file,) = prepared_files(tmp_path)
+    converted = runner(tmp_path, weights, weight_format="int8")
+    (int8_file,) = set(prepared_files(tmp_path)) - {bf16_file}
+    assert int8_file.stat().st_size < bf16_file.stat().st_size * 0.7
+    mapped = runner(tmp_path, [], weight_format="int8")  # from the file: no weights given
+    assert torch.equal(logits(mapped), logits(converted))
+    assert not torch.equal(logits(mapped), logits(bf16))
+    head = mapped.model.lm_head.weight  # type: ignore[attr-defined]
+    assert isinstance(head, Int8PanelWeight) and head.panels.dtype == torch.int8
+    assert mapped.model.lm_head is mapped.model.embed
+    assert len(prepared_files(tmp_path)) == 2
 
 
 def test_other_weights_get_a_file_of_their_own_and_the_least_recently_used_go(tmp_path: Path):

@@ -26,6 +26,26 @@ differently, so a step's row count picks a request's bf16 rounding (docs/design.
 our kernels (`OneDnnLinear`), bf16 keeps two copies: one packed for oneDNN at several rows, the
 plain one for the native GEMV at one row.
 
+`weights = "int8"` stores each weight in the same panels at one byte a value with an fp32 scale
+per output row (`Int8PanelWeight`): our kernel widens each 32 weights to bf16 in registers
+(exact: every int8 is a bf16), sums q·x in fp32 and scales the sum once; more rows than
+`_PANEL_MAX_ROWS` dequantize the weight into the same scratch for oneDNN. The weights of
+SmolLM2-135M take 129 MiB instead of 257. All its linears (random weights of its shapes, the LM
+head counted up to 16 rows; ms, medians of 7, bf16 and int8 in one run on a host loaded ~2.4×
+over its 2 cores, so the ratios, not the times, are the result):
+
+    rows                                   1          8
+    our kernel, bf16 panels                16.0       30.8
+    our kernel, int8 panels                8.9        23.3
+
+At one row int8 takes 0.56× the time, about the bytes it saves; at 8 rows 0.76×, as the dot
+products begin to count. Past 128 rows both unpack to bf16 for oneDNN (int8 multiplies by its
+scales on the way); that host was too loaded to time it. Rerun on a quiet one:
+`benchmarks/runner_microbench.py --kernels on --weights both --linear-rows 1,8,16,128`.
+
+Without our kernels (CUDA, fp32, no AVX-512 BF16), int8 is `DequantizingLinear`: the int8 rows
+and scales kept, the weight dequantized at every call; the memory saved, not the time.
+
 oneDNN builds a kernel for each row count it sees and keeps it (its primitive cache, and
 ideep's beside it): about 0.5 MB per weight shape per row count, so a server that prefilled
 chunks of every length up to 512 rows kept growing, ~2.4 MB a request at first
@@ -44,7 +64,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from semantic.backends.torch.kernels import CpuKernels, PanelWeight
+from semantic.backends.torch.kernels import CpuKernels, Int8PanelWeight, PanelWeight, quantize_rows
 
 _PACK_ROWS_HINT = 64  # oneDNN tunes a packed weight's blocking for this many rows
 _PANEL_MAX_ROWS = 128  # our kernel up to here (decodes, warm turns), unpacked for oneDNN above
@@ -133,8 +153,9 @@ class UnpackScratch:
 
 
 class PanelLinear:
-    """bf16 on CPU with our kernels: one copy, in 16-row panels. Up to `_PANEL_MAX_ROWS` rows
-    our kernel streams it once for all rows; more rows (prefill) unpack it for oneDNN."""
+    """bf16 on CPU with our kernels: one copy, in 16-row panels, bf16 or int8 (`packing`). Up
+    to `_PANEL_MAX_ROWS` rows our kernel streams it once for all rows; more rows (prefill)
+    unpack it to bf16 for oneDNN."""
 
     __slots__ = ("bias", "kernels", "scratch", "weight")
 
@@ -144,8 +165,9 @@ class PanelLinear:
         bias: torch.Tensor | None,
         kernels: CpuKernels,
         scratch: UnpackScratch,
+        packing: type[PanelWeight] | type[Int8PanelWeight] = PanelWeight,
     ) -> None:
-        self.weight = PanelWeight.pack(weight)
+        self.weight: PanelWeight | Int8PanelWeight = packing.pack(weight)
         self.bias = bias
         self.kernels = kernels
         self.scratch = scratch
@@ -162,19 +184,59 @@ class PanelLinear:
 
     @property
     def nbytes(self) -> int:
-        return _nbytes(self.weight.panels, self.bias)
+        scales = self.weight.scales if isinstance(self.weight, Int8PanelWeight) else None
+        return _nbytes(self.weight.panels, scales, self.bias)
+
+
+class DequantizingLinear:
+    """int8 weights without our kernels (CUDA, fp32, a CPU without AVX-512 BF16): int8 rows and
+    a scale per row kept, the weight dequantized to the model dtype at each call. It saves the
+    memory, not the time: correct everywhere, fast nowhere."""
+
+    __slots__ = ("bias", "dtype", "q", "scales")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        q, scales = quantize_rows(weight)
+        self.q = q  # [out, in] int8
+        self.scales = scales[:, None]  # [out, 1] fp32: each value rounded once, as `unpack` does
+        self.bias = bias
+        self.dtype = weight.dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.rows(slice(None)), self.bias)
+
+    def rows(self, ids: torch.Tensor | slice) -> torch.Tensor:
+        return (self.q[ids].float() * self.scales[ids]).to(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.q, self.scales, self.bias)
+
+
+WEIGHT_FORMATS = ("bf16", "int8")  # "bf16": as loaded, in the model dtype; "int8": see above
 
 
 def linear_factory(
-    device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None
+    device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None, weights: str = "bf16"
 ) -> LinearFactory:
     """How this runner's linears store and compute: see the module docstring."""
+    if weights == "int8":
+        return _int8_factory(device, dtype, kernels)
     if device.type != "cpu" or dtype != torch.bfloat16:
         return DenseLinear
     if kernels is None:
         return OneDnnLinear
     scratch = UnpackScratch()
     return lambda weight, bias: PanelLinear(weight, bias, kernels, scratch)
+
+
+def _int8_factory(
+    device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None
+) -> LinearFactory:
+    if device.type != "cpu" or dtype != torch.bfloat16 or kernels is None:
+        return DequantizingLinear
+    scratch = UnpackScratch()
+    return lambda weight, bias: PanelLinear(weight, bias, kernels, scratch, Int8PanelWeight)
 
 
 def _padded_rows(x: torch.Tensor) -> torch.Tensor:

@@ -68,7 +68,9 @@ class PreparedWeights:
     @classmethod
     def for_model(cls, folder: Path, weights_fingerprint: str, build: Build) -> PreparedWeights:
         digest = hashlib.blake2b(digest_size=16)
-        parts = (FORMAT, weights_fingerprint, repr(build.config), str(build.dtype))
+        config, dtype = repr(build.config), str(build.dtype)
+        # the weight format too: a bf16 file is never mapped as int8, nor the reverse
+        parts = (FORMAT, weights_fingerprint, config, dtype, build.weight_format)
         for part in (*parts, torch.__version__, semantic.__version__):
             digest.update(part.encode() + b"\0")
         for source in _shaping_sources():

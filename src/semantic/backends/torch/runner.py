@@ -21,7 +21,7 @@ from semantic.backends.torch.attention import (
     PrefillChunk,
 )
 from semantic.backends.torch.kernels import CpuKernels, cpu_kernels
-from semantic.backends.torch.linear import linear_factory
+from semantic.backends.torch.linear import WEIGHT_FORMATS, linear_factory
 from semantic.backends.torch.models import build_model
 from semantic.backends.torch.models.layers import Build
 from semantic.backends.torch.prepared import PreparedWeights
@@ -67,6 +67,7 @@ class TorchRunner:
         device: str = "auto",
         threads: int | None = None,
         kernels: bool = True,
+        weight_format: str = "bf16",
         prepared_dir: Path | None = None,
         weights_fingerprint: str | None = None,
     ) -> None:
@@ -76,8 +77,11 @@ class TorchRunner:
         self.threads = thread_governor(self.device)
         self.dtype = pick_dtype(dtype, self.device)
         cpu = pick_cpu_kernels(kernels, self.device, self.dtype)
-        linear = linear_factory(self.device, self.dtype, cpu)
-        build = Build(config, self.dtype, self.device, linear, cpu)
+        if weight_format not in WEIGHT_FORMATS:
+            known = ", ".join(WEIGHT_FORMATS)
+            raise ModelLoadFailed(f"unknown weights {weight_format!r}; known: {known}")
+        linear = linear_factory(self.device, self.dtype, cpu, weight_format)
+        build = Build(config, self.dtype, self.device, linear, cpu, weight_format)
         with torch.inference_mode():
             if prepared_dir is None or not weights_fingerprint or cpu is None:
                 self.model = build_model(build, weights)

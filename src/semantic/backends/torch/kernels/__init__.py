@@ -1,5 +1,6 @@
 """The torch backend's own CPU kernels: paged decode and prefill attention read in place, the
-small-row bf16 linear over weights packed in 16-row panels (`PanelWeight`), and RMSNorm.
+small-row linear over weights packed in 16-row panels (bf16 `PanelWeight`, or int8 with a scale
+per row, `Int8PanelWeight`), and RMSNorm.
 
 A C++ extension (AVX-512 with BF16 dot products), built once per sources, compiler flags, torch
 build and Python into a folder of the user cache named by their digest, never by a checkout's
@@ -128,11 +129,17 @@ class CpuKernels:
         return out
 
     def linear(
-        self, x: torch.Tensor, weight: PanelWeight, bias: torch.Tensor | None
+        self, x: torch.Tensor, weight: PanelWeight | Int8PanelWeight, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """x: [M, K] bf16 → x @ weight.T + bias: [M, N] bf16. For a few rows: it streams the
         weight once for all rows, but its compute grows with M (see linear.py for the switch)."""
-        out: torch.Tensor = self._module.small_linear(x, weight.panels, weight.out_features, bias)
+        out: torch.Tensor
+        if isinstance(weight, Int8PanelWeight):
+            out = self._module.small_linear_int8(
+                x, weight.panels, weight.scales, weight.out_features, bias
+            )
+        else:
+            out = self._module.small_linear(x, weight.panels, weight.out_features, bias)
         return out
 
     def rms_norm(
@@ -143,9 +150,13 @@ class CpuKernels:
         out: torch.Tensor = self._module.rms_norm(x, weight, eps, round_normed)
         return out
 
-    def unpack(self, weight: PanelWeight, out: torch.Tensor) -> torch.Tensor:
-        """The plain [N, K] weight, written into `out` (contiguous, that shape)."""
-        self._module.unpack_weight(weight.panels, out)
+    def unpack(self, weight: PanelWeight | Int8PanelWeight, out: torch.Tensor) -> torch.Tensor:
+        """The plain [N, K] bf16 weight (an int8 one times its scales), written into `out`
+        (contiguous, that shape)."""
+        if isinstance(weight, Int8PanelWeight):
+            self._module.unpack_weight_int8(weight.panels, weight.scales, out)
+        else:
+            self._module.unpack_weight(weight.panels, out)
         return out
 
 
@@ -162,14 +173,58 @@ class PanelWeight:
     @classmethod
     def pack(cls, weight: torch.Tensor) -> PanelWeight:
         n, k = weight.shape
-        padded = F.pad(weight, (0, k % 2, 0, -n % 16))  # [16·P, 2·J]
-        panels = padded.view(-1, 16, padded.shape[1] // 2, 2).transpose(1, 2).contiguous()
-        return cls(panels, n, k)
+        return cls(_panels(weight), n, k)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [T] of the plain weight → [T, K]: a tied model's embedding lookup."""
-        picked = self.panels[ids // 16, :, ids % 16]  # [T, ceil(K/2), 2]
-        return picked.flatten(1)[:, : self.in_features]
+        return _panel_rows(self.panels, ids, self.in_features)
+
+
+@dataclass(slots=True, frozen=True)
+class Int8PanelWeight:
+    """A weight [N, K] quantized to int8 with one fp32 scale per output row (symmetric: w ≈ q ·
+    scale, q in -127..127, scale = the row's largest |w| / 127), `panels` in `PanelWeight`'s
+    layout but one byte a value, `scales` [16·ceil(N/16)] padded with ones. Why per row and
+    not per group: docs/design.md."""
+
+    panels: torch.Tensor
+    scales: torch.Tensor
+    out_features: int
+    in_features: int
+
+    @classmethod
+    def pack(cls, weight: torch.Tensor) -> Int8PanelWeight:
+        """`weight` (any float dtype) quantized: each value rounded to its nearest step."""
+        n, k = weight.shape
+        q, scales = quantize_rows(weight)
+        return cls(_panels(q), F.pad(scales, (0, -n % 16), value=1.0), n, k)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [T] dequantized to bf16 → [T, K], as `CpuKernels.unpack` rounds them."""
+        q = _panel_rows(self.panels, ids, self.in_features)
+        return (q.float() * self.scales[ids, None]).bfloat16()
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] → (q [N, K] int8, scales [N] fp32), w ≈ q · scale per row; an all-zero row
+    gets scale 1 (its q are all 0)."""
+    w = weight.float()
+    largest = w.abs().amax(dim=1)
+    scales = torch.where(largest > 0, largest / 127, torch.ones_like(largest))
+    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def _panels(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] → [ceil(N/16), ceil(K/2), 16, 2], zero-padded (see `PanelWeight`)."""
+    n, k = weight.shape
+    padded = F.pad(weight, (0, k % 2, 0, -n % 16))  # [16·P, 2·J]
+    return padded.view(-1, 16, padded.shape[1] // 2, 2).transpose(1, 2).contiguous()
+
+
+def _panel_rows(panels: torch.Tensor, ids: torch.Tensor, in_features: int) -> torch.Tensor:
+    picked = panels[ids // 16, :, ids % 16]  # [T, ceil(K/2), 2]
+    return picked.flatten(1)[:, :in_features]
 
 
 def cpu_kernels() -> CpuKernels | None:

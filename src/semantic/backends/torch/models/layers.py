@@ -59,6 +59,7 @@ class Build:
     device: torch.device
     linear: LinearFactory
     kernels: CpuKernels | None
+    weight_format: str = "bf16"  # how `linear` stores a weight: "bf16" (the dtype) or "int8"
 
     def tensor(self, array: torch.Tensor) -> torch.Tensor:
         """A loaded fp32 tensor in the model's dtype on its device."""
