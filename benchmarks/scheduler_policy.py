@@ -206,6 +206,12 @@ class _NewcomersAlwaysFirst(Scheduler):
         self.waiting.remove(seq)
         self.waiting.appendleft(seq)
 
+    def _victims(self) -> list[Sequence]:  # those with the most tokens left first
+        def left(seq: Sequence) -> int:
+            return seq.request.sampling.max_tokens - seq.num_output_tokens
+
+        return sorted(self._preemptible(), key=left, reverse=True)
+
 
 class _RoundRobin(Scheduler):
     """One line in the order sequences joined it (on arrival, or when preempted: at the back);

@@ -345,11 +345,10 @@ class Scheduler:
         return next((seq for seq in self.waiting if not seq.started), None)
 
     def _preempt_for(self, fit: Fit) -> bool:
-        """Preempt running sequences until `fit` would fit, those that have run longest since
-        they last started first (they had the most of their turn); False (preempting none)
-        when all that may be preempted would not make room enough."""
+        """Preempt running sequences, in `_victims` order, until `fit` would fit; False
+        (preempting none) when all that may be preempted would not make room enough."""
         victims, room = [], 0
-        for seq in sorted(self._preemptible(), key=_ran_since_start, reverse=True):
+        for seq in self._victims():
             if room >= fit.lacking:
                 break
             victims.append(seq)
@@ -360,6 +359,11 @@ class Scheduler:
         for seq in victims:
             self._preempt(seq)
         return True
+
+    def _victims(self) -> list[Sequence]:
+        """Those that may give up their place, those that have run longest since they last
+        started first: they had the most of their turn."""
+        return sorted(self._preemptible(), key=_ran_since_start, reverse=True)
 
     def _preemptible(self) -> list[Sequence]:
         return [seq for seq in self.running if _ran_since_start(seq) >= PREEMPT_QUANTUM]
