@@ -296,3 +296,30 @@ def test_an_int8_page_through_the_disk_tier_decodes_as_before(tmp_path):
         return runner.forward_logits(Batch([item]))
 
     assert torch.equal(next_logits(5), next_logits(3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    ("kv_dtype", "weights"), [("int8", "bf16"), ("auto", "int8"), ("int8", "int8")]
+)
+def test_8_bit_kv_and_weights_on_cuda_give_the_logits_of_the_cpus_stock_path(kv_dtype, weights):
+    """CUDA takes the stock path (a dequantizing gather, a dequantizing linear); fp32, so the
+    devices differ only in their arithmetic's order."""
+
+    def runner(device: str) -> TorchRunner:
+        config, parameters = tiny_llama(tied=False)
+        return TorchRunner(
+            config,
+            parameters,
+            block_tokens=16,
+            cache_budget_mb=8,
+            dtype="float32",
+            device=device,
+            kv_dtype=kv_dtype,
+            weight_format=weights,
+            kernels=False,
+        )
+
+    cuda, cpu = (step_logits(runner(device), PROMPTS, steps=4) for device in ("cuda", "cpu"))
+    for a, b in zip(cuda, cpu, strict=True):
+        torch.testing.assert_close(a.cpu(), b, atol=2e-3, rtol=2e-3)
