@@ -66,7 +66,8 @@ class FakeServer:
     client that really sends them together is answered quickly. `/admin/cache` (unless
         `admin_cache` is False) counts the prompt tokens it served as memory hits and misses, with
         `nothing_cached` as the reason of a miss; `totals` can be seeded. A request whose last
-        message contains `fail_marker` gets a 500."""
+        message contains `fail_marker` gets a 500. Model `no-usage` streams no usage, as
+        llama-cpp-python does; unstreamed, it answers with usage alone."""
 
     url: str = ""
     bodies: list[dict[str, Any]] = field(default_factory=list)
@@ -117,6 +118,8 @@ class FakeServer:
         cached = self.cached(body.get("session_id", ""), words, prompt)
         self.count(prompt, cached)
         delay = WARM_DELAY_S if cached else COLD_DELAY_S
+        if body.get("stream") is False:
+            return JSONResponse({"choices": [], "usage": {"prompt_tokens": prompt}})
         events = self.events(body, prompt, cached, delay)
         return StreamingResponse(events, media_type="text/event-stream")
 
@@ -158,6 +161,9 @@ class FakeServer:
             yield chunk({"content": f"w{i} "})
             await asyncio.sleep(TOKEN_DELAY_S)
         yield chunk({}, finish="length")
+        if body["model"] == "no-usage":
+            yield "data: [DONE]\n\n"
+            return
         usage = {
             "prompt_tokens": prompt,
             "completion_tokens": body["max_tokens"],

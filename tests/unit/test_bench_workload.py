@@ -71,6 +71,22 @@ def test_stream_chat_times_the_first_content_delta_and_takes_tokens_from_usage(
     assert reply.cached_tokens == 0
 
 
+def test_a_server_that_streams_no_usage_gets_one_token_per_content_delta(
+    fake: FakeServer,
+) -> None:
+    body = chat_body("no-usage", [{"role": "user", "content": "one two three"}], 6, "no-usage")
+    reply = run_with_client(fake, lambda client: stream_chat(client, body))
+    assert (reply.prompt_tokens, reply.completion_tokens) == (0, 6)
+    assert reply.cached_tokens is None
+
+
+def test_calibration_asks_unstreamed_where_the_stream_carries_no_usage(fake: FakeServer) -> None:
+    ratio = run_with_client(fake, lambda client: calibrate(client, "no-usage", "cal-unstreamed"))
+    assert ratio == pytest.approx(TOKENS_PER_WORD, abs=0.01)
+    unstreamed = [b for b in fake.bodies if b["stream"] is False]
+    assert len(unstreamed) == 2 and all("stream_options" not in b for b in unstreamed)
+
+
 def test_workload_classifies_first_turns_cold_and_later_turns_warm(fake: FakeServer) -> None:
     plan = _plan("coldwarm")
     seen: list[TurnResult] = []

@@ -3,7 +3,10 @@ measurements built from it, and the concurrent multi-agent, multi-turn workload 
 OpenAI-compatible server.
 
 Only the public HTTP API is used, so the same numbers can be taken for llama.cpp, vLLM or ollama.
-Extension fields (`session_id`, `ignore_eos`, `min_tokens`) are ones other servers ignore.
+Extension fields (`session_id`, `ignore_eos`, `min_tokens`) are ones other servers ignore. A
+server that does not stream its usage (llama-cpp-python's does not honour
+`stream_options.include_usage`) gets its answer's tokens counted one per content delta, as it
+streams them, and its prompt counted by a non-streamed answer where the bench needs the size.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ CALIBRATION_WORDS = 300
 
 
 class BenchError(SemanticError):
-    """The target server refused a request, broke its stream, or left out the usage we need."""
+    """The target server refused a request, broke its stream, or sent no usable content."""
 
 
 class PromptUsage(Protocol):
@@ -58,7 +61,7 @@ class StreamResult:
     first_at: float
     last_at: float
     text: str
-    prompt_tokens: int
+    prompt_tokens: int  # 0: the server streamed no usage
     completion_tokens: int
     cached_tokens: int | None  # None: the server does not report prompt_tokens_details
     gaps_s: list[float] = field(default_factory=list)
@@ -74,6 +77,7 @@ class _StreamState:
 
     first_at: float | None = None
     last_at: float | None = None
+    deltas: int = 0  # content deltas: the answer's tokens where the server streams no usage
     pieces: list[str] = field(default_factory=list)
     gaps_s: list[float] = field(default_factory=list)
     usage: dict[str, Any] | None = None
@@ -90,6 +94,7 @@ class _StreamState:
                 if self.last_at is not None:
                     self.gaps_s.append(now - self.last_at)
                 self.last_at = now
+                self.deltas += 1
                 self.pieces.append(delta.get("content") or "")
             elif choice.get("finish_reason") and self.first_at is None:
                 # A lone token that decodes to no text (a special token, half a UTF-8 char)
@@ -143,18 +148,18 @@ async def _check_status(response: httpx.Response) -> None:
 
 
 def _finish(state: _StreamState, sent_at: float) -> StreamResult:
-    if state.usage is None:
-        raise BenchError("no usage chunk: the server must honour stream_options.include_usage")
     if state.first_at is None or state.last_at is None:
         raise BenchError("the stream carried no content")
-    details = state.usage.get("prompt_tokens_details") or {}
+    # Without usage, one token per content delta: how servers that do not report it stream.
+    usage = state.usage or {"completion_tokens": state.deltas}
+    details = usage.get("prompt_tokens_details") or {}
     return StreamResult(
         sent_at=sent_at,
         first_at=state.first_at,
         last_at=state.last_at,
         text="".join(state.pieces),
-        prompt_tokens=int(state.usage.get("prompt_tokens") or 0),
-        completion_tokens=int(state.usage.get("completion_tokens") or 0),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
         cached_tokens=details.get("cached_tokens"),
         gaps_s=state.gaps_s,
     )
@@ -278,9 +283,27 @@ async def calibrate(client: httpx.AsyncClient, model: str, run_tag: str) -> floa
         text = f"Run {run_tag}, calibration. " + sentences(f"calibrate-{words}", words)
         session = f"bench-{run_tag}-calibrate-{words}"
         body = chat_body(model, [{"role": "user", "content": text}], 1, session)
-        counts.append((await stream_chat(client, body)).prompt_tokens)
+        counts.append(
+            (await stream_chat(client, body)).prompt_tokens
+            or await _unstreamed_prompt_tokens(client, body)
+        )
     # A server that reports nonsense must not make prompts empty or endless.
     return min(max((counts[1] - counts[0]) / CALIBRATION_WORDS, 0.25), 4.0)
+
+
+async def _unstreamed_prompt_tokens(client: httpx.AsyncClient, body: dict[str, Any]) -> int:
+    """The prompt's tokens from the usage of the same request unstreamed, which OpenAI's API
+    always carries, for a server that streamed none."""
+    unstreamed = {key: value for key, value in body.items() if key != "stream_options"}
+    try:
+        response = await client.post(CHAT_PATH, json=unstreamed | {"stream": False})
+    except httpx.TransportError as exc:
+        raise BenchError(f"{client.base_url}{CHAT_PATH}: {exc!r}") from exc
+    await _check_status(response)
+    try:
+        return int(response.json()["usage"]["prompt_tokens"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BenchError("the server reports no prompt_tokens, streamed or not") from exc
 
 
 async def measure_decode(client: httpx.AsyncClient, model: str, plan: BenchPlan) -> DecodeResult:
