@@ -1,9 +1,7 @@
-"""Which prompt tokens each engine step computes, and who waits when the pool is short, with 16
-agents arriving at once: the scheduler's prefill policy and its preemption rule against the
-alternatives, in simulated time.
+"""Which prompt tokens each engine step computes, with 16 agents arriving at once: the scheduler's
+prefill policy against the alternatives, in simulated time.
 
     python benchmarks/scheduler_policy.py [--agents 16] [--turns 4] [--system-tokens 2000]
-    python benchmarks/scheduler_policy.py --part preemption   # only the preemption rules
     python benchmarks/scheduler_policy.py --calibrate    # time the real runner, fit the cost
 
 The real engine, scheduler, block pool and disk tier run over the fake runner (each token a hash
@@ -14,11 +12,8 @@ a quiet one. Each agent has its own system prompt and sends its next turn the mo
 ends, as `semantic bench`'s crowd does; a block read from disk lands before the next step.
 
 For each scenario and policy it prints time to first token of cold turns (each agent's first)
-and warm ones, inter-token latency (every gap between two tokens of one answer), each answer's
-longest stall (the largest and the p95 over answers) against its round-robin share (every other
-agent streaming `PREEMPT_QUANTUM` tokens in turn at the median inter-token latency), the answer
-time (arrival to last token) and the wall time, in seconds, and how many times a sequence was
-preempted.
+and warm ones, inter-token latency (every gap between two tokens of one answer) and the longest
+gap, the answer time (arrival to last token) and the wall time, in seconds.
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ from semantic.core import (
 )
 from semantic.engine.engine import Engine
 from semantic.engine.runner import ModelRunner
-from semantic.engine.scheduler import PREEMPT_QUANTUM, Scheduler
+from semantic.engine.scheduler import Scheduler
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
@@ -159,9 +154,8 @@ class _Before(Scheduler):
     (admitting more only while the step has room), each step filled to `max_batch_tokens`."""
 
     def schedule(self) -> Batch:
-        self.steps += 1
         self.blocks.release_copy_sources()
-        self._admit_out_of_line()
+        self._admit_newcomers()
         budget = self.max_batch_tokens
         items = [self._item(seq, 1) for seq in self._grow_decodes()]
         budget -= len(items)
@@ -187,102 +181,6 @@ POLICIES: dict[str, type[Scheduler]] = {
     "shortest first, ≤64 beside decodes": _capped(_Capped, 64),
     "least computed first (fair), ≤256 beside decodes": _capped(_LeastComputedFirst, 256),
     "fair queuing (virtual finish), ≤256 beside decodes": _capped(_FairQueuing, 256),
-}
-
-
-# -- the preemption rules: the scheduler's, the one before it, and what they were measured against
-
-
-class _NewcomersAlwaysFirst(Scheduler):
-    """The rule before: a preempted sequence waits at the head of the line (the last preempted
-    first) and never takes anyone's place; a request that has not started goes ahead of it
-    whenever the line is stuck, so a stream of newcomers keeps it waiting."""
-
-    def _turn_come_back(self) -> Sequence | None:
-        return None
-
-    def _preempt(self, seq: Sequence) -> None:
-        super()._preempt(seq)
-        self.waiting.remove(seq)
-        self.waiting.appendleft(seq)
-
-    def _victims(self) -> list[Sequence]:  # those with the most tokens left first
-        def left(seq: Sequence) -> int:
-            return seq.request.sampling.max_tokens - seq.num_output_tokens
-
-        return sorted(self._preemptible(), key=left, reverse=True)
-
-
-class _RoundRobin(Scheduler):
-    """One line in the order sequences joined it (on arrival, or when preempted: at the back);
-    its head takes the place of sequences that have had their quantum."""
-
-    def _preempt(self, seq: Sequence) -> None:
-        super()._preempt(seq)
-        self.waiting.remove(seq)
-        self.waiting.append(seq)
-
-    def _turn_come_back(self) -> Sequence | None:
-        return self.waiting[0] if self.waiting else None
-
-
-class _NoSecondPreemption(_NewcomersAlwaysFirst):
-    """The rule before, but no sequence is preempted again until every sequence that was
-    waiting when it started has run; the preempted wait in the order they were preempted."""
-
-    def __init__(self, prefix: PrefixCache, **options: Any) -> None:
-        super().__init__(prefix, **options)
-        self.admissions = 0
-        self.joined: dict[int, int] = {}  # admissions when each joined the line
-        self.started_at: dict[int, int] = {}  # ... when each last started
-
-    def add(self, seq: Sequence) -> PrefixMatch:
-        self.joined[seq.seq_id] = self.admissions
-        return super().add(seq)
-
-    def _admit(self, seq: Sequence, fit: Any) -> None:
-        self.admissions += 1
-        self.started_at[seq.seq_id] = self.admissions
-        super()._admit(seq, fit)
-
-    def _preempt(self, seq: Sequence) -> None:
-        Scheduler._preempt(self, seq)  # behind the sequences preempted before it
-        self.joined[seq.seq_id] = self.admissions
-
-    def _preemptible(self) -> list[Sequence]:
-        first = min((self.joined[w.seq_id] for w in self.waiting), default=self.admissions)
-        return [s for s in super()._preemptible() if first >= self.started_at[s.seq_id]]
-
-
-class _QuantumGrows(_NewcomersAlwaysFirst):
-    """The rule before, with a quantum that grows with the contention: a sequence runs
-    `PREEMPT_QUANTUM` tokens for each running sequence's worth of contenders."""
-
-    def _preemptible(self) -> list[Sequence]:
-        contenders = len(self.running) + len(self.restoring) + len(self.waiting)
-        quantum = PREEMPT_QUANTUM * -(-contenders // max(len(self.running), 1))
-        return [s for s in self.running if s.num_output_tokens - s.outputs_at_start >= quantum]
-
-
-def _resuming_after(steps: int) -> type[Scheduler]:
-    class ResumingAfter(Scheduler):
-        def __init__(self, prefix: PrefixCache, **options: Any) -> None:
-            super().__init__(prefix, **options)
-            self.resume_after_steps = steps
-
-    return ResumingAfter
-
-
-RULES: dict[str, type[Scheduler]] = {
-    "before: newcomers always first, the preempted last in first out": _NewcomersAlwaysFirst,
-    "no second preemption until every waiter has run": _NoSecondPreemption,
-    "a quantum that grows with the contention": _QuantumGrows,
-    "round robin: one line, its head preempts": _RoundRobin,
-    "the preempted resume after 8 steps": _resuming_after(8),
-    "the preempted resume after 16 steps": _resuming_after(16),
-    "**the preempted resume after 20 steps (the rule)**": Scheduler,
-    "the preempted resume after 24 steps": _resuming_after(24),
-    "the preempted resume after 32 steps": _resuming_after(32),
 }
 
 
@@ -337,17 +235,14 @@ def run(
         # Reads from disk on the engine thread: they land before the next step, every run alike.
         engine.tiering.read = engine.tiering._read  # type: ignore[method-assign]
         done = _drive(engine, clock, scenario.stagger_s, args)
-        preemptions = engine.scheduler.preemptions
         engine.stop()
-    return {**_figures(done, clock.now, args.agents), "preemptions": preemptions}
+    return _figures(done, clock.now)
 
 
-def _figures(done: list[_Turn], wall_s: float, agents: int) -> dict[str, float]:
+def _figures(done: list[_Turn], wall_s: float) -> dict[str, float]:
     cold = [t.token_times[0] - t.arrived for t in done if t.turn == 0]
     warm = [t.token_times[0] - t.arrived for t in done if t.turn > 0]
-    stalls = [[b - a for a, b in zip(t.token_times, t.token_times[1:], strict=False)] for t in done]
-    gaps = [gap for answer in stalls for gap in answer]
-    longest = [max(answer) for answer in stalls if answer]
+    gaps = [b - a for t in done for a, b in zip(t.token_times, t.token_times[1:], strict=False)]
     answers = [t.token_times[-1] - t.arrived for t in done]
     return {
         "cold p50": statistics.median(cold),
@@ -357,8 +252,6 @@ def _figures(done: list[_Turn], wall_s: float, agents: int) -> dict[str, float]:
         "ITL p50": statistics.median(gaps),
         "ITL p95": percentile(gaps, 95),
         "longest gap": max(gaps),
-        "stall p95": percentile(longest, 95),
-        "share": (agents - 1) * PREEMPT_QUANTUM * statistics.median(gaps),
         "answer p50": statistics.median(answers),
         "answer p95": percentile(answers, 95),
         "wall": wall_s,
@@ -467,7 +360,6 @@ def main() -> None:
     parser.add_argument("--system-tokens", type=int, default=2000)
     parser.add_argument("--answer-tokens", type=int, default=64)
     parser.add_argument("--calibrate", action="store_true", help="fit the cost on this machine")
-    parser.add_argument("--part", choices=("prefill", "preemption", "both"), default="both")
     args = parser.parse_args()
     cost = calibrate() if args.calibrate else SMOLLM2_CPU
     print(
@@ -478,19 +370,13 @@ def main() -> None:
     checkpoint = load_checkpoint(path, progress=False)
     served = ServedModel("smollm2-135m", checkpoint.config, checkpoint.tokenizer,
                          checkpoint.chat_template, 8192, checkpoint.fingerprint)  # fmt: skip
-    tables = {"prefill": (POLICIES, SCENARIOS),
-              "preemption": (RULES, [s for s in SCENARIOS if s.pool_mb == 512])}  # fmt: skip
-    for part, (policies, scenarios) in tables.items():
-        if args.part not in (part, "both"):
-            continue
-        for scenario in scenarios:
-            print(
-                f"\n{part}: {args.agents} agents × {args.turns} turns, "
-                f"{args.system_tokens:,}-token system prompts, {args.answer_tokens}-token "
-                f"answers; {scenario.name} (seconds)\n"
-            )
-            _print_rows({name: run(served, policy, scenario, args, cost)
-                         for name, policy in policies.items()})  # fmt: skip
+    for scenario in SCENARIOS:
+        print(
+            f"\n{args.agents} agents × {args.turns} turns, {args.system_tokens:,}-token system "
+            f"prompts, {args.answer_tokens}-token answers; {scenario.name} (seconds)\n"
+        )
+        _print_rows({name: run(served, policy, scenario, args, cost)
+                     for name, policy in POLICIES.items()})  # fmt: skip
 
 
 def _print_rows(results: dict[str, dict[str, float]]) -> None:
@@ -498,16 +384,13 @@ def _print_rows(results: dict[str, dict[str, float]]) -> None:
         "TTFT cold p50 / p95": ("cold p50", "cold p95"),
         "TTFT warm p50 / p95": ("warm p50", "warm p95"),
         "ITL p50 / p95": ("ITL p50", "ITL p95"),
-        "longest stall max / p95": ("longest gap", "stall p95"),
-        "share": ("share",),
+        "longest gap": ("longest gap",),
         "answer p50 / p95": ("answer p50", "answer p95"),
         "wall": ("wall",),
-        "preempted": ("preemptions",),
     }
 
     def cell(row: dict[str, float], keys: tuple[str, ...]) -> str:
-        return " / ".join(f"{row[key]:.0f}" if key == "preemptions" else f"{row[key]:.2f}"
-                          for key in keys)  # fmt: skip
+        return " / ".join(f"{row[key]:.2f}" for key in keys)
 
     print("| policy | " + " | ".join(columns) + " |")
     print("|---|" + "---:|" * len(columns))

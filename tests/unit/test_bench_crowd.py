@@ -18,14 +18,7 @@ import pytest
 from semantic.bench.cache_counters import CacheCounters, counters_over
 from semantic.bench.cli import add_bench_arguments, options_from_args
 from semantic.bench.conversation import Chat
-from semantic.bench.crowd import (
-    SHARE_QUANTUM_TOKENS,
-    Clients,
-    CrowdResult,
-    CrowdRun,
-    CrowdTurn,
-    run_crowd,
-)
+from semantic.bench.crowd import Clients, CrowdResult, CrowdRun, CrowdTurn, run_crowd
 from semantic.bench.options import BenchOptions, Phase
 from semantic.bench.plan import WorkloadSpec, build_plan
 from semantic.bench.pool_phases import crowd_budget
@@ -124,23 +117,6 @@ def test_inter_token_latency_pools_every_gap_of_every_answer() -> None:
     assert itl.count == 5
     assert (itl.p50, itl.p95) == (pytest.approx(0.03), pytest.approx(0.04 + 0.8 * 0.46))
     assert CrowdRun(Clients.NAMED, None, [turns[2]], 1.0, None).inter_token.p50 is None
-
-
-def test_the_longest_stall_is_each_answers_longest_gap_against_the_round_robin_share() -> None:
-    turns = [
-        CrowdTurn(0, 0, 0, 2.0, 1000, 4, 0, gaps_s=(0.01, 0.02, 0.03)),
-        CrowdTurn(1, 0, 0, 2.5, 1000, 3, 0, gaps_s=(4.0, 0.04)),  # preempted for 4 s
-        CrowdTurn(2, 0, 0, 9.0, 1000, 1, 0),  # one token: no gap
-        CrowdTurn(1, 1, 1003, 0.3, 1100, 3, 1003, gaps_s=(0.02, 0.5)),
-    ]
-    run = CrowdRun(Clients.NAMED, None, turns, wall_s=3.0, cache=None)
-    # each answer's longest: 0.03, 4.0, 0.5; the largest, and p95 0.9 of the way from 0.5 to 4
-    assert (run.stalls.count, run.stalls.longest) == (3, 4.0)
-    assert run.stalls.p95 == pytest.approx(0.5 + 0.9 * 3.5)
-    # three agents: the two others stream 8 tokens each at the median gap (0.03 s)
-    assert run.share_s == pytest.approx(2 * SHARE_QUANTUM_TOKENS * 0.03)
-    assert (run.cold_ttft.longest, run.warm_ttft.longest) == (9.0, 0.3)
-    assert CrowdRun(Clients.NAMED, None, [turns[2]], 1.0, None).share_s is None
 
 
 def test_each_turn_records_the_gaps_between_its_streamed_tokens(fake: FakeServer) -> None:
@@ -312,7 +288,5 @@ def test_the_crowd_section_puts_each_kind_of_client_in_a_column() -> None:
     assert "| Aggregate output (tok/s) | 0.8 | 1.0 |" in markdown
     assert "| Inter-token latency p50 / p95 (s) | 0.030 / 0.228 | 0.030 / 0.228 |" in markdown
     assert data["cache"]["crowd"]["named"]["inter_token_p95_s"] == pytest.approx(0.228)
-    assert "| Longest stall in an answer: max / p95 (s) | 0.250 / 0.250 |" in markdown
-    assert data["cache"]["crowd"]["named"]["stall_max_s"] == pytest.approx(0.25)
     assert data["cache"]["crowd"]["named"]["prefilled_over_new"] == pytest.approx(1.0)
     assert data["result"]["crowd"]["runs"][0]["cache"]["restored"] == 5

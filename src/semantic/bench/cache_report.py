@@ -178,9 +178,6 @@ def _crowd(result: CrowdResult) -> Section:
         ["TTFT warm p50 / p95 (s)", *(_p50_p95(r.warm_ttft) for r in result.runs)],
         ["TTFT cold p50 / p95 (s)", *(_p50_p95(r.cold_ttft) for r in result.runs)],
         ["Inter-token latency p50 / p95 (s)", *(_p50_p95(r.inter_token) for r in result.runs)],
-        ["Longest stall in an answer: max / p95 (s)", *(_max_p95(r.stalls) for r in result.runs)],
-        ["Round-robin share of a stall (s)", *(_s(r.share_s) for r in result.runs)],
-        ["Longest first-token wait: cold / warm (s)", *(_longest_ttft(r) for r in result.runs)],
         ["Aggregate output (tok/s)", *(f"{r.output_tok_s:,.1f}" for r in result.runs)],
         ["Wall time (s)", *(f"{r.wall_s:,.1f}" for r in result.runs)],
         ["Errors (requests)", *(str(len(r.errors)) for r in result.runs)],
@@ -200,10 +197,7 @@ _CROWD_CAPTION = (
     "from cache ÷ the agent's previous prompt and answer, over warm turns (a turn is credited "
     "at most its history). Prefilled ÷ new: (prompt − cached) ÷ (prompt − history) over warm "
     "turns; 1.00× means they paid for their new tokens only. Inter-token latency: the time "
-    "between two streamed tokens of one answer, over every answer. Longest stall: each answer's "
-    "longest gap, the largest and the p95 over answers; its round-robin share is what the other "
-    "agents streaming 8 tokens each in turn, one at a time, take at the median inter-token "
-    "latency. Tokens, miss reasons and disk "
+    "between two streamed tokens of one answer, over every answer. Tokens, miss reasons and disk "
     "blocks are the server's GET /admin/cache over the run (unknown where it has none). Each "
     "kind of client ran on a fresh server with a fresh cache folder when the bench spawned it."
 )
@@ -235,14 +229,6 @@ def _disk(cache: CacheCounters | None) -> str:
 
 def _p50_p95(summary: LatencySummary) -> str:
     return f"{_s(summary.p50)} / {_s(summary.p95)}"
-
-
-def _max_p95(summary: LatencySummary) -> str:
-    return f"{_s(summary.longest)} / {_s(summary.p95)}"
-
-
-def _longest_ttft(run: CrowdRun) -> str:
-    return f"{_s(run.cold_ttft.longest)} / {_s(run.warm_ttft.longest)}"
 
 
 def print_sections(parts: list[Section], console: Console) -> None:
@@ -327,11 +313,6 @@ def _crowd_figures(run: CrowdRun) -> dict[str, Any]:
         "cold_ttft_p95_s": run.cold_ttft.p95,
         "inter_token_p50_s": run.inter_token.p50,
         "inter_token_p95_s": run.inter_token.p95,
-        "stall_max_s": run.stalls.longest,
-        "stall_p95_s": run.stalls.p95,
-        "share_s": run.share_s,
-        "cold_ttft_max_s": run.cold_ttft.longest,
-        "warm_ttft_max_s": run.warm_ttft.longest,
         "output_tok_s": run.output_tok_s,
         "wall_s": run.wall_s,
         "errors": len(run.errors),

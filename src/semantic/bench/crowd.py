@@ -28,10 +28,6 @@ from semantic.bench.workload import (
 )
 
 ERROR_CHARS = 300  # of an error's text kept in the record
-# The yardstick's quantum: an agent's fair wait inside its answer is what round-robin over the
-# agents, each streaming this many tokens a turn, makes it wait (semantic's own scheduler
-# lets a newcomer preempt after 8 tokens). The same yardstick judges any server.
-SHARE_QUANTUM_TOKENS = 8
 
 
 class Clients(enum.StrEnum):
@@ -127,20 +123,6 @@ class CrowdRun:
         """Inter-token latency: every gap between two streamed tokens of one answer, pooled
         over all answers (so a long answer weighs as its tokens do)."""
         return LatencySummary.of([gap for t in self.turns for gap in t.gaps_s])
-
-    @property
-    def stalls(self) -> LatencySummary:
-        """Each answer's longest gap between two streamed tokens: how long the server left one
-        agent waiting once its answer had begun."""
-        return LatencySummary.of([max(t.gaps_s) for t in self.turns if t.gaps_s])
-
-    @property
-    def share_s(self) -> float | None:
-        """An answer's fair wait: every other agent streaming `SHARE_QUANTUM_TOKENS` tokens in
-        turn, one at a time, at the run's median inter-token latency (None without gaps)."""
-        agents = len({t.agent for t in self.turns})
-        p50 = self.inter_token.p50
-        return None if p50 is None else (agents - 1) * SHARE_QUANTUM_TOKENS * p50
 
     @property
     def output_tok_s(self) -> float:

@@ -232,18 +232,17 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass(slots=True, frozen=True)
 class LatencySummary:
-    """p50/p95 and the largest of a set of latencies in seconds; None when the set is empty."""
+    """p50/p95 of a set of latencies in seconds; None when the set is empty."""
 
     count: int
     p50: float | None
     p95: float | None
-    longest: float | None = None
 
     @classmethod
     def of(cls, values: list[float]) -> LatencySummary:
         if not values:
             return cls(0, None, None)
-        return cls(len(values), percentile(values, 50), percentile(values, 95), max(values))
+        return cls(len(values), percentile(values, 50), percentile(values, 95))
 
 
 @dataclass(slots=True)

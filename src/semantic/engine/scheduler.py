@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
-from itertools import takewhile
 
 from semantic.cache.block_manager import BlockManager, Fit, tier_of
 from semantic.cache.prefix import PrefixCache, PrefixMatch
@@ -22,15 +21,9 @@ from semantic.core import (
     SequenceStatus,
 )
 
-# Tokens a sequence produces after it starts (or resumes) before another may take its place:
-# round-robin's quantum, which bounds how often one sequence is swapped out.
+# Tokens a sequence produces after it starts (or resumes) before a newcomer may preempt it:
+# bounds how often one sequence can be swapped out.
 PREEMPT_QUANTUM = 8
-# Steps a preempted sequence waits before its turn comes back: then it goes ahead of newcomers
-# and may itself take the place of one that has had its quantum, so a stream of newcomers never
-# starves an answer already begun. Two and a half quanta: at two, more than one gap in twenty
-# is a swap when 16 agents share a pool for 9 (the inter-token p95 doubles); at three, the
-# longest stall grows by a quarter (docs/design.md, its share of the pool).
-RESUME_AFTER_STEPS = 20
 # The share of `max_batch_tokens` a step that also decodes may spend on prompts: a decode then
 # waits for one such chunk at most (256 tokens at the default 512: ~0.25 s of SmolLM2 on two
 # CPU cores, against ~0.5 s for a whole step), while a prompt alone still gets whole steps.
@@ -40,8 +33,8 @@ PREFILL_SHARE_WHILE_DECODING = 0.5
 OVERTAKE_LIMIT = 4
 
 
-def _ran_since_start(seq: Sequence) -> int:
-    return seq.num_output_tokens - seq.outputs_at_start
+def _work_left(seq: Sequence) -> int:
+    return seq.request.sampling.max_tokens - seq.num_output_tokens
 
 
 class Scheduler:
@@ -70,15 +63,10 @@ class Scheduler:
 
     A decode that needs a new block and finds none preempts the most recently admitted running
     sequence: its full blocks and its partial last block stay cached (and go to disk if the
-    pool reclaims them), and it waits, ahead of requests that never ran and behind those
-    preempted before it, to resume from them with the tokens it would have had. While the line
-    is stuck for room, a request that has not started may take the place of sequences that
-    have had their quantum (time to first token first), but a preempted sequence that has
-    waited `RESUME_AFTER_STEPS` goes before it and may do the same: so no answer already begun
-    waits much longer than round-robin over the agents that want the pool would make it
-    (docs/design.md, its share). Full blocks are hashed as soon as they are computed, so
-    concurrent requests share them; a finished sequence leaves its partial last block cached
-    too, unless it ended in an error (a failed step may have left garbage there).
+    pool reclaims them), and it waits, first in line, to resume from them with the tokens it
+    would have had. Full blocks are hashed as soon as they are computed, so concurrent requests
+    share them; a finished sequence leaves its partial last block cached too, unless it ended
+    in an error (a failed step may have left garbage there).
 
     Eviction tiers: a sequence's blocks are cached at the working-agent tier when it belongs to
     an agent — named, or a conversation without a name, known by its prompt extending a history
@@ -113,8 +101,6 @@ class Scheduler:
         # Prompt tokens newer sequences computed while each running prompt got none (seq ids
         # are given in order of arrival).
         self._overtaken: dict[int, int] = {}
-        self.steps = 0  # scheduled since start: the clock of a preempted sequence's wait
-        self.resume_after_steps = RESUME_AFTER_STEPS  # benchmarks/scheduler_policy.py varies it
         self.preemptions = 0  # since start
 
     @property
@@ -131,9 +117,8 @@ class Scheduler:
         return match
 
     def schedule(self) -> Batch:
-        self.steps += 1
         self.blocks.release_copy_sources()
-        self._admit_out_of_line()
+        self._admit_newcomers()
         while self._admit_next() is not None:
             pass
         decodes = [self._item(seq, 1) for seq in self._grow_decodes()]
@@ -295,7 +280,6 @@ class Scheduler:
     def _admit(self, seq: Sequence, fit: Fit) -> None:
         """Give `seq` its blocks; it runs now, or once the blocks only the disk has are in."""
         restore = self.blocks.admit(seq, fit)
-        seq.preempted_at = None
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = time.monotonic()
             seq.cache_tier = fit.tier
@@ -311,44 +295,32 @@ class Scheduler:
             self.restoring.append(seq)
             self._to_restore.append(seq)
 
-    def _admit_out_of_line(self) -> None:
-        """While the line is stuck for room, admit out of order, each taking the place of
-        running sequences that have had their quantum (`PREEMPT_QUANTUM` tokens since they last
-        started) when it must: first a preempted sequence whose turn has come back, else the
-        first request that has not produced a token yet (time to first token first). Nothing is
-        preempted unless that makes enough room."""
+    def _admit_newcomers(self) -> None:
+        """Time to first token first: while the line is stuck for room, requests that have not
+        produced a token yet go ahead of it, each taking the place of running sequences that
+        have had their quantum (`PREEMPT_QUANTUM` tokens since they last started) when it must,
+        those with the most left to do first. The preempted keep everything they computed
+        cached, and resume from it first in line. Nothing is preempted unless that makes enough
+        room for the newcomer."""
         while self.waiting and self._fit(self.waiting[0]).lacking > 0:
             if len(self.running) + len(self.restoring) >= self.max_running:
                 return
-            chosen = self._turn_come_back() or self._first_newcomer()
-            if chosen is None:
+            newcomer = next((seq for seq in self.waiting if not seq.started), None)
+            if newcomer is None:
                 return
-            fit = self._fit(chosen)
+            fit = self._fit(newcomer)
             if fit.lacking > 0:
                 if not self._preempt_for(fit):
                     return
-                fit = self._fit(chosen)
-            self.waiting.remove(chosen)
-            self._admit(chosen, fit)
-
-    def _turn_come_back(self) -> Sequence | None:
-        """The preempted sequence that has waited longest, once that is `RESUME_AFTER_STEPS`."""
-        due = [
-            seq
-            for seq in self.waiting
-            if seq.preempted_at is not None
-            and self.steps - seq.preempted_at >= self.resume_after_steps
-        ]
-        return min(due, key=lambda seq: seq.preempted_at or 0, default=None)
-
-    def _first_newcomer(self) -> Sequence | None:
-        return next((seq for seq in self.waiting if not seq.started), None)
+                fit = self._fit(newcomer)
+            self.waiting.remove(newcomer)
+            self._admit(newcomer, fit)
 
     def _preempt_for(self, fit: Fit) -> bool:
-        """Preempt running sequences, in `_victims` order, until `fit` would fit; False
-        (preempting none) when all that may be preempted would not make room enough."""
+        """Preempt running sequences until `fit` would fit; False (preempting none) when all
+        that may be preempted would not make room enough."""
         victims, room = [], 0
-        for seq in self._victims():
+        for seq in sorted(self._preemptible(), key=_work_left, reverse=True):
             if room >= fit.lacking:
                 break
             victims.append(seq)
@@ -360,13 +332,12 @@ class Scheduler:
             self._preempt(seq)
         return True
 
-    def _victims(self) -> list[Sequence]:
-        """Those that may give up their place, those that have run longest since they last
-        started first: they had the most of their turn."""
-        return sorted(self._preemptible(), key=_ran_since_start, reverse=True)
-
     def _preemptible(self) -> list[Sequence]:
-        return [seq for seq in self.running if _ran_since_start(seq) >= PREEMPT_QUANTUM]
+        return [
+            seq
+            for seq in self.running
+            if seq.num_output_tokens - seq.outputs_at_start >= PREEMPT_QUANTUM
+        ]
 
     def _start(self, seq: Sequence, cached_tokens: int, disk_tokens: int) -> None:
         """Run a sequence; the first time, its prompt's reused tokens are what its usage says
@@ -380,17 +351,14 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         """Take a running sequence out, keeping everything it computed cached (its partial last
-        block too), so it resumes from the cache — memory, or disk if the pool needs the room.
-        It waits ahead of the requests that never ran, behind those preempted before it."""
+        block too), so it resumes from the cache — memory, or disk if the pool needs the room."""
         self.preemptions += 1
         self.running.remove(seq)
         self.blocks.cache_tail(seq)
         self.blocks.release(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
-        seq.preempted_at = self.steps
-        earlier = takewhile(lambda other: other.preempted_at is not None, self.waiting)
-        self.waiting.insert(sum(1 for _ in earlier), seq)
+        self.waiting.appendleft(seq)
 
     def _item(self, seq: Sequence, count: int) -> BatchItem:
         start = seq.num_computed_tokens
