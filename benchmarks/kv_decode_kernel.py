@@ -15,8 +15,8 @@ import time
 
 import torch
 
+from semantic.backends.torch.int8 import quantize_rows
 from semantic.backends.torch.kernels import cpu_kernels
-from semantic.backends.torch.kv_quant import quantize_rows
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 256
 COLD_BYTES = 96 * 2**20  # bf16 K/V of the layers walked in turn: well past the L3 cache

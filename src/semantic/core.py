@@ -72,7 +72,7 @@ class CacheSpec:
     attention, else the sliding window it reads (empty: full attention in every layer).
     `kv_dtype` is how the pool stores K and V: None in `dtype`, the model's; "int8" as 8-bit
     integers with a bf16 scale per token and KV head, about half the bytes
-    (`backends/torch/kv_quant.py` says why these scales).
+    (`backends/torch/int8.py` says why these scales).
 
     The layers fall into `groups` of `layers_per_group` layers of one kind each (every layer in
     one group when they are all alike): a block of a sequence takes one page of the pool per

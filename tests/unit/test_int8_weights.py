@@ -12,12 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from semantic.backends.torch.kernels import (
-    Int8PanelWeight,
-    cpu_kernels,
-    quantize_rows,
-    unavailable_reason,
-)
+from semantic.backends.torch.int8 import quantize_rows
+from semantic.backends.torch.kernels import Int8PanelWeight, cpu_kernels, unavailable_reason
 from semantic.backends.torch.linear import (
     DequantizingLinear,
     PanelLinear,
@@ -35,7 +31,7 @@ SHAPES = [(1, 1), (33, 71), (96, 576), (17, 2), (70, 201)]  # odd N and K, parti
 
 
 def dequantized(w: torch.Tensor) -> torch.Tensor:
-    q, scales = quantize_rows(w)
+    q, scales = quantize_rows(w, torch.float32)
     return q.float() * scales[:, None]
 
 
@@ -43,8 +39,8 @@ def dequantized(w: torch.Tensor) -> torch.Tensor:
 def test_quantized_rows_come_back_within_half_a_step(n, k):
     torch.manual_seed(n * k)
     w = torch.randn(n, k) * torch.logspace(-3, 1, n)[:, None]  # rows of very different sizes
-    w[n // 2] = 0.0  # an all-zero row: scale 1, all q 0
-    q, scales = quantize_rows(w)
+    w[n // 2] = 0.0  # an all-zero row: all q 0
+    q, scales = quantize_rows(w, torch.float32)
     assert q.dtype == torch.int8 and scales.shape == (n,)
     assert int(q.abs().max()) <= 127
     step = scales[:, None]

@@ -20,7 +20,7 @@ from semantic.backends.torch.attention import (
     prefill_attention,
     write_kv,
 )
-from semantic.backends.torch.kv_quant import dequantize_rows, quantize_rows
+from semantic.backends.torch.int8 import dequantize_rows, quantize_rows
 from semantic.backends.torch.runner import TorchRunner
 from semantic.cache.disk import BlockRecord, DiskTier, model_tag
 from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams

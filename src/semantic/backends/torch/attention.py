@@ -46,7 +46,7 @@ softmax with no value: the kernels add its weight to the sum; the stock path, wh
 give it, computes those layers' softmax itself.
 
 An 8-bit pool (`kv_dtype = "int8"`) holds int8 K/V with a bf16 scale per token and KV head
-(`kv_quant.py` says why these scales): the step's K/V are quantized as they are written; the CPU
+(`int8.py` says why these scales): the step's K/V are quantized as they are written; the CPU
 kernels read the int8 rows and their scales in place and dequantize in registers (decode folds
 each key's scale into its score and each value's into its weight; prefill dequantizes as it
 packs its key tiles); the stock path dequantizes what it gathers.
@@ -62,8 +62,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from semantic.backends.torch.int8 import SCALE_DTYPE, dequantize_rows, quantize_rows
 from semantic.backends.torch.kernels import CpuKernels
-from semantic.backends.torch.kv_quant import SCALE_DTYPE, dequantize_rows, quantize_rows
 from semantic.cache.page import PageKV
 from semantic.core import CacheSpec
 
@@ -84,7 +84,7 @@ class KVPool:
     memory as pages are used, so a pool sized from the machine costs only what it holds.
 
     An 8-bit pool's `data` is int8 and `scales` `[2, layers_per_group, num_pages, block_tokens,
-    kv_heads]` holds each row's scale (`kv_quant.py`); unquantized, `scales` is None.
+    kv_heads]` holds each row's scale (`int8.py`); unquantized, `scales` is None.
     """
 
     def __init__(

@@ -64,7 +64,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from semantic.backends.torch.kernels import CpuKernels, Int8PanelWeight, PanelWeight, quantize_rows
+from semantic.backends.torch.int8 import quantize_rows
+from semantic.backends.torch.kernels import CpuKernels, Int8PanelWeight, PanelWeight
 
 _PACK_ROWS_HINT = 64  # oneDNN tunes a packed weight's blocking for this many rows
 _PANEL_MAX_ROWS = 128  # our kernel up to here (decodes, warm turns), unpacked for oneDNN above
@@ -196,7 +197,7 @@ class DequantizingLinear:
     __slots__ = ("bias", "dtype", "q", "scales")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        q, scales = quantize_rows(weight)
+        q, scales = quantize_rows(weight, torch.float32)
         self.q = q  # [out, in] int8
         self.scales = scales[:, None]  # [out, 1] fp32: each value rounded once, as `unpack` does
         self.bias = bias

@@ -31,6 +31,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from semantic.backends.torch.int8 import quantize_rows
 from semantic.config import default_cache_dir
 
 log = logging.getLogger(__name__)
@@ -196,23 +197,13 @@ class Int8PanelWeight:
     def pack(cls, weight: torch.Tensor) -> Int8PanelWeight:
         """`weight` (any float dtype) quantized: each value rounded to its nearest step."""
         n, k = weight.shape
-        q, scales = quantize_rows(weight)
+        q, scales = quantize_rows(weight, torch.float32)
         return cls(_panels(q), F.pad(scales, (0, -n % 16), value=1.0), n, k)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [T] dequantized to bf16 → [T, K], as `CpuKernels.unpack` rounds them."""
         q = _panel_rows(self.panels, ids, self.in_features)
         return (q.float() * self.scales[ids, None]).bfloat16()
-
-
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] → (q [N, K] int8, scales [N] fp32), w ≈ q · scale per row; an all-zero row
-    gets scale 1 (its q are all 0)."""
-    w = weight.float()
-    largest = w.abs().amax(dim=1)
-    scales = torch.where(largest > 0, largest / 127, torch.ones_like(largest))
-    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q, scales
 
 
 def _panels(weight: torch.Tensor) -> torch.Tensor:
