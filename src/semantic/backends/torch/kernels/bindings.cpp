@@ -177,19 +177,27 @@ void check_packed(const at::Tensor& packed, int64_t n, int64_t k) {
               "the packed weight must be [ceil(N/16), ceil(K/2), 16, 2]");
 }
 
-at::Tensor small_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                        const std::optional<at::Tensor>& bias) {
+// A small-row linear's input: bf16 [M, K] with contiguous rows.
+void check_linear_input(const at::Tensor& x) {
   check_cpu(x, "x");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "x must be bfloat16 [M, K] with contiguous rows");
+}
+
+// The bias's data, checked as a contiguous bf16 [N]; null where there is none.
+const bf16* bias_of(const std::optional<at::Tensor>& bias, int64_t n) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->numel() == n && bias->is_contiguous(),
+              "bias must be a contiguous bfloat16 [N]");
+  return static_cast<const bf16*>(bias->data_ptr());
+}
+
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                        const std::optional<at::Tensor>& bias) {
+  check_linear_input(x);
   const int64_t m = x.size(0), k = x.size(1);
   check_packed(packed, n, k);
-  const bf16* bias_ptr = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->numel() == n && bias->is_contiguous(),
-                "bias must be a contiguous bfloat16 [N]");
-    bias_ptr = static_cast<const bf16*>(bias->data_ptr());
-  }
+  const bf16* bias_ptr = bias_of(bias, n);
   at::Tensor y = at::empty({m, n}, x.options());
   if (m > 0 && n > 0) {
     semantic::small_linear_bf16(static_cast<const bf16*>(x.data_ptr()), x.stride(0),
@@ -227,17 +235,10 @@ void check_int8_packed(const at::Tensor& packed, const at::Tensor& scales, int64
 at::Tensor small_linear_int8(const at::Tensor& x, const at::Tensor& packed,
                              const at::Tensor& scales, int64_t n,
                              const std::optional<at::Tensor>& bias) {
-  check_cpu(x, "x");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
-              "x must be bfloat16 [M, K] with contiguous rows");
+  check_linear_input(x);
   const int64_t m = x.size(0), k = x.size(1);
   check_int8_packed(packed, scales, n, k);
-  const bf16* bias_ptr = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->numel() == n && bias->is_contiguous(),
-                "bias must be a contiguous bfloat16 [N]");
-    bias_ptr = static_cast<const bf16*>(bias->data_ptr());
-  }
+  const bf16* bias_ptr = bias_of(bias, n);
   at::Tensor y = at::empty({m, n}, x.options());
   if (m > 0 && n > 0) {
     semantic::small_linear_int8(static_cast<const bf16*>(x.data_ptr()), x.stride(0),
