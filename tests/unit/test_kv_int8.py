@@ -240,15 +240,23 @@ def test_an_unknown_kv_dtype_is_refused():
         CacheSpec(1, 1, 16, "bfloat16", 16, kv_dtype="int4")
 
 
-def int8_runner(kernels: bool, dtype: str = "bfloat16", kv_dtype: str = "int8") -> TorchRunner:
-    config, weights = tiny_llama(tied=False)
+def int8_runner(
+    kernels: bool,
+    dtype: str = "bfloat16",
+    kv_dtype: str = "int8",
+    device: str = "cpu",
+    weights: str = "bf16",
+) -> TorchRunner:
+    config, parameters = tiny_llama(tied=False)
     return TorchRunner(
         config,
-        weights,
+        parameters,
         block_tokens=16,
         cache_budget_mb=8,
         dtype=dtype,
+        device=device,
         kv_dtype=kv_dtype,
+        weight_format=weights,
         kernels=kernels,
     )
 
@@ -305,21 +313,9 @@ def test_an_int8_page_through_the_disk_tier_decodes_as_before(tmp_path):
 def test_8_bit_kv_and_weights_on_cuda_give_the_logits_of_the_cpus_stock_path(kv_dtype, weights):
     """CUDA takes the stock path (a dequantizing gather, a dequantizing linear); fp32, so the
     devices differ only in their arithmetic's order."""
-
-    def runner(device: str) -> TorchRunner:
-        config, parameters = tiny_llama(tied=False)
-        return TorchRunner(
-            config,
-            parameters,
-            block_tokens=16,
-            cache_budget_mb=8,
-            dtype="float32",
-            device=device,
-            kv_dtype=kv_dtype,
-            weight_format=weights,
-            kernels=False,
-        )
-
-    cuda, cpu = (step_logits(runner(device), PROMPTS, steps=4) for device in ("cuda", "cpu"))
+    cuda, cpu = (
+        step_logits(int8_runner(False, "float32", kv_dtype, device, weights), PROMPTS, steps=4)
+        for device in ("cuda", "cpu")
+    )
     for a, b in zip(cuda, cpu, strict=True):
         torch.testing.assert_close(a.cpu(), b, atol=2e-3, rtol=2e-3)
