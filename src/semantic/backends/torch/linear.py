@@ -31,17 +31,17 @@ per output row (`Int8PanelWeight`): our kernel widens each 32 weights to bf16 in
 (exact: every int8 is a bf16), sums q·x in fp32 and scales the sum once; more rows than
 `_PANEL_MAX_ROWS` dequantize the weight into the same scratch for oneDNN. The weights of
 SmolLM2-135M take 129 MiB instead of 257. All its linears (random weights of its shapes, the LM
-head counted up to 16 rows; ms, medians of 7, bf16 and int8 in one run on a host loaded ~2.4×
-over its 2 cores, so the ratios, not the times, are the result):
+head counted; ms, medians of 3, bf16 and int8 in one run on the quiet host,
+`benchmarks/runner_microbench.py --kernels on --weights both --linear-rows 1,8,16,128`):
 
-    rows                                   1          8
-    our kernel, bf16 panels                16.0       30.8
-    our kernel, int8 panels                8.9        23.3
+    rows                                   1          8          16         128
+    our kernel, bf16 panels                11.4       14.6       27.0       123.6
+    our kernel, int8 panels                6.6        15.3       20.6       132.8
 
-At one row int8 takes 0.56× the time, about the bytes it saves; at 8 rows 0.76×, as the dot
-products begin to count. Past 128 rows both unpack to bf16 for oneDNN (int8 multiplies by its
-scales on the way); that host was too loaded to time it. Rerun on a quiet one:
-`benchmarks/runner_microbench.py --kernels on --weights both --linear-rows 1,8,16,128`.
+At one row int8 takes 0.58× the time, about the bytes it saves; at 8 to 128 rows the dot
+products count and it is even (0.93-1.31×). Past 128 rows both unpack to bf16 for oneDNN, int8
+multiplying by its scales on the way (not timed apart). Through the server, single-stream decode
+goes from ~80 to ~123 tok/s.
 
 Without our kernels (CUDA, fp32, no AVX-512 BF16), int8 is `DequantizingLinear`: the int8 rows
 and scales kept, the weight dequantized at every call; the memory saved, not the time.
