@@ -1,8 +1,9 @@
-"""8-bit weights: a weight quantized per output row comes back within half a step of each value,
-the int8 small-row linear equals `F.linear` over the dequantized weight (odd shapes, a bias, one
-row to more than a panel's), its rows and unpacked weight are that weight rounded once to bf16,
-and a whole model with `weights="int8"` computes the same with our kernels as with the
-fallback that dequantizes at each call (CUDA, or a CPU without them)."""
+"""8-bit weights: a weight quantized per output row comes back within half a step of each value;
+the int8 linear equals `F.linear` over the dequantized weight with x quantized per block of 32
+values (odd shapes, a bias, one row to a prefill chunk's), and gives a row the same bits alone
+and batched; its rows are the dequantized weight rounded once to bf16; and a whole model with
+`weights="int8"` computes with our kernels what the fallback that dequantizes at each call
+(CUDA, or a CPU without them) does, within x's quantization."""
 
 from __future__ import annotations
 
@@ -14,12 +15,7 @@ import torch.nn.functional as F
 
 from semantic.backends.torch.int8 import quantize_rows
 from semantic.backends.torch.kernels import Int8PanelWeight, cpu_kernels, unavailable_reason
-from semantic.backends.torch.linear import (
-    DequantizingLinear,
-    PanelLinear,
-    UnpackScratch,
-    linear_factory,
-)
+from semantic.backends.torch.linear import DequantizingLinear, Int8Linear, linear_factory
 from semantic.backends.torch.runner import TorchRunner
 from semantic.errors import ModelLoadFailed
 from tests.unit.test_cpu_kernels import step_logits
@@ -33,6 +29,18 @@ SHAPES = [(1, 1), (33, 71), (96, 576), (17, 2), (70, 201)]  # odd N and K, parti
 def dequantized(w: torch.Tensor) -> torch.Tensor:
     q, scales = quantize_rows(w, torch.float32)
     return q.float() * scales[:, None]
+
+
+def quantized_x(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the int8 kernel sees it, fp64: per block of 32 values, q = round(x · 127 /
+    the block's largest |x|) times that largest / 127."""
+    m, k = x.shape
+    blocks = F.pad(x.float(), (0, -k % 32)).view(m, -1, 32)
+    largest = blocks.abs().amax(-1, keepdim=True)
+    # a true division: `127.0 / tensor` is torch's reciprocal times 127, which rounds apart
+    inverse = torch.where(largest > 0, torch.full_like(largest, 127.0) / largest, 0.0)
+    q = (blocks * inverse).round()
+    return (q.double() * (largest / 127.0).double()).view(m, -1)[:, :k]
 
 
 @pytest.mark.parametrize(("n", "k"), SHAPES)
@@ -51,54 +59,69 @@ def test_quantized_rows_come_back_within_half_a_step(n, k):
     assert torch.all(q.abs().amax(dim=1)[nonzero] == 127)
 
 
+def test_x_is_quantized_within_half_a_step_of_its_block():
+    x = torch.randn(3, 70) * torch.logspace(-4, 2, 70)  # blocks of very different sizes
+    x[1, 32:64] = 0.0  # an all-zero block
+    q = quantized_x(x)
+    for block in range(3):
+        part = slice(32 * block, 32 * (block + 1))
+        step = x[:, part].abs().amax(-1, keepdim=True) / 127
+        assert torch.all((q[:, part] - x[:, part].double()).abs() <= step / 2 * (1 + 1e-6))
+    assert torch.equal(q[1, 32:64], torch.zeros(32, dtype=torch.float64))
+
+
 @needs_kernels
-@pytest.mark.parametrize("rows", [1, 2, 8, 16, 17, 40, 129])  # 17+: a panel widened once
+@pytest.mark.parametrize("rows", [1, 2, 8, 9, 16, 17, 40, 129, 300])
 @pytest.mark.parametrize(("n", "k"), SHAPES)
-def test_int8_small_row_linear_equals_f_linear_over_the_dequantized_weight(rows, n, k):
+def test_int8_linear_equals_f_linear_over_the_dequantized_weight_and_quantized_x(rows, n, k):
     assert KERNELS is not None
     torch.manual_seed(rows + n)
     x, w, bias = torch.randn(rows, k).bfloat16(), torch.randn(n, k).bfloat16(), torch.randn(n)
+    x[0, : min(k, 32)] = 0.0  # an all-zero block of x
     weight = Int8PanelWeight.pack(w)
     for b in (None, bias.bfloat16()):
         out = KERNELS.linear(x, weight, b)
-        expected = F.linear(x.float(), dequantized(w), None if b is None else b.float())
+        expected = F.linear(
+            quantized_x(x), dequantized(w).double(), None if b is None else b.double()
+        )
         assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
-        # only the output's bf16 rounding apart: the products q·x are exact, sums in fp32
-        torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=8e-3)
+        # only the output's bf16 rounding apart: each block's dot product is exact in int32,
+        # the blocks' sum is in fp32
+        torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=8e-3)
 
 
 @needs_kernels
 def test_int8_linear_gives_a_row_the_same_bits_alone_and_batched():
     assert KERNELS is not None
-    x, weight = torch.randn(12, 200).bfloat16(), Int8PanelWeight.pack(torch.randn(70, 200))
+    x, weight = torch.randn(200, 200).bfloat16(), Int8PanelWeight.pack(torch.randn(70, 200))
     together = KERNELS.linear(x, weight, None)
-    for i in range(12):
+    for i in (0, 5, 17, 130, 199):
         assert torch.equal(KERNELS.linear(x[i : i + 1], weight, None)[0], together[i])
+        assert torch.equal(KERNELS.linear(x[i : i + 9], weight, None)[0], together[i])
 
 
-@needs_kernels
 @pytest.mark.parametrize(("n", "k"), SHAPES)
-def test_int8_weight_unpacks_and_gives_rows_as_the_dequantized_weight_in_bf16(n, k):
-    assert KERNELS is not None
+def test_int8_weight_gives_rows_as_the_dequantized_weight_in_bf16(n, k):
     w = torch.randn(n, k)
     weight, expected = Int8PanelWeight.pack(w), dequantized(w).bfloat16()
-    unpacked = KERNELS.unpack(weight, torch.empty(n, k, dtype=torch.bfloat16))
-    assert torch.equal(unpacked, expected)
     ids = torch.tensor([0, n - 1, n // 2, 0])
     assert torch.equal(weight.rows(ids), expected[ids])
+    # a byte a value, K padded to whole blocks of 32 and N to whole panels of 16
+    assert weight.panels.dtype == torch.uint8
+    assert weight.panels.numel() == (n + 15) // 16 * 16 * ((k + 31) // 32 * 32)
 
 
 @needs_kernels
-def test_int8_panel_linear_takes_a_byte_a_value_and_computes_for_few_rows_and_many():
+def test_int8_linear_takes_a_byte_a_value_and_computes_for_few_rows_and_many():
     assert KERNELS is not None
     w, bias = torch.randn(50, 72).bfloat16(), torch.randn(50).bfloat16()
-    linear = PanelLinear(w, bias, KERNELS, UnpackScratch(), Int8PanelWeight)
-    # 64 padded rows of 72 bytes, 64 fp32 scales, the bf16 bias
-    assert linear.nbytes == 64 * 72 + 64 * 4 + 50 * 2
-    for rows in (3, 200):  # our kernel; over 128 rows, unpacked to bf16 for oneDNN
+    linear = Int8Linear(w, bias, KERNELS)
+    # 64 padded rows of 96 bytes (72 inputs padded to whole blocks), 64 fp32 scales, the bias
+    assert linear.nbytes == 64 * 96 + 64 * 4 + 50 * 2
+    for rows in (3, 200):  # our kernel at every row count
         x = torch.randn(rows, 72).bfloat16()
-        expected = F.linear(x, dequantized(w).bfloat16(), bias).float()
-        torch.testing.assert_close(linear(x).float(), expected, atol=2e-2, rtol=2e-2)
+        expected = F.linear(quantized_x(x), dequantized(w).double(), bias.double())
+        torch.testing.assert_close(linear(x).double(), expected, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -143,7 +166,7 @@ def test_int8_model_with_our_kernels_matches_the_dequantizing_fallback(tied):
         for on in (True, False)
     ]
     assert isinstance(runners[1].model.lm_head, DequantizingLinear)
-    # first chunks of 20 rows (our kernel) and 147 (over 128: unpacked for oneDNN), then 3 each
+    # first chunks of 23 and 150 rows, then a row each
     prompts = [[random.Random(s).randrange(300) for _ in range(n)] for s, n in ((1, 23), (2, 150))]
     ours, fallback = (step_logits(r, prompts, steps=4) for r in runners)
     for a, b in zip(ours, fallback, strict=True):

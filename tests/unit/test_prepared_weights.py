@@ -81,7 +81,7 @@ def test_int8_weights_get_a_file_of_their_own_that_maps_back_to_int8_panels(tmp_
     assert torch.equal(logits(mapped), logits(converted))
     assert not torch.equal(logits(mapped), logits(bf16))
     head = mapped.model.lm_head.weight  # type: ignore[attr-defined]
-    assert isinstance(head, Int8PanelWeight) and head.panels.dtype == torch.int8
+    assert isinstance(head, Int8PanelWeight) and head.panels.dtype == torch.uint8
     assert mapped.model.lm_head is mapped.model.embed
     assert len(prepared_files(tmp_path)) == 2
 

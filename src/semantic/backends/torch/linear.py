@@ -27,24 +27,23 @@ our kernels (`OneDnnLinear`), bf16 keeps two copies: one packed for oneDNN at se
 plain one for the native GEMV at one row.
 
 `weights = "int8"` stores each weight in the same panels at one byte a value with an fp32 scale
-per output row (`Int8PanelWeight`): our kernel widens each 32 weights to bf16 in registers
-(exact: every int8 is a bf16), sums q·x in fp32 and scales the sum once; more rows than
-`_PANEL_MAX_ROWS` dequantize the weight into the same scratch for oneDNN. The weights of
-SmolLM2-135M take 129 MiB instead of 257. All its linears (random weights of its shapes, the LM
-head counted; ms, medians of 3, bf16 and int8 in one run on the quiet host,
-`benchmarks/runner_microbench.py --kernels on --weights both --linear-rows 1,8,16,128`):
+per output row (`Int8PanelWeight`, `Int8Linear`), and our kernel computes with VNNI's byte dot
+product, x quantized to int8 per block of 32 values as it comes in (W8A8, as llama.cpp computes
+its quantized weights): twice the multiply-adds of a bf16 instruction and nothing to widen. It
+runs at every row count, since it beats unpacking for oneDNN too. The weights of SmolLM2-135M
+take 129 MiB instead of 257. All its linears (random weights of its shapes, the LM head counted;
+ms, medians of 7 on the quiet host):
 
-    rows                                   1          8          16         128
-    our kernel, bf16 panels                11.4       14.6       27.0       123.6
-    our kernel, int8 panels                6.6        15.3       20.6       132.8
+    rows                                   1      4      8      16     128    512 (no LM head)
+    our kernel, bf16 panels                11.0   11.6   15.6   26.2   113    343 (oneDNN)
+    our kernel, int8 panels                6.0    6.3    8.5    14.3   63     233
 
-At one row int8 takes 0.58× the time, about the bytes it saves; at 8 to 128 rows the dot
-products count and it is even (0.93-1.31×). Past 128 rows both unpack to bf16 for oneDNN, int8
-multiplying by its scales on the way (not timed apart). Through the server, single-stream decode
-goes from ~80 to ~123 tok/s.
+So 1.6-1.8x bf16's speed at every size. The price is accuracy: the logit error against bf16
+weights is ~0.32 (8% of the logits' spread) where int8 weights with bf16 x gave ~0.26
+(docs/benchmarks.md).
 
-Without our kernels (CUDA, fp32, no AVX-512 BF16), int8 is `DequantizingLinear`: the int8 rows
-and scales kept, the weight dequantized at every call; the memory saved, not the time.
+Without our kernels (CUDA, fp32, no AVX-512 BF16 or VNNI), int8 is `DequantizingLinear`: the
+int8 rows and scales kept, the weight dequantized at every call; the memory saved, not the time.
 
 oneDNN builds a kernel for each row count it sees and keeps it (its primitive cache, and
 ideep's beside it): about 0.5 MB per weight shape per row count, so a server that prefilled
@@ -154,9 +153,9 @@ class UnpackScratch:
 
 
 class PanelLinear:
-    """bf16 on CPU with our kernels: one copy, in 16-row panels, bf16 or int8 (`packing`). Up
-    to `_PANEL_MAX_ROWS` rows our kernel streams it once for all rows; more rows (prefill)
-    unpack it to bf16 for oneDNN."""
+    """bf16 on CPU with our kernels: one copy, in 16-row panels. Up to `_PANEL_MAX_ROWS` rows
+    our kernel streams it once for all rows; more rows (prefill) unpack it to bf16 for
+    oneDNN."""
 
     __slots__ = ("bias", "kernels", "scratch", "weight")
 
@@ -166,9 +165,8 @@ class PanelLinear:
         bias: torch.Tensor | None,
         kernels: CpuKernels,
         scratch: UnpackScratch,
-        packing: type[PanelWeight] | type[Int8PanelWeight] = PanelWeight,
     ) -> None:
-        self.weight: PanelWeight | Int8PanelWeight = packing.pack(weight)
+        self.weight = PanelWeight.pack(weight)
         self.bias = bias
         self.kernels = kernels
         self.scratch = scratch
@@ -185,14 +183,37 @@ class PanelLinear:
 
     @property
     def nbytes(self) -> int:
-        scales = self.weight.scales if isinstance(self.weight, Int8PanelWeight) else None
-        return _nbytes(self.weight.panels, scales, self.bias)
+        return _nbytes(self.weight.panels, self.bias)
+
+
+class Int8Linear:
+    """int8 on CPU with our kernels: the weight in 16-row panels at a byte a value and a scale
+    per output row, our kernel at every row count (x quantized per block of 32 values)."""
+
+    __slots__ = ("bias", "kernels", "weight")
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels
+    ) -> None:
+        self.weight = Int8PanelWeight.pack(weight)
+        self.bias = bias
+        self.kernels = kernels
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernels.linear(x, self.weight, self.bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight.rows(ids)
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.weight.panels, self.weight.scales, self.bias)
 
 
 class DequantizingLinear:
-    """int8 weights without our kernels (CUDA, fp32, a CPU without AVX-512 BF16): int8 rows and
-    a scale per row kept, the weight dequantized to the model dtype at each call. It saves the
-    memory, not the time: correct everywhere, fast nowhere."""
+    """int8 weights without our kernels (CUDA, fp32, a CPU without AVX-512 BF16 or VNNI): int8
+    rows and a scale per row kept, the weight dequantized to the model dtype at each call, x
+    as it is. It saves the memory, not the time: correct everywhere, fast nowhere."""
 
     __slots__ = ("bias", "dtype", "q", "scales")
 
@@ -236,8 +257,7 @@ def _int8_factory(
 ) -> LinearFactory:
     if device.type != "cpu" or dtype != torch.bfloat16 or kernels is None:
         return DequantizingLinear
-    scratch = UnpackScratch()
-    return lambda weight, bias: PanelLinear(weight, bias, kernels, scratch, Int8PanelWeight)
+    return lambda weight, bias: Int8Linear(weight, bias, kernels)
 
 
 def _padded_rows(x: torch.Tensor) -> torch.Tensor:

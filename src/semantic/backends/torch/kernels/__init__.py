@@ -54,6 +54,7 @@ _CFLAGS = (
     "-mavx512vl",
     "-mavx512dq",
     "-mavx512bf16",
+    "-mavx512vnni",
     "-mfma",
     "-fno-math-errno",
     "-fopenmp",  # at::parallel_for is inline OpenMP; the process's libgomp is torch's
@@ -132,8 +133,9 @@ class CpuKernels:
     def linear(
         self, x: torch.Tensor, weight: PanelWeight | Int8PanelWeight, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """x: [M, K] bf16 → x @ weight.T + bias: [M, N] bf16. For a few rows: it streams the
-        weight once for all rows, but its compute grows with M (see linear.py for the switch)."""
+        """x: [M, K] bf16 → x @ weight.T + bias: [M, N] bf16. It streams the weight once for all
+        rows, but its compute grows with M (see linear.py for the switch to oneDNN in bf16); an
+        int8 weight's x is quantized to int8 per block of 32 values (small_linear.cpp)."""
         out: torch.Tensor
         if isinstance(weight, Int8PanelWeight):
             out = self._module.small_linear_int8(
@@ -151,13 +153,9 @@ class CpuKernels:
         out: torch.Tensor = self._module.rms_norm(x, weight, eps, round_normed)
         return out
 
-    def unpack(self, weight: PanelWeight | Int8PanelWeight, out: torch.Tensor) -> torch.Tensor:
-        """The plain [N, K] bf16 weight (an int8 one times its scales), written into `out`
-        (contiguous, that shape)."""
-        if isinstance(weight, Int8PanelWeight):
-            self._module.unpack_weight_int8(weight.panels, weight.scales, out)
-        else:
-            self._module.unpack_weight(weight.panels, out)
+    def unpack(self, weight: PanelWeight, out: torch.Tensor) -> torch.Tensor:
+        """The plain [N, K] bf16 weight, written into `out` (contiguous, that shape)."""
+        self._module.unpack_weight(weight.panels, out)
         return out
 
 
@@ -184,9 +182,11 @@ class PanelWeight:
 @dataclass(slots=True, frozen=True)
 class Int8PanelWeight:
     """A weight [N, K] quantized to int8 with one fp32 scale per output row (symmetric: w ≈ q ·
-    scale, q in -127..127, scale = the row's largest |w| / 127), `panels` in `PanelWeight`'s
-    layout but one byte a value, `scales` [16·ceil(N/16)] padded with ones. Why per row and
-    not per group: docs/design.md."""
+    scale, q in -127..127, scale = the row's largest |w| / 127), laid out for VNNI's byte dot
+    product: `panels` [ceil(N/16), Kp/4, 16, 4] uint8, Kp = K rounded up to 32, each 64 bytes
+    four consecutive inputs of 16 outputs, each byte q + 128 (the instruction's unsigned
+    operand), padding 128 (zero); `scales` [16·ceil(N/16)] padded with ones. Why per row and
+    not per group: docs/design.md; the kernel: small_linear.cpp."""
 
     panels: torch.Tensor
     scales: torch.Tensor
@@ -198,11 +198,13 @@ class Int8PanelWeight:
         """`weight` (any float dtype) quantized: each value rounded to its nearest step."""
         n, k = weight.shape
         q, scales = quantize_rows(weight, torch.float32)
-        return cls(_panels(q), F.pad(scales, (0, -n % 16), value=1.0), n, k)
+        biased = F.pad(q.to(torch.int16) + 128, (0, -k % 32, 0, -n % 16), value=128)
+        panels = biased.to(torch.uint8).view(-1, 16, biased.shape[1] // 4, 4).transpose(1, 2)
+        return cls(panels.contiguous(), F.pad(scales, (0, -n % 16), value=1.0), n, k)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` [T] dequantized to bf16 → [T, K], as `CpuKernels.unpack` rounds them."""
-        q = _panel_rows(self.panels, ids, self.in_features)
+        """Rows `ids` [T] dequantized to bf16 → [T, K]: a tied model's embedding lookup."""
+        q = _panel_rows(self.panels, ids, self.in_features).to(torch.int16) - 128
         return (q.float() * self.scales[ids, None]).bfloat16()
 
 
@@ -214,7 +216,7 @@ def _panels(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _panel_rows(panels: torch.Tensor, ids: torch.Tensor, in_features: int) -> torch.Tensor:
-    picked = panels[ids // 16, :, ids % 16]  # [T, ceil(K/2), 2]
+    picked = panels[ids // 16, :, ids % 16]  # [T, inputs / group, group]
     return picked.flatten(1)[:, :in_features]
 
 
@@ -250,6 +252,8 @@ def _missing_feature() -> str | None:
         return "the CPU lacks AVX-512"
     if not torch.cpu._is_avx512_bf16_supported():
         return "the CPU lacks AVX-512 BF16"
+    if not torch.cpu._is_vnni_supported():
+        return "the CPU lacks AVX-512 VNNI"
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         return "no C++ compiler on PATH"  # the one torch's extension builder calls
     return None

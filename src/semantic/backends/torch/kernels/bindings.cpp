@@ -217,16 +217,16 @@ void unpack_weight(const at::Tensor& packed, at::Tensor& out) {
                                static_cast<bf16*>(out.data_ptr()), n, k);
 }
 
-// The int8 packed weight [ceil(N/16), ceil(K/2), 16, 2] of a plain [N, K] one, and its fp32
-// scales, one per output padded to whole panels [16 · ceil(N/16)].
+// The 8-bit packed weight [ceil(N/16), Kp/4, 16, 4] (Kp = K rounded up to 32) of a plain
+// [N, K] one, and its fp32 scales, one per output padded to whole panels [16 · ceil(N/16)].
 void check_int8_packed(const at::Tensor& packed, const at::Tensor& scales, int64_t n, int64_t k) {
   check_cpu(packed, "weight");
   check_cpu(scales, "scales");
-  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous(),
-              "the int8 packed weight must be contiguous int8");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(0) == (n + 15) / 16 && packed.size(1) == (k + 1) / 2 &&
-                  packed.size(2) == 16 && packed.size(3) == 2,
-              "the int8 packed weight must be [ceil(N/16), ceil(K/2), 16, 2]");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(),
+              "the 8-bit packed weight must be contiguous uint8");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(0) == (n + 15) / 16 &&
+                  packed.size(1) == (k + 31) / 32 * 8 && packed.size(2) == 16 && packed.size(3) == 4,
+              "the 8-bit packed weight must be [ceil(N/16), ceil(K/32) * 8, 16, 4]");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
                   scales.numel() == packed.size(0) * 16,
               "the scales must be a contiguous float32 [16 * ceil(N/16)]");
@@ -242,20 +242,10 @@ at::Tensor small_linear_int8(const at::Tensor& x, const at::Tensor& packed,
   at::Tensor y = at::empty({m, n}, x.options());
   if (m > 0 && n > 0) {
     semantic::small_linear_int8(static_cast<const bf16*>(x.data_ptr()), x.stride(0),
-                                packed.data_ptr<int8_t>(), scales.data_ptr<float>(), bias_ptr,
+                                packed.data_ptr<uint8_t>(), scales.data_ptr<float>(), bias_ptr,
                                 static_cast<bf16*>(y.data_ptr()), m, n, k);
   }
   return y;
-}
-
-void unpack_weight_int8(const at::Tensor& packed, const at::Tensor& scales, at::Tensor& out) {
-  check_cpu(out, "out");
-  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.dim() == 2 && out.is_contiguous(),
-              "out must be a contiguous bfloat16 [N, K]");
-  const int64_t n = out.size(0), k = out.size(1);
-  check_int8_packed(packed, scales, n, k);
-  semantic::unpack_weight_int8(packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
-                               static_cast<bf16*>(out.data_ptr()), n, k);
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool round_normed) {
@@ -295,9 +285,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unpack_weight", &unpack_weight, nogil(),
         "a packed weight back to plain rows, into out");
   m.def("small_linear_int8", &small_linear_int8, nogil(),
-        "x @ (weight * scales).T (+ bias) for a few bf16 rows over an int8 weight");
-  m.def("unpack_weight_int8", &unpack_weight_int8, nogil(),
-        "an int8 packed weight back to plain bf16 rows, times its scales, into out");
+        "x @ (weight * scales).T (+ bias) for bf16 rows over an 8-bit weight, x quantized per 32");
   m.def("decode_supported", &semantic::decode_supported, pybind11::arg("head_dim"),
         pybind11::arg("heads"));
 }

@@ -68,14 +68,12 @@ void small_linear_bf16(const bf16* x, int64_t ldx, const bf16* w, const bf16* bi
 // The packed weight back to plain rows, w [N, K].
 void unpack_weight_bf16(const bf16* packed, bf16* w, int64_t n, int64_t k);
 
-// The same over an int8 weight in the same panels, int8 [ceil(N/16)][ceil(K/2)][16][2], with a
-// scale per output (fp32, padded to whole panels): y = (x · qᵀ) · scale + bias, the int8 values
-// widened to bf16 in registers (weight-only quantization; x stays bf16).
-void small_linear_int8(const bf16* x, int64_t ldx, const int8_t* w, const float* scales,
+// The same over an 8-bit weight: one byte a value (the int8 value + 128), [ceil(N/16)][Kp/4][16][4]
+// with Kp = K rounded up to 32, and a scale per output (fp32, padded to whole panels); x is
+// quantized to int8 per block of 32 values, and y = Σ over blocks of (qx · qwᵀ) · x's block
+// scale, times the weight's scale, + bias (see small_linear.cpp).
+void small_linear_int8(const bf16* x, int64_t ldx, const uint8_t* w, const float* scales,
                        const bf16* bias, bf16* y, int64_t m, int64_t n, int64_t k);
-// The int8 weight's values times their scales, rounded to bf16 plain rows, w [N, K].
-void unpack_weight_int8(const int8_t* packed, const float* scales, bf16* w, int64_t n,
-                        int64_t k);
 
 // y[r] = RMSNorm(x[r]) * w for `rows` rows of d elements (y contiguous); bf16 rounds the
 // normalised row before scaling it where `round_normed` (Llama), after only otherwise (Gemma).
