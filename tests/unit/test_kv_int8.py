@@ -195,6 +195,27 @@ def test_the_stock_path_writes_int8_rows_and_attends_over_them_dequantized():
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+@needs_kernels
+def test_our_kernel_writes_int8_rows_with_the_bits_of_the_stock_quantizer():
+    assert KERNELS is not None
+    spec = CacheSpec(1, 3, 64, "bfloat16", BLOCK_TOKENS, kv_dtype="int8")
+    ours, stock = (
+        KVPool(spec, 6, torch.device("cpu"), kernels).layers[0] for kernels in (KERNELS, None)
+    )
+    torch.manual_seed(3)
+    # rows of very different sizes, an all-zero row, and K/V as views into a wider qkv row
+    qkv = (torch.randn(20, 3, 3 * 64) * torch.logspace(-3, 2, 20)[:, None, None]).bfloat16()
+    qkv[4, 1] = 0.0
+    k, v = qkv[:, :, 64:128], qkv[:, :, 128:]
+    slots = torch.randperm(6 * BLOCK_TOKENS)[:20]
+    for layer in (ours, stock):
+        write_kv(layer, k, v, slots)
+    for name in ("k", "v", "k_scales", "v_scales"):
+        assert torch.equal(getattr(ours, name), getattr(stock, name)), name
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        write_kv(ours, k[:1], v[:1], torch.tensor([6 * BLOCK_TOKENS]))
+
+
 def test_an_int8_page_is_copied_read_and_written_with_its_scales():
     spec = CacheSpec(2, 1, 16, "bfloat16", BLOCK_TOKENS, kv_dtype="int8")
     pool = KVPool(spec, 4, torch.device("cpu"))

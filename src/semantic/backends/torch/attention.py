@@ -308,8 +308,12 @@ def paged_attention(
 
 
 def write_kv(kv: LayerKV, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-    """k, v: [T, KVH, D] → pool slots `slots` [T], quantized first in an 8-bit pool."""
+    """k, v: [T, KVH, D] → pool slots `slots` [T], quantized first in an 8-bit pool (by our
+    kernel in one pass where there is one)."""
     for cache, scales, x in ((kv.k, kv.k_scales, k), (kv.v, kv.v_scales, v)):
+        if scales is not None and kv.kernels is not None and x.dtype == torch.bfloat16:
+            kv.kernels.write_kv_int8(x, slots, cache, scales)
+            continue
         if scales is not None:
             x, x_scales = quantize_rows(x)
             scales.view(-1, scales.shape[2]).index_copy_(0, slots, x_scales)

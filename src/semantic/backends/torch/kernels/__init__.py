@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 _NAME = "semantic_cpu_kernels"
 _SOURCES = (
     "bindings.cpp",
+    "kv_write.cpp",
     "paged_attention.cpp",
     "prefill_attention.cpp",
     "rms_norm.cpp",
@@ -144,6 +145,14 @@ class CpuKernels:
         else:
             out = self._module.small_linear(x, weight.panels, weight.out_features, bias)
         return out
+
+    def write_kv_int8(
+        self, x: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor
+    ) -> None:
+        """x: [T, KVH, D] bf16 → an 8-bit pool's `cache` [blocks, block_tokens, KVH, D] int8 and
+        `scales` [blocks, block_tokens, KVH] bf16 at `slots` [T] int64, each row quantized as
+        `int8.quantize_rows` does."""
+        self._module.write_kv_int8(x, slots, cache, scales)
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, round_normed: bool = True

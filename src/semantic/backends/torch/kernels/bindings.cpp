@@ -248,6 +248,32 @@ at::Tensor small_linear_int8(const at::Tensor& x, const at::Tensor& packed,
   return y;
 }
 
+void write_kv_int8(const at::Tensor& x, const at::Tensor& slots, at::Tensor& cache,
+                   at::Tensor& scales) {
+  for (const at::Tensor& t : {x, slots, cache, scales}) check_cpu(t, "input");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 3 && x.stride(2) == 1,
+              "x must be bfloat16 [T, KVH, D] with contiguous rows");
+  TORCH_CHECK(cache.scalar_type() == at::kChar && cache.is_contiguous() && cache.dim() == 4 &&
+                  cache.size(2) == x.size(1) && cache.size(3) == x.size(2),
+              "the cache must be a contiguous int8 [blocks, tokens, KVH, D] of x's heads");
+  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
+                  scales.sizes() == cache.sizes().slice(0, 3),
+              "the scales must be a contiguous bfloat16 [blocks, tokens, KVH]");
+  TORCH_CHECK(x.size(2) % 16 == 0, "head_dim must be a multiple of 16");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.dim() == 1 &&
+                  slots.size(0) == x.size(0),
+              "slots must be a contiguous int64 [T]");
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t capacity = cache.size(0) * cache.size(1);
+  TORCH_CHECK(std::all_of(slot, slot + slots.size(0),
+                          [&](int64_t s) { return s >= 0 && s < capacity; }),
+              "a slot lies outside the cache");
+  const semantic::KvRows rows{static_cast<const bf16*>(x.data_ptr()), x.size(0), x.size(1),
+                              x.size(2), x.stride(0), x.stride(1)};
+  semantic::write_kv_int8(rows, slot, cache.data_ptr<int8_t>(),
+                          static_cast<bf16*>(scales.data_ptr()));
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool round_normed) {
   check_cpu(x, "x");
   check_cpu(weight, "weight");
@@ -286,6 +312,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "a packed weight back to plain rows, into out");
   m.def("small_linear_int8", &small_linear_int8, nogil(),
         "x @ (weight * scales).T (+ bias) for bf16 rows over an 8-bit weight, x quantized per 32");
+  m.def("write_kv_int8", &write_kv_int8, nogil(),
+        "a step's K or V rows into an 8-bit pool, quantized per row on the way");
   m.def("decode_supported", &semantic::decode_supported, pybind11::arg("head_dim"),
         pybind11::arg("heads"));
 }

@@ -75,6 +75,16 @@ void unpack_weight_bf16(const bf16* packed, bf16* w, int64_t n, int64_t k);
 void small_linear_int8(const bf16* x, int64_t ldx, const uint8_t* w, const float* scales,
                        const bf16* bias, bf16* y, int64_t m, int64_t n, int64_t k);
 
+// A step's K or V for an 8-bit pool: [tokens, kv_heads, head_dim] bf16 rows (head_dim a
+// multiple of 16), each written quantized to the pool row of its slot and KV head.
+struct KvRows {
+  const bf16* data;
+  int64_t tokens, kv_heads, head_dim;
+  int64_t token_stride, head_stride;  // elements
+};
+// cache: int8 [slots][kv_heads][head_dim]; scales: bf16 [slots][kv_heads] (kv_write.cpp).
+void write_kv_int8(const KvRows& rows, const int64_t* slots, int8_t* cache, bf16* scales);
+
 // y[r] = RMSNorm(x[r]) * w for `rows` rows of d elements (y contiguous); bf16 rounds the
 // normalised row before scaling it where `round_normed` (Llama), after only otherwise (Gemma).
 void rms_norm_bf16(const bf16* x, int64_t ldx, const bf16* w, bf16* y, int64_t rows, int64_t d,
