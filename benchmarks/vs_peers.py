@@ -679,9 +679,9 @@ def report(setup: Setup, peers: Sequence[PeerRun], semantic: ServerRun) -> str:
         "Ratio = semantic ÷ the peer. Wall time: the whole workload; TTFT cold = each agent's "
         "first turn, warm = its later turns (history resent); aggregate = completion tokens ÷ "
         "wall time; single-stream decode = one request alone, tokens after the first ÷ time "
-        "from first to last. Time to ready: from spawning the server to its first 200 "
-        f"({health}, `/health/ready` for semantic). Memory: the highest total over the "
-        f"server's process group, sampled every {MEMORY_SAMPLE_S:g} s."
+        "from first to last, the median of three. Time to ready: from spawning the server to "
+        f"its first 200 ({health}, `/health/ready` for semantic). Memory: the highest total "
+        f"over the server's process group, sampled every {MEMORY_SAMPLE_S:g} s."
     )
     table = markdown_table([peer.label for peer in peers], rows(peers, semantic))
     return f"{heading}\n\n{table}\n{notes}\n"

@@ -26,11 +26,13 @@ from semantic.bench.workload import (
     DecodeResult,
     LatencySummary,
     PrefillResult,
+    StreamResult,
     TurnResult,
     WorkloadResult,
     calibrate,
     chat_body,
     measure_concurrent_decode,
+    measure_decode,
     percentile,
     run_workload,
     stream_chat,
@@ -85,6 +87,17 @@ def test_calibration_asks_unstreamed_where_the_stream_carries_no_usage(fake: Fak
     assert ratio == pytest.approx(TOKENS_PER_WORD, abs=0.01)
     unstreamed = [b for b in fake.bodies if b["stream"] is False]
     assert len(unstreamed) == 2 and all("stream_options" not in b for b in unstreamed)
+
+
+def test_single_stream_decode_is_the_median_of_three_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    seconds = iter([1.0, 4.0, 2.0])  # 128 tokens each: 127, 31.75 and 63.5 tok/s
+
+    async def one_run(client: httpx.AsyncClient, body: dict[str, Any]) -> StreamResult:
+        return StreamResult(0.0, 1.0, 1.0 + next(seconds), "", 10, 128, None)
+
+    monkeypatch.setattr("semantic.bench.workload.stream_chat", one_run)
+    result = asyncio.run(measure_decode(httpx.AsyncClient(), "m", _plan("median")))
+    assert result.decode_s == 2.0 and result.tok_s == pytest.approx(63.5)
 
 
 def test_workload_classifies_first_turns_cold_and_later_turns_warm(fake: FakeServer) -> None:

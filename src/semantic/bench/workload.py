@@ -305,12 +305,23 @@ async def _unstreamed_prompt_tokens(client: httpx.AsyncClient, body: dict[str, A
         raise BenchError("the server reports no prompt_tokens, streamed or not") from exc
 
 
+DECODE_RUNS = 3
+
+
 async def measure_decode(client: httpx.AsyncClient, model: str, plan: BenchPlan) -> DecodeResult:
+    """One request decoding `DECODE_TOKENS` tokens alone, `DECODE_RUNS` times: the run of median
+    rate. A run lasts about a second, so one hiccup of the machine (or of this client, which
+    shares it) would otherwise be the phase's whole result."""
     body = chat_body(model, plan.decode_messages, DECODE_TOKENS, f"bench-{plan.run_tag}-decode")
-    reply = await stream_chat(client, body)
-    if reply.completion_tokens < 2 or reply.last_at <= reply.first_at:
-        raise BenchError(f"decode phase got {reply.completion_tokens} token(s); need at least 2")
-    return DecodeResult(reply.completion_tokens, reply.last_at - reply.first_at)
+    runs = []
+    for _ in range(DECODE_RUNS):
+        reply = await stream_chat(client, body)
+        if reply.completion_tokens < 2 or reply.last_at <= reply.first_at:
+            raise BenchError(
+                f"decode phase got {reply.completion_tokens} token(s); need at least 2"
+            )
+        runs.append(DecodeResult(reply.completion_tokens, reply.last_at - reply.first_at))
+    return sorted(runs, key=lambda run: run.tok_s)[len(runs) // 2]
 
 
 async def measure_concurrent_decode(
