@@ -21,6 +21,7 @@ from semantic.backends.torch.attention import GatherScratch, LayerAttention, Lay
 from semantic.backends.torch.attention import prefill_attention as stock_prefill_attention
 from semantic.backends.torch.kernels import PanelWeight, cpu_kernels, unavailable_reason
 from semantic.backends.torch.linear import Linear, OneDnnLinear, PanelLinear, UnpackScratch
+from semantic.backends.torch.models.rope import Rope, apply_rope
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from tests.unit.tiny_llama import tiny_llama
@@ -392,6 +393,30 @@ def test_rms_norm_equals_the_stock_formula(dtype):
     out = KERNELS.rms_norm(x[:, :70], w, 1e-5)
     tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: a rounding tie may go either way
     torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dim", [32, 64, 128, 256])
+def test_rope_gives_the_bits_of_the_torch_version_on_a_strided_view(dim):
+    assert KERNELS is not None
+    torch.manual_seed(dim)
+    rope = Rope(dim, 10000.0, None, torch.device("cpu"))
+    cos, sin_signed = rope.tables(torch.arange(40) * 37, torch.bfloat16)
+    qkv = (torch.randn(40, 13, dim) * 4).bfloat16()
+    qk = qkv[:, :11]  # q and k heads of a fused projection's output, as attention passes them
+    out = KERNELS.rope(qk, cos, sin_signed)
+    assert out.is_contiguous() and torch.equal(out, apply_rope(qk, cos, sin_signed))
+
+
+@needs_kernels
+@pytest.mark.parametrize("inner", [16, 44, 1536])  # 44: a partial vector at the end
+def test_swiglu_gives_the_bits_of_silu_times_up(inner):
+    assert KERNELS is not None
+    torch.manual_seed(inner)
+    gate_up = (torch.randn(9, 2 * inner) * 6).bfloat16()  # both signs, large and tiny values
+    gate_up[0, :inner] = torch.tensor([0.0, -0.0, 100.0, -100.0]).repeat(inner // 4)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.equal(KERNELS.swiglu(gate_up), F.silu(gate) * up)
 
 
 def step_logits(runner: TorchRunner, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:

@@ -43,7 +43,9 @@ _SOURCES = (
     "paged_attention.cpp",
     "prefill_attention.cpp",
     "rms_norm.cpp",
+    "rope.cpp",
     "small_linear.cpp",
+    "swiglu.cpp",
 )
 _HEADERS = ("kernels.h", "simd.h")
 # Explicit ISA flags, not -march=native: a cache folder shared between machines must not hold
@@ -153,6 +155,17 @@ class CpuKernels:
         `scales` [blocks, block_tokens, KVH] bf16 at `slots` [T] int64, each row quantized as
         `int8.quantize_rows` does."""
         self._module.write_kv_int8(x, slots, cache, scales)
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        """x: [T, N, D] bf16 (each token's heads contiguous), cos and sin_signed [T, 1, D] →
+        `models.rope.apply_rope(x, cos, sin_signed)`, bit for bit, in one pass."""
+        out: torch.Tensor = self._module.rope(x, cos, sin_signed)
+        return out
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up: [T, 2·I] bf16 → silu(gate) · up [T, I], rounded as torch's two ops round."""
+        out: torch.Tensor = self._module.swiglu(gate_up)
+        return out
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, round_normed: bool = True

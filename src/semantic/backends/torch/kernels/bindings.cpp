@@ -274,6 +274,43 @@ void write_kv_int8(const at::Tensor& x, const at::Tensor& slots, at::Tensor& cac
                           static_cast<bf16*>(scales.data_ptr()));
 }
 
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin_signed) {
+  for (const at::Tensor& t : {x, cos, sin_signed}) check_cpu(t, "input");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 3 && x.stride(2) == 1 &&
+                  x.stride(1) == x.size(2),
+              "x must be bfloat16 [T, N, D] with each token's heads contiguous");
+  const int64_t tokens = x.size(0), dim = x.size(2);
+  TORCH_CHECK(dim % 32 == 0, "head_dim must be a multiple of 32");
+  for (const at::Tensor* t : {&cos, &sin_signed}) {
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() &&
+                    t->numel() == tokens * dim && t->size(-1) == dim,
+                "cos and sin must be contiguous bfloat16 [T, 1, D]");
+  }
+  at::Tensor out = at::empty({tokens, x.size(1), dim}, x.options());
+  const semantic::RopeProblem p{static_cast<const bf16*>(x.data_ptr()),
+                                x.stride(0),
+                                static_cast<const bf16*>(cos.data_ptr()),
+                                static_cast<const bf16*>(sin_signed.data_ptr()),
+                                static_cast<bf16*>(out.data_ptr()),
+                                tokens,
+                                x.size(1),
+                                dim};
+  semantic::rope_bf16(p);
+  return out;
+}
+
+at::Tensor swiglu(const at::Tensor& gate_up) {
+  check_cpu(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16 && gate_up.dim() == 2 &&
+                  gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
+              "gate_up must be a contiguous bfloat16 [T, 2·I]");
+  const int64_t tokens = gate_up.size(0), inner = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({tokens, inner}, gate_up.options());
+  semantic::swiglu_bf16(static_cast<const bf16*>(gate_up.data_ptr()),
+                        static_cast<bf16*>(out.data_ptr()), tokens, inner);
+  return out;
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool round_normed) {
   check_cpu(x, "x");
   check_cpu(weight, "weight");
@@ -314,6 +351,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ (weight * scales).T (+ bias) for bf16 rows over an 8-bit weight, x quantized per 32");
   m.def("write_kv_int8", &write_kv_int8, nogil(),
         "a step's K or V rows into an 8-bit pool, quantized per row on the way");
+  m.def("rope", &rope, nogil(), "rotary embeddings of a step's heads, as models/rope.py rounds");
+  m.def("swiglu", &swiglu, nogil(), "silu(gate) * up over a fused gate-up output");
   m.def("decode_supported", &semantic::decode_supported, pybind11::arg("head_dim"),
         pybind11::arg("heads"));
 }

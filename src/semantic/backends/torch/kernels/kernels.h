@@ -85,6 +85,21 @@ struct KvRows {
 // cache: int8 [slots][kv_heads][head_dim]; scales: bf16 [slots][kv_heads] (kv_write.cpp).
 void write_kv_int8(const KvRows& rows, const int64_t* slots, int8_t* cache, bf16* scales);
 
+// Rotary embeddings: out[t, h] = x[t, h]·cos[t] + swap_halves(x[t, h])·sin_signed[t], bf16,
+// each product and the sum rounded as torch's bf16 ops round them (rope.cpp).
+struct RopeProblem {
+  const bf16* x;  // [tokens, heads, head_dim], heads contiguous within a token
+  int64_t token_stride;
+  const bf16* cos;         // [tokens, head_dim]
+  const bf16* sin_signed;  // [tokens, head_dim]: [-sin, sin]
+  bf16* out;               // [tokens, heads, head_dim], contiguous
+  int64_t tokens, heads, head_dim;  // head_dim a multiple of 32
+};
+void rope_bf16(const RopeProblem& p);
+
+// out[t] = silu(gate_up[t, :inner]) · gate_up[t, inner:], bf16, silu rounded first (swiglu.cpp).
+void swiglu_bf16(const bf16* gate_up, bf16* out, int64_t tokens, int64_t inner);
+
 // y[r] = RMSNorm(x[r]) * w for `rows` rows of d elements (y contiguous); bf16 rounds the
 // normalised row before scaling it where `round_normed` (Llama), after only otherwise (Gemma).
 void rms_norm_bf16(const bf16* x, int64_t ldx, const bf16* w, bf16* y, int64_t rows, int64_t d,

@@ -12,11 +12,6 @@
 namespace semantic {
 namespace {
 
-inline __m512 round_bf16(__m512 v) {  // fp32 -> nearest bf16 -> fp32
-  const __m256i b = (__m256i)_mm512_cvtneps_pbh(v);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-}
-
 inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load(const bf16* p, __mmask16 m) { return load_bf16x16(p, m); }
 inline void store(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
@@ -44,7 +39,7 @@ void rms_norm(const T* x, int64_t ldx, const T* w, T* y, int64_t rows, int64_t d
         const __mmask16 m = lanes(d - i);
         __m512 normed = _mm512_mul_ps(load(xr + i, m), inv);
         if constexpr (std::is_same_v<T, bf16>) {
-          if (round_normed) normed = round_bf16(normed);
+          if (round_normed) normed = round_to_bf16(normed);
         }
         store(y + r * d + i, m, _mm512_mul_ps(normed, load(w + i, m)));
       }

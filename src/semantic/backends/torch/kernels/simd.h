@@ -45,6 +45,12 @@ inline bf16 to_bf16(float f) {
   return static_cast<bf16>(bits >> 16);
 }
 
+// fp32 -> the nearest bf16 (even on a tie) -> fp32: a torch bf16 op's rounding of its result.
+inline __m512 round_to_bf16(__m512 v) {
+  const __m256i b = (__m256i)_mm512_cvtneps_pbh(v);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
 inline void store_x16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 inline void store_x16(bf16* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));

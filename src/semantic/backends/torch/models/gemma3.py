@@ -60,7 +60,7 @@ def block(w: Weights, index: int, local_rope: Rope, global_rope: Rope) -> Block:
     qk_norms = (gemma_norm(w, "self_attn.q_norm"), gemma_norm(w, "self_attn.k_norm"))
     rope = global_rope if window is None else local_rope
     return Block(
-        Attention(config, qkv, o, rope, how, qk_norms),
+        Attention(config, qkv, o, rope, how, w.build.kernels, qk_norms),
         w.gated_mlp(activation(config.hidden_act)),
         gemma_norm(w, "input_layernorm"),
         gemma_norm(w, "pre_feedforward_layernorm"),

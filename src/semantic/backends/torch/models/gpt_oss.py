@@ -107,7 +107,7 @@ def block(w: Weights, index: int, rope: Rope) -> Block:
     sinks = w.take("self_attn.sinks").float()
     how = LayerAttention(config.head_dim**-0.5, config.layer_window(index), sinks)
     return Block(
-        Attention(config, qkv, o, rope, how),
+        Attention(config, qkv, o, rope, how, w.build.kernels),
         experts(w),
         w.rms_norm("input_layernorm", scale_in_fp32=True),
         w.rms_norm("post_attention_layernorm", scale_in_fp32=True),

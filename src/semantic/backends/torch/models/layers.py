@@ -120,9 +120,9 @@ class RMSNorm:
 
 class Attention:
     """Grouped-query attention over the pool: fused QKV projection (with its bias, if any),
-    optional RMSNorms of each head's q and k (Qwen3, Gemma 3), rope on q and k together, paged
-    attention as the layer's `LayerAttention` says (scale, sliding window, sinks), output
-    projection."""
+    optional RMSNorms of each head's q and k (Qwen3, Gemma 3), rope on q and k together (our
+    kernel in bf16 where there is one), paged attention as the layer's `LayerAttention` says
+    (scale, sliding window, sinks), output projection."""
 
     def __init__(
         self,
@@ -131,6 +131,7 @@ class Attention:
         o: Linear,
         rope: Rope,
         how: LayerAttention,
+        kernels: CpuKernels | None,
         qk_norms: tuple[RMSNorm, RMSNorm] | None = None,
     ) -> None:
         self.heads = config.num_attention_heads
@@ -141,6 +142,7 @@ class Attention:
         self.rope = rope
         self.how = how
         self.qk_norms = qk_norms
+        self.kernels = kernels if config.head_dim % 32 == 0 else None
 
     def __call__(self, x: torch.Tensor, step: StepContext, kv: LayerKV) -> torch.Tensor:
         # x: [T, D_model]
@@ -151,7 +153,11 @@ class Attention:
         if self.qk_norms is not None:
             q_norm, k_norm = self.qk_norms
             qk = torch.cat([q_norm(qk[:, :heads]), k_norm(qk[:, heads:])], 1)
-        qk = apply_rope(qk, *step.rope_tables[self.rope])  # [T, H + KVH, D]
+        cos, sin_signed = step.rope_tables[self.rope]
+        if self.kernels is not None and qk.dtype == torch.bfloat16:
+            qk = self.kernels.rope(qk, cos, sin_signed)  # [T, H + KVH, D]
+        else:
+            qk = apply_rope(qk, cos, sin_signed)
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
         out = paged_attention(q, k, v, kv, step.meta, self.how)  # [T, H, D]
         return self.o(out.reshape(tokens, heads * dim))
@@ -159,16 +165,23 @@ class Attention:
 
 class GatedMLP:
     """down(act(gate(x)) · up(x)), the gate and up projections fused into one matmul: SwiGLU
-    with SiLU (Llama, Qwen), GeGLU with tanh-GELU (Gemma)."""
+    with SiLU (Llama, Qwen; its middle in one pass of our kernel in bf16 where there is one),
+    GeGLU with tanh-GELU (Gemma)."""
 
-    def __init__(self, gate_up: Linear, down: Linear, act: Activation) -> None:
+    def __init__(
+        self, gate_up: Linear, down: Linear, act: Activation, kernels: CpuKernels | None
+    ) -> None:
         self.gate_up = gate_up
         self.down = down
         self.act = act
+        self.swiglu = kernels if act is F.silu else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D_model]
-        gate, up = self.gate_up(x).chunk(2, dim=-1)  # [T, I] each
+        gate_up = self.gate_up(x)  # [T, 2·I]
+        if self.swiglu is not None and gate_up.dtype == torch.bfloat16:
+            return self.down(self.swiglu.swiglu(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
         return self.down(self.act(gate) * up)
 
 

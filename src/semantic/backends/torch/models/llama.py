@@ -36,7 +36,7 @@ def block(w: Weights, index: int, rope: Rope, variant: Variant) -> Block:
         qk_norms = (w.rms_norm("self_attn.q_norm"), w.rms_norm("self_attn.k_norm"))
     how = LayerAttention(config.head_dim**-0.5, config.layer_window(index))
     return Block(
-        Attention(config, qkv, o, rope, how, qk_norms),
+        Attention(config, qkv, o, rope, how, w.build.kernels, qk_norms),
         w.gated_mlp(activation(config.hidden_act)),
         w.rms_norm("input_layernorm"),
         w.rms_norm("post_attention_layernorm"),

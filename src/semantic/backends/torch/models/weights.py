@@ -84,7 +84,8 @@ class Weights:
         gate, up = self.take(f"{prefix}gate_proj.weight"), self.take(f"{prefix}up_proj.weight")
         down = self.take(f"{prefix}down_proj.weight")
         linear = self.build.linear
-        return GatedMLP(linear(torch.cat([gate, up]), None), linear(down, None), act)
+        gate_up = linear(torch.cat([gate, up]), None)
+        return GatedMLP(gate_up, linear(down, None), act, self.build.kernels)
 
 
 def _as_tensor(array: np.ndarray | torch.Tensor) -> torch.Tensor:
