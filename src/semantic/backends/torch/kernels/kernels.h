@@ -69,9 +69,9 @@ void small_linear_bf16(const bf16* x, int64_t ldx, const bf16* w, const bf16* bi
 void unpack_weight_bf16(const bf16* packed, bf16* w, int64_t n, int64_t k);
 
 // The same over an 8-bit weight: one byte a value (the int8 value + 128),
-// [ceil(N/16)][Kp/4][16][4] with Kp = K rounded up to 32, and a scale per output (fp32, padded to whole panels); x is
-// quantized to int8 per block of 32 values, and y = Σ over blocks of (qx · qwᵀ) · x's block
-// scale, times the weight's scale, + bias (see small_linear.cpp).
+// [ceil(N/16)][Kp/4][16][4] with Kp = K rounded up to 32, and a scale per output (fp32, padded
+// to whole panels); x is quantized to int8 per block of 32 values, and y = Σ over blocks of
+// (qx · qwᵀ) · x's block scale, times the weight's scale, + bias (see small_linear.cpp).
 void small_linear_int8(const bf16* x, int64_t ldx, const uint8_t* w, const float* scales,
                        const bf16* bias, bf16* y, int64_t m, int64_t n, int64_t k);
 
