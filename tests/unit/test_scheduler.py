@@ -134,6 +134,22 @@ def test_a_stream_of_short_prompts_does_not_starve_a_long_one() -> None:
     assert first[4] <= 3, "short prompts did not go first at all"
 
 
+def test_a_short_prompt_is_not_held_behind_a_long_one_moved_up_for_waiting() -> None:
+    """A long prompt overtaken for long enough goes first; it still leaves room in each step
+    for a prompt of a few tokens (a returning agent's turn) that arrives meanwhile."""
+    scheduler, runner = make(num_blocks=256, max_batch_tokens=16)
+    long = make_seq(0, 100, max_tokens=1)
+    # Two 8-token prompts a step fill every step, overtaking the long one for 20 steps.
+    newer = {step: [make_seq(100 + 2 * step + k, 8, max_tokens=1) for k in range(2)]
+             for step in range(1, 21)}  # fmt: skip
+    short = make_seq(1, 5, max_tokens=1)
+    first = first_token_steps(scheduler, runner, {0: [long], **newer, 21: [short]}, steps=30)
+    assert first[short.seq_id] == 21, "the short prompt waited behind the long one"
+    moved_up = [len(item.token_ids) for item in runner.steps[21].items if item.seq_id == 0]
+    assert moved_up and moved_up[0] >= 8, "the long one got less than half the step"
+    assert first[long.seq_id] <= 27
+
+
 def test_requests_wait_while_the_pool_is_full_and_run_when_it_frees() -> None:
     scheduler, runner = make(num_blocks=6, block_tokens=4)
     seqs = [make_seq(i, 10, max_tokens=4) for i in range(3)]  # 3 blocks each; 2 fit at once

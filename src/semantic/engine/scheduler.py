@@ -29,7 +29,8 @@ PREEMPT_QUANTUM = 8
 # CPU cores, against ~0.5 s for a whole step), while a prompt alone still gets whole steps.
 PREFILL_SHARE_WHILE_DECODING = 0.5
 # Shorter prompts go first, but newer ones may overtake a waiting prompt by at most this many
-# times its remaining length: then it goes first, so a stream of short prompts never starves it.
+# times its remaining length: then it goes first with half the budget or more, so a stream of
+# short prompts never starves it and it never holds them all back.
 OVERTAKE_LIMIT = 4
 
 
@@ -47,7 +48,8 @@ class Scheduler:
     steps and holds each decode up by one short chunk. The prompt with the fewest tokens left
     goes first (a warm turn's few new tokens before a cold prompt's thousands; equal ones in the
     order they started), unless newer prompts have overtaken an older one by `OVERTAKE_LIMIT`
-    times what it has left. Why this policy: docs/design.md.
+    times what it has left: the oldest such goes first, with at least half the prompt budget.
+    Why this policy: docs/design.md.
 
     Admission takes waiting sequences in order, each once pages for its whole prompt are
     available (then prefill chunks never need room: a sliding layer group's pages are reserved
@@ -203,25 +205,41 @@ class Scheduler:
         return budget
 
     def _prefill_chunks(self, budget: int) -> list[BatchItem]:
-        """Chunks of the running prompts, in `_prefill_order`, until `budget` is spent."""
+        """Chunks of the running prompts, fewest tokens left first, until `budget` is spent —
+        but the oldest prompt that newer ones have overtaken by `OVERTAKE_LIMIT` times what it
+        has left goes first, with at least half the budget: the rest still goes shortest
+        first, so a returning agent's few new tokens never wait behind it."""
         prefilling = self._prefill_order()
         chunks: list[BatchItem] = []
+        starved = self._starved(prefilling)
+        if starved is not None:
+            others = [seq for seq in prefilling if seq is not starved]
+            behind = min(sum(self._pending(seq) for seq in others), budget // 2)
+            budget -= self._add_chunk(chunks, starved, budget - behind)
         for seq in prefilling:
             if budget <= 0:
                 break
-            budget -= self._add_chunk(chunks, seq, budget)
+            if seq is not starved:
+                budget -= self._add_chunk(chunks, seq, budget)
         self._count_overtaking(prefilling, chunks)
         return chunks
 
     def _prefill_order(self) -> list[Sequence]:
-        """Running prompts, fewest tokens left first — less what newer prompts took ahead of
-        them, over `OVERTAKE_LIMIT`. A stable sort: equals keep the order they started in."""
-
-        def rank(seq: Sequence) -> float:
-            return self._pending(seq) - self._overtaken.get(seq.seq_id, 0) / OVERTAKE_LIMIT
-
+        """Running prompts, fewest tokens left first. A stable sort: equals keep the order
+        they started in."""
         running = (s for s in self.running if s.status is SequenceStatus.RUNNING)
-        return sorted((seq for seq in running if self._pending(seq) > 1), key=rank)
+        return sorted((seq for seq in running if self._pending(seq) > 1), key=self._pending)
+
+    def _starved(self, prefilling: list[Sequence]) -> Sequence | None:
+        """The oldest prompt that newer ones have overtaken by `OVERTAKE_LIMIT` times what it
+        has left, if any."""
+        overtaken = self._overtaken
+        starved = (
+            seq
+            for seq in prefilling
+            if overtaken.get(seq.seq_id, 0) >= OVERTAKE_LIMIT * self._pending(seq)
+        )
+        return min(starved, key=lambda seq: seq.seq_id, default=None)
 
     def _count_overtaking(self, prefilling: list[Sequence], chunks: list[BatchItem]) -> None:
         """Credit every prompt that got no chunk this step with the tokens newer prompts got
