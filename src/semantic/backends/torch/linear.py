@@ -31,15 +31,15 @@ per output row (`Int8PanelWeight`, `Int8Linear`), and our kernel computes with V
 product, x quantized to int8 per block of 32 values as it comes in (W8A8, as llama.cpp computes
 its quantized weights): twice the multiply-adds of a bf16 instruction and nothing to widen. It
 runs at every row count, since it beats unpacking for oneDNN too. The weights of SmolLM2-135M
-take 129 MiB instead of 257. All its linears (random weights of its shapes, the LM head counted;
-ms, medians of 7 on the quiet host):
+take 129 MiB instead of 257. Every layer's linears, the LM head left out (ms, medians of 3 on
+the quiet host, `benchmarks/runner_microbench.py --weights both --linear-rows 1,4,8,16,128,512`):
 
-    rows                                   1      4      8      16     128    512 (no LM head)
-    our kernel, bf16 panels                11.0   11.6   15.6   26.2   113    343 (oneDNN)
-    our kernel, int8 panels                6.0    6.3    8.5    14.3   63     233
+    rows                                   1      4      8      16     128    512
+    our kernel, bf16 panels                8.1    9.4    14.1   25.1   113    431 (oneDNN)
+    our kernel, int8 panels                4.5    5.1    8.1    14.4   65     265
 
-So 1.6-1.8x bf16's speed at every size. The price is accuracy: the logit error against bf16
-weights is ~0.32 (8% of the logits' spread) where int8 weights with bf16 x gave ~0.26
+So 1.6-1.9x bf16's speed at every size. The price is accuracy: the logit error against bf16
+weights is ~0.33 (9% of the logits' spread) where int8 weights with bf16 x gave ~0.26
 (docs/benchmarks.md).
 
 Without our kernels (CUDA, fp32, no AVX-512 BF16 or VNNI), int8 is `DequantizingLinear`: the

@@ -17,11 +17,12 @@
 // 8-bit weights take the same panels at a byte a value and VNNI's byte dot product
 // (vpdpbusd: 64 multiply-adds an instruction, twice vdpbf16ps's, and no widening of the
 // weight), with x quantized to int8 per block of 32 values as it comes in (as llama.cpp does
-// for its quantized weights). All of SmolLM2-135M's linears (ms, quiet 2-core Zen 4, medians):
+// for its quantized weights). Every layer's linears of SmolLM2-135M (ms, quiet 2-core Zen 4,
+// medians of 3, `benchmarks/runner_microbench.py --weights both --linear-rows ...`):
 //
 //     rows                     1      4      8      16     128    512
-//     bf16 panels (vdpbf16ps)  11.0   11.6   15.6   26.2   113    343 (unpacked for oneDNN)
-//     int8 panels (vpdpbusd)   6.0    6.3    8.5    14.3   63     233
+//     bf16 panels (vdpbf16ps)  8.1    9.4    14.1   25.1   113    431 (unpacked for oneDNN)
+//     int8 panels (vpdpbusd)   4.5    5.1    8.1    14.4   65     265
 //
 // The int8 kernel runs at every row count: above 128 rows it beats unpacking for oneDNN too.
 #include <ATen/Parallel.h>
