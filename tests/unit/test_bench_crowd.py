@@ -119,6 +119,15 @@ def test_inter_token_latency_pools_every_gap_of_every_answer() -> None:
     assert CrowdRun(Clients.NAMED, None, [turns[2]], 1.0, None).inter_token.p50 is None
 
 
+def test_the_longest_gap_is_the_worst_wait_inside_any_answer() -> None:
+    turns = [
+        CrowdTurn(0, 0, 0, 2.0, 1000, 4, 0, gaps_s=(0.01, 0.02, 0.03)),
+        CrowdTurn(1, 0, 0, 2.5, 1000, 3, 0, gaps_s=(4.5, 0.04)),  # preempted, then resumed
+    ]
+    assert CrowdRun(Clients.NAMED, None, turns, 3.0, None).longest_gap_s == 4.5
+    assert CrowdRun(Clients.NAMED, None, [], 1.0, None).longest_gap_s is None
+
+
 def test_each_turn_records_the_gaps_between_its_streamed_tokens(fake: FakeServer) -> None:
     run = _crowd(fake, Clients.NAMED)
     for turn in run.turns:
@@ -287,6 +296,8 @@ def test_the_crowd_section_puts_each_kind_of_client_in_a_column() -> None:
     assert "| Prompt tokens from memory / disk / prefilled | 1,004 / 0 / 0 | unknown |" in markdown
     assert "| Aggregate output (tok/s) | 0.8 | 1.0 |" in markdown
     assert "| Inter-token latency p50 / p95 (s) | 0.030 / 0.228 | 0.030 / 0.228 |" in markdown
+    assert "| Longest gap in an answer (s) | 0.250 | 0.250 |" in markdown
+    assert data["cache"]["crowd"]["named"]["longest_gap_s"] == pytest.approx(0.25)
     assert data["cache"]["crowd"]["named"]["inter_token_p95_s"] == pytest.approx(0.228)
     assert data["cache"]["crowd"]["named"]["prefilled_over_new"] == pytest.approx(1.0)
     assert data["result"]["crowd"]["runs"][0]["cache"]["restored"] == 5

@@ -178,6 +178,7 @@ def _crowd(result: CrowdResult) -> Section:
         ["TTFT warm p50 / p95 (s)", *(_p50_p95(r.warm_ttft) for r in result.runs)],
         ["TTFT cold p50 / p95 (s)", *(_p50_p95(r.cold_ttft) for r in result.runs)],
         ["Inter-token latency p50 / p95 (s)", *(_p50_p95(r.inter_token) for r in result.runs)],
+        ["Longest gap in an answer (s)", *(_s(r.longest_gap_s) for r in result.runs)],
         ["Aggregate output (tok/s)", *(f"{r.output_tok_s:,.1f}" for r in result.runs)],
         ["Wall time (s)", *(f"{r.wall_s:,.1f}" for r in result.runs)],
         ["Errors (requests)", *(str(len(r.errors)) for r in result.runs)],
@@ -197,7 +198,8 @@ _CROWD_CAPTION = (
     "from cache ÷ the agent's previous prompt and answer, over warm turns (a turn is credited "
     "at most its history). Prefilled ÷ new: (prompt − cached) ÷ (prompt − history) over warm "
     "turns; 1.00× means they paid for their new tokens only. Inter-token latency: the time "
-    "between two streamed tokens of one answer, over every answer. Tokens, miss reasons and disk "
+    "between two streamed tokens of one answer, over every answer; the longest gap is its worst "
+    "case (an answer preempted for a newcomer waits there). Tokens, miss reasons and disk "
     "blocks are the server's GET /admin/cache over the run (unknown where it has none). Each "
     "kind of client ran on a fresh server with a fresh cache folder when the bench spawned it."
 )
@@ -313,6 +315,7 @@ def _crowd_figures(run: CrowdRun) -> dict[str, Any]:
         "cold_ttft_p95_s": run.cold_ttft.p95,
         "inter_token_p50_s": run.inter_token.p50,
         "inter_token_p95_s": run.inter_token.p95,
+        "longest_gap_s": run.longest_gap_s,
         "output_tok_s": run.output_tok_s,
         "wall_s": run.wall_s,
         "errors": len(run.errors),

@@ -125,6 +125,12 @@ class CrowdRun:
         return LatencySummary.of([gap for t in self.turns for gap in t.gaps_s])
 
     @property
+    def longest_gap_s(self) -> float | None:
+        """The longest wait between two tokens of one answer, over every answer: what an answer
+        preempted for a newcomer waits before it resumes. None without gaps."""
+        return max((gap for t in self.turns for gap in t.gaps_s), default=None)
+
+    @property
     def output_tok_s(self) -> float:
         tokens = sum(t.completion_tokens for t in self.turns)
         return tokens / self.wall_s if self.wall_s > 0 else 0.0
