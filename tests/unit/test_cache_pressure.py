@@ -221,6 +221,34 @@ def test_a_running_sequences_growth_takes_an_idle_agents_blocks_before_a_waiting
     result(idle)
 
 
+def test_a_one_off_waiting_for_agents_room_does_not_hold_up_an_agents_turn_behind_it(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    # Agents' histories fill most of the pool; one agent keeps decoding. A one-off that needs
+    # their room waits (a side request never evicts a working agent) — and an agent's turn that
+    # fits, sent after it, used to wait behind it until nothing ran at all.
+    engine, _ = make_engine(served, tmp_path, num_blocks=24)
+    run_at_once(engine, {f"agent-{a}": system_prompt(a) for a in range(3)}, named=True)
+    busy = submit(engine, "busy", [*system_prompt(0), 50, 51], "agent-0", max_tokens=30)
+    engine.step()
+    side = submit(engine, "side", [3 + (k * 13) % 380 for k in range(18 * BLOCK)], None)
+    turn = submit(engine, "turn", [*system_prompt(1), 60, 61], "agent-1")
+    engine.step()
+    assert [seq.request.request_id for seq in engine.scheduler.waiting] == ["side"]
+    first: dict[str, int] = {}
+    for step in range(100):
+        engine.step()
+        first |= {
+            name: step for name, e in (("side", side), ("turn", turn)) if e and name not in first
+        }
+        if busy[-1:] and busy[-1].usage is not None:
+            break
+    assert "turn" in first and "side" not in first, "the agent's turn waited behind the one-off"
+    engine.run_until_idle()  # the one-off, once nothing runs (after ONE_OFF_PATIENCE_S)
+    for events in (busy, side, turn):
+        result(events)
+
+
 def test_an_anonymous_prompt_that_extends_a_history_whole_is_cached_as_a_working_agent(
     served: ServedModel, tmp_path: Path
 ) -> None:

@@ -38,6 +38,11 @@ class Fit:
     needed: int
     lacking: int
 
+    @property
+    def kept_from_agents(self) -> bool:
+        """A one-off that may not reclaim agents' pages: its wait for room is not theirs."""
+        return self.max_tier < TOP_TIER
+
 
 class BlockManager:
     """Allocates, shares, copies and releases a sequence's pages over the pool and its prefix

@@ -284,16 +284,21 @@ class Scheduler:
         return self.blocks.fit(seq, headroom=len(self.running))
 
     def _admit_next(self) -> Sequence | None:
-        """Admit the first waiting sequence if its prompt fits."""
-        if not self.waiting or len(self.running) + len(self.restoring) >= self.max_running:
+        """Admit the first waiting sequence if its prompt fits. A one-off waiting for room that
+        only agents' pages could make does not hold up the requests behind it: an agent's turn
+        that fits goes ahead (a one-off ahead of it would otherwise keep it waiting until
+        nothing ran at all)."""
+        if len(self.running) + len(self.restoring) >= self.max_running:
             return None
-        seq = self.waiting[0]
-        fit = self._fit(seq)
-        if fit.lacking > 0:
-            return None
-        self.waiting.popleft()
-        self._admit(seq, fit)
-        return seq
+        for seq in self.waiting:
+            fit = self._fit(seq)
+            if fit.lacking <= 0:
+                self.waiting.remove(seq)
+                self._admit(seq, fit)
+                return seq
+            if not fit.kept_from_agents:
+                return None
+        return None
 
     def _admit(self, seq: Sequence, fit: Fit) -> None:
         """Give `seq` its blocks; it runs now, or once the blocks only the disk has are in."""
