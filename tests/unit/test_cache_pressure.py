@@ -7,6 +7,7 @@ through the block tables, so a wrong restore changes outputs."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_ONE_OFF, TIER_WORKIN
 from semantic.cache.cache_stats import MISS_EVICTED
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
-from semantic.engine.scheduler import PREEMPT_QUANTUM
+from semantic.engine.scheduler import ONE_OFF_PASSED_S, PREEMPT_QUANTUM
 from semantic.models.served import ServedModel
 from tests.unit.fakes import make_engine
 
@@ -221,19 +222,35 @@ def test_a_running_sequences_growth_takes_an_idle_agents_blocks_before_a_waiting
     result(idle)
 
 
-def test_a_one_off_waiting_for_agents_room_does_not_hold_up_an_agents_turn_behind_it(
-    served: ServedModel, tmp_path: Path
-) -> None:
-    # Agents' histories fill most of the pool; one agent keeps decoding. A one-off that needs
-    # their room waits (a side request never evicts a working agent) — and an agent's turn that
-    # fits, sent after it, used to wait behind it until nothing ran at all.
+Events = list[TokenEvent]
+
+
+def one_off_ahead_of_a_turn(
+    served: ServedModel, tmp_path: Path, waited_s: float
+) -> tuple[Engine, Events, Events, Events]:
+    """Agents' histories fill most of the pool and one agent keeps decoding; then a one-off that
+    needs their room (having waited `waited_s`) and, behind it, another agent's turn that fits.
+    Returns the engine and the three requests' events, after one step."""
     engine, _ = make_engine(served, tmp_path, num_blocks=24)
     run_at_once(engine, {f"agent-{a}": system_prompt(a) for a in range(3)}, named=True)
     busy = submit(engine, "busy", [*system_prompt(0), 50, 51], "agent-0", max_tokens=30)
     engine.step()
-    side = submit(engine, "side", [3 + (k * 13) % 380 for k in range(18 * BLOCK)], None)
+    side: list[TokenEvent] = []
+    one_off = [3 + (k * 13) % 380 for k in range(18 * BLOCK)]
+    arrived = time.monotonic() - waited_s
+    engine.submit(Request("side", one_off, SamplingParams(temperature=0.0, max_tokens=6),
+                          arrival_time=arrived), side.append)  # fmt: skip
     turn = submit(engine, "turn", [*system_prompt(1), 60, 61], "agent-1")
     engine.step()
+    return engine, busy, side, turn
+
+
+def test_a_one_off_waiting_for_agents_room_does_not_hold_up_an_agents_turn_behind_it(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    # A side request never evicts a working agent, so the one-off waits; the agent's turn behind
+    # it used to wait with it until nothing ran at all.
+    engine, busy, side, turn = one_off_ahead_of_a_turn(served, tmp_path, waited_s=0.0)
     assert [seq.request.request_id for seq in engine.scheduler.waiting] == ["side"]
     first: dict[str, int] = {}
     for step in range(100):
@@ -245,6 +262,16 @@ def test_a_one_off_waiting_for_agents_room_does_not_hold_up_an_agents_turn_behin
             break
     assert "turn" in first and "side" not in first, "the agent's turn waited behind the one-off"
     engine.run_until_idle()  # the one-off, once nothing runs (after ONE_OFF_PATIENCE_S)
+    for events in (busy, side, turn):
+        result(events)
+
+
+def test_a_one_off_passed_for_long_enough_holds_the_line_again_and_is_not_starved(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    engine, busy, side, turn = one_off_ahead_of_a_turn(served, tmp_path, ONE_OFF_PASSED_S)
+    assert [seq.request.request_id for seq in engine.scheduler.waiting] == ["side", "turn"]
+    engine.run_until_idle()
     for events in (busy, side, turn):
         result(events)
 

@@ -28,6 +28,9 @@ PREEMPT_QUANTUM = 8
 # waits for one such chunk at most (256 tokens at the default 512: ~0.25 s of SmolLM2 on two
 # CPU cores, against ~0.5 s for a whole step), while a prompt alone still gets whole steps.
 PREFILL_SHARE_WHILE_DECODING = 0.5
+# How long requests behind a one-off that waits for room only agents hold may go ahead of it:
+# after that the line waits with it, and it runs once nothing else does (never starved).
+ONE_OFF_PASSED_S = 5.0
 # Shorter prompts go first, but newer ones may overtake a waiting prompt by at most this many
 # times its remaining length: then it goes first with half the budget or more, so a stream of
 # short prompts never starves it and it never holds them all back.
@@ -285,18 +288,20 @@ class Scheduler:
 
     def _admit_next(self) -> Sequence | None:
         """Admit the first waiting sequence if its prompt fits. A one-off waiting for room that
-        only agents' pages could make does not hold up the requests behind it: an agent's turn
-        that fits goes ahead (a one-off ahead of it would otherwise keep it waiting until
-        nothing ran at all)."""
+        only agents' pages could make does not hold up the requests behind it for its first
+        `ONE_OFF_PASSED_S`: an agent's turn that fits goes ahead (a one-off ahead of it would
+        otherwise keep it waiting until nothing ran at all)."""
         if len(self.running) + len(self.restoring) >= self.max_running:
             return None
+        now = time.monotonic()
         for seq in self.waiting:
             fit = self._fit(seq)
             if fit.lacking <= 0:
                 self.waiting.remove(seq)
                 self._admit(seq, fit)
                 return seq
-            if not fit.kept_from_agents:
+            passable = now - seq.request.arrival_time < ONE_OFF_PASSED_S
+            if not (fit.kept_from_agents and passable):
                 return None
         return None
 
