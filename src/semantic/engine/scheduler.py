@@ -54,17 +54,18 @@ class Scheduler:
     times what it has left: the oldest such goes first, with at least half the prompt budget.
     Why this policy: docs/design.md.
 
-    Admission takes waiting sequences in order, each once pages for its whole prompt are
-    available (then prefill chunks never need room: a sliding layer group's pages are reserved
-    for its window and a chunk, and each chunk trades the pages its window left for new ones,
-    `cache/block_manager.py`), keeping one block of headroom per running sequence so admitting
-    does not force the next decode to preempt. All that fit are admitted before the step's
-    chunks are chosen, so a short prompt can go first. Admission reuses the longest cached
-    prefix of the prompt (`cache/prefix.py`), wherever it is: pool blocks are shared (a partial
-    one copied), and blocks only the disk has are restored into the sequence's fresh blocks —
-    the sequence waits RESTORING (holding its blocks, so the restore can never fail for room)
-    while the engine reads them, then runs as if they had never left. A restore that cannot fit
-    waits in line; it is never recomputed for lack of room.
+    Admission takes waiting sequences in order (a one-off that waits for room only agents hold
+    lets the requests behind it pass for `ONE_OFF_PASSED_S`), each once pages for its whole
+    prompt are available (then prefill chunks never need room: a sliding layer group's pages are
+    reserved for its window and a chunk, and each chunk trades the pages its window left for new
+    ones, `cache/block_manager.py`), keeping one block of headroom per running sequence so
+    admitting does not force the next decode to preempt. All that fit are admitted before the
+    step's chunks are chosen, so a short prompt can go first. Admission reuses the longest
+    cached prefix of the prompt (`cache/prefix.py`), wherever it is: pool blocks are shared (a
+    partial one copied), and blocks only the disk has are restored into the sequence's fresh
+    blocks — the sequence waits RESTORING (holding its blocks, so the restore can never fail for
+    room) while the engine reads them, then runs as if they had never left. A restore that
+    cannot fit waits in line; it is never recomputed for lack of room.
 
     A decode that needs a new block and finds none preempts the most recently admitted running
     sequence: its full blocks and its partial last block stay cached (and go to disk if the
