@@ -294,6 +294,28 @@ def test_an_anonymous_prompt_that_extends_a_history_whole_is_cached_as_a_working
     assert {engine.pool.tier_of(b) for b in side.in_memory} == {TIER_ONE_OFF}
 
 
+def test_an_anonymous_history_that_ends_on_a_block_boundary_is_still_a_working_agents(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    # 41 prompt tokens and 8 answer tokens: the history computes 48, six whole blocks, and
+    # leaves no partial tail to match; its next turn used to count as a one-off.
+    engine, _ = make_engine(served, tmp_path)
+    first_prompt = [*system_prompt(5), 11]
+    first = submit(engine, "turn-1", first_prompt, None, max_tokens=8)
+    engine.run_until_idle()
+    history = [*first_prompt, *result(first)[0]]
+    assert (len(history) - 1) % BLOCK == 0
+    next_turn = engine.prefix.match([*history, 13])
+    assert next_turn.tail_hash is None and next_turn.extends_history
+    second = submit(engine, "turn-2", [*history, 13], None)
+    engine.run_until_idle()
+    assert result(second)[1].cached_tokens == len(history) - 1
+    conversation = engine.prefix.match([*history, 13, 14])
+    assert {engine.pool.tier_of(b) for b in conversation.in_memory} == {TIER_WORKING_AGENT}
+    # a prompt that shares the blocks but where no history ended is still not a conversation
+    assert not engine.prefix.match([*system_prompt(5), 99, 98]).extends_history
+
+
 def test_an_anonymous_conversations_partial_last_block_is_found_on_disk_after_a_restart(
     served: ServedModel, tmp_path: Path
 ) -> None:

@@ -219,9 +219,12 @@ class BlockManager:
             seq.block_hashes.append(self.prefix.register(pages, parent, tokens))
 
     def cache_tail(self, seq: Sequence) -> int | None:
-        """Index the partial last block, so the next turn of this history reuses it."""
+        """Index the partial last block, so the next turn of this history reuses it (a history
+        that ends on a block boundary is marked as ending there instead)."""
         full = len(seq.block_hashes)
         start = full * self.block_tokens
+        if seq.num_computed_tokens == start and full:
+            self.prefix.end_history(seq.block_hashes[-1])  # it ends on a block boundary
         if seq.num_computed_tokens <= start or any(t.end <= full for t in seq.block_tables):
             return None
         parent = seq.block_hashes[-1] if full else self.prefix.root

@@ -83,8 +83,9 @@ class PrefixMatch:
     sliding window needs only the blocks its window still reads after `num_tokens` tokens —
     the full blocks', then the tail's: a pool page, shared as it is (the tail's is copied,
     since its later slots belong to someone else), or None where only the lower tier has it:
-    restored into a fresh page. `extends_history` says the tail matched whole: the prompt
-    continues a history someone left, a conversation whether it was named or not. `missing` is
+    restored into a fresh page. `extends_history` says the tail matched whole (or, with no tail,
+    the last full block is where a history ended): the prompt continues a history someone left,
+    a conversation whether it was named or not. `missing` is
     the hash of the first full block it could not reuse (None when the chain ran out of prompt
     first), so a miss can say why."""
 
@@ -171,6 +172,8 @@ class PrefixCache:
         self._tokens: dict[int, tuple[int, ...]] = {}
         self._parent: dict[int, int] = {}
         self._children: dict[int, set[int]] = {}
+        # Full blocks a history ended with exactly (it left no partial tail to match whole).
+        self._history_ends: set[int] = set()
         self._full_groups = [g for g, window in enumerate(self.windows) if window is None]
         pool.on_reclaim = self._reclaimed
 
@@ -217,6 +220,8 @@ class PrefixCache:
         missing: int | None,
     ) -> PrefixMatch:
         tail_hash, tail_tokens, whole = tail if tail is not None else (None, 0, False)
+        if tail is None and blocks:
+            whole = blocks[-1][0] in self._history_ends
         num_tokens = len(blocks) * self.block_tokens + tail_tokens
         tail_block = (tail_hash, self._tokens.get(tail_hash, ())) if tail_hash is not None else None
         chain = [*blocks, *([tail_block] if tail_block is not None else [])]
@@ -356,13 +361,21 @@ class PrefixCache:
             return
         parent = self._parent.pop(block_hash)
         del self._tokens[block_hash]
+        self._history_ends.discard(block_hash)
         siblings = self._children[parent]
         siblings.discard(block_hash)
         if not siblings:
             del self._children[parent]
 
+    def end_history(self, block_hash: int) -> None:
+        """A history ends exactly at the end of this full block, with no partial tail: a prompt
+        that continues from it extends that history (a conversation's next turn)."""
+        if block_hash in self._tokens:
+            self._history_ends.add(block_hash)
+
     def check_integrity(self) -> None:
         assert set(self._tokens) == set(self._parent), "content index diverged"
+        assert self._history_ends <= set(self._tokens), "a history's end outlived its block"
         for block_hash in self._tokens:
             assert self.pages(block_hash), "an indexed hash has no page"
             assert block_hash in self._children[self._parent[block_hash]], "child index diverged"
