@@ -15,13 +15,7 @@ namespace {
 inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load(const bf16* p, __mmask16 m) { return load_bf16x16(p, m); }
 inline void store(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
-inline void store(bf16* p, __mmask16 m, __m512 v) {
-  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
-}
-
-inline __mmask16 lanes(int64_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-}
+inline void store(bf16* p, __mmask16 m, __m512 v) { store_bf16x16(p, m, v); }
 
 template <typename T>
 void rms_norm(const T* x, int64_t ldx, const T* w, T* y, int64_t rows, int64_t d, float eps,

@@ -51,6 +51,18 @@ inline __m512 round_to_bf16(__m512 v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
 }
 
+// The first `left` of 16 lanes (none for left <= 0, all for left >= 16): a row's last, partial
+// vector.
+inline __mmask16 lanes(int64_t left) {
+  if (left <= 0) return 0;
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// 16 fp32 rounded to bf16 into the lanes of `m`.
+inline void store_bf16x16(bf16* p, __mmask16 m, __m512 v) {
+  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
 inline void store_x16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 inline void store_x16(bf16* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));

@@ -130,10 +130,9 @@ struct QuantizedRows {
   }
 
   void quantize_block(const bf16* row, int64_t k, int64_t r, int64_t b) {
-    const int64_t k0 = b * kBlock, n = std::min(kBlock, k - k0);
-    const __mmask16 lo = n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
-    const __mmask16 hi = n <= 16 ? 0 : static_cast<__mmask16>((1u << (n - 16)) - 1);
-    const __m512 x0 = load_bf16x16(row + k0, lo), x1 = load_bf16x16(row + k0 + 16, hi);
+    const int64_t k0 = b * kBlock, n = k - k0;
+    const __m512 x0 = load_bf16x16(row + k0, lanes(n));
+    const __m512 x1 = load_bf16x16(row + k0 + 16, lanes(n - 16));
     const float amax = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(x0)),
                                 _mm512_reduce_max_ps(_mm512_abs_ps(x1)));
     const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
@@ -221,27 +220,34 @@ void unpack_panel(const bf16* src, bf16* w, int64_t p, int64_t n, int64_t k) {
   }
 }
 
+// Runs `fn(p, n0, mask, bias)` for every output panel p (threads split them into contiguous
+// ranges): n0 its first output, mask its outputs that exist, bias its 16 biases (zero without).
+template <typename Fn>
+void each_panel(int64_t n, const bf16* bias, Fn fn) {
+  at::parallel_for(0, (n + kPanel - 1) / kPanel, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n0 = p * kPanel;
+      const __mmask16 mask = lanes(n - n0);
+      fn(p, n0, mask, bias != nullptr ? load_bf16x16(bias + n0, mask) : _mm512_setzero_ps());
+    }
+  });
+}
+
 }  // namespace
 
 void small_linear_int8(const bf16* x, int64_t ldx, const uint8_t* w, const float* scales,
                        const bf16* bias, bf16* y, int64_t m, int64_t n, int64_t k) {
   const QuantizedRows rows_q(x, ldx, m, k);
-  const int64_t panels = (n + kPanel - 1) / kPanel, panel_size = rows_q.blocks * kBlock * kPanel;
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+  const int64_t panel_size = rows_q.blocks * kBlock * kPanel;
+  each_panel(n, bias, [&](int64_t p, int64_t n0, __mmask16 mask, __m512 b) {
     __m512 out[kPanel];
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n0 = p * kPanel, cols = std::min(kPanel, n - n0);
-      const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
-      const __m512 b = bias != nullptr ? load_bf16x16(bias + n0, mask) : _mm512_setzero_ps();
-      const __m512 scale = _mm512_loadu_ps(scales + n0);  // padded to whole panels
-      // Up to 16 x rows per pass over the panel; later passes find it in L1 or L2.
-      for (int64_t m0 = 0; m0 < m; m0 += kPanel) {
-        const int64_t rows = std::min(kPanel, m - m0);
-        int8_panel_for(rows)(rows_q, m0, w + p * panel_size, out);
-        for (int64_t i = 0; i < rows; ++i) {
-          const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(out[i], scale, b));
-          _mm256_mask_storeu_epi16(y + (m0 + i) * n + n0, mask, v);
-        }
+    const __m512 scale = _mm512_loadu_ps(scales + n0);  // padded to whole panels
+    // Up to 16 x rows per pass over the panel; later passes find it in L1 or L2.
+    for (int64_t m0 = 0; m0 < m; m0 += kPanel) {
+      const int64_t rows = std::min(kPanel, m - m0);
+      int8_panel_for(rows)(rows_q, m0, w + p * panel_size, out);
+      for (int64_t i = 0; i < rows; ++i) {
+        store_bf16x16(y + (m0 + i) * n + n0, mask, _mm512_fmadd_ps(out[i], scale, b));
       }
     }
   });
@@ -249,23 +255,17 @@ void small_linear_int8(const bf16* x, int64_t ldx, const uint8_t* w, const float
 
 void small_linear_bf16(const bf16* x, int64_t ldx, const bf16* w, const bf16* bias, bf16* y,
                        int64_t m, int64_t n, int64_t k) {
-  const int64_t panels = (n + kPanel - 1) / kPanel, panel_size = (k + 1) / 2 * 2 * kPanel;
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+  const int64_t panel_size = (k + 1) / 2 * 2 * kPanel;
+  each_panel(n, bias, [&](int64_t p, int64_t n0, __mmask16 mask, __m512 b) {
     __m512 out[kPanel];
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n0 = p * kPanel, cols = std::min(kPanel, n - n0);
-      const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
-      const __m512 b = bias != nullptr ? load_bf16x16(bias + n0, mask) : _mm512_setzero_ps();
-      // Up to 16 x rows per pass over the panel; later passes find it in L1.
-      for (int64_t m0 = 0; m0 < m; m0 += kPanel) {
-        const int64_t rows = std::min(kPanel, m - m0);
-        const bf16* x_rows[kPanel];
-        for (int64_t i = 0; i < rows; ++i) x_rows[i] = x + (m0 + i) * ldx;
-        panel_for(rows)(x_rows, w + p * panel_size, k, out);
-        for (int64_t i = 0; i < rows; ++i) {
-          const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(out[i], b));
-          _mm256_mask_storeu_epi16(y + (m0 + i) * n + n0, mask, v);
-        }
+    // Up to 16 x rows per pass over the panel; later passes find it in L1.
+    for (int64_t m0 = 0; m0 < m; m0 += kPanel) {
+      const int64_t rows = std::min(kPanel, m - m0);
+      const bf16* x_rows[kPanel];
+      for (int64_t i = 0; i < rows; ++i) x_rows[i] = x + (m0 + i) * ldx;
+      panel_for(rows)(x_rows, w + p * panel_size, k, out);
+      for (int64_t i = 0; i < rows; ++i) {
+        store_bf16x16(y + (m0 + i) * n + n0, mask, _mm512_add_ps(out[i], b));
       }
     }
   });

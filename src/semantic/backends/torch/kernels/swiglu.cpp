@@ -24,11 +24,9 @@ void swiglu_bf16(const bf16* gate_up, bf16* out, int64_t tokens, int64_t inner) 
       const bf16* gate = gate_up + t * 2 * inner;
       const bf16* up = gate + inner;
       for (int64_t i = 0; i < inner; i += 16) {
-        const int64_t left = inner - i;
-        const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+        const __mmask16 m = lanes(inner - i);
         const __m512 act = round_to_bf16(silu(load_bf16x16(gate + i, m)));
-        const __m512 product = _mm512_mul_ps(act, load_bf16x16(up + i, m));
-        _mm256_mask_storeu_epi16(out + t * inner + i, m, (__m256i)_mm512_cvtneps_pbh(product));
+        store_bf16x16(out + t * inner + i, m, _mm512_mul_ps(act, load_bf16x16(up + i, m)));
       }
     }
   });
