@@ -5,8 +5,8 @@ Decode and prefill on CPU (bf16 or fp32) run our kernels (`kernels/paged_attenti
 `kernels/prefill_attention.cpp`): each sequence's blocks are read in place through its block
 table, all query heads of a KV head from one load of each key; decode splits long contexts into
 spans on both cores, prefill is flash-style over key tiles and skips the masked triangle. CUDA,
-other dtypes, and CPUs without the kernels (`cpu_kernels()` is None: no AVX-512 BF16 or no
-compiler; or the `cpu_kernels=false` setting) use the stock kernels below, which gather the
+other dtypes, and CPUs without the kernels (`cpu_kernels()` is None: no AVX-512 BF16 or VNNI,
+or no compiler; or the `cpu_kernels=false` setting) use the stock kernels below, which gather the
 blocks first. Measured on the 2-core Zen 4 CPU (torch 2.13, SmolLM2 shapes: 9 query heads,
 3 KV heads, head_dim 64, block_tokens 256; per layer, decode's K/V cold in DRAM as in a real
 step, medians on a noisy shared machine):

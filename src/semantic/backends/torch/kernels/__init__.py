@@ -1,13 +1,14 @@
 """The torch backend's own CPU kernels: paged decode and prefill attention read in place, the
 small-row linear over weights packed in 16-row panels (bf16 `PanelWeight`, or int8 with a scale
-per row, `Int8PanelWeight`), and RMSNorm.
+per row, `Int8PanelWeight`, against x quantized per block), the 8-bit KV cache's write, and the
+small per-layer ops of a step: RMSNorm, rope and SwiGLU's middle.
 
-A C++ extension (AVX-512 with BF16 dot products), built once per sources, compiler flags, torch
-build and Python into a folder of the user cache named by their digest, never by a checkout's
-path: every checkout and venv with the same ones loads that build in well under a second. A
-build says that it is building and how long it took.
+A C++ extension (AVX-512 with BF16 and VNNI dot products), built once per sources, compiler
+flags, torch build and Python into a folder of the user cache named by their digest, never by a
+checkout's path: every checkout and venv with the same ones loads that build in well under a
+second. A build says that it is building and how long it took.
 `cpu_kernels()` returns None, logged once, where it cannot run: another architecture, a CPU
-without AVX-512 BF16, or no working compiler; callers then keep the stock torch kernels.
+without AVX-512 BF16 or VNNI, or no working compiler; callers then keep the stock torch kernels.
 """
 
 from __future__ import annotations
