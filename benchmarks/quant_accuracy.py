@@ -1,5 +1,6 @@
-"""How far a configuration's numerics drift from the default's on a real model: the logit error
-and greedy agreement of, e.g., an 8-bit KV cache or 8-bit weights against the bf16 default.
+"""How far a configuration's numerics drift from the model's own on a real model: the logit
+error and greedy agreement of, e.g., an 8-bit KV cache or 8-bit weights against bf16 weights
+and a KV cache in the model's dtype.
 
     python benchmarks/quant_accuracy.py --setting kv_dtype=int8
     python benchmarks/quant_accuracy.py --setting weights=int8 --tokens 64 --model gemma3-270m
@@ -7,7 +8,7 @@ and greedy agreement of, e.g., an 8-bit KV cache or 8-bit weights against the bf
 Both configurations are built from the server's own settings (`--setting name=value` is any
 setting, as `serve` takes it), on the same weights and prompts: chat questions, and the
 benchmark's prompts with long system prompts (the history a returning agent's KV holds). For
-each prompt the default configuration decodes `--tokens` greedily; the variant then reads the
+each prompt the model's own configuration decodes `--tokens` greedily; the variant then reads the
 same tokens (teacher forcing), so every position compares logits over the same context:
 
     logit error     mean and max |variant - default| over the vocabulary, and the mean error
@@ -83,6 +84,10 @@ class Sequence:
                 self.runner.run(Batch([item]))
             self.length += len(chunk)
         return logits
+
+
+# What the variant is measured against: the weights and the KV cache in the model's dtype.
+OWN_NUMERICS = {"kv_dtype": "model", "weights": "bf16"}
 
 
 def build_runner(checkpoint: Checkpoint, overrides: dict[str, str], pool_mb: int) -> TorchRunner:
@@ -169,8 +174,10 @@ def main() -> None:
     cases = prompts(checkpoint)
     block_tokens = Settings().block_tokens
     pages = -(-(max(len(ids) for _, ids in cases) + args.tokens) // block_tokens) + 1
-    base = build_runner(checkpoint, {}, _pool_mb(checkpoint, pages, block_tokens))
-    variant = build_runner(checkpoint, overrides, _pool_mb(checkpoint, pages, block_tokens))
+    base = build_runner(checkpoint, OWN_NUMERICS, _pool_mb(checkpoint, pages, block_tokens))
+    variant = build_runner(
+        checkpoint, OWN_NUMERICS | overrides, _pool_mb(checkpoint, pages, block_tokens)
+    )
     results = [compare(name, ids, base, variant, args.tokens, pages) for name, ids in cases]
     report(results, overrides, args)
 

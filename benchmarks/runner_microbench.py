@@ -101,13 +101,13 @@ class Mode:
     weights' format."""
 
     kernels: bool
-    kv_dtype: str = "auto"
+    kv_dtype: str = "model"
     weights: str = "bf16"
 
     @property
     def label(self) -> str:
         parts = ["on " if self.kernels else "off"]
-        parts += [] if self.kv_dtype == "auto" else [f"kv {self.kv_dtype}"]
+        parts += [] if self.kv_dtype == "model" else [f"kv {self.kv_dtype}"]
         parts += [] if self.weights == "bf16" else [f"weights {self.weights}"]
         return " ".join(parts)
 
@@ -360,7 +360,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this shape")
     parser.add_argument("--kernels", choices=("on", "off", "both"), default="both")
-    parser.add_argument("--kv-dtype", choices=("auto", "int8", "both"), default="auto")
+    parser.add_argument("--kv-dtype", choices=("model", "int8", "both"), default="model")
     parser.add_argument("--no-prefill", action="store_true", help="time decode steps only")
     parser.add_argument("--weights", choices=("bf16", "int8", "both"), default="bf16")
     parser.add_argument(
@@ -378,7 +378,7 @@ def main() -> None:
     reference = load_reference(args.shape)
     # Our CPU kernels exist on the CPU only: on CUDA there is one mode, the stock kernels.
     kernel_modes = {"on": [True], "off": [False], "both": [False, True]}[args.kernels]
-    kv_dtypes = {"auto": ["auto"], "int8": ["int8"], "both": ["auto", "int8"]}[args.kv_dtype]
+    kv_dtypes = {"model": ["model"], "int8": ["int8"], "both": ["model", "int8"]}[args.kv_dtype]
     weight_modes = ["bf16", "int8"] if args.weights == "both" else [args.weights]
     modes = [
         Mode(kernels, kv_dtype, weights)

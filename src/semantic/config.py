@@ -144,10 +144,11 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weights and KV dtype (auto: bf16 where supported, else fp32)."
     )
-    kv_dtype: Literal["auto", "int8"] = Field(
+    kv_dtype: Literal["auto", "model", "int8"] = Field(
         "auto",
-        description="How the KV cache stores K and V: auto in the model's dtype; int8 as 8-bit "
-        "values with a scale per token and head, about half the memory and disk per token.",
+        description="How the KV cache stores K and V: int8 as 8-bit values with a scale per "
+        "token and head (about half the memory and disk per token); model in the model's dtype; "
+        "auto: int8 where our CPU kernels read it and the model computes in bf16, else model.",
     )
     threads: int | None = Field(
         None,

@@ -48,7 +48,7 @@ class RunnerOptions:
     block_tokens: int
     cache_budget_mb: int | None  # None: sized from the free memory
     dtype: str
-    kv_dtype: str  # "auto" (the model's dtype) or "int8"
+    kv_dtype: str  # "auto", "model" (the model's dtype) or "int8"
     device: str
     threads: int | None
     kernels: bool  # our compiled CPU kernels, where the CPU has them

@@ -172,9 +172,10 @@ def test_kill_9_during_cache_writes_loses_nothing_acknowledged(
         assert reply.usage.prompt_tokens_details.cached_tokens > 700
         stats = httpx.get(f"{survivors.url}/admin/cache").json()
         assert stats["totals"]["quarantined"] == {}
+        models = httpx.get(f"{survivors.url}/admin/models").json()
     finally:
         survivors.stop()
-    _every_block_file_reads_back(blocks.parent)
+    _every_block_file_reads_back(blocks.parent, models["loaded"]["cache_spec"])
 
 
 def _churn(server: Server) -> None:
@@ -187,9 +188,11 @@ def _churn(server: Server) -> None:
             return
 
 
-def _every_block_file_reads_back(model_root: Path) -> None:
-    """Open the folder as the server would and read every block: none may fail its checks."""
-    spec = CacheSpec(30, 3, 64, "bfloat16", 256)
+def _every_block_file_reads_back(model_root: Path, tag: str) -> None:
+    """Open the folder as the server would (its cache spec's `tag`, SmolLM2's in bf16 with K/V
+    in bf16 or 8 bits) and read every block: none may fail its checks."""
+    specs = (CacheSpec(30, 3, 64, "bfloat16", 256, kv_dtype=kv) for kv in (None, "int8"))
+    spec = next(spec for spec in specs if spec.tag() == tag)
     tier = DiskTier(model_root.parent, model_tag=model_root.name, spec=spec, budget_bytes=2**40)
     hashes = [int(p.stem, 16) for p in (model_root / "blocks").glob("*.safetensors")]
     assert hashes and all(tier.read(h) is not None for h in hashes)

@@ -21,7 +21,7 @@ from semantic.backends.torch.attention import (
     write_kv,
 )
 from semantic.backends.torch.int8 import dequantize_rows, quantize_rows
-from semantic.backends.torch.runner import TorchRunner
+from semantic.backends.torch.runner import TorchRunner, pick_kv_dtype
 from semantic.cache.disk import BlockRecord, DiskTier, model_tag
 from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams
 from semantic.errors import ModelLoadFailed
@@ -241,9 +241,9 @@ def test_an_int8_pool_holds_about_twice_the_blocks_of_a_bf16_one_in_its_budget()
         kv_dtype: TorchRunner(
             config, weights, block_tokens=16, cache_budget_mb=4, kv_dtype=kv_dtype, kernels=False
         )
-        for kv_dtype in ("auto", "int8")
+        for kv_dtype in ("model", "int8")
     }
-    bf16, int8 = runners["auto"], runners["int8"]
+    bf16, int8 = runners["model"], runners["int8"]
     assert bf16.cache_spec.kv_dtype is None and int8.cache_spec.kv_dtype == "int8"
     # head_dim 64: 64 bytes and a 2-byte scale a row against 128 bytes
     assert int8.cache_spec.bytes_per_page * 128 == bf16.cache_spec.bytes_per_page * 66
@@ -259,6 +259,23 @@ def test_an_unknown_kv_dtype_is_refused():
         TorchRunner(config, weights, block_tokens=16, cache_budget_mb=4, kv_dtype="fp8")
     with pytest.raises(ValueError, match="KV dtype"):
         CacheSpec(1, 1, 16, "bfloat16", 16, kv_dtype="int4")
+
+
+@pytest.mark.parametrize(
+    ("in_place", "dtype", "stored"),
+    [(True, torch.bfloat16, "int8"), (True, torch.float32, None), (False, torch.bfloat16, None)],
+)
+def test_auto_is_int8_only_where_our_kernels_read_it_beside_a_bf16_model(in_place, dtype, stored):
+    assert pick_kv_dtype("auto", in_place, dtype) == stored
+    assert pick_kv_dtype("model", in_place, dtype) is None
+    assert pick_kv_dtype("int8", in_place, dtype) == "int8"
+
+
+@needs_kernels
+def test_a_bf16_model_on_our_kernels_keeps_an_8_bit_cache_by_default():
+    config, weights = tiny_llama(tied=True)
+    runner = TorchRunner(config, weights, block_tokens=16, cache_budget_mb=4, dtype="bfloat16")
+    assert runner.cache_spec.kv_dtype == "int8"
 
 
 def int8_runner(
@@ -297,7 +314,7 @@ def test_an_int8_cache_stays_close_to_the_model_dtypes(kernels):
     """fp32 model, so the only difference is the cache's: logits within a few hundredths."""
     if kernels and KERNELS is None:
         pytest.skip("no kernels")
-    full = step_logits(int8_runner(kernels, "float32", "auto"), PROMPTS, steps=4)
+    full = step_logits(int8_runner(kernels, "float32", "model"), PROMPTS, steps=4)
     int8 = step_logits(int8_runner(kernels, "float32"), PROMPTS, steps=4)
     for a, b in zip(int8, full, strict=True):
         assert float((a - b).abs().max()) < 0.05 * float(b.abs().max())
@@ -329,7 +346,7 @@ def test_an_int8_page_through_the_disk_tier_decodes_as_before(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
-    ("kv_dtype", "weights"), [("int8", "bf16"), ("auto", "int8"), ("int8", "int8")]
+    ("kv_dtype", "weights"), [("int8", "bf16"), ("model", "int8"), ("int8", "int8")]
 )
 def test_8_bit_kv_and_weights_on_cuda_give_the_logits_of_the_cpus_stock_path(kv_dtype, weights):
     """CUDA takes the stock path (a dequantizing gather, a dequantizing linear); fp32, so the

@@ -137,21 +137,21 @@ class SpawnedServer:
 def kv_bytes_per_token(model: str, server_args: list[str]) -> int:
     """K and V of one token in every layer, as a spawned server of `model` holds them: the
     model's geometry and the server's dtype (`--dtype` among `server_args`, else what "auto"
-    picks on this machine) and KV dtype (`--kv-dtype`). SmolLM2-135M in bf16: 2 · 30 layers ·
-    3 heads · 64 · 2 = 23,040; with `--kv-dtype int8`, 2 · 30 · 3 · (64 + a 2-byte scale) =
-    11,880."""
+    picks on this machine) and KV dtype (`--kv-dtype`, else what "auto" picks). SmolLM2-135M
+    in bf16: 2 · 30 layers · 3 heads · 64 · 2 = 23,040; in int8, 2 · 30 · 3 · (64 + a 2-byte
+    scale) = 11,880."""
     from semantic.models.checkpoint import load_checkpoint
     from semantic.registry import ModelRegistry
 
     config = load_checkpoint(ModelRegistry().resolve(model).path, progress=False).config
-    kv_dtype = flag_value(server_args, "--kv-dtype") or "auto"
+    dtype = _server_dtype(server_args)
     spec = CacheSpec(
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
-        dtype=_server_dtype(server_args),
+        dtype=dtype,
         block_tokens=1,
-        kv_dtype=None if kv_dtype == "auto" else kv_dtype,
+        kv_dtype=_server_kv_dtype(server_args, dtype, config.head_dim, config.num_attention_heads),
     )
     return spec.bytes_per_block
 
@@ -174,6 +174,24 @@ def _server_dtype(server_args: list[str]) -> str:
 
     device = pick_device(flag_value(server_args, "--device") or "auto")
     return str(pick_dtype("auto", device)).removeprefix("torch.")
+
+
+def _server_kv_dtype(server_args: list[str], dtype: str, head_dim: int, heads: int) -> str | None:
+    """`CacheSpec.kv_dtype` of a spawned server: `--kv-dtype` (or its environment variable),
+    "auto" resolved as the runner does on this machine."""
+    kv_dtype = flag_value(server_args, "--kv-dtype") or os.environ.get("SEMANTIC_KV_DTYPE", "auto")
+    if kv_dtype != "auto":
+        return None if kv_dtype == "model" else kv_dtype
+    import torch
+
+    from semantic.backends.torch.runner import pick_cpu_kernels, pick_device, pick_kv_dtype
+
+    device = pick_device(flag_value(server_args, "--device") or "auto")
+    torch_dtype = getattr(torch, dtype)
+    wanted = "--no-cpu-kernels" not in server_args
+    cpu = pick_cpu_kernels(wanted, device, torch_dtype)
+    in_place = cpu is not None and cpu.supports_attention(head_dim, heads, torch_dtype)
+    return pick_kv_dtype("auto", in_place, torch_dtype)
 
 
 def flag_value(args: list[str], flag: str) -> str | None:
