@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from semantic.bench.conversation import Chat
-from semantic.bench.crowd import Clients, CrowdRun, run_crowd
-from semantic.bench.options import BenchOptions
+from semantic.bench.crowd import CrowdRun, run_crowd
+from semantic.bench.options import BenchOptions, Clients
 from semantic.bench.plan import build_plan
 from semantic.bench.pool_phases import crowd_budget
 from semantic.bench.pressure import PoolBudget

@@ -39,7 +39,7 @@ from semantic.bench.report import BenchResult, to_json, to_markdown
 from semantic.bench.restart import RestartResult, RestartTurn, run_restart
 from semantic.bench.run import run_bench
 from semantic.bench.server import RestartTiming
-from semantic.bench.workload import BenchError
+from semantic.errors import BenchError
 from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import (
     TOKENS_PER_WORD,

@@ -18,14 +18,14 @@ import pytest
 from semantic.bench.cache_counters import CacheCounters, counters_over
 from semantic.bench.cli import add_bench_arguments, options_from_args
 from semantic.bench.conversation import Chat
-from semantic.bench.crowd import Clients, CrowdResult, CrowdRun, CrowdTurn, run_crowd
-from semantic.bench.options import BenchOptions, Phase
+from semantic.bench.crowd import CrowdResult, CrowdRun, CrowdTurn, run_crowd
+from semantic.bench.options import BenchOptions, Clients, Phase
 from semantic.bench.plan import WorkloadSpec, build_plan
 from semantic.bench.pool_phases import crowd_budget
 from semantic.bench.pressure import PoolBudget, pool_budget
 from semantic.bench.report import BenchResult, to_json, to_markdown
 from semantic.bench.run import run_bench
-from semantic.bench.workload import BenchError
+from semantic.errors import BenchError
 from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import (
     TOKEN_DELAY_S,

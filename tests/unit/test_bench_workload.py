@@ -22,7 +22,6 @@ from semantic.bench.report import BenchResult, figures, to_json, to_markdown
 from semantic.bench.run import run_bench
 from semantic.bench.server import free_port, peak_rss_bytes
 from semantic.bench.workload import (
-    BenchError,
     DecodeResult,
     LatencySummary,
     PrefillResult,
@@ -37,6 +36,7 @@ from semantic.bench.workload import (
     run_workload,
     stream_chat,
 )
+from semantic.errors import BenchError
 from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import (
     COLD_DELAY_S,

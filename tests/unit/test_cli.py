@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,15 @@ def test_a_variable_that_names_no_setting_is_a_warning_with_a_guess(
         "semantic: warning: SEMANTIC_CACHE_BUDGET names no setting and is ignored; did you mean "
         "SEMANTIC_CACHE_BUDGET_MB?\n"
     )
+
+
+def test_the_command_line_loads_no_bench_client_code_until_bench_runs() -> None:
+    """`semantic serve` builds the same parser as `semantic bench`; the bench's HTTP client
+    (httpx, and the rich console it pulls in) cost every server start ~0.1 s."""
+    code = (
+        "import sys; from semantic import cli; cli._parser(); "
+        "print(sorted(m for m in ('httpx', 'semantic.bench.crowd') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

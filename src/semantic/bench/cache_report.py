@@ -11,8 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from semantic.bench.cache_counters import CacheCounters
-from semantic.bench.crowd import Clients, CrowdResult, CrowdRun
+from semantic.bench.crowd import CrowdResult, CrowdRun
 from semantic.bench.history import HistoryResult
+from semantic.bench.options import Clients
 from semantic.bench.pressure import MISS_SHARE, PressureResult
 from semantic.bench.restart import RestartResult
 from semantic.bench.workload import LatencySummary

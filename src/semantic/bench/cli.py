@@ -9,9 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from semantic.bench.crowd import Clients
-from semantic.bench.options import BenchOptions, Phase
-from semantic.bench.workload import BenchError
+from semantic.bench.options import BenchOptions, Clients, Phase
+from semantic.errors import BenchError
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,6 @@ and errors, and the server's own cache counters over the run (`GET /admin/cache`
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,36 +16,18 @@ import httpx
 
 from semantic.bench.cache_counters import CacheCounters, counters_over, read_cache_counters
 from semantic.bench.conversation import Chat
+from semantic.bench.options import Clients
 from semantic.bench.plan import AgentScript, WorkloadSpec, agent_scripts
 from semantic.bench.pressure import PoolBudget
 from semantic.bench.workload import (
-    BenchError,
     LatencySummary,
     StreamResult,
     chat_body,
     stream_chat,
 )
+from semantic.errors import BenchError
 
 ERROR_CHARS = 300  # of an error's text kept in the record
-
-
-class Clients(enum.StrEnum):
-    """How the crowd's requests say who sent them, in the order the runs take them. Anonymous
-    first: on a target the runs share (a given URL), the named agents' blocks still rank above
-    one-off work when the next run begins, and semantic keeps one-off requests from them."""
-
-    ANONYMOUS = "anonymous"  # no session id at all
-    NAMED = "named"  # a session_id in every body
-
-    @classmethod
-    def parse(cls, text: str) -> tuple[Clients, ...]:
-        """The kinds a word names: "anonymous", "named" or "both" (in the runs' order)."""
-        if text == "both":
-            return tuple(cls)
-        try:
-            return (cls(text),)
-        except ValueError:
-            raise BenchError(f"clients must be named, anonymous or both, not {text!r}") from None
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,9 +7,8 @@ import enum
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from semantic.bench.crowd import Clients
 from semantic.bench.plan import ANSWER_TOKENS, WorkloadSpec
-from semantic.bench.workload import BenchError
+from semantic.errors import BenchError
 
 
 class Phase(enum.StrEnum):
@@ -35,6 +34,25 @@ class Phase(enum.StrEnum):
             raise BenchError(f"unknown phase(s) {', '.join(sorted(unknown)) or '(none)'}; "
                              f"known: {known}")  # fmt: skip
         return tuple(phase for phase in cls if phase.value in names)
+
+
+class Clients(enum.StrEnum):
+    """How the crowd's requests say who sent them, in the order the runs take them. Anonymous
+    first: on a target the runs share (a given URL), the named agents' blocks still rank above
+    one-off work when the next run begins, and semantic keeps one-off requests from them."""
+
+    ANONYMOUS = "anonymous"  # no session id at all
+    NAMED = "named"  # a session_id in every body
+
+    @classmethod
+    def parse(cls, text: str) -> tuple[Clients, ...]:
+        """The kinds a word names: "anonymous", "named" or "both" (in the runs' order)."""
+        if text == "both":
+            return tuple(cls)
+        try:
+            return (cls(text),)
+        except ValueError:
+            raise BenchError(f"clients must be named, anonymous or both, not {text!r}") from None
 
 
 # The phases the baseline repeats: it has no cache, so the cache phases have nothing to compare.

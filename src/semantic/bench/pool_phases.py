@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from semantic.bench.conversation import Chat
-from semantic.bench.crowd import Clients, CrowdResult, CrowdRun, run_crowd
-from semantic.bench.options import BenchOptions
+from semantic.bench.crowd import CrowdResult, CrowdRun, run_crowd
+from semantic.bench.options import BenchOptions, Clients
 from semantic.bench.plan import BenchPlan
 from semantic.bench.pressure import PoolBudget, PressureResult, pool_budget, run_pressure
 from semantic.bench.progress import PhaseProgress
 from semantic.bench.server import flag_value, kv_bytes_per_token, server_block_tokens
 from semantic.bench.target import given_url, open_client, start_server
-from semantic.bench.workload import BenchError
+from semantic.errors import BenchError
 
 T = TypeVar("T")
 BUDGET_FLAG = "--cache-budget-mb"

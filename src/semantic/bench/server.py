@@ -17,9 +17,9 @@ from typing import IO
 
 import httpx
 
-from semantic.bench.workload import BenchError
 from semantic.config import Settings
 from semantic.core import CacheSpec
+from semantic.errors import BenchError
 
 HOST = "127.0.0.1"
 

@@ -21,14 +21,10 @@ from typing import Any, Protocol
 import httpx
 
 from semantic.bench.plan import DECODE_TOKENS, AgentScript, BenchPlan, Message, sentences
-from semantic.errors import SemanticError
+from semantic.errors import BenchError
 
 CHAT_PATH = "/v1/chat/completions"
 CALIBRATION_WORDS = 300
-
-
-class BenchError(SemanticError):
-    """The target server refused a request, broke its stream, or sent no usable content."""
 
 
 class PromptUsage(Protocol):
