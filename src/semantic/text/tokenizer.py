@@ -7,6 +7,7 @@ tokens (which ids end a sequence, which ids to hide from the output).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -146,19 +147,27 @@ class Tokenizer:
 
 
 _GGUF_SPECIALS = ("bos", "eos", "unknown", "padding", "eot", "eom")
+# A character byte-level BPE cannot produce: one outside its 256-character byte alphabet (a
+# regex, because checking ~50K tokens a character set at a time costs every start ~15 ms).
+_OUTSIDE_BYTE_ALPHABET = re.compile(
+    "[^" + re.escape("".join(sorted(pre_tokenizers.ByteLevel.alphabet()))) + "]"
+)
+
+
+def _in_byte_alphabet(token: str) -> bool:
+    return _OUTSIDE_BYTE_ALPHABET.search(token) is None
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str]) -> tokenizers.Tokenizer:
     """GPT-2 style BPE over the byte alphabet, the same model transformers builds for a GGUF."""
-    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
     respell = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     # A token written with characters outside the byte alphabet (a raw space, say) is respelled
     # into it, or BPE could never produce it.
     vocab = {
-        token if set(token) <= alphabet else respell.pre_tokenize_str(token)[0][0]: index
+        token if _in_byte_alphabet(token) else respell.pre_tokenize_str(token)[0][0]: index
         for index, token in enumerate(tokens)
     }
-    pairs = [(left, right) for left, _, right in (merge.partition(" ") for merge in merges)]
+    pairs = [(left, right) for left, right in (merge.split(" ", 1) for merge in merges)]
     model = BPE(vocab=vocab, merges=pairs, continuing_subword_prefix="", end_of_word_suffix="")
     backend = tokenizers.Tokenizer(model)
     backend.decoder = decoders.ByteLevel()
@@ -220,14 +229,15 @@ def _add_gguf_added_tokens(
 ) -> None:
     """Control tokens (and BOS/EOS/UNK/PAD) become special added tokens, user-defined tokens plain
     added ones: both must match whole in text instead of being cut into pieces by BPE."""
-    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
     types = token_types or []
     wanted = {i for i, kind in enumerate(types) if kind == _CONTROL}
     wanted |= {i for i in special_ids.values() if i is not None}
     # A "control" token spelled outside the byte alphabet is a llama.cpp mislabel; adding it would
     # grow the vocabulary past the model's embedding, so it is skipped (as transformers does).
-    control = [tokens[i] for i in sorted(wanted) if not byte_level or set(tokens[i]) <= alphabet]
+    control = [tokens[i] for i in sorted(wanted) if not byte_level or _in_byte_alphabet(tokens[i])]
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+    if _USER_DEFINED not in types:
+        return
     vocab = backend.get_vocab()
     user = [
         t for t, kind in zip(tokens, types, strict=True) if kind == _USER_DEFINED and t in vocab
