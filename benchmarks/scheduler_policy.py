@@ -3,6 +3,9 @@ prefill policy against the alternatives, in simulated time.
 
     python benchmarks/scheduler_policy.py [--agents 16] [--turns 4] [--system-tokens 2000]
     python benchmarks/scheduler_policy.py --calibrate    # time the real runner, fit the cost
+    python benchmarks/scheduler_policy.py --admission --read-ms 10   # who is admitted, instead
+    python benchmarks/scheduler_policy.py --admission --read-ms 10 --agents 32 --turns 3 \
+        --pool-mb 512
 
 The real engine, scheduler, block pool and disk tier run over the fake runner (each token a hash
 of the context it reads back through the block tables, so a wrong schedule changes the output);
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from semantic.backends.fake import FakeRunner
 from semantic.bench.workload import percentile
+from semantic.cache.block_manager import Fit
 from semantic.cache.prefix import PrefixCache, PrefixMatch
 from semantic.config import Settings
 from semantic.core import (
@@ -184,6 +188,92 @@ POLICIES: dict[str, type[Scheduler]] = {
 }
 
 
+class _SmallestJobFirst(Scheduler):
+    """Shortest job first, for admission (tried 2026-11-27, not kept: docs/design.md). A job is
+    its uncached prompt and its answer, in decode steps (`PROMPT_TOKENS_PER_STEP` prompt tokens
+    a step). The line is taken smallest job first, unless newer ones were admitted ahead of one
+    by `OVERTAKE_LIMIT` times its job (then it goes first); the first in line may take the
+    place of running sequences with more left to generate than its whole job (after their
+    quantum; a starved one takes anyone's), so an answer near its end is never cut off."""
+
+    PROMPT_TOKENS_PER_STEP = 32
+    OVERTAKE_LIMIT = 32
+
+    def __init__(self, prefix: PrefixCache, **options: Any) -> None:
+        super().__init__(prefix, **options)
+        self.uncached: dict[int, int] = {}
+        self.passed_by: dict[int, float] = {}
+        self.smaller_than = -1.0
+
+    def add(self, seq: Sequence) -> PrefixMatch:
+        match = super().add(seq)
+        self.uncached[seq.seq_id] = len(seq.token_ids) - match.num_tokens
+        return match
+
+    def _job(self, seq: Sequence) -> float:
+        left = seq.request.sampling.max_tokens - seq.num_output_tokens
+        return (
+            left if seq.started else self.uncached[seq.seq_id] / self.PROMPT_TOKENS_PER_STEP + left
+        )
+
+    def _starved_first(self) -> Sequence | None:
+        limit = self.OVERTAKE_LIMIT
+        starved = [
+            s for s in self.waiting if self.passed_by.get(s.seq_id, 0) >= limit * self._job(s)
+        ]
+        return min(starved, key=lambda seq: seq.seq_id, default=None)
+
+    def _line(self) -> list[Sequence]:
+        first = self._starved_first()
+        rest = sorted((seq for seq in self.waiting if seq is not first), key=self._job)
+        return [first, *rest] if first is not None else rest
+
+    def _admit(self, seq: Sequence, fit: Fit) -> None:
+        job = self._job(seq)
+        for waiting in self.waiting:
+            if waiting.seq_id < seq.seq_id:
+                self.passed_by[waiting.seq_id] = self.passed_by.get(waiting.seq_id, 0) + job
+        self.passed_by.pop(seq.seq_id, None)
+        super()._admit(seq, fit)
+
+    def _admit_newcomers(self) -> None:
+        while self.waiting and len(self.running) + len(self.restoring) < self.max_running:
+            first = self._line()[0]
+            fit = self._fit(first)
+            if fit.lacking <= 0:
+                return
+            starved = first is self._starved_first()
+            self.smaller_than = -1.0 if starved else self._job(first)
+            if not self._preempt_for(fit):
+                return
+            self.waiting.remove(first)
+            self._admit(first, self._fit(first))
+
+    def _preemptible(self) -> list[Sequence]:
+        return [
+            seq
+            for seq in super()._preemptible()
+            if seq.request.sampling.max_tokens - seq.num_output_tokens > self.smaller_than
+        ]
+
+    def _admit_next(self) -> Sequence | None:
+        if len(self.running) + len(self.restoring) >= self.max_running:
+            return None
+        for seq in self._line()[:1]:
+            fit = self._fit(seq)
+            if fit.lacking <= 0:
+                self.waiting.remove(seq)
+                self._admit(seq, fit)
+                return seq
+        return None
+
+
+ADMISSION_POLICIES: dict[str, type[Scheduler]] = {
+    "**time to first token first (the policy)**": Scheduler,
+    "smallest job first": _SmallestJobFirst,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
@@ -232,11 +322,21 @@ def run(
             max_batch_tokens=settings.max_batch_tokens,
             end_token_ids=old.end_token_ids,
         )
-        # Reads from disk on the engine thread: they land before the next step, every run alike.
-        engine.tiering.read = engine.tiering._read  # type: ignore[method-assign]
+        # Reads from disk on the engine thread: they land before the next step, every run alike,
+        # each block costing `--read-ms`.
+        read = engine.tiering._read
+        blocks_read = 0
+
+        def timed_read(wanted: list[Any], deliver: Any) -> None:
+            nonlocal blocks_read
+            clock.now += args.read_ms / 1000 * len(wanted)
+            blocks_read += len(wanted)
+            read(wanted, deliver)
+
+        engine.tiering.read = timed_read  # type: ignore[method-assign]
         done = _drive(engine, clock, scenario.stagger_s, args)
         engine.stop()
-    return _figures(done, clock.now)
+    return _figures(done, clock.now) | {"blocks read": blocks_read}
 
 
 def _figures(done: list[_Turn], wall_s: float) -> dict[str, float]:
@@ -360,6 +460,11 @@ def main() -> None:
     parser.add_argument("--system-tokens", type=int, default=2000)
     parser.add_argument("--answer-tokens", type=int, default=64)
     parser.add_argument("--calibrate", action="store_true", help="fit the cost on this machine")
+    parser.add_argument(
+        "--admission", action="store_true", help="compare who is admitted, not prefill policies"
+    )
+    parser.add_argument("--read-ms", type=float, default=0.0, help="a block read from disk")
+    parser.add_argument("--pool-mb", type=int, help="one scenario: everyone at once, this pool")
     args = parser.parse_args()
     cost = calibrate() if args.calibrate else SMOLLM2_CPU
     print(
@@ -370,13 +475,17 @@ def main() -> None:
     checkpoint = load_checkpoint(path, progress=False)
     served = ServedModel("smollm2-135m", checkpoint.config, checkpoint.tokenizer,
                          checkpoint.chat_template, 8192, checkpoint.fingerprint)  # fmt: skip
-    for scenario in SCENARIOS:
+    policies = ADMISSION_POLICIES if args.admission else POLICIES
+    scenarios = SCENARIOS
+    if args.pool_mb:
+        scenarios = [Scenario(f"at once, {args.pool_mb} MiB pool", args.pool_mb, 0.0)]
+    for scenario in scenarios:
         print(
             f"\n{args.agents} agents × {args.turns} turns, {args.system_tokens:,}-token system "
             f"prompts, {args.answer_tokens}-token answers; {scenario.name} (seconds)\n"
         )
         _print_rows({name: run(served, policy, scenario, args, cost)
-                     for name, policy in POLICIES.items()})  # fmt: skip
+                     for name, policy in policies.items()})  # fmt: skip
 
 
 def _print_rows(results: dict[str, dict[str, float]]) -> None:
@@ -387,10 +496,13 @@ def _print_rows(results: dict[str, dict[str, float]]) -> None:
         "longest gap": ("longest gap",),
         "answer p50 / p95": ("answer p50", "answer p95"),
         "wall": ("wall",),
+        "blocks read": ("blocks read",),
     }
 
     def cell(row: dict[str, float], keys: tuple[str, ...]) -> str:
-        return " / ".join(f"{row[key]:.2f}" for key in keys)
+        return " / ".join(
+            f"{row[key]:.2f}" if key != "blocks read" else f"{row[key]:,}" for key in keys
+        )
 
     print("| policy | " + " | ".join(columns) + " |")
     print("|---|" + "---:|" * len(columns))

@@ -167,7 +167,7 @@ def _byte_level_bpe(tokens: list[str], merges: list[str]) -> tokenizers.Tokenize
         token if _in_byte_alphabet(token) else respell.pre_tokenize_str(token)[0][0]: index
         for index, token in enumerate(tokens)
     }
-    pairs = [(left, right) for left, right in (merge.split(" ", 1) for merge in merges)]
+    pairs = [(left, right) for left, _, right in (merge.partition(" ") for merge in merges)]
     model = BPE(vocab=vocab, merges=pairs, continuing_subword_prefix="", end_of_word_suffix="")
     backend = tokenizers.Tokenizer(model)
     backend.decoder = decoders.ByteLevel()
