@@ -383,7 +383,7 @@ def pick_cpu_kernels(wanted: bool, device: torch.device, dtype: torch.dtype) -> 
 def pick_kv_dtype(kv_dtype: str, in_place_kernels: bool, dtype: torch.dtype) -> str | None:
     """How the pool stores K/V (`CacheSpec.kv_dtype`): None in the model's dtype ("model").
     "auto" is int8 where our CPU kernels read it in place and the model computes in bf16 (there
-    it is faster than bf16 and holds twice the tokens, and its error is below bf16's own:
+    it is faster than bf16 and holds twice the tokens, and its error is about bf16's own:
     docs/design.md), else the model's dtype: an fp32 model is asked for its precision, and
     elsewhere int8 is dequantized on every read."""
     if kv_dtype == "auto":
