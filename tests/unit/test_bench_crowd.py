@@ -25,6 +25,7 @@ from semantic.bench.pool_phases import crowd_budget
 from semantic.bench.pressure import PoolBudget, pool_budget
 from semantic.bench.report import BenchResult, to_json, to_markdown
 from semantic.bench.run import run_bench
+from semantic.bench.server import server_block_tokens
 from semantic.errors import BenchError
 from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import (
@@ -198,6 +199,17 @@ def test_a_failed_request_is_counted_ends_that_agents_turns_and_the_rest_run_on(
     markdown = to_markdown(_result(CrowdResult(SPEC, [run])))
     assert "| Errors (requests) | 1 |" in markdown
     assert "First error, named: agent 1 turn 1: HTTP 500" in markdown
+
+
+def test_a_spawned_servers_settings_are_read_as_serve_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The environment counts as it does for the server, and a flag over it.
+    monkeypatch.setenv("SEMANTIC_BLOCK_TOKENS", "64")
+    assert server_block_tokens([]) == 64
+    assert server_block_tokens(["--block-tokens", "32"]) == 32
+    with pytest.raises(BenchError, match="server's"):
+        server_block_tokens(["--block-tokens", "none"])
 
 
 def test_the_pool_is_the_final_histories_over_the_factor_unless_a_budget_is_given(

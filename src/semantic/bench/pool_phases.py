@@ -101,16 +101,14 @@ def crowd_budget(options: BenchOptions) -> PoolBudget:
     `crowd_pool_factor` times, with room for one agent at least; a `--cache-budget-mb` among
     the server arguments wins."""
     server_args = options.server_args
+    given = flag_value(server_args, BUDGET_FLAG)
+    if given is not None and not given.isdigit():
+        raise BenchError(f"{BUDGET_FLAG} {given!r} after -- is not a number of MiB")
     bytes_per_token = kv_bytes_per_token(options.model, server_args)
     share = 1 / options.crowd_pool_factor
     block_tokens = server_block_tokens(server_args)
     budget = pool_budget(options.crowd_spec, bytes_per_token, share, 1, block_tokens)
-    given = flag_value(options.server_args, BUDGET_FLAG)
-    if given is None:
-        return budget
-    if not given.isdigit():
-        raise BenchError(f"{BUDGET_FLAG} {given!r} after -- is not a number of MiB")
-    return replace(budget, budget_mb=int(given))
+    return budget if given is None else replace(budget, budget_mb=int(given))
 
 
 def _pool(budget: PoolBudget | None) -> str:

@@ -18,8 +18,10 @@ from typing import IO
 import httpx
 
 from semantic.config import Settings
+from semantic.config_errors import load_settings
 from semantic.core import CacheSpec
-from semantic.errors import BenchError
+from semantic.errors import BenchError, InvalidSettings
+from semantic.settings_flags import Parser, add_settings_flags, given_settings
 
 HOST = "127.0.0.1"
 
@@ -136,62 +138,52 @@ class SpawnedServer:
 
 def kv_bytes_per_token(model: str, server_args: list[str]) -> int:
     """K and V of one token in every layer, as a spawned server of `model` holds them: the
-    model's geometry and the server's dtype (`--dtype` among `server_args`, else what "auto"
-    picks on this machine) and KV dtype (`--kv-dtype`, else what "auto" picks). SmolLM2-135M
-    in bf16: 2 · 30 layers · 3 heads · 64 · 2 = 23,040; in int8, 2 · 30 · 3 · (64 + a 2-byte
-    scale) = 11,880."""
+    model's geometry, in the dtype and KV dtype the server's settings (`server_settings`) pick on
+    this machine. SmolLM2-135M in bf16: 2 · 30 layers · 3 heads · 64 · 2 = 23,040; in int8,
+    2 · 30 · 3 · (64 + a 2-byte scale) = 11,880."""
+    from semantic.backends.torch.runner import (  # imports torch
+        attention_kernels,
+        pick_cpu_kernels,
+        pick_device,
+        pick_dtype,
+        pick_kv_dtype,
+    )
     from semantic.models.checkpoint import load_checkpoint
     from semantic.registry import ModelRegistry
 
+    settings = server_settings(server_args)
     config = load_checkpoint(ModelRegistry().resolve(model).path, progress=False).config
-    dtype = _server_dtype(server_args)
+    device = pick_device(settings.device)
+    dtype = pick_dtype(settings.dtype, device)
+    cpu = pick_cpu_kernels(settings.cpu_kernels, device, dtype)
+    in_place = attention_kernels(cpu, config, dtype) is not None
     spec = CacheSpec(
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
-        dtype=dtype,
+        dtype=str(dtype).removeprefix("torch."),
         block_tokens=1,
-        kv_dtype=_server_kv_dtype(server_args, dtype, config.head_dim, config.num_attention_heads),
+        kv_dtype=pick_kv_dtype(settings.kv_dtype, in_place, dtype),
     )
     return spec.bytes_per_block
 
 
 def server_block_tokens(server_args: list[str]) -> int:
-    """Tokens per KV block of a spawned server: `--block-tokens` among `server_args`, else the
-    setting's default."""
-    given = flag_value(server_args, "--block-tokens")
-    if given is not None and given.isdigit() and int(given) > 0:
-        return int(given)
-    default: int = Settings.model_fields["block_tokens"].default
-    return default
+    """Tokens per KV block of a spawned server."""
+    return server_settings(server_args).block_tokens
 
 
-def _server_dtype(server_args: list[str]) -> str:
-    dtype = flag_value(server_args, "--dtype") or "auto"
-    if dtype != "auto":
-        return dtype
-    from semantic.backends.torch.runner import pick_device, pick_dtype  # imports torch
-
-    device = pick_device(flag_value(server_args, "--device") or "auto")
-    return str(pick_dtype("auto", device)).removeprefix("torch.")
-
-
-def _server_kv_dtype(server_args: list[str], dtype: str, head_dim: int, heads: int) -> str | None:
-    """`CacheSpec.kv_dtype` of a spawned server: `--kv-dtype` (or its environment variable),
-    "auto" resolved as the runner does on this machine."""
-    kv_dtype = flag_value(server_args, "--kv-dtype") or os.environ.get("SEMANTIC_KV_DTYPE", "auto")
-    if kv_dtype != "auto":
-        return None if kv_dtype == "model" else kv_dtype
-    import torch
-
-    from semantic.backends.torch.runner import pick_cpu_kernels, pick_device, pick_kv_dtype
-
-    device = pick_device(flag_value(server_args, "--device") or "auto")
-    torch_dtype = getattr(torch, dtype)
-    wanted = "--no-cpu-kernels" not in server_args
-    cpu = pick_cpu_kernels(wanted, device, torch_dtype)
-    in_place = cpu is not None and cpu.supports_attention(head_dim, heads, torch_dtype)
-    return pick_kv_dtype("auto", in_place, torch_dtype)
+def server_settings(server_args: list[str]) -> Settings:
+    """The settings `semantic serve` starts with given `server_args`: those flags over the
+    environment, `.env` and the config file, as the server itself reads them."""
+    parser = Parser(prog="semantic serve", add_help=False)
+    add_settings_flags(parser)
+    try:
+        return load_settings(given_settings(parser.parse_args(server_args)))
+    except SystemExit:  # argparse has said what is wrong on stderr
+        raise BenchError(f"the server's arguments are not valid: {' '.join(server_args)}") from None
+    except InvalidSettings as exc:
+        raise BenchError(f"the server's settings: {exc}") from None
 
 
 def flag_value(args: list[str], flag: str) -> str | None:

@@ -89,9 +89,7 @@ class TorchRunner:
                 prepared = PreparedWeights.for_model(prepared_dir, weights_fingerprint, build)
                 self.model = prepared.build(build, weights)
         windows = self.model.layer_windows
-        in_place = cpu is not None and cpu.supports_attention(
-            config.head_dim, config.num_attention_heads, self.dtype
-        )
+        in_place = attention_kernels(cpu, config, self.dtype)
         self.cache_spec = CacheSpec(
             num_layers=config.num_hidden_layers,
             num_kv_heads=config.num_key_value_heads,
@@ -99,7 +97,7 @@ class TorchRunner:
             dtype=_DTYPE_NAMES[self.dtype],
             block_tokens=block_tokens,
             layer_windows=windows if any(w is not None for w in windows) else (),
-            kv_dtype=pick_kv_dtype(kv_dtype, in_place, self.dtype),
+            kv_dtype=pick_kv_dtype(kv_dtype, in_place is not None, self.dtype),
         )
         budget = self._auto_budget_bytes() if cache_budget_mb is None else cache_budget_mb * 2**20
         self.num_blocks = budget // self.cache_spec.bytes_per_page  # pages, one size for all
@@ -108,7 +106,7 @@ class TorchRunner:
                 f"cache_budget_mb={budget // 2**20} holds no page of "
                 f"{self.cache_spec.bytes_per_page} bytes"
             )
-        self.pool = KVPool(self.cache_spec, self.num_blocks, self.device, cpu if in_place else None)
+        self.pool = KVPool(self.cache_spec, self.num_blocks, self.device, in_place)
         self.vocab_size = config.vocab_size
         self.grammars = GrammarStates(config.vocab_size)
 
@@ -378,6 +376,17 @@ def pick_cpu_kernels(wanted: bool, device: torch.device, dtype: torch.dtype) -> 
     if not wanted or device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         return None
     return cpu_kernels()
+
+
+def attention_kernels(
+    cpu: CpuKernels | None, config: ModelConfig, dtype: torch.dtype
+) -> CpuKernels | None:
+    """`cpu` where it reads this model's paged attention in place (its heads and dtype), else
+    None: the pool is then read by the stock kernels."""
+    reads = cpu is not None and cpu.supports_attention(
+        config.head_dim, config.num_attention_heads, dtype
+    )
+    return cpu if reads else None
 
 
 def pick_kv_dtype(kv_dtype: str, in_place_kernels: bool, dtype: torch.dtype) -> str | None:
