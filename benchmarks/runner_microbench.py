@@ -7,6 +7,7 @@ kernels, the stock torch kernels, or both interleaved; with a bf16 KV cache, an 
     python benchmarks/runner_microbench.py [--runs 5] [--kernels both] [--context 1000]
     python benchmarks/runner_microbench.py --kernels on --weights both --linear-rows 8,16,128
     python benchmarks/runner_microbench.py --device cuda --shape smollm2-135m --batch 32
+    python benchmarks/runner_microbench.py --device cuda --kernels on --cuda-graphs both
     python benchmarks/runner_microbench.py --kernels on --kv-dtype both --context 10000
 
 `--linear-rows` also times all of the model's linears (every layer's, and the LM head) at each
@@ -97,16 +98,18 @@ def pool_mb(config: Any, batch: int, context: int) -> int:
 
 @dataclass(slots=True, frozen=True)
 class Mode:
-    """What one runner under test is built with: our CPU kernels or not, its KV dtype and its
-    weights' format."""
+    """What one runner under test is built with: our kernels or not (the compiled ones on the
+    CPU, Triton's on CUDA), decode graphs or not (CUDA), its KV dtype and its weights' format."""
 
     kernels: bool
     kv_dtype: str = "model"
     weights: str = "bf16"
+    graphs: bool = False
 
     @property
     def label(self) -> str:
         parts = ["on " if self.kernels else "off"]
+        parts += ["graphs"] if self.graphs else []
         parts += [] if self.kv_dtype == "model" else [f"kv {self.kv_dtype}"]
         parts += [] if self.weights == "bf16" else [f"weights {self.weights}"]
         return " ".join(parts)
@@ -123,6 +126,7 @@ def build_runner(reference: Any, mode: Mode, device: str, cache_mb: int) -> Torc
         kernels=mode.kernels,
         kv_dtype=mode.kv_dtype,
         weight_format=mode.weights,
+        cuda_graphs=mode.graphs,
     )
 
 
@@ -361,6 +365,9 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this shape")
     parser.add_argument("--kernels", choices=("on", "off", "both"), default="both")
     parser.add_argument("--kv-dtype", choices=("model", "int8", "both"), default="model")
+    parser.add_argument(
+        "--cuda-graphs", choices=("on", "off", "both"), default="both", help="with kernels on"
+    )
     parser.add_argument("--no-prefill", action="store_true", help="time decode steps only")
     parser.add_argument("--weights", choices=("bf16", "int8", "both"), default="bf16")
     parser.add_argument(
@@ -376,15 +383,17 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     reference = load_reference(args.shape)
-    # Our CPU kernels exist on the CPU only: on CUDA there is one mode, the stock kernels.
     kernel_modes = {"on": [True], "off": [False], "both": [False, True]}[args.kernels]
+    graph_modes = {"on": [True], "off": [False], "both": [False, True]}[args.cuda_graphs]
     kv_dtypes = {"model": ["model"], "int8": ["int8"], "both": ["model", "int8"]}[args.kv_dtype]
     weight_modes = ["bf16", "int8"] if args.weights == "both" else [args.weights]
     modes = [
-        Mode(kernels, kv_dtype, weights)
-        for kernels in (kernel_modes if args.device == "cpu" else [False])
+        Mode(kernels, kv_dtype, weights, graphs)
+        for kernels in kernel_modes
         for kv_dtype in kv_dtypes
         for weights in weight_modes
+        # Graphs need the kernels that read the pool in place, and a GPU.
+        for graphs in (graph_modes if args.device == "cuda" and kernels else [False])
     ]
     cache_mb = pool_mb(reference.config, args.batch, max(args.context, args.short_context))
     runners = {m: build_runner(reference, m, args.device, cache_mb) for m in modes}

@@ -164,6 +164,11 @@ class Settings(BaseSettings):
     cpu_kernels: bool = Field(
         True, description="Our compiled CPU kernels where the CPU has AVX-512 BF16 (else stock)."
     )
+    cuda_graphs: bool = Field(
+        True,
+        description="On CUDA, replay decode steps as CUDA graphs, captured at start-up for "
+        "batches of up to max_running sequences (else each step launches its kernels).",
+    )
     prepared_weights: bool = Field(
         True,
         description="Keep the weights converted for our CPU kernels in the user cache, so later "
@@ -395,6 +400,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "weights",
         "prepared_weights",
         "cpu_kernels",
+        "cuda_graphs",
         "max_model_len",
     ),
     "engine and cache": (

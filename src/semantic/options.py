@@ -54,6 +54,9 @@ class RunnerOptions:
     kernels: bool  # our compiled CPU kernels, where the CPU has them
     weights: str  # how the linears store their weights: "bf16" or "int8"
     prepared_dir: Path | None  # where built models are kept for the next start (None: never)
+    cuda_graphs: bool  # decode steps replayed as CUDA graphs, on CUDA
+    max_running: int  # the most sequences a decode step holds (the largest graph)
+    max_model_len: int | None  # the context cap (None: the model's), the graphs' table width
 
     def keywords(self) -> dict[str, Any]:
         """The runner's constructor keywords (everything but the backend's name)."""
@@ -67,6 +70,9 @@ class RunnerOptions:
             "kernels": self.kernels,
             "weight_format": self.weights,
             "prepared_dir": self.prepared_dir,
+            "cuda_graphs": self.cuda_graphs,
+            "max_decode_batch": self.max_running,
+            "max_seq_len": self.max_model_len,
         }
 
 
@@ -97,4 +103,7 @@ def runner_options(settings: Settings) -> RunnerOptions:
         kernels=settings.cpu_kernels,
         weights=settings.weights,
         prepared_dir=default_cache_dir() / "prepared" if settings.prepared_weights else None,
+        cuda_graphs=settings.cuda_graphs,
+        max_running=settings.max_running,
+        max_model_len=settings.max_model_len,
     )

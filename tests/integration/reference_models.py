@@ -15,12 +15,18 @@ from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.models.config import ModelConfig
 
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-# Where our runner computes: the CPU with our kernels, the CPU with stock torch ops (the path
-# CUDA takes too), and CUDA where there is a GPU (NEEDS_CUDA).
-PATHS = ["cpu", "cpu-stock", "cuda"]
+# Where our runner computes: the CPU with our kernels, the CPU with stock torch ops, and where
+# there is a GPU (NEEDS_CUDA): CUDA with the Triton kernels and decode graphs, the same without
+# graphs, and CUDA with stock torch ops.
+PATHS = ["cpu", "cpu-stock", "cuda", "cuda-eager", "cuda-stock"]
+CUDA_PATHS = ("cuda", "cuda-eager", "cuda-stock")
 # (ours against ours batched or chunked differently, ours against transformers). fp32 on CUDA
 # sums in another order per shape (cuBLAS and SDPA pick kernels by shape): looser there.
-TOLERANCES = {"cpu": (1e-5, 1e-4), "cpu-stock": (1e-5, 1e-4), "cuda": (2e-4, 5e-4)}
+TOLERANCES = {
+    "cpu": (1e-5, 1e-4),
+    "cpu-stock": (1e-5, 1e-4),
+    **{path: (2e-4, 5e-4) for path in CUDA_PATHS},
+}
 BLOCK_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -31,7 +37,7 @@ class Model:
 
     def __init__(self, path: str, reference: Any, *, vocab: int) -> None:
         self.path = path
-        self.device = "cuda" if path == "cuda" else "cpu"
+        self.device = "cuda" if path in CUDA_PATHS else "cpu"
         self.same, self.reference_tolerance = TOLERANCES[path]
         self.vocab = vocab
         self.reference = reference.eval()
@@ -61,7 +67,8 @@ class Model:
             cache_budget_mb=cache_budget_mb,
             dtype=dtype,
             device=self.device,
-            kernels=self.path != "cpu-stock",
+            kernels=not self.path.endswith("-stock"),
+            cuda_graphs=self.path == "cuda",
             prepared_dir=prepared,
             weights_fingerprint="reference" if prepared else None,
         )

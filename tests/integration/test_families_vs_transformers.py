@@ -18,6 +18,7 @@ from tests.integration.reference_models import (
     BLOCK_TOKENS,
     GREEDY,
     NEEDS_CUDA,
+    CUDA_PATHS,
     PATHS,
     Model,
     close,
@@ -144,7 +145,7 @@ def _cases() -> list[Any]:
     for family in FAMILIES:
         for path in PATHS:
             if path != "cpu-stock" or family in STOCK_ON_CPU:
-                marks = [NEEDS_CUDA] if path == "cuda" else []
+                marks = [NEEDS_CUDA] if path in CUDA_PATHS else []
                 cases.append(pytest.param((family, path), marks=marks, id=f"{family}-{path}"))
     return cases
 

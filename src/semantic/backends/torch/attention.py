@@ -57,17 +57,57 @@ from __future__ import annotations
 import math
 import mmap
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from semantic.backends.torch.int8 import SCALE_DTYPE, dequantize_rows, quantize_rows
-from semantic.backends.torch.kernels import CpuKernels
 from semantic.cache.page import PageKV
 from semantic.core import CacheSpec
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class AttentionKernels(Protocol):
+    """Kernels that read the pool in place: ours on the CPU (`kernels/`, `CpuKernels`) and
+    Triton's on CUDA (`cuda/attention.py`). Their docstrings give the shapes; both compute
+    what the stock path below computes."""
+
+    def supports_attention(self, head_dim: int, heads: int, dtype: torch.dtype) -> bool: ...
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        k_scales: torch.Tensor | None = None,
+        v_scales: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+    def prefill_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        block_table: torch.Tensor | None,
+        context_len: int,
+        scale: float,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        k_scales: torch.Tensor | None = None,
+        v_scales: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+    def write_kv_int8(
+        self, x: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor, scales: torch.Tensor
+    ) -> None: ...
 
 
 class KVPool:
@@ -92,7 +132,7 @@ class KVPool:
         spec: CacheSpec,
         num_pages: int,
         device: torch.device,
-        kernels: CpuKernels | None = None,
+        kernels: AttentionKernels | None = None,
     ) -> None:
         page = (spec.block_tokens, spec.num_kv_heads, spec.head_dim)
         shape = (2, spec.layers_per_group, num_pages, *page)
@@ -196,7 +236,7 @@ class LayerKV:
         k: torch.Tensor,
         v: torch.Tensor,
         scratch: GatherScratch,
-        kernels: CpuKernels | None = None,
+        kernels: AttentionKernels | None = None,
         group: int = 0,
         scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:

@@ -1,5 +1,6 @@
 """TorchRunner: the torch `ModelRunner`. Owns the model, the KV pool tensors, the per-step inputs
-(positions, slot mapping, block tables) and the choice of device, dtype and CPU kernels."""
+(positions, slot mapping, block tables), the choice of device, dtype and kernels (our CPU
+kernels, or Triton's on CUDA), and on CUDA the decode steps' graphs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +36,9 @@ from semantic.errors import ModelLoadFailed
 from semantic.kv_budget import auto_budget_bytes, host_available_bytes
 from semantic.models.config import ModelConfig
 from semantic.text.grammar import GrammarStates
+
+if TYPE_CHECKING:
+    from semantic.backends.torch.cuda.graphs import DecodeGraphs
 
 _DTYPE_NAMES = {torch_dtype: name for name, torch_dtype in DTYPES.items()}
 
@@ -70,6 +75,9 @@ class TorchRunner:
         weight_format: str = "bf16",
         prepared_dir: Path | None = None,
         weights_fingerprint: str | None = None,
+        cuda_graphs: bool = True,
+        max_decode_batch: int = 64,
+        max_seq_len: int | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(threads)  # process-wide: this runner is the process's compute
@@ -106,9 +114,33 @@ class TorchRunner:
                 f"cache_budget_mb={budget // 2**20} holds no page of "
                 f"{self.cache_spec.bytes_per_page} bytes"
             )
-        self.pool = KVPool(self.cache_spec, self.num_blocks, self.device, in_place)
+        graphs = cuda_graphs and self.device.type == "cuda" and in_place is not None
+        # With graphs, one page past the engine's holds the padding rows' K/V (cuda/graphs.py).
+        pages = self.num_blocks + 1 if graphs else self.num_blocks
+        self.pool = KVPool(self.cache_spec, pages, self.device, in_place)
         self.vocab_size = config.vocab_size
         self.grammars = GrammarStates(config.vocab_size)
+        self.graphs: DecodeGraphs | None = None
+        if graphs:
+            seq_len = min(config.max_position_embeddings, max_seq_len or 2**62)
+            self.graphs = self._capture_graphs(max_decode_batch, seq_len)
+
+    def _capture_graphs(self, max_batch: int, seq_len: int) -> DecodeGraphs:
+        from semantic.backends.torch.cuda.graphs import CAPTURE_BUDGET_S, DecodeGraphs
+
+        graphs = DecodeGraphs(
+            self.model,
+            self.pool.layers,
+            groups=len(self.cache_spec.groups),
+            block_tokens=self.cache_spec.block_tokens,
+            max_blocks=-(-seq_len // self.cache_spec.block_tokens),
+            spare_page=self.num_blocks,
+            max_batch=max_batch,
+            device=self.device,
+        )
+        with torch.inference_mode():
+            graphs.capture(CAPTURE_BUDGET_S)
+        return graphs
 
     def _auto_budget_bytes(self) -> int:
         """The pool's share of the memory left once the weights are in (`kv_budget.py`)."""
@@ -123,9 +155,9 @@ class TorchRunner:
         if self.threads is not None:
             self.threads.adjust()
         self._copy_blocks(batch.copies)
-        step = self.prepare(batch)
-        outcomes = sample(self._logits(step), step.sampled_items, self.grammars)
-        return step_tokens(len(batch.items), zip(step.sampled_index, outcomes, strict=True))
+        logits, items, index = self._sampled_logits(batch)
+        outcomes = sample(logits, items, self.grammars)
+        return step_tokens(len(batch.items), zip(index, outcomes, strict=True))
 
     def forget(self, seq_id: int) -> None:
         self.grammars.release(seq_id)
@@ -133,10 +165,20 @@ class TorchRunner:
     def forward_logits(self, batch: Batch) -> torch.Tensor:
         """Like `run` but return fp32 logits [N, V] of the sample=True items, in batch order."""
         self._copy_blocks(batch.copies)
-        step = self.prepare(batch)
-        logits = self._logits(step)
-        order = sorted(range(len(step.sampled_index)), key=step.sampled_index.__getitem__)
+        logits, _, index = self._sampled_logits(batch)
+        order = sorted(range(len(index)), key=index.__getitem__)
         return logits[order]
+
+    def _sampled_logits(self, batch: Batch) -> tuple[torch.Tensor, list[BatchItem], list[int]]:
+        """fp32 logits of the items to sample, those items and their batch indices: a batch of
+        decodes by its graph where one was captured, any other eagerly."""
+        if self.graphs is not None:
+            with torch.inference_mode():
+                logits = self.graphs.logits(batch.items)
+            if logits is not None:
+                return logits, batch.items, list(range(len(batch.items)))
+        step = self.prepare(batch)
+        return self._logits(step), step.sampled_items, step.sampled_index
 
     def _logits(self, step: StepInputs) -> torch.Tensor:
         if step.input_ids.shape[0] == 0:  # a step of block copies only

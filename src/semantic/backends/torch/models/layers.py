@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,13 +22,28 @@ from semantic.backends.torch.attention import (
     LayerKV,
     paged_attention,
 )
-from semantic.backends.torch.kernels import CpuKernels
 from semantic.backends.torch.linear import Linear, LinearFactory
 from semantic.backends.torch.models.rope import Rope, apply_rope
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
+
+
+class LayerKernels(Protocol):
+    """A layer's small ops in one pass each: ours on the CPU (`kernels/`, `CpuKernels`, in bf16
+    and fp32) and Triton's on CUDA (`cuda/layers.py`). Each computes what the stock torch ops
+    beside its call compute."""
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, round_normed: bool = True
+    ) -> torch.Tensor: ...
+
+    def rope(
+        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor
+    ) -> torch.Tensor: ...
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor: ...
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -52,13 +68,14 @@ def activation(name: str) -> Activation:
 @dataclass(slots=True, frozen=True)
 class Build:
     """What every family's builder needs besides the weights: the config, where the tensors go,
-    how each linear stores its weight (`linear.py`) and our CPU kernels (None: stock torch)."""
+    how each linear stores its weight (`linear.py`) and the layers' kernels (None: stock
+    torch)."""
 
     config: ModelConfig
     dtype: torch.dtype
     device: torch.device
     linear: LinearFactory
-    kernels: CpuKernels | None
+    kernels: LayerKernels | None
     weight_format: str = "bf16"  # how `linear` stores a weight: "bf16" (the dtype) or "int8"
 
     def tensor(self, array: torch.Tensor) -> torch.Tensor:
@@ -97,7 +114,7 @@ class RMSNorm:
         self,
         weight: torch.Tensor,
         eps: float,
-        kernels: CpuKernels | None,
+        kernels: LayerKernels | None,
         *,
         scale_in_fp32: bool = False,
     ) -> None:
@@ -131,7 +148,7 @@ class Attention:
         o: Linear,
         rope: Rope,
         how: LayerAttention,
-        kernels: CpuKernels | None,
+        kernels: LayerKernels | None,
         qk_norms: tuple[RMSNorm, RMSNorm] | None = None,
     ) -> None:
         self.heads = config.num_attention_heads
@@ -169,7 +186,7 @@ class GatedMLP:
     GeGLU with tanh-GELU (Gemma)."""
 
     def __init__(
-        self, gate_up: Linear, down: Linear, act: Activation, kernels: CpuKernels | None
+        self, gate_up: Linear, down: Linear, act: Activation, kernels: LayerKernels | None
     ) -> None:
         self.gate_up = gate_up
         self.down = down
