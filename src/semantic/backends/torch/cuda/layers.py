@@ -145,7 +145,8 @@ def _rms_norm_kernel(
         summed = (x + delta.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(x_ptr + token * x_stride + col, summed, mask=mask)
         x = summed.to(tl.float32)
-    normed = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / DIM + eps)
+    # IEEE division (div_rn) as torch's; Triton's `/` in fp32 is an approximate one
+    normed = x * tl.math.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=0), DIM * 1.0) + eps)
     weight = tl.load(weight_ptr + col, mask=mask, other=0.0).to(tl.float32)
     if ROUND_NORMED:  # Llama, Qwen: weight · normed.to(dtype), the product rounded again
         normed = normed.to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -303,7 +304,7 @@ def _gated_kernel(
     # x·sigmoid(z) from e^-|z|, which cannot overflow: x / (1 + e^-z) for z >= 0 (torch's own
     # formula), x·e^z / (1 + e^z) below.
     e = tl.exp(-tl.abs(z))
-    act = tl.where(z >= 0, gate, gate * e) / (1.0 + e)
+    act = tl.math.div_rn(tl.where(z >= 0, gate, gate * e), 1.0 + e)
     act = act.to(out_ptr.dtype.element_ty).to(tl.float32)
     out = (act * up.to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + token * INNER + col, out, mask=mask)
