@@ -408,7 +408,8 @@ class TritonLayers:
         """x: [T, KVH, D] → the pool `cache` [blocks, block_tokens, KVH, D] at `slots` [T]
         int64 (page · block_tokens + offset; a negative slot is skipped). With `scales`
         [blocks, block_tokens, KVH] bf16 the pool is 8-bit (int8 `cache`) and each row is
-        quantized as `int8.quantize_rows` does."""
+        quantized as `int8.quantize_rows` does. Slots are the engine's, not checked against
+        the pool's size: a check would read them on the host, a sync per layer."""
         _check_rows(x, 3, "x")
         tokens, kv_heads, dim = x.shape
         _check_pool(cache, scales, kv_heads, dim)
