@@ -16,9 +16,9 @@ from semantic.backends.torch.kernels import cpu_kernels
 from semantic.core import Batch, BatchItem
 from tests.integration.reference_models import (
     BLOCK_TOKENS,
+    CUDA_PATHS,
     GREEDY,
     NEEDS_CUDA,
-    CUDA_PATHS,
     PATHS,
     Model,
     close,

@@ -330,14 +330,17 @@ def paged_attention(
     kv: LayerKV,
     meta: AttentionMetadata,
     how: LayerAttention,
+    *,
+    written: bool = False,
 ) -> torch.Tensor:
-    """Write the step's K/V into the layer's pool, then attend each query to its sequence's keys
-    as the layer does (`how`).
+    """Write the step's K/V into the layer's pool (unless the caller has: `written`), then
+    attend each query to its sequence's keys as the layer does (`how`).
 
     q: [T, H, D]; k, v: [T, KVH, D] → [T, H, D], in the layout order.
     """
     view = meta.groups[kv.group]
-    write_kv(kv, k, v, view.slot_mapping)
+    if not written:
+        write_kv(kv, k, v, view.slot_mapping)
     outs: list[torch.Tensor] = []
     if view.decode is not None:
         outs.append(decode_attention(q[: view.decode.num_tokens], kv, view.decode, how))

@@ -176,6 +176,19 @@ class CpuKernels:
         out: torch.Tensor = self._module.rms_norm(x, weight, eps, round_normed)
         return out
 
+    def add_rms_norm(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        round_normed: bool = True,
+    ) -> torch.Tensor:
+        """`x += delta` in place, then `rms_norm(x, ...)`: two passes here (at decode sizes the
+        add costs a few µs; a CUDA step fuses them)."""
+        x += delta
+        return self.rms_norm(x, weight, eps, round_normed)
+
     def unpack(self, weight: PanelWeight, out: torch.Tensor) -> torch.Tensor:
         """The plain [N, K] bf16 weight, written into `out` (contiguous, that shape)."""
         self._module.unpack_weight(weight.panels, out)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +39,40 @@ class LayerKernels(Protocol):
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, round_normed: bool = True
     ) -> torch.Tensor: ...
 
+    def add_rms_norm(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        round_normed: bool = True,
+    ) -> torch.Tensor: ...
+
     def rope(
         self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor
     ) -> torch.Tensor: ...
 
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class RopeWriter(Protocol):
+    """Kernels that rope a step's q and k in place in the fused QKV projection's output and
+    write its K/V into the pool, in one pass (`cuda/layers.py`)."""
+
+    def rope_write_kv(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        cos: torch.Tensor,
+        sin_signed: torch.Tensor,
+        slots: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k_scales: torch.Tensor | None = None,
+        v_scales: torch.Tensor | None = None,
+    ) -> None: ...
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -134,12 +163,26 @@ class RMSNorm:
             return (normed * self.weight.float()).to(x.dtype)
         return self.weight * normed.to(x.dtype)
 
+    def add(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """`x += delta` (the residual stream, in place), then the norm of x: one pass where
+        the kernels fuse them. x, delta: [T, D]; no delta: the norm alone."""
+        if delta is None:
+            return self(x)
+        if self.kernels is not None:
+            return self.kernels.add_rms_norm(
+                x, delta, self.weight, self.eps, not self.scale_in_fp32
+            )
+        x += delta
+        return self(x)
+
 
 class Attention:
     """Grouped-query attention over the pool: fused QKV projection (with its bias, if any),
     optional RMSNorms of each head's q and k (Qwen3, Gemma 3), rope on q and k together (our
     kernel in bf16 where there is one), paged attention as the layer's `LayerAttention` says
-    (scale, sliding window, sinks), output projection."""
+    (scale, sliding window, sinks), output projection. Kernels that can (`RopeWriter`, on
+    CUDA) rope q and k and write K/V into the pool in one pass, where no q/k norms come
+    between the projection and the rope."""
 
     def __init__(
         self,
@@ -160,12 +203,24 @@ class Attention:
         self.how = how
         self.qk_norms = qk_norms
         self.kernels = kernels if config.head_dim % 32 == 0 else None
+        self.rope_writer: RopeWriter | None = None
+        if isinstance(kernels, RopeWriter) and qk_norms is None:
+            self.rope_writer = kernels
 
     def __call__(self, x: torch.Tensor, step: StepContext, kv: LayerKV) -> torch.Tensor:
         # x: [T, D_model]
         tokens = x.shape[0]
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         qkv = self.qkv(x).view(tokens, heads + 2 * kv_heads, dim)  # [T, H + 2·KVH, D]
+        if self.rope_writer is not None:
+            cos, sin_signed = step.rope_tables[self.rope]
+            slots = step.meta.groups[kv.group].slot_mapping
+            self.rope_writer.rope_write_kv(
+                qkv, heads, kv_heads, cos, sin_signed, slots, kv.k, kv.v, kv.k_scales, kv.v_scales
+            )
+            q, k, v = qkv.split((heads, kv_heads, kv_heads), 1)
+            out = paged_attention(q, k, v, kv, step.meta, self.how, written=True)
+            return self.o(out.reshape(tokens, heads * dim))
         qk = qkv[:, : heads + kv_heads]
         if self.qk_norms is not None:
             q_norm, k_norm = self.qk_norms
@@ -225,13 +280,19 @@ class Block:
         self.post_attn_norm = post_attn_norm
         self.post_mlp_norm = post_mlp_norm
 
-    def __call__(self, x: torch.Tensor, step: StepContext, kv: LayerKV) -> torch.Tensor:
-        # x: [T, D_model], updated in place: the residual stream is this step's own tensor
-        h = self.attn(self.attn_norm(x), step, kv)
-        x += h if self.post_attn_norm is None else self.post_attn_norm(h)
-        h = self.mlp(self.mlp_norm(x))
-        x += h if self.post_mlp_norm is None else self.post_mlp_norm(h)
-        return x
+    def __call__(
+        self, x: torch.Tensor, step: StepContext, kv: LayerKV, delta: torch.Tensor | None
+    ) -> torch.Tensor:
+        """x: [T, D_model], the residual stream (this step's own tensor), to which the previous
+        block's output `delta` (None before the first) is added here, in place, in one pass with
+        this block's first norm; returns this block's output, for the next block to add."""
+        h = self.attn(self.attn_norm.add(x, delta), step, kv)
+        h = self.mlp(self.mlp_norm.add(x, _post_norm(self.post_attn_norm, h)))
+        return _post_norm(self.post_mlp_norm, h)
+
+
+def _post_norm(norm: RMSNorm | None, h: torch.Tensor) -> torch.Tensor:
+    return h if norm is None else norm(h)
 
 
 class DecoderModel:
@@ -273,8 +334,11 @@ class DecoderModel:
         if self.embed_scale is not None:
             x = x * self.embed_scale
         step = StepContext.build(self.ropes, positions, x.dtype, meta)
+        delta = None
         for block, kv in zip(self.blocks, kv_layers, strict=True):
-            x = block(x, step, kv)
+            delta = block(x, step, kv, delta)
+        if delta is not None:
+            x += delta
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
