@@ -1,0 +1,509 @@
+"""Paged attention on CUDA: Triton kernels that read each sequence's KV blocks in place through
+its block table, for decode (one query per sequence) and for prefill chunks (causal over the
+sequence's cached context and the chunk itself). `TritonAttention` offers the CPU kernels'
+entry points (`kernels.CpuKernels`) with their semantics, so `attention.KVPool` holds either.
+
+Both kernels put all G = H / KVH query heads of a KV head into one program, so each key and
+value row is loaded once per KV head, never once per query head. Keys are gathered token by
+token through the table (page = table[pos // block_tokens], slot = pos % block_tokens), so any
+block size works and tiles need not align with blocks. Scores run in the log2 domain (the scale
+folds in log2 e, softmax uses exp2); the online softmax keeps a running max, sum and fp32
+accumulator per query row. Sinks (a logit per head with no value) are the initial state of
+that softmax: max = the sink, sum = 1, nothing accumulated, so they need no pass of their own.
+Sliding windows start the key loop at the window (tiles wholly before it are never loaded, so a
+table's stand-in page 0 there is never read). 8-bit pools load int8 rows and their bf16 row
+scales, passed as int16 bits and widened in registers (`bits << 16` bitcast to fp32: the
+interpreter has no bf16 and the GPU needs no conversion instruction for it): a key's scale
+multiplies its score, a value's its probability.
+
+Decode is flash-decoding: a grid of (sequence, KV head, split), each split a contiguous span of
+the keys the query sees (from its window's start, or 0), then a second kernel merges the
+splits' (max, sum, accumulator) by logsumexp. The split count comes from shapes only -- the
+batch, the KV heads, the block table's width and the window -- never from values, so a decode
+step is CUDA-graph safe: no host sync, and every allocation and grid is fixed by the bucket's
+shapes. The rule: enough splits that programs cover the GPU's SMs about twice, but none shorter
+than 256 keys (below that the merge costs more than the parallelism gains), at most 16. A graph
+bucket's padding rows (context 1, a table of zeros) read slot 0 of page 0 and write their own
+output rows only.
+
+Prefill tiles the chunk's (query, head-in-group) rows, 64 a tile, against key tiles of 64 (32
+at head_dim 256, to keep the accumulator in registers); a tile's key loop ends at its last
+query's position and starts at its first query's window, so the causal triangle above the
+diagonal and keys before every window are skipped, not masked.
+
+Tile sizes and the split rule are first choices from the usual flash-attention / flash-decoding
+designs. THEY ARE YET TO BE MEASURED ON A GPU (`benchmarks/cuda_attention.py`); correctness is
+proven on the CPU under Triton's interpreter (fp32 and fp16: the interpreter has no bf16).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(_LOG2E)
+_MIN_SPLIT_KEYS = 256
+_MAX_SPLITS = 16
+_MIN_TILE = 16  # tl.dot's smallest operand side on a GPU
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _widen_bf16(bits):  # type: ignore[no-untyped-def]
+    """bf16 values passed as their int16 bits → fp32."""
+    return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _key_rows(table_row, pos, valid, BLOCK_TOKENS: tl.constexpr, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
+    """(page, slot) of key positions `pos`: through the block table, or a chunk's own rows."""
+    if PAGED:
+        page = tl.load(table_row + pos // BLOCK_TOKENS, mask=valid, other=0).to(tl.int64)
+        slot = (pos % BLOCK_TOKENS).to(tl.int64)
+    else:
+        page = tl.zeros_like(pos).to(tl.int64)
+        slot = pos.to(tl.int64)
+    return page, slot
+
+
+@triton.jit
+def _attend_tile(  # type: ignore[no-untyped-def]
+    q,
+    m,
+    denom,
+    acc,
+    visible,
+    page,
+    slot,
+    valid,
+    d,
+    d_valid,
+    k_head,
+    v_head,
+    ks_head,
+    vs_head,
+    qk_scale,
+    stride_kp,
+    stride_kt,
+    stride_vp,
+    stride_vt,
+    stride_sp,
+    stride_st,
+    QUANT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One key tile of the online softmax: q [rows, D] against the keys at (page, slot) [N];
+    `visible` [rows, N] says which each row sees. Returns the new (max, sum, accumulator)."""
+    k_rows = k_head + page * stride_kp + slot * stride_kt
+    kt = tl.load(k_rows[None, :] + d[:, None], mask=valid[None, :] & d_valid[:, None], other=0)
+    if QUANT:
+        kt = kt.to(q.dtype)
+    s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # [rows, N] fp32, log2 units
+    scale_rows = page * stride_sp + slot * stride_st
+    if QUANT:
+        s = s * _widen_bf16(tl.load(ks_head + scale_rows, mask=valid, other=0))[None, :]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees nothing yet
+    alpha = tl.math.exp2(m - m_safe)
+    p = tl.math.exp2(s - m_safe[:, None])
+    denom = denom * alpha + tl.sum(p, 1)
+    v_rows = v_head + page * stride_vp + slot * stride_vt
+    v = tl.load(v_rows[:, None] + d[None, :], mask=valid[:, None] & d_valid[None, :], other=0)
+    if QUANT:
+        p = p * _widen_bf16(tl.load(vs_head + scale_rows, mask=valid, other=0))[None, :]
+        v = v.to(q.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, denom, acc
+
+
+@triton.jit
+def _initial_state(sinks_ptr, heads, row_valid, use_sinks, HAS_SINKS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """(max, sum) before any key: a head's sink logit as if it were a key with no value."""
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
+        with_sink = row_valid & use_sinks
+        return tl.where(with_sink, sink, float("-inf")), tl.where(with_sink, 1.0, 0.0)
+    zeros = tl.zeros(heads.shape, tl.float32)
+    return zeros + float("-inf"), zeros
+
+
+@triton.jit
+def _decode_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    table_ptr,
+    lens_ptr,
+    sinks_ptr,
+    m_ptr,
+    denom_ptr,
+    acc_ptr,
+    out_ptr,
+    qk_scale,
+    window,
+    span,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_kh,
+    stride_vp,
+    stride_vt,
+    stride_vh,
+    stride_sp,
+    stride_st,
+    stride_sh,
+    stride_tb,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr,
+    SPLITS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    QUANT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One (sequence, KV head, split): the G query heads over the split's span of keys."""
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context = tl.load(lens_ptr + b).to(tl.int32)
+    first = 0
+    if HAS_WINDOW:
+        first = tl.maximum(context - window, 0)
+    lo = first + split * span
+    hi = tl.minimum(lo + span, context)
+    g = tl.arange(0, BLOCK_H)
+    row_valid = g < GROUP
+    heads = kv_head * GROUP + g
+    d = tl.arange(0, BLOCK_D)
+    d_valid = d < HEAD_DIM
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads * stride_qh
+    q = tl.load(q_rows[:, None] + d[None, :], mask=row_valid[:, None] & d_valid[None, :], other=0)
+    m, denom = _initial_state(sinks_ptr, heads, row_valid, split == 0, HAS_SINKS)
+    acc = tl.zeros((BLOCK_H, BLOCK_D), tl.float32)
+    table_row = table_ptr + b.to(tl.int64) * stride_tb
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        valid = pos < hi
+        page, slot = _key_rows(table_row, pos, valid, BLOCK_TOKENS, True)
+        m, denom, acc = _attend_tile(
+            q, m, denom, acc, valid[None, :], page, slot, valid, d, d_valid,
+            k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh,
+            ks_ptr + kv_head * stride_sh, vs_ptr + kv_head * stride_sh,
+            qk_scale, stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st,
+            QUANT, PRECISION,
+        )  # fmt: skip
+    if SPLITS == 1:
+        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+        out_rows = out_ptr + b.to(tl.int64) * stride_ob + heads * stride_oh
+        mask = row_valid[:, None] & d_valid[None, :]
+        tl.store(out_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        part = (b.to(tl.int64) * GROUP * tl.num_programs(1) + heads) * SPLITS + split
+        tl.store(m_ptr + part, m, mask=row_valid)
+        tl.store(denom_ptr + part, denom, mask=row_valid)
+        acc_rows = acc_ptr + part * BLOCK_D
+        tl.store(acc_rows[:, None] + d[None, :], acc, mask=row_valid[:, None])
+
+
+@triton.jit
+def _merge_splits_kernel(  # type: ignore[no-untyped-def]
+    m_ptr,
+    denom_ptr,
+    acc_ptr,
+    out_ptr,
+    stride_ob,
+    stride_oh,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """One (sequence, query head): its splits' partial softmaxes merged by logsumexp."""
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_valid = s < SPLITS
+    part = (b.to(tl.int64) * HEADS + head) * SPLITS + s
+    m = tl.load(m_ptr + part, mask=s_valid, other=float("-inf"))
+    denom = tl.load(denom_ptr + part, mask=s_valid, other=0.0)
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.load(acc_ptr + part[:, None] * BLOCK_D + d[None, :], mask=s_valid[:, None], other=0)
+    top = tl.max(m, 0)
+    weight = tl.math.exp2(m - tl.where(top == float("-inf"), 0.0, top))
+    total = tl.sum(weight * denom, 0)
+    out = tl.sum(weight[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
+    out_row = out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh
+    tl.store(out_row + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+@triton.jit
+def _prefill_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    table_ptr,
+    sinks_ptr,
+    out_ptr,
+    qk_scale,
+    window,
+    context,
+    n,
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_kh,
+    stride_vp,
+    stride_vt,
+    stride_vh,
+    stride_sp,
+    stride_st,
+    stride_sh,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr,
+    PAGED: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    QUANT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One tile of BLOCK_M (query, head-in-group) rows of one KV head over the keys they see."""
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_valid = rows < n * GROUP
+    query = rows // GROUP
+    heads = kv_head * GROUP + rows % GROUP
+    positions = context + query
+    d = tl.arange(0, BLOCK_D)
+    d_valid = d < HEAD_DIM
+    q_rows = q_ptr + query.to(tl.int64) * stride_qt + heads * stride_qh
+    q = tl.load(q_rows[:, None] + d[None, :], mask=row_valid[:, None] & d_valid[None, :], other=0)
+    m, denom = _initial_state(sinks_ptr, heads, row_valid, True, HAS_SINKS)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    first_query = context + (tile * BLOCK_M) // GROUP
+    hi = context + tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // GROUP, n - 1) + 1
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(first_query - window + 1, 0) // BLOCK_N * BLOCK_N
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        valid = pos < hi
+        visible = valid[None, :] & (pos[None, :] <= positions[:, None])
+        if HAS_WINDOW:
+            visible = visible & (pos[None, :] > positions[:, None] - window)
+        page, slot = _key_rows(table_ptr, pos, valid, BLOCK_TOKENS, PAGED)
+        m, denom, acc = _attend_tile(
+            q, m, denom, acc, visible, page, slot, valid, d, d_valid,
+            k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh,
+            ks_ptr + kv_head * stride_sh, vs_ptr + kv_head * stride_sh,
+            qk_scale, stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st,
+            QUANT, PRECISION,
+        )  # fmt: skip
+    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+    out_rows = out_ptr + query.to(tl.int64) * stride_ot + heads * stride_oh
+    mask = row_valid[:, None] & d_valid[None, :]
+    tl.store(out_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+class TritonAttention:
+    """Paged decode and prefill attention on CUDA tensors (or CPU tensors under Triton's
+    interpreter), with `CpuKernels`' signatures and semantics. `sm_count`: the GPU's
+    multiprocessors, which the decode split rule fills (the current device's by default)."""
+
+    def __init__(self, sm_count: int | None = None) -> None:
+        self.sm_count = sm_count if sm_count is not None else _sm_count()
+
+    def supports_attention(self, head_dim: int, heads: int, dtype: torch.dtype) -> bool:
+        """Whether decode and prefill both run these shapes: fp16, bf16 or fp32, head_dim 16 to
+        256 (padded to a power of two in registers), any number of heads."""
+        return dtype in _DTYPES and 16 <= head_dim <= 256 and heads >= 1
+
+    def decode_splits(self, batch: int, kv_heads: int, keys: int) -> int:
+        """How many spans a decode splits each sequence's keys into: enough programs to cover
+        the SMs twice, none under `_MIN_SPLIT_KEYS` keys, at most `_MAX_SPLITS`. `keys`: the
+        most any sequence can see (the table's width in tokens, or the window)."""
+        by_length = triton.cdiv(keys, _MIN_SPLIT_KEYS)
+        by_occupancy = triton.cdiv(2 * self.sm_count, max(1, batch * kv_heads))
+        return max(1, min(by_length, by_occupancy, _MAX_SPLITS))
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        k_scales: torch.Tensor | None = None,
+        v_scales: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q: [B, H, D]; caches [num_blocks, block_tokens, KVH, D]; block_tables [B, max_blocks];
+        context_lens [B] → [B, H, D]: each query over its first context_lens keys, or only the
+        last `window` of them; `sinks` [H] fp32: a logit per head with no value. int8 caches
+        come with their rows' scales, `k_scales` and `v_scales` [num_blocks, block_tokens, KVH]
+        bf16. Launches depend on shapes only (CUDA-graph safe); tables are trusted."""
+        batch, heads, dim = q.shape
+        kv_heads, block_tokens = k_cache.shape[2], k_cache.shape[1]
+        group = heads // kv_heads
+        out = q.new_empty(q.shape)
+        if batch == 0:
+            return out
+        keys = block_tables.shape[1] * block_tokens
+        splits = self.decode_splits(batch, kv_heads, min(keys, window or keys))
+        span = triton.cdiv(triton.cdiv(min(keys, window or keys), splits), _DECODE_KEYS)
+        block_d = _block_dim(dim)
+        partial_shape = (batch, heads, splits) if splits > 1 else (1, 1, 1)
+        m = torch.empty(partial_shape, dtype=torch.float32, device=q.device)
+        denom = torch.empty_like(m)
+        acc = torch.empty((*partial_shape, block_d), dtype=torch.float32, device=q.device)
+        pool = _PoolArgs(k_cache, v_cache, k_scales, v_scales)
+        _decode_kernel[(batch, kv_heads, splits)](
+            _last_dim_contiguous(q), pool.k, pool.v, pool.k_scales, pool.v_scales,
+            block_tables, context_lens, _sinks(sinks, q),
+            m, denom, acc, out,
+            scale * _LOG2E, window or 0, span * _DECODE_KEYS,
+            q.stride(0), q.stride(1), *pool.strides(), block_tables.stride(0),
+            out.stride(0), out.stride(1),
+            GROUP=group, HEAD_DIM=dim, BLOCK_H=max(_MIN_TILE, triton.next_power_of_2(group)),
+            BLOCK_N=_DECODE_KEYS, BLOCK_D=block_d, BLOCK_TOKENS=block_tokens, SPLITS=splits,
+            HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
+            QUANT=pool.quantized, PRECISION=_precision(q.dtype),
+        )  # fmt: skip
+        if splits > 1:
+            _merge_splits_kernel[(batch, heads)](
+                m, denom, acc, out, out.stride(0), out.stride(1),
+                HEADS=heads, HEAD_DIM=dim, BLOCK_D=block_d, SPLITS=splits,
+                BLOCK_S=triton.next_power_of_2(splits),
+            )  # fmt: skip
+        return out
+
+    def prefill_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        block_table: torch.Tensor | None,
+        context_len: int,
+        scale: float,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        k_scales: torch.Tensor | None = None,
+        v_scales: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q: [n, H, D] at positions context_len.. → [n, H, D], causal over the sequence's keys
+        (with a `window`, the query at p over keys p - window + 1 .. p). k, v: the pool caches
+        [num_blocks, block_tokens, KVH, D] read through `block_table` [m]; or, with no context
+        and no table, the chunk's own [n, KVH, D]. `sinks` and int8 scales as for decode."""
+        n, heads, dim = q.shape
+        out = q.new_empty(q.shape)
+        if n == 0:
+            return out
+        paged = block_table is not None
+        if not paged:  # the chunk's own rows: one "page" whose slots are the chunk's tokens
+            k, v = k.unsqueeze(0), v.unsqueeze(0)
+        kv_heads, block_tokens = k.shape[2], k.shape[1] if paged else 1
+        group = heads // kv_heads
+        block_m, block_n = _prefill_tiles(dim)
+        pool = _PoolArgs(k, v, k_scales, v_scales)
+        grid = (triton.cdiv(n * group, block_m), kv_heads)
+        _prefill_kernel[grid](
+            _last_dim_contiguous(q), pool.k, pool.v, pool.k_scales, pool.v_scales,
+            block_table if paged else pool.k, _sinks(sinks, q), out,
+            scale * _LOG2E, window or 0, context_len, n,
+            q.stride(0), q.stride(1), *pool.strides(), out.stride(0), out.stride(1),
+            GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_D=_block_dim(dim), BLOCK_TOKENS=block_tokens, PAGED=paged,
+            HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
+            QUANT=pool.quantized, PRECISION=_precision(q.dtype),
+        )  # fmt: skip
+        return out
+
+
+_DECODE_KEYS = 64  # keys per decode tile
+
+
+def _prefill_tiles(dim: int) -> tuple[int, int]:
+    """(query rows, keys) per prefill tile: fewer keys at head_dim 256, so the fp32
+    accumulator and the key tile stay in registers."""
+    return (64, 32) if dim > 128 else (64, 64)
+
+
+def _block_dim(dim: int) -> int:
+    return max(_MIN_TILE, triton.next_power_of_2(dim))
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """fp32 products in full precision (TF32 would miss fp32's tolerance); 16-bit: the default."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """The kernels index rows by strides but read each row's head_dim values as contiguous."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _sinks(sinks: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """The sink logits, or any tensor as a pointer that is never read."""
+    return like if sinks is None else sinks
+
+
+class _PoolArgs:
+    """A layer's K/V (and 8-bit scales) as the kernels take them: last dim contiguous, bf16
+    scales as their int16 bits (the interpreter has no bf16), and their strides."""
+
+    def __init__(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_scales: torch.Tensor | None,
+        v_scales: torch.Tensor | None,
+    ) -> None:
+        self.k, self.v = _last_dim_contiguous(k), _last_dim_contiguous(v)
+        self.quantized = k.dtype == torch.int8
+        self.scale_strides: tuple[int, ...] = (0, 0, 0)
+        if self.quantized != (k_scales is not None and v_scales is not None):
+            raise ValueError("int8 caches need their scales, and only int8 caches have scales")
+        if k_scales is None or v_scales is None:
+            self.k_scales = self.v_scales = self.k  # never read
+            return
+        if k_scales.stride() != v_scales.stride():
+            raise ValueError("K and V scales must share a layout")
+        self.k_scales, self.v_scales = k_scales.view(torch.int16), v_scales.view(torch.int16)
+        self.scale_strides = tuple(k_scales.stride())
+
+    def strides(self) -> tuple[int, ...]:
+        """K's (page, token, head) strides, V's, and the scales'."""
+        return (*self.k.stride()[:3], *self.v.stride()[:3], *self.scale_strides)
+
+
+@functools.cache
+def _sm_count() -> int:
+    if not torch.cuda.is_available():
+        return 132  # the interpreter: an H100's, so tests split as a GPU would
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count

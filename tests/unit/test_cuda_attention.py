@@ -1,0 +1,339 @@
+"""The CUDA backend's Triton paged attention against attention written out in fp32: decode and
+prefill read blocks scattered in the pool in place, with GQA, sliding windows (keys before the
+window never read), sinks and 8-bit pools. Without a GPU the kernels run in Triton's
+interpreter on CPU tensors (fp32 and fp16: it has no bf16)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from semantic.backends.torch.cuda.attention import TritonAttention
+from semantic.backends.torch.int8 import dequantize_rows, quantize_rows
+from tests.unit.attention_reference import windowed_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=needs_gpu)]
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+KERNELS = TritonAttention()
+BLOCK_TOKENS = 16  # divides none of the lengths below
+LENGTHS = [1, 15, 17, 100, 300]  # 300: two decode splits
+
+
+class Pool:
+    """One layer's K/V pool with each sequence's blocks scattered among unused ones; page 0 is
+    no sequence's, the stand-in a table names where a window has left its blocks. An int8 pool
+    keeps the fp32 values its rows stand for beside them."""
+
+    def __init__(
+        self, lengths: list[int], kv_heads: int, dim: int, dtype: torch.dtype, int8: bool = False
+    ) -> None:
+        per_seq = [-(-n // BLOCK_TOKENS) for n in lengths]
+        blocks = list(range(1, 2 * sum(per_seq) + 1))
+        random.Random(len(lengths)).shuffle(blocks)
+        torch.manual_seed(sum(lengths))
+        shape = (len(blocks) + 1, BLOCK_TOKENS, kv_heads, dim)
+        k, v = torch.randn(shape) * 2, torch.randn(shape)
+        self.tables = torch.zeros(len(lengths), max(per_seq), dtype=torch.int64)
+        for i, count in enumerate(per_seq):
+            self.tables[i, :count] = torch.tensor([blocks.pop() for _ in range(count)])
+        self.lengths = torch.tensor(lengths, dtype=torch.int64)
+        self.k_scales: torch.Tensor | None = None
+        self.v_scales: torch.Tensor | None = None
+        if int8:
+            self.k, self.k_scales = quantize_rows(k)
+            self.v, self.v_scales = quantize_rows(v)
+        else:
+            self.k, self.v = k.to(dtype), v.to(dtype)
+
+    def real(self, cache: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+        """The fp32 values a cache holds (int8 rows dequantized)."""
+        return cache.float() if scales is None else dequantize_rows(cache, scales, torch.float32)
+
+    def rows(self, i: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sequence i's first `count` keys and values [count, KVH, D] in fp32, NaN made 0."""
+        blocks = self.tables[i, : -(-count // BLOCK_TOKENS)]
+        k, v = self.real(self.k, self.k_scales), self.real(self.v, self.v_scales)
+        return (x[blocks].flatten(0, 1)[:count].nan_to_num() for x in (k, v))  # type: ignore[return-value]
+
+    def forget_before(self, i: int, first: int) -> None:
+        """Keys before `first` of sequence i turn to NaN (an int8 row: its scale), and its
+        blocks wholly before become page 0 in its table, all NaN: a kernel that reads any of
+        them returns NaN."""
+        caches = [self.k, self.v]
+        if self.k_scales is not None and self.v_scales is not None:
+            caches = [self.k_scales, self.v_scales]
+        for pos in range(first):
+            block = self.tables[i, pos // BLOCK_TOKENS]
+            for cache in caches:
+                cache[block, pos % BLOCK_TOKENS] = float("nan")
+        self.tables[i, : first // BLOCK_TOKENS] = 0
+        for cache in caches:
+            cache[0] = float("nan")
+
+    def on_device(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """K, V, the block tables and the lengths on the test's device."""
+        return tuple(x.to(DEVICE) for x in (self.k, self.v, self.tables, self.lengths))  # type: ignore[return-value]
+
+    def scales_on_device(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.k_scales is None or self.v_scales is None:
+            return None, None
+        return self.k_scales.to(DEVICE), self.v_scales.to(DEVICE)
+
+
+def decode(
+    kernels: TritonAttention,
+    pool: Pool,
+    q: torch.Tensor,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    sinks = None if sinks is None else sinks.to(DEVICE)
+    out = kernels.decode_attention(
+        q.to(DEVICE), *pool.on_device(), q.shape[-1] ** -0.5, window, sinks,
+        *pool.scales_on_device(),
+    )  # fmt: skip
+    assert out.dtype == q.dtype and out.shape == q.shape
+    return out.cpu()
+
+
+def assert_decode_matches(
+    out: torch.Tensor,
+    pool: Pool,
+    q: torch.Tensor,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> None:
+    for i, n in enumerate(pool.lengths.tolist()):
+        k, v = pool.rows(i, n)
+        scale = q.shape[-1] ** -0.5
+        expected = windowed_reference(q[i : i + 1], k, v, [n - 1], scale, window, sinks)
+        tol = TOLERANCE[q.dtype]
+        torch.testing.assert_close(out[i : i + 1].float(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 32), (9, 3, 64), (8, 2, 48)])
+def test_decode_over_scattered_blocks_equals_the_reference(dtype, heads, kv_heads, dim):
+    # GQA ratios 1, 3 and 4; head_dim 48 is padded to 64 in registers.
+    pool = Pool(LENGTHS, kv_heads, dim, dtype)
+    q = torch.randn(len(LENGTHS), heads, dim).to(dtype)
+    assert_decode_matches(decode(KERNELS, pool, q), pool, q)
+
+
+def test_decode_splits_long_contexts_by_shape_and_merges_them_exactly():
+    pool = Pool([700, 3], 2, 32, torch.float32)
+    q = torch.randn(2, 6, 32)
+    # 44 blocks of 16: 704 keys, 3 splits of at least 256 (the program count asks for more)
+    assert KERNELS.decode_splits(2, 2, pool.tables.shape[1] * BLOCK_TOKENS) == 3
+    single = TritonAttention(sm_count=1)  # 2 programs already cover it twice: one split
+    assert single.decode_splits(2, 2, pool.tables.shape[1] * BLOCK_TOKENS) == 1
+    split_out, single_out = decode(KERNELS, pool, q), decode(single, pool, q)
+    assert_decode_matches(split_out, pool, q)
+    torch.testing.assert_close(split_out, single_out, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("window", "with_sinks"), [(5, False), (40, True), (None, True), (700, False), (16, True)]
+)
+def test_decode_reads_only_its_window_and_weighs_sinks(dtype, window, with_sinks):
+    pool = Pool(LENGTHS, 2, 32, dtype)
+    q = torch.randn(len(LENGTHS), 8, 32).to(dtype)
+    sinks = torch.randn(8) * 3 if with_sinks else None
+    for i, n in enumerate(LENGTHS):
+        pool.forget_before(i, max(0, n - (window or n)))
+    out = decode(KERNELS, pool, q, window, sinks)
+    assert out.isfinite().all()
+    assert_decode_matches(out, pool, q, window, sinks)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "window", "with_sinks"),
+    [(9, 3, 64, None, False), (4, 4, 32, 40, True), (2, 1, 16, 5, False)],
+)
+def test_int8_decode_equals_attention_over_the_dequantized_rows(
+    dtype, heads, kv_heads, dim, window, with_sinks
+):
+    pool = Pool(LENGTHS, kv_heads, dim, dtype, int8=True)
+    q = torch.randn(len(LENGTHS), heads, dim).to(dtype)
+    sinks = torch.randn(heads) * 3 if with_sinks else None
+    for i, n in enumerate(LENGTHS):
+        pool.forget_before(i, max(0, n - (window or n)))
+    assert_decode_matches(decode(KERNELS, pool, q, window, sinks), pool, q, window, sinks)
+
+
+def test_decode_padding_rows_run_harmlessly_beside_real_ones():
+    """A graph bucket's padding rows (context 1, a table of zeros) give finite rows of their
+    own and leave the real rows as they are without them."""
+    pool = Pool([40, 130], 2, 32, torch.float32)
+    q = torch.randn(2, 4, 32)
+    alone = decode(KERNELS, pool, q)
+    pool.tables = torch.cat([pool.tables, torch.zeros(3, pool.tables.shape[1], dtype=torch.int64)])
+    pool.lengths = torch.tensor([40, 130, 1, 1, 1])
+    padded = decode(KERNELS, pool, torch.cat([q, torch.randn(3, 4, 32)]))
+    assert padded.isfinite().all()
+    torch.testing.assert_close(padded[:2], alone, atol=1e-6, rtol=1e-6)
+
+
+def test_decode_takes_q_as_a_strided_view():
+    pool = Pool([5, 40], 2, 64, torch.float32)
+    qkv = torch.randn(2, 6 + 2 * 2, 64)
+    q = qkv[:, :6]
+    torch.testing.assert_close(decode(KERNELS, pool, q), decode(KERNELS, pool, q.contiguous()))
+
+
+@needs_gpu
+def test_decode_replays_in_a_cuda_graph_with_new_tables_and_lengths():
+    """Captured once, replayed after the step's inputs change in place: no host sync, and
+    grids and buffers fixed by shapes, so the replay equals an eager call on the new inputs."""
+    pool = Pool([40, 300, 1], 3, 64, torch.bfloat16)
+    k, v, tables, lengths = pool.on_device()
+    q = torch.randn(3, 9, 64, device=DEVICE).bfloat16()
+
+    def step() -> torch.Tensor:
+        return KERNELS.decode_attention(q, k, v, tables, lengths, 0.125)
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step()  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    q.copy_(torch.randn_like(q))
+    lengths.copy_(torch.tensor([250, 12, 1], device=DEVICE))
+    tables.copy_(tables.flip(0))
+    graph.replay()
+    torch.testing.assert_close(out, step())
+
+
+class PrefillCase:
+    """A chunk of `n` queries after `context` tokens of its sequence; the pool holds context
+    and chunk in blocks scattered among unused ones (as `Pool`, one sequence)."""
+
+    def __init__(
+        self,
+        context: int,
+        n: int,
+        heads: int,
+        kv_heads: int,
+        dim: int,
+        dtype: torch.dtype = torch.float32,
+        int8: bool = False,
+    ) -> None:
+        self.context, self.n = context, n
+        self.pool = Pool([context + n], kv_heads, dim, dtype, int8)
+        self.q = torch.randn(n, heads, dim).to(dtype)
+
+    def chunk_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk's own rows [n, KVH, D], as the model has them before attention."""
+        table = self.pool.tables[0]
+        k, v = (c[table].flatten(0, 1) for c in (self.pool.k, self.pool.v))
+        span = slice(self.context, self.context + self.n)
+        return k[span], v[span]
+
+    def attend(self, window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        k, v, tables, _ = self.pool.on_device()
+        sinks = None if sinks is None else sinks.to(DEVICE)
+        out = KERNELS.prefill_attention(
+            self.q.to(DEVICE), k, v, tables[0], self.context, self.q.shape[-1] ** -0.5,
+            window, sinks, *self.pool.scales_on_device(),
+        )  # fmt: skip
+        assert out.dtype == self.q.dtype and out.shape == self.q.shape
+        return out.cpu()
+
+    def expected(self, window: int | None = None, sinks: torch.Tensor | None = None):
+        k, v = self.pool.rows(0, self.context + self.n)
+        positions = list(range(self.context, self.context + self.n))
+        scale = self.q.shape[-1] ** -0.5
+        return windowed_reference(self.q, k, v, positions, scale, window, sinks)
+
+
+def assert_prefill_close(out: torch.Tensor, expected: torch.Tensor) -> None:
+    tol = TOLERANCE[out.dtype]
+    torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+
+
+PREFILL_CASES = [  # (context, n, heads, kv_heads, head_dim): n fills no whole 64-row tile
+    (37, 50, 4, 4, 64),  # GQA ratio 1
+    (130, 100, 9, 3, 64),  # rows (query, head) of a tile span queries unevenly
+    (64, 64, 3, 1, 16),  # context ends on a key tile's edge
+    (200, 1, 6, 2, 32),
+    (5, 70, 8, 2, 128),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("context", "n", "heads", "kv_heads", "dim"), PREFILL_CASES)
+def test_prefill_with_context_equals_the_reference(dtype, context, n, heads, kv_heads, dim):
+    case = PrefillCase(context, n, heads, kv_heads, dim, dtype)
+    assert_prefill_close(case.attend(), case.expected())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_without_context_reads_the_chunks_own_strided_kv(dtype):
+    # The model passes q, k, v as slices of its fused QKV projection.
+    case = PrefillCase(0, 90, 9, 3, 64, dtype)
+    k, v = case.chunk_kv()
+    qkv = torch.cat([case.q, k, v], dim=1).to(DEVICE)
+    q, k, v = qkv[:, :9], qkv[:, 9:12], qkv[:, 12:]
+    out = KERNELS.prefill_attention(q, k, v, None, 0, 64**-0.5)
+    assert_prefill_close(out.cpu(), case.expected())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("context", "n", "window", "with_sinks"),
+    [
+        (200, 90, 70, True),  # the window starts mid key tile and mid block
+        (150, 40, 1, False),  # each query sees itself only
+        (300, 17, None, True),  # sinks on a full layer
+        (100, 60, 512, True),  # a window wider than the sequence
+    ],
+)
+def test_prefill_reads_only_its_window_and_weighs_sinks(dtype, context, n, window, with_sinks):
+    case = PrefillCase(context, n, 8, 2, 32, dtype)
+    sinks = torch.randn(8) * 3 if with_sinks else None
+    # Keys before the key tile (64) holding the first query's window are never read.
+    case.pool.forget_before(0, max(0, context - (window or context + 1) + 1) // 64 * 64)
+    out = case.attend(window, sinks)
+    assert out.isfinite().all()
+    assert_prefill_close(out, case.expected(window, sinks))
+
+
+@pytest.mark.parametrize("window", [None, 30])
+def test_prefill_without_context_takes_windows_and_sinks(window):
+    case = PrefillCase(0, 100, 6, 3, 32)
+    sinks = torch.randn(6) * 3
+    k, v = (x.to(DEVICE) for x in case.chunk_kv())
+    out = KERNELS.prefill_attention(case.q.to(DEVICE), k, v, None, 0, 32**-0.5, window, sinks)
+    assert_prefill_close(out.cpu(), case.expected(window, sinks))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("context", "n", "heads", "kv_heads", "dim", "window"),
+    [(130, 100, 9, 3, 64, None), (300, 17, 8, 2, 32, 70), (64, 64, 3, 1, 16, None)],
+)
+def test_int8_prefill_equals_attention_over_the_dequantized_rows(
+    dtype, context, n, heads, kv_heads, dim, window
+):
+    case = PrefillCase(context, n, heads, kv_heads, dim, dtype, int8=True)
+    case.pool.forget_before(0, max(0, context - (window or context + 1) + 1) // 64 * 64)
+    assert_prefill_close(case.attend(window), case.expected(window))
+
+
+def test_support_and_refusals():
+    assert KERNELS.supports_attention(64, 9, torch.bfloat16)
+    assert KERNELS.supports_attention(80, 32, torch.float16)
+    assert not KERNELS.supports_attention(512, 8, torch.float32)
+    assert not KERNELS.supports_attention(64, 8, torch.int8)
+    pool = Pool([20], 1, 32, torch.float32, int8=True)
+    q = torch.randn(1, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="need their scales"):
+        KERNELS.decode_attention(q, *pool.on_device(), 0.1)
