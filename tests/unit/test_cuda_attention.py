@@ -5,14 +5,22 @@ interpreter on CPU tensors (fp32 and fp16: it has no bf16)."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 from semantic.backends.torch.cuda.attention import TritonAttention
 from semantic.backends.torch.int8 import dequantize_rows, quantize_rows
 from tests.unit.attention_reference import windowed_reference
+
+ROOT = Path(__file__).parents[2]
+PTXAS = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -29,13 +37,20 @@ class Pool:
     keeps the fp32 values its rows stand for beside them."""
 
     def __init__(
-        self, lengths: list[int], kv_heads: int, dim: int, dtype: torch.dtype, int8: bool = False
+        self,
+        lengths: list[int],
+        kv_heads: int,
+        dim: int,
+        dtype: torch.dtype,
+        int8: bool = False,
+        block_tokens: int = BLOCK_TOKENS,
     ) -> None:
-        per_seq = [-(-n // BLOCK_TOKENS) for n in lengths]
+        self.bt = block_tokens
+        per_seq = [-(-n // block_tokens) for n in lengths]
         blocks = list(range(1, 2 * sum(per_seq) + 1))
         random.Random(len(lengths)).shuffle(blocks)
         torch.manual_seed(sum(lengths))
-        shape = (len(blocks) + 1, BLOCK_TOKENS, kv_heads, dim)
+        shape = (len(blocks) + 1, block_tokens, kv_heads, dim)
         k, v = torch.randn(shape) * 2, torch.randn(shape)
         self.tables = torch.zeros(len(lengths), max(per_seq), dtype=torch.int64)
         for i, count in enumerate(per_seq):
@@ -55,7 +70,7 @@ class Pool:
 
     def rows(self, i: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence i's first `count` keys and values [count, KVH, D] in fp32, NaN made 0."""
-        blocks = self.tables[i, : -(-count // BLOCK_TOKENS)]
+        blocks = self.tables[i, : -(-count // self.bt)]
         k, v = self.real(self.k, self.k_scales), self.real(self.v, self.v_scales)
         return (x[blocks].flatten(0, 1)[:count].nan_to_num() for x in (k, v))  # type: ignore[return-value]
 
@@ -67,10 +82,10 @@ class Pool:
         if self.k_scales is not None and self.v_scales is not None:
             caches = [self.k_scales, self.v_scales]
         for pos in range(first):
-            block = self.tables[i, pos // BLOCK_TOKENS]
+            block = self.tables[i, pos // self.bt]
             for cache in caches:
-                cache[block, pos % BLOCK_TOKENS] = float("nan")
-        self.tables[i, : first // BLOCK_TOKENS] = 0
+                cache[block, pos % self.bt] = float("nan")
+        self.tables[i, : first // self.bt] = 0
         for cache in caches:
             cache[0] = float("nan")
 
@@ -151,6 +166,19 @@ def test_decode_reads_only_its_window_and_weighs_sinks(dtype, window, with_sinks
     assert_decode_matches(out, pool, q, window, sinks)
 
 
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("block_tokens", [24, 128])
+def test_decode_reads_blocks_of_any_size(block_tokens, int8):
+    """Blocks of 128 hold two key tiles each; blocks of 24 tokens (no power of two) are read
+    through a page lookup per key."""
+    pool = Pool(LENGTHS, 2, 32, torch.float32, int8, block_tokens)
+    q = torch.randn(len(LENGTHS), 6, 32)
+    sinks = torch.randn(6)
+    for i, n in enumerate(LENGTHS):
+        pool.forget_before(i, max(0, n - 70))
+    assert_decode_matches(decode(KERNELS, pool, q, 70, sinks), pool, q, 70, sinks)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "window", "with_sinks"),
@@ -225,9 +253,10 @@ class PrefillCase:
         dim: int,
         dtype: torch.dtype = torch.float32,
         int8: bool = False,
+        block_tokens: int = BLOCK_TOKENS,
     ) -> None:
         self.context, self.n = context, n
-        self.pool = Pool([context + n], kv_heads, dim, dtype, int8)
+        self.pool = Pool([context + n], kv_heads, dim, dtype, int8, block_tokens)
         self.q = torch.randn(n, heads, dim).to(dtype)
 
     def chunk_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -306,6 +335,15 @@ def test_prefill_reads_only_its_window_and_weighs_sinks(dtype, context, n, windo
     assert_prefill_close(out, case.expected(window, sinks))
 
 
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("block_tokens", [24, 128])
+def test_prefill_reads_blocks_of_any_size(block_tokens, int8):
+    case = PrefillCase(200, 100, 6, 2, 32, torch.float32, int8, block_tokens)
+    sinks = torch.randn(6)
+    case.pool.forget_before(0, (200 - 70 + 1) // 64 * 64)
+    assert_prefill_close(case.attend(70, sinks), case.expected(70, sinks))
+
+
 @pytest.mark.parametrize("window", [None, 30])
 def test_prefill_without_context_takes_windows_and_sinks(window):
     case = PrefillCase(0, 100, 6, 3, 32)
@@ -337,3 +375,20 @@ def test_support_and_refusals():
     q = torch.randn(1, 2, 32, device=DEVICE)
     with pytest.raises(ValueError, match="need their scales"):
         KERNELS.decode_attention(q, *pool.on_device(), 0.1)
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="Triton has no ptxas for CUDA here")
+def test_the_kernels_compile_for_an_h100_and_16_bit_ones_spill_no_registers():
+    """What the interpreter never checks -- types that must agree across branches, tl.dot's
+    shapes, register pressure -- checked by compiling each kind of launch for sm_90."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.unit.triton_compile"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "_prefill_kernel" in result.stdout and "_merge_splits_kernel" in result.stdout

@@ -4,41 +4,48 @@ sequence's cached context and the chunk itself). `TritonAttention` offers the CP
 entry points (`kernels.CpuKernels`) with their semantics, so `attention.KVPool` holds either.
 
 Both kernels put all G = H / KVH query heads of a KV head into one program, so each key and
-value row is loaded once per KV head, never once per query head. Keys are gathered token by
-token through the table (page = table[pos // block_tokens], slot = pos % block_tokens), so any
-block size works and tiles need not align with blocks. Scores run in the log2 domain (the scale
+value row is loaded once per KV head, never once per query head (decode pads the G heads to 16
+rows, tl.dot's smallest). Key tiles start at multiples of the tile size; where blocks are a
+power of two of at least 16 tokens (the default is 256) a tile lies in one page: one table entry
+per tile, and its rows are fixed offsets from one base pointer. Other block sizes look up each
+key's page (`BY_TOKEN`), so any block size works. Scores run in the log2 domain (the scale
 folds in log2 e, softmax uses exp2); the online softmax keeps a running max, sum and fp32
 accumulator per query row. Sinks (a logit per head with no value) are the initial state of
 that softmax: max = the sink, sum = 1, nothing accumulated, so they need no pass of their own.
-Sliding windows start the key loop at the window (tiles wholly before it are never loaded, so a
-table's stand-in page 0 there is never read). 8-bit pools load int8 rows and their bf16 row
-scales, passed as int16 bits and widened in registers (`bits << 16` bitcast to fp32: the
-interpreter has no bf16 and the GPU needs no conversion instruction for it): a key's scale
+Sliding windows start the key loop at the tile holding the window's first key (tiles wholly
+before it are never loaded, so a table's stand-in page 0 there is never read). 8-bit pools load
+int8 rows and their bf16 row scales, passed as int16 bits and widened in registers (`bits << 16`
+bitcast to fp32: the interpreter has no bf16, and it is one shift on a GPU): a key's scale
 multiplies its score, a value's its probability.
 
 Decode is flash-decoding: a grid of (sequence, KV head, split), each split a contiguous span of
-the keys the query sees (from its window's start, or 0), then a second kernel merges the
+the keys the query sees (from its window's first tile, or 0), then a second kernel merges the
 splits' (max, sum, accumulator) by logsumexp. The split count comes from shapes only -- the
 batch, the KV heads, the block table's width and the window -- never from values, so a decode
 step is CUDA-graph safe: no host sync, and every allocation and grid is fixed by the bucket's
 shapes. The rule: enough splits that programs cover the GPU's SMs about twice, but none shorter
-than 256 keys (below that the merge costs more than the parallelism gains), at most 16. A graph
-bucket's padding rows (context 1, a table of zeros) read slot 0 of page 0 and write their own
-output rows only.
+than 256 keys (below that the merge costs more than the parallelism gains), at most 16; a split
+that holds no key of a short sequence exits at once. A graph bucket's padding rows (context 1,
+a table of zeros) read slot 0 of page 0 and write their own output rows only. Key tiles of 64.
 
 Prefill tiles the chunk's (query, head-in-group) rows, 64 a tile, against key tiles of 64 (32
-at head_dim 256, to keep the accumulator in registers); a tile's key loop ends at its last
-query's position and starts at its first query's window, so the causal triangle above the
-diagonal and keys before every window are skipped, not masked.
+at head_dim 256, to keep the accumulator in registers; 8 warps from rows of 256 bytes, where 4
+would spill); a tile's key loop ends at its last query's position and starts at its first
+query's window, so key tiles wholly above the causal diagonal or before every row's window are
+skipped, and only the tiles that cross them are masked.
 
-Tile sizes and the split rule are first choices from the usual flash-attention / flash-decoding
-designs. THEY ARE YET TO BE MEASURED ON A GPU (`benchmarks/cuda_attention.py`); correctness is
-proven on the CPU under Triton's interpreter (fp32 and fp16: the interpreter has no bf16).
+Tile sizes, warps and the split rule are first choices from the usual flash-attention /
+flash-decoding designs. THEY ARE YET TO BE MEASURED ON A GPU (`benchmarks/cuda_attention.py`).
+Correctness is proven on the CPU under Triton's interpreter (fp32 and fp16: the interpreter has
+no bf16), and every kind of launch is compiled for sm_90 without a GPU by the tests
+(`tests/unit/triton_compile.py`: registers per thread, no spills in 16-bit).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -58,16 +65,58 @@ def _widen_bf16(bits):  # type: ignore[no-untyped-def]
     return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
 
 
+# How a key tile's rows are addressed (the kernels' KEYS constexpr).
+IN_PAGE = tl.constexpr(0)  # the tile lies in one page: one table entry, rows at fixed offsets
+BY_TOKEN = tl.constexpr(1)  # any block size: each key's page looked up on its own
+OWN_ROWS = tl.constexpr(2)  # a chunk's own K/V [n, KVH, D], no table
+
+
 @triton.jit
-def _key_rows(table_row, pos, valid, BLOCK_TOKENS: tl.constexpr, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
-    """(page, slot) of key positions `pos`: through the block table, or a chunk's own rows."""
-    if PAGED:
+def _tile_pointers(  # type: ignore[no-untyped-def]
+    k_head,
+    v_head,
+    ks_head,
+    vs_head,
+    table_row,
+    start,
+    valid,
+    d,
+    stride_kp,
+    stride_kt,
+    stride_vp,
+    stride_vt,
+    stride_sp,
+    stride_st,
+    BLOCK_N: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr,
+    KEYS: tl.constexpr,
+):
+    """Pointers to the keys start .. start + BLOCK_N of one KV head: K as [D, N], V as [N, D],
+    their scales as [N]. IN_PAGE and OWN_ROWS add fixed offsets to one scalar base (few
+    registers); BY_TOKEN gathers a row pointer per key."""
+    n = tl.arange(0, BLOCK_N)
+    if KEYS == BY_TOKEN:
+        pos = start + n
         page = tl.load(table_row + pos // BLOCK_TOKENS, mask=valid, other=0).to(tl.int64)
         slot = (pos % BLOCK_TOKENS).to(tl.int64)
+        k_rows = k_head + page * stride_kp + slot * stride_kt
+        v_rows = v_head + page * stride_vp + slot * stride_vt
+        scale_rows = page * stride_sp + slot * stride_st
+        k_tile = k_rows[None, :] + d[:, None]
+        v_tile = v_rows[:, None] + d[None, :]
     else:
-        page = tl.zeros_like(pos).to(tl.int64)
-        slot = pos.to(tl.int64)
-    return page, slot
+        if KEYS == IN_PAGE:
+            page = tl.load(table_row + start // BLOCK_TOKENS).to(tl.int64)
+            row = start % BLOCK_TOKENS
+        else:
+            page = 0
+            row = start
+        k_base = k_head + page * stride_kp + row * stride_kt
+        v_base = v_head + page * stride_vp + row * stride_vt
+        scale_rows = page * stride_sp + (row + n) * stride_st
+        k_tile = k_base + (n[None, :] * stride_kt + d[:, None])
+        v_tile = v_base + (n[:, None] * stride_vt + d[None, :])
+    return k_tile, v_tile, scale_rows
 
 
 @triton.jit
@@ -77,33 +126,24 @@ def _attend_tile(  # type: ignore[no-untyped-def]
     denom,
     acc,
     visible,
-    page,
-    slot,
-    valid,
-    d,
-    d_valid,
-    k_head,
-    v_head,
+    k_tile,
+    v_tile,
     ks_head,
     vs_head,
+    scale_rows,
+    valid,
+    d_valid,
     qk_scale,
-    stride_kp,
-    stride_kt,
-    stride_vp,
-    stride_vt,
-    stride_sp,
-    stride_st,
     QUANT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """One key tile of the online softmax: q [rows, D] against the keys at (page, slot) [N];
-    `visible` [rows, N] says which each row sees. Returns the new (max, sum, accumulator)."""
-    k_rows = k_head + page * stride_kp + slot * stride_kt
-    kt = tl.load(k_rows[None, :] + d[:, None], mask=valid[None, :] & d_valid[:, None], other=0)
+    """One key tile of the online softmax: q [rows, D] against K at `k_tile` [D, N] and V at
+    `v_tile` [N, D]; `visible` [rows, N] says which keys each row sees. Returns the new
+    (max, sum, accumulator)."""
+    kt = tl.load(k_tile, mask=valid[None, :] & d_valid[:, None], other=0)
     if QUANT:
         kt = kt.to(q.dtype)
     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # [rows, N] fp32, log2 units
-    scale_rows = page * stride_sp + slot * stride_st
     if QUANT:
         s = s * _widen_bf16(tl.load(ks_head + scale_rows, mask=valid, other=0))[None, :]
     s = tl.where(visible, s, float("-inf"))
@@ -112,8 +152,7 @@ def _attend_tile(  # type: ignore[no-untyped-def]
     alpha = tl.math.exp2(m - m_safe)
     p = tl.math.exp2(s - m_safe[:, None])
     denom = denom * alpha + tl.sum(p, 1)
-    v_rows = v_head + page * stride_vp + slot * stride_vt
-    v = tl.load(v_rows[:, None] + d[None, :], mask=valid[:, None] & d_valid[None, :], other=0)
+    v = tl.load(v_tile, mask=valid[:, None] & d_valid[None, :], other=0)
     if QUANT:
         p = p * _widen_bf16(tl.load(vs_head + scale_rows, mask=valid, other=0))[None, :]
         v = v.to(q.dtype)
@@ -169,6 +208,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr,
+    KEYS: tl.constexpr,
     SPLITS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SINKS: tl.constexpr,
@@ -183,7 +223,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     first = 0
     if HAS_WINDOW:
         first = tl.maximum(context - window, 0)
-    lo = first + split * span
+    lo = first // BLOCK_N * BLOCK_N + split * span  # tiles aligned to BLOCK_N, as pages are
     hi = tl.minimum(lo + span, context)
     g = tl.arange(0, BLOCK_H)
     row_valid = g < GROUP
@@ -195,16 +235,19 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     m, denom = _initial_state(sinks_ptr, heads, row_valid, split == 0, HAS_SINKS)
     acc = tl.zeros((BLOCK_H, BLOCK_D), tl.float32)
     table_row = table_ptr + b.to(tl.int64) * stride_tb
+    k_head, v_head = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
+    ks_head, vs_head = ks_ptr + kv_head * stride_sh, vs_ptr + kv_head * stride_sh
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
-        valid = pos < hi
-        page, slot = _key_rows(table_row, pos, valid, BLOCK_TOKENS, True)
+        valid = (pos >= first) & (pos < hi)
+        k_tile, v_tile, scale_rows = _tile_pointers(
+            k_head, v_head, ks_head, vs_head, table_row, start, valid, d,
+            stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st,
+            BLOCK_N, BLOCK_TOKENS, KEYS,
+        )  # fmt: skip
         m, denom, acc = _attend_tile(
-            q, m, denom, acc, valid[None, :], page, slot, valid, d, d_valid,
-            k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh,
-            ks_ptr + kv_head * stride_sh, vs_ptr + kv_head * stride_sh,
-            qk_scale, stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st,
-            QUANT, PRECISION,
+            q, m, denom, acc, valid[None, :], k_tile, v_tile, ks_head, vs_head, scale_rows,
+            valid, d_valid, qk_scale, QUANT, PRECISION,
         )  # fmt: skip
     if SPLITS == 1:
         out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
@@ -284,7 +327,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr,
-    PAGED: tl.constexpr,
+    KEYS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     QUANT: tl.constexpr,
@@ -309,19 +352,22 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(first_query - window + 1, 0) // BLOCK_N * BLOCK_N
+    k_head, v_head = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
+    ks_head, vs_head = ks_ptr + kv_head * stride_sh, vs_ptr + kv_head * stride_sh
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         valid = pos < hi
         visible = valid[None, :] & (pos[None, :] <= positions[:, None])
         if HAS_WINDOW:
             visible = visible & (pos[None, :] > positions[:, None] - window)
-        page, slot = _key_rows(table_ptr, pos, valid, BLOCK_TOKENS, PAGED)
+        k_tile, v_tile, scale_rows = _tile_pointers(
+            k_head, v_head, ks_head, vs_head, table_ptr, start, valid, d,
+            stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st,
+            BLOCK_N, BLOCK_TOKENS, KEYS,
+        )  # fmt: skip
         m, denom, acc = _attend_tile(
-            q, m, denom, acc, visible, page, slot, valid, d, d_valid,
-            k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh,
-            ks_ptr + kv_head * stride_sh, vs_ptr + kv_head * stride_sh,
-            qk_scale, stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st,
-            QUANT, PRECISION,
+            q, m, denom, acc, visible, k_tile, v_tile, ks_head, vs_head, scale_rows,
+            valid, d_valid, qk_scale, QUANT, PRECISION,
         )  # fmt: skip
     out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
     out_rows = out_ptr + query.to(tl.int64) * stride_ot + heads * stride_oh
@@ -368,40 +414,70 @@ class TritonAttention:
         last `window` of them; `sinks` [H] fp32: a logit per head with no value. int8 caches
         come with their rows' scales, `k_scales` and `v_scales` [num_blocks, block_tokens, KVH]
         bf16. Launches depend on shapes only (CUDA-graph safe); tables are trusted."""
+        out, launches = self.decode_launches(
+            q, k_cache, v_cache, block_tables, context_lens, scale, window, sinks,
+            k_scales, v_scales,
+        )  # fmt: skip
+        for launch in launches:
+            launch.run()
+        return out
+
+    def decode_launches(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        k_scales: torch.Tensor | None = None,
+        v_scales: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[Launch]]:
+        """`decode_attention`'s output tensor and the launches that fill it, not yet run."""
         batch, heads, dim = q.shape
         kv_heads, block_tokens = k_cache.shape[2], k_cache.shape[1]
         group = heads // kv_heads
         out = q.new_empty(q.shape)
         if batch == 0:
-            return out
+            return out, []
+        q = _last_dim_contiguous(q)
+        block_n, key_mode = _key_tiles(_DECODE_KEYS, block_tokens)
         keys = block_tables.shape[1] * block_tokens
-        splits = self.decode_splits(batch, kv_heads, min(keys, window or keys))
-        span = triton.cdiv(triton.cdiv(min(keys, window or keys), splits), _DECODE_KEYS)
+        reach = min(keys, window + block_n if window else keys)  # a window starts mid tile
+        splits = self.decode_splits(batch, kv_heads, reach)
+        span = triton.cdiv(triton.cdiv(reach, splits), block_n) * block_n
         block_d = _block_dim(dim)
         partial_shape = (batch, heads, splits) if splits > 1 else (1, 1, 1)
         m = torch.empty(partial_shape, dtype=torch.float32, device=q.device)
         denom = torch.empty_like(m)
         acc = torch.empty((*partial_shape, block_d), dtype=torch.float32, device=q.device)
         pool = _PoolArgs(k_cache, v_cache, k_scales, v_scales)
-        _decode_kernel[(batch, kv_heads, splits)](
-            _last_dim_contiguous(q), pool.k, pool.v, pool.k_scales, pool.v_scales,
-            block_tables, context_lens, _sinks(sinks, q),
-            m, denom, acc, out,
-            scale * _LOG2E, window or 0, span * _DECODE_KEYS,
+        args = (
+            q, pool.k, pool.v, pool.k_scales, pool.v_scales, block_tables, context_lens,
+            _sinks(sinks, q), m, denom, acc, out, scale * _LOG2E, window or 0, span,
             q.stride(0), q.stride(1), *pool.strides(), block_tables.stride(0),
             out.stride(0), out.stride(1),
-            GROUP=group, HEAD_DIM=dim, BLOCK_H=max(_MIN_TILE, triton.next_power_of_2(group)),
-            BLOCK_N=_DECODE_KEYS, BLOCK_D=block_d, BLOCK_TOKENS=block_tokens, SPLITS=splits,
-            HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
-            QUANT=pool.quantized, PRECISION=_precision(q.dtype),
         )  # fmt: skip
+        constants = {
+            "GROUP": group, "HEAD_DIM": dim,
+            "BLOCK_H": max(_MIN_TILE, triton.next_power_of_2(group)), "BLOCK_N": block_n,
+            "BLOCK_D": block_d, "BLOCK_TOKENS": block_tokens, "KEYS": key_mode,
+            "SPLITS": splits, "HAS_WINDOW": window is not None, "HAS_SINKS": sinks is not None,
+            "QUANT": pool.quantized, "PRECISION": _precision(q.dtype),
+        }  # fmt: skip
+        launches = [Launch(_decode_kernel, (batch, kv_heads, splits), args, constants)]
         if splits > 1:
-            _merge_splits_kernel[(batch, heads)](
-                m, denom, acc, out, out.stride(0), out.stride(1),
-                HEADS=heads, HEAD_DIM=dim, BLOCK_D=block_d, SPLITS=splits,
-                BLOCK_S=triton.next_power_of_2(splits),
-            )  # fmt: skip
-        return out
+            merge_args = (m, denom, acc, out, out.stride(0), out.stride(1))
+            merge_constants = {
+                "HEADS": heads, "HEAD_DIM": dim, "BLOCK_D": block_d, "SPLITS": splits,
+                "BLOCK_S": triton.next_power_of_2(splits),
+            }  # fmt: skip
+            launches.append(
+                Launch(_merge_splits_kernel, (batch, heads), merge_args, merge_constants)
+            )
+        return out, launches
 
     def prefill_attention(
         self,
@@ -420,38 +496,99 @@ class TritonAttention:
         (with a `window`, the query at p over keys p - window + 1 .. p). k, v: the pool caches
         [num_blocks, block_tokens, KVH, D] read through `block_table` [m]; or, with no context
         and no table, the chunk's own [n, KVH, D]. `sinks` and int8 scales as for decode."""
+        out, launch = self.prefill_launch(
+            q, k, v, block_table, context_len, scale, window, sinks, k_scales, v_scales
+        )
+        if launch is not None:
+            launch.run()
+        return out
+
+    def prefill_launch(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        block_table: torch.Tensor | None,
+        context_len: int,
+        scale: float,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        k_scales: torch.Tensor | None = None,
+        v_scales: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, Launch | None]:
+        """`prefill_attention`'s output tensor and the launch that fills it, not yet run."""
         n, heads, dim = q.shape
         out = q.new_empty(q.shape)
         if n == 0:
-            return out
-        paged = block_table is not None
-        if not paged:  # the chunk's own rows: one "page" whose slots are the chunk's tokens
+            return out, None
+        q = _last_dim_contiguous(q)
+        tiles = _prefill_tiles(dim, q.dtype)
+        block_n = tiles.keys
+        if block_table is None:  # the chunk's own rows: one "page" holding the chunk's tokens
             k, v = k.unsqueeze(0), v.unsqueeze(0)
-        kv_heads, block_tokens = k.shape[2], k.shape[1] if paged else 1
+            key_mode, block_tokens = _OWN_ROWS, 1
+        else:
+            block_tokens = k.shape[1]
+            block_n, key_mode = _key_tiles(block_n, block_tokens)
+        kv_heads = k.shape[2]
         group = heads // kv_heads
-        block_m, block_n = _prefill_tiles(dim)
         pool = _PoolArgs(k, v, k_scales, v_scales)
-        grid = (triton.cdiv(n * group, block_m), kv_heads)
-        _prefill_kernel[grid](
-            _last_dim_contiguous(q), pool.k, pool.v, pool.k_scales, pool.v_scales,
-            block_table if paged else pool.k, _sinks(sinks, q), out,
+        table = pool.k if block_table is None else block_table  # a pointer never read
+        args = (
+            q, pool.k, pool.v, pool.k_scales, pool.v_scales, table, _sinks(sinks, q), out,
             scale * _LOG2E, window or 0, context_len, n,
             q.stride(0), q.stride(1), *pool.strides(), out.stride(0), out.stride(1),
-            GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_D=_block_dim(dim), BLOCK_TOKENS=block_tokens, PAGED=paged,
-            HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
-            QUANT=pool.quantized, PRECISION=_precision(q.dtype),
         )  # fmt: skip
-        return out
+        constants = {
+            "GROUP": group, "HEAD_DIM": dim, "BLOCK_M": tiles.rows, "BLOCK_N": block_n,
+            "BLOCK_D": _block_dim(dim), "BLOCK_TOKENS": block_tokens, "KEYS": key_mode,
+            "HAS_WINDOW": window is not None, "HAS_SINKS": sinks is not None,
+            "QUANT": pool.quantized, "PRECISION": _precision(q.dtype),
+        }  # fmt: skip
+        grid = (triton.cdiv(n * group, tiles.rows), kv_heads)
+        return out, Launch(_prefill_kernel, grid, args, constants, tiles.warps)
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One kernel launch: the kernel, its grid, runtime arguments, constexprs and warps. Built
+    apart from running it, so a test can compile the very same launch for a GPU it lacks."""
+
+    kernel: Any
+    grid: tuple[int, ...]
+    args: tuple[Any, ...]
+    constants: dict[str, Any]
+    num_warps: int = 4
+
+    def run(self) -> None:
+        self.kernel[self.grid](*self.args, **self.constants, num_warps=self.num_warps)
 
 
 _DECODE_KEYS = 64  # keys per decode tile
+_IN_PAGE, _BY_TOKEN, _OWN_ROWS = 0, 1, 2  # the kernels' KEYS: IN_PAGE, BY_TOKEN, OWN_ROWS
 
 
-def _prefill_tiles(dim: int) -> tuple[int, int]:
-    """(query rows, keys) per prefill tile: fewer keys at head_dim 256, so the fp32
-    accumulator and the key tile stay in registers."""
-    return (64, 32) if dim > 128 else (64, 64)
+def _key_tiles(block_n: int, block_tokens: int) -> tuple[int, int]:
+    """(keys per tile, how they are addressed) in a pool of `block_tokens` blocks: tiles that
+    lie in one page where blocks are a power of two of at least 16 tokens (cut to the block
+    where blocks are smaller than `block_n`), else a page lookup per key."""
+    if block_tokens >= _MIN_TILE and block_tokens & (block_tokens - 1) == 0:
+        return min(block_n, block_tokens), _IN_PAGE
+    return block_n, _BY_TOKEN
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTiles:
+    rows: int  # (query, head) rows per tile
+    keys: int  # keys per tile, before a smaller block cuts it
+    warps: int
+
+
+def _prefill_tiles(dim: int, dtype: torch.dtype) -> PrefillTiles:
+    """Tiles of 64 rows; at rows of 256 bytes and more, 8 warps (4 spill registers, as
+    compiled for sm_90) and, at head_dim 256, keys in tiles of 32 to fit the fp32 accumulator."""
+    row_bytes = dim * dtype.itemsize
+    return PrefillTiles(64, 32 if dim > 128 else 64, 8 if row_bytes >= 256 else 4)
 
 
 def _block_dim(dim: int) -> int:
