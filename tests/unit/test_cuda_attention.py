@@ -26,7 +26,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=needs_gpu)]
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
-KERNELS = TritonAttention()
+# As on a GPU of 8 SMs: the tests' small shapes then split decodes, and tile prefills in rows of
+# 64 and of 16, as a large GPU does larger shapes (and the interpreter runs fewer programs).
+KERNELS = TritonAttention(sm_count=8)
 BLOCK_TOKENS = 16  # divides none of the lengths below
 LENGTHS = [1, 15, 17, 100, 300]  # 300: two decode splits
 
@@ -144,6 +146,7 @@ def test_decode_splits_long_contexts_by_shape_and_merges_them_exactly():
     q = torch.randn(2, 6, 32)
     # 44 blocks of 16: 704 keys, 3 splits of at least 256 (the program count asks for more)
     assert KERNELS.decode_splits(2, 2, pool.tables.shape[1] * BLOCK_TOKENS) == 3
+    assert TritonAttention(sm_count=132).decode_splits(32, 8, 4096) == 2  # 1B, batch 32
     single = TritonAttention(sm_count=1)  # 2 programs already cover it twice: one split
     assert single.decode_splits(2, 2, pool.tables.shape[1] * BLOCK_TOKENS) == 1
     split_out, single_out = decode(KERNELS, pool, q), decode(single, pool, q)
@@ -266,10 +269,15 @@ class PrefillCase:
         span = slice(self.context, self.context + self.n)
         return k[span], v[span]
 
-    def attend(self, window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(
+        self,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        kernels: TritonAttention = KERNELS,
+    ) -> torch.Tensor:
         k, v, tables, _ = self.pool.on_device()
         sinks = None if sinks is None else sinks.to(DEVICE)
-        out = KERNELS.prefill_attention(
+        out = kernels.prefill_attention(
             self.q.to(DEVICE), k, v, tables[0], self.context, self.q.shape[-1] ** -0.5,
             window, sinks, *self.pool.scales_on_device(),
         )  # fmt: skip
@@ -302,6 +310,18 @@ PREFILL_CASES = [  # (context, n, heads, kv_heads, head_dim): n fills no whole 6
 def test_prefill_with_context_equals_the_reference(dtype, context, n, heads, kv_heads, dim):
     case = PrefillCase(context, n, heads, kv_heads, dim, dtype)
     assert_prefill_close(case.attend(), case.expected())
+
+
+def test_short_chunks_take_smaller_row_tiles_to_fill_the_sms():
+    h100 = TritonAttention(sm_count=132)
+    assert h100.prefill_tiles(4000, 8, 64, torch.bfloat16).rows == 64  # 1B, 1,000 tokens
+    assert h100.prefill_tiles(300, 3, 64, torch.bfloat16).rows == 16  # SmolLM2, 100 tokens
+    assert h100.prefill_tiles(4000, 8, 128, torch.bfloat16).warps == 8
+    tiles = [
+        KERNELS.prefill_tiles(n * h // kvh, kvh, d, torch.float32)
+        for _, n, h, kvh, d in PREFILL_CASES
+    ]
+    assert {t.rows for t in tiles} == {16, 32, 64}  # the cases above take each
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -47,6 +47,7 @@ def compile_launch(launch: Launch) -> triton.compiler.CompiledKernel:
     runtime = [name for name in kernel.arg_names if name not in launch.constants]
     signature: dict[str, str] = {name: "constexpr" for name in launch.constants}
     attrs = {}
+    fixed = set(kernel.do_not_specialize)
     for name, value in zip(runtime, launch.args, strict=True):
         if isinstance(value, torch.Tensor):
             signature[name] = "*" + _TYPES[value.dtype]
@@ -57,7 +58,7 @@ def compile_launch(launch: Launch) -> triton.compiler.CompiledKernel:
             signature[name], aligned = "i32", value % 16 == 0
         else:
             signature[name], aligned = "fp32", False
-        if aligned:
+        if aligned and name not in fixed:
             attrs[(kernel.arg_names.index(name),)] = [["tt.divisibility", 16]]
     signature = {name: signature[name] for name in kernel.arg_names}
     source = ASTSource(kernel, signature, dict(launch.constants), attrs)
@@ -120,6 +121,7 @@ def prefill(
     window: int | None = None,
     sinks: bool = False,
     int8: bool = False,
+    sm_count: int | None = None,
 ) -> list[Launch]:
     """A paged chunk after context, or with `block_tokens` None a first chunk's own K/V."""
     q = torch.randn(100, heads, dim).to(dtype)
@@ -127,11 +129,13 @@ def prefill(
     if block_tokens is None:
         own = torch.randn(100, 2 * kv_heads, dim).to(dtype)
         k, v = own[:, :kv_heads], own[:, kv_heads:]
-        launch = TritonAttention().prefill_launch(q, k, v, None, 0, 0.125, window, logits)[1]
+        launch = TritonAttention(sm_count).prefill_launch(q, k, v, None, 0, 0.125, window, logits)[
+            1
+        ]
     else:
         k, v, *scales = pool(kv_heads, dim, block_tokens, dtype, int8)
         table = torch.arange(8)
-        launch = TritonAttention().prefill_launch(
+        launch = TritonAttention(sm_count).prefill_launch(
             q, k, v, table, 200, 0.125, window, logits, *scales
         )[1]
     assert launch is not None
@@ -149,8 +153,11 @@ CASES = {
     "decode fp32": lambda: decode(9, 3, 64, 256, FP32),
     "prefill own rows, window, sinks": lambda: prefill(9, 3, 64, None, BF16, 128, True),
     "prefill 1B, paged": lambda: prefill(32, 8, 64, 256, BF16),
+    "prefill 1B, paged, 64-row tiles": lambda: prefill(32, 8, 64, 256, BF16, sm_count=1),
     "prefill head_dim 128, int8": lambda: prefill(8, 2, 128, 256, BF16, None, False, True),
     "prefill head_dim 256, sinks": lambda: prefill(4, 1, 256, 256, BF16, 512, True),
+    "prefill head_dim 256, 64-row tiles": lambda: prefill(4, 1, 256, 256, BF16, sm_count=1),
+    "prefill head_dim 128, 64-row tiles": lambda: prefill(8, 2, 128, 256, FP16, sm_count=1),
     "prefill blocks of 24 (by token)": lambda: prefill(9, 3, 64, 24, FP16),
     "prefill fp32": lambda: prefill(9, 3, 64, 256, FP32),
 }

@@ -28,11 +28,11 @@ than 256 keys (below that the merge costs more than the parallelism gains), at m
 that holds no key of a short sequence exits at once. A graph bucket's padding rows (context 1,
 a table of zeros) read slot 0 of page 0 and write their own output rows only. Key tiles of 64.
 
-Prefill tiles the chunk's (query, head-in-group) rows, 64 a tile, against key tiles of 64 (32
-at head_dim 256, to keep the accumulator in registers; 8 warps from rows of 256 bytes, where 4
-would spill); a tile's key loop ends at its last query's position and starts at its first
-query's window, so key tiles wholly above the causal diagonal or before every row's window are
-skipped, and only the tiles that cross them are masked.
+Prefill tiles the chunk's (query, head-in-group) rows, 64 a tile (32 or 16 where a short chunk
+would leave SMs idle), against key tiles of 64 (32 at head_dim 256, to keep the accumulator in
+registers; 8 warps for 64 rows of 256 bytes, where 4 would spill). A tile's key loop ends at its
+last query's position and starts at its first query's window, so key tiles wholly above the
+causal diagonal or before every row's window are skipped; only tiles that cross them are masked.
 
 Tile sizes, warps and the split rule are first choices from the usual flash-attention /
 flash-decoding designs. THEY ARE YET TO BE MEASURED ON A GPU (`benchmarks/cuda_attention.py`).
@@ -171,7 +171,7 @@ def _initial_state(sinks_ptr, heads, row_valid, use_sinks, HAS_SINKS: tl.constex
     return zeros + float("-inf"), zeros
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window", "span"])
 def _decode_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     k_ptr,
@@ -294,7 +294,9 @@ def _merge_splits_kernel(  # type: ignore[no-untyped-def]
     tl.store(out_row + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-@triton.jit
+# Values that change from call to call are not specialized on (1, or divisible by 16): each
+# would compile a variant of its own, for a second, in the middle of serving.
+@triton.jit(do_not_specialize=["window", "context", "n"])
 def _prefill_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     k_ptr,
@@ -395,6 +397,17 @@ class TritonAttention:
         by_length = triton.cdiv(keys, _MIN_SPLIT_KEYS)
         by_occupancy = triton.cdiv(2 * self.sm_count, max(1, batch * kv_heads))
         return max(1, min(by_length, by_occupancy, _MAX_SPLITS))
+
+    def prefill_tiles(self, rows: int, kv_heads: int, dim: int, dtype: torch.dtype) -> PrefillTiles:
+        """Tiles for a chunk of `rows` (query, head) rows per KV head: 64 rows, or 32 or 16
+        while fewer programs than SMs would run (a short chunk after a long context); keys in
+        tiles of 64, 32 at head_dim 256 to fit the fp32 accumulator; 8 warps for 64 rows of 256
+        bytes and more, where 4 spill registers (as compiled for sm_90)."""
+        tile_rows = 64
+        while tile_rows > _MIN_TILE and triton.cdiv(rows, tile_rows) * kv_heads < self.sm_count:
+            tile_rows //= 2
+        warps = 8 if tile_rows == 64 and dim * dtype.itemsize >= 256 else 4
+        return PrefillTiles(tile_rows, 32 if dim > 128 else 64, warps)
 
     def decode_attention(
         self,
@@ -522,7 +535,8 @@ class TritonAttention:
         if n == 0:
             return out, None
         q = _last_dim_contiguous(q)
-        tiles = _prefill_tiles(dim, q.dtype)
+        kv_heads = k.shape[-2]
+        tiles = self.prefill_tiles(n * (heads // kv_heads), kv_heads, dim, q.dtype)
         block_n = tiles.keys
         if block_table is None:  # the chunk's own rows: one "page" holding the chunk's tokens
             k, v = k.unsqueeze(0), v.unsqueeze(0)
@@ -530,7 +544,6 @@ class TritonAttention:
         else:
             block_tokens = k.shape[1]
             block_n, key_mode = _key_tiles(block_n, block_tokens)
-        kv_heads = k.shape[2]
         group = heads // kv_heads
         pool = _PoolArgs(k, v, k_scales, v_scales)
         table = pool.k if block_table is None else block_table  # a pointer never read
@@ -579,16 +592,11 @@ def _key_tiles(block_n: int, block_tokens: int) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class PrefillTiles:
+    """A prefill launch's tile shape and warps."""
+
     rows: int  # (query, head) rows per tile
     keys: int  # keys per tile, before a smaller block cuts it
     warps: int
-
-
-def _prefill_tiles(dim: int, dtype: torch.dtype) -> PrefillTiles:
-    """Tiles of 64 rows; at rows of 256 bytes and more, 8 warps (4 spill registers, as
-    compiled for sm_90) and, at head_dim 256, keys in tiles of 32 to fit the fp32 accumulator."""
-    row_bytes = dim * dtype.itemsize
-    return PrefillTiles(64, 32 if dim > 128 else 64, 8 if row_bytes >= 256 else 4)
 
 
 def _block_dim(dim: int) -> int:
