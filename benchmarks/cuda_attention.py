@@ -2,10 +2,11 @@
 path (gather the blocks, then SDPA), for decode at batch 1 and 32 with 1K and 4K tokens of
 context and for prefill of 1,000 tokens and of 100 new tokens after 900 cached, at SmolLM2's
 shape (9 heads, 3 KV heads, head_dim 64) and Llama 3.2 1B's (32 heads, 8 KV heads, head_dim 64),
-blocks of 256 tokens, bf16. Each case checks the two agree, then times each kernel with CUDA
-events after warm-up (the GPU is first kept busy for `--warm-seconds`, so its clocks are up),
-and prints one table: median ms per call, the speedup, the largest difference, and what the
-Triton kernel reaches (decode: GB/s of K/V read; prefill: TFLOP/s of the causal products).
+blocks of 256 tokens, bf16 (and decode at batch 32 and 4K from an 8-bit pool). Each case
+checks the two agree, then times each kernel with CUDA events after warm-up (the GPU is first
+kept busy for `--warm-seconds`, so its clocks are up), and prints one table: median ms per
+call, the speedup, the largest difference, and what the Triton kernel reaches (decode: GB/s of
+K/V read; prefill: TFLOP/s of the causal products).
 Decode cycles through enough layers' pools that K/V come from HBM, not L2, as in a real step.
 
     python benchmarks/cuda_attention.py [--runs 50] [--warmup 10] [--warm-seconds 2]
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from semantic.backends.torch.int8 import quantize_rows
+
 BLOCK_TOKENS = 256
 SHAPES = {"SmolLM2": (9, 3, 64), "1B": (32, 8, 64)}  # heads, KV heads, head_dim
 COLD_BYTES = 256 * 2**20  # K/V of the layers cycled through: well past an H100's 50 MB of L2
@@ -41,11 +44,13 @@ class Case:
     batch: int
     context: int
     new: int = 1
+    int8: bool = False  # an 8-bit pool: int8 K/V with a bf16 scale per row
 
     def label(self) -> str:
+        pool = ", int8" if self.int8 else ""
         if self.kind == "decode":
-            return f"decode B={self.batch} ctx={self.context}"
-        return f"prefill {self.new} after {self.context}"
+            return f"decode B={self.batch} ctx={self.context}{pool}"
+        return f"prefill {self.new} after {self.context}{pool}"
 
 
 def cases(quick: bool) -> list[Case]:
@@ -53,12 +58,14 @@ def cases(quick: bool) -> list[Case]:
         return [
             Case("decode", "SmolLM2", 1, 300),
             Case("decode", "SmolLM2", 4, 100),
+            Case("decode", "SmolLM2", 2, 100, int8=True),
             Case("prefill", "SmolLM2", 1, 0, 40),
             Case("prefill", "SmolLM2", 1, 30, 10),
         ]
     rows = []
     for shape in SHAPES:
         rows += [Case("decode", shape, b, c) for b in (1, 32) for c in (1024, 4096)]
+        rows.append(Case("decode", shape, 32, 4096, int8=True))
         rows += [Case("prefill", shape, 1, 0, 1000), Case("prefill", shape, 1, 900, 100)]
     return rows
 
@@ -72,15 +79,13 @@ class Layers:
         keys = case.context + (case.new if case.kind == "prefill" else 0)
         per_seq = -(-keys // BLOCK_TOKENS)
         pages = case.batch * per_seq
-        page_bytes = 2 * BLOCK_TOKENS * kv_heads * dim * dtype.itemsize
+        row_bytes = dim + 2 if case.int8 else dim * dtype.itemsize  # int8: and its scale
+        page_bytes = 2 * BLOCK_TOKENS * kv_heads * row_bytes
         count = 1 if device == "cpu" else max(1, min(64, COLD_BYTES // (pages * page_bytes)))
         shape = (pages, BLOCK_TOKENS, kv_heads, dim)
-        self.kv = [
-            (random_tensor(shape, dtype, device), random_tensor(shape, dtype, device))
-            for _ in range(count)
-        ]
+        self.kv = [LayerCopy.random(shape, dtype, device, case.int8) for _ in range(count)]
         self.tables = torch.randperm(pages, device=device).view(case.batch, per_seq)
-        self.bytes_read = case.batch * case.context * 2 * kv_heads * dim * dtype.itemsize
+        self.bytes_read = case.batch * case.context * 2 * kv_heads * row_bytes
         self.index = 0
 
     def next(self) -> int:
@@ -88,8 +93,26 @@ class Layers:
         return self.index
 
 
-def random_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
-    return torch.randn(shape, device=device).to(dtype)
+@dataclass(frozen=True)
+class LayerCopy:
+    """One copy of a layer's K and V pool tensors, and an 8-bit pool's row scales."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    scales: tuple[torch.Tensor, torch.Tensor] | None
+
+    @classmethod
+    def random(
+        cls, shape: tuple[int, ...], dtype: torch.dtype, device: str, int8: bool
+    ) -> LayerCopy:
+        k, v = (torch.randn(shape, device=device).to(dtype) for _ in range(2))
+        if not int8:
+            return cls(k, v, None)
+        (k8, k_scales), (v8, v_scales) = quantize_rows(k), quantize_rows(v)
+        return cls(k8, v8, (k_scales, v_scales))
+
+    def scale_args(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return (None, None) if self.scales is None else self.scales
 
 
 def median_ms(call: Callable[[], object], runs: int, warmup: int, device: str) -> float:
@@ -123,7 +146,12 @@ def kernels_for(case: Case, layers: Layers, q: torch.Tensor) -> tuple[Attend, At
     from semantic.backends.torch.cuda.attention import TritonAttention
 
     triton_kernels = TritonAttention()
-    scratch = stock.GatherScratch(layers.kv[0][0])  # one for every call, as the pool has
+    scratch = stock.GatherScratch(layers.kv[0].k)  # one for every call, as the pool has
+
+    def layer_kv(i: int) -> stock.LayerKV:
+        copy = layers.kv[i]
+        return stock.LayerKV(copy.k, copy.v, scratch, None, 0, copy.scales)
+
     scale = q.shape[-1] ** -0.5
     how = stock.LayerAttention(scale)
     device = q.device
@@ -132,12 +160,13 @@ def kernels_for(case: Case, layers: Layers, q: torch.Tensor) -> tuple[Attend, At
         group = stock.DecodeGroup(case.batch, case.context, layers.tables, lens, None)
 
         def ours(i: int) -> torch.Tensor:
-            k, v = layers.kv[i]
-            return triton_kernels.decode_attention(q, k, v, layers.tables, lens, scale)
+            copy = layers.kv[i]
+            return triton_kernels.decode_attention(
+                q, copy.k, copy.v, layers.tables, lens, scale, None, None, *copy.scale_args()
+            )
 
         def theirs(i: int) -> torch.Tensor:
-            k, v = layers.kv[i]
-            return stock.decode_attention(q, stock.LayerKV(k, v, scratch), group, how)
+            return stock.decode_attention(q, layer_kv(i), group, how)
 
         return ours, theirs
     total, table = case.context + case.new, layers.tables[0]
@@ -146,18 +175,25 @@ def kernels_for(case: Case, layers: Layers, q: torch.Tensor) -> tuple[Attend, At
         mask = torch.ones(case.new, total, dtype=torch.bool, device=device).tril_(case.context)
         chunk = stock.PrefillChunk(0, case.new, case.context, table, mask)
 
-    # The chunk's own K and V [new, KVH, D] of each copy, as the model has them.
-    own = [(k[table].flatten(0, 1), v[table].flatten(0, 1)) for k, v in layers.kv]
-    own = [(k[case.context : total], v[case.context : total]) for k, v in own]
+    # The chunk's own K and V [new, KVH, D] of each copy, as the model has them (16-bit pools).
+    own = [
+        (
+            c.k[table].flatten(0, 1)[case.context : total],
+            c.v[table].flatten(0, 1)[case.context : total],
+        )
+        for c in layers.kv
+    ]
 
     def ours_prefill(i: int) -> torch.Tensor:
         if case.context == 0:
             return triton_kernels.prefill_attention(q, *own[i], None, 0, scale)
-        return triton_kernels.prefill_attention(q, *layers.kv[i], table, case.context, scale)
+        copy = layers.kv[i]
+        return triton_kernels.prefill_attention(
+            q, copy.k, copy.v, table, case.context, scale, None, None, *copy.scale_args()
+        )
 
     def theirs_prefill(i: int) -> torch.Tensor:
-        kv = stock.LayerKV(*layers.kv[i], scratch)
-        return stock.prefill_attention(q, *own[i], kv, chunk, how)
+        return stock.prefill_attention(q, *own[i], layer_kv(i), chunk, how)
 
     return ours_prefill, theirs_prefill
 
