@@ -5,6 +5,7 @@ interpreter on CPU tensors (fp32 and fp16: it has no bf16)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import subprocess
@@ -15,8 +16,18 @@ import pytest
 import torch
 import triton
 
+from semantic.backends.torch.attention import (
+    DecodeGroup,
+    GatherScratch,
+    LayerAttention,
+    LayerKV,
+    PrefillChunk,
+    decode_attention,
+    prefill_attention,
+)
 from semantic.backends.torch.cuda.attention import TritonAttention
 from semantic.backends.torch.int8 import dequantize_rows, quantize_rows
+from semantic.backends.torch.kernels import CpuKernels
 from tests.unit.attention_reference import windowed_reference
 
 ROOT = Path(__file__).parents[2]
@@ -412,3 +423,35 @@ def test_the_kernels_compile_for_an_h100_and_16_bit_ones_spill_no_registers():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "_prefill_kernel" in result.stdout and "_merge_splits_kernel" in result.stdout
+
+
+@pytest.mark.parametrize("method", ["supports_attention", "decode_attention", "prefill_attention"])
+def test_entry_points_take_the_cpu_kernels_parameters(method):
+    """The pool calls either kernel class the same way."""
+    ours = inspect.signature(getattr(TritonAttention, method)).parameters
+    theirs = inspect.signature(getattr(CpuKernels, method)).parameters
+    assert [(p.name, p.default) for p in ours.values()] == [
+        (p.name, p.default) for p in theirs.values()
+    ]
+
+
+def test_the_pools_attention_runs_through_triton_as_through_the_stock_path():
+    pool = Pool([30, 70], 2, 32, torch.float32)
+    k, v, tables, lengths = pool.on_device()
+    stock_kv = LayerKV(k, v, GatherScratch(k))
+    triton_kv = LayerKV(k, v, GatherScratch(k), KERNELS)  # type: ignore[arg-type]
+    how = LayerAttention(32**-0.5)
+    q = torch.randn(2, 4, 32, device=DEVICE)
+    mask = torch.arange(70, device=DEVICE)[None, None, None] < lengths[:, None, None, None]
+    group = DecodeGroup(2, 70, tables, lengths, mask)
+    torch.testing.assert_close(
+        decode_attention(q, triton_kv, group, how), decode_attention(q, stock_kv, group, how)
+    )
+    chunk_q = torch.randn(20, 4, 32, device=DEVICE)
+    chunk_mask = torch.ones(20, 70, dtype=torch.bool, device=DEVICE).tril_(50)
+    chunk = PrefillChunk(0, 20, 50, tables[1], chunk_mask)
+    own_k, own_v = (c[tables[1]].flatten(0, 1)[50:70] for c in (k, v))
+    torch.testing.assert_close(
+        prefill_attention(chunk_q, own_k, own_v, triton_kv, chunk, how),
+        prefill_attention(chunk_q, own_k, own_v, stock_kv, chunk, how),
+    )
