@@ -12,11 +12,11 @@ key's page (`BY_TOKEN`), so any block size works. Scores run in the log2 domain 
 folds in log2 e, softmax uses exp2); the online softmax keeps a running max, sum and fp32
 accumulator per query row. Sinks (a logit per head with no value) are the initial state of
 that softmax: max = the sink, sum = 1, nothing accumulated, so they need no pass of their own.
-Sliding windows start the key loop at the tile holding the window's first key (tiles wholly
-before it are never loaded, so a table's stand-in page 0 there is never read). 8-bit pools load
-int8 rows and their bf16 row scales, passed as int16 bits and widened in registers (`bits << 16`
-bitcast to fp32: the interpreter has no bf16, and it is one shift on a GPU): a key's scale
-multiplies its score, a value's its probability.
+Sliding windows start the key loop at the tile holding the window's first key, and no key
+before it is loaded (a sliding layer gives back the blocks its window has left, and its table
+names page 0 there). 8-bit pools load int8 rows and their bf16 row scales, passed as int16 bits
+and widened in registers (`bits << 16` bitcast to fp32: the interpreter has no bf16, and it is
+one shift on a GPU): a key's scale multiplies its score, a value's its probability.
 
 Decode is flash-decoding: a grid of (sequence, KV head, split), each split a contiguous span of
 the keys the query sees (from its window's first tile, or 0), then a second kernel merges the
@@ -359,6 +359,8 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         valid = pos < hi
+        if HAS_WINDOW:  # no key before the first row's window is loaded: its page may be gone
+            valid = valid & (pos > first_query - window)
         visible = valid[None, :] & (pos[None, :] <= positions[:, None])
         if HAS_WINDOW:
             visible = visible & (pos[None, :] > positions[:, None] - window)
