@@ -85,7 +85,8 @@ class Pool:
         """Sequence i's first `count` keys and values [count, KVH, D] in fp32, NaN made 0."""
         blocks = self.tables[i, : -(-count // self.bt)]
         k, v = self.real(self.k, self.k_scales), self.real(self.v, self.v_scales)
-        return (x[blocks].flatten(0, 1)[:count].nan_to_num() for x in (k, v))  # type: ignore[return-value]
+        k, v = (x[blocks].flatten(0, 1)[:count].nan_to_num() for x in (k, v))
+        return k, v
 
     def forget_before(self, i: int, first: int) -> None:
         """Keys before `first` of sequence i turn to NaN (an int8 row: its scale), and its
@@ -104,7 +105,8 @@ class Pool:
 
     def on_device(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """K, V, the block tables and the lengths on the test's device."""
-        return tuple(x.to(DEVICE) for x in (self.k, self.v, self.tables, self.lengths))  # type: ignore[return-value]
+        k, v, tables, lengths = (x.to(DEVICE) for x in (self.k, self.v, self.tables, self.lengths))
+        return k, v, tables, lengths
 
     def scales_on_device(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.k_scales is None or self.v_scales is None:
