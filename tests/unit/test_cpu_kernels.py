@@ -24,6 +24,7 @@ from semantic.backends.torch.linear import Linear, OneDnnLinear, PanelLinear, Un
 from semantic.backends.torch.models.rope import Rope, apply_rope
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
+from tests.unit.attention_reference import windowed_reference
 from tests.unit.tiny_llama import tiny_llama
 
 KERNELS = cpu_kernels()
@@ -231,32 +232,6 @@ def test_paged_prefill_rejects_a_block_outside_the_cache():
     case.table[1] = case.k.shape[0]
     with pytest.raises(RuntimeError, match="outside the cache"):
         case.attend()
-
-
-def windowed_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: list[int],
-    scale: float,
-    window: int | None,
-    sinks: torch.Tensor | None,
-) -> torch.Tensor:
-    """Queries q [n, H, D] at `positions` over keys k, v [S, KVH, D] (positions 0..S-1), each
-    over its window (or every key up to itself), a head's sink logit joining the softmax
-    with no value; fp32, as transformers computes it."""
-    heads, kv_heads = q.shape[1], k.shape[1]
-    k = k.float().repeat_interleave(heads // kv_heads, 1)
-    v = v.float().repeat_interleave(heads // kv_heads, 1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
-    query, key = torch.tensor(positions)[:, None], torch.arange(k.shape[0])[None]
-    visible = (key <= query) & (key > query - (window or k.shape[0] + 1))
-    scores = scores.masked_fill(~visible, float("-inf"))
-    if sinks is not None:
-        column = sinks.float().view(heads, 1, 1).expand(heads, len(positions), 1)
-        scores = torch.cat([scores, column], -1)
-    weights = scores.softmax(-1)[..., : k.shape[0]]
-    return torch.einsum("hqk,khd->qhd", weights, v)
 
 
 @needs_kernels

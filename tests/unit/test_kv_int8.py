@@ -25,6 +25,7 @@ from semantic.backends.torch.runner import TorchRunner, pick_kv_dtype
 from semantic.cache.disk import BlockRecord, DiskTier, model_tag
 from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams
 from semantic.errors import ModelLoadFailed
+from tests.unit.attention_reference import windowed_reference
 from tests.unit.test_cpu_kernels import (
     BF16_ATOL,
     BLOCK_TOKENS,
@@ -33,7 +34,6 @@ from tests.unit.test_cpu_kernels import (
     PrefillCase,
     needs_kernels,
     step_logits,
-    windowed_reference,
 )
 from tests.unit.tiny_llama import tiny_llama
 
