@@ -162,7 +162,9 @@ class Settings(BaseSettings):
         "int8 (a scale per output row; half the bytes a decode step reads).",
     )
     cpu_kernels: bool = Field(
-        True, description="Our compiled CPU kernels where the CPU has AVX-512 BF16 (else stock)."
+        True,
+        description="Our kernels: the compiled ones where the CPU has AVX-512 BF16, Triton's on "
+        "CUDA (else stock torch kernels).",
     )
     cuda_graphs: bool = Field(
         True,

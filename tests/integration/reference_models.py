@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -14,17 +14,21 @@ from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.models.config import ModelConfig
 
+if TYPE_CHECKING:
+    from semantic.backends.torch.cuda.kernels import CudaKernels
+
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-# Where our runner computes: the CPU with our kernels, the CPU with stock torch ops, and where
-# there is a GPU (NEEDS_CUDA): CUDA with the Triton kernels and decode graphs, the same without
-# graphs, and CUDA with stock torch ops.
-PATHS = ["cpu", "cpu-stock", "cuda", "cuda-eager", "cuda-stock"]
+# Where our runner computes: the CPU with our kernels, the CPU with stock torch ops, the CPU with
+# CUDA's Triton kernels in Triton's interpreter, and where there is a GPU (NEEDS_CUDA): CUDA
+# with the Triton kernels and decode graphs, the same without graphs, and CUDA with stock ops.
+PATHS = ["cpu", "cpu-stock", "cpu-triton", "cuda", "cuda-eager", "cuda-stock"]
 CUDA_PATHS = ("cuda", "cuda-eager", "cuda-stock")
 # (ours against ours batched or chunked differently, ours against transformers). fp32 on CUDA
 # sums in another order per shape (cuBLAS and SDPA pick kernels by shape): looser there.
 TOLERANCES = {
     "cpu": (1e-5, 1e-4),
     "cpu-stock": (1e-5, 1e-4),
+    "cpu-triton": (1e-5, 1e-4),
     **{path: (2e-4, 5e-4) for path in CUDA_PATHS},
 }
 BLOCK_TOKENS = 8
@@ -67,11 +71,18 @@ class Model:
             cache_budget_mb=cache_budget_mb,
             dtype=dtype,
             device=self.device,
-            kernels=not self.path.endswith("-stock"),
+            kernels=self._kernels(),
             cuda_graphs=self.path == "cuda",
             prepared_dir=prepared,
             weights_fingerprint="reference" if prepared else None,
         )
+
+    def _kernels(self) -> bool | CudaKernels:
+        if self.path == "cpu-triton":
+            from semantic.backends.torch.cuda.kernels import CudaKernels
+
+            return CudaKernels()
+        return not self.path.endswith("-stock")
 
     def logits(self, batch: Batch) -> torch.Tensor:
         """Our fp32 logits of the batch's sampled items, on the CPU."""

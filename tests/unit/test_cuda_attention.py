@@ -26,6 +26,7 @@ from semantic.backends.torch.attention import (
     prefill_attention,
 )
 from semantic.backends.torch.cuda.attention import TritonAttention
+from semantic.backends.torch.cuda.kernels import CudaKernels
 from semantic.backends.torch.int8 import dequantize_rows, quantize_rows
 from semantic.backends.torch.kernels import CpuKernels
 from tests.unit.attention_reference import windowed_reference
@@ -443,7 +444,7 @@ def test_the_pools_attention_runs_through_triton_as_through_the_stock_path():
     pool = Pool([30, 70], 2, 32, torch.float32)
     k, v, tables, lengths = pool.on_device()
     stock_kv = LayerKV(k, v, GatherScratch(k))
-    triton_kv = LayerKV(k, v, GatherScratch(k), KERNELS)  # type: ignore[arg-type]
+    triton_kv = LayerKV(k, v, GatherScratch(k), CudaKernels())
     how = LayerAttention(32**-0.5)
     q = torch.randn(2, 4, 32, device=DEVICE)
     mask = torch.arange(70, device=DEVICE)[None, None, None] < lengths[:, None, None, None]

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from semantic.backends.torch.cuda.graphs import DecodeGraphs
+from semantic.backends.torch.cuda.kernels import CudaKernels
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
-from tests.unit.test_cpu_kernels import needs_kernels
+from tests.unit.test_cpu_kernels import KERNELS, needs_kernels
 from tests.unit.tiny_llama import tiny_llama
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -19,10 +20,19 @@ PROMPTS = [[(13 * s + 7 * i) % 300 for i in range(n)] for s, n in ((1, 5), (2, 4
 TABLES = [list(range(100 + 20 * i, 120 + 20 * i)) for i in range(len(PROMPTS))]
 
 
-def runner(device: str = "cpu") -> TorchRunner:
+def runner(device: str = "cpu", kernels: str = "ours") -> TorchRunner:
+    """fp32, with our kernels for the device, or ("triton") CUDA's on the CPU, in Triton's
+    interpreter."""
     config, weights = tiny_llama(tied=False)
+    chosen = CudaKernels() if kernels == "triton" else True
     return TorchRunner(
-        config, weights, block_tokens=BT, cache_budget_mb=8, dtype="float32", device=device
+        config,
+        weights,
+        block_tokens=BT,
+        cache_budget_mb=8,
+        dtype="float32",
+        device=device,
+        kernels=chosen,
     )
 
 
@@ -52,9 +62,11 @@ def decodes(step: int, count: int = len(PROMPTS)) -> list[BatchItem]:
     ]
 
 
-@needs_kernels
-def test_a_decode_batch_over_a_larger_buckets_static_inputs_matches_the_eager_step():
-    eager, static = runner(), runner()
+@pytest.mark.parametrize("kernels", ["ours", "triton"])
+def test_a_decode_batch_over_a_larger_buckets_static_inputs_matches_the_eager_step(kernels):
+    if kernels == "ours" and KERNELS is None:
+        pytest.skip("needs our CPU kernels (AVX-512 BF16)")
+    eager, static = runner(kernels=kernels), runner(kernels=kernels)
     prefilled(eager)
     prefilled(static)
     graphs = graphs_of(static)

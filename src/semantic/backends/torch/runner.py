@@ -39,6 +39,10 @@ from semantic.text.grammar import GrammarStates
 
 if TYPE_CHECKING:
     from semantic.backends.torch.cuda.graphs import DecodeGraphs
+    from semantic.backends.torch.cuda.kernels import CudaKernels
+
+    # Ours: the CPU's compiled kernels, or Triton's on CUDA.
+    Kernels = CpuKernels | CudaKernels
 
 _DTYPE_NAMES = {torch_dtype: name for name, torch_dtype in DTYPES.items()}
 
@@ -71,7 +75,7 @@ class TorchRunner:
         kv_dtype: str = "auto",
         device: str = "auto",
         threads: int | None = None,
-        kernels: bool = True,
+        kernels: bool | Kernels = True,
         weight_format: str = "bf16",
         prepared_dir: Path | None = None,
         weights_fingerprint: str | None = None,
@@ -84,12 +88,12 @@ class TorchRunner:
         self.device = pick_device(device)
         self.threads = thread_governor(self.device)
         self.dtype = pick_dtype(dtype, self.device)
-        cpu = pick_cpu_kernels(kernels, self.device, self.dtype)
+        cpu, ours = pick_kernels(kernels, self.device, self.dtype)
         if weight_format not in WEIGHT_FORMATS:
             known = ", ".join(WEIGHT_FORMATS)
             raise ModelLoadFailed(f"unknown weights {weight_format!r}; known: {known}")
         linear = linear_factory(self.device, self.dtype, cpu, weight_format)
-        build = Build(config, self.dtype, self.device, linear, cpu, weight_format)
+        build = Build(config, self.dtype, self.device, linear, ours, weight_format)
         with torch.inference_mode():
             if prepared_dir is None or not weights_fingerprint or cpu is None:
                 self.model = build_model(build, weights)
@@ -97,7 +101,7 @@ class TorchRunner:
                 prepared = PreparedWeights.for_model(prepared_dir, weights_fingerprint, build)
                 self.model = prepared.build(build, weights)
         windows = self.model.layer_windows
-        in_place = attention_kernels(cpu, config, self.dtype)
+        in_place = attention_kernels(ours, config, self.dtype)
         self.cache_spec = CacheSpec(
             num_layers=config.num_hidden_layers,
             num_kv_heads=config.num_key_value_heads,
@@ -105,7 +109,7 @@ class TorchRunner:
             dtype=_DTYPE_NAMES[self.dtype],
             block_tokens=block_tokens,
             layer_windows=windows if any(w is not None for w in windows) else (),
-            kv_dtype=pick_kv_dtype(kv_dtype, in_place is not None, self.dtype),
+            kv_dtype=pick_kv_dtype(kv_dtype, cpu is not None and in_place is cpu, self.dtype),
         )
         budget = self._auto_budget_bytes() if cache_budget_mb is None else cache_budget_mb * 2**20
         self.num_blocks = budget // self.cache_spec.bytes_per_page  # pages, one size for all
@@ -413,6 +417,18 @@ def thread_governor(device: torch.device) -> ThreadGovernor | None:
     return ThreadGovernor(torch.get_num_threads(), os.cpu_count() or 1, torch.set_num_threads)
 
 
+def pick_kernels(
+    wanted: bool | Kernels, device: torch.device, dtype: torch.dtype
+) -> tuple[CpuKernels | None, Kernels | None]:
+    """Our kernels where they apply (`wanted` True), as (the CPU's compiled ones, which the
+    linears use too, or None; ours, CPU or CUDA, or None: stock torch). A kernels object is
+    used as given: the tests run the Triton kernels on the CPU, in Triton's interpreter."""
+    if not isinstance(wanted, bool):
+        return (wanted if isinstance(wanted, CpuKernels) else None), wanted
+    cpu = pick_cpu_kernels(wanted, device, dtype)
+    return cpu, cpu if cpu is not None else pick_cuda_kernels(wanted, device)
+
+
 def pick_cpu_kernels(wanted: bool, device: torch.device, dtype: torch.dtype) -> CpuKernels | None:
     """Our compiled CPU kernels where they apply (CPU, bf16 or fp32) and build; else None."""
     if not wanted or device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
@@ -420,15 +436,24 @@ def pick_cpu_kernels(wanted: bool, device: torch.device, dtype: torch.dtype) -> 
     return cpu_kernels()
 
 
+def pick_cuda_kernels(wanted: bool, device: torch.device) -> CudaKernels | None:
+    """The Triton kernels on CUDA (`cuda/`), where Triton imports; else None."""
+    if not wanted or device.type != "cuda":
+        return None
+    from semantic.backends.torch.cuda import cuda_kernels
+
+    return cuda_kernels()
+
+
 def attention_kernels(
-    cpu: CpuKernels | None, config: ModelConfig, dtype: torch.dtype
-) -> CpuKernels | None:
-    """`cpu` where it reads this model's paged attention in place (its heads and dtype), else
-    None: the pool is then read by the stock kernels."""
-    reads = cpu is not None and cpu.supports_attention(
+    kernels: Kernels | None, config: ModelConfig, dtype: torch.dtype
+) -> Kernels | None:
+    """`kernels` where they read this model's paged attention in place (its heads and dtype),
+    else None: the pool is then read by the stock kernels."""
+    reads = kernels is not None and kernels.supports_attention(
         config.head_dim, config.num_attention_heads, dtype
     )
-    return cpu if reads else None
+    return kernels if reads else None
 
 
 def pick_kv_dtype(kv_dtype: str, in_place_kernels: bool, dtype: torch.dtype) -> str | None:
