@@ -126,7 +126,8 @@ class TorchRunner:
         self.grammars = GrammarStates(config.vocab_size)
         self.graphs: DecodeGraphs | None = None
         if graphs:
-            seq_len = min(config.max_position_embeddings, max_seq_len or 2**62)
+            context = config.max_position_embeddings
+            seq_len = min(context, max_seq_len or context)
             self.graphs = self._capture_graphs(max_decode_batch, seq_len)
 
     def _capture_graphs(self, max_batch: int, seq_len: int) -> DecodeGraphs:
