@@ -13,7 +13,7 @@
 # `cd benchmarks && python random_model.py DIR --tokenizer-only` writes one. DEVICE=cpu and
 # QUICK=1 run the same steps small, on the CPU, to try the script before a GPU is at hand
 # (the Triton kernels then run in Triton's interpreter; ~4 min here). STEPS=name,name runs only
-# those steps: a lent GPU allows 10 minutes a command, so run it in two, each warming the GPU:
+# those steps; where a command may run 10 minutes at most, run it in two, each warming the GPU:
 #   STEPS=warm-up,kernels,correctness,attention-kernels,layer-kernels
 #   STEPS=warm-up,micro-smollm2,random-model,bench,micro-llama-1b
 set -uo pipefail
