@@ -13,8 +13,14 @@ from typing import Any
 
 import pytest
 
-from semantic.cache.block_pool import TIER_IDLE_AGENT, TIER_ONE_OFF, TIER_WORKING_AGENT
+from semantic.cache.block_pool import (
+    TIER_IDLE_AGENT,
+    TIER_ONE_OFF,
+    TIER_OUT_OF_WINDOW,
+    TIER_WORKING_AGENT,
+)
 from semantic.cache.cache_stats import MISS_EVICTED
+from semantic.cache.prefix import page_key
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
 from semantic.engine.scheduler import ONE_OFF_PASSED_S, PREEMPT_QUANTUM
@@ -314,6 +320,118 @@ def test_an_anonymous_history_that_ends_on_a_block_boundary_is_still_a_working_a
     assert {engine.pool.tier_of(b) for b in conversation.in_memory} == {TIER_WORKING_AGENT}
     # a prompt that shares the blocks but where no history ended is still not a conversation
     assert not engine.prefix.match([*system_prompt(5), 99, 98]).extends_history
+
+
+def boundary_history(
+    served: ServedModel, tmp_path: Path, model: dict[str, Any] = PLAIN
+) -> tuple[list[int], list[int]]:
+    """(first prompt, history) of an anonymous turn whose history computes six whole blocks
+    (41 prompt tokens, 8 answer tokens, the last not computed), as `model` answers it."""
+    first_prompt = [*system_prompt(5), 11]
+    windows = model.get("layer_windows", ())
+    probe, _ = make_engine(served, tmp_path / "probe", num_blocks=256, layer_windows=windows)
+    answer = submit(probe, "probe", first_prompt, None, max_tokens=8)
+    probe.run_until_idle()
+    history = [*first_prompt, *result(answer)[0]]
+    assert (len(history) - 1) % BLOCK == 0
+    return first_prompt, history
+
+
+def push_out_of_the_pool(engine: Engine, block_hash: int) -> None:
+    """Fill the pool with one-offs until the block's pages went to disk."""
+    for other in range(3):
+        submit(engine, f"other-{other}", [100 + other] * 60, None, max_tokens=1)
+        engine.run_until_idle()
+    engine.tiering.writer.flush(10)
+    assert not engine.prefix.contains(block_hash)
+    assert engine.tiering.disk.contains(page_key(block_hash, 0))
+
+
+def assert_a_conversations_turn(engine: Engine, history: list[int]) -> None:
+    """The next turn of `history` is known as a conversation's and runs as one, its whole
+    history reused: cached at the working agents' tier, not as a one-off."""
+    assert engine.prefix.match([*history, 13]).extends_history
+    turn = submit(engine, "turn-2", [*history, 13], None)
+    engine.run_until_idle()
+    assert result(turn)[1].cached_tokens == len(history) - 1
+    engine.prefix.check_integrity()
+    conversation = engine.prefix.match([*history, 13, 14])
+    tiers = {engine.pool.tier_of(b) for b in conversation.in_memory}
+    assert tiers - {TIER_OUT_OF_WINDOW} == {TIER_WORKING_AGENT}  # windows leave pages behind
+
+
+SMALL_PLAIN = {"num_blocks": 16}
+SMALL_HYBRID = {"layer_windows": (None, 12, 12, 12), "num_blocks": 36}
+
+
+@pytest.mark.parametrize("model", [SMALL_PLAIN, SMALL_HYBRID], ids=["plain", "hybrid"])
+def test_a_history_that_ended_on_a_block_boundary_is_still_one_after_its_block_went_to_disk(
+    served: ServedModel, tmp_path: Path, model: dict[str, Any]
+) -> None:
+    # The mark of where it ended used to leave with the block's pages: the next turn of a
+    # conversation whose history went to disk counted as a one-off.
+    first_prompt, history = boundary_history(served, tmp_path, model)
+    engine, _ = make_engine(served, tmp_path / "cache", **model)
+    submit(engine, "turn-1", first_prompt, None, max_tokens=8)
+    engine.run_until_idle()
+    last = engine.prefix.match([*history, 13]).hashes[-1]
+    push_out_of_the_pool(engine, last)
+    match = engine.prefix.match([*history, 13])
+    assert match.tail_hash is None and match.hashes[-1] == last and match.extends_history
+    assert engine.tiering.disk.ends_history(page_key(last, 0))
+    assert_a_conversations_turn(engine, history)
+    assert engine.prefix.marks_history_end(page_key(last, 0))  # restored with its mark
+    assert engine.tiering.traffic.restored > 0
+
+
+def test_a_history_that_ended_on_a_block_boundary_is_still_one_after_a_restart(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    first_prompt, history = boundary_history(served, tmp_path)
+    engine, _ = make_engine(served, tmp_path / "cache")
+    submit(engine, "turn-1", first_prompt, None, max_tokens=8)
+    engine.run_until_idle()
+    engine.stop()  # persists every hot block, with its mark
+    restarted, _ = make_engine(served, tmp_path / "cache")
+    assert_a_conversations_turn(restarted, history)
+    assert restarted.agents.stats.counters.hit_tokens_disk == len(history) - 1
+
+
+def test_a_history_that_ends_on_a_block_the_disk_has_already_marks_it_there(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    # A side request computed and persisted the blocks first; the conversation's turn then
+    # ends on one of them, which the disk has unmarked and the pool never saves again.
+    first_prompt, history = boundary_history(served, tmp_path)
+    engine, _ = make_engine(served, tmp_path / "cache", num_blocks=16)
+    submit(engine, "side", [*history[:-1], 7, 7], None, max_tokens=1)
+    engine.run_until_idle()
+    engine.agents.persist()
+    last = engine.prefix.match([*history, 13]).hashes[-1]
+    assert not engine.tiering.disk.ends_history(page_key(last, 0))
+    turn = submit(engine, "turn-1", first_prompt, None, max_tokens=8)
+    engine.run_until_idle()
+    assert result(turn)[0] == history[len(first_prompt) :]
+    push_out_of_the_pool(engine, last)
+    assert engine.tiering.disk.ends_history(page_key(last, 0))
+    assert_a_conversations_turn(engine, history)
+
+
+def test_a_history_that_ends_on_a_block_only_the_disk_has_is_marked_on_disk(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    _, history = boundary_history(served, tmp_path)
+    engine, _ = make_engine(served, tmp_path / "cache", num_blocks=16)
+    submit(engine, "side", [*history[:-1], 7, 7], None, max_tokens=1)
+    engine.run_until_idle()
+    last = engine.prefix.match([*history, 13]).hashes[-1]
+    push_out_of_the_pool(engine, last)
+    assert not engine.prefix.match([*history, 13]).extends_history
+    engine.prefix.end_history(last)
+    engine.stop()  # lets the mark reach the file
+    restarted, _ = make_engine(served, tmp_path / "cache")
+    assert restarted.tiering.disk.ends_history(page_key(last, 0))
+    assert_a_conversations_turn(restarted, history)
 
 
 def test_an_anonymous_conversations_partial_last_block_is_found_on_disk_after_a_restart(

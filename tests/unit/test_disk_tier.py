@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -90,7 +92,7 @@ def test_uint16_bits_round_trip_exactly_with_parent_and_tokens(tmp_path: Path) -
     with safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
     assert meta["dtype"] == "bfloat16" and meta["cache_spec"] == SPEC.tag()
-    assert meta["model_tag"] == TAG and meta["format_version"] == "2"
+    assert meta["model_tag"] == TAG and meta["format_version"] == "3"
     assert tier.stats.reads == 1 and tier.stats.writes == 1
 
 
@@ -289,6 +291,110 @@ def test_an_absent_block_is_a_counted_miss(tmp_path: Path) -> None:
     tier = open_tier(tmp_path)
     assert tier.read(99) is None
     assert tier.stats.misses == 1 and tier.stats.quarantined == {}
+
+
+# -- the mark of a history that ended with a block -----------------------------------------------
+
+
+def marked(record: BlockRecord) -> BlockRecord:
+    return replace(record, ends_history=True)
+
+
+def _version_2_file(tier: DiskTier, record: BlockRecord) -> None:
+    """Save a page as format version 2 wrote it, with no history-end mark: built by hand, so
+    the test pins that format rather than whatever the writer does now."""
+    name, parent = f"{record.key:016x}", f"{record.parent_hash:016x}"
+    arrays = {"k": record.kv.k, "v": record.kv.v}
+    arrays["token_ids"] = np.asarray(record.token_ids, dtype=np.int32)
+    crc = 0
+    for array in arrays.values():  # k, v, token_ids: little-endian raw bytes
+        crc = zlib.crc32(array.astype(array.dtype.newbyteorder("<")).tobytes(), crc)
+    meta = {
+        "format_version": "2",
+        "block_hash": name,
+        "parent_hash": parent,
+        "model_tag": tier.model_tag,
+        "cache_spec": SPEC.tag(),
+        "dtype": SPEC.dtype,
+        "checksum": f"{zlib.crc32(f'{name}:{parent}'.encode(), crc):08x}",
+    }
+    save_file(arrays, str(tier.blocks_dir / f"{name}.safetensors"), metadata=meta)
+
+
+def _set_metadata(path: Path, **meta: str | None) -> None:
+    """Re-save a block file with metadata set (None: removed)."""
+    with safe_open(str(path), framework="numpy") as f:
+        old_meta = f.metadata()
+    new_meta = {k: v for k, v in {**old_meta, **meta}.items() if v is not None}
+    save_file(load_file(str(path)), str(path), metadata=new_meta)
+
+
+def test_a_history_end_mark_is_saved_with_its_page_and_known_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    tier = open_tier(tmp_path)
+    tier.write(marked(make_record(5, parent=1)))
+    tier.write(make_record(6, parent=5))
+    tier.write(make_record(7, parent=6, n_tokens=2))  # a partial tail: still found by parent
+    for opened in (tier, open_tier(tmp_path)):  # the second: a restart over the same folder
+        assert opened.ends_history(5) and not opened.ends_history(6)
+        assert opened.tails(6) == [(7, make_record(7, parent=6, n_tokens=2).token_ids)]
+        got = opened.read(5)
+        assert_same(got, make_record(5, parent=1))
+        assert got is not None and got.ends_history
+        unmarked = opened.read(6)
+        assert unmarked is not None and not unmarked.ends_history
+
+
+def test_a_version_2_file_still_loads_as_a_block_no_history_ended_with(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path)
+    full, tail = make_record(8, parent=3), make_record(9, parent=8, n_tokens=3)
+    _version_2_file(tier, full)
+    _version_2_file(tier, tail)
+    tier = open_tier(tmp_path)  # a restart indexes them
+    assert tier.contains(8) and not tier.ends_history(8)
+    assert tier.tails(8) == [(9, tail.token_ids)]
+    for want in (full, tail):
+        got = tier.read(want.key)
+        assert_same(got, want)
+        assert got is not None and not got.ends_history
+    assert tier.stats.quarantined == {}
+
+
+def test_a_page_on_disk_without_the_mark_is_written_once_more_to_add_it(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path)
+    record = make_record(10, parent=2)
+    tier.write(record)
+    path = tier.blocks_dir / f"{10:016x}.safetensors"
+    inode = path.stat().st_ino
+    size = tier.write(marked(record))
+    assert size > 0 and path.stat().st_ino != inode and tier.ends_history(10)
+    assert tier.write(marked(record)) == 0 and tier.write(record) == 0  # never again
+    assert tier.ends_history(10) and tier.stats.writes == 2
+    assert tier.usage_bytes() == size == path.stat().st_size and temp_files(tier) == []
+    got = open_tier(tmp_path).read(10)
+    assert_same(got, record)
+    assert got is not None and got.ends_history
+
+
+def test_a_page_that_leaves_the_disk_takes_its_mark_along(tmp_path: Path) -> None:
+    tier = open_tier(tmp_path)
+    tier.write(marked(make_record(11)))
+    assert tier.delete(11) and not tier.ends_history(11)
+    tier.write(make_record(11))
+    assert not tier.ends_history(11)
+
+
+@pytest.mark.parametrize("history_end", [None, "0", "yes"])
+def test_the_checksum_covers_the_mark(tmp_path: Path, history_end: str | None) -> None:
+    tier = open_tier(tmp_path)
+    tier.write(marked(make_record(12, parent=1)))
+    tier.write(make_record(13, parent=1))
+    _set_metadata(tier.blocks_dir / f"{12:016x}.safetensors", history_end=history_end)
+    _set_metadata(tier.blocks_dir / f"{13:016x}.safetensors", history_end="1")
+    tier = open_tier(tmp_path)
+    assert tier.read(12) is None and tier.read(13) is None
+    assert tier.stats.quarantined == {"checksum": 2}
 
 
 # -- startup -------------------------------------------------------------------------------------

@@ -398,7 +398,7 @@ class Agents:
         for key, page in pages.items():
             content = self.prefix.content(split_key(key)[0])
             if content is not None:
-                hot.append((page, key, *content))
+                hot.append((page, key, *content, self.prefix.marks_history_end(key)))
         return PendingPersist(self, agents, self.tiering.start_persist(hot))
 
     def persist(

@@ -49,7 +49,11 @@ log = logging.getLogger(__name__)
 # blake2b, which took three quarters of a block's read). An 8-bit cache's files are version 2
 # too: an unquantized file's layout is unchanged, and a quantized one is told apart by its
 # spec tag and `kv_dtype` metadata (absent: K/V in `dtype`), so neither reads as the other.
-FORMAT_VERSION = "2"
+# 3: a block's first page may say that a history ended with the block (`history_end`, under
+# the checksum); a version 2 file, which never says so, still reads, as a block where none did.
+FORMAT_VERSION = "3"
+READABLE_VERSIONS = ("2", FORMAT_VERSION)
+_HISTORY_END = "history_end"
 BLOCK_SUFFIX = ".safetensors"
 _MAX_GROUPS = 1 << 16
 _SAFE_TAG = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
@@ -116,12 +120,15 @@ def model_tag(model_id: str, spec: CacheSpec, weights: str) -> str:
 class BlockRecord:
     """One page's content: K and V of its layer group's layers (`cache/page.py: PageKV`), and
     the `token_ids` its block holds (fewer than `block_tokens` for a partial tail). `key` is the
-    page key (`cache/prefix.py: page_key`: the block's hash, with the group above it)."""
+    page key (`cache/prefix.py: page_key`: the block's hash, with the group above it).
+    `ends_history`: a history ended exactly with this full block (set on its first group's
+    page: `cache/prefix.py: PrefixCache.end_history`)."""
 
     key: int
     parent_hash: int | None
     token_ids: tuple[int, ...]
     kv: PageKV
+    ends_history: bool = False
 
 
 @dataclass(slots=True)
@@ -146,7 +153,8 @@ class DiskTier:
 
     Invariants: a file under its final name is complete — it was written under a temp name,
     fsynced and renamed — so a crash leaves the whole page or nothing; an existing page is never
-    rewritten (same key, same content). The index (`cache/disk_index.py`: sizes least recently
+    rewritten (same key, same content), but to add the mark of a history that ended with its
+    block, once (the same atomic write). The index (`cache/disk_index.py`: sizes least recently
     used first, partial tails by parent, known by their first group's page) mirrors `blocks/`.
     Content is trusted only after its checks pass on read; a file that fails is moved to
     `quarantine/` and counted, never loaded.
@@ -205,7 +213,8 @@ class DiskTier:
         that does not fit this tier's spec.
         """
         path = block_path(self.model_root, record.key)
-        if path.exists():
+        marked = record.ends_history and not self.ends_history(record.key)
+        if path.exists() and not marked:
             self._touch(record.key, path)  # a rewrite is a use: keep it from eviction
             return 0
         data = self._encode(record)
@@ -222,6 +231,8 @@ class DiskTier:
             partial = len(record.token_ids) < self.spec.block_tokens
             if partial and record.parent_hash is not None and split_key(record.key)[1] == 0:
                 self._index.add_tail(record.key, record.parent_hash, record.token_ids)
+            if record.ends_history:
+                self._index.end_history(record.key)
             self._stats.writes += 1
         return len(data)
 
@@ -246,6 +257,11 @@ class DiskTier:
     def contains(self, key: int) -> bool:
         with self._lock:
             return key in self._index
+
+    def ends_history(self, key: int) -> bool:
+        """Whether the page on disk says a history ended with its block."""
+        with self._lock:
+            return self._index.ends_history(key)
 
     def read_ahead(self, key: int) -> None:
         """Ask the OS to bring a block's file into memory: a read of it is coming, and it is
@@ -328,9 +344,13 @@ class DiskTier:
                 found.append((stat.st_mtime, key, stat.st_size, Path(entry.path)))
         for _, key, size, path in sorted(found):
             self._index.add(key, size)
-            tail = _peek_tail(path, self.spec.block_tokens) if split_key(key)[1] == 0 else None
+            if split_key(key)[1] != 0:
+                continue
+            tail, ends_history = _peek_first_page(path, self.spec.block_tokens)
             if tail is not None:
                 self._index.add_tail(key, *tail)
+            if ends_history:
+                self._index.end_history(key)
 
     def _touch(self, key: int, path: Path) -> None:
         # mtime carries the LRU order across restarts; atime is unreliable (noatime mounts).
@@ -399,7 +419,10 @@ class DiskTier:
             meta["kv_dtype"] = self.spec.kv_dtype
         if group:  # the first group's files are those of a model with one group
             meta["group"] = str(group)
-        meta["checksum"] = block_checksum(arrays, tokens, page_name(record.key), parent)
+        if record.ends_history:
+            meta[_HISTORY_END] = "1"
+        name = page_name(record.key)
+        meta["checksum"] = block_checksum(arrays, tokens, name, parent, record.ends_history)
         return save_tensors({**arrays, "token_ids": tokens}, metadata=meta)
 
     def _decode(self, key: int, data: bytes) -> BlockRecord:
@@ -410,18 +433,20 @@ class DiskTier:
         except (SafetensorError, ValueError) as exc:
             raise Rejected(QuarantineReason.CORRUPT, str(exc)) from exc
         arrays, tokens = self._check_tensors(tensors)
-        parent = meta["parent_hash"]
-        if block_checksum(arrays, tokens, page_name(key), parent) != meta["checksum"]:
+        parent, ends_history = meta["parent_hash"], _ends_history(meta)
+        checksum = block_checksum(arrays, tokens, page_name(key), parent, ends_history)
+        if checksum != meta["checksum"]:
             raise Rejected(QuarantineReason.CHECKSUM, "content does not match its checksum")
         return BlockRecord(
             key=key,
             parent_hash=parse_hash(parent) if parent else None,
             token_ids=tuple(tokens.tolist()),
             kv=PageKV.from_arrays(arrays),
+            ends_history=ends_history,
         )
 
     def _check_identity(self, key: int, meta: dict[str, str]) -> None:
-        if meta.get("format_version") != FORMAT_VERSION:
+        if meta.get("format_version") not in READABLE_VERSIONS:
             raise Rejected(QuarantineReason.VERSION, f"format {meta.get('format_version')!r}")
         if meta.get("model_tag") != self.model_tag:
             raise Rejected(QuarantineReason.OTHER_MODEL, f"model {meta.get('model_tag')!r}")
@@ -458,18 +483,30 @@ class DiskTier:
 
 
 def block_checksum(
-    arrays: dict[str, np.ndarray], tokens: np.ndarray, block: str, parent: str
+    arrays: dict[str, np.ndarray],
+    tokens: np.ndarray,
+    block: str,
+    parent: str,
+    ends_history: bool = False,
 ) -> str:
     """CRC-32 over k, v and token_ids (little-endian raw bytes, in that order), an 8-bit page's
     scales after them (`cache/page.py: SCALE_NAMES`), then the page's name (`page_name`) and the
-    parent hash string, so a flipped parent link is caught like flipped KV. It guards against
-    damage (torn writes, bit rot), not against whoever can write the cache folder: they could
-    write a matching checksum whatever the algorithm."""
+    parent hash string, so a flipped parent link is caught like flipped KV, and `:history-end`
+    after them on a page marked so (an unmarked page's checksum is a version 2 file's). It
+    guards against damage (torn writes, bit rot), not against whoever can write the cache
+    folder: they could write a matching checksum whatever the algorithm."""
     crc = 0
     scales = [arrays[name] for name in SCALE_NAMES if name in arrays]
     for array in (arrays["k"], arrays["v"], tokens, *scales):
         crc = zlib.crc32(_little_endian(array).data, crc)
-    return f"{zlib.crc32(f'{block}:{parent}'.encode(), crc):08x}"
+    named = f"{block}:{parent}:history-end" if ends_history else f"{block}:{parent}"
+    return f"{zlib.crc32(named.encode(), crc):08x}"
+
+
+def _ends_history(meta: dict[str, str]) -> bool:
+    """Whether a file's metadata says a history ended with its block (a version 2 file never
+    does, whatever it holds)."""
+    return meta.get("format_version") == FORMAT_VERSION and meta.get(_HISTORY_END) == "1"
 
 
 def _header_metadata(data: bytes) -> dict[str, str]:
@@ -494,24 +531,29 @@ def _header_metadata(data: bytes) -> dict[str, str]:
     return meta
 
 
-def _peek_tail(path: Path, block_tokens: int) -> tuple[int, tuple[int, ...]] | None:
-    """(parent hash, token ids) of a partial block's file, read from its header and token
-    tensor alone; None for a full block or a file that does not parse (checked on read)."""
+def _peek_first_page(
+    path: Path, block_tokens: int
+) -> tuple[tuple[int, tuple[int, ...]] | None, bool]:
+    """What the index keeps of a block's first page, read from its header and token tensor
+    alone: (parent hash, token ids) of a partial block (None for a full one), and whether a
+    history ended with the block; (None, False) for a file that does not parse (checked on
+    read)."""
     try:
         with path.open("rb") as file:
             size = int.from_bytes(file.read(8), "little")
             header = json.loads(file.read(size))
+            meta = header["__metadata__"]
             tokens = header["token_ids"]
             count = tokens["shape"][0]
             if not 0 < count < block_tokens or tokens["dtype"] != "I32":
-                return None
+                return None, _ends_history(meta)
             start, end = tokens["data_offsets"]
             file.seek(8 + size + start)
             ids = np.frombuffer(file.read(end - start), dtype="<i4")
-            parent = parse_hash(header["__metadata__"]["parent_hash"])
-        return parent, tuple(ids.tolist())
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None
+            parent = parse_hash(meta["parent_hash"])
+        return (parent, tuple(ids.tolist())), False
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None, False
 
 
 def _little_endian(array: np.ndarray) -> np.ndarray:

@@ -25,7 +25,9 @@ HASH_VERSION = 1
 _GROUP_SHIFT = 64
 _HASH_MASK = (1 << _GROUP_SHIFT) - 1
 
-EvictHook = Callable[[int, int, int, tuple[int, ...]], None]
+# (pool page, page key, parent hash, token ids, whether a history ended at the block: set on its
+# first group's page alone, as `marks_history_end` says).
+EvictHook = Callable[[int, int, int, tuple[int, ...], bool], None]
 
 
 def _digest(data: bytes) -> int:
@@ -63,6 +65,16 @@ class LowerTier(Protocol):
         their first group's page)."""
         ...
 
+    def ends_history(self, block_hash: int) -> bool:
+        """Whether a history ended exactly at this block, which it holds (its first group's
+        page carries the mark)."""
+        ...
+
+    def end_history(self, block_hash: int) -> None:
+        """A history ended exactly at this block, whose first group's page it holds: keep the
+        mark with that page."""
+        ...
+
 
 class NoLowerTier:
     """A pool with nothing below it."""
@@ -72,6 +84,12 @@ class NoLowerTier:
 
     def tails(self, parent: int) -> list[tuple[int, tuple[int, ...]]]:
         return []
+
+    def ends_history(self, block_hash: int) -> bool:
+        return False
+
+    def end_history(self, block_hash: int) -> None:
+        pass
 
 
 @dataclass(slots=True, frozen=True)
@@ -151,6 +169,12 @@ class PrefixCache:
     pool. Invariant: every hash indexed here has a page the pool holds or caches; the pool's
     reclaim hook forgets it with its last page, after `on_evict` has had the chance to save each
     page below (every page but those reclaimed out of their window, which nothing reads).
+
+    The mark of a full block where a history ended (`end_history`) lives with the block's
+    first group's page: in the pool here, on the lower tier once that page is there (saved
+    with it, or sent down when the history ends on a block the lower tier holds already), and
+    back here when the page is restored. So a conversation's next turn is known as one
+    whichever tier its last block is on, and after a restart.
     """
 
     def __init__(
@@ -221,7 +245,8 @@ class PrefixCache:
     ) -> PrefixMatch:
         tail_hash, tail_tokens, whole = tail if tail is not None else (None, 0, False)
         if tail is None and blocks:
-            whole = blocks[-1][0] in self._history_ends
+            last = blocks[-1][0]
+            whole = last in self._history_ends or self.lower.ends_history(last)
         num_tokens = len(blocks) * self.block_tokens + tail_tokens
         tail_block = (tail_hash, self._tokens.get(tail_hash, ())) if tail_hash is not None else None
         chain = [*blocks, *([tail_block] if tail_block is not None else [])]
@@ -285,6 +310,8 @@ class PrefixCache:
             return False
         if block_hash not in self._tokens:
             self._index(block_hash, parent, token_ids)
+        if self.lower.ends_history(block_hash):
+            self._history_ends.add(block_hash)  # its mark comes back with it
         return True
 
     def _index(self, block_hash: int, parent: int, token_ids: Sequence[int]) -> None:
@@ -351,9 +378,10 @@ class PrefixCache:
     def _reclaimed(self, page: int, key: int, tier: int) -> None:
         block_hash, _ = split_key(key)
         parent, tokens = self._parent[block_hash], self._tokens[block_hash]
+        ends_history = self.marks_history_end(key)  # before the block is forgotten
         self._forget_if_gone(block_hash)
         if self.on_evict is not None and tier != TIER_OUT_OF_WINDOW:
-            self.on_evict(page, key, parent, tokens)
+            self.on_evict(page, key, parent, tokens, ends_history)
 
     def _forget_if_gone(self, block_hash: int) -> None:
         """Forget a block's content once the pool has none of its pages."""
@@ -369,9 +397,20 @@ class PrefixCache:
 
     def end_history(self, block_hash: int) -> None:
         """A history ends exactly at the end of this full block, with no partial tail: a prompt
-        that continues from it extends that history (a conversation's next turn)."""
+        that continues from it extends that history (a conversation's next turn). Marked here
+        while the pool has the block, and on the lower tier too when that holds its first
+        page already (say, restored from there), since a page the disk has is never saved
+        again: else the mark would leave memory with the block."""
         if block_hash in self._tokens:
             self._history_ends.add(block_hash)
+        if self.lower.contains(page_key(block_hash, 0)):
+            self.lower.end_history(block_hash)
+
+    def marks_history_end(self, key: int) -> bool:
+        """Whether a page carries its block's history-end mark down to the lower tier: the
+        first group's page of a block where a history ended."""
+        block_hash, group = split_key(key)
+        return group == 0 and block_hash in self._history_ends
 
     def check_integrity(self) -> None:
         assert set(self._tokens) == set(self._parent), "content index diverged"

@@ -14,17 +14,18 @@ import threading
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from semantic.cache.disk import BlockRecord, DiskTier
 from semantic.cache.disk_writer import DiskWriter
-from semantic.cache.prefix import split_key
+from semantic.cache.prefix import page_key, split_key
 from semantic.engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
-# One page to persist: (pool page, page key, parent hash, token ids).
-HotBlock = tuple[int, int, int, tuple[int, ...]]
+# One page to persist: (pool page, page key, parent hash, token ids, whether it carries its
+# block's history-end mark: `cache/prefix.py: PrefixCache.marks_history_end`).
+HotBlock = tuple[int, int, int, tuple[int, ...], bool]
 # One page to restore: its key and the token ids it must hold (a prefix, for a partial one).
 Wanted = tuple[int, tuple[int, ...]]
 
@@ -66,8 +67,9 @@ class Tiering:
 
     A page goes to disk when the pool reclaims it (unless the disk has it: content-addressed
     files are never rewritten; nor a page out of its window, which nothing reads), on persist,
-    and at shutdown. The disk budget drops least recently used files first, never those of
-    `protected` block hashes (pinned agents').
+    and at shutdown. The mark of a history that ended with a block goes with its first page,
+    and is added to the file of one the disk has already (`end_history`). The disk budget drops
+    least recently used files first, never those of `protected` block hashes (pinned agents').
     """
 
     def __init__(self, disk: DiskTier, runner: ModelRunner) -> None:
@@ -91,20 +93,43 @@ class Tiering:
     def why_gone(self, key: int) -> str | None:
         return self.disk.why_gone(key)
 
+    def ends_history(self, block_hash: int) -> bool:
+        key = page_key(block_hash, 0)
+        queued = self.writer.queued(key)
+        return (queued is not None and queued.ends_history) or self.disk.ends_history(key)
+
+    def end_history(self, block_hash: int) -> None:
+        """A history ended with a block whose first page is here: mark its file, read back
+        and written again with the mark (on the reader, then the writer thread)."""
+        if not self.ends_history(block_hash):
+            self._reader.submit(self._mark_history_end, page_key(block_hash, 0))
+
+    def _mark_history_end(self, key: int) -> None:
+        record = self.writer.queued(key) or self.disk.read(key)
+        if record is not None and not record.ends_history:
+            self.writer.submit(replace(record, ends_history=True))
+
+    def _holds(self, key: int, ends_history: bool) -> bool:
+        """Whether a page is here, with its mark when it has one."""
+        return self.contains(key) and (not ends_history or self.ends_history(split_key(key)[0]))
+
     # -- down: eviction and persistence (on the engine thread) ------------------------------
 
-    def save_evicted(self, page: int, key: int, parent: int, tokens: tuple[int, ...]) -> None:
-        """The pool is reclaiming a cached page: write it to disk first, unless it is there."""
-        if self.contains(key):
+    def save_evicted(
+        self, page: int, key: int, parent: int, tokens: tuple[int, ...], ends_history: bool
+    ) -> None:
+        """The pool is reclaiming a cached page: write it to disk first, unless it is there
+        (with its mark)."""
+        if self._holds(key, ends_history):
             return
-        self._submit((page, key, parent, tokens), self._evicted_written)
+        self._submit((page, key, parent, tokens, ends_history), self._evicted_written)
 
     def start_persist(self, blocks: Iterable[HotBlock]) -> PendingWrites:
         """Queue writes of the hot pages the disk lacks; `PendingWrites.wait` then waits for
         durability on any thread."""
         pending = PendingWrites(self)
         for hot in blocks:
-            if self.disk.contains(hot[1]):
+            if self.disk.contains(hot[1]) and (not hot[4] or self.disk.ends_history(hot[1])):
                 continue
 
             def done(size: int, error: BaseException | None, key: int = hot[1]) -> None:
@@ -117,8 +142,9 @@ class Tiering:
         return pending
 
     def _submit(self, hot: HotBlock, done: Callable[[int, BaseException | None], None]) -> None:
-        page, key, parent, tokens = hot
-        self.writer.submit(BlockRecord(key, parent, tokens, self.runner.read_block(page)), done)
+        page, key, parent, tokens, ends_history = hot
+        kv = self.runner.read_block(page)
+        self.writer.submit(BlockRecord(key, parent, tokens, kv, ends_history), done)
 
     def _evicted_written(self, size: int, error: BaseException | None) -> None:
         """On the writer thread, once an evicted block is durable (or failed)."""
