@@ -143,8 +143,14 @@ class TorchRunner:
             max_batch=max_batch,
             device=self.device,
         )
-        with torch.inference_mode():
-            graphs.capture(CAPTURE_BUDGET_S)
+        try:
+            with torch.inference_mode():
+                graphs.capture(CAPTURE_BUDGET_S)
+        except RuntimeError as exc:  # a kernel that cannot be captured, or no memory for it
+            raise ModelLoadFailed(
+                f"capturing the decode steps' CUDA graphs failed ({exc}); "
+                "--no-cuda-graphs runs without them"
+            ) from exc
         return graphs
 
     def _auto_budget_bytes(self) -> int:
