@@ -1,6 +1,7 @@
 """A layer's small ops on CUDA, our Triton kernels (`backends/torch/cuda/layers.py`) against the
-stock torch ops the model layers run without them (`--no-cpu-kernels`), for the SmolLM2 shape (hidden 576, 9 heads, 3 KV
-heads, head_dim 64, intermediate 1536) in bf16, at decode (T = 1, 32) and prefill (T = 512).
+stock torch ops the model layers run without them (`--no-cpu-kernels`), for the SmolLM2 shape
+(hidden 576, 9 heads, 3 KV heads, head_dim 64, intermediate 1536) in bf16, at decode (T = 1,
+32) and prefill (T = 512).
 
     python benchmarks/cuda_layers.py [--tokens 1,32,512] [--kv int8|bf16]
     python benchmarks/cuda_layers.py --device cpu --quick    # the interpreter: a dry run
