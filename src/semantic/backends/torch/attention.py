@@ -4,12 +4,14 @@ where each new token's K/V goes and what each query sees, and attention over the
 Decode and prefill on CPU (bf16 or fp32) run our kernels (`kernels/paged_attention.cpp`,
 `kernels/prefill_attention.cpp`): each sequence's blocks are read in place through its block
 table, all query heads of a KV head from one load of each key; decode splits long contexts into
-spans on both cores, prefill is flash-style over key tiles and skips the masked triangle. CUDA,
-other dtypes, and CPUs without the kernels (`cpu_kernels()` is None: no AVX-512 BF16 or VNNI,
-or no compiler; or the `cpu_kernels=false` setting) use the stock kernels below, which gather the
-blocks first. Measured on the 2-core Zen 4 CPU (torch 2.13, SmolLM2 shapes: 9 query heads,
-3 KV heads, head_dim 64, block_tokens 256; per layer, decode's K/V cold in DRAM as in a real
-step, medians on a noisy shared machine):
+spans on both cores, prefill is flash-style over key tiles and skips the masked triangle. On
+CUDA the Triton kernels of `cuda/attention.py` read the pool in place the same way (one
+`AttentionKernels` protocol for both). Other dtypes, CPUs without the kernels (`cpu_kernels()`
+is None: no AVX-512 BF16 or VNNI, or no compiler), CUDA without Triton, and the
+`cpu_kernels=false` setting use the stock kernels below, which gather the blocks first.
+Measured on the 2-core Zen 4 CPU (torch 2.13, SmolLM2 shapes: 9 query heads, 3 KV heads,
+head_dim 64, block_tokens 256; per layer, decode's K/V cold in DRAM as in a real step, medians
+on a noisy shared machine):
 
     decode, 8 sequences at ~1,000 tokens               µs    (1 sequence)
       our kernel, bf16 (fp32)                          330 (630)    49 (87)
@@ -225,9 +227,9 @@ class GatherScratch:
 
 class LayerKV:
     """One layer's K and V pool tensors `[num_pages, block_tokens, KVH, D]`, its layer group
-    (whose view of the step it reads), the gather scratch, the CPU kernels that read the pool
-    in place for decodes and prefills (None: gather + SDPA), and for an 8-bit pool the rows'
-    scales, K's and V's `[num_pages, block_tokens, KVH]` (None: K/V in the model's dtype)."""
+    (whose view of the step it reads), the gather scratch, our kernels that read the pool in
+    place for decodes and prefills (CPU or Triton; None: gather + SDPA), and for an 8-bit pool
+    the rows' scales, K's and V's `[num_pages, block_tokens, KVH]` (None: the model's dtype)."""
 
     __slots__ = ("group", "k", "k_scales", "kernels", "scratch", "v", "v_scales")
 
@@ -271,7 +273,7 @@ class DecodeGroup:
     num_keys: int  # S: the longest sequence's length
     block_tables: torch.Tensor  # [B, max_blocks] int64: each sequence's blocks, padded with 0
     context_lens: torch.Tensor  # [B] int64: each sequence's length, the new token included
-    # [B, 1, 1, S] bool, j < that sequence's length; None: all have S, or the CPU kernels run
+    # [B, 1, 1, S] bool, j < that sequence's length; None: all have S, or our kernels run
     mask: torch.Tensor | None
 
 
@@ -286,7 +288,7 @@ class PrefillChunk:
     context_len: int
     block_ids: torch.Tensor | None  # [n] int64 covering context and chunk; None if no context
     # [length, context_len + length - first_key] bool, causal from the chunk's start (and
-    # within each query's window); None: no context and no window, or the CPU kernels run
+    # within each query's window); None: no context and no window, or our kernels run
     # (they read no mask)
     mask: torch.Tensor | None
     first_key: int = 0
@@ -296,7 +298,7 @@ class PrefillChunk:
 class GroupView:
     """What the layers of one layer group write and read in a step, through the group's block
     tables: where each new token's K/V goes, the decode group and the prefill chunks. A sliding
-    group's, on the stock path, has tables cut to the window and masks that end it (the CPU
+    group's, on the stock path, has tables cut to the window and masks that end it (our
     kernels take whole tables and the window)."""
 
     slot_mapping: torch.Tensor  # [T] int64: pool slot of each new token
@@ -368,10 +370,11 @@ def decode_attention(
 ) -> torch.Tensor:
     """Single-token queries of B sequences of different lengths: q: [B, H, D] → [B, H, D].
 
-    With the CPU kernels, one call reads each sequence's blocks in place. Otherwise gather each
-    sequence's blocks into one padded batch, then one SDPA call with a length mask; each KV
-    head's G = H / KVH query heads are folded into the query axis ([B, KVH, G, D]), so GQA needs
-    no K/V expansion (SDPA's `enable_gqa` would leave the fused CPU kernel for the math path).
+    With our kernels (CPU or Triton), one call reads each sequence's blocks in place. Otherwise
+    gather each sequence's blocks into one padded batch, then one SDPA call with a length mask;
+    each KV head's G = H / KVH query heads are folded into the query axis ([B, KVH, G, D]), so
+    GQA needs no K/V expansion (SDPA's `enable_gqa` would leave the fused CPU kernel for the
+    math path).
     On a sliding layer the stock path is handed the window's view (`GroupView`).
     """
     if kv.kernels is not None:

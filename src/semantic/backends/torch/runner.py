@@ -109,7 +109,9 @@ class TorchRunner:
             dtype=_DTYPE_NAMES[self.dtype],
             block_tokens=block_tokens,
             layer_windows=windows if any(w is not None for w in windows) else (),
-            kv_dtype=pick_kv_dtype(kv_dtype, cpu is not None and in_place is cpu, self.dtype),
+            kv_dtype=pick_kv_dtype(
+                kv_dtype, attention_kernels(cpu, config, self.dtype) is not None, self.dtype
+            ),
         )
         budget = self._auto_budget_bytes() if cache_budget_mb is None else cache_budget_mb * 2**20
         self.num_blocks = budget // self.cache_spec.bytes_per_page  # pages, one size for all
@@ -216,7 +218,7 @@ class TorchRunner:
 
     def prepare(self, batch: Batch) -> StepInputs:
         """The step's flat tokens and attention metadata, from plain Python lists; the masks
-        only for the stock attention path, as the CPU kernels never read them."""
+        only for the stock attention path, as our kernels never read them."""
         spec = self.cache_spec
         masks = self.pool.kernels is None
         return build_step(
@@ -255,8 +257,8 @@ class _StepBuilder:
         self.bt = block_tokens
         self.device = device
         self.masks = masks
-        # The stock path reads a sliding group's window through its own view; the CPU kernels
-        # read every group through whole tables, given the window.
+        # The stock path reads a sliding group's window through its own view; our kernels read
+        # every group through whole tables, given the window.
         self.windows = group_windows if masks else (None,) * len(group_windows)
         self._decode_spans: dict[int | None, _DecodeSpans] = {}
 
@@ -463,14 +465,15 @@ def attention_kernels(
     return kernels if reads else None
 
 
-def pick_kv_dtype(kv_dtype: str, in_place_kernels: bool, dtype: torch.dtype) -> str | None:
+def pick_kv_dtype(kv_dtype: str, cpu_in_place: bool, dtype: torch.dtype) -> str | None:
     """How the pool stores K/V (`CacheSpec.kv_dtype`): None in the model's dtype ("model").
-    "auto" is int8 where our CPU kernels read it in place and the model computes in bf16 (there
-    it is faster than bf16 and holds twice the tokens, and its error is about bf16's own:
-    docs/design.md), else the model's dtype: an fp32 model is asked for its precision, and
-    elsewhere int8 is dequantized on every read."""
+    "auto" is int8 where our CPU kernels read it in place (`cpu_in_place`) and the model
+    computes in bf16 (there it is faster than bf16 and holds twice the tokens, and its error is
+    about bf16's own: docs/design.md), else the model's dtype: an fp32 model is asked for its
+    precision, the stock path dequantizes int8 on every read, and the Triton kernels' int8 on
+    CUDA is yet to be measured."""
     if kv_dtype == "auto":
-        return "int8" if in_place_kernels and dtype == torch.bfloat16 else None
+        return "int8" if cpu_in_place and dtype == torch.bfloat16 else None
     if kv_dtype == "model":
         return None
     if kv_dtype not in KV_QUANTIZED:
