@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from semantic.backends.torch.cuda.graphs import record_graph
 from semantic.backends.torch.int8 import quantize_rows
 
 BLOCK_TOKENS = 256
@@ -221,16 +222,12 @@ def run_case(case: Case, args: argparse.Namespace, dtype: torch.dtype) -> dict[s
 def graph_ms(call: Attend, count: int, runs: int) -> float:
     """ms per call of `count` calls, one per layer copy, captured in one CUDA graph as a decode
     step's layers are and replayed: the GPU's time without Python's launch costs."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # compiles and sizes buffers outside the capture
+
+    def all_layers() -> None:
         for i in range(count):
             call(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(count):
-            call(i)
+
+    graph, _ = record_graph(all_layers)
     return median_ms(graph.replay, runs, 3, "cuda") / count
 
 

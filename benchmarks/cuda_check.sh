@@ -69,16 +69,10 @@ if [[ $device == cuda ]]; then
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,temperature.gpu,power.draw \
         --format=csv -lms 100 >"$out/clocks.csv" &
     clocks_pid=$!
-    step warm-up "$python" -c '
-import time, torch
-x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-started = time.perf_counter()
-while time.perf_counter() - started < 8:  # busy until the clocks have ramped up
-    for _ in range(50):
-        x = (x @ x).clamp_(-1, 1)
-    torch.cuda.synchronize()
-print(f"warmed for {time.perf_counter() - started:.1f} s")
-'
+    # busy for 8 s, until the clocks have ramped up
+    step warm-up "$python" -c 'import sys; sys.path.insert(0, "benchmarks")
+from cuda_attention import warm_gpu
+warm_gpu(8.0)'
 fi
 
 pytest=("$python" -m pytest -q -p no:cacheprovider)

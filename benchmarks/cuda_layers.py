@@ -53,6 +53,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from semantic.backends.torch.attention import GatherScratch, LayerKV, write_kv  # noqa: E402
 from semantic.backends.torch.cuda import layers as cuda_layers  # noqa: E402
+from semantic.backends.torch.cuda.graphs import record_graph  # noqa: E402
 from semantic.backends.torch.models.layers import RMSNorm  # noqa: E402
 from semantic.backends.torch.models.rope import Rope, apply_rope  # noqa: E402
 
@@ -205,16 +206,12 @@ def eager_us(op: Op, t: Inputs, calls: int) -> float:
 
 def graph_us(op: Op, t: Inputs, calls: int) -> float:
     """Microseconds a call replayed from a CUDA graph of `calls` calls; the median of 5."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            op(t)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def all_calls() -> None:
         for _ in range(calls):
             op(t)
+
+    graph, _ = record_graph(all_calls, warmups=3)
     graph.replay()
     replays = []
     for _ in range(5):

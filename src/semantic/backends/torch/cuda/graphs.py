@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from torch.cuda.graphs import _POOL_HANDLE
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 # Capture stops once this is spent at start-up; the buckets left run eagerly.
@@ -132,16 +133,7 @@ class DecodeGraphs:
 
     def _capture(self, bucket: _Bucket, pool: _POOL_HANDLE) -> None:
         self._fill(bucket, [])  # padding only: a harmless step to record
-        forward = self._forward(bucket)
-        side = torch.cuda.Stream()  # warm up off the default stream, as capture requires
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            forward()  # compiles the Triton kernels and lets cuBLAS pick its own
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            bucket.logits = forward()
-        bucket.graph = graph
+        bucket.graph, bucket.logits = record_graph(self._forward(bucket), pool)
 
     def _forward(self, bucket: _Bucket) -> Callable[[], torch.Tensor]:
         def forward() -> torch.Tensor:
@@ -193,3 +185,22 @@ class DecodeGraphs:
                 values += table + [0] * (width - len(table))
             values += [0] * (width * pad)
         bucket.inputs.copy_(torch.tensor(values, dtype=torch.int64))
+
+
+def record_graph(
+    fn: Callable[[], T], pool: _POOL_HANDLE | None = None, warmups: int = 1
+) -> tuple[torch.cuda.CUDAGraph, T]:
+    """`fn` recorded in a CUDA graph (its memory from `pool`, if given), and what it returned
+    while recorded, which every replay rewrites. It runs `warmups` times on a side stream first,
+    as capture requires: that compiles the Triton kernels, lets cuBLAS pick its own and sizes
+    the caching allocator outside the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
