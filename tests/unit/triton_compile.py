@@ -106,7 +106,8 @@ def decode(
     tables = torch.zeros(4, 8, dtype=torch.int64)
     lens = torch.full((4,), 8 * block_tokens, dtype=torch.int64)
     logits = torch.randn(heads) if sinks else None
-    _, launches = TritonAttention().decode_launches(
+    launches: list[Launch] = []
+    TritonAttention(launch=launches.append).decode_attention(
         q, k, v, tables, lens, 0.125, window, logits, *scales
     )
     return launches
@@ -126,20 +127,18 @@ def prefill(
     """A paged chunk after context, or with `block_tokens` None a first chunk's own K/V."""
     q = torch.randn(100, heads, dim).to(dtype)
     logits = torch.randn(heads) if sinks else None
+    launches: list[Launch] = []
+    kernels = TritonAttention(sm_count, launch=launches.append)
     if block_tokens is None:
         own = torch.randn(100, 2 * kv_heads, dim).to(dtype)
         k, v = own[:, :kv_heads], own[:, kv_heads:]
-        launch = TritonAttention(sm_count).prefill_launch(q, k, v, None, 0, 0.125, window, logits)[
-            1
-        ]
+        kernels.prefill_attention(q, k, v, None, 0, 0.125, window, logits)
     else:
         k, v, *scales = pool(kv_heads, dim, block_tokens, dtype, int8)
         table = torch.arange(8)
-        launch = TritonAttention(sm_count).prefill_launch(
-            q, k, v, table, 200, 0.125, window, logits, *scales
-        )[1]
-    assert launch is not None
-    return [launch]
+        kernels.prefill_attention(q, k, v, table, 200, 0.125, window, logits, *scales)
+    assert len(launches) == 1
+    return launches
 
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32

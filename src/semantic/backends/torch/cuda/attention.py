@@ -44,6 +44,7 @@ no bf16), and every kind of launch is compiled for sm_90 without a GPU by the te
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -382,10 +383,15 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
 class TritonAttention:
     """Paged decode and prefill attention on CUDA tensors (or CPU tensors under Triton's
     interpreter), with `CpuKernels`' signatures and semantics. `sm_count`: the GPU's
-    multiprocessors, which the decode split rule fills (the current device's by default)."""
+    multiprocessors, which the decode split rule fills (the current device's by default).
+    `launch` runs each kernel launch an entry point builds (`Launch.run`); a test that compiles
+    the launches for a GPU it lacks collects them instead."""
 
-    def __init__(self, sm_count: int | None = None) -> None:
+    def __init__(
+        self, sm_count: int | None = None, launch: Callable[[Launch], None] | None = None
+    ) -> None:
         self.sm_count = sm_count if sm_count is not None else _sm_count()
+        self.launch = launch if launch is not None else Launch.run
 
     def supports_attention(self, head_dim: int, heads: int, dtype: torch.dtype) -> bool:
         """Whether decode and prefill both run these shapes: fp16, bf16 or fp32, head_dim 16 to
@@ -429,34 +435,12 @@ class TritonAttention:
         last `window` of them; `sinks` [H] fp32: a logit per head with no value. int8 caches
         come with their rows' scales, `k_scales` and `v_scales` [num_blocks, block_tokens, KVH]
         bf16. Launches depend on shapes only (CUDA-graph safe); tables are trusted."""
-        out, launches = self.decode_launches(
-            q, k_cache, v_cache, block_tables, context_lens, scale, window, sinks,
-            k_scales, v_scales,
-        )  # fmt: skip
-        for launch in launches:
-            launch.run()
-        return out
-
-    def decode_launches(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        scale: float,
-        window: int | None = None,
-        sinks: torch.Tensor | None = None,
-        k_scales: torch.Tensor | None = None,
-        v_scales: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, list[Launch]]:
-        """`decode_attention`'s output tensor and the launches that fill it, not yet run."""
         batch, heads, dim = q.shape
         kv_heads, block_tokens = k_cache.shape[2], k_cache.shape[1]
         group = heads // kv_heads
         out = q.new_empty(q.shape)
         if batch == 0:
-            return out, []
+            return out
         q = _last_dim_contiguous(q)
         block_n, key_mode = _key_tiles(_DECODE_KEYS, block_tokens)
         keys = block_tables.shape[1] * block_tokens
@@ -482,17 +466,15 @@ class TritonAttention:
             "SPLITS": splits, "HAS_WINDOW": window is not None, "HAS_SINKS": sinks is not None,
             "QUANT": pool.quantized, "PRECISION": _precision(q.dtype),
         }  # fmt: skip
-        launches = [Launch(_decode_kernel, (batch, kv_heads, splits), args, constants)]
+        self.launch(Launch(_decode_kernel, (batch, kv_heads, splits), args, constants))
         if splits > 1:
             merge_args = (m, denom, acc, out, out.stride(0), out.stride(1))
             merge_constants = {
                 "HEADS": heads, "HEAD_DIM": dim, "BLOCK_D": block_d, "SPLITS": splits,
                 "BLOCK_S": triton.next_power_of_2(splits),
             }  # fmt: skip
-            launches.append(
-                Launch(_merge_splits_kernel, (batch, heads), merge_args, merge_constants)
-            )
-        return out, launches
+            self.launch(Launch(_merge_splits_kernel, (batch, heads), merge_args, merge_constants))
+        return out
 
     def prefill_attention(
         self,
@@ -511,31 +493,10 @@ class TritonAttention:
         (with a `window`, the query at p over keys p - window + 1 .. p). k, v: the pool caches
         [num_blocks, block_tokens, KVH, D] read through `block_table` [m]; or, with no context
         and no table, the chunk's own [n, KVH, D]. `sinks` and int8 scales as for decode."""
-        out, launch = self.prefill_launch(
-            q, k, v, block_table, context_len, scale, window, sinks, k_scales, v_scales
-        )
-        if launch is not None:
-            launch.run()
-        return out
-
-    def prefill_launch(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        block_table: torch.Tensor | None,
-        context_len: int,
-        scale: float,
-        window: int | None = None,
-        sinks: torch.Tensor | None = None,
-        k_scales: torch.Tensor | None = None,
-        v_scales: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, Launch | None]:
-        """`prefill_attention`'s output tensor and the launch that fills it, not yet run."""
         n, heads, dim = q.shape
         out = q.new_empty(q.shape)
         if n == 0:
-            return out, None
+            return out
         q = _last_dim_contiguous(q)
         kv_heads = k.shape[-2]
         tiles = self.prefill_tiles(n * (heads // kv_heads), kv_heads, dim, q.dtype)
@@ -561,7 +522,8 @@ class TritonAttention:
             "QUANT": pool.quantized, "PRECISION": _precision(q.dtype),
         }  # fmt: skip
         grid = (triton.cdiv(n * group, tiles.rows), kv_heads)
-        return out, Launch(_prefill_kernel, grid, args, constants, tiles.warps)
+        self.launch(Launch(_prefill_kernel, grid, args, constants, tiles.warps))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
