@@ -347,6 +347,14 @@ def push_out_of_the_pool(engine: Engine, block_hash: int) -> None:
     assert engine.tiering.disk.contains(page_key(block_hash, 0))
 
 
+def computed_by_a_side_request(engine: Engine, history: list[int]) -> int:
+    """A side request computes the blocks of `history` (its own last tokens differ); the hash of
+    the last full one, where the history ends."""
+    submit(engine, "side", [*history[:-1], 7, 7], None, max_tokens=1)
+    engine.run_until_idle()
+    return engine.prefix.match([*history, 13]).hashes[-1]
+
+
 def assert_a_conversations_turn(engine: Engine, history: list[int]) -> None:
     """The next turn of `history` is known as a conversation's and runs as one, its whole
     history reused: cached at the working agents' tier, not as a one-off."""
@@ -404,10 +412,8 @@ def test_a_history_that_ends_on_a_block_the_disk_has_already_marks_it_there(
     # ends on one of them, which the disk has unmarked and the pool never saves again.
     first_prompt, history = boundary_history(served, tmp_path)
     engine, _ = make_engine(served, tmp_path / "cache", num_blocks=16)
-    submit(engine, "side", [*history[:-1], 7, 7], None, max_tokens=1)
-    engine.run_until_idle()
+    last = computed_by_a_side_request(engine, history)
     engine.agents.persist()
-    last = engine.prefix.match([*history, 13]).hashes[-1]
     assert not engine.tiering.disk.ends_history(page_key(last, 0))
     turn = submit(engine, "turn-1", first_prompt, None, max_tokens=8)
     engine.run_until_idle()
@@ -422,9 +428,7 @@ def test_a_history_that_ends_on_a_block_only_the_disk_has_is_marked_on_disk(
 ) -> None:
     _, history = boundary_history(served, tmp_path)
     engine, _ = make_engine(served, tmp_path / "cache", num_blocks=16)
-    submit(engine, "side", [*history[:-1], 7, 7], None, max_tokens=1)
-    engine.run_until_idle()
-    last = engine.prefix.match([*history, 13]).hashes[-1]
+    last = computed_by_a_side_request(engine, history)
     push_out_of_the_pool(engine, last)
     assert not engine.prefix.match([*history, 13]).extends_history
     engine.prefix.end_history(last)
