@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from semantic.backends.torch.models.gemma3 import rename
 from semantic.core import CacheSpec
 from semantic.models.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
+from semantic.models.names import gemma3_text_name
 
 BASE: dict[str, Any] = {
     "vocab_size": 1000,
@@ -129,13 +129,14 @@ def test_layers_fall_into_equal_groups_of_one_kind_full_attention_first() -> Non
 
 
 def test_a_multimodal_gemma3_checkpoint_loads_its_language_model_only() -> None:
-    assert rename("language_model.model.layers.0.mlp.up_proj.weight") == (
+    assert gemma3_text_name("language_model.model.layers.0.mlp.up_proj.weight") == (
         "model.layers.0.mlp.up_proj.weight"
     )
-    assert rename("model.language_model.norm.weight") == "model.norm.weight"
-    assert rename("language_model.lm_head.weight") == "lm_head.weight"
-    assert rename("vision_tower.vision_model.embeddings.patch_embedding.weight") is None
-    assert rename("model.multi_modal_projector.mm_input_projection_weight") is None
+    assert gemma3_text_name("model.language_model.norm.weight") == "model.norm.weight"
+    assert gemma3_text_name("language_model.lm_head.weight") == "lm_head.weight"
+    assert gemma3_text_name("vision_tower.vision_model.embeddings.patch_embedding.weight") is None
+    assert gemma3_text_name("model.multi_modal_projector.mm_input_projection_weight") is None
     assert (
-        rename("model.layers.3.self_attn.q_norm.weight") == "model.layers.3.self_attn.q_norm.weight"
+        gemma3_text_name("model.layers.3.self_attn.q_norm.weight")
+        == "model.layers.3.self_attn.q_norm.weight"
     )

@@ -26,25 +26,7 @@ from semantic.backends.torch.models.layers import (
 from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
 from semantic.errors import ModelLoadFailed
-
-_TEXT_PREFIXES = ("model.language_model.", "language_model.model.")  # multimodal checkpoints
-_VISION_PREFIXES = (
-    "vision_tower.",
-    "multi_modal_projector.",
-    "model.vision_tower.",
-    "model.multi_modal_projector.",
-)
-
-
-def rename(name: str) -> str | None:
-    """A multimodal checkpoint's language-model names as the text model's; its vision tower
-    and projector skipped."""
-    for prefix in _TEXT_PREFIXES:
-        if name.startswith(prefix):
-            return "model." + name.removeprefix(prefix)
-    if name.startswith(_VISION_PREFIXES):
-        return None
-    return name.removeprefix("language_model.")  # language_model.lm_head.weight
+from semantic.models.names import gemma3_text_name
 
 
 def gemma_norm(w: Weights, name: str) -> RMSNorm:
@@ -73,7 +55,7 @@ def build(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
     config = b.config
     if config.attn_logit_softcapping or config.final_logit_softcapping:
         raise ModelLoadFailed("Gemma logit soft-capping (Gemma 2) is not supported")
-    weights = Weights.load(arrays, b, rename)
+    weights = Weights.load(arrays, b, gemma3_text_name)
     global_rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, b.device)
     local_rope = Rope(config.head_dim, config.rope_local_theta or 10000.0, None, b.device)
     blocks = [

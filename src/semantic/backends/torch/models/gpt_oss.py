@@ -8,12 +8,13 @@ MXFP4 weights of the released checkpoints are dequantized on load (`models/mxfp4
 `gguf` package for GGUF files). That costs memory (about 4x the packed size) and keeps every
 expert on the same kernels as the rest of the model; a packed MXFP4 kernel is future work.
 Our expert names are per projection, `[E, out, in]` (as GGUF stores them);
-`sanitize` turns the Hugging Face layout (gate and up interleaved in one `[E, in, 2I]`) into it.
+`models/names.py` turns the Hugging Face layout (gate and up interleaved in one
+`[E, in, 2I]`) into it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -23,29 +24,7 @@ from semantic.backends.torch.linear import Linear
 from semantic.backends.torch.models.layers import Attention, Block, Build, DecoderModel
 from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
-
-_EXPERTS = ".mlp.experts."
-
-
-def sanitize(arrays: Iterable[tuple[str, np.ndarray]]) -> Iterator[tuple[str, np.ndarray]]:
-    """Hugging Face's fused expert tensors as ours: gate and up apart, each `[E, out, in]`."""
-    for name, array in arrays:
-        base, _, kind = name.rpartition(_EXPERTS)
-        prefix = f"{base}{_EXPERTS}"
-        if not base:
-            yield name, array
-        elif kind == "gate_up_proj":  # [E, in, 2I], gate and up interleaved along the last
-            yield prefix + "gate_proj.weight", array[..., 0::2].swapaxes(1, 2)
-            yield prefix + "up_proj.weight", array[..., 1::2].swapaxes(1, 2)
-        elif kind == "gate_up_proj_bias":  # [E, 2I]
-            yield prefix + "gate_proj.bias", array[..., 0::2]
-            yield prefix + "up_proj.bias", array[..., 1::2]
-        elif kind == "down_proj":  # [E, I, out]
-            yield prefix + "down_proj.weight", array.swapaxes(1, 2)
-        elif kind == "down_proj_bias":
-            yield prefix + "down_proj.bias", array
-        else:
-            yield name, array
+from semantic.models.names import gpt_oss_experts_split
 
 
 class Experts:
@@ -116,7 +95,7 @@ def block(w: Weights, index: int, rope: Rope) -> Block:
 
 def build(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
     config = b.config
-    weights = Weights.load(sanitize(arrays), b)
+    weights = Weights.load(gpt_oss_experts_split(arrays), b)
     rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, b.device)
     blocks = [block(weights.layer(i), i, rope) for i in range(config.num_hidden_layers)]
     return decoder(weights, blocks, scale_in_fp32=True)
