@@ -11,22 +11,26 @@ takes the token drawn; a row whose grammar fails fails alone too.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import torch
 
+from semantic.backends.sampling import (
+    TOP_P_CANDIDATES,
+    Unsampleable,
+    advance,
+    allows,
+    grammar_masks,
+    row_outcome,
+    step_seed,
+    suppressed_ids,
+)
 from semantic.core import BatchItem, SamplingParams
 from semantic.text.grammar import GrammarStates
 
-# Top-p first looks among this many most likely tokens; a nucleus wider than them (rare: a flat
-# distribution) falls back to sorting the whole vocabulary.
-_TOP_P_CANDIDATES = 1024
-
-
-class Unsampleable(ValueError):
-    """A row whose logits or probabilities are not finite numbers: it has no token to give."""
+__all__ = ["Unsampleable", "candidates", "draw", "sample"]
 
 
 def sample(
@@ -36,7 +40,7 @@ def sample(
     `grammars` holds the matchers of the items with a grammar (none: no item has one)."""
     with torch.inference_mode():  # the logits are inference tensors; suppression writes them
         _suppress(logits, items)
-        masks, failed = _grammar_masks(items, grammars)
+        masks, failed = grammar_masks(items, grammars)
         best = logits.argmax(-1)
         # argmax picks a NaN or +inf where a row has one, and -inf only when all are: so the
         # chosen logit is finite exactly when the row is usable.
@@ -45,36 +49,12 @@ def sample(
         outcomes: list[int | Exception] = []
         for row, item in enumerate(items):
             mask = masks.get(row)
-            if mask is not None and not (item.sampling.greedy and _allows(mask, tokens[row])):
+            if mask is not None and not (item.sampling.greedy and allows(mask, tokens[row])):
                 # A greedy row whose best token the grammar allows needs no mask at all.
                 tokens[row], usable[row] = _masked_best(logits[row], mask)
-            if row in failed:
-                outcomes.append(failed[row])
-            elif not usable[row]:
-                outcomes.append(Unsampleable("no token the model and its constraints allow"))
-            elif item.sampling.greedy:
-                outcomes.append(tokens[row])
-            else:
-                outcomes.append(_draw_or_error(logits[row], item))
-    return _advance(grammars, items, outcomes) if masks else outcomes
-
-
-def _grammar_masks(
-    items: Sequence[BatchItem], grammars: GrammarStates | None
-) -> tuple[dict[int, np.ndarray], dict[int, Exception]]:
-    """The allowed-token bitmask of each row with a grammar, and the rows whose grammar failed."""
-    rows = [row for row, item in enumerate(items) if item.sampling.grammar is not None]
-    if not rows or grammars is None:
-        return {}, {}
-    mask, errors = grammars.bitmask(
-        [(items[r].seq_id, items[r].sampling.grammar, items[r].num_output_tokens) for r in rows]
-    )
-    masks = {row: mask[i] for i, row in enumerate(rows) if i not in errors}
-    return masks, {rows[i]: error for i, error in errors.items()}
-
-
-def _allows(mask: np.ndarray, token: int) -> bool:
-    return 0 <= token < mask.shape[0] * 32 and bool((int(mask[token >> 5]) >> (token & 31)) & 1)
+            drawn = partial(_draw_row, logits, row, item)  # indexes the row only if it draws
+            outcomes.append(row_outcome(tokens[row], usable[row], item, drawn, failed.get(row)))
+    return advance(grammars, items, outcomes) if masks else outcomes
 
 
 def _masked_best(logits: torch.Tensor, mask: np.ndarray) -> tuple[int, bool]:
@@ -91,24 +71,8 @@ def _masked_best(logits: torch.Tensor, mask: np.ndarray) -> tuple[int, bool]:
     return best, bool(torch.isfinite(logits[best]))
 
 
-def _advance(
-    grammars: GrammarStates | None, items: Sequence[BatchItem], outcomes: list[int | Exception]
-) -> list[int | Exception]:
-    """Each constrained row's matcher takes its token; a token it refuses fails the row."""
-    assert grammars is not None
-    for row, item in enumerate(items):
-        token = outcomes[row]
-        if item.sampling.grammar is not None and isinstance(token, int):
-            error = grammars.accept(item.seq_id, token)
-            outcomes[row] = token if error is None else error
-    return outcomes
-
-
-def _draw_or_error(logits: torch.Tensor, item: BatchItem) -> int | Exception:
-    try:
-        return draw(logits, item.sampling, item.num_output_tokens)
-    except Exception as exc:  # this row's alone, whatever its cause
-        return exc
+def _draw_row(logits: torch.Tensor, row: int, item: BatchItem) -> int:
+    return draw(logits[row], item.sampling, item.num_output_tokens)
 
 
 def draw(logits: torch.Tensor, params: SamplingParams, num_output_tokens: int) -> int:
@@ -142,7 +106,7 @@ def candidates(
         probs = values.softmax(-1)
     else:
         full = logits.softmax(-1)
-        probs, ids = full.topk(min(_TOP_P_CANDIDATES, full.shape[-1]))
+        probs, ids = full.topk(min(TOP_P_CANDIDATES, full.shape[-1]))
         if float(probs.sum()) < top_p:
             probs, ids = full.sort(descending=True)
     if top_p < 1.0:
@@ -151,18 +115,8 @@ def candidates(
     return probs, ids
 
 
-def step_seed(seed: int, num_output_tokens: int) -> int:
-    """A 63-bit seed for one draw: the same (seed, position) gives the same draw in any process."""
-    digest = hashlib.blake2b(f"{seed}:{num_output_tokens}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
 def _suppress(logits: torch.Tensor, items: Sequence[BatchItem]) -> None:
-    # The scheduler names the tokens a request may not end with yet (before min_tokens). An id
-    # past the logits (a tokenizer larger than the model's vocabulary) can never be drawn
-    # anyway; indexing with it would fail the row, and on CUDA the device.
-    vocab = logits.shape[-1]
     for row, item in enumerate(items):
-        ids = [token for token in item.suppress_token_ids if 0 <= token < vocab]
+        ids = suppressed_ids(item, logits.shape[-1])
         if ids:
             logits[row, ids] = float("-inf")
