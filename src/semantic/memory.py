@@ -8,7 +8,7 @@ random-weight Llamas (A ~310 MiB resident, B ~100 MiB), swapping A → B → A t
 heaps only trimmed, A came back 3–8% above its cold start and B's process grew from 361 to 454
 MiB; with each load in mappings of its own, A came back within 1.3% and B stayed at 350–356 MiB.
 Serving steps take no page faults either way (SmolLM2 decode, 1 and 8 requests).
-Elsewhere (macOS, musl) both functions only collect garbage and CUDA's cache.
+Elsewhere (macOS, musl) both functions only collect garbage and CUDA's and MLX's caches.
 """
 
 from __future__ import annotations
@@ -48,11 +48,15 @@ def own_mappings() -> Iterator[None]:
 
 def reclaim() -> None:
     """Give an unloaded model's memory back: collect the reference cycles that may still hold
-    its tensors, release CUDA's cached blocks, and return the heaps' free pages to the system."""
+    its tensors, release CUDA's and MLX's cached blocks, and return the heaps' free pages to
+    the system."""
     gc.collect()
     torch = sys.modules.get("torch")  # never imported just for this
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+    mlx = sys.modules.get("mlx.core")
+    if mlx is not None:
+        mlx.clear_cache()
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)

@@ -42,6 +42,13 @@ class Checked:
         return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
+# backend → how to install it.
+_BACKEND_INSTALLS = {
+    "torch": "pip install 'semantic[torch]' (or `make install` in a clone)",
+    "mlx": "pip install 'semantic[mlx]' (on Linux, pip install 'mlx[cpu]')",
+}
+
+
 @contextlib.contextmanager
 def checked(settings: Settings) -> Iterator[Checked]:
     """Run every check; inside the block the cache folder is locked and the port bound."""
@@ -54,12 +61,13 @@ def checked(settings: Settings) -> Iterator[Checked]:
 
 
 def check_backend(settings: Settings) -> None:
-    """torch, for the torch backend: without it the message names the install that brings it."""
+    """The backend's library is installed: without it the message names the install that
+    brings it."""
     backend = default_backend() if settings.backend == "auto" else settings.backend
-    if backend == "torch" and importlib.util.find_spec("torch") is None:
+    if backend in _BACKEND_INSTALLS and importlib.util.find_spec(backend) is None:
         raise SemanticError(
-            "torch is not installed: install semantic with its torch extra, "
-            "pip install 'semantic[torch]' (or `make install` in a clone)"
+            f"{backend} is not installed: install semantic with its {backend} extra, "
+            f"{_BACKEND_INSTALLS[backend]}"
         )
 
 

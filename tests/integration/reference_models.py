@@ -3,10 +3,12 @@ the harness the family tests share. The reference always runs on the CPU, in fp3
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,13 +17,19 @@ from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.models.config import ModelConfig
 
 if TYPE_CHECKING:
+    from semantic.backends.mlx.runner import MLXRunner
     from semantic.backends.torch.cuda.kernels import CudaKernels
 
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+NEEDS_MLX = pytest.mark.skipif(
+    importlib.util.find_spec("mlx") is None,
+    reason="needs MLX (Apple Silicon, or `pip install 'mlx[cpu]'` on Linux)",
+)
 # Where our runner computes: the CPU with our kernels, the CPU with stock torch ops, the CPU with
-# CUDA's Triton kernels in Triton's interpreter, and where there is a GPU (NEEDS_CUDA): CUDA
-# with the Triton kernels and decode graphs, the same without graphs, and CUDA with stock ops.
-PATHS = ["cpu", "cpu-stock", "cpu-triton", "cuda", "cuda-eager", "cuda-stock"]
+# CUDA's Triton kernels in Triton's interpreter, the MLX backend (on the CPU here), and where
+# there is a GPU (NEEDS_CUDA): CUDA with the Triton kernels and decode graphs, the same without
+# graphs, and CUDA with stock ops.
+PATHS = ["cpu", "cpu-stock", "cpu-triton", "mlx", "cuda", "cuda-eager", "cuda-stock"]
 CUDA_PATHS = ("cuda", "cuda-eager", "cuda-stock")
 # (ours against ours batched or chunked differently, ours against transformers). fp32 on CUDA
 # sums in another order per shape (cuBLAS and SDPA pick kernels by shape): looser there.
@@ -29,6 +37,7 @@ TOLERANCES = {
     "cpu": (1e-5, 1e-4),
     "cpu-stock": (1e-5, 1e-4),
     "cpu-triton": (1e-5, 1e-4),
+    "mlx": (1e-5, 1e-4),
     **{path: (2e-4, 5e-4) for path in CUDA_PATHS},
 }
 BLOCK_TOKENS = 8
@@ -61,9 +70,19 @@ class Model:
         *,
         prepared: Path | None = None,
         weights: list[tuple[str, Any]] | None = None,
-    ) -> TorchRunner:
+    ) -> TorchRunner | MLXRunner:
         """Our runner; with `prepared`, over prepared weights kept there (`weights`: what it
         is given to convert, the reference's by default)."""
+        if self.path == "mlx":
+            from semantic.backends.mlx.runner import MLXRunner
+
+            return MLXRunner(
+                self.config,
+                self.weights() if weights is None else weights,
+                block_tokens=BLOCK_TOKENS,
+                cache_budget_mb=cache_budget_mb,
+                dtype=dtype,
+            )
         return TorchRunner(
             self.config,
             self.weights() if weights is None else weights,
@@ -84,9 +103,11 @@ class Model:
             return CudaKernels()
         return not self.path.endswith("-stock")
 
-    def logits(self, batch: Batch) -> torch.Tensor:
-        """Our fp32 logits of the batch's sampled items, on the CPU."""
-        return self.runner.forward_logits(batch).cpu()
+    def logits(self, batch: Batch, runner: TorchRunner | MLXRunner | None = None) -> torch.Tensor:
+        """Our fp32 logits of the batch's sampled items, on the CPU (`runner`: another of
+        ours than the fp32 one)."""
+        logits = (runner or self.runner).forward_logits(batch)
+        return torch.from_numpy(logits) if isinstance(logits, np.ndarray) else logits.cpu()
 
     def tables(self, tokens: int) -> list[list[int]]:
         """Fresh block tables for `tokens` tokens, one per layer group."""

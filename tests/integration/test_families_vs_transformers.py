@@ -1,7 +1,8 @@
 """Every family over the paged pool against its `transformers` model, on tiny random weights:
 the same prompt logits and 32+ greedy tokens (prompts longer than the sliding windows and across
 block edges), chunking and batching that change nothing, bf16 close to the fp32 reference. On
-the CPU with our kernels, with stock torch ops, and on CUDA where there is a GPU."""
+the CPU with our kernels, with stock torch ops, on the MLX backend, and on CUDA where there is a
+GPU."""
 
 from __future__ import annotations
 
@@ -9,16 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from semantic.backends.torch.kernels import cpu_kernels
+from semantic.cache.page import PageKV
 from semantic.core import Batch, BatchItem
 from tests.integration.reference_models import (
     BLOCK_TOKENS,
     CUDA_PATHS,
     GREEDY,
     NEEDS_CUDA,
+    NEEDS_MLX,
     PATHS,
     Model,
     close,
@@ -145,7 +149,7 @@ def _cases() -> list[Any]:
     for family in FAMILIES:
         for path in PATHS:
             if path not in ("cpu-stock", "cpu-triton") or family in STOCK_ON_CPU:
-                marks = [NEEDS_CUDA] if path in CUDA_PATHS else []
+                marks = [NEEDS_CUDA] if path in CUDA_PATHS else [NEEDS_MLX] if path == "mlx" else []
                 cases.append(pytest.param((family, path), marks=marks, id=f"{family}-{path}"))
     return cases
 
@@ -235,10 +239,10 @@ def test_bf16_runner_tracks_the_fp32_reference(model: Model):
     per_group = -(-30 // 8)
     groups = range(len(runner.cache_spec.groups))
     tables = [list(range(g * per_group, (g + 1) * per_group)) for g in groups]
-    prefill_logits = runner.forward_logits(Batch([prefill(0, ids, tables)]))[0].cpu()
+    prefill_logits = model.logits(Batch([prefill(0, ids, tables)]), runner)[0]
     token = int(prefill_logits.argmax())
     decode = BatchItem(0, [token], 29, tables, True, GREEDY, 1)
-    decode_logits = runner.forward_logits(Batch([decode]))[0].cpu()
+    decode_logits = model.logits(Batch([decode]), runner)[0]
     expected = model.reference_logits([*ids, token])[-2:]
     for ours, ref in zip((prefill_logits, decode_logits), expected, strict=True):
         assert torch.nn.functional.cosine_similarity(ours, ref, dim=0) > 0.999
@@ -259,14 +263,17 @@ def test_a_model_mapped_from_its_prepared_file_gives_the_logits_of_the_converted
     blocks = -(-29 // BLOCK_TOKENS)
     groups = range(len(converted.cache_spec.groups))  # a table of fresh pages per group
     batch = Batch([prefill(0, ids, [list(range(g * blocks, (g + 1) * blocks)) for g in groups])])
-    assert torch.equal(mapped.forward_logits(batch), converted.forward_logits(batch))
+    assert torch.equal(model.logits(batch, mapped), model.logits(batch, converted))
 
 
 def test_a_step_of_block_copies_only_computes_nothing(model: Model):
     source, destination = model.tables(1)[0][0], model.tables(1)[0][0]
-    model.runner.pool.data[:, :, source] = 1.0
+    page = model.runner.read_block(source)
+    ones = PageKV(np.ones_like(page.k), np.ones_like(page.v))  # an fp32 pool's page
+    model.runner.write_block(source, ones)
     assert model.runner.run(Batch([], copies=[(source, destination)])) == []
-    assert bool((model.runner.pool.data[:, :, destination] == 1.0).all())
+    copied = model.runner.read_block(destination)
+    assert (copied.k == 1.0).all() and (copied.v == 1.0).all()
 
 
 def test_blocks_read_to_the_host_and_written_elsewhere_restore_the_sequence(model: Model):

@@ -94,6 +94,19 @@ def test_without_torch_the_message_names_the_torch_extra(
     assert "torch is not installed" in error and "pip install 'semantic[torch]'" in error
 
 
+def test_without_mlx_the_message_names_the_mlx_install(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    find_spec = importlib.util.find_spec
+
+    def no_mlx(name: str, package: str | None = None) -> ModuleSpec | None:
+        return None if name == "mlx" else find_spec(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_mlx)
+    error = serve(capsys, tmp_path, "--port", "0", "--backend", "mlx")
+    assert "mlx is not installed" in error and "pip install 'mlx[cpu]'" in error
+
+
 def test_the_checks_hold_the_folder_and_the_port_until_the_server_is_done(
     tmp_path: Path,
 ) -> None:

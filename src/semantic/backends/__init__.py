@@ -43,10 +43,9 @@ def create_runner(
 
 
 def default_backend() -> str:
-    """mlx on Apple Silicon where its runner module exists, torch elsewhere. The mlx backend is
-    not written yet: choosing it by platform alone would make `--backend auto` fail there."""
+    """mlx on Apple Silicon where MLX is installed, torch elsewhere (and on a Mac without it)."""
     apple_silicon = sys.platform == "darwin" and platform.machine() == "arm64"
-    return "mlx" if apple_silicon and _exists(_RUNNERS["mlx"][0]) else "torch"
+    return "mlx" if apple_silicon and _exists("mlx") else "torch"
 
 
 def _exists(module_name: str) -> bool:

@@ -1,0 +1,266 @@
+"""The model families of the MLX backend, found by the checkpoint's `model_type`: how each one's
+checkpoint names map to the shared layers of `layers.py`, and with which options. The same
+families as the torch backend (`backends/torch/models/`), each said in a few lines here:
+Llama (SmolLM2, Llama 3.x, Mistral's window), Qwen2 (Q/K/V biases), Qwen3 (q/k norms),
+Gemma 3 (four norms a block, GeGLU, sliding and global layers with their own ropes) and
+GPT-OSS (sinks, biases, alternating windows, experts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from semantic.backends.mlx.attention import LayerAttention
+from semantic.backends.mlx.layers import (
+    Attention,
+    Block,
+    DecoderModel,
+    Experts,
+    GatedMLP,
+    Linear,
+    RMSNorm,
+    Rope,
+    activation,
+    linear,
+)
+from semantic.errors import ModelLoadFailed
+from semantic.models.config import ModelConfig
+from semantic.models.names import gemma3_text_name, gpt_oss_experts_split
+
+
+@dataclass(slots=True, frozen=True)
+class Build:
+    """What every family's builder needs besides the weights."""
+
+    config: ModelConfig
+    dtype: mx.Dtype
+    weight_format: str  # "bf16" (the dtype) or "int8" (`layers.linear`)
+
+
+class Weights:
+    """The checkpoint's arrays by Hugging Face name, each taken once by the layer that owns it;
+    any left at the end is an error, so a checkpoint of
+    another architecture never loads half-used. `layer(i)` sees the same store from
+    `model.layers.<i>.`."""
+
+    def __init__(self, arrays: dict[str, mx.array], build: Build, prefix: str = "") -> None:
+        self._arrays = arrays
+        self.build = build
+        self.prefix = prefix
+
+    @classmethod
+    def load(
+        cls,
+        arrays: Iterable[tuple[str, np.ndarray]],
+        build: Build,
+        rename: Callable[[str], str | None] | None = None,
+    ) -> Weights:
+        """The checkpoint's arrays, each converted to the model's dtype as it arrives (so the
+        fp32 copies never all live at once); those `rename` maps to None skipped."""
+        converted = {}
+        for name, array in arrays:
+            renamed = rename(name) if rename is not None else name
+            if renamed is None or renamed.endswith("rotary_emb.inv_freq"):
+                continue
+            converted[renamed] = mx.array(array).astype(build.dtype)
+            mx.eval(converted[renamed])
+        return cls(converted, build)
+
+    def take(self, name: str) -> mx.array:
+        try:
+            return self._arrays.pop(self.prefix + name)
+        except KeyError:
+            raise ModelLoadFailed(f"checkpoint lacks weight {self.prefix}{name}") from None
+
+    def take_optional(self, name: str) -> mx.array | None:
+        return self.take(name) if self.prefix + name in self._arrays else None
+
+    def layer(self, index: int) -> Weights:
+        return Weights(self._arrays, self.build, f"{self.prefix}model.layers.{index}.")
+
+    def check_all_taken(self) -> None:
+        if self._arrays:
+            raise ModelLoadFailed(f"unexpected weights: {sorted(self._arrays)[:20]}")
+
+    def linear(self, weight: mx.array, bias: mx.array | None = None) -> Linear:
+        return linear(weight, bias, self.build.weight_format)
+
+    def rms_norm(self, name: str, offset: float = 0.0) -> RMSNorm:
+        weight = self.take(f"{name}.weight")
+        if offset:  # Gemma's (1 + w), in fp32 before rounding to the dtype
+            weight = (weight.astype(mx.float32) + offset).astype(self.build.dtype)
+        return RMSNorm(weight, self.build.config.rms_norm_eps)
+
+    def qkv_and_o(self, qkv_bias: bool, o_bias: bool) -> tuple[Linear, Linear]:
+        """Q, K and V fused into one linear, and the output projection."""
+        weight = mx.concatenate([self.take(f"self_attn.{p}_proj.weight") for p in "qkv"])
+        bias = None
+        if qkv_bias:
+            bias = mx.concatenate([self.take(f"self_attn.{p}_proj.bias") for p in "qkv"])
+        o = self.take("self_attn.o_proj.weight")
+        return self.linear(weight, bias), self.linear(
+            o, self.take("self_attn.o_proj.bias") if o_bias else None
+        )
+
+    def gated_mlp(self, act_name: str) -> GatedMLP:
+        gate, up = self.take("mlp.gate_proj.weight"), self.take("mlp.up_proj.weight")
+        gate_up = self.linear(mx.concatenate([gate, up]))
+        return GatedMLP(
+            gate_up, self.linear(self.take("mlp.down_proj.weight")), activation(act_name)
+        )
+
+
+def decoder(
+    weights: Weights,
+    blocks: list[Block],
+    embed_scale: float | None = None,
+    norm_offset: float = 0.0,
+) -> DecoderModel:
+    """The model around its blocks: embeddings, final norm and LM head, every weight used. A
+    tied head reads the embedding table; the table itself stays dense, as rows are read."""
+    table = weights.take("model.embed_tokens.weight")
+    untied = weights.take_optional("lm_head.weight")
+    if weights.build.config.tie_word_embeddings:
+        head = weights.linear(table)
+        embed = head
+    elif untied is None:
+        raise ModelLoadFailed("checkpoint lacks weight lm_head.weight")
+    else:
+        embed, head = Linear(table, None), weights.linear(untied)
+    norm = weights.rms_norm("model.norm", norm_offset)
+    weights.check_all_taken()
+    return DecoderModel(embed, blocks, norm, head, embed_scale)
+
+
+@dataclass(slots=True, frozen=True)
+class Variant:
+    """What the families on Llama's skeleton differ in: biases (None: as `attention_bias`
+    says) and RMSNorms of each head's q and k."""
+
+    qkv_bias: bool | None = None
+    o_bias: bool | None = None
+    qk_norms: bool = False
+
+
+def _llama(
+    b: Build, arrays: Iterable[tuple[str, np.ndarray]], variant: Variant = Variant()
+) -> DecoderModel:
+    """Llama, SmolLM2, Mistral; Qwen2 and Qwen3 are its blocks with another `Variant`."""
+    config = b.config
+    weights = Weights.load(arrays, b)
+    rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling)
+    layers = range(config.num_hidden_layers)
+    return decoder(weights, [_llama_block(weights.layer(i), i, rope, variant) for i in layers])
+
+
+def _llama_block(w: Weights, index: int, rope: Rope, variant: Variant) -> Block:
+    config = w.build.config
+    qkv_bias = config.attention_bias if variant.qkv_bias is None else variant.qkv_bias
+    o_bias = config.attention_bias if variant.o_bias is None else variant.o_bias
+    qk_norms = None
+    if variant.qk_norms:
+        qk_norms = (w.rms_norm("self_attn.q_norm"), w.rms_norm("self_attn.k_norm"))
+    how = LayerAttention(config.head_dim**-0.5, config.layer_window(index))
+    attention = Attention(config, index, w.qkv_and_o(qkv_bias, o_bias), rope, how, qk_norms)
+    norms = (w.rms_norm("input_layernorm"), w.rms_norm("post_attention_layernorm"))
+    return Block(attention, w.gated_mlp(config.hidden_act), norms)
+
+
+def _qwen2(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+    return _llama(b, arrays, Variant(qkv_bias=True, o_bias=False))
+
+
+def _qwen3(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+    return _llama(b, arrays, Variant(qk_norms=True))
+
+
+def _gemma3(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+    config = b.config
+    if config.attn_logit_softcapping or config.final_logit_softcapping:
+        raise ModelLoadFailed("Gemma logit soft-capping (Gemma 2) is not supported")
+    weights = Weights.load(arrays, b, gemma3_text_name)
+    global_rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling)
+    local_rope = Rope(config.head_dim, config.rope_local_theta or 10000.0, None)
+    scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+    blocks = []
+    for i in range(config.num_hidden_layers):
+        w = weights.layer(i)
+        window = config.layer_window(i)
+        norms = (w.rms_norm("self_attn.q_norm", 1.0), w.rms_norm("self_attn.k_norm", 1.0))
+        projections = w.qkv_and_o(config.attention_bias, config.attention_bias)
+        rope = global_rope if window is None else local_rope
+        attention = Attention(config, i, projections, rope, LayerAttention(scale, window), norms)
+        blocks.append(
+            Block(
+                attention,
+                w.gated_mlp(config.hidden_act),
+                (w.rms_norm("input_layernorm", 1.0), w.rms_norm("pre_feedforward_layernorm", 1.0)),
+                (
+                    w.rms_norm("post_attention_layernorm", 1.0),
+                    w.rms_norm("post_feedforward_layernorm", 1.0),
+                ),
+            )
+        )
+    # Hugging Face multiplies by √hidden rounded to the model dtype.
+    rounded = mx.array(math.sqrt(config.hidden_size), dtype=b.dtype).astype(mx.float32)
+    embed_scale = float(np.array(rounded))
+    return decoder(weights, blocks, embed_scale, norm_offset=1.0)
+
+
+def _gpt_oss(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+    config = b.config
+    weights = Weights.load(gpt_oss_experts_split(arrays), b)
+    rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling)
+    blocks = []
+    for i in range(config.num_hidden_layers):
+        w = weights.layer(i)
+        sinks = w.take("self_attn.sinks")  # in the dtype: MLX's attention asks for it
+        how = LayerAttention(config.head_dim**-0.5, config.layer_window(i), sinks)
+        attention = Attention(config, i, w.qkv_and_o(True, True), rope, how)
+        norms = (w.rms_norm("input_layernorm"), w.rms_norm("post_attention_layernorm"))
+        blocks.append(Block(attention, _experts(w), norms))
+    return decoder(weights, blocks)
+
+
+def _experts(w: Weights) -> Experts:
+    prefix = "mlp.experts."
+    gate, up = w.take(prefix + "gate_proj.weight"), w.take(prefix + "up_proj.weight")
+    gate_b, up_b = w.take(prefix + "gate_proj.bias"), w.take(prefix + "up_proj.bias")
+    down, down_b = w.take(prefix + "down_proj.weight"), w.take(prefix + "down_proj.bias")
+    experts = range(w.build.config.num_local_experts)
+    gate_up = [
+        w.linear(mx.concatenate([gate[e], up[e]]), mx.concatenate([gate_b[e], up_b[e]]))
+        for e in experts
+    ]
+    downs = [w.linear(down[e], down_b[e]) for e in experts]
+    router = w.linear(w.take("mlp.router.weight"), w.take("mlp.router.bias"))
+    return Experts(router, gate_up, downs, w.build.config)
+
+
+Builder = Callable[[Build, Iterable[tuple[str, np.ndarray]]], DecoderModel]
+
+# model_type → its builder. Mistral is Llama's code: its window is a per-layer option.
+_FAMILIES: dict[str, Builder] = {
+    "llama": _llama,
+    "mistral": _llama,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "gemma3": _gemma3,
+    "gpt_oss": _gpt_oss,
+}
+
+
+def build_model(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+    """The model of `b.config.model_type`, its weights converted as each layer takes them."""
+    builder = _FAMILIES.get(b.config.model_type)
+    if builder is None:
+        raise ModelLoadFailed(
+            f"the mlx backend cannot run model_type {b.config.model_type!r} "
+            f"(supported: {', '.join(sorted(_FAMILIES))})"
+        )
+    return builder(b, arrays)

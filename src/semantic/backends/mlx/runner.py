@@ -1,0 +1,161 @@
+"""MLXRunner: the MLX `ModelRunner` (the default on Apple Silicon). Owns the model, the KV pool's
+arrays and the choice of device and dtype; builds each step's inputs, evaluates the step's graph
+once, and samples on the host (`sampling.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import mlx.core as mx
+import numpy as np
+
+from semantic.backends.mlx.attention import DTYPES, KVPool, StepInputs, build_step
+from semantic.backends.mlx.layers import WEIGHT_FORMATS
+from semantic.backends.mlx.models import Build, build_model
+from semantic.backends.mlx.sampling import sample
+from semantic.cache.page import PageKV
+from semantic.core import KV_QUANTIZED, Batch, CacheSpec
+from semantic.engine.runner import step_tokens
+from semantic.errors import ModelLoadFailed
+from semantic.kv_budget import auto_budget_bytes, host_available_bytes
+from semantic.models.config import ModelConfig
+from semantic.text.grammar import GrammarStates
+
+
+class MLXRunner:
+    """The model bound to its block pool. Stateless between steps apart from the pool contents,
+    which the engine's block tables name.
+
+    The torch backend's own settings (threads, its kernels, prepared weights, CUDA graphs, the
+    graphs' sizes) arrive as `torch_options` and mean nothing here."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: Iterable[tuple[str, np.ndarray]],
+        *,
+        block_tokens: int,
+        cache_budget_mb: int | None,
+        dtype: str = "auto",
+        kv_dtype: str = "auto",
+        device: str = "auto",
+        weight_format: str = "bf16",
+        **torch_options: object,
+    ) -> None:
+        self.device = pick_device(device)
+        mx.set_default_device(self.device)  # for the load; each step names its device too
+        self.dtype = pick_dtype(dtype, self.device)
+        if weight_format not in WEIGHT_FORMATS:
+            known = ", ".join(WEIGHT_FORMATS)
+            raise ModelLoadFailed(f"unknown weights {weight_format!r}; known: {known}")
+        check_kv_dtype(kv_dtype)
+        self.model = build_model(Build(config, DTYPES[self.dtype], weight_format), weights)
+        windows = self.model.layer_windows
+        self.cache_spec = CacheSpec(
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            dtype=self.dtype,
+            block_tokens=block_tokens,
+            layer_windows=windows if any(w is not None for w in windows) else (),
+        )
+        budget = self._auto_budget() if cache_budget_mb is None else cache_budget_mb * 2**20
+        self.num_blocks = budget // self.cache_spec.bytes_per_page
+        if self.num_blocks < 1:
+            raise ModelLoadFailed(
+                f"cache_budget_mb={budget // 2**20} holds no page of "
+                f"{self.cache_spec.bytes_per_page} bytes"
+            )
+        self.pool = KVPool(self.cache_spec, self.num_blocks)
+        self.vocab_size = config.vocab_size
+        self.grammars = GrammarStates(config.vocab_size)
+
+    @staticmethod
+    def _auto_budget() -> int:
+        """The pool's share of the memory left once the weights are in (`kv_budget.py`): on
+        Apple Silicon the GPU's memory is the host's."""
+        return auto_budget_bytes(host_available_bytes(), gpu=False)
+
+    def run(self, batch: Batch) -> list[int | None]:
+        """One step: K/V into the pool, one sampled token per item with sample=True (a row
+        that cannot be sampled fails alone: `ModelRunner.run`)."""
+        with mx.stream(self.device):  # the engine's thread, not the load's
+            self._copy_blocks(batch.copies)
+            logits, step = self._logits(batch)
+        outcomes = sample(logits, step.sampled_items, self.grammars)
+        return step_tokens(len(batch.items), zip(step.sampled_index, outcomes, strict=True))
+
+    def forget(self, seq_id: int) -> None:
+        self.grammars.release(seq_id)
+
+    def forward_logits(self, batch: Batch) -> np.ndarray:
+        """Like `run` but return fp32 logits [N, V] of the sample=True items, in batch order."""
+        with mx.stream(self.device):
+            self._copy_blocks(batch.copies)
+            logits, step = self._logits(batch)
+        order = sorted(range(len(step.sampled_index)), key=step.sampled_index.__getitem__)
+        return logits[order]
+
+    def _logits(self, batch: Batch) -> tuple[np.ndarray, StepInputs]:
+        """The step evaluated (pool writes included) and the fp32 logits of its sampled items,
+        on the host."""
+        step = build_step(batch, self.cache_spec)
+        if not step.sampled_items and not batch.items:  # a step of block copies only
+            return np.empty((0, self.vocab_size), np.float32), step
+        hidden = self.model.forward(step, self.pool)
+        if step.sample_rows is not None:
+            hidden = hidden[step.sample_rows]
+        logits = self.model.logits(hidden) if step.sampled_items else None
+        mx.eval([] if logits is None else logits, self.pool.arrays())
+        if logits is None:  # a step of mid-prompt chunks only
+            return np.empty((0, self.vocab_size), np.float32), step
+        return np.array(logits), step
+
+    def read_block(self, block: int) -> PageKV:
+        with mx.stream(self.device):
+            return self.pool.read_page(block)
+
+    def write_block(self, block: int, kv: PageKV) -> None:
+        with mx.stream(self.device):
+            self.pool.write_page(block, kv)
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write of reused partial blocks' pages, before the step."""
+        for source, destination in copies:
+            self.pool.copy_page(source, destination)
+        if copies:
+            mx.eval(self.pool.arrays())
+
+
+def pick_device(device: str) -> mx.Device:
+    """ "auto": MLX's default (the GPU on Apple Silicon, the CPU elsewhere); "cpu"; "gpu"."""
+    if device == "auto":
+        return mx.default_device()
+    if device == "cpu":
+        return mx.Device(mx.cpu)
+    if device in ("gpu", "metal"):
+        return mx.Device(mx.gpu)
+    raise ModelLoadFailed(f"the mlx backend has no device {device!r}; known: auto, cpu, gpu")
+
+
+def pick_dtype(dtype: str, device: mx.Device) -> str:
+    """A named dtype, or for "auto": bf16 on the GPU; fp32 on the CPU, where MLX computes bf16
+    no faster."""
+    if dtype == "auto":
+        return "bfloat16" if device == mx.Device(mx.gpu) else "float32"
+    if dtype not in DTYPES:
+        raise ModelLoadFailed(f"unknown dtype {dtype!r}; known: auto, {', '.join(DTYPES)}")
+    return dtype
+
+
+def check_kv_dtype(kv_dtype: str) -> None:
+    """The MLX pool stores K/V in the model's dtype ("auto" and "model" alike); the 8-bit pool
+    is the torch backend's."""
+    if kv_dtype in ("auto", "model"):
+        return
+    if kv_dtype in KV_QUANTIZED:
+        raise ModelLoadFailed(
+            f"kv_dtype {kv_dtype!r} is the torch backend's; the mlx backend stores K/V in the "
+            "model's dtype (kv_dtype = model)"
+        )
+    raise ModelLoadFailed(f"unknown kv_dtype {kv_dtype!r}; known: auto, model, int8")
