@@ -14,7 +14,8 @@ from semantic.backends.torch.runner import TorchRunner
 from semantic.config import Settings
 from semantic.core import Batch, BatchItem, FinishReason, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
-from semantic.models.checkpoint import Checkpoint, load_checkpoint
+from semantic.engine.runner import ModelRunner
+from semantic.models.checkpoint import Checkpoint
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
 
@@ -39,21 +40,6 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(smollm2_path: Path) -> Checkpoint:
-    return load_checkpoint(smollm2_path, progress=False)
-
-
-@pytest.fixture(scope="module")
-def reference(smollm2_path: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        smollm2_path.parent, gguf_file=smollm2_path.name, torch_dtype=torch.float32
-    )
-    return model.eval()
-
-
 def make_engine(
     checkpoint: Checkpoint, dtype: str, cache_dir: Path, block_tokens: int = 16
 ) -> Engine:
@@ -65,6 +51,11 @@ def make_engine(
         dtype=dtype,
         device="cpu",
     )
+    return engine_over(runner, checkpoint, cache_dir)
+
+
+def engine_over(runner: ModelRunner, checkpoint: Checkpoint, cache_dir: Path) -> Engine:
+    """An engine of small steps (64 tokens, no batch window) over `runner`."""
     served = ServedModel(
         "smollm2-135m",
         checkpoint.config,

@@ -21,23 +21,31 @@ from semantic.models.served import ServedModel
 from semantic.options import engine_options
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from semantic.text.tokenizer import Tokenizer
-from tests.integration.reference_models import BLOCK_TOKENS, Model
+from tests.integration.reference_models import BLOCK_TOKENS, NEEDS_MLX, Model
 from tests.integration.test_families_vs_transformers import FAMILIES, VOCAB, WINDOW
 
 pytestmark = pytest.mark.integration
 
-# (family, path): our CPU kernels for each, and the stock torch path (CUDA's) for Gemma 3,
-# whose windowed views read the sliding groups' tables from their window on.
+# (family, path): our CPU kernels for each, the stock torch path (CUDA's) for Gemma 3, whose
+# windowed views read the sliding groups' tables from their window on, and the MLX backend.
 CACHED_FAMILIES = [
     ("gemma3", "cpu"),
     ("gpt_oss", "cpu"),
     ("mistral_sliding", "cpu"),
     ("gemma3", "cpu-stock"),
+    ("gemma3", "mlx"),
+    ("gpt_oss", "mlx"),
 ]
 STEPS = 32
 
 
-@pytest.fixture(scope="module", params=CACHED_FAMILIES, ids=lambda p: "-".join(p))
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(case, marks=[NEEDS_MLX] if case[1] == "mlx" else [], id="-".join(case))
+        for case in CACHED_FAMILIES
+    ],
+)
 def model(request: pytest.FixtureRequest) -> Model:
     family, path = request.param
     build: Callable[[], torch.nn.Module] = FAMILIES[family]

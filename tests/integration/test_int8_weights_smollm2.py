@@ -5,13 +5,12 @@ table), and the weights take about half the bytes."""
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 import pytest
 
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
-from semantic.models.checkpoint import Checkpoint, load_checkpoint
+from semantic.models.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -24,11 +23,6 @@ QUESTIONS = [
 ]
 TOKENS = 32
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(smollm2_path: Path) -> Checkpoint:
-    return load_checkpoint(smollm2_path, progress=False)
 
 
 def make_runner(checkpoint: Checkpoint, weights: str) -> TorchRunner:

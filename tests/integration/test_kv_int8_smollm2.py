@@ -3,15 +3,13 @@ agree for as long as we measured them to, with margin, on our kernels and on the
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from semantic.backends.torch.kernels import cpu_kernels
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
-from semantic.models.checkpoint import Checkpoint, load_checkpoint
+from semantic.models.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -21,11 +19,6 @@ PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start
 # cache's for all 64 tokens asked; other prompts part at a near-tie after 1-30 tokens
 # (docs/benchmarks.md), so the test holds this one, to half of what was measured.
 AGREED_TOKENS = 32
-
-
-@pytest.fixture(scope="module")
-def checkpoint(smollm2_path: Path) -> Checkpoint:
-    return load_checkpoint(smollm2_path, progress=False)
 
 
 def greedy_answer(

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from semantic.models.checkpoint import Checkpoint, load_checkpoint
+from semantic.models.checkpoint import Checkpoint
 from semantic.text.detokenizer import IncrementalDetokenizer
 
 pytestmark = pytest.mark.integration
@@ -70,11 +70,6 @@ TOOLS = [
         },
     }
 ]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(smollm2_path: Path) -> Checkpoint:
-    return load_checkpoint(smollm2_path, progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -65,13 +65,23 @@ class QuantizedLinear(Linear):
 
     def __call__(self, x: mx.array) -> mx.array:
         y = mx.quantized_matmul(
-            x, self.packed, self.scales, self.offsets, transpose=True, group_size=self.group_size
+            x,
+            self.packed,
+            self.scales,
+            self.offsets,
+            transpose=True,
+            group_size=self.group_size,
+            bits=8,
         )
         return y if self.bias is None else y + self.bias
 
     def rows(self, ids: mx.array) -> mx.array:
         return mx.dequantize(
-            self.packed[ids], self.scales[ids], self.offsets[ids], group_size=self.group_size
+            self.packed[ids],
+            self.scales[ids],
+            self.offsets[ids],
+            group_size=self.group_size,
+            bits=8,
         )
 
 

@@ -1,0 +1,27 @@
+"""Fixtures of the tests on the real SmolLM2 weights: its checkpoint, and transformers' model of
+it (fp32), the reference for greedy parity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from semantic.models.checkpoint import Checkpoint, load_checkpoint
+
+
+@pytest.fixture(scope="module")
+def checkpoint(smollm2_path: Path) -> Checkpoint:
+    return load_checkpoint(smollm2_path, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_path: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        smollm2_path.parent, gguf_file=smollm2_path.name, torch_dtype=torch.float32
+    )
+    return model.eval()

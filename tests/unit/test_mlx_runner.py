@@ -1,0 +1,148 @@
+"""The MLX runner's own choices, on a tiny random Llama (no transformers, no weights on disk): its
+settings and their refusals, 8-bit weights, the pool's pages on the host, and what a step reads
+(a sliding window's keys only). Its numerics against transformers are the families' tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+
+from semantic.backends import create_runner
+from semantic.cache.page import PageKV
+from semantic.config import Settings
+from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams
+from semantic.engine.runner import ModelRunner
+from semantic.errors import ModelLoadFailed
+from semantic.models.config import ModelConfig
+from semantic.options import runner_options
+from tests.unit.tiny_llama import tiny_llama
+
+if TYPE_CHECKING:
+    from semantic.backends.mlx.runner import MLXRunner
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("mlx") is None,
+    reason="needs MLX (Apple Silicon, or `pip install 'mlx[cpu]'` on Linux)",
+)
+
+GREEDY = SamplingParams(temperature=0.0)
+CONFIG, WEIGHTS = tiny_llama(tied=False)
+TIED, TIED_WEIGHTS = tiny_llama(tied=True)
+
+
+def runner(config: ModelConfig = CONFIG, **options: Any) -> MLXRunner:
+    from semantic.backends.mlx.runner import MLXRunner
+
+    keywords = {"block_tokens": 8, "cache_budget_mb": 1, **options}
+    weights = TIED_WEIGHTS if config.tie_word_embeddings else WEIGHTS
+    mlx_runner = MLXRunner(config, weights, **keywords)
+    _port: ModelRunner = mlx_runner  # mypy checks that it is the engine's port
+    return mlx_runner
+
+
+def prompt_logits(mlx_runner: Any, ids: list[int]) -> np.ndarray:
+    tables = [list(range(-(-len(ids) // 8)))]
+    return np.asarray(
+        mlx_runner.forward_logits(Batch([BatchItem(0, ids, 0, tables, True, GREEDY, 0)]))
+    )[0]
+
+
+def test_the_server_builds_it_from_its_settings_passing_the_torch_backends_own_options() -> None:
+    options = runner_options(Settings(backend="mlx", cache_budget_mb=1, block_tokens=8))
+    built = create_runner(options, CONFIG, WEIGHTS)
+    assert type(built).__name__ == "MLXRunner"
+    assert built.cache_spec.dtype == "float32"  # "auto" on the CPU
+    assert built.num_blocks == 2**20 // built.cache_spec.bytes_per_page
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"kv_dtype": "int8"}, "stores K/V in the model's dtype"),
+        ({"kv_dtype": "fp4"}, "unknown kv_dtype 'fp4'"),
+        ({"device": "cuda"}, "no device 'cuda'"),
+        ({"dtype": "float8"}, "unknown dtype 'float8'"),
+        ({"weight_format": "int4"}, "unknown weights 'int4'"),
+        ({"cache_budget_mb": 0}, "holds no page"),
+    ],
+)
+def test_an_option_it_cannot_honour_fails_the_load_saying_why(
+    option: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ModelLoadFailed, match=message):
+        runner(**option)
+
+
+def test_a_model_type_it_has_no_family_for_fails_the_load_naming_the_supported_ones() -> None:
+    config = dataclasses.replace(CONFIG, model_type="mamba")
+    with pytest.raises(ModelLoadFailed, match=r"cannot run model_type 'mamba'.*gemma3.*llama"):
+        runner(config)
+
+
+@pytest.mark.parametrize("config", [CONFIG, TIED], ids=["untied", "tied"])
+def test_8_bit_weights_are_quantized_and_compute_the_dense_models_logits_closely(
+    config: ModelConfig,
+) -> None:
+    from semantic.backends.mlx.layers import GatedMLP, QuantizedLinear
+
+    dense, quantized = runner(config), runner(config, weight_format="int8")
+    assert isinstance(quantized.model.lm_head, QuantizedLinear)  # a tied one embeds by its rows
+    block = quantized.model.blocks[0]
+    assert isinstance(block.attn.qkv, QuantizedLinear)
+    assert isinstance(block.mlp, GatedMLP) and isinstance(block.mlp.gate_up, QuantizedLinear)
+    # down's 250 inputs divide into no quantization group: it stays dense, and still works
+    assert not isinstance(block.mlp.down, QuantizedLinear)
+    ids = [3, 17, 9, 44, 101, 5, 60, 2, 8, 90, 11]
+    ours, reference = prompt_logits(quantized, ids), prompt_logits(dense, ids)
+    cosine = ours @ reference / np.linalg.norm(ours) / np.linalg.norm(reference)
+    assert cosine > 0.999 and not np.array_equal(ours, reference)
+
+
+def test_a_bf16_page_travels_to_the_host_and_back_bit_for_bit() -> None:
+    bf16 = runner(dtype="bfloat16")
+    prompt_logits(bf16, list(range(1, 12)))  # fills pages 0 and 1
+    page = bf16.read_block(1)
+    assert page.k.dtype == np.uint16 and page.k.shape == (2, 8, 1, 64)  # layers, tokens, KVH, D
+    assert page.k.any()
+    bf16.write_block(3, page)
+    again = bf16.read_block(3)
+    assert np.array_equal(again.k, page.k) and np.array_equal(again.v, page.v)
+
+
+def test_the_pool_refuses_an_8_bit_page() -> None:
+    pool_runner = runner()
+    page = pool_runner.read_block(0)
+    scales = np.zeros(page.k.shape[:-1], np.uint16)
+    eight_bit = PageKV(page.k.astype(np.int8), page.v.astype(np.int8), scales, scales)
+    with pytest.raises(ValueError, match="no 8-bit pages"):
+        pool_runner.write_block(0, eight_bit)
+
+
+def test_a_sliding_layer_reads_its_window_and_no_key_before_it() -> None:
+    from semantic.backends.mlx.attention import build_step
+
+    spec = CacheSpec(2, 2, 16, "float32", 8, layer_windows=(12, None))
+    table = list(range(20, 33))  # 13 blocks: positions 0..103
+    decode = BatchItem(0, [5], 100, [table, table], True, GREEDY, 1)
+    chunk = BatchItem(1, list(range(30)), 70, [table, table], True, GREEDY, 0)
+    step = build_step(Batch([chunk, decode]), spec)
+    assert spec.group_windows == (None, 12)  # full-attention groups first
+    full, sliding = step.groups
+    assert full.decodes is not None and sliding.decodes is not None
+    first = 100 - 12 + 1  # the oldest key the decode at 100 sees
+    assert np.array(sliding.decodes.rows)[0].tolist() == [
+        table[p // 8] * 8 + p % 8 for p in range(first, 101)
+    ]
+    assert np.array(full.decodes.rows)[0].tolist() == [
+        table[p // 8] * 8 + p % 8 for p in range(101)
+    ]
+    (reads,) = sliding.chunks  # its first query, at 70, sees back to 59
+    assert reads.rows is not None and reads.mask is not None
+    assert np.array(reads.rows).tolist() == [table[p // 8] * 8 + p % 8 for p in range(59, 100)]
+    mask = np.array(reads.mask)  # [30 queries, 41 keys]: causal, 12 keys each
+    assert mask.shape == (30, 41) and (mask.sum(1) == 12).all()
+    assert step.sampled_index == [1, 0]  # decodes first in the layout
