@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -146,3 +148,52 @@ def test_a_sliding_layer_reads_its_window_and_no_key_before_it() -> None:
     mask = np.array(reads.mask)  # [30 queries, 41 keys]: causal, 12 keys each
     assert mask.shape == (30, 41) and (mask.sum(1) == 12).all()
     assert step.sampled_index == [1, 0]  # decodes first in the layout
+
+
+# Torch, and what needs it, cannot be imported: a Mac with only the mlx extra installed.
+_WITHOUT_TORCH = """
+import sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "triton", "transformers"):
+            raise ImportError(f"{name} is not installed")
+
+sys.meta_path.insert(0, NoTorch())
+import numpy as np
+import semantic.api.app  # the server's whole stack
+import semantic.cli
+from semantic.backends import create_runner
+from semantic.config import Settings
+from semantic.core import Batch, BatchItem, SamplingParams
+from semantic.models.config import ModelConfig
+from semantic.options import runner_options
+
+config = ModelConfig("llama", 64, 32, 64, 1, 2, 1, 16, 128)
+rng = np.random.default_rng(0)
+shapes = {
+    "model.embed_tokens.weight": (64, 32), "lm_head.weight": (64, 32), "model.norm.weight": (32,),
+    "model.layers.0.self_attn.q_proj.weight": (32, 32),
+    "model.layers.0.self_attn.k_proj.weight": (16, 32),
+    "model.layers.0.self_attn.v_proj.weight": (16, 32),
+    "model.layers.0.self_attn.o_proj.weight": (32, 32),
+    "model.layers.0.mlp.gate_proj.weight": (64, 32), "model.layers.0.mlp.up_proj.weight": (64, 32),
+    "model.layers.0.mlp.down_proj.weight": (32, 64),
+    "model.layers.0.input_layernorm.weight": (32,),
+    "model.layers.0.post_attention_layernorm.weight": (32,),
+}
+weights = [(name, rng.standard_normal(shape).astype(np.float32)) for name, shape in shapes.items()]
+settings = Settings(backend="mlx", block_tokens=8, cache_budget_mb=1)
+runner = create_runner(runner_options(settings), config, weights)
+item = BatchItem(0, [1, 2, 3], 0, [[0]], True, SamplingParams(temperature=0.0), 0)
+(token,) = runner.run(Batch([item]))
+print(type(token).__name__, sorted(m for m in sys.modules if m.split(".")[0] == "torch"))
+"""
+
+
+def test_the_mlx_backend_serves_a_step_where_torch_is_not_installed() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["int", "[]"]
