@@ -75,6 +75,13 @@ class RopeWriter(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class GegluKernels(Protocol):
+    """Kernels with GeGLU's middle in one pass (`cuda/layers.py`)."""
+
+    def geglu(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
+
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
@@ -238,7 +245,8 @@ class Attention:
 class GatedMLP:
     """down(act(gate(x)) · up(x)), the gate and up projections fused into one matmul: SwiGLU
     with SiLU (Llama, Qwen; its middle in one pass of our kernel in bf16 where there is one),
-    GeGLU with tanh-GELU (Gemma)."""
+    GeGLU with tanh-GELU (Gemma; its middle in one pass where the kernels have it: Triton's,
+    in any dtype)."""
 
     def __init__(
         self, gate_up: Linear, down: Linear, act: Activation, kernels: LayerKernels | None
@@ -247,12 +255,15 @@ class GatedMLP:
         self.down = down
         self.act = act
         self.swiglu = kernels if act is F.silu else None
+        self.geglu = kernels if act is gelu_tanh and isinstance(kernels, GegluKernels) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D_model]
         gate_up = self.gate_up(x)  # [T, 2·I]
         if self.swiglu is not None and gate_up.dtype == torch.bfloat16:
             return self.down(self.swiglu.swiglu(gate_up))
+        if self.geglu is not None:
+            return self.down(self.geglu.geglu(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
         return self.down(self.act(gate) * up)
 
