@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from semantic.backends import create_runner
-from semantic.cache.page import PageKV
 from semantic.config import Settings
 from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams
 from semantic.engine.runner import ModelRunner
@@ -64,7 +63,6 @@ def test_the_server_builds_it_from_its_settings_passing_the_torch_backends_own_o
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        ({"kv_dtype": "int8"}, "stores K/V in the model's dtype"),
         ({"kv_dtype": "fp4"}, "unknown kv_dtype 'fp4'"),
         ({"device": "cuda"}, "no device 'cuda'"),
         ({"dtype": "float8"}, "unknown dtype 'float8'"),
@@ -115,13 +113,47 @@ def test_a_bf16_page_travels_to_the_host_and_back_bit_for_bit() -> None:
     assert np.array_equal(again.k, page.k) and np.array_equal(again.v, page.v)
 
 
-def test_the_pool_refuses_an_8_bit_page() -> None:
-    pool_runner = runner()
-    page = pool_runner.read_block(0)
-    scales = np.zeros(page.k.shape[:-1], np.uint16)
-    eight_bit = PageKV(page.k.astype(np.int8), page.v.astype(np.int8), scales, scales)
-    with pytest.raises(ValueError, match="no 8-bit pages"):
-        pool_runner.write_block(0, eight_bit)
+def test_a_page_goes_back_only_into_a_pool_of_its_own_kind() -> None:
+    plain, eight_bit = runner(), runner(kv_dtype="int8")
+    with pytest.raises(ValueError, match="only into an 8-bit pool"):
+        plain.write_block(0, eight_bit.read_block(0))
+    with pytest.raises(ValueError, match="only into an 8-bit pool"):
+        eight_bit.write_block(0, plain.read_block(0))
+
+
+def test_an_8_bit_pool_computes_the_models_logits_closely_and_its_pages_travel_exactly() -> None:
+    plain, eight_bit = runner(), runner(kv_dtype="int8")
+    assert eight_bit.cache_spec.kv_dtype == "int8"
+    assert eight_bit.num_blocks > 3 * plain.num_blocks  # int8 instead of fp32, plus scales
+    ids = list(range(5, 25))
+    for pool_runner in (plain, eight_bit):  # pages 0-2; a first prompt attends to its own K/V
+        prompt_logits(pool_runner, ids)
+    decode = Batch([BatchItem(0, [7], 20, [[0, 1, 2]], True, GREEDY, 1)])
+    ours, reference = (np.asarray(r.forward_logits(decode))[0] for r in (eight_bit, plain))
+    cosine = ours @ reference / np.linalg.norm(ours) / np.linalg.norm(reference)
+    assert cosine > 0.999 and not np.array_equal(ours, reference)
+    page = eight_bit.read_block(1)
+    assert page.k.dtype == np.int8 and page.k_scales is not None and page.k_scales.any()
+    eight_bit.write_block(5, page)
+    again = eight_bit.read_block(5)
+    assert all(np.array_equal(again.arrays()[n], a) for n, a in page.arrays().items())
+
+
+def test_8_bit_rows_are_the_torch_backends_exactly() -> None:
+    import mlx.core as mx
+    import torch
+
+    from semantic.backends.mlx.pool import quantize_rows
+    from semantic.backends.torch.int8 import quantize_rows as torch_quantize_rows
+
+    x = np.random.default_rng(1).standard_normal((64, 4, 64)).astype(np.float32)
+    x[3, 2] = 0.0  # an all-zero row: zero scale, zero values
+    values, scales = quantize_rows(mx.array(x))
+    theirs, their_scales = torch_quantize_rows(torch.from_numpy(x))
+    assert np.array_equal(np.array(values), theirs.numpy())
+    assert np.array_equal(
+        np.array(scales.view(mx.uint16)), their_scales.view(torch.int16).numpy().view(np.uint16)
+    )
 
 
 def test_a_sliding_layer_reads_its_window_and_no_key_before_it() -> None:

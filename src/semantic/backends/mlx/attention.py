@@ -1,5 +1,5 @@
-"""Paged attention on the MLX backend: the KV pool's arrays, what a step's attention reads (each
-token's slot, each query's keys in the pool), and attention over them.
+"""Paged attention on the MLX backend: what a step's attention reads (each token's slot, each
+query's keys in the pool, `pool.py`), and attention over them.
 
 Each new token's K/V are written into the pool first (one scatter per layer), then every query
 reads its keys back from the pool through its block tables: a gather of the rows it sees, then
@@ -21,10 +21,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from semantic.cache.page import PageKV
+from semantic.backends.mlx.pool import KVPool
 from semantic.core import Batch, BatchItem, CacheSpec
-
-DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,72 +33,6 @@ class LayerAttention:
     scale: float
     window: int | None = None
     sinks: mx.array | None = None
-
-
-class KVPool:
-    """The KV cache: for the i-th layer of every layer group, K and V arrays
-    `[num_pages · block_tokens, kv_heads, head_dim]` in the model's dtype. Row
-    `page · block_tokens + t` holds token `t` of a page; a page holds one group's block (with
-    one group, a block of every layer), so one page size serves every group, as on the torch
-    backend. Zero-filled, so a padded read of a row never written is finite.
-
-    These arrays ARE the cache: a step writes into them in place (MLX's indexed assignment) and
-    no sequence keeps a copy between steps."""
-
-    def __init__(self, spec: CacheSpec, num_pages: int) -> None:
-        self.spec = spec
-        self.block_tokens = spec.block_tokens
-        shape = (num_pages * spec.block_tokens, spec.num_kv_heads, spec.head_dim)
-        dtype = DTYPES[spec.dtype]
-        per_group = spec.layers_per_group
-        self.k = [mx.zeros(shape, dtype) for _ in range(per_group)]
-        self.v = [mx.zeros(shape, dtype) for _ in range(per_group)]
-        mx.eval(self.k, self.v)
-        # layer → (its group, its arrays' index)
-        self.where = {
-            layer: (group, i)
-            for group, layers in enumerate(spec.groups)
-            for i, layer in enumerate(layers.layers)
-        }
-
-    def arrays(self) -> list[mx.array]:
-        return [*self.k, *self.v]
-
-    def _rows(self, page: int) -> slice:
-        return slice(page * self.block_tokens, (page + 1) * self.block_tokens)
-
-    def copy_page(self, source: int, destination: int) -> None:
-        for array in self.arrays():
-            array[self._rows(destination)] = array[self._rows(source)]
-
-    def read_page(self, page: int) -> PageKV:
-        """A host copy of one page (`cache/page.py`): 16-bit values as raw bits."""
-        rows = self._rows(page)
-        k, v = (mx.stack([array[rows] for array in arrays]) for arrays in (self.k, self.v))
-        return PageKV(_host(k), _host(v))
-
-    def write_page(self, page: int, kv: PageKV) -> None:
-        """Fill one page from host arrays as `read_page` gives them."""
-        if kv.k_scales is not None:
-            raise ValueError("the MLX pool holds no 8-bit pages")
-        rows = self._rows(page)
-        for arrays, values in ((self.k, kv.k), (self.v, kv.v)):
-            for i, array in enumerate(arrays):
-                array[rows] = _device(values[i], array.dtype)
-        mx.eval(self.arrays())
-
-
-def _host(array: mx.array) -> np.ndarray:
-    """As numpy: bf16 and fp16 as raw uint16 bits (numpy has no bf16)."""
-    if array.dtype == mx.float32:
-        return np.array(array)
-    return np.array(array.view(mx.uint16))
-
-
-def _device(array: np.ndarray, dtype: mx.Dtype) -> mx.array:
-    if dtype == mx.float32:
-        return mx.array(np.ascontiguousarray(array, dtype=np.float32))
-    return mx.array(np.ascontiguousarray(array, dtype=np.uint16)).view(dtype)
 
 
 @dataclass(slots=True, frozen=True)
@@ -254,8 +186,7 @@ def paged_attention(
     the layer's pool arrays, then attends: decodes over their gathered keys, chunks over
     theirs."""
     _, i = pool.where[layer]
-    pool.k[i][reads.slots] = k
-    pool.v[i][reads.slots] = v
+    pool.write(i, reads.slots, k, v)
     outs = []
     if reads.decodes is not None:
         outs.append(_decode(q[: reads.decodes.rows.shape[0]], pool, i, reads.decodes, how))
@@ -277,8 +208,7 @@ def paged_attention(
 
 def _decode(q: mx.array, pool: KVPool, i: int, reads: DecodeReads, how: LayerAttention) -> mx.array:
     # q: [B, H, D] → [B, H, D]; keys [B, S, KVH, D] → [B, KVH, S, D]
-    keys = pool.k[i][reads.rows].transpose(0, 2, 1, 3)
-    values = pool.v[i][reads.rows].transpose(0, 2, 1, 3)
+    keys, values = (x.transpose(0, 2, 1, 3) for x in pool.gather(i, reads.rows))
     out = _attend(q[:, :, None], keys, values, reads.mask, how)  # [B, H, 1, D]
     return out[:, :, 0]
 
@@ -297,7 +227,7 @@ def _chunk(
     if chunk.rows is None:
         keys, values, mask = k, v, "causal"
     else:
-        keys, values, mask = pool.k[i][chunk.rows], pool.v[i][chunk.rows], chunk.mask
+        (keys, values), mask = pool.gather(i, chunk.rows), chunk.mask
     out = _attend(
         q.transpose(1, 0, 2)[None],
         keys.transpose(1, 0, 2)[None],

@@ -16,7 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from semantic.backends.mlx.attention import KVPool, LayerAttention, StepInputs, paged_attention
+from semantic.backends.mlx.attention import LayerAttention, StepInputs, paged_attention
+from semantic.backends.mlx.pool import KVPool
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
 from semantic.models.rope import rope_inv_freq

@@ -9,9 +9,10 @@ from collections.abc import Iterable
 import mlx.core as mx
 import numpy as np
 
-from semantic.backends.mlx.attention import DTYPES, KVPool, StepInputs, build_step
+from semantic.backends.mlx.attention import StepInputs, build_step
 from semantic.backends.mlx.layers import WEIGHT_FORMATS
 from semantic.backends.mlx.models import Build, build_model
+from semantic.backends.mlx.pool import DTYPES, KVPool
 from semantic.backends.mlx.sampling import sample
 from semantic.cache.page import PageKV
 from semantic.core import KV_QUANTIZED, Batch, CacheSpec
@@ -48,7 +49,6 @@ class MLXRunner:
         if weight_format not in WEIGHT_FORMATS:
             known = ", ".join(WEIGHT_FORMATS)
             raise ModelLoadFailed(f"unknown weights {weight_format!r}; known: {known}")
-        check_kv_dtype(kv_dtype)
         self.model = build_model(Build(config, DTYPES[self.dtype], weight_format), weights)
         windows = self.model.layer_windows
         self.cache_spec = CacheSpec(
@@ -58,6 +58,7 @@ class MLXRunner:
             dtype=self.dtype,
             block_tokens=block_tokens,
             layer_windows=windows if any(w is not None for w in windows) else (),
+            kv_dtype=pick_kv_dtype(kv_dtype),
         )
         budget = self._auto_budget() if cache_budget_mb is None else cache_budget_mb * 2**20
         self.num_blocks = budget // self.cache_spec.bytes_per_page
@@ -148,14 +149,13 @@ def pick_dtype(dtype: str, device: mx.Device) -> str:
     return dtype
 
 
-def check_kv_dtype(kv_dtype: str) -> None:
-    """The MLX pool stores K/V in the model's dtype ("auto" and "model" alike); the 8-bit pool
-    is the torch backend's."""
+def pick_kv_dtype(kv_dtype: str) -> str | None:
+    """How the pool stores K/V (`CacheSpec.kv_dtype`): None in the model's dtype ("auto" and
+    "model": MLX reads an 8-bit pool by widening what it gathers, as the torch backend's stock
+    path does, so 8 bits saves memory, not time), or "int8"."""
     if kv_dtype in ("auto", "model"):
-        return
-    if kv_dtype in KV_QUANTIZED:
-        raise ModelLoadFailed(
-            f"kv_dtype {kv_dtype!r} is the torch backend's; the mlx backend stores K/V in the "
-            "model's dtype (kv_dtype = model)"
-        )
-    raise ModelLoadFailed(f"unknown kv_dtype {kv_dtype!r}; known: auto, model, int8")
+        return None
+    if kv_dtype not in KV_QUANTIZED:
+        known = ", ".join(("auto", "model", *KV_QUANTIZED))
+        raise ModelLoadFailed(f"unknown kv_dtype {kv_dtype!r}; known: {known}")
+    return kv_dtype
