@@ -27,7 +27,7 @@ pytest.importorskip("triton")
 from semantic.backends.torch.cuda.layers import TritonLayers
 from semantic.backends.torch.int8 import quantize_rows
 from semantic.backends.torch.kernels import CpuKernels
-from semantic.backends.torch.models.layers import RMSNorm, gelu_tanh
+from semantic.backends.torch.models.layers import QKNorms, RMSNorm, gelu_tanh
 from semantic.backends.torch.models.rope import Rope, apply_rope
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -190,6 +190,53 @@ def test_rope_write_kv_equals_rope_then_write(dtype: torch.dtype, quantized: boo
         assert torch.equal(v_scales.view(torch.int16), v_exp_scales.view(torch.int16))
 
 
+@pytest.mark.parametrize("scale_in_fp32", [False, True], ids=["qwen3", "gemma3"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_write_kv_with_qk_norms_equals_the_norms_then_rope_then_write(
+    dtype: torch.dtype, scale_in_fp32: bool
+) -> None:
+    torch.manual_seed(0)
+    qkv = (torch.randn(len(POSITIONS), HEADS + 2 * KV_HEADS, DIM) * 3).to(dtype).to(DEVICE)
+    q_weight, k_weight = ((torch.rand(DIM) * 2 + 0.25).to(dtype).to(DEVICE) for _ in range(2))
+    cos, sin_signed = _rope_tables(dtype)
+    slots = torch.tensor(SLOTS, device=DEVICE)
+    (k_cache, _), (v_cache, _) = _pool(dtype, False), _pool(dtype, False)
+    fused = qkv.clone()
+    norms = QKNorms(q_weight, k_weight, 1e-6, not scale_in_fp32)
+    LAYERS.rope_write_kv(
+        fused, HEADS, KV_HEADS, cos, sin_signed, slots, k_cache, v_cache, qk_norms=norms
+    )
+    # apart: each head's RMSNorm (the stock ops), then apply_rope
+    q_norm, k_norm = (
+        RMSNorm(weight, 1e-6, None, scale_in_fp32=scale_in_fp32) for weight in (q_weight, k_weight)
+    )
+    normed = torch.cat([q_norm(qkv[:, :HEADS]), k_norm(qkv[:, HEADS : HEADS + KV_HEADS])], 1)
+    _assert_matches(fused[:, : HEADS + KV_HEADS], apply_rope(normed, cos, sin_signed))
+    assert torch.equal(fused[:, HEADS + KV_HEADS :], qkv[:, HEADS + KV_HEADS :])
+    k_expected, _ = _pool(dtype, False)
+    _torch_write_kv(fused[:, HEADS : HEADS + KV_HEADS], slots, k_expected, None)
+    assert torch.equal(k_cache, k_expected)
+
+
+def test_a_qk_norm_weight_of_another_width_is_refused() -> None:
+    qkv = torch.zeros(1, HEADS + 2 * KV_HEADS, DIM, device=DEVICE)
+    cos, sin_signed = _rope_tables(torch.float32)
+    (cache, _) = _pool(torch.float32, False)
+    wrong = QKNorms(torch.ones(DIM, device=DEVICE), torch.ones(DIM // 2, device=DEVICE), 1e-6, True)
+    with pytest.raises(ValueError, match="q/k norm's weight"):
+        LAYERS.rope_write_kv(
+            qkv,
+            HEADS,
+            KV_HEADS,
+            cos[:1],
+            sin_signed[:1],
+            torch.zeros(1, dtype=torch.int64, device=DEVICE),
+            cache,
+            cache,
+            qk_norms=wrong,
+        )
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_equals_apply_rope_on_a_strided_view(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
@@ -312,6 +359,9 @@ def _every_op(layers: TritonLayers, device: str) -> None:
     layers.write_kv_int8(qkv[:, 9:12], slots, int8_pool, scales)
     layers.rope_write_kv(qkv, 9, 3, cos, cos, slots, pool, pool)
     layers.rope_write_kv(qkv, 9, 3, cos, cos, slots, int8_pool, int8_pool, scales, scales)
+    for round_normed in (True, False):  # Qwen3's q/k norms, Gemma 3's
+        norms = QKNorms(weight[:64], weight[:64], 1e-6, round_normed)
+        layers.rope_write_kv(qkv, 9, 3, cos, cos, slots, pool, pool, qk_norms=norms)
     gate_up = bf16(4, 2 * 1536)
     layers.swiglu(gate_up)
     layers.geglu(gate_up)

@@ -1,6 +1,6 @@
 """Triton kernels for a decoder layer's small ops on CUDA: RMSNorm (alone, or fused with the
-residual add before it), rope, the KV pool's write (plain or 8-bit), rope fused into that write,
-and the gated MLP's middle (SwiGLU, GeGLU).
+residual add before it), rope, the KV pool's write (plain or 8-bit), rope (and the q/k norms of
+Qwen3 and Gemma 3) fused into that write, and the gated MLP's middle (SwiGLU, GeGLU).
 
 Why: a decode step on a GPU is bound by the CPU launching kernels, not by the GPU running them
 (the SmolLM2 shape runs ~20 launches a layer, each a few µs of GPU work). Each fusion here takes
@@ -12,7 +12,9 @@ launches and round trips through memory out of every layer:
 - `rope_write_kv`: rope on q and k, then the KV write (and, in an 8-bit pool, the rows'
   quantization) all read the fused QKV projection's output; one kernel ropes q and k in place
   there and writes the roped k and the v rows into the pool, where stock torch makes ~5 ops of
-  rope, a quantization of ~8 ops per pool and two `index_copy_` per pool.
+  rope, a quantization of ~8 ops per pool and two `index_copy_` per pool. Where the family
+  normalises each q and k head first, the same kernel does (a head's row is in registers
+  already): two RMSNorms and a `cat` fewer.
 - `swiglu` / `geglu`: `chunk`, the activation and the product are one pass.
 
 Numerics follow the torch ops they replace: every intermediate torch rounds to the model's
@@ -41,6 +43,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from semantic.backends.torch.models.layers import QKNorms
 
 
 @triton.jit
@@ -113,11 +117,57 @@ def _rope_rows(
     swap = tl.where(col < HALF, col + HALF, col - HALF)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     swapped = tl.load(x_ptr + offsets - col[None, :] + swap[None, :], mask=mask, other=0.0)
+    return _rotate(x, swapped.to(tl.float32), cos_ptr, sin_ptr, col, x_ptr.dtype.element_ty, HALF)
+
+
+@triton.jit
+def _norm_rope_rows(
+    x_ptr: tl.tensor,
+    cos_ptr: tl.tensor,
+    sin_ptr: tl.tensor,
+    offsets: tl.tensor,
+    col: tl.tensor,
+    mask: tl.tensor,
+    weight_ptr: tl.tensor,
+    eps: float,
+    HALF: tl.constexpr,
+    ROUND_NORMED: tl.constexpr,
+) -> tl.tensor:
+    """Each row's RMSNorm (as `_rms_norm_kernel` normalises and rounds), then `_rope_rows`'
+    rotation of the normed rows: a q/k norm (Qwen3, Gemma 3) and rope in one pass."""
+    swap = tl.where(col < HALF, col + HALF, col - HALF)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    swapped = tl.load(x_ptr + offsets - col[None, :] + swap[None, :], mask=mask, other=0.0)
+    swapped = swapped.to(tl.float32)
+    inverse = tl.math.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=1), 2 * HALF * 1.0) + eps)
+    dtype = x_ptr.dtype.element_ty
+    normed = x * inverse[:, None]
+    normed_swapped = swapped * inverse[:, None]
+    if ROUND_NORMED:  # Llama, Qwen: weight · normed.to(dtype)
+        normed = normed.to(dtype).to(tl.float32)
+        normed_swapped = normed_swapped.to(dtype).to(tl.float32)
+    weight = tl.load(weight_ptr + col, mask=col < 2 * HALF, other=0.0).to(tl.float32)
+    weight_swapped = tl.load(weight_ptr + swap, mask=col < 2 * HALF, other=0.0).to(tl.float32)
+    x = (normed * weight[None, :]).to(dtype).to(tl.float32)
+    swapped = (normed_swapped * weight_swapped[None, :]).to(dtype).to(tl.float32)
+    return _rotate(x, swapped, cos_ptr, sin_ptr, col, dtype, HALF)
+
+
+@triton.jit
+def _rotate(
+    x: tl.tensor,
+    swapped: tl.tensor,
+    cos_ptr: tl.tensor,
+    sin_ptr: tl.tensor,
+    col: tl.tensor,
+    dtype: tl.constexpr,
+    HALF: tl.constexpr,
+) -> tl.tensor:
+    """x·cos rounded to `dtype`, plus swapped·sin_signed, in `dtype` (x, swapped: fp32)."""
     cos = tl.load(cos_ptr + col, mask=col < 2 * HALF, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + col, mask=col < 2 * HALF, other=0.0).to(tl.float32)
-    first = (x * cos[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
-    second = swapped.to(tl.float32) * sin[None, :]
-    return (first + second).to(x_ptr.dtype.element_ty)
+    first = (x * cos[None, :]).to(dtype).to(tl.float32)
+    return (first + swapped * sin[None, :]).to(dtype)
 
 
 @triton.jit
@@ -220,6 +270,9 @@ def _rope_write_kv_kernel(
     v_cache_ptr: tl.tensor,
     k_scales_ptr: tl.tensor,
     v_scales_ptr: tl.tensor,
+    q_norm_ptr: tl.tensor,
+    k_norm_ptr: tl.tensor,
+    eps: float,
     token_stride: int,
     head_stride: int,
     cos_stride: int,
@@ -231,8 +284,11 @@ def _rope_write_kv_kernel(
     KV_BLOCK: tl.constexpr,
     DIM_BLOCK: tl.constexpr,
     QUANTIZE: tl.constexpr,
+    NORM: tl.constexpr,
+    ROUND_NORMED: tl.constexpr,
 ) -> None:
-    # one program per token: its q and k heads roped in place, then its k and v rows written
+    # one program per token: its q and k heads (normed first, with NORM) roped in place, then
+    # its k and v rows written
     token = tl.program_id(0).to(tl.int64)
     col = tl.arange(0, DIM_BLOCK)
     cols = col < 2 * HALF
@@ -243,11 +299,19 @@ def _rope_write_kv_kernel(
     head = tl.arange(0, HEADS_BLOCK)
     q_mask = (head < HEADS)[:, None] & cols[None, :]
     q_offsets = base + head[:, None] * head_stride + col[None, :]
-    q = _rope_rows(qkv_ptr, cos_row, sin_row, q_offsets, col, q_mask, HALF)
     kv_head = tl.arange(0, KV_BLOCK)
     kv_mask = (kv_head < KV_HEADS)[:, None] & cols[None, :]
     k_offsets = base + (HEADS + kv_head[:, None]) * head_stride + col[None, :]
-    k = _rope_rows(qkv_ptr, cos_row, sin_row, k_offsets, col, kv_mask, HALF)
+    if NORM:
+        q = _norm_rope_rows(
+            qkv_ptr, cos_row, sin_row, q_offsets, col, q_mask, q_norm_ptr, eps, HALF, ROUND_NORMED
+        )
+        k = _norm_rope_rows(
+            qkv_ptr, cos_row, sin_row, k_offsets, col, kv_mask, k_norm_ptr, eps, HALF, ROUND_NORMED
+        )
+    else:
+        q = _rope_rows(qkv_ptr, cos_row, sin_row, q_offsets, col, q_mask, HALF)
+        k = _rope_rows(qkv_ptr, cos_row, sin_row, k_offsets, col, kv_mask, HALF)
     v_offsets = k_offsets + KV_HEADS * head_stride
     v = tl.load(qkv_ptr + v_offsets, mask=kv_mask, other=0.0)
     # In place: a thread reads the other half of a row, which another thread writes; every
@@ -447,13 +511,15 @@ class TritonLayers:
         v_cache: torch.Tensor,
         k_scales: torch.Tensor | None = None,
         v_scales: torch.Tensor | None = None,
+        qk_norms: QKNorms | None = None,
     ) -> None:
         """The fused projection's output qkv: [T, H + 2·KVH, D] → its q and k heads roped in
         place (as `apply_rope`), and the roped k and the v rows written into the pools at
         `slots` as `write_kv` writes them (quantized when the scales are given; negative
         slots skipped). Afterwards q = qkv[:, :H], k = qkv[:, H : H + KVH] (roped, for the
-        chunk's own attention) and v = qkv[:, H + KVH :]. One kernel for what is otherwise
-        rope, then a write (and a quantization) per pool."""
+        chunk's own attention) and v = qkv[:, H + KVH :]. With `qk_norms`, each q and k head
+        is RMS-normalised first (`rms_norm`'s rounding). One kernel for what is otherwise
+        the q/k norms, rope, then a write (and a quantization) per pool."""
         _check_rows(qkv, 3, "qkv")
         _check_tables(cos, sin_signed)
         tokens, rows, dim = qkv.shape
@@ -463,8 +529,13 @@ class TritonLayers:
             raise ValueError("both pools are 8-bit or neither is")
         _check_pool(k_cache, k_scales, kv_heads, dim)
         _check_pool(v_cache, v_scales, kv_heads, dim)
+        if qk_norms is not None:
+            for weight in (qk_norms.q_weight, qk_norms.k_weight):
+                if weight.shape != (dim,):
+                    raise ValueError(f"a q/k norm's weight is {tuple(weight.shape)}, not ({dim},)")
         if tokens == 0:
             return
+        norms = qk_norms or QKNorms(cos, cos, 0.0, True)  # unread without NORM
         _rope_write_kv_kernel[(tokens,)](
             qkv,
             cos,
@@ -474,6 +545,9 @@ class TritonLayers:
             v_cache,
             _scale_bits(k_scales, k_cache),
             _scale_bits(v_scales, v_cache),
+            norms.q_weight,
+            norms.k_weight,
+            norms.eps,
             qkv.stride(0),
             qkv.stride(1),
             cos.stride(0),
@@ -485,6 +559,8 @@ class TritonLayers:
             KV_BLOCK=triton.next_power_of_2(kv_heads),
             DIM_BLOCK=triton.next_power_of_2(dim),
             QUANTIZE=k_scales is not None,
+            NORM=qk_norms is not None,
+            ROUND_NORMED=norms.round_normed,
         )
 
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -55,10 +55,21 @@ class LayerKernels(Protocol):
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor: ...
 
 
+class QKNorms(NamedTuple):
+    """RMSNorms of each q and k head before rope (Qwen3, Gemma 3), as a `RopeWriter` applies
+    them: their weights [D], eps, and whether the normalised row is rounded to the dtype before
+    it is scaled (`RMSNorm`)."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    round_normed: bool
+
+
 @runtime_checkable
 class RopeWriter(Protocol):
-    """Kernels that rope a step's q and k in place in the fused QKV projection's output and
-    write its K/V into the pool, in one pass (`cuda/layers.py`)."""
+    """Kernels that norm (where the family does) and rope a step's q and k in place in the fused
+    QKV projection's output and write its K/V into the pool, in one pass (`cuda/layers.py`)."""
 
     def rope_write_kv(
         self,
@@ -72,6 +83,7 @@ class RopeWriter(Protocol):
         v_cache: torch.Tensor,
         k_scales: torch.Tensor | None = None,
         v_scales: torch.Tensor | None = None,
+        qk_norms: QKNorms | None = None,
     ) -> None: ...
 
 
@@ -188,8 +200,7 @@ class Attention:
     optional RMSNorms of each head's q and k (Qwen3, Gemma 3), rope on q and k together (our
     kernel in bf16 where there is one), paged attention as the layer's `LayerAttention` says
     (scale, sliding window, sinks), output projection. Kernels that can (`RopeWriter`, on
-    CUDA) rope q and k and write K/V into the pool in one pass, where no q/k norms come
-    between the projection and the rope."""
+    CUDA) norm and rope q and k and write K/V into the pool in one pass."""
 
     def __init__(
         self,
@@ -210,9 +221,8 @@ class Attention:
         self.how = how
         self.qk_norms = qk_norms
         self.kernels = kernels if config.head_dim % 32 == 0 else None
-        self.rope_writer: RopeWriter | None = None
-        if isinstance(kernels, RopeWriter) and qk_norms is None:
-            self.rope_writer = kernels
+        self.rope_writer = kernels if isinstance(kernels, RopeWriter) else None
+        self.fused_norms = None if qk_norms is None else fused_norms(*qk_norms)
 
     def __call__(self, x: torch.Tensor, step: StepContext, kv: LayerKV) -> torch.Tensor:
         # x: [T, D_model]
@@ -223,7 +233,17 @@ class Attention:
             cos, sin_signed = step.rope_tables[self.rope]
             slots = step.meta.groups[kv.group].slot_mapping
             self.rope_writer.rope_write_kv(
-                qkv, heads, kv_heads, cos, sin_signed, slots, kv.k, kv.v, kv.k_scales, kv.v_scales
+                qkv,
+                heads,
+                kv_heads,
+                cos,
+                sin_signed,
+                slots,
+                kv.k,
+                kv.v,
+                kv.k_scales,
+                kv.v_scales,
+                self.fused_norms,
             )
             q, k, v = qkv.split((heads, kv_heads, kv_heads), 1)
             out = paged_attention(q, k, v, kv, step.meta, self.how, written=True)
@@ -240,6 +260,13 @@ class Attention:
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
         out = paged_attention(q, k, v, kv, step.meta, self.how)  # [T, H, D]
         return self.o(out.reshape(tokens, heads * dim))
+
+
+def fused_norms(q_norm: RMSNorm, k_norm: RMSNorm) -> QKNorms:
+    """A layer's q and k norms as a `RopeWriter` takes them: one eps and rounding for both."""
+    if (q_norm.eps, q_norm.scale_in_fp32) != (k_norm.eps, k_norm.scale_in_fp32):
+        raise ModelLoadFailed("a layer's q and k norms differ in eps or rounding")
+    return QKNorms(q_norm.weight, k_norm.weight, q_norm.eps, not q_norm.scale_in_fp32)
 
 
 class GatedMLP:
