@@ -54,7 +54,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from semantic.backends.torch.attention import GatherScratch, LayerKV, write_kv  # noqa: E402
 from semantic.backends.torch.cuda import layers as cuda_layers  # noqa: E402
 from semantic.backends.torch.cuda.graphs import record_graph  # noqa: E402
-from semantic.backends.torch.models.layers import RMSNorm  # noqa: E402
+from semantic.backends.torch.models.layers import QKNorms, RMSNorm  # noqa: E402
 from semantic.backends.torch.models.rope import Rope, apply_rope  # noqa: E402
 
 LAYERS = cuda_layers.TritonLayers()
@@ -69,6 +69,7 @@ class Inputs:
     x: torch.Tensor
     delta: torch.Tensor
     norm: RMSNorm
+    head_norm: RMSNorm  # a q/k norm (Qwen3), over head_dim
     qkv: torch.Tensor
     cos: torch.Tensor
     sin_signed: torch.Tensor
@@ -96,6 +97,7 @@ class Inputs:
             x=rand(tokens, HIDDEN),
             delta=rand(tokens, HIDDEN) * 1e-3,
             norm=RMSNorm(rand(HIDDEN), EPS, None),
+            head_norm=RMSNorm(rand(DIM), EPS, None),
             qkv=rand(tokens, HEADS + 2 * KV_HEADS, DIM),
             cos=cos,
             sin_signed=sin_signed,
@@ -123,6 +125,14 @@ def stock_write_kv(t: Inputs) -> None:
 
 def stock_rope_write_kv(t: Inputs) -> None:
     qk = stock_rope(t)
+    write_kv(t.kv, qk[:, HEADS:], t.qkv[:, HEADS + KV_HEADS :], t.slots)
+
+
+def stock_norm_rope_write_kv(t: Inputs) -> None:
+    """Qwen3's attention front: each q and k head's RMSNorm, then rope, then the write."""
+    heads = t.qkv[:, : HEADS + KV_HEADS]
+    normed = torch.cat([t.head_norm(heads[:, :HEADS]), t.head_norm(heads[:, HEADS:])], 1)
+    qk = apply_rope(normed, t.cos, t.sin_signed)
     write_kv(t.kv, qk[:, HEADS:], t.qkv[:, HEADS + KV_HEADS :], t.slots)
 
 
@@ -158,6 +168,23 @@ def our_rope_write_kv(t: Inputs) -> None:
     )
 
 
+def our_norm_rope_write_kv(t: Inputs) -> None:
+    kv, weight = t.kv, t.head_norm.weight
+    LAYERS.rope_write_kv(
+        t.qkv,
+        HEADS,
+        KV_HEADS,
+        t.cos,
+        t.sin_signed,
+        t.slots,
+        kv.k,
+        kv.v,
+        kv.k_scales,
+        kv.v_scales,
+        QKNorms(weight, weight, EPS, True),
+    )
+
+
 def our_layer(t: Inputs) -> None:
     our_add_rms_norm(t)
     our_rope_write_kv(t)
@@ -174,6 +201,7 @@ OPS: dict[str, tuple[Op, Op]] = {
     ),
     "write k, v": (stock_write_kv, our_write_kv),
     "rope + write k, v": (stock_rope_write_kv, our_rope_write_kv),
+    "qk norms+rope+write": (stock_norm_rope_write_kv, our_norm_rope_write_kv),
     "swiglu": (stock_swiglu, lambda t: LAYERS.swiglu(t.gate_up)),
     "layer": (stock_layer, our_layer),
 }
