@@ -111,46 +111,43 @@ def _rope_rows(
     col: tl.tensor,
     mask: tl.tensor,
     HALF: tl.constexpr,
+    norm_ptr: tl.tensor = None,
+    eps: float = 0.0,
+    NORM: tl.constexpr = False,
+    ROUND_NORMED: tl.constexpr = True,
 ) -> tl.tensor:
     """`apply_rope` on rows at `x_ptr + offsets` [R, C] (cos, sin_signed at their columns):
-    x·cos rounded to x's dtype, plus swap_halves(x)·sin_signed, in x's dtype."""
-    swap = tl.where(col < HALF, col + HALF, col - HALF)
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    swapped = tl.load(x_ptr + offsets - col[None, :] + swap[None, :], mask=mask, other=0.0)
-    return _rotate(x, swapped.to(tl.float32), cos_ptr, sin_ptr, col, x_ptr.dtype.element_ty, HALF)
-
-
-@triton.jit
-def _norm_rope_rows(
-    x_ptr: tl.tensor,
-    cos_ptr: tl.tensor,
-    sin_ptr: tl.tensor,
-    offsets: tl.tensor,
-    col: tl.tensor,
-    mask: tl.tensor,
-    weight_ptr: tl.tensor,
-    eps: float,
-    HALF: tl.constexpr,
-    ROUND_NORMED: tl.constexpr,
-) -> tl.tensor:
-    """Each row's RMSNorm (as `_rms_norm_kernel` normalises and rounds), then `_rope_rows`'
-    rotation of the normed rows: a q/k norm (Qwen3, Gemma 3) and rope in one pass."""
+    x·cos rounded to x's dtype, plus swap_halves(x)·sin_signed, in x's dtype. With NORM, each
+    row's RMSNorm first (weight at `norm_ptr`, normalised and rounded as `_rms_norm_kernel`
+    does): a q/k norm (Qwen3, Gemma 3) and rope in one pass."""
+    dtype = x_ptr.dtype.element_ty
     swap = tl.where(col < HALF, col + HALF, col - HALF)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     swapped = tl.load(x_ptr + offsets - col[None, :] + swap[None, :], mask=mask, other=0.0)
     swapped = swapped.to(tl.float32)
-    inverse = tl.math.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=1), 2 * HALF * 1.0) + eps)
-    dtype = x_ptr.dtype.element_ty
-    normed = x * inverse[:, None]
-    normed_swapped = swapped * inverse[:, None]
-    if ROUND_NORMED:  # Llama, Qwen: weight · normed.to(dtype)
-        normed = normed.to(dtype).to(tl.float32)
-        normed_swapped = normed_swapped.to(dtype).to(tl.float32)
-    weight = tl.load(weight_ptr + col, mask=col < 2 * HALF, other=0.0).to(tl.float32)
-    weight_swapped = tl.load(weight_ptr + swap, mask=col < 2 * HALF, other=0.0).to(tl.float32)
-    x = (normed * weight[None, :]).to(dtype).to(tl.float32)
-    swapped = (normed_swapped * weight_swapped[None, :]).to(dtype).to(tl.float32)
+    if NORM:
+        inverse = tl.math.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=1), 2 * HALF * 1.0) + eps)
+        x = _scaled(x * inverse[:, None], norm_ptr + col, col < 2 * HALF, dtype, ROUND_NORMED)
+        swapped = _scaled(
+            swapped * inverse[:, None], norm_ptr + swap, col < 2 * HALF, dtype, ROUND_NORMED
+        )
     return _rotate(x, swapped, cos_ptr, sin_ptr, col, dtype, HALF)
+
+
+@triton.jit
+def _scaled(
+    normed: tl.tensor,
+    weight_ptrs: tl.tensor,
+    cols: tl.tensor,
+    dtype: tl.constexpr,
+    ROUND_NORMED: tl.constexpr,
+) -> tl.tensor:
+    """A normalised row times its weight, rounded to `dtype` (and before, with ROUND_NORMED, as
+    Llama and Qwen round), back in fp32."""
+    if ROUND_NORMED:
+        normed = normed.to(dtype).to(tl.float32)
+    weight = tl.load(weight_ptrs, mask=cols, other=0.0).to(tl.float32)
+    return (normed * weight[None, :]).to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -302,16 +299,22 @@ def _rope_write_kv_kernel(
     kv_head = tl.arange(0, KV_BLOCK)
     kv_mask = (kv_head < KV_HEADS)[:, None] & cols[None, :]
     k_offsets = base + (HEADS + kv_head[:, None]) * head_stride + col[None, :]
-    if NORM:
-        q = _norm_rope_rows(
-            qkv_ptr, cos_row, sin_row, q_offsets, col, q_mask, q_norm_ptr, eps, HALF, ROUND_NORMED
-        )
-        k = _norm_rope_rows(
-            qkv_ptr, cos_row, sin_row, k_offsets, col, kv_mask, k_norm_ptr, eps, HALF, ROUND_NORMED
-        )
-    else:
-        q = _rope_rows(qkv_ptr, cos_row, sin_row, q_offsets, col, q_mask, HALF)
-        k = _rope_rows(qkv_ptr, cos_row, sin_row, k_offsets, col, kv_mask, HALF)
+    q = _rope_rows(
+        qkv_ptr, cos_row, sin_row, q_offsets, col, q_mask, HALF, q_norm_ptr, eps, NORM, ROUND_NORMED
+    )
+    k = _rope_rows(
+        qkv_ptr,
+        cos_row,
+        sin_row,
+        k_offsets,
+        col,
+        kv_mask,
+        HALF,
+        k_norm_ptr,
+        eps,
+        NORM,
+        ROUND_NORMED,
+    )
     v_offsets = k_offsets + KV_HEADS * head_stride
     v = tl.load(qkv_ptr + v_offsets, mask=kv_mask, other=0.0)
     # In place: a thread reads the other half of a row, which another thread writes; every
