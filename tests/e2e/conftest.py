@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -106,3 +106,25 @@ def fp32_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A float32 server: batched and solo runs give bit-for-bit comparable logits, so greedy
     answers can be compared exactly (in bf16 a near-tie can flip between kernel paths)."""
     yield from _running(tmp_path_factory, "fp32-server", "--dtype", "float32")
+
+
+Start = Callable[..., Server]
+
+
+@pytest.fixture
+def start() -> Iterator[Start]:
+    """`start(folder, name, *flags)`: a server with its cache in `folder`. Whatever a test
+    started and left running, because it failed or on purpose, is stopped after it."""
+    launched: list[Server] = []
+
+    def launch(tmp: Path, name: str, *extra: str) -> Server:
+        tmp.mkdir(parents=True, exist_ok=True)
+        server = Server(["--cache-dir", str(tmp / "cache"), *extra], tmp / f"{name}.log")
+        launched.append(server)
+        server.wait_ready()
+        return server
+
+    yield launch
+    for server in launched:
+        if server.process.poll() is None:
+            server.stop()

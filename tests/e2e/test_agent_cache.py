@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from gguf import GGUFReader
 
 from semantic.cache.disk import DiskTier
 from semantic.core import CacheSpec
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, Start
 
 pytestmark = pytest.mark.e2e
 
@@ -31,6 +30,7 @@ SYSTEM = (
     "You are the build assistant of a small software team. You answer questions about the "
     "project's code, its tests and its release process. Be brief and precise. "
 ) * 24  # about 800 tokens
+CALL_TIMEOUT_S = 300  # a hang fails the test, on a loaded machine too
 
 
 def chat(server: Server, agent: str, messages: list[dict[str, str]], **extra: Any) -> Any:
@@ -40,6 +40,7 @@ def chat(server: Server, agent: str, messages: list[dict[str, str]], **extra: An
         messages=messages,  # type: ignore[arg-type]
         temperature=0,
         max_tokens=24,
+        timeout=CALL_TIMEOUT_S,
         extra_body={"session_id": agent, **extra},
     )
 
@@ -58,33 +59,17 @@ def conversation(
     return messages, answer
 
 
-Start = Callable[..., Server]
-
-
-@pytest.fixture
-def start() -> Iterator[Start]:
-    """`start(folder, name, *flags)`: a server with its cache in `folder`. Whatever a test
-    started and left running, because it failed or on purpose, is stopped after it."""
-    started: list[Server] = []
-
-    def launch(tmp: Path, name: str, *extra: str) -> Server:
-        tmp.mkdir(parents=True, exist_ok=True)
-        server = Server(["--cache-dir", str(tmp / "cache"), *extra], tmp / f"{name}.log")
-        started.append(server)
-        server.wait_ready()
-        return server
-
-    yield launch
-    for server in started:
-        if server.process.poll() is None:
-            server.stop()
+def computed_tokens(reply: Any) -> int:
+    """The tokens a turn leaves in its agent's cache: the prompt and the answer but for the
+    answer's last token, which the model sampled and never read."""
+    return int(reply.usage.prompt_tokens + reply.usage.completion_tokens - 1)
 
 
 def test_a_warm_turn_reuses_the_whole_history(server: Server) -> None:
     messages, last = conversation(server, "warm-agent", 2)
     messages.append({"role": "user", "content": "And then?"})
     warm = chat(server, "warm-agent", messages)
-    history = last.usage.prompt_tokens + last.usage.completion_tokens - 1  # last token uncomputed
+    history = computed_tokens(last)
     assert warm.usage.prompt_tokens_details.cached_tokens == history
     stats = httpx.get(f"{server.url}/v1/agents/warm-agent").json()
     assert stats["requests"] == 3 and stats["hit_tokens"] >= history
@@ -118,12 +103,19 @@ def test_ten_agents_share_one_copy_of_their_system_prompt(tmp_path: Path, start:
 def test_after_a_restart_the_first_turn_reads_its_cache_from_disk_and_answers_the_same(
     tmp_path: Path, start: Start
 ) -> None:
-    fp32 = ("--dtype", "float32")  # exact comparison with a cold server: no bf16 near-ties
-    server = start(tmp_path / "warm", "before", *fp32)
-    messages, _ = conversation(server, "returning", 2)
+    # fp32: an exact comparison with a cold server, no bf16 near-ties
+    restarted_turn_answers_as_cold(tmp_path, start, SYSTEM, "--dtype", "float32")
+
+
+def restarted_turn_answers_as_cold(tmp_path: Path, start: Start, system: str, *flags: str) -> None:
+    """Two turns of an agent, a SIGTERM (which persists every hot cache), then its third turn
+    on a restarted server: most of the prompt read from disk, and the answer a cold server
+    (`flags` both) gives."""
+    server = start(tmp_path / "warm", "before", *flags)
+    messages, _ = conversation(server, "returning", 2, system)
     assert server.stop() == 0  # SIGTERM: graceful, persists every hot cache
     messages.append({"role": "user", "content": "Summarize that in one line."})
-    restarted = start(tmp_path / "warm", "after", *fp32)
+    restarted = start(tmp_path / "warm", "after", *flags)
     try:
         warm = chat(restarted, "returning", messages)
         stats = httpx.get(f"{restarted.url}/v1/agents/returning").json()
@@ -131,7 +123,7 @@ def test_after_a_restart_the_first_turn_reads_its_cache_from_disk_and_answers_th
         restarted.stop()
     assert warm.usage.prompt_tokens_details.cached_tokens > 0.8 * warm.usage.prompt_tokens
     assert stats["disk_hit_tokens"] == warm.usage.prompt_tokens_details.cached_tokens
-    cold = start(tmp_path / "cold", "cold", *fp32)
+    cold = start(tmp_path / "cold", "cold", *flags)
     try:
         reference = chat(cold, "returning", messages)
     finally:
