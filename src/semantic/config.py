@@ -140,7 +140,9 @@ class Settings(BaseSettings):
         "it is refused (503).",
     )
     backend: Literal["auto", "torch", "mlx"] = Field("auto", description="Compute backend.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Torch device.")
+    device: Literal["auto", "cpu", "cuda", "gpu"] = Field(
+        "auto", description="Where to compute: torch on cpu or cuda, mlx on cpu or gpu."
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weights and KV dtype (auto: bf16 where supported, else fp32)."
     )

@@ -229,3 +229,10 @@ def test_the_mlx_backend_serves_a_step_where_torch_is_not_installed() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["int", "[]"]
+
+
+def test_the_torch_backend_refuses_the_mlx_backends_gpu_naming_its_own_devices() -> None:
+    from semantic.backends.torch.runner import pick_device
+
+    with pytest.raises(ModelLoadFailed, match="auto, cpu and cuda"):
+        pick_device("gpu")

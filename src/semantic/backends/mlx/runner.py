@@ -134,7 +134,7 @@ def pick_device(device: str) -> mx.Device:
         return mx.default_device()
     if device == "cpu":
         return mx.Device(mx.cpu)
-    if device in ("gpu", "metal"):
+    if device == "gpu":
         return mx.Device(mx.gpu)
     raise ModelLoadFailed(f"the mlx backend has no device {device!r}; known: auto, cpu, gpu")
 

@@ -416,6 +416,8 @@ class _DecodeSpans:
 def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "gpu":  # the mlx backend's name for its GPU
+        raise ModelLoadFailed("the torch backend's devices are auto, cpu and cuda")
     return torch.device(device)
 
 
