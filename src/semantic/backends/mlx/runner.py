@@ -101,15 +101,17 @@ class MLXRunner:
         """The step evaluated (pool writes included) and the fp32 logits of its sampled items,
         on the host."""
         step = build_step(batch, self.cache_spec)
-        if not step.sampled_items and not batch.items:  # a step of block copies only
-            return np.empty((0, self.vocab_size), np.float32), step
+        none = np.empty((0, self.vocab_size), np.float32)
+        if not batch.items:  # a step of block copies only
+            return none, step
         hidden = self.model.forward(step, self.pool)
+        if not step.sampled_items:  # mid-prompt chunks only: their K/V, and no head to run
+            mx.eval(self.pool.arrays())
+            return none, step
         if step.sample_rows is not None:
             hidden = hidden[step.sample_rows]
-        logits = self.model.logits(hidden) if step.sampled_items else None
-        mx.eval([] if logits is None else logits, self.pool.arrays())
-        if logits is None:  # a step of mid-prompt chunks only
-            return np.empty((0, self.vocab_size), np.float32), step
+        logits = self.model.logits(hidden)
+        mx.eval(logits, self.pool.arrays())
         return np.array(logits), step
 
     def read_block(self, block: int) -> PageKV:
@@ -129,7 +131,7 @@ class MLXRunner:
 
 
 def pick_device(device: str) -> mx.Device:
-    """ "auto": MLX's default (the GPU on Apple Silicon, the CPU elsewhere); "cpu"; "gpu"."""
+    """The device named, or for "auto" MLX's default: the GPU on Apple Silicon, else the CPU."""
     if device == "auto":
         return mx.default_device()
     if device == "cpu":
