@@ -44,9 +44,8 @@ class Build:
 
 class Weights:
     """The checkpoint's arrays by Hugging Face name, each taken once by the layer that owns it;
-    any left at the end is an error, so a checkpoint of
-    another architecture never loads half-used. `layer(i)` sees the same store from
-    `model.layers.<i>.`."""
+    any left at the end is an error, so a checkpoint of another architecture never loads
+    half-used. `layer(i)` sees the same store from `model.layers.<i>.`."""
 
     def __init__(self, arrays: dict[str, mx.array], build: Build, prefix: str = "") -> None:
         self._arrays = arrays
@@ -103,16 +102,14 @@ class Weights:
         if qkv_bias:
             bias = mx.concatenate([self.take(f"self_attn.{p}_proj.bias") for p in "qkv"])
         o = self.take("self_attn.o_proj.weight")
-        return self.linear(weight, bias), self.linear(
-            o, self.take("self_attn.o_proj.bias") if o_bias else None
-        )
+        o_b = self.take("self_attn.o_proj.bias") if o_bias else None
+        return self.linear(weight, bias), self.linear(o, o_b)
 
     def gated_mlp(self, act_name: str) -> GatedMLP:
         gate, up = self.take("mlp.gate_proj.weight"), self.take("mlp.up_proj.weight")
         gate_up = self.linear(mx.concatenate([gate, up]))
-        return GatedMLP(
-            gate_up, self.linear(self.take("mlp.down_proj.weight")), activation(act_name)
-        )
+        down = self.linear(self.take("mlp.down_proj.weight"))
+        return GatedMLP(gate_up, down, activation(act_name))
 
 
 def decoder(
@@ -121,13 +118,13 @@ def decoder(
     embed_scale: float | None = None,
     norm_offset: float = 0.0,
 ) -> DecoderModel:
-    """The model around its blocks: embeddings, final norm and LM head, every weight used. A
-    tied head reads the embedding table; the table itself stays dense, as rows are read."""
+    """The model around its blocks: embeddings, final norm and LM head, every weight used.
+    Tied, one linear is both (its rows are the embeddings: an 8-bit one widens those it
+    gives); untied, the embedding table stays dense."""
     table = weights.take("model.embed_tokens.weight")
     untied = weights.take_optional("lm_head.weight")
     if weights.build.config.tie_word_embeddings:
-        head = weights.linear(table)
-        embed = head
+        embed = head = weights.linear(table)
     elif untied is None:
         raise ModelLoadFailed("checkpoint lacks weight lm_head.weight")
     else:
@@ -184,32 +181,34 @@ def _gemma3(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
     if config.attn_logit_softcapping or config.final_logit_softcapping:
         raise ModelLoadFailed("Gemma logit soft-capping (Gemma 2) is not supported")
     weights = Weights.load(arrays, b, gemma3_text_name)
-    global_rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling)
-    local_rope = Rope(config.head_dim, config.rope_local_theta or 10000.0, None)
-    scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
-    blocks = []
-    for i in range(config.num_hidden_layers):
-        w = weights.layer(i)
-        window = config.layer_window(i)
-        norms = (w.rms_norm("self_attn.q_norm", 1.0), w.rms_norm("self_attn.k_norm", 1.0))
-        projections = w.qkv_and_o(config.attention_bias, config.attention_bias)
-        rope = global_rope if window is None else local_rope
-        attention = Attention(config, i, projections, rope, LayerAttention(scale, window), norms)
-        blocks.append(
-            Block(
-                attention,
-                w.gated_mlp(config.hidden_act),
-                (w.rms_norm("input_layernorm", 1.0), w.rms_norm("pre_feedforward_layernorm", 1.0)),
-                (
-                    w.rms_norm("post_attention_layernorm", 1.0),
-                    w.rms_norm("post_feedforward_layernorm", 1.0),
-                ),
-            )
-        )
+    ropes = (
+        Rope(config.head_dim, config.rope_local_theta or 10000.0, None),  # sliding layers'
+        Rope(config.head_dim, config.rope_theta, config.rope_scaling),  # global layers'
+    )
+    layers = range(config.num_hidden_layers)
+    blocks = [_gemma3_block(weights.layer(i), i, ropes) for i in layers]
     # Hugging Face multiplies by √hidden rounded to the model dtype.
     rounded = mx.array(math.sqrt(config.hidden_size), dtype=b.dtype).astype(mx.float32)
-    embed_scale = float(np.array(rounded))
-    return decoder(weights, blocks, embed_scale, norm_offset=1.0)
+    return decoder(weights, blocks, float(np.array(rounded)), norm_offset=1.0)
+
+
+def _gemma3_block(w: Weights, index: int, ropes: tuple[Rope, Rope]) -> Block:
+    """Four `(1 + w)` norms around attention and the MLP, q/k norms, queries scaled by
+    `query_pre_attn_scalar`; a sliding layer's own rope."""
+    config = w.build.config
+    window = config.layer_window(index)
+    scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+    qk_norms = (w.rms_norm("self_attn.q_norm", 1.0), w.rms_norm("self_attn.k_norm", 1.0))
+    projections = w.qkv_and_o(config.attention_bias, config.attention_bias)
+    rope = ropes[0] if window is not None else ropes[1]
+    how = LayerAttention(scale, window)
+    attention = Attention(config, index, projections, rope, how, qk_norms)
+    norms = (w.rms_norm("input_layernorm", 1.0), w.rms_norm("pre_feedforward_layernorm", 1.0))
+    post_norms = (
+        w.rms_norm("post_attention_layernorm", 1.0),
+        w.rms_norm("post_feedforward_layernorm", 1.0),
+    )
+    return Block(attention, w.gated_mlp(config.hidden_act), norms, post_norms)
 
 
 def _gpt_oss(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
