@@ -131,6 +131,10 @@ def test_requests_that_can_never_run_are_refused_up_front(
     engine, _ = make_engine(served, tmp_path)
     with pytest.raises(InvalidRequest):
         engine.check(Request("empty", [], SamplingParams()))
+    vocab = served.config.vocab_size
+    for outside in (vocab, -1):
+        with pytest.raises(InvalidRequest, match=f"token id {outside}, outside"):
+            engine.check(Request("outside", [1, outside, 2], SamplingParams()))
     with pytest.raises(PoolExhausted):
         engine.check(request(0, prompt_len=32 * 8))  # more than the pool holds
     big_pool, _ = make_engine(served, tmp_path / "big", num_blocks=1000)

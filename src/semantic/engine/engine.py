@@ -223,10 +223,20 @@ class Engine:
                 self.abort(request_id)
 
     def check(self, request: Request) -> None:
-        """Refuse a request that could never run: empty, or longer than a sequence can be."""
-        prompt_tokens = len(request.prompt_token_ids)
+        """Refuse a request that could never run: empty, holding a token id the model has no
+        embedding for (a tokenizer larger than the model: in a step it would fail every request
+        beside it, or on MLX read past the table), or longer than a sequence can be."""
+        ids = request.prompt_token_ids
+        prompt_tokens = len(ids)
         if prompt_tokens == 0:
             raise InvalidRequest("the prompt is empty")
+        vocab = self.model.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            outside = next(token for token in ids if not 0 <= token < vocab)
+            raise InvalidRequest(
+                f"the prompt holds token id {outside}, outside the model's vocabulary "
+                f"(0 to {vocab - 1}): its tokenizer is larger than the model"
+            )
         if prompt_tokens < self.max_seq_tokens:
             return
         if self.max_seq_tokens == self.model.context_length:
