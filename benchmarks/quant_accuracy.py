@@ -4,6 +4,7 @@ and a KV cache in the model's dtype.
 
     python benchmarks/quant_accuracy.py --setting kv_dtype=int8
     python benchmarks/quant_accuracy.py --setting weights=int8 --tokens 64 --model gemma3-270m
+    python benchmarks/quant_accuracy.py --setting backend=mlx --setting weights=int4 --chat-only
 
 Both configurations are built from the server's own settings (`--setting name=value` is any
 setting, as `serve` takes it), on the same weights and prompts: chat questions, and the
@@ -16,7 +17,9 @@ same tokens (teacher forcing), so every position compares logits over the same c
     top-1           the share of positions where the variant's argmax is the default's token
     free run        how many tokens the variant, decoding on its own, agrees before it diverges
 
-The model runs on the torch backend with the chosen device; nothing is downloaded.
+Both run on the variant's backend (torch unless `--setting backend=mlx`) with its device;
+nothing is downloaded. `--chat-only` leaves out the long prompts, for a slow backend (MLX's CPU
+build on Linux).
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ from __future__ import annotations
 import argparse
 import statistics
 from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 import torch
 
-from semantic.backends.torch.runner import TorchRunner
+from semantic.backends import create_runner
 from semantic.bench.plan import sentences
 from semantic.config import Settings
-from semantic.core import Batch, BatchItem, SamplingParams
+from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams
 from semantic.models.checkpoint import Checkpoint, load_checkpoint
 from semantic.options import runner_options
 from semantic.registry import ModelRegistry
@@ -63,7 +67,7 @@ class Sequence:
     """One prompt's sequence in a runner's pool: every page its own, from page 0 up (the pool is
     sized for the longest prompt), one page range per layer group."""
 
-    def __init__(self, runner: TorchRunner, pages_per_group: int) -> None:
+    def __init__(self, runner: Runner, pages_per_group: int) -> None:
         self.runner = runner
         groups = len(runner.cache_spec.groups)
         self.tables = [
@@ -79,28 +83,40 @@ class Sequence:
             last = start + CHUNK >= len(ids)
             item = BatchItem(0, chunk, self.length, self.tables, last, GREEDY, 0)
             if last:
-                logits = self.runner.forward_logits(Batch([item]))[0]
+                logits = torch.as_tensor(self.runner.forward_logits(Batch([item])))[0]
             else:
                 self.runner.run(Batch([item]))
             self.length += len(chunk)
         return logits
 
 
-# What the variant is measured against: the weights and the KV cache in the model's dtype.
+class Runner(Protocol):
+    """What this script asks of a backend's runner (both have it)."""
+
+    cache_spec: CacheSpec
+
+    def run(self, batch: Batch) -> list[int | None]: ...
+
+    def forward_logits(self, batch: Batch) -> Any: ...
+
+
+# What the variant is measured against: the weights and the KV cache in the model's dtype, on
+# the variant's backend and device.
 OWN_NUMERICS = {"kv_dtype": "model", "weights": "bf16"}
 
 
-def build_runner(checkpoint: Checkpoint, overrides: dict[str, str], pool_mb: int) -> TorchRunner:
+def build_runner(checkpoint: Checkpoint, overrides: dict[str, str], pool_mb: int) -> Runner:
     settings = Settings(**overrides, cache_budget_mb=pool_mb, prepared_weights=False)  # type: ignore[arg-type]
-    keywords = runner_options(settings).keywords()
-    return TorchRunner(checkpoint.config, checkpoint.weights(), **keywords)
+    # Either backend's runner has forward_logits, beside the ModelRunner port create_runner names.
+    runner = create_runner(runner_options(settings), checkpoint.config, checkpoint.weights())
+    return cast(Runner, runner)
 
 
-def prompts(checkpoint: Checkpoint) -> list[tuple[str, list[int]]]:
+def prompts(checkpoint: Checkpoint, chat_only: bool) -> list[tuple[str, list[int]]]:
     out = []
     for index, question in enumerate(QUESTIONS):
         out.append((f"chat {index + 1}", [{"role": "user", "content": question}]))
-    for words in LONG_SYSTEM_WORDS:
+    for words in () if chat_only else LONG_SYSTEM_WORDS:
         system = "You are a careful assistant. " + sentences(f"accuracy-{words}", words)
         question = "Which subjects appear most often above? Answer briefly."
         out.append(
@@ -114,7 +130,7 @@ def prompts(checkpoint: Checkpoint) -> list[tuple[str, list[int]]]:
 
 
 def greedy(
-    runner: TorchRunner, ids: list[int], tokens: int, pages: int
+    runner: Runner, ids: list[int], tokens: int, pages: int
 ) -> tuple[list[int], list[torch.Tensor]]:
     sequence = Sequence(runner, pages)
     logits = sequence.feed(ids)
@@ -126,9 +142,7 @@ def greedy(
     return out, seen
 
 
-def forced(
-    runner: TorchRunner, ids: list[int], answer: list[int], pages: int
-) -> list[torch.Tensor]:
+def forced(runner: Runner, ids: list[int], answer: list[int], pages: int) -> list[torch.Tensor]:
     sequence = Sequence(runner, pages)
     seen = [sequence.feed(ids)]
     seen.extend(sequence.feed([token]) for token in answer[:-1])
@@ -136,7 +150,7 @@ def forced(
 
 
 def compare(
-    name: str, ids: list[int], base: TorchRunner, variant: TorchRunner, tokens: int, pages: int
+    name: str, ids: list[int], base: Runner, variant: Runner, tokens: int, pages: int
 ) -> PromptResult:
     answer, base_logits = greedy(base, ids, tokens, pages)
     variant_logits = forced(variant, ids, answer, pages)
@@ -168,16 +182,16 @@ def main() -> None:
     )
     parser.add_argument("--model", default="smollm2-135m", help="a built-in alias or a local path")
     parser.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt")
+    parser.add_argument("--chat-only", action="store_true", help="no long system prompts")
     args = parser.parse_args()
     overrides = dict(setting.split("=", 1) for setting in args.setting)
     checkpoint = load_checkpoint(ModelRegistry().resolve(args.model).path, progress=False)
-    cases = prompts(checkpoint)
+    cases = prompts(checkpoint, args.chat_only)
     block_tokens = Settings().block_tokens
     pages = -(-(max(len(ids) for _, ids in cases) + args.tokens) // block_tokens) + 1
-    base = build_runner(checkpoint, OWN_NUMERICS, _pool_mb(checkpoint, pages, block_tokens))
-    variant = build_runner(
-        checkpoint, OWN_NUMERICS | overrides, _pool_mb(checkpoint, pages, block_tokens)
-    )
+    own = OWN_NUMERICS | {k: v for k, v in overrides.items() if k in ("backend", "device")}
+    base = build_runner(checkpoint, own, _pool_mb(checkpoint, pages, block_tokens))
+    variant = build_runner(checkpoint, own | overrides, _pool_mb(checkpoint, pages, block_tokens))
     results = [compare(name, ids, base, variant, args.tokens, pages) for name, ids in cases]
     report(results, overrides, args)
 

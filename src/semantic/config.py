@@ -158,10 +158,11 @@ class Settings(BaseSettings):
         description="Most CPU threads for compute (default: all); fewer while other programs "
         "keep cores busy.",
     )
-    weights: Literal["bf16", "int8"] = Field(
+    weights: Literal["bf16", "int8", "int4"] = Field(
         "bf16",
-        description="How the linear layers store their weights: bf16 (the dtype, as loaded) or "
-        "int8 (a scale per output row; half the bytes a decode step reads).",
+        description="How the linear layers store their weights: bf16 (the dtype, as loaded), "
+        "int8 (a scale per output row; half the bytes a decode step reads), or int4 (the mlx "
+        "backend only: MLX's 4-bit groups, a quarter of the bytes).",
     )
     cpu_kernels: bool = Field(
         True,

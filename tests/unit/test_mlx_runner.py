@@ -66,7 +66,7 @@ def test_the_server_builds_it_from_its_settings_passing_the_torch_backends_own_o
         ({"kv_dtype": "fp4"}, "unknown kv_dtype 'fp4'"),
         ({"device": "cuda"}, "no device 'cuda'"),
         ({"dtype": "float8"}, "unknown dtype 'float8'"),
-        ({"weight_format": "int4"}, "unknown weights 'int4'"),
+        ({"weight_format": "fp8"}, "weights 'fp8' are not the mlx backend's"),
         ({"cache_budget_mb": 0}, "holds no page"),
     ],
 )
@@ -83,13 +83,18 @@ def test_a_model_type_it_has_no_family_for_fails_the_load_naming_the_supported_o
         runner(config)
 
 
-@pytest.mark.parametrize("config", [CONFIG, TIED], ids=["untied", "tied"])
-def test_8_bit_weights_are_quantized_and_compute_the_dense_models_logits_closely(
-    config: ModelConfig,
+@pytest.mark.parametrize(
+    ("config", "weights", "closeness"),
+    # 4 bits of random Gaussian weights: ~0.96 (real weights quantize better)
+    [(CONFIG, "int8", 0.999), (TIED, "int8", 0.999), (CONFIG, "int4", 0.9), (TIED, "int4", 0.9)],
+    ids=["untied-int8", "tied-int8", "untied-int4", "tied-int4"],
+)
+def test_quantized_weights_keep_their_bits_and_compute_the_dense_models_logits_closely(
+    config: ModelConfig, weights: str, closeness: float
 ) -> None:
     from semantic.backends.mlx.layers import GatedMLP, QuantizedLinear
 
-    dense, quantized = runner(config), runner(config, weight_format="int8")
+    dense, quantized = runner(config), runner(config, weight_format=weights)
     assert isinstance(quantized.model.lm_head, QuantizedLinear)  # a tied one embeds by its rows
     block = quantized.model.blocks[0]
     assert isinstance(block.attn.qkv, QuantizedLinear)
@@ -99,7 +104,26 @@ def test_8_bit_weights_are_quantized_and_compute_the_dense_models_logits_closely
     ids = [3, 17, 9, 44, 101, 5, 60, 2, 8, 90, 11]
     ours, reference = prompt_logits(quantized, ids), prompt_logits(dense, ids)
     cosine = ours @ reference / np.linalg.norm(ours) / np.linalg.norm(reference)
-    assert cosine > 0.999 and not np.array_equal(ours, reference)
+    assert cosine > closeness and not np.array_equal(ours, reference)
+    assert quantized.model.lm_head.bits == {"int8": 8, "int4": 4}[weights]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_quantized_linear_computes_with_its_own_weights_and_embeds_by_them(bits: int) -> None:
+    import mlx.core as mx
+
+    from semantic.backends.mlx.layers import QuantizedLinear
+
+    rng = np.random.default_rng(0)
+    weight = mx.array(rng.standard_normal((96, 128)).astype(np.float32))
+    layer = QuantizedLinear(weight, None, 64, bits)
+    stored = mx.dequantize(layer.packed, layer.scales, layer.offsets, group_size=64, bits=bits)
+    x = mx.array(rng.standard_normal((5, 128)).astype(np.float32))
+    np.testing.assert_allclose(np.array(layer(x)), np.array(x @ stored.T), rtol=1e-4, atol=1e-4)
+    ids = mx.array([3, 0, 95])
+    assert np.array_equal(np.array(layer.rows(ids)), np.array(stored[ids]))
+    error = float(mx.abs(stored - weight).max())  # half a step of a group's range, at most
+    assert 0 < error < {8: 0.03, 4: 0.5}[bits]
 
 
 def test_a_bf16_page_travels_to_the_host_and_back_bit_for_bit() -> None:

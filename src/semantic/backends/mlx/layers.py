@@ -30,7 +30,9 @@ _ACTIVATIONS: dict[str, Activation] = {
     "gelu": nn.gelu,
 }
 
-WEIGHT_FORMATS = ("bf16", "int8")  # as loaded, in the model dtype; or 8-bit groups (MLX's own)
+# How a linear stores its weight: as loaded, in the model dtype; or in MLX's own 8- or 4-bit
+# groups (`QuantizedLinear`).
+WEIGHT_FORMATS = {"bf16": None, "int8": 8, "int4": 4}
 
 
 def activation(name: str) -> Activation:
@@ -56,12 +58,14 @@ class Linear:
 
 
 class QuantizedLinear(Linear):
-    """A weight in 8-bit groups along its input (`mx.quantize`: a scale and an offset per
+    """A weight in 8- or 4-bit groups along its input (`mx.quantize`: a scale and an offset per
     group), multiplied by MLX's quantized matmul without being widened first."""
 
-    def __init__(self, weight: mx.array, bias: mx.array | None, group_size: int) -> None:
+    def __init__(self, weight: mx.array, bias: mx.array | None, group_size: int, bits: int) -> None:
         self.group_size = group_size
-        self.packed, self.scales, self.offsets = mx.quantize(weight, group_size=group_size, bits=8)
+        self.bits = bits
+        quantized = mx.quantize(weight, group_size=group_size, bits=bits)
+        self.packed, self.scales, self.offsets = quantized
         self.bias = bias
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -72,7 +76,7 @@ class QuantizedLinear(Linear):
             self.offsets,
             transpose=True,
             group_size=self.group_size,
-            bits=8,
+            bits=self.bits,
         )
         return y if self.bias is None else y + self.bias
 
@@ -82,17 +86,18 @@ class QuantizedLinear(Linear):
             self.scales[ids],
             self.offsets[ids],
             group_size=self.group_size,
-            bits=8,
+            bits=self.bits,
         )
 
 
 def linear(weight: mx.array, bias: mx.array | None, weight_format: str) -> Linear:
-    """A linear storing its weight as `weight_format` says; "int8" where the input width
-    divides into MLX's quantization groups, dense otherwise."""
-    if weight_format == "int8":
+    """A linear storing its weight as `weight_format` says; "int8" and "int4" where the input
+    width divides into MLX's quantization groups, dense otherwise."""
+    bits = WEIGHT_FORMATS[weight_format]
+    if bits is not None:
         for group_size in (64, 32):
             if weight.shape[-1] % group_size == 0:
-                return QuantizedLinear(weight, bias, group_size)
+                return QuantizedLinear(weight, bias, group_size, bits)
     return Linear(weight, bias)
 
 

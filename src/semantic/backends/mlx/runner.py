@@ -48,7 +48,9 @@ class MLXRunner:
         self.dtype = pick_dtype(dtype, self.device)
         if weight_format not in WEIGHT_FORMATS:
             known = ", ".join(WEIGHT_FORMATS)
-            raise ModelLoadFailed(f"unknown weights {weight_format!r}; known: {known}")
+            raise ModelLoadFailed(
+                f"weights {weight_format!r} are not the mlx backend's; known: {known}"
+            )
         self.model = build_model(Build(config, DTYPES[self.dtype], weight_format), weights)
         windows = self.model.layer_windows
         self.cache_spec = CacheSpec(

@@ -91,7 +91,9 @@ class TorchRunner:
         cpu, ours = pick_kernels(kernels, self.device, self.dtype)
         if weight_format not in WEIGHT_FORMATS:
             known = ", ".join(WEIGHT_FORMATS)
-            raise ModelLoadFailed(f"unknown weights {weight_format!r}; known: {known}")
+            raise ModelLoadFailed(
+                f"weights {weight_format!r} are not the torch backend's; known: {known}"
+            )
         linear = linear_factory(self.device, self.dtype, cpu, weight_format)
         build = Build(config, self.dtype, self.device, linear, ours, weight_format)
         with torch.inference_mode():
