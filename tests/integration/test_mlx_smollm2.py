@@ -31,8 +31,14 @@ pytestmark = [
 def mlx_engine(checkpoint: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Engine:
     from semantic.backends.mlx.runner import MLXRunner
 
-    runner = MLXRunner(checkpoint.config, checkpoint.weights(), block_tokens=16, cache_budget_mb=32)
-    assert runner.cache_spec.dtype == "float32"  # "auto" on the CPU: exact greedy parity
+    # fp32 (on a Mac too, where "auto" is bf16): exact greedy parity with transformers
+    runner = MLXRunner(
+        checkpoint.config,
+        checkpoint.weights(),
+        block_tokens=16,
+        cache_budget_mb=32,
+        dtype="float32",
+    )
     return engine_over(runner, checkpoint, tmp_path_factory.mktemp("mlx"))
 
 

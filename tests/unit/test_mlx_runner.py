@@ -38,7 +38,8 @@ TIED, TIED_WEIGHTS = tiny_llama(tied=True)
 def runner(config: ModelConfig = CONFIG, **options: Any) -> MLXRunner:
     from semantic.backends.mlx.runner import MLXRunner
 
-    keywords = {"block_tokens": 8, "cache_budget_mb": 1, **options}
+    # the CPU, on a Mac too: fp32 by default there, and the same numbers everywhere
+    keywords = {"block_tokens": 8, "cache_budget_mb": 1, "device": "cpu", **options}
     weights = TIED_WEIGHTS if config.tie_word_embeddings else WEIGHTS
     mlx_runner = MLXRunner(config, weights, **keywords)
     _port: ModelRunner = mlx_runner  # mypy checks that it is the engine's port
@@ -53,10 +54,10 @@ def prompt_logits(mlx_runner: Any, ids: list[int]) -> np.ndarray:
 
 
 def test_the_server_builds_it_from_its_settings_passing_the_torch_backends_own_options() -> None:
-    options = runner_options(Settings(backend="mlx", cache_budget_mb=1, block_tokens=8))
-    built = create_runner(options, CONFIG, WEIGHTS)
+    settings = Settings(backend="mlx", device="cpu", cache_budget_mb=1, block_tokens=8)
+    built = create_runner(runner_options(settings), CONFIG, WEIGHTS)
     assert type(built).__name__ == "MLXRunner"
-    assert built.cache_spec.dtype == "float32"  # "auto" on the CPU
+    assert built.cache_spec.dtype == "float32"  # "auto" on the CPU (bf16 on the GPU)
     assert built.num_blocks == 2**20 // built.cache_spec.bytes_per_page
 
 
