@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import statistics
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from semantic.bench.pool_phases import crowd_budget
 from semantic.bench.pressure import PoolBudget, pool_budget
 from semantic.bench.report import BenchResult, to_json, to_markdown
 from semantic.bench.run import run_bench
-from semantic.bench.server import server_block_tokens
+from semantic.bench.server import kv_bytes_per_token, server_block_tokens
 from semantic.errors import BenchError
 from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import (
@@ -313,3 +314,15 @@ def test_the_crowd_section_puts_each_kind_of_client_in_a_column() -> None:
     assert data["cache"]["crowd"]["named"]["inter_token_p95_s"] == pytest.approx(0.228)
     assert data["cache"]["crowd"]["named"]["prefilled_over_new"] == pytest.approx(1.0)
     assert data["result"]["crowd"]["runs"][0]["cache"]["restored"] == 5
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mlx") is None,
+    reason="needs MLX (Apple Silicon, or `pip install 'mlx[cpu]'` on Linux)",
+)
+def test_the_pool_phases_size_an_mlx_servers_pool_by_the_mlx_backends_numerics() -> None:
+    # SmolLM2: 2 · 30 layers · 3 KV heads · 64 values, in fp32 (MLX's CPU default) or 8 bits
+    mlx_cpu = ["--backend", "mlx", "--device", "cpu"]
+    assert kv_bytes_per_token("smollm2-135m", mlx_cpu) == 2 * 30 * 3 * 64 * 4
+    assert kv_bytes_per_token("smollm2-135m", [*mlx_cpu, "--dtype", "bfloat16"]) == 23_040
+    assert kv_bytes_per_token("smollm2-135m", [*mlx_cpu, "--kv-dtype", "int8"]) == 11_880

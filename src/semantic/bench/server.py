@@ -17,10 +17,12 @@ from typing import IO
 
 import httpx
 
+from semantic.backends import default_backend
 from semantic.config import Settings
 from semantic.config_errors import load_settings
 from semantic.core import CacheSpec
 from semantic.errors import BenchError, InvalidSettings
+from semantic.models.config import ModelConfig
 from semantic.settings_flags import Parser, add_settings_flags, given_settings
 
 HOST = "127.0.0.1"
@@ -139,8 +141,33 @@ class SpawnedServer:
 def kv_bytes_per_token(model: str, server_args: list[str]) -> int:
     """K and V of one token in every layer, as a spawned server of `model` holds them: the
     model's geometry, in the dtype and KV dtype the server's settings (`server_settings`) pick on
-    this machine. SmolLM2-135M in bf16: 2 · 30 layers · 3 heads · 64 · 2 = 23,040; in int8,
-    2 · 30 · 3 · (64 + a 2-byte scale) = 11,880."""
+    this machine, on its backend. SmolLM2-135M in bf16: 2 · 30 layers · 3 heads · 64 · 2 =
+    23,040; in int8, 2 · 30 · 3 · (64 + a 2-byte scale) = 11,880."""
+    from semantic.models.checkpoint import load_checkpoint
+    from semantic.registry import ModelRegistry
+
+    settings = server_settings(server_args)
+    config = load_checkpoint(ModelRegistry().resolve(model).path, progress=False).config
+    dtype, kv_dtype = _kv_numerics(settings, config)
+    spec = CacheSpec(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        dtype=dtype,
+        block_tokens=1,
+        kv_dtype=kv_dtype,
+    )
+    return spec.bytes_per_block
+
+
+def _kv_numerics(settings: Settings, config: ModelConfig) -> tuple[str, str | None]:
+    """The pool's dtype and KV dtype a server with `settings` picks, by its backend's rules."""
+    backend = default_backend() if settings.backend == "auto" else settings.backend
+    if backend == "mlx":
+        from semantic.backends.mlx import runner as mlx
+
+        dtype = mlx.pick_dtype(settings.dtype, mlx.pick_device(settings.device))
+        return dtype, mlx.pick_kv_dtype(settings.kv_dtype)
     from semantic.backends.torch.runner import (  # imports torch
         attention_kernels,
         pick_cpu_kernels,
@@ -148,24 +175,13 @@ def kv_bytes_per_token(model: str, server_args: list[str]) -> int:
         pick_dtype,
         pick_kv_dtype,
     )
-    from semantic.models.checkpoint import load_checkpoint
-    from semantic.registry import ModelRegistry
 
-    settings = server_settings(server_args)
-    config = load_checkpoint(ModelRegistry().resolve(model).path, progress=False).config
     device = pick_device(settings.device)
-    dtype = pick_dtype(settings.dtype, device)
-    cpu = pick_cpu_kernels(settings.cpu_kernels, device, dtype)
-    in_place = attention_kernels(cpu, config, dtype) is not None
-    spec = CacheSpec(
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        dtype=str(dtype).removeprefix("torch."),
-        block_tokens=1,
-        kv_dtype=pick_kv_dtype(settings.kv_dtype, in_place, dtype),
-    )
-    return spec.bytes_per_block
+    torch_dtype = pick_dtype(settings.dtype, device)
+    cpu = pick_cpu_kernels(settings.cpu_kernels, device, torch_dtype)
+    in_place = attention_kernels(cpu, config, torch_dtype) is not None
+    kv_dtype = pick_kv_dtype(settings.kv_dtype, in_place, torch_dtype)
+    return str(torch_dtype).removeprefix("torch."), kv_dtype
 
 
 def server_block_tokens(server_args: list[str]) -> int:
