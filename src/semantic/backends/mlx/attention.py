@@ -178,14 +178,13 @@ def paged_attention(
     k: mx.array,
     v: mx.array,
     pool: KVPool,
-    layer: int,
+    i: int,
     reads: GroupReads,
     how: LayerAttention,
 ) -> mx.array:
     """q: [T, H, D], k, v: [T, KVH, D], the step's tokens → [T, H, D]. Writes k and v into
-    the layer's pool arrays, then attends: decodes over their gathered keys, chunks over
-    theirs."""
-    _, i = pool.where[layer]
+    the pool's i-th arrays (the layer's place in its group), then attends: decodes over their
+    gathered keys, chunks over theirs."""
     pool.write(i, reads.slots, k, v)
     outs = []
     if reads.decodes is not None:

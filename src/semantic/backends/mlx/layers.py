@@ -181,9 +181,9 @@ class Attention:
             q, k = self.qk_norms[0](q), self.qk_norms[1](k)
         cos, sin_signed = step.rope_tables[self.rope]
         q, k = apply_rope(q, cos, sin_signed), apply_rope(k, cos, sin_signed)
-        group, _ = step.pool.where[self.layer]
+        group, i = step.pool.where[self.layer]
         reads = step.inputs.groups[group]
-        out = paged_attention(q, k, v, step.pool, self.layer, reads, self.how)  # [T, H, D]
+        out = paged_attention(q, k, v, step.pool, i, reads, self.how)  # [T, H, D]
         return self.o(out.reshape(tokens, heads * self.head_dim))
 
 

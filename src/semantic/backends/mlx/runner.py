@@ -105,6 +105,7 @@ class MLXRunner:
         step = build_step(batch, self.cache_spec)
         none = np.empty((0, self.vocab_size), np.float32)
         if not batch.items:  # a step of block copies only
+            mx.eval(self.pool.arrays())
             return none, step
         hidden = self.model.forward(step, self.pool)
         if not step.sampled_items:  # mid-prompt chunks only: their K/V, and no head to run
@@ -125,11 +126,10 @@ class MLXRunner:
             self.pool.write_page(block, kv)
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write of reused partial blocks' pages, before the step."""
+        """Copy-on-write of reused partial blocks' pages, before the step (evaluated with it:
+        the step's graph reads the copies after they are made)."""
         for source, destination in copies:
             self.pool.copy_page(source, destination)
-        if copies:
-            mx.eval(self.pool.arrays())
 
 
 def pick_device(device: str) -> mx.Device:
