@@ -418,7 +418,7 @@ class _DecodeSpans:
 def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "gpu":  # the mlx backend's name for its GPU
+    if device not in ("cpu", "cuda"):  # "gpu" is the mlx backend's
         raise ModelLoadFailed("the torch backend's devices are auto, cpu and cuda")
     return torch.device(device)
 
