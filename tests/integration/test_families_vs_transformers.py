@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from semantic.backends.torch.kernels import cpu_kernels
+from semantic.backends.torch.models.experts import routes_on_host
+from semantic.backends.torch.runner import TorchRunner
 from semantic.cache.page import PageKV
 from semantic.core import Batch, BatchItem
 from tests.integration.reference_models import (
@@ -328,3 +330,16 @@ def test_blocks_read_to_the_host_and_written_elsewhere_restore_the_sequence(mode
     copy = model.logits(Batch([BatchItem(1, [token], length, restored, True, GREEDY, 1)]))
     torch.testing.assert_close(copy, original, atol=0, rtol=0)
 
+
+@pytest.mark.parametrize(
+    ("family", "routed"), [("qwen3", False), ("qwen3_moe", True), ("gpt_oss", True)]
+)
+def test_models_with_experts_route_on_the_host_so_cuda_decodes_them_without_graphs(
+    family: str, routed: bool
+):
+    # Experts read their choice back to loop over it: a graph could not record that (its
+    # capture fails), so the runner captures none for such a model.
+    torch.manual_seed(0)
+    model = Model("cpu-stock", FAMILIES[family](), vocab=VOCAB)
+    assert isinstance(model.runner, TorchRunner)
+    assert routes_on_host(model.runner.model) is routed

@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 
 from semantic.backends.torch.linear import Linear
-from semantic.backends.torch.models.layers import FeedForward
+from semantic.backends.torch.models.layers import DecoderModel, FeedForward
 
 
 class Router(Protocol):
@@ -65,3 +65,8 @@ class Experts:
             out.index_add_(0, rows, y.to(out.dtype))
         return out
 
+
+def routes_on_host(model: DecoderModel) -> bool:
+    """Whether a layer of the model picks its experts on the host (`Experts` reads the choice
+    back to loop over it): a CUDA graph cannot record that, so such a model decodes eagerly."""
+    return any(isinstance(block.mlp, Experts) for block in model.blocks)
