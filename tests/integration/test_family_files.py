@@ -1,7 +1,9 @@
 """The families from files: a tiny random model saved as a sharded Hugging Face directory, or
 written as a GGUF the way llama.cpp's converter writes it (tensor names from the `gguf`
-package's own map for the architecture, Gemma's norms as `1 + w`, GPT-OSS's experts split per
-projection), loaded by us, gives the prompt logits of the `transformers` model it came from."""
+package's own map for the architecture, Gemma's norms as `1 + w`, GPT-OSS's and Qwen3 MoE's
+experts stacked per projection), loaded by us, gives the prompt logits of the `transformers`
+model it came from. transformers saves Qwen3 MoE's experts one tensor per expert, as the released
+checkpoints hold them."""
 
 from __future__ import annotations
 
@@ -23,7 +25,13 @@ from tests.integration.reference_models import (
     prefill,
     randomise_small_parameters,
 )
-from tests.integration.test_families_vs_transformers import gemma3, gpt_oss, qwen2, qwen3
+from tests.integration.test_families_vs_transformers import (
+    gemma3,
+    gpt_oss,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+)
 from tests.unit.test_gguf_loader import write_tokenizer_metadata
 
 pytestmark = pytest.mark.integration
@@ -39,6 +47,10 @@ CASES: dict[str, tuple[MODEL_ARCH, Any]] = {
         ),
     ),
     "gpt_oss": (MODEL_ARCH.GPT_OSS, lambda: gpt_oss(vocab_size=400)),
+    "qwen3_moe": (  # llama.cpp: experts in every layer, their weights renormalised
+        MODEL_ARCH.QWEN3MOE,
+        lambda: qwen3_moe(vocab_size=400, mlp_only_layers=[], norm_topk_prob=True),
+    ),
 }
 
 
@@ -51,8 +63,8 @@ def gguf_tensors(arch: MODEL_ARCH, model: Any) -> dict[str, np.ndarray]:
         array = tensor.detach().float().numpy()
         if arch == MODEL_ARCH.GEMMA3 and name.endswith("norm.weight"):
             array = array + 1.0
-        if ".mlp.experts." in name:  # GPT-OSS: gate and up apart, each [E, out, in]
-            out.update(split_experts(name, array))
+        if ".mlp.experts." in name:  # gate and up apart, each [E, out, in]
+            out.update(split_experts(arch, name, array))
             continue
         base, _, suffix = name.rpartition(".")
         if name.endswith(".sinks"):
@@ -64,11 +76,16 @@ def gguf_tensors(arch: MODEL_ARCH, model: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def split_experts(name: str, array: np.ndarray) -> dict[str, np.ndarray]:
+def split_experts(arch: MODEL_ARCH, name: str, array: np.ndarray) -> dict[str, np.ndarray]:
     block = name.split(".")[2]
     kind = name.rsplit(".", 1)[1]
     prefix = f"blk.{block}."
-    if kind == "gate_up_proj":
+    if arch == MODEL_ARCH.QWEN3MOE:  # transformers: [E, 2I, D], gate then up; [E, D, I]
+        if kind == "down_proj":
+            return {prefix + "ffn_down_exps.weight": array}
+        gate, up = np.split(array, 2, axis=1)
+        return {prefix + "ffn_gate_exps.weight": gate, prefix + "ffn_up_exps.weight": up}
+    if kind == "gate_up_proj":  # GPT-OSS: [E, D, 2I], gate and up interleaved
         gate, up = array[..., 0::2].swapaxes(1, 2), array[..., 1::2].swapaxes(1, 2)
         return {prefix + "ffn_gate_exps.weight": gate, prefix + "ffn_up_exps.weight": up}
     if kind == "gate_up_proj_bias":
@@ -99,6 +116,10 @@ def write_gguf(path: Path, arch: MODEL_ARCH, model: Any, tokenizer_dir: Path) ->
     writer.add_rope_freq_base(rope["rope_theta"])
     if getattr(config, "sliding_window", None) and arch in (MODEL_ARCH.GEMMA3, MODEL_ARCH.GPT_OSS):
         writer.add_sliding_window(config.sliding_window)
+    if arch == MODEL_ARCH.QWEN3MOE:
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     if arch == MODEL_ARCH.GPT_OSS:
         writer.add_expert_count(config.num_local_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)

@@ -163,3 +163,55 @@ def test_a_file_that_is_not_gguf_fails_to_load(tmp_path: Path) -> None:
     path.write_bytes(b"not a gguf file at all")
     with pytest.raises(ModelLoadFailed):
         GGUFFile(path)
+
+
+def write_qwen3moe_metadata(path: Path, tensors: dict[str, np.ndarray], **expert: int) -> None:
+    """A qwen3moe GGUF of metadata and the given tensors (no tokenizer: config() reads none)."""
+    writer = GGUFWriter(path, "qwen3moe")
+    writer.add_block_count(3)
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_expert_feed_forward_length(32)
+    writer.add_head_count(HEADS)
+    writer.add_expert_count(expert.get("count", 8))
+    writer.add_expert_used_count(expert.get("used", 2))
+    writer.add_vocab_size(VOCAB)
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_qwen3moe_gguf_renormalises_and_keeps_a_dense_mlp_where_a_layer_has_no_router(
+    tmp_path: Path,
+) -> None:
+    router = np.zeros((8, HIDDEN), np.float32)
+    stacked = np.zeros((8, 32, HIDDEN), np.float32)
+    tensors = {
+        "blk.0.ffn_gate_inp.weight": router,
+        "blk.0.ffn_gate_exps.weight": stacked,
+        "blk.1.ffn_gate.weight": np.zeros((FFN, HIDDEN), np.float32),
+        "blk.2.ffn_gate_inp.weight": router,
+    }
+    path = tmp_path / "qwen3moe.gguf"
+    write_qwen3moe_metadata(path, tensors)
+    gguf = GGUFFile(path)
+    config = gguf.config()
+    assert config.model_type == "qwen3_moe" and config.norm_topk_prob  # as llama.cpp assumes
+    assert (config.num_local_experts, config.num_experts_per_tok) == (8, 2)
+    assert config.intermediate_size == FFN  # the dense layers' width, not the experts'
+    assert [config.layer_has_experts(i) for i in range(3)] == [True, False, True]
+    names = [name for name, _ in gguf.weights(config)]
+    assert "model.layers.0.mlp.gate.weight" in names
+    assert "model.layers.0.mlp.experts.gate_proj.weight" in names  # split per expert later
+
+
+def test_a_qwen3moe_gguf_that_uses_more_experts_than_it_has_fails_to_load(tmp_path: Path) -> None:
+    path = tmp_path / "hostile.gguf"
+    router = {"blk.0.ffn_gate_inp.weight": np.zeros((8, HIDDEN), np.float32)}
+    write_qwen3moe_metadata(path, router, used=9)
+    with pytest.raises(ModelLoadFailed, match="num_experts_per_tok"):
+        GGUFFile(path).config()

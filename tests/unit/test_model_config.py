@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from semantic.core import CacheSpec
+from semantic.errors import ModelLoadFailed
 from semantic.models.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
-from semantic.models.names import gemma3_text_name
+from semantic.models.names import gemma3_text_name, qwen3_moe_experts_split
 
 BASE: dict[str, Any] = {
     "vocab_size": 1000,
@@ -81,6 +83,17 @@ def test_transformers_5_per_layer_rope_parameters_are_read() -> None:
         ({"model_type": "mistral", "sliding_window": None}, ()),  # Mistral v0.2 on
         ({"model_type": "mistral", "sliding_window": 4096}, (S,) * 6),  # Mistral v0.1
         ({"model_type": "gpt_oss", "sliding_window": 128}, (S, F) * 3),
+        # Qwen3 MoE: a window only when asked for, and then in every layer
+        ({"model_type": "qwen3_moe", "sliding_window": 4096, "use_sliding_window": False}, ()),
+        (
+            {
+                "model_type": "qwen3_moe",
+                "sliding_window": 64,
+                "use_sliding_window": True,
+                "max_window_layers": 4,  # not read by Qwen3 MoE
+            },
+            (S,) * 6,
+        ),
         ({"model_type": "llama"}, ()),
     ],
 )
@@ -95,6 +108,75 @@ def test_qwen2_has_qkv_biases_without_a_flag_and_gpt_oss_reads_its_experts() -> 
          "swiglu_limit": 7.0, "attention_bias": True}
     )  # fmt: skip
     assert (gpt.num_local_experts, gpt.num_experts_per_tok, gpt.swiglu_limit) == (32, 4, 7.0)
+
+
+QWEN3_30B_A3B: dict[str, Any] = {  # the released config.json's MoE fields
+    **BASE,
+    "model_type": "qwen3_moe",
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+
+
+def test_qwen3_moe_reads_its_experts_and_which_layers_have_them() -> None:
+    config = ModelConfig.from_hf(QWEN3_30B_A3B)
+    assert (config.num_local_experts, config.num_experts_per_tok) == (128, 8)
+    assert config.norm_topk_prob
+    assert all(config.layer_has_experts(i) for i in range(6))
+    # transformers saves the count as num_local_experts; dense layers by list and by step
+    sparse = ModelConfig.from_hf(
+        {**QWEN3_30B_A3B, "num_experts": None, "num_local_experts": 8,
+         "decoder_sparse_step": 2, "mlp_only_layers": [3]}
+    )  # fmt: skip
+    assert sparse.num_local_experts == 8
+    every_second_but_3 = [False, True, False, False, False, True]
+    assert [sparse.layer_has_experts(i) for i in range(6)] == every_second_but_3
+    dense = ModelConfig.from_hf({**BASE, "model_type": "qwen3"})
+    assert not any(dense.layer_has_experts(i) for i in range(6))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"num_experts_per_tok": 129},  # more than there are experts
+        {"num_experts_per_tok": 0},
+        {"decoder_sparse_step": -1},
+        {"num_experts": -4},
+    ],
+)
+def test_expert_counts_that_cannot_be_are_refused_before_anything_is_sized(
+    fields: dict[str, Any],
+) -> None:
+    with pytest.raises(ModelLoadFailed):
+        ModelConfig.from_hf({**QWEN3_30B_A3B, **fields})
+
+
+def test_stacked_qwen3_moe_experts_become_one_tensor_per_expert() -> None:
+    experts, inner, hidden = 3, 4, 5
+    count = experts * 2 * inner * hidden
+    fused = np.arange(count, dtype=np.float32).reshape(experts, 2 * inner, hidden)  # gate, up
+    down = np.ones((experts, hidden, inner), np.float32)
+    arrays = [
+        ("model.layers.0.mlp.experts.gate_up_proj", fused),
+        ("model.layers.0.mlp.experts.down_proj", down),
+        ("model.layers.1.mlp.experts.up_proj.weight", fused[:, inner:]),  # GGUF's
+        ("model.layers.2.mlp.experts.7.gate_proj.weight", fused[0, :inner]),  # a release's
+        ("model.layers.2.mlp.gate.weight", fused[0]),
+    ]
+    split = dict(qwen3_moe_experts_split(arrays))
+    assert len(split) == 3 * experts + experts + 2
+    expert = "model.layers.{}.mlp.experts.{}.{}_proj.weight".format
+    np.testing.assert_array_equal(split[expert(0, 1, "gate")], fused[1, :inner])
+    np.testing.assert_array_equal(split[expert(0, 2, "up")], fused[2, inner:])
+    np.testing.assert_array_equal(split[expert(0, 0, "down")], down[0])
+    np.testing.assert_array_equal(split[expert(1, 1, "up")], fused[1, inner:])
+    assert split[expert(2, 7, "gate")] is arrays[3][1]  # passed as it is, as the router
+    with pytest.raises(ModelLoadFailed):  # a stacked name over a tensor that is not stacked
+        dict(qwen3_moe_experts_split([("model.layers.0.mlp.experts.down_proj", down[0])]))
 
 
 def test_the_cache_tag_is_unchanged_for_full_attention_and_names_every_window_pattern() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from semantic.errors import ModelLoadFailed
+
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 
@@ -21,7 +23,8 @@ class ModelConfig:
     from it. `rope_scaling` is kept as Hugging Face writes it (e.g. Llama 3's `rope_type: llama3`).
     `layer_types` names each layer's attention (`full_attention` or `sliding_attention`, whose
     window is `sliding_window`); empty means full attention everywhere. The fields after it are
-    read only by the families that have them (Gemma 3, GPT-OSS); `model_type` picks the family.
+    read only by the families that have them (Gemma 3, GPT-OSS, Qwen3 MoE); `model_type` picks
+    the family. The expert counts are checked here, before any layer is sized by them.
     """
 
     model_type: str
@@ -45,12 +48,32 @@ class ModelConfig:
     hidden_act: str = "silu"
     query_pre_attn_scalar: float | None = None  # Gemma: q · this^-0.5 instead of head_dim^-0.5
     rope_local_theta: float | None = None  # Gemma 3: the sliding layers' own rope base
-    num_local_experts: int = 0  # GPT-OSS: experts per MoE layer, and how many each token uses
+    num_local_experts: int = 0  # MoE: experts per sparse layer, and how many each token uses
     num_experts_per_tok: int = 0
+    norm_topk_prob: bool = False  # Qwen3 MoE: the chosen experts' weights renormalised to sum 1
+    decoder_sparse_step: int = 1  # Qwen3 MoE: every n-th layer is sparse, but those listed in
+    mlp_only_layers: tuple[int, ...] = ()  # `mlp_only_layers`, which keep a dense MLP
     swiglu_limit: float = 7.0  # GPT-OSS: its experts' clamp on gate and up, and gate's slope
     swiglu_alpha: float = 1.702
     attn_logit_softcapping: float | None = None  # Gemma 2 only: refused (Gemma 3 has none)
     final_logit_softcapping: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_local_experts < 0 or self.decoder_sparse_step < 1:
+            raise ModelLoadFailed(
+                f"num_local_experts ({self.num_local_experts}) must be at least 0 and "
+                f"decoder_sparse_step ({self.decoder_sparse_step}) at least 1"
+            )
+        if self.num_local_experts and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
+            raise ModelLoadFailed(
+                f"num_experts_per_tok ({self.num_experts_per_tok}) must be between 1 and "
+                f"num_local_experts ({self.num_local_experts})"
+            )
+
+    def layer_has_experts(self, layer: int) -> bool:
+        """Whether a layer's feed-forward is a mixture of experts (else a dense MLP)."""
+        sparse = (layer + 1) % self.decoder_sparse_step == 0
+        return self.num_local_experts > 0 and sparse and layer not in self.mlp_only_layers
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of a layer (keys a query sees, itself included); None: all."""
@@ -93,8 +116,12 @@ class ModelConfig:
             hidden_act=config.get("hidden_activation") or config.get("hidden_act") or "silu",
             query_pre_attn_scalar=config.get("query_pre_attn_scalar"),
             rope_local_theta=rope.local_theta,
-            num_local_experts=config.get("num_local_experts", 0),
+            # Qwen3 MoE's config.json says `num_experts`; transformers saves it under this name.
+            num_local_experts=config.get("num_local_experts") or config.get("num_experts") or 0,
             num_experts_per_tok=config.get("num_experts_per_tok", 0),
+            norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+            decoder_sparse_step=config.get("decoder_sparse_step") or 1,
+            mlp_only_layers=tuple(config.get("mlp_only_layers") or ()),
             swiglu_limit=config.get("swiglu_limit", 7.0),
             swiglu_alpha=config.get("swiglu_alpha", 1.702),
             attn_logit_softcapping=config.get("attn_logit_softcapping"),
@@ -152,4 +179,6 @@ def _derived_layer_type(config: dict[str, Any], model_type: str, layer: int) -> 
     if model_type in ("qwen2", "qwen3"):  # a window only when asked for, above max_window_layers
         above = layer >= config.get("max_window_layers", 0)
         return SLIDING_ATTENTION if config.get("use_sliding_window") and above else FULL_ATTENTION
+    if model_type == "qwen3_moe":  # a window only when asked for, then in every layer
+        return SLIDING_ATTENTION if config.get("use_sliding_window") else FULL_ATTENTION
     return SLIDING_ATTENTION  # Mistral: a window in every layer when the config sets one

@@ -4,7 +4,8 @@ Quantized tensors are dequantized with the `gguf` package (every type it knows: 
 Q6_K, Q8_0, MXFP4, …); llama.cpp's converter renames tensors (per architecture), reorders
 Llama's Q/K rows and stores Gemma's norms as `1 + w`, and all of it is undone here so backends
 see one naming and layout. What a GGUF does not say (Gemma 3's layer pattern and local rope
-base, GPT-OSS's alternation) is what llama.cpp assumes for the architecture.
+base, GPT-OSS's alternation, Qwen3 MoE's renormalised routing) is what llama.cpp assumes for
+the architecture.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _ARCHITECTURES = {
     "llama": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen3moe": "qwen3_moe",
     "gemma3": "gemma3",
     "gpt-oss": "gpt_oss",
 }
@@ -56,6 +58,12 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# A MoE layer's router and its experts stacked per projection, each [E, out, in].
+_EXPERT_TENSORS = {
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
 # Where an architecture's names differ from the common ones (llama.cpp's tensor_mapping).
 _ARCHITECTURE_LAYER_TENSORS = {
     "gemma3": {
@@ -67,10 +75,9 @@ _ARCHITECTURE_LAYER_TENSORS = {
         "post_attention_norm": "post_attention_layernorm",
         "attn_sinks": "self_attn.sinks",
         "ffn_gate_inp": "mlp.router",
-        "ffn_gate_exps": "mlp.experts.gate_proj",
-        "ffn_up_exps": "mlp.experts.up_proj",
-        "ffn_down_exps": "mlp.experts.down_proj",
+        **_EXPERT_TENSORS,
     },
+    "qwen3moe": {"ffn_gate_inp": "mlp.gate", **_EXPERT_TENSORS},
 }
 _UNSUFFIXED = frozenset({"self_attn.sinks"})  # a parameter of its own, not a module's weight
 
@@ -125,8 +132,7 @@ class GGUFFile:
             vocab_size=self._arch("vocab_size", None)
             or len(self.metadata["tokenizer.ggml.tokens"]),
             hidden_size=hidden,
-            intermediate_size=self._arch("expert_feed_forward_length", None)
-            or self._arch("feed_forward_length"),
+            intermediate_size=self._intermediate_size(),
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=self._arch("attention.head_count_kv", None) or heads,
@@ -141,7 +147,7 @@ class GGUFFile:
             eos_token_ids=self._end_token_ids(),
             layer_types=self._layer_types(layers),
             sliding_window=self._arch("attention.sliding_window", None),
-            **self._family_fields(head_dim),
+            **self._family_fields(head_dim, names),
         )
 
     def _end_token_ids(self) -> tuple[int, ...]:
@@ -161,7 +167,14 @@ class GGUFFile:
             for i in range(layers)
         )
 
-    def _family_fields(self, head_dim: int) -> dict[str, Any]:
+    def _intermediate_size(self) -> int:
+        """The dense MLP's width; GPT-OSS has none, and its experts' width stands in for it."""
+        if self.architecture == "gpt-oss":
+            experts = self._arch("expert_feed_forward_length", None)
+            return int(experts or self._arch("feed_forward_length"))
+        return int(self._arch("feed_forward_length"))
+
+    def _family_fields(self, head_dim: int, names: set[str]) -> dict[str, Any]:
         """What llama.cpp fixes for an architecture instead of writing it into the file."""
         if self.architecture == "gemma3":
             # llama.cpp scales queries by key_length^-0.5 (the 27B's n_embd / n_head aside).
@@ -171,11 +184,26 @@ class GGUFFile:
                 "rope_local_theta": 10000.0,
             }
         if self.architecture == "gpt-oss":
+            return self._expert_counts()
+        if self.architecture == "qwen3moe":
+            # llama.cpp always renormalises Qwen3 MoE's chosen weights, as its configs ask; a
+            # layer without a router keeps its dense MLP. Every layer has tensors: a hostile
+            # block_count never makes this loop longer than the tensor table.
+            layers = range(min(self._arch("block_count"), len(names)))
             return {
-                "num_local_experts": self._arch("expert_count"),
-                "num_experts_per_tok": self._arch("expert_used_count"),
+                **self._expert_counts(),
+                "norm_topk_prob": bool(self._arch("expert_weights_norm", True)),
+                "mlp_only_layers": tuple(
+                    i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in names
+                ),
             }
         return {}
+
+    def _expert_counts(self) -> dict[str, Any]:
+        return {
+            "num_local_experts": self._arch("expert_count"),
+            "num_experts_per_tok": self._arch("expert_used_count"),
+        }
 
     def weights(self, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
         """Every tensor, dequantized to float32, in Hugging Face's name and layout."""

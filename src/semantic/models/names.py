@@ -1,12 +1,14 @@
 """Checkpoint tensor names as the families' code reads them, for every backend: a multimodal
-Gemma 3 checkpoint's language model under the text model's names, and GPT-OSS's fused expert
-tensors split per projection."""
+Gemma 3 checkpoint's language model under the text model's names, GPT-OSS's fused expert
+tensors split per projection, and Qwen3 MoE's stacked expert tensors split per expert."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
 import numpy as np
+
+from semantic.errors import ModelLoadFailed
 
 _TEXT_PREFIXES = ("model.language_model.", "language_model.model.")  # multimodal checkpoints
 _VISION_PREFIXES = (
@@ -52,3 +54,35 @@ def gpt_oss_experts_split(
             yield prefix + "down_proj.bias", array
         else:
             yield name, array
+
+
+# A Qwen3 MoE layer's experts stacked on their first axis: transformers' fused tensors (its
+# state dict; gate then up along `out`) and GGUF's per projection (as `models/gguf.py` names
+# them), each `[E, out, in]`.
+_STACKED_EXPERTS = {
+    "gate_up_proj": ("gate_proj", "up_proj"),
+    "down_proj": ("down_proj",),
+    "gate_proj.weight": ("gate_proj",),
+    "up_proj.weight": ("up_proj",),
+    "down_proj.weight": ("down_proj",),
+}
+
+
+def qwen3_moe_experts_split(
+    arrays: Iterable[tuple[str, np.ndarray]],
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Stacked expert tensors as a released Qwen3 MoE checkpoint names them, one `[out, in]`
+    per expert and projection (`mlp.experts.<e>.gate_proj.weight`); views, not copies. Per-expert
+    tensors pass as they are."""
+    for name, array in arrays:
+        base, _, kind = name.rpartition(_EXPERTS)
+        projections = _STACKED_EXPERTS.get(kind) if base else None
+        if projections is None:
+            yield name, array
+            continue
+        if array.ndim != 3 or array.shape[1] % len(projections):
+            raise ModelLoadFailed(f"expert tensor {name!r} has shape {array.shape}")
+        parts = np.split(array, len(projections), axis=1)
+        for projection, stacked in zip(projections, parts, strict=True):
+            for expert, weight in enumerate(stacked):
+                yield f"{base}{_EXPERTS}{expert}.{projection}.weight", weight

@@ -1,7 +1,7 @@
 """The layers every family's model is built from on the MLX backend, over the paged KV pool:
 linears (dense, or 8-bit with MLX's quantized matmul), RMSNorm, rotary embeddings, attention,
-the gated MLP, GPT-OSS's experts, the decoder block and the decoder. They compute what the
-torch backend's layers compute (`backends/torch/models/layers.py`), in MLX's ops.
+the gated MLP, the decoder block and the decoder (the experts are `experts.py`'s). They compute
+what the torch backend's layers compute (`backends/torch/models/layers.py`), in MLX's ops.
 
 Tokens are flattened across the batch (`[T, ...]`, varlen), as on the torch backend. MLX is
 lazy: a step builds its graph here and the runner evaluates it once, pool writes included.
@@ -199,48 +199,6 @@ class GatedMLP:
     def __call__(self, x: mx.array) -> mx.array:
         gate, up = mx.split(self.gate_up(x), 2, axis=-1)  # [T, I] each
         return self.down(self.act(gate) * up)
-
-
-class Experts:
-    """GPT-OSS's mixture of experts: the router's top k experts of each token, summed with the
-    softmax of their router logits; each expert a clamped SwiGLU variant with biases. Which
-    tokens chose which expert is read on the host (MLX has no data-dependent shapes), so each
-    expert computes over its own tokens only."""
-
-    def __init__(
-        self,
-        router: Linear,
-        gate_up: list[Linear],
-        down: list[Linear],
-        config: ModelConfig,
-    ) -> None:
-        self.router = router
-        self.gate_up = gate_up
-        self.down = down
-        self.top_k = config.num_experts_per_tok
-        self.limit = config.swiglu_limit
-        self.alpha = config.swiglu_alpha
-
-    def __call__(self, x: mx.array) -> mx.array:
-        # x: [T, D] → [T, D]
-        logits = self.router(x)  # [T, E]
-        chosen = mx.argpartition(-logits, self.top_k - 1, axis=-1)[:, : self.top_k]  # [T, k]
-        weights = mx.softmax(mx.take_along_axis(logits, chosen, axis=-1), axis=-1)
-        out = mx.zeros_like(x)
-        choices = np.array(chosen)
-        for expert in np.unique(choices).tolist():
-            rows, slot = np.nonzero(choices == expert)
-            rows_mx = mx.array(rows.astype(np.int32))
-            gate, up = mx.split(self.gate_up[expert](x[rows_mx]), 2, axis=-1)
-            gate = mx.minimum(gate, self.limit)
-            up = mx.clip(up, -self.limit, self.limit)
-            hidden = (up + 1) * (gate * mx.sigmoid(gate * self.alpha))
-            y = (
-                self.down[expert](hidden)
-                * weights[rows_mx, mx.array(slot.astype(np.int32))][:, None]
-            )
-            out = out.at[rows_mx].add(y.astype(out.dtype))
-        return out
 
 
 FeedForward = Callable[[mx.array], mx.array]

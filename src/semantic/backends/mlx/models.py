@@ -2,25 +2,27 @@
 checkpoint names map to the shared layers of `layers.py`, and with which options. The same
 families as the torch backend (`backends/torch/models/`), each said in a few lines here:
 Llama (SmolLM2, Llama 3.x, Mistral's window), Qwen2 (Q/K/V biases), Qwen3 (q/k norms),
-Gemma 3 (four norms a block, GeGLU, sliding and global layers with their own ropes) and
-GPT-OSS (sinks, biases, alternating windows, experts).
+Qwen3 MoE (Qwen3's attention, experts in its sparse layers), Gemma 3 (four norms a block,
+GeGLU, sliding and global layers with their own ropes) and GPT-OSS (sinks, biases, alternating
+windows, experts).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import numpy as np
 
 from semantic.backends.mlx.attention import LayerAttention
+from semantic.backends.mlx.experts import ClampedSwiGLU, Experts, SoftmaxOfTopK, TopKOfSoftmax
 from semantic.backends.mlx.layers import (
     Attention,
     Block,
     DecoderModel,
-    Experts,
+    FeedForward,
     GatedMLP,
     Linear,
     RMSNorm,
@@ -30,7 +32,11 @@ from semantic.backends.mlx.layers import (
 )
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
-from semantic.models.names import gemma3_text_name, gpt_oss_experts_split
+from semantic.models.names import (
+    gemma3_text_name,
+    gpt_oss_experts_split,
+    qwen3_moe_experts_split,
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -105,10 +111,10 @@ class Weights:
         o_b = self.take("self_attn.o_proj.bias") if o_bias else None
         return self.linear(weight, bias), self.linear(o, o_b)
 
-    def gated_mlp(self, act_name: str) -> GatedMLP:
-        gate, up = self.take("mlp.gate_proj.weight"), self.take("mlp.up_proj.weight")
+    def gated_mlp(self, act_name: str, prefix: str = "mlp.") -> GatedMLP:
+        gate, up = self.take(f"{prefix}gate_proj.weight"), self.take(f"{prefix}up_proj.weight")
         gate_up = self.linear(mx.concatenate([gate, up]))
-        down = self.linear(self.take("mlp.down_proj.weight"))
+        down = self.linear(self.take(f"{prefix}down_proj.weight"))
         return GatedMLP(gate_up, down, activation(act_name))
 
 
@@ -134,20 +140,25 @@ def decoder(
     return DecoderModel(embed, blocks, norm, head, embed_scale)
 
 
+def _gated_mlp(w: Weights, index: int) -> FeedForward:
+    return w.gated_mlp(w.build.config.hidden_act)
+
+
 @dataclass(slots=True, frozen=True)
 class Variant:
     """What the families on Llama's skeleton differ in: biases (None: as `attention_bias`
-    says) and RMSNorms of each head's q and k."""
+    says), RMSNorms of each head's q and k, and each layer's feed-forward."""
 
     qkv_bias: bool | None = None
     o_bias: bool | None = None
     qk_norms: bool = False
+    feed_forward: Callable[[Weights, int], FeedForward] = _gated_mlp
 
 
 def _llama(
     b: Build, arrays: Iterable[tuple[str, np.ndarray]], variant: Variant = Variant()
 ) -> DecoderModel:
-    """Llama, SmolLM2, Mistral; Qwen2 and Qwen3 are its blocks with another `Variant`."""
+    """Llama, SmolLM2, Mistral; the Qwens are its blocks with another `Variant`."""
     config = b.config
     weights = Weights.load(arrays, b)
     rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling)
@@ -165,15 +176,37 @@ def _llama_block(w: Weights, index: int, rope: Rope, variant: Variant) -> Block:
     how = LayerAttention(config.head_dim**-0.5, config.layer_window(index))
     attention = Attention(config, index, w.qkv_and_o(qkv_bias, o_bias), rope, how, qk_norms)
     norms = (w.rms_norm("input_layernorm"), w.rms_norm("post_attention_layernorm"))
-    return Block(attention, w.gated_mlp(config.hidden_act), norms)
+    return Block(attention, variant.feed_forward(w, index), norms)
 
 
 def _qwen2(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
     return _llama(b, arrays, Variant(qkv_bias=True, o_bias=False))
 
 
+_QWEN3 = Variant(qk_norms=True)
+
+
 def _qwen3(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
-    return _llama(b, arrays, Variant(qk_norms=True))
+    return _llama(b, arrays, _QWEN3)
+
+
+def _qwen3_moe(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+    """Qwen3's blocks, experts in the sparse layers (names per expert: `models/names.py`)."""
+    variant = replace(_QWEN3, feed_forward=_qwen3_moe_feed_forward)
+    return _llama(b, qwen3_moe_experts_split(arrays), variant)
+
+
+def _qwen3_moe_feed_forward(w: Weights, index: int) -> FeedForward:
+    """The softmax over all experts, its top k (renormalised where `norm_topk_prob` says),
+    each expert a SwiGLU MLP; a dense MLP in the layers without experts."""
+    config = w.build.config
+    if not config.layer_has_experts(index):
+        return _gated_mlp(w, index)
+    experts: list[FeedForward] = [
+        w.gated_mlp(config.hidden_act, f"mlp.experts.{e}.") for e in range(config.num_local_experts)
+    ]
+    gate = w.linear(w.take("mlp.gate.weight"))
+    return Experts(TopKOfSoftmax(gate, config.num_experts_per_tok, config.norm_topk_prob), experts)
 
 
 def _gemma3(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
@@ -231,14 +264,18 @@ def _experts(w: Weights) -> Experts:
     gate, up = w.take(prefix + "gate_proj.weight"), w.take(prefix + "up_proj.weight")
     gate_b, up_b = w.take(prefix + "gate_proj.bias"), w.take(prefix + "up_proj.bias")
     down, down_b = w.take(prefix + "down_proj.weight"), w.take(prefix + "down_proj.bias")
-    experts = range(w.build.config.num_local_experts)
-    gate_up = [
-        w.linear(mx.concatenate([gate[e], up[e]]), mx.concatenate([gate_b[e], up_b[e]]))
-        for e in experts
+    config = w.build.config
+    experts: list[FeedForward] = [
+        ClampedSwiGLU(
+            w.linear(mx.concatenate([gate[e], up[e]]), mx.concatenate([gate_b[e], up_b[e]])),
+            w.linear(down[e], down_b[e]),
+            config.swiglu_limit,
+            config.swiglu_alpha,
+        )
+        for e in range(config.num_local_experts)
     ]
-    downs = [w.linear(down[e], down_b[e]) for e in experts]
     router = w.linear(w.take("mlp.router.weight"), w.take("mlp.router.bias"))
-    return Experts(router, gate_up, downs, w.build.config)
+    return Experts(SoftmaxOfTopK(router, config.num_experts_per_tok), experts)
 
 
 Builder = Callable[[Build, Iterable[tuple[str, np.ndarray]]], DecoderModel]
@@ -249,6 +286,7 @@ _FAMILIES: dict[str, Builder] = {
     "mistral": _llama,
     "qwen2": _qwen2,
     "qwen3": _qwen3,
+    "qwen3_moe": _qwen3_moe,
     "gemma3": _gemma3,
     "gpt_oss": _gpt_oss,
 }

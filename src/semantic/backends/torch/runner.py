@@ -25,6 +25,7 @@ from semantic.backends.torch.attention import (
 from semantic.backends.torch.kernels import CpuKernels, cpu_kernels
 from semantic.backends.torch.linear import WEIGHT_FORMATS, linear_factory
 from semantic.backends.torch.models import build_model
+from semantic.backends.torch.models.experts import routes_on_host
 from semantic.backends.torch.models.layers import Build
 from semantic.backends.torch.prepared import PreparedWeights
 from semantic.backends.torch.sampling import sample
@@ -123,6 +124,7 @@ class TorchRunner:
                 f"{self.cache_spec.bytes_per_page} bytes"
             )
         graphs = cuda_graphs and self.device.type == "cuda" and in_place is not None
+        graphs = graphs and not routes_on_host(self.model)
         # With graphs, one page past the engine's holds the padding rows' K/V (cuda/graphs.py).
         pages = self.num_blocks + 1 if graphs else self.num_blocks
         self.pool = KVPool(self.cache_spec, pages, self.device, in_place)

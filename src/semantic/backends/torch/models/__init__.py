@@ -2,8 +2,8 @@
 
 One file per family, each with the same skeleton (mlx-lm's): how its checkpoint names map to
 ours, how one decoder block is built, and `build`, which assembles the model from the shared
-layers in `layers.py`; families that are Llama's blocks with other options (Qwen2, Qwen3) name
-their `llama.Variant`. Families are imported only when a model of theirs loads.
+layers in `layers.py`; families that are Llama's blocks with other options (Qwen2, Qwen3, Qwen3
+MoE) name their `llama.Variant`. Families are imported only when a model of theirs loads.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ _FAMILIES = {
     "mistral": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen3_moe": "qwen3_moe",
     "gemma3": "gemma3",
     "gpt_oss": "gpt_oss",
 }

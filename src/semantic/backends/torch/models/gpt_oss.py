@@ -1,7 +1,8 @@
 """GPT-OSS: pre-norm blocks of attention with biases and a sink logit per head (sliding and
 global layers alternate, sliding first), YaRN rope, and a mixture of experts: a router picks
 the top k experts of each token, whose outputs are summed with the softmax of their router
-logits. Each expert is a clamped SwiGLU variant, `(up + 1) · gate · σ(α · gate)`, with biases.
+logits (`experts.py`). Each expert is a clamped SwiGLU variant, `(up + 1) · gate · σ(α · gate)`,
+with biases.
 
 Expert weights are kept as one `Linear` per expert and projection, in the model dtype: the
 MXFP4 weights of the released checkpoints are dequantized on load (`models/mxfp4.py`, or the
@@ -21,46 +22,34 @@ import torch
 
 from semantic.backends.torch.attention import LayerAttention
 from semantic.backends.torch.linear import Linear
-from semantic.backends.torch.models.layers import Attention, Block, Build, DecoderModel
+from semantic.backends.torch.models.experts import Experts, SoftmaxOfTopK
+from semantic.backends.torch.models.layers import (
+    Attention,
+    Block,
+    Build,
+    DecoderModel,
+    FeedForward,
+)
 from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
 from semantic.models.names import gpt_oss_experts_split
 
 
-class Experts:
-    """The MoE layer: router, top-k, and each chosen expert over the tokens that chose it."""
+class ClampedSwiGLU:
+    """One GPT-OSS expert: `down((up + 1) · gate · σ(α · gate))`, gate and up clamped first."""
 
-    def __init__(
-        self,
-        router: Linear,
-        gate_up: list[Linear],
-        down: list[Linear],
-        top_k: int,
-        limit: float,
-        alpha: float,
-    ) -> None:
-        self.router = router
+    def __init__(self, gate_up: Linear, down: Linear, limit: float, alpha: float) -> None:
         self.gate_up = gate_up
         self.down = down
-        self.top_k = top_k
         self.limit = limit
         self.alpha = alpha
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] → [T, D]
-        logits = self.router(x)  # [T, E]
-        top, chosen = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
-        weights = torch.softmax(top, dim=-1, dtype=top.dtype)
-        out = torch.zeros_like(x)
-        for expert in torch.unique(chosen).tolist():
-            rows, slot = torch.where(chosen == expert)
-            gate, up = self.gate_up[expert](x[rows]).chunk(2, dim=-1)
-            gate = gate.clamp(max=self.limit)
-            up = up.clamp(min=-self.limit, max=self.limit)
-            hidden = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
-            y = self.down[expert](hidden) * weights[rows, slot, None]
-            out.index_add_(0, rows, y.to(out.dtype))
-        return out
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # [T, I] each
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return self.down((up + 1) * (gate * torch.sigmoid(gate * self.alpha)))
 
 
 def experts(w: Weights) -> Experts:
@@ -69,15 +58,17 @@ def experts(w: Weights) -> Experts:
     gate, up = w.take(prefix + "gate_proj.weight"), w.take(prefix + "up_proj.weight")
     gate_b, up_b = w.take(prefix + "gate_proj.bias"), w.take(prefix + "up_proj.bias")
     down, down_b = w.take(prefix + "down_proj.weight"), w.take(prefix + "down_proj.bias")
-    count = config.num_local_experts
-    gate_up = [
-        linear(torch.cat([gate[e], up[e]]), torch.cat([gate_b[e], up_b[e]])) for e in range(count)
+    each: list[FeedForward] = [
+        ClampedSwiGLU(
+            linear(torch.cat([gate[e], up[e]]), torch.cat([gate_b[e], up_b[e]])),
+            linear(down[e].contiguous(), down_b[e].contiguous()),
+            config.swiglu_limit,
+            config.swiglu_alpha,
+        )
+        for e in range(config.num_local_experts)
     ]
-    downs = [linear(down[e].contiguous(), down_b[e].contiguous()) for e in range(count)]
     router = linear(w.take("mlp.router.weight"), w.take("mlp.router.bias"))
-    return Experts(
-        router, gate_up, downs, config.num_experts_per_tok, config.swiglu_limit, config.swiglu_alpha
-    )
+    return Experts(SoftmaxOfTopK(router, config.num_experts_per_tok), each)
 
 
 def block(w: Weights, index: int, rope: Rope) -> Block:

@@ -1,29 +1,43 @@
-"""The Llama family (Llama 3.x, SmolLM2, Mistral), and the skeleton Qwen2 and Qwen3 share: pre-norm
+"""The Llama family (Llama 3.x, SmolLM2, Mistral), and the skeleton the Qwens share: pre-norm
 blocks of grouped-query attention and a SwiGLU MLP; rope with Llama 3's, linear or YaRN scaling;
 tied or untied embeddings; Q/K/V and output biases where `attention_bias` says (or the family);
 Mistral's sliding window in every layer where its config sets one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from semantic.backends.torch.attention import LayerAttention
-from semantic.backends.torch.models.layers import Attention, Block, Build, DecoderModel, activation
+from semantic.backends.torch.models.layers import (
+    Attention,
+    Block,
+    Build,
+    DecoderModel,
+    FeedForward,
+    activation,
+)
 from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
 
 
+def gated_mlp(w: Weights, index: int) -> FeedForward:
+    """A layer's dense MLP, gated by the config's activation (SwiGLU)."""
+    return w.gated_mlp(activation(w.build.config.hidden_act))
+
+
 @dataclass(slots=True, frozen=True)
 class Variant:
-    """What the families on this skeleton differ in: biases (None: as `attention_bias` says)
-    and RMSNorms of each head's q and k."""
+    """What the families on this skeleton differ in: biases (None: as `attention_bias` says),
+    RMSNorms of each head's q and k, and each layer's feed-forward (Qwen3 MoE: experts in
+    some layers)."""
 
     qkv_bias: bool | None = None
     o_bias: bool | None = None
     qk_norms: bool = False
+    feed_forward: Callable[[Weights, int], FeedForward] = gated_mlp
 
 
 def block(w: Weights, index: int, rope: Rope, variant: Variant) -> Block:
@@ -37,7 +51,7 @@ def block(w: Weights, index: int, rope: Rope, variant: Variant) -> Block:
     how = LayerAttention(config.head_dim**-0.5, config.layer_window(index))
     return Block(
         Attention(config, qkv, o, rope, how, w.build.kernels, qk_norms),
-        w.gated_mlp(activation(config.hidden_act)),
+        variant.feed_forward(w, index),
         w.rms_norm("input_layernorm"),
         w.rms_norm("post_attention_layernorm"),
     )
