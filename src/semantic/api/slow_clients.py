@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import h11
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -116,7 +115,7 @@ class CutOffSlowSenders(H11Protocol):
             self._deadline = self.loop.call_later(self.timeout_s, self._expired)
             return
         part = "body" if self.conn.their_state is h11.SEND_BODY else "head"
-        client: Any = self.client[0] if self.client else "unknown"
+        client = self.client[0] if self.client else "unknown"
         log.warning(
             "the client at %s sent no whole request %s within receive_timeout_s=%g s; cut off",
             client,

@@ -53,7 +53,7 @@ class GrammarGaveUp(InvalidRequest):
     alone), not a fault of the engine."""
 
     def __init__(self, description: str, error: str) -> None:
-        reason = error.partition("\n<state>")[0].strip()[:300]  # the state dump is for the log
+        reason = error.partition("\n<state>")[0].strip()[:300]  # then its state and grammar
         super().__init__(f"the output cannot follow {description}: {reason}")
 
 
