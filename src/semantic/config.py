@@ -70,6 +70,12 @@ class Settings(BaseSettings):
         description="A client that takes none of its response for this long is cut off: its "
         "request is aborted (its cache kept) and the connection closed.",
     )
+    receive_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A client that has not sent a whole request head this long after its "
+        "first byte, or pauses this long in its body, is cut off: the connection is closed.",
+    )
     keep_alive_s: float = Field(
         5.0,
         gt=0,
@@ -378,6 +384,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "config",
         "shutdown_timeout_s",
         "send_timeout_s",
+        "receive_timeout_s",
         "keep_alive_s",
         "max_connections",
     ),

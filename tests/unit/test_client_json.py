@@ -1,6 +1,7 @@
 """Client JSON nests at most `client_json.MAX_DEPTH` deep: deeper is a 400 in the protocol's
 shape wherever a client's JSON is read (the body, tool-call arguments in a history, tool
-schemas, the model field a swap reads), never a RecursionError that becomes a 500."""
+schemas, the model field a swap reads), never a RecursionError that becomes a 500; and its
+lone surrogates are mended, so that no route fails on text that UTF-8 cannot hold."""
 
 from __future__ import annotations
 
@@ -118,3 +119,49 @@ def test_a_deep_body_is_refused_before_a_swap_reads_its_model(
         body = '{"model": "tiny", "messages": ' + ABYSS + "}"
         answer = client.post("/v1/chat/completions", content=body)
         assert answer.status_code == 400, answer.text
+
+
+# A JavaScript string cut mid-emoji: half of a UTF-16 pair, which no UTF-8 text can hold.
+LONE = "\\ud83d"
+
+
+def test_a_lone_surrogate_in_any_string_becomes_a_replacement_character() -> None:
+    escaped = '{"k' + LONE + '": ["a' + LONE + '", {"b": "\\udc00c"}], "pair": "\\ud83d\\ude00"}'
+    raw_utf8 = '{"k": "\ud800"}'.encode("utf-8", "surrogatepass")  # as json.loads reads bytes
+    assert client_json.loads(escaped) == {
+        "k\ufffd": ["a\ufffd", {"b": "\ufffdc"}],
+        "pair": "\U0001f600",  # a whole pair is one character, kept
+    }
+    assert client_json.loads(raw_utf8) == {"k": "\ufffd"}
+    assert client_json.loads(escaped.encode()) == client_json.loads(escaped)
+
+
+def surrogate_bodies() -> dict[str, str]:
+    """A body per route that takes free text, the text with a lone surrogate in it."""
+    return {
+        "/v1/completions": '{"model": "m", "max_tokens": 2, "prompt": "cut ' + LONE + '"}',
+        "/v1/responses": '{"model": "m", "max_output_tokens": 2, "input": "cut ' + LONE + '"}',
+        "/v1/agents": '{"agent_id": "cut", "system": "cut ' + LONE + '"}',
+    }
+
+
+def test_a_lone_surrogate_in_a_body_is_served_and_stored_never_a_500(client: TestClient) -> None:
+    """Before, the completions prompt reached the tokenizer as it was, and a stored response
+    or an agent's system prompt could not be written out as UTF-8: 500s, and an agent that
+    broke the agent list for everyone."""
+    for path, body in surrogate_bodies().items():
+        answer = client.post(path, content=body)
+        assert answer.status_code in (200, 201), (path, answer.text)
+    stored = client.get(f"/v1/responses/{answer_id(client)}")
+    assert stored.status_code == 200, stored.text
+    listed = client.get("/v1/agents")
+    assert listed.status_code == 200, listed.text
+    assert [agent["conversation"]["system"] for agent in listed.json()["data"]] == ["cut \ufffd"]
+
+
+def answer_id(client: TestClient) -> str:
+    body = surrogate_bodies()["/v1/responses"]
+    answer = client.post("/v1/responses", content=body)
+    assert answer.status_code == 200, answer.text
+    response_id: str = answer.json()["id"]
+    return response_id

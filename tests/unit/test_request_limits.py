@@ -73,6 +73,21 @@ def test_more_tools_than_max_tools_is_a_400_naming_tools(
         assert one.is_success, one.text
 
 
+def test_tools_inside_a_responses_namespace_count_against_max_tools(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """Before, a namespace counted as one tool, so one could carry any number past the limit."""
+    function = {"type": "function", "parameters": {"type": "object"}}
+    tools = [{**function, "name": name} for name in ("a", "b")]
+    namespace = {"type": "namespace", "name": "ns", "tools": tools}
+    body = {"model": "tiny", "max_output_tokens": 2, "input": "Hi"}
+    with chat_app(served, tmp_path, max_tools=1, num_blocks=128) as client:
+        error = openai_error(client.post("/v1/responses", json={**body, "tools": [namespace]}))
+        assert error["param"] == "tools" and error["message"].startswith("tools: 2 tools")
+        one = {**namespace, "tools": tools[:1]}
+        assert client.post("/v1/responses", json={**body, "tools": [one]}).is_success
+
+
 def test_a_prompt_over_max_prompt_tokens_is_a_context_overflow(
     served: ServedModel, tmp_path: Path
 ) -> None:

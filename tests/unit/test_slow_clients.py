@@ -140,3 +140,50 @@ def test_past_max_connections_a_new_connection_gets_503(
 
     with stop_signals_ignored():
         assert asyncio.run(scenario()) == [200, 200, 503, 200]
+
+
+# Each stops before its request is whole: nothing at all, half a head (slowloris), half a body.
+HALF_REQUESTS = [
+    b"",
+    b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
+    b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 100\r\n\r\n{",
+]
+
+
+def test_a_client_that_stops_sending_its_request_is_cut_off(
+    tiny_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """uvicorn alone waits for ever for a request's head and body, so such connections held
+    their place in `max_connections` for good (enough of them shut every client out): past
+    `receive_timeout_s` each is closed, and whole requests are still served."""
+    engine = engine_on(fake_runner(), long_chat_served(tiny_tokenizer), tmp_path, port=0)
+    settings = engine.settings.model_copy(update={"receive_timeout_s": TIMEOUT_S})
+    app = create_app(engine, settings)
+
+    async def cut_off(port: int, sent: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(sent)
+        try:  # before, the server never answered and never closed
+            return await asyncio.wait_for(reader.read(), timeout=30)
+        finally:
+            writer.close()
+
+    async def scenario() -> tuple[list[bytes], int]:
+        server = DrainingServer(uvicorn_config(app, settings), app.state.lifecycle, 1)
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        answers = await asyncio.gather(*(cut_off(port, sent) for sent in HALF_REQUESTS))
+        async with httpx.AsyncClient() as client:
+            body = {"model": "m", "prompt": PROMPT, "max_tokens": 2}
+            whole = await client.post(f"http://127.0.0.1:{port}/v1/completions", json=body)
+        server.should_exit = True
+        await asyncio.wait_for(serving, timeout=60)
+        return answers, whole.status_code
+
+    with stop_signals_ignored():
+        answers, status = asyncio.run(scenario())
+    assert answers == [b"", b"", b""]  # closed, with nothing written
+    assert status == 200

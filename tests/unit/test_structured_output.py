@@ -300,6 +300,57 @@ def test_a_schema_the_engine_cannot_take_is_a_400_in_each_shape(api: TestClient)
     assert anthropic.json()["error"]["type"] == "invalid_request_error"
 
 
+# A required property that holds the same object again: no value of it ever ends. The grammar
+# engine takes it, then its parser gives up at the first token of the answer.
+ENDLESS_SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"$ref": "#/$defs/node"}},
+    "required": ["a"],
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {"next": {"$ref": "#/$defs/node"}},
+            "required": ["next"],
+        }
+    },
+}
+
+
+def test_a_schema_whose_value_never_ends_is_a_400_that_blames_the_schema(
+    api: TestClient,
+) -> None:
+    """Before, the parser giving up failed the request as a fault of the engine's (a 500)."""
+    answers = {
+        "response_format": api.post(
+            "/v1/chat/completions",
+            json={
+                "model": "m",
+                "messages": ASK,
+                "max_tokens": 20,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": ENDLESS_SCHEMA},
+                },
+            },
+        ),
+        "strict tool": api.post(
+            "/v1/messages",
+            json={
+                "model": "m",
+                "max_tokens": 20,
+                "messages": ASK,
+                "tools": [{"name": "walk", "input_schema": ENDLESS_SCHEMA, "strict": True}],
+                "tool_choice": {"type": "tool", "name": "walk"},
+            },
+        ),
+    }
+    for case, answer in answers.items():
+        assert answer.status_code == 400, (case, answer.text)
+        assert "cannot follow" in answer.json()["error"]["message"], case
+    assert answers["strict tool"].json()["error"]["type"] == "invalid_request_error"
+    assert chat(api)["choices"][0]["finish_reason"]  # and the server serves the next request
+
+
 def test_a_schema_is_compiled_once_and_cached(served: ServedModel) -> None:
     first = served.grammars.json_schema(VERDICT)
     again = served.grammars.json_schema(json.loads(json.dumps(VERDICT)))

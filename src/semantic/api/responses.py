@@ -235,7 +235,7 @@ async def create_response(request: Request) -> Response:
     items = input_items(body)
     new_messages = template_messages(items)
     history = sum(len(stored.messages) for stored in chain)
-    limits.check_counts(settings, history + len(new_messages), len(body.tools or []))
+    limits.check_counts(settings, history + len(new_messages), body.tool_count())
     response_id = item_id("resp")
     agent = chain_agent(body, request.headers, chain)
     rate_limits.check_agent(request, agent)

@@ -106,6 +106,11 @@ class ResponsesBody(_Body):
     prompt_cache_key: str | None = Field(None, max_length=256)
     session_id: str | None = Field(None, pattern=AGENT_ID_PATTERN)
 
+    def tool_count(self) -> int:
+        """How many tools the request carries, each inside a namespace counted (`max_tools`)."""
+        tools = self.tools or []
+        return sum(len(tool.tools or []) if tool.type == "namespace" else 1 for tool in tools)
+
     def offered_tools(self) -> list[tuple[Tool, str | None]]:
         """The tools the model may call, each with its namespace (None outside one)."""
         offered: list[tuple[Tool, str | None]] = []

@@ -24,6 +24,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from semantic.api.lifecycle import RESPONSE_GRACE_S, Lifecycle
+from semantic.api.slow_clients import CutOffSlowSenders
 from semantic.config import Settings
 
 log = logging.getLogger("semantic")
@@ -88,6 +89,7 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
         log_level=settings.log_level,
         log_config=None,  # uvicorn's records go through our handler (observability.py) too
         timeout_graceful_shutdown=RESPONSE_GRACE_S,
+        http=CutOffSlowSenders.with_timeout(settings.receive_timeout_s),
         # uvicorn refuses a request (503) once this many connections are open, its own
         # included: one more, so that `max_connections` of them are served.
         limit_concurrency=settings.max_connections + 1,

@@ -1,5 +1,6 @@
-"""A client that stops reading is cut off: each part of a response must be taken within
-`send_timeout_s`.
+"""A slow client is cut off: one that stops reading its response (`SendTimeout`: each part of a
+response must be taken within `send_timeout_s`), and one that stops sending its request
+(`CutOffSlowSenders`: within `receive_timeout_s`).
 
 A client that stops reading (a stuck process, a debugger, a page left open) is not a client
 that went away: its connection stays open, so nothing notices, and once the socket's buffers
@@ -7,6 +8,10 @@ are full the response waits for ever, with its request generating, its lease on 
 held (a model swap would wait for it) and the old model kept in memory. Past the timeout the
 response ends: its request is aborted through the engine's abort path, as for a disconnect,
 so the blocks it computed stay as cache, and the connection is closed.
+
+A client that stops sending holds its connection for ever too: uvicorn waits as long as it
+takes for a request's head and body, so connections that send nothing, or a header a minute
+(slowloris), would hold all `max_connections` and shut every other client out.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import h11
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger(__name__)
 
@@ -56,3 +63,63 @@ class SendTimeout:
                 client[0],
                 self.timeout_s,
             )
+
+
+class CutOffSlowSenders(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline on what the client sends: a request's head
+    must have come whole within `timeout_s` of its first byte (of the connection, for the
+    first request: the time between requests is uvicorn's keep-alive timeout), and its body may
+    pause for no longer. Past it the connection is closed. While the server is the one not
+    reading (its flow control paused until the app reads, or a client waiting for its
+    `100 Continue`), the clock waits. `with_timeout` makes the class uvicorn is given."""
+
+    timeout_s = 60.0
+
+    @classmethod
+    def with_timeout(cls, timeout_s: float) -> type[CutOffSlowSenders]:
+        return type(cls.__name__, (cls,), {"timeout_s": timeout_s})
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._deadline: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        self._watch()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _watch(self) -> None:
+        """After each part the client sends: the head's one deadline, the body's from each part,
+        and none once the request is whole."""
+        state = self.conn.their_state
+        if state is h11.SEND_BODY or (state is h11.IDLE and self._deadline is None):
+            self._disarm()
+            self._deadline = self.loop.call_later(self.timeout_s, self._expired)
+        elif state is not h11.IDLE:
+            self._disarm()
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing() or self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
+            return
+        if self.flow.read_paused or self.conn.they_are_waiting_for_100_continue:
+            self._deadline = self.loop.call_later(self.timeout_s, self._expired)
+            return
+        part = "body" if self.conn.their_state is h11.SEND_BODY else "head"
+        client = self.client[0] if self.client else "unknown"
+        log.warning(
+            "the client at %s sent no whole request %s within receive_timeout_s=%g s; cut off",
+            client,
+            part,
+            self.timeout_s,
+        )
+        self.transport.close()

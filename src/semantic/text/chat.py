@@ -8,7 +8,6 @@ prompt and therefore the cached prefix are the ones the model was trained on.
 from __future__ import annotations
 
 import json
-import re
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +19,7 @@ import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from semantic.errors import InvalidRequest, ModelLoadFailed
+from semantic.text import client_json
 from semantic.text.tool_prompt import default_tool_messages, has_tool_content
 
 # For checkpoints that ship no template: ChatML, transformers' historical default.
@@ -33,7 +33,6 @@ CHATML_TEMPLATE = (
 # The names a message's reasoning arrives under: templates read `reasoning_content`, gpt-oss's
 # reads `thinking`.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ChatTemplate:
@@ -90,9 +89,9 @@ class ChatTemplate:
             ) from None
         if continue_final_message and messages:
             text = _cut_after(text, str(messages[-1].get("content") or ""))
-        # JSON may carry lone UTF-16 surrogates (a JavaScript string cut mid-emoji), which no
-        # tokenizer takes.
-        return _LONE_SURROGATE.sub("\ufffd", text)
+        # Client JSON comes mended (client_json.py); text from elsewhere (a Python caller, a
+        # conversation kept from before) may still hold a lone surrogate, which no tokenizer takes.
+        return client_json.mend_surrogates(text)
 
 
 def _cut_after(text: str, content: str) -> str:

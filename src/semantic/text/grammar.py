@@ -41,7 +41,20 @@ _CACHED_GRAMMARS = 128  # per model; a schema is a few KB at most
 
 
 class GrammarViolation(ValueError):
-    """A sequence's output left its grammar (its row fails alone)."""
+    """A sequence's matcher has not seen all of its output, so its mask would be wrong: a fault
+    of ours (its row fails alone)."""
+
+
+class GrammarGaveUp(InvalidRequest):
+    """The grammar engine's parser gave up on a sequence's output: it reached one of its
+    limits, as a schema whose value can never end (a required property holding the same object
+    again) makes it do at the answer's first token. Since each token is one the mask allowed,
+    the schema is what failed, and it is the client's: a 400 that names it (its row fails
+    alone), not a fault of the engine."""
+
+    def __init__(self, description: str, error: str) -> None:
+        reason = error.partition("\n<state>")[0].strip()[:300]  # then its state and grammar
+        super().__init__(f"the output cannot follow {description}: {reason}")
 
 
 @dataclass(slots=True, frozen=True, eq=False)
@@ -79,14 +92,12 @@ class GrammarMatcher:
 
     def accept(self, token: int) -> None:
         if not self._matcher.consume_token(token):
-            raise GrammarViolation(
-                f"token {token} breaks {self.grammar.description}: {self._matcher.get_error()}"
-            )
+            raise GrammarGaveUp(self.grammar.description, self._matcher.get_error())
         self.consumed += 1
 
     def _check(self) -> None:
         if self._matcher.is_error():
-            raise GrammarViolation(f"{self.grammar.description}: {self._matcher.get_error()}")
+            raise GrammarGaveUp(self.grammar.description, self._matcher.get_error())
 
 
 class GrammarCompiler:
@@ -275,7 +286,7 @@ class GrammarStates:
                 continue
             try:
                 self._matcher(seq_id, grammar, generated).fill(mask[index])
-            except GrammarViolation as exc:
+            except (GrammarViolation, GrammarGaveUp) as exc:
                 errors[index] = exc
         return mask, errors
 
@@ -286,7 +297,7 @@ class GrammarStates:
             return None
         try:
             matcher.accept(token)
-        except GrammarViolation as exc:
+        except GrammarGaveUp as exc:
             return exc
         return None
 
