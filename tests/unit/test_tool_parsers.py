@@ -1,4 +1,5 @@
-"""Tool-call parsers (text/tools.py) and the JSON prefix checker under them.
+"""Tool-call parsers (text/tools.py, text/tool_formats.py, text/xml_arguments.py) and the JSON
+prefix checker under them.
 
 Every case is fed whole, a character at a time, and split in two at every character boundary:
 the events, with adjacent text and argument fragments joined, must be the same every way.
@@ -21,6 +22,7 @@ from semantic.text.tool_formats import (
     Llama3JsonParser,
     MistralNamesParser,
     MistralParser,
+    QwenCoderParser,
     hidden_markers,
     parser_for,
 )
@@ -32,6 +34,9 @@ from semantic.text.tools import (
     ToolCallParser,
     ToolEvent,
 )
+from semantic.text.xml_arguments import typed_value
+from tests.qwen3_coder_template import QWEN3_CODER_TEMPLATE
+from tests.qwen3_template import QWEN3_TEMPLATE
 
 TOOLS = ("get_weather", "get_time")
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
@@ -39,6 +44,7 @@ TIME = '{"name": "get_time", "arguments": {}}'
 PARIS = '{"city": "Paris"}'
 
 Outcome = list[tuple[Any, ...]]  # ("text", text) | ("call", name, arguments) entries
+Schemas = dict[str, dict[str, Any]] | None
 
 
 def outcome(events: list[ToolEvent]) -> Outcome:
@@ -69,18 +75,18 @@ def outcome(events: list[ToolEvent]) -> Outcome:
     return result
 
 
-def parse(parser: type[ToolCallParser], pieces: list[str]) -> Outcome:
-    instance = parser(TOOLS)
+def parse(parser: type[ToolCallParser], pieces: list[str], schemas: Schemas = None) -> Outcome:
+    instance = parser(TOOLS, schemas)
     events = [event for piece in pieces for event in instance.feed(piece)]
     return outcome(events + instance.finish())
 
 
-def parse_every_way(parser: type[ToolCallParser], text: str) -> Outcome:
+def parse_every_way(parser: type[ToolCallParser], text: str, schemas: Schemas = None) -> Outcome:
     """The outcome of `text`, after checking that every way of splitting it gives the same."""
-    whole = parse(parser, [text])
-    assert parse(parser, list(text)) == whole
+    whole = parse(parser, [text], schemas)
+    assert parse(parser, list(text), schemas) == whole
     for cut in range(1, len(text)):
-        assert parse(parser, [text[:cut], text[cut:]]) == whole, f"split at {cut}"
+        assert parse(parser, [text[:cut], text[cut:]], schemas) == whole, f"split at {cut}"
     return whole
 
 
@@ -248,6 +254,217 @@ def test_mistral(case: str, text: str, expected: Outcome) -> None:
     assert parse_every_way(MistralParser, text) == expected
 
 
+WEATHER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "days": {"type": "integer"},
+        "metric": {"type": "boolean"},
+        "hours": {"type": "array", "items": {"type": "integer"}},
+    },
+}
+SCHEMAS: dict[str, dict[str, Any]] = {"get_weather": WEATHER_SCHEMA, "get_time": {"type": "object"}}
+
+
+def function(name: str, *parameters: tuple[str, str]) -> str:
+    """A Qwen3-Coder call, as its template asks the model to write one."""
+    written = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in parameters)
+    return f"<tool_call>\n<function={name}>\n{written}</function>\n</tool_call>"
+
+
+PARIS_CALL = function("get_weather", ("city", "Paris"), ("days", "3"))
+PARIS_3 = '{"city": "Paris", "days": 3}'
+
+QWEN_CODER_CASES = [
+    ("a call, its values typed", PARIS_CALL, [call("get_weather", PARIS_3)]),
+    (
+        "text, then a call",
+        f"I'll check.\n\n{PARIS_CALL}",
+        [("text", "I'll check."), call("get_weather", PARIS_3)],
+    ),
+    (
+        "two calls, whitespace between them dropped, text after",
+        f"{PARIS_CALL}\n{function('get_time')}\nDone.",
+        [call("get_weather", PARIS_3), call("get_time", "{}"), ("text", "Done.")],
+    ),
+    (
+        "every type the schema gives, and a value that does not convert",
+        function(
+            "get_weather",
+            ("days", "three"),
+            ("metric", "false"),
+            ("hours", "[9, 12]"),
+            ("note", "42"),
+        ),
+        [
+            call(
+                "get_weather",
+                '{"days": "three", "metric": false, "hours": [9, 12], "note": "42"}',
+            )
+        ],
+    ),
+    (
+        "one newline either side of a value is dropped, the rest kept",
+        function("get_weather", ("city", "\n  two\nlines  \n")),
+        [call("get_weather", '{"city": "\\n  two\\nlines  \\n"}')],
+    ),
+    (
+        "tags, quotes and non-ASCII in a value are its text",
+        function("get_weather", ("city", 'S\u00e3o "P" <parameter=x> </para </function')),
+        [call("get_weather", '{"city": "S\u00e3o \\"P\\" <parameter=x> </para </function"}')],
+    ),
+    (
+        "a tool that was not offered is text",
+        function("rm_rf", ("path", "/")),
+        [("text", function("rm_rf", ("path", "/")))],
+    ),
+    (
+        "a call tag that is no function is text",
+        "Hi <tool_call>\n<func name=get_time>",
+        [("text", "Hi <tool_call>\n<func name=get_time>")],
+    ),
+    (
+        "a name broken by a newline is text",
+        "<tool_call>\n<function=get_\ntime>\n</function>",
+        [("text", "<tool_call>\n<function=get_\ntime>\n</function>")],
+    ),
+    (
+        "text between parameters is dropped",
+        "<tool_call>\n<function=get_weather>\nso:\n<parameter=city>\nParis\n</parameter>\n"
+        "</function>",
+        [call("get_weather", '{"city": "Paris"}')],
+    ),
+    (
+        "a value whose closing tag is left out ends at the function's",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n</tool_call>",
+        [call("get_weather", '{"city": "Paris"}')],
+    ),
+    (
+        "output cut short inside a value ends the call with the value so far",
+        "<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n"
+        "<parameter=city>\nPa",
+        [call("get_weather", '{"days": 3, "city": "Pa"')],
+    ),
+    (
+        "output cut short inside a parameter's name ends the call without it",
+        "<tool_call>\n<function=get_weather>\n<parameter=ci",
+        [call("get_weather", "{")],
+    ),
+    (
+        "output cut short before the call commits is text",
+        "<tool_call>\n<function=get_wea",
+        [("text", "<tool_call>\n<function=get_wea")],
+    ),
+    (
+        "a Hermes JSON call in the tags is read too",
+        f"<tool_call>\n{WEATHER}\n</tool_call>",
+        [call("get_weather", PARIS)],
+    ),
+    (
+        "a marker in prose stays prose",
+        "Write <tool_call> then <function=",
+        [("text", "Write <tool_call> then <function=")],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "expected"), QWEN_CODER_CASES, ids=[c[0] for c in QWEN_CODER_CASES]
+)
+def test_qwen_coder(case: str, text: str, expected: Outcome) -> None:
+    assert parse_every_way(QwenCoderParser, text, SCHEMAS) == expected
+
+
+def test_qwen_coder_arguments_go_out_as_each_parameter_completes() -> None:
+    parser = QwenCoderParser(TOOLS, SCHEMAS)
+    assert parser.feed("<tool_call>\n<function=get_weath") == []
+    assert parser.feed("er>\n<parameter=city>\nPar") == [
+        CallStart(0, "get_weather"),
+        ArgumentsDelta(0, "{"),
+    ]
+    assert parser.feed("is\n</parameter>\n<parameter=days>\n") == [
+        ArgumentsDelta(0, '"city": "Paris"')
+    ]
+    assert parser.feed("3\n</parameter>\n</function>\n</tool_call>") == [
+        ArgumentsDelta(0, ', "days": 3}'),
+        CallEnd(0),
+    ]
+    assert parser.finish() == []
+
+
+@pytest.mark.parametrize(
+    ("text", "schema", "expected"),
+    [
+        ("3", {"type": "integer"}, "3"),
+        ("-12", {"type": "integer"}, "-12"),
+        ("3.5", {"type": "integer"}, '"3.5"'),
+        ("2.50", {"type": "number"}, "2.5"),
+        ("7", {"type": "number"}, "7"),
+        ("1e999", {"type": "number"}, '"1e999"'),
+        ("NaN", {"type": "number"}, '"NaN"'),
+        ("true", {"type": "integer"}, '"true"'),
+        ("1" * 5000, {"type": "integer"}, json.dumps("1" * 5000)),
+        ("true", {"type": "boolean"}, "true"),
+        ("False", {"type": "boolean"}, "false"),
+        ("yes", {"type": "boolean"}, '"yes"'),
+        ('{"a": [1, "b"]}', {"type": "object"}, '{"a": [1, "b"]}'),
+        ("[1, 2]", {"type": "object"}, '"[1, 2]"'),
+        ("[1, 2]", {"type": "array"}, "[1, 2]"),
+        ("[1, 2", {"type": "array"}, '"[1, 2"'),
+        ("[" * 200 + "]" * 200, {"type": "array"}, json.dumps("[" * 200 + "]" * 200)),
+        ("null", {"type": ["integer", "null"]}, "null"),
+        ("4", {"type": ["integer", "null"]}, "4"),
+        ("4", {"type": ["string", "integer"]}, '"4"'),
+        ("4", {"anyOf": [{"type": "integer"}, {"type": "string"}]}, "4"),
+        ("4", {"type": "string"}, '"4"'),
+        ("4", {"enum": ["4", "5"]}, '"4"'),
+        ("4", None, '"4"'),
+        (" 4 ", {"type": "integer"}, "4"),
+        (" text ", {"type": "string"}, '" text "'),
+    ],
+)
+def test_a_value_takes_the_first_type_of_its_schema_it_converts_to(
+    text: str, schema: Any, expected: str
+) -> None:
+    assert typed_value(text, schema) == expected
+
+
+def test_qwen_coder_schemas_that_are_not_objects_leave_values_strings() -> None:
+    odd_schemas: list[Any] = [{"properties": ["days"]}, {"properties": {"days": "integer"}}, []]
+    for schema in odd_schemas:
+        assert parse(QwenCoderParser, [PARIS_CALL], {"get_weather": schema}) == [
+            call("get_weather", '{"city": "Paris", "days": "3"}')
+        ]
+
+
+def test_a_megabyte_parameter_is_read_whole() -> None:
+    value = "x = '<' + '</' + 'tag>'\n" * 45_000  # over 1 MB, full of almost-tags
+    text = function("get_weather", ("city", value))
+    pieces = [text[i : i + 4096] for i in range(0, len(text), 4096)]
+    [(kind, name, arguments)] = parse(QwenCoderParser, pieces, SCHEMAS)
+    assert (kind, name) == ("call", "get_weather")
+    assert json.loads(arguments) == {"city": value}
+
+
+def test_thousands_of_parameter_openings_are_read_in_one_pass() -> None:
+    """Openings that never close, between parameters (each dropped at the next `<`) and in a
+    value (its text), then a parameter that does close."""
+    openings = "<parameter=" * 5000
+    text = (
+        f"<tool_call>\n<function=get_weather>\n{openings}<parameter={'k' * 300}>\n"
+        f"<parameter=city>\n{openings}\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+        "</function>"
+    )
+    assert parse(QwenCoderParser, list(text), SCHEMAS) == [
+        call("get_weather", json.dumps({"city": openings, "days": 3}))
+    ]
+
+
+def test_thousands_of_call_openings_are_text() -> None:
+    text = "<tool_call>\n<function=" * 3000
+    assert parse(QwenCoderParser, [text], SCHEMAS) == [("text", text)]
+
+
 def test_arguments_stream_in_fragments_as_they_are_written() -> None:
     parser = HermesParser(TOOLS)
     assert parser.feed('<tool_call>\n{"name": "get_weather", ') == []
@@ -274,6 +491,13 @@ def test_text_is_held_back_only_while_it_may_start_a_marker() -> None:
         (MistralParser, None, 'get_time", "arguments": {}}]', call("get_time", "{}")),
         (MistralNamesParser, "get_weather", PARIS, call("get_weather", PARIS)),
         (MistralNamesParser, None, "get_time[ARGS]{}", call("get_time", "{}")),
+        (QwenCoderParser, None, "get_time>\n</function>\n</tool_call>", call("get_time", "{}")),
+        (
+            QwenCoderParser,
+            "get_weather",
+            "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+            call("get_weather", PARIS),
+        ),
     ],
 )
 def test_a_prefilled_opener_and_the_generated_rest_parse_as_one_call(
@@ -291,6 +515,8 @@ def test_a_prefilled_opener_and_the_generated_rest_parse_as_one_call(
         ("{{ tools }}<|python_tag|>", Llama3JsonParser),
         ('{{ tools }}{"name": x, "parameters": y}', Llama3JsonParser),
         ("{{ tools }}no markers at all", HermesParser),
+        (QWEN3_TEMPLATE, HermesParser),
+        (QWEN3_CODER_TEMPLATE, QwenCoderParser),
         # No tool support: the default tool prompt is Hermes', whatever the template writes.
         ("[TOOL_CALLS]" + CHATML_TEMPLATE, HermesParser),
     ],

@@ -123,9 +123,11 @@ class ToolUse:
         from the prefilled opener on, and so do the calls after it, when parallel calls are
         allowed. With `auto` and a `strict` tool, every call the model opens does, the text
         around them staying free. A schema binds for a strict tool; for another it is a best
-        effort. None when nothing is held: no tools, `none`, `auto` without a strict tool, or
-        `auto` in a format whose calls a grammar cannot find in free text."""
-        if not self.active:
+        effort. None when nothing is held: no tools, `none`, `auto` without a strict tool,
+        `auto` in a format whose calls a grammar cannot find in free text, or a format whose
+        arguments are no JSON object (Qwen3-Coder's: its values are typed by the schema as
+        they are read instead)."""
+        if not self.active or not self._format.JSON_ARGUMENTS:
             return None
         forced = self.choice.mode == "required"
         if not forced and not self.strict.intersection(self.tools):
@@ -159,7 +161,7 @@ class ToolUse:
         """Each engine event with the reasoning, text and call events its text makes (the
         prefill's come with the first). Without `parallel`, after the first call `stop` ends
         generation, and the text that still arrives is dropped."""
-        self._parser = self._format(self.tools) if self.active else PlainText()
+        self._parser = self._format(self.tools, self.schemas) if self.active else PlainText()
         parsed: list[ReplyEvent] = list(self._parser.feed(self.prefill))
         done = False
         async for event in events:

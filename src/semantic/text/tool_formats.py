@@ -4,23 +4,29 @@ model writes.
 `parser_for` picks one from the markers the chat template writes; Hermes is the default, and
 the format of the default tool prompt (tool_prompt.py).
 - Hermes / Qwen: `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`, repeated.
+- Qwen3-Coder: `<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nvalue\\n</parameter>\\n…
+  </function>\\n</tool_call>`, repeated; values are text, typed by the tool's schema.
 - Llama 3 JSON: `{"name": …, "parameters": {…}}` as the whole reply, optionally after
   `<|python_tag|>`, calls separated by `;` or whitespace.
 - Mistral: `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]`, and the newer
   `[TOOL_CALLS]name[ARGS]{…}` (optionally `name[CALL_ID]id[ARGS]{…}`), repeated.
-Every family takes `arguments` or `parameters` for the arguments.
+Every JSON family takes `arguments` or `parameters` for the arguments.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from semantic.text.tools import WHITESPACE, ToolCallParser
+from semantic.text.xml_arguments import XmlArgumentsReader
 
-_MAX_NAME_CHARS = 256  # a Mistral tool name longer than this is not one
+_MAX_NAME_CHARS = 256  # a tool name longer than this is not one
+_FUNCTION_TAG = "<function="
+_FUNCTION = "<tool_call>\n" + _FUNCTION_TAG  # a Qwen3-Coder call's opener, before its name
 
 
 class HermesParser(ToolCallParser):
@@ -43,6 +49,63 @@ class HermesParser(ToolCallParser):
             super()._on_marker(marker)
         else:
             self._call_text = []  # the tag that closes the call just read
+
+
+class QwenCoderParser(HermesParser):
+    """`<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nvalue\\n</parameter>\\n…</function>
+    \\n</tool_call>` (Qwen3-Coder). The call commits at the `>` of `<function=NAME>` when NAME is
+    an offered tool; its parameters are read by `XmlArgumentsReader`. A grammar cannot hold
+    these calls (their arguments are no JSON object). A Hermes JSON call after `<tool_call>` is
+    read too, as the Qwen models it was tuned from write it."""
+
+    JSON_ARGUMENTS = False
+
+    def __init__(
+        self, tools: Iterable[str], schemas: Mapping[str, dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__(tools, schemas)
+        self._opening = ""  # `<function=NAME>` as far as it came
+
+    @classmethod
+    def opener(cls, name: str | None) -> str:
+        return _FUNCTION + ("" if name is None else name + ">\n")
+
+    def _on_marker(self, marker: str) -> None:
+        if marker == "<tool_call>":
+            self._call_text.append(marker)
+            self._step = self._function_or_object
+        else:
+            super()._on_marker(marker)
+
+    def _function_or_object(self, char: str) -> None:
+        """After `<tool_call>`: whitespace, then `<function=` or a JSON call's `{`."""
+        if char in WHITESPACE:
+            self._call_text.append(char)
+        elif char == "{":
+            self._read_call(char)
+        elif char == "<":
+            self._opening = ""
+            self._step = self._function
+            self._function(char)
+        else:
+            self._reject(char)
+
+    def _function(self, char: str) -> None:
+        """`<function=NAME>`: the call commits at `>` if NAME is an offered tool."""
+        opening = self._opening + char
+        tag, name = opening[: len(_FUNCTION_TAG)], opening[len(_FUNCTION_TAG) :]
+        if not _FUNCTION_TAG.startswith(tag) or char == "\n" or len(name) > _MAX_NAME_CHARS:
+            self._reject(char)
+            return
+        self._call_text.append(char)
+        self._opening = opening
+        if char != ">" or not name:
+            return
+        name = name.removesuffix(">").strip(WHITESPACE)
+        if name not in self._offered:
+            self._reject(None)
+            return
+        self._read_with(XmlArgumentsReader(self.calls, name, self._schemas.get(name)))
 
 
 class Llama3JsonParser(ToolCallParser):
@@ -77,8 +140,10 @@ class MistralParser(ToolCallParser):
     CLOSER = "}]"
     TRIGGER = "[TOOL_CALLS]"
 
-    def __init__(self, tools: Iterable[str]) -> None:
-        super().__init__(tools)
+    def __init__(
+        self, tools: Iterable[str], schemas: Mapping[str, dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__(tools, schemas)
         self._in_list = False  # between the `[` and `]` of a list of calls
         self._name = ""  # the `name[ARGS]` being read
         self._call_name = ""  # the tool a `name[ARGS]` call names
@@ -178,13 +243,14 @@ def _json_name_and(name: str | None, arguments_key: str) -> str:
 
 def parser_for(template: ChatTemplate) -> type[ToolCallParser]:
     """The family a chat template's model writes tool calls in, told by the markers the template
-    itself writes. A template with no tool support gets the default tool prompt, and so Hermes;
-    a tool-aware template with none of these markers also gets Hermes (the most common)."""
+    itself writes (Qwen3-Coder's `<tool_call>` holds a `<function=`). A template with no tool
+    support gets the default tool prompt, and so Hermes; a tool-aware template with none of
+    these markers also gets Hermes (the most common)."""
     source = template.source if template.supports_tools else ""
     if "[TOOL_CALLS]" in source:
         return MistralNamesParser if "[ARGS]" in source else MistralParser
     if "<tool_call>" in source:
-        return HermesParser
+        return QwenCoderParser if _FUNCTION_TAG in source else HermesParser
     if "<|python_tag|>" in source or '"parameters"' in source:
         return Llama3JsonParser
     return HermesParser

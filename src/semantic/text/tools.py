@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from semantic.text.json_prefix import JsonPrefix
 
@@ -52,11 +53,28 @@ WHITESPACE = " \t\n\r"
 _ARGUMENT_KEYS = ("arguments", "parameters")
 
 
-class _Read(enum.Enum):
+class Read(enum.Enum):
+    """What a character did to the call being read."""
+
     MORE = enum.auto()  # the character belongs to the call, which goes on
     DONE = enum.auto()  # the character ended the call
     REJECTED = enum.auto()  # not a call after all: its text is plain text (not this character)
     BROKEN = enum.auto()  # a streaming call ended before this character, which is not its own
+
+
+class CallReader(Protocol):
+    """One call being read, a character at a time. `text` is what it read (plain text again if
+    the call is rejected), `events` what it made since the parser last took them."""
+
+    text: list[str]
+    events: list[ToolEvent]
+
+    def push(self, char: str) -> Read: ...
+
+    def finish(self) -> bool:
+        """The output ended inside the call: True when it was a call (it ends), False when
+        its text is plain text."""
+        ...
 
 
 class _CallReader:
@@ -78,11 +96,11 @@ class _CallReader:
         self._args_end: int | None = None
         self._sent = 0  # arguments are emitted up to this offset
 
-    def push(self, char: str) -> _Read:
+    def push(self, char: str) -> Read:
         if not self._json.push(char):
             return self._break()
         if not self._keeps_a_call(char):
-            return _Read.REJECTED
+            return Read.REJECTED
         self.text.append(char)
         if self._json.ended in _ARGUMENT_KEYS or (self._bare and self._json.complete):
             self._args_end = self._args_end or len(self.text)
@@ -90,11 +108,11 @@ class _CallReader:
             self._commit()
         self._send_arguments()
         if not self._json.complete:
-            return _Read.MORE
+            return Read.MORE
         if not self.committed:
             self._commit(arguments="{}")  # a call with no arguments at all
         self.events.append(CallEnd(self.index))
-        return _Read.DONE
+        return Read.DONE
 
     def finish(self) -> bool:
         """The output ended inside this call: end it if it was streaming (its arguments as far
@@ -149,11 +167,11 @@ class _CallReader:
             self.events.append(ArgumentsDelta(self.index, "".join(self.text[self._sent : end])))
             self._sent = end
 
-    def _break(self) -> _Read:
+    def _break(self) -> Read:
         if not self.committed:
-            return _Read.REJECTED
+            return Read.REJECTED
         self.events.append(CallEnd(self.index))
-        return _Read.BROKEN
+        return Read.BROKEN
 
 
 class ToolCallParser:
@@ -164,15 +182,21 @@ class ToolCallParser:
     reply forced to call a tool starts with (prefilled by the server, then fed here too);
     `CLOSER` what ends a call after its arguments object, and `TRIGGER` the text that opens a
     call anywhere in a reply (None where a call is told from text by its place): the grammar
-    of a call held to its tool's schema is built from them."""
+    of a call held to its tool's schema is built from them, where `JSON_ARGUMENTS` says the
+    arguments are a JSON object. `schemas` holds the offered tools' argument schemas by name,
+    for a format that writes values as text and types them by the schema."""
 
     MARKERS: tuple[str, ...] = ()
     CLOSER = ""
     TRIGGER: str | None = None
+    JSON_ARGUMENTS = True
     SEPARATORS = WHITESPACE  # what may sit between calls, dropped
 
-    def __init__(self, tools: Iterable[str]) -> None:
+    def __init__(
+        self, tools: Iterable[str], schemas: Mapping[str, dict[str, Any]] | None = None
+    ) -> None:
         self._offered = frozenset(tools)
+        self._schemas = dict(schemas or {})
         self._events: list[ToolEvent] = []
         # Text not yet emitted: whitespace (dropped if a call follows), then a possible marker
         # start. Pieces in lists, joined once when they go: appending to a string held in an
@@ -180,7 +204,7 @@ class ToolCallParser:
         self._space: list[str] = []
         self._partial = ""  # never whitespace (no marker holds any), shorter than a marker
         self._call_text: list[str] = []  # the call being read, as far as its reader lacks it
-        self._reader: _CallReader | None = None
+        self._reader: CallReader | None = None
         self._step: Callable[[str], None] = self._text
         self.calls = 0  # calls ended so far
         self._after_call = False  # nothing but separators since the last call
@@ -225,7 +249,7 @@ class ToolCallParser:
             self._call_text, self._space, self._partial = self._space, [], ""
             self._on_marker(marker)
             return
-        keep = self._partial_marker(tail)
+        keep = marker_start(tail, self._markers())
         self._hold(tail[: len(tail) - keep])
         self._partial = tail[len(tail) - keep :]
 
@@ -239,16 +263,6 @@ class ToolCallParser:
             return
         self._emit("".join(self._space) + words)
         self._space = [text[len(words) :]]
-
-    def _partial_marker(self, text: str) -> int:
-        """The length of the longest tail of `text` that a marker starts with."""
-        longest = 0
-        for marker in self._markers():
-            for size in range(min(len(marker) - 1, len(text)), longest, -1):
-                if text.endswith(marker[:size]):
-                    longest = size
-                    break
-        return longest
 
     def _emit(self, text: str) -> None:
         if self._after_call:
@@ -275,24 +289,32 @@ class ToolCallParser:
             self._reject(char)
 
     def _read_call(self, char: str, name: str | None = None) -> None:
-        self._reader = _CallReader(self.calls, self._offered, name)
+        self._read_with(_CallReader(self.calls, self._offered, name), char)
+
+    def _read_with(self, reader: CallReader, char: str | None = None) -> None:
+        """Hand the call to `reader`, from `char` on (from the next one when None)."""
+        self._reader = reader
         self._step = self._in_call
-        self._in_call(char)
+        if char is not None:
+            self._in_call(char)
+        else:
+            self._events.extend(reader.events)
+            reader.events.clear()
 
     def _in_call(self, char: str) -> None:
         assert self._reader is not None
         read = self._reader.push(char)
         self._events.extend(self._reader.events)
         self._reader.events.clear()
-        if read is _Read.REJECTED:
+        if read is Read.REJECTED:
             self._reject(char)
-        elif read is not _Read.MORE:
+        elif read is not Read.MORE:
             self._reader = None
             self._call_text = []
             self.calls += 1
             self._after_call = True
             self._step = self._after_call_step()
-            if read is _Read.BROKEN:
+            if read is Read.BROKEN:
                 self._step(char)
 
     def _after_call_step(self) -> Callable[[str], None]:
@@ -326,6 +348,18 @@ class ToolCallParser:
                 merged.append(event)
         self._events = []
         return merged
+
+
+def marker_start(text: str, markers: Iterable[str]) -> int:
+    """The length of the longest tail of `text` that one of `markers` starts with (short of the
+    whole marker): what must be held back, as it may be a marker's start."""
+    longest = 0
+    for marker in markers:
+        for size in range(min(len(marker) - 1, len(text)), longest, -1):
+            if text.endswith(marker[:size]):
+                longest = size
+                break
+    return longest
 
 
 class PlainText:
