@@ -24,6 +24,7 @@ from semantic.models.served import ServedModel
 from semantic.text.chat import ChatTemplate
 from semantic.text.grammar import GrammarStates
 from semantic.text.tokenizer import Tokenizer
+from tests.qwen3_coder_template import QWEN3_CODER_TEMPLATE
 from tests.unit.fakes import fake_served, running, with_chatml
 from tests.unit.test_tool_calls_api import Server, serving
 from tests.unit.tiny_llama import tiny_llama
@@ -271,6 +272,19 @@ def test_where_a_grammar_cannot_find_calls_in_free_text_only_forced_calls_are_he
         forced = ToolUse(model, ["forecast"], ToolChoice("required"), schemas, ["forecast"])
         form = forced.call_form()
         assert form is not None and form.forced and form.trigger is None
+
+
+def test_qwen3_coder_calls_are_held_by_no_grammar(served: ServedModel) -> None:
+    """Its arguments are tags with text values, not the JSON a grammar holds to a schema: a
+    forced call is prefilled with its opener alone, a strict tool is a best effort (the values
+    are typed by the schema as they are read)."""
+    coder = dataclasses.replace(
+        served, chat_template=ChatTemplate(QWEN3_CODER_TEMPLATE, bos_token=None, eos_token=None)
+    )
+    schemas = {"forecast": WEATHER}
+    for choice in (ToolChoice(), ToolChoice("required"), ToolChoice("required", "forecast")):
+        tools = ToolUse(coder, ["forecast"], choice, schemas, ["forecast"])
+        assert tools.call_form() is None
 
 
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "no-such-type"}}}

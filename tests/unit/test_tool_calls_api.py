@@ -3,7 +3,8 @@ wire format, whole answers, tool_choice, single-call mode, and the 400s for bad 
 
 The runner answers each request with queued token ids (the tiny tokenizer's encoding of a
 chosen reply, then the end token), through the real engine and scheduler; the template is
-ChatML, which has no place for tools, so the default (Hermes) tool prompt is in play.
+ChatML, which has no place for tools, so the default (Hermes) tool prompt is in play, or, for
+Qwen3-Coder's `<function=…>` calls, one in the shape of its template.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from semantic.options import engine_options
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
+from tests.qwen3_coder_template import QWEN3_CODER_TEMPLATE
 from tests.scripted_runner import ScriptedRunner
 from tests.unit.test_anthropic_api import events_of
 
@@ -66,8 +68,10 @@ class Server:
 
 
 @contextmanager
-def serving(served: ServedModel, cache_dir: Path) -> Iterator[Server]:
-    template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
+def serving(
+    served: ServedModel, cache_dir: Path, template_source: str = CHATML_TEMPLATE
+) -> Iterator[Server]:
+    template = ChatTemplate(template_source, bos_token=None, eos_token="<|im_end|>")
     served = dataclasses.replace(served, chat_template=template, context_length=CONTEXT)
     end = served.tokenizer.token_to_id("<|im_end|>")
     assert end is not None
@@ -463,3 +467,105 @@ def test_a_marker_the_detokenizer_hides_is_put_back_for_the_parser(
         TextDelta("Sure."),
         TextDelta('[{"name": "get_time", "arguments": {}}]'),
     ]
+
+
+# -- Qwen3-Coder's calls -----------------------------------------------------------------------
+
+CODER_CALL = (
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+)
+DAYS = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
+CODER_MESSAGES = MESSAGES | {"tools": [ANTHROPIC_TOOLS[0] | {"input_schema": DAYS}]}
+CODER_CHAT = CHAT | {
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": DAYS}}]
+}
+
+
+@pytest.fixture
+def coder(served: ServedModel, tmp_path: Path) -> Iterator[Server]:
+    with serving(served, tmp_path, QWEN3_CODER_TEMPLATE) as running:
+        yield running
+
+
+def test_a_qwen3_coder_call_is_a_tool_use_block_with_typed_input(coder: Server) -> None:
+    coder.say("I'll check.\n" + CODER_CALL)
+    answer = coder.client.post("/v1/messages", json=CODER_MESSAGES).json()
+    assert "<function=example_function_name>" in coder.last_prompt()  # the template's own prompt
+    assert answer["stop_reason"] == "tool_use"
+    text, call = answer["content"]
+    assert text == {"type": "text", "text": "I'll check."}
+    assert (call["type"], call["name"], call["input"]) == (
+        "tool_use",
+        "get_weather",
+        {"city": "Paris", "days": 3},
+    )
+
+
+def test_a_streamed_qwen3_coder_call_is_openai_argument_deltas(coder: Server) -> None:
+    coder.say(CODER_CALL + "\n" + CODER_CALL.replace("Paris", "Lyon"))
+    response = coder.client.post("/v1/chat/completions", json=CODER_CHAT | {"stream": True})
+    chunks = chunks_of(response.text)
+    calls = [
+        c["choices"][0]["delta"]["tool_calls"][0]
+        for c in chunks
+        if "tool_calls" in c["choices"][0]["delta"]
+    ]
+    arguments: dict[int, str] = {}
+    for delta in calls:
+        arguments[delta["index"]] = (
+            arguments.get(delta["index"], "") + delta["function"]["arguments"]
+        )
+    assert [json.loads(arguments[i]) for i in (0, 1)] == [
+        {"city": "Paris", "days": 3},
+        {"city": "Lyon", "days": 3},
+    ]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_qwen3_coder_call_cut_short_ends_with_the_value_so_far(coder: Server) -> None:
+    coder.say(CODER_CALL)
+    tokens = coder.served.tokenizer.encode(CODER_CALL)
+    decode = coder.served.tokenizer.decode
+    cut = next(n for n in range(len(tokens)) if decode(tokens[:n]).endswith("Par"))
+    answer = coder.client.post("/v1/messages", json=CODER_MESSAGES | {"max_tokens": cut}).json()
+    assert answer["stop_reason"] == "max_tokens"
+    [block] = answer["content"]
+    assert block["type"] == "tool_use" and block["input"] == {"city": "Par"}
+
+
+def test_qwen3_coder_tool_choice_prefills_its_own_opener(coder: Server) -> None:
+    coder.say("get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>")
+    coder.say("<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>")
+    anyone = coder.client.post(
+        "/v1/messages", json=CODER_MESSAGES | {"tool_choice": {"type": "any"}}
+    ).json()
+    assert coder.last_prompt().endswith("<|im_start|>assistant\n<tool_call>\n<function=")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    forced = coder.client.post("/v1/chat/completions", json=CODER_CHAT | {"tool_choice": named})
+    assert coder.last_prompt().endswith("<tool_call>\n<function=get_weather>\n")
+    assert [(b["name"], b["input"]) for b in anyone["content"]] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    [call] = forced.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+
+def test_a_qwen3_coder_call_sent_back_renders_as_the_model_wrote_it(coder: Server) -> None:
+    """The call's arguments go back to the template as an object, which writes each value as
+    the model did, so the next turn's prompt holds the reply's very tokens (its cache)."""
+    coder.say(CODER_CALL, "15 C and sunny.")
+    first = coder.client.post("/v1/messages", json=CODER_MESSAGES).json()
+    [call] = first["content"]
+    result = {"type": "tool_result", "tool_use_id": call["id"], "content": "15 C, sunny"}
+    history = [
+        *ASK,
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [result]},
+    ]
+    second = coder.client.post("/v1/messages", json=CODER_MESSAGES | {"messages": history}).json()
+    assert second["content"] == [{"type": "text", "text": "15 C and sunny."}]
+    asked, answered = coder.runner.prompts
+    replied = coder.served.tokenizer.encode(CODER_CALL)
+    assert answered[: len(asked) + len(replied)] == asked + replied
+    assert "<tool_response>\n15 C, sunny\n</tool_response>" in coder.last_prompt()
