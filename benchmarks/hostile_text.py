@@ -136,6 +136,30 @@ def _tool_parser(opener: str, unit: str) -> Callable[[int], Work]:
     return make
 
 
+def _coder_parser(opener: str, unit: str) -> Callable[[int], Work]:
+    """QwenCoderParser fed `opener`, then `unit` to n characters, then the call's end."""
+
+    def make(n: int) -> Work:
+        from semantic.text.tool_formats import QwenCoderParser
+
+        schema = {"type": "object", "properties": {"v": {"type": "array"}}}
+
+        def run() -> None:
+            parser = QwenCoderParser(["ls"], {"ls": schema})
+            parser.feed(opener)
+            for _ in range(n // len(unit)):
+                parser.feed(unit)
+            parser.feed("\n</parameter>\n</function>")
+            parser.finish()
+
+        return run
+
+    return make
+
+
+_CODER_CALL = "<tool_call>\n<function=ls>\n"
+
+
 CASES = (
     Case(
         "countdown-output-tokens",
@@ -240,6 +264,30 @@ CASES = (
         (256_000, 512_000, 1_024_000),
         4_000_000,
         5.0,
+    ),
+    Case(
+        "coder-parser-long-value",
+        "QwenCoderParser: a parameter of n characters of almost-closing tags, typed as an array",
+        _coder_parser(_CODER_CALL + "<parameter=v>\n[", "</para</function "),
+        (256_000, 512_000, 1_024_000),
+        1_000_000,
+        10.0,
+    ),
+    Case(
+        "coder-parser-parameter-openings",
+        "QwenCoderParser: n characters of `<parameter=` between parameters, never closed",
+        _coder_parser(_CODER_CALL, "<parameter="),
+        (128_000, 256_000, 512_000),
+        1_000_000,
+        10.0,
+    ),
+    Case(
+        "coder-parser-call-openings",
+        "QwenCoderParser: n characters of `<tool_call>\\n<function=`, none ever named",
+        _coder_parser("", _CODER_CALL),
+        (128_000, 256_000, 512_000),
+        1_000_000,
+        10.0,
     ),
 )
 

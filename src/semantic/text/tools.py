@@ -353,6 +353,8 @@ class ToolCallParser:
 def marker_start(text: str, markers: Iterable[str]) -> int:
     """The length of the longest tail of `text` that one of `markers` starts with (short of the
     whole marker): what must be held back, as it may be a marker's start."""
+    if any(len(text) < len(marker) and marker.startswith(text) for marker in markers):
+        return len(text)  # all of it, the usual case when a marker's start was held already
     longest = 0
     for marker in markers:
         for size in range(min(len(marker) - 1, len(text)), longest, -1):
