@@ -266,9 +266,12 @@ def test_a_single_call_ends_generation_at_once(
     assert json_end <= answer["usage"]["output_tokens"] <= json_end + 1
 
 
-def test_the_tool_result_reaches_the_next_prompt_after_the_cached_call(server: Server) -> None:
-    server.say(CALL, "15 C and sunny.")
-    first = server.client.post("/v1/messages", json=MESSAGES).json()
+def call_and_return(server: Server, body: dict[str, Any], reply: str) -> dict[str, Any]:
+    """The model answers `body` with `reply` (one call), the client sends the call back with
+    its result: the second prompt must start with the first and the reply's very tokens, and
+    hold the result. Returns the second answer."""
+    server.say(reply, "15 C and sunny.")
+    first = server.client.post("/v1/messages", json=body).json()
     [call] = first["content"]
     result = {"type": "tool_result", "tool_use_id": call["id"], "content": "15 C, sunny"}
     history = [
@@ -276,12 +279,20 @@ def test_the_tool_result_reaches_the_next_prompt_after_the_cached_call(server: S
         {"role": "assistant", "content": [call]},
         {"role": "user", "content": [result]},
     ]
-    second = server.client.post("/v1/messages", json=MESSAGES | {"messages": history}).json()
+    second: dict[str, Any] = server.client.post(
+        "/v1/messages", json=body | {"messages": history}
+    ).json()
     assert second["content"] == [{"type": "text", "text": "15 C and sunny."}]
     asked, answered = server.runner.prompts
-    replied = server.served.tokenizer.encode(CALL)
+    replied = server.served.tokenizer.encode(reply)
     assert answered[: len(asked) + len(replied)] == asked + replied
     assert "<tool_response>\n15 C, sunny\n</tool_response>" in server.last_prompt()
+    return second
+
+
+def test_the_tool_result_reaches_the_next_prompt_after_the_cached_call(server: Server) -> None:
+    second = call_and_return(server, MESSAGES, CALL)
+    asked = server.runner.prompts[0]
     assert second["usage"]["cache_read_input_tokens"] >= len(asked) - 8
 
 
@@ -554,18 +565,6 @@ def test_qwen3_coder_tool_choice_prefills_its_own_opener(coder: Server) -> None:
 def test_a_qwen3_coder_call_sent_back_renders_as_the_model_wrote_it(coder: Server) -> None:
     """The call's arguments go back to the template as an object, which writes each value as
     the model did, so the next turn's prompt holds the reply's very tokens (its cache)."""
-    coder.say(CODER_CALL, "15 C and sunny.")
-    first = coder.client.post("/v1/messages", json=CODER_MESSAGES).json()
-    [call] = first["content"]
-    result = {"type": "tool_result", "tool_use_id": call["id"], "content": "15 C, sunny"}
-    history = [
-        *ASK,
-        {"role": "assistant", "content": [call]},
-        {"role": "user", "content": [result]},
-    ]
-    second = coder.client.post("/v1/messages", json=CODER_MESSAGES | {"messages": history}).json()
-    assert second["content"] == [{"type": "text", "text": "15 C and sunny."}]
-    asked, answered = coder.runner.prompts
-    replied = coder.served.tokenizer.encode(CODER_CALL)
-    assert answered[: len(asked) + len(replied)] == asked + replied
-    assert "<tool_response>\n15 C, sunny\n</tool_response>" in coder.last_prompt()
+    second = call_and_return(coder, CODER_MESSAGES, CODER_CALL)
+    asked = coder.runner.prompts[0]
+    assert second["usage"]["cache_read_input_tokens"] >= len(asked) - 8

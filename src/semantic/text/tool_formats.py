@@ -79,16 +79,12 @@ class QwenCoderParser(HermesParser):
 
     def _function_or_object(self, char: str) -> None:
         """After `<tool_call>`: whitespace, then `<function=` or a JSON call's `{`."""
-        if char in WHITESPACE:
-            self._call_text.append(char)
-        elif char == "{":
-            self._read_call(char)
-        elif char == "<":
+        if char == "<":
             self._opening = ""
             self._step = self._function
             self._function(char)
         else:
-            self._reject(char)
+            self._call_object(char)
 
     def _function(self, char: str) -> None:
         """`<function=NAME>`: the call commits at `>` if NAME is an offered tool."""

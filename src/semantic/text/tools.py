@@ -7,7 +7,8 @@ start of a call marker (and whitespace, which is dropped next to a call). A call
 is certain enough: its name is a tool that was offered and its arguments have opened as a JSON
 object. Before that, text that breaks the JSON or names another tool turns back into plain
 text; after it, a break ends the call where the JSON stopped being valid (as running out of
-tokens does), and the rest is text again.
+tokens does), and the rest is text again. A format whose arguments are no JSON object reads
+its calls with a reader of its own (a `CallReader`).
 
 The families, and how one is picked for a model: tool_formats.py.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -350,7 +351,7 @@ class ToolCallParser:
         return merged
 
 
-def marker_start(text: str, markers: Iterable[str]) -> int:
+def marker_start(text: str, markers: Sequence[str]) -> int:
     """The length of the longest tail of `text` that one of `markers` starts with (short of the
     whole marker): what must be held back, as it may be a marker's start."""
     if any(len(text) < len(marker) and marker.startswith(text) for marker in markers):
