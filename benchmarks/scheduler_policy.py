@@ -268,17 +268,8 @@ class _SmallestJobFirst(Scheduler):
         return None
 
 
-class _UnboundedPassing(Scheduler):
-    """Time to first token first with no bound on how long newcomers pass a preempted answer
-    (the policy until 2026-11-27)."""
-
-    def _overdue(self) -> bool:
-        return False
-
-
 ADMISSION_POLICIES: dict[str, type[Scheduler]] = {
     "**time to first token first (the policy)**": Scheduler,
-    "the same, newcomers passing without a bound": _UnboundedPassing,
     "smallest job first": _SmallestJobFirst,
 }
 
@@ -331,7 +322,6 @@ def run(
             max_batch_tokens=settings.max_batch_tokens,
             end_token_ids=old.end_token_ids,
         )
-        engine.scheduler.clock = lambda: clock.now
         # Reads from disk on the engine thread: they land before the next step, every run alike,
         # each block costing `--read-ms`.
         read = engine.tiering._read

@@ -8,7 +8,6 @@ through the block tables, so a wrong restore changes outputs."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from semantic.cache.cache_stats import MISS_EVICTED
 from semantic.cache.prefix import page_key
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
-from semantic.engine.scheduler import ONE_OFF_PASSED_S, PREEMPT_QUANTUM, RESUME_WITHIN_S
+from semantic.engine.scheduler import ONE_OFF_PASSED_S, PREEMPT_QUANTUM
 from semantic.models.served import ServedModel
 from tests.unit.fakes import make_engine
 
@@ -492,50 +491,3 @@ def test_a_one_off_request_takes_idle_cached_agent_blocks_when_nothing_runs(
     one_off = [3 + (k * 13) % 380 for k in range(20 * BLOCK)]
     ((out, usage),) = run_at_once(engine, {"side": one_off}, named=False).values()
     assert len(out) == 6 and usage.prompt_tokens == len(one_off)
-
-
-@pytest.mark.parametrize("newcomer_tokens", [4, 20], ids=["waits-for-room", "takes-a-place"])
-def test_an_answer_preempted_for_newcomers_resumes_while_newcomers_keep_coming(
-    served: ServedModel, tmp_path: Path, newcomer_tokens: int
-) -> None:
-    # Two newcomers always in flight, each fitting the room the other leaves while the answer
-    # they preempted does not: without a bound, the answer waited for as long as they came. Once
-    # overdue it takes the place of a newcomer that had its quantum, or waits first in line for
-    # room when none has.
-    engine, _ = make_engine(served, tmp_path, num_blocks=16)
-    clock = [0.0]
-    engine.scheduler.clock = lambda: clock[0]
-    sampling = SamplingParams(temperature=0.0, max_tokens=30)
-    answer: Events = []
-    engine.submit(Request("answer", [9] * 60, sampling), answer.append)
-    while sum(len(e.token_ids) for e in answer) < PREEMPT_QUANTUM:
-        engine.step()
-    newcomers: list[Events] = []
-
-    def send_newcomer() -> None:
-        events: Events = []
-        prompt = [20 + len(newcomers)] * 52
-        short = replace(sampling, max_tokens=newcomer_tokens)
-        engine.submit(Request(f"new-{len(newcomers)}", prompt, short), events.append)
-        newcomers.append(events)
-
-    send_newcomer()
-    send_newcomer()
-    preempted_at = resumed_at = None
-    while resumed_at is None and len(newcomers) < 100:
-        engine.step()
-        waiting = any(seq.request.request_id == "answer" for seq in engine.scheduler.waiting)
-        if waiting and preempted_at is None:
-            preempted_at = clock[0]
-        elif not waiting and preempted_at is not None:
-            resumed_at = clock[0]  # admitted again (its pages may still be on their way from disk)
-        clock[0] += 1.0
-        for _ in range(sum(1 for e in newcomers if e and e[-1].final) + 2 - len(newcomers)):
-            send_newcomer()
-    assert preempted_at is not None and engine.scheduler.preemptions >= 1
-    assert resumed_at is not None, "the preempted answer waited as long as newcomers came"
-    # then the running newcomers' quantum, or their end
-    assert resumed_at - preempted_at <= RESUME_WITHIN_S + 10
-    engine.run_until_idle()
-    assert result(answer)[0] == alone(served, tmp_path / "answer", [9] * 60, 30)
-    engine.pool.check_integrity()

@@ -24,10 +24,6 @@ from semantic.core import (
 # Tokens a sequence produces after it starts (or resumes) before a newcomer may preempt it:
 # bounds how often one sequence can be swapped out.
 PREEMPT_QUANTUM = 8
-# How long newcomers may go ahead of a preempted sequence: then it goes first, as they do. Without
-# a bound, a steady stream of new turns, each fitting the room a finished one leaves where the
-# preempted sequence (its blocks gone to disk) does not, keeps it waiting as long as they come.
-RESUME_WITHIN_S = 30.0
 # The share of `max_batch_tokens` a step that also decodes may spend on prompts: a decode then
 # waits for one such chunk at most (256 tokens at the default 512: ~0.25 s of SmolLM2 on two
 # CPU cores, against ~0.5 s for a whole step), while a prompt alone still gets whole steps.
@@ -112,7 +108,6 @@ class Scheduler:
         # are given in order of arrival).
         self._overtaken: dict[int, int] = {}
         self.preemptions = 0  # since start
-        self.clock = time.monotonic  # when sequences were preempted (a simulation sets its own)
 
     @property
     def has_work(self) -> bool:
@@ -335,10 +330,7 @@ class Scheduler:
         have had their quantum (`PREEMPT_QUANTUM` tokens since they last started) when it must,
         those with the most left to do first. The preempted keep everything they computed
         cached, and resume from it first in line. Nothing is preempted unless that makes enough
-        room for the newcomer. A sequence preempted `RESUME_WITHIN_S` ago goes before them all
-        (`_resume_overdue`)."""
-        if not self._resume_overdue():
-            return
+        room for the newcomer."""
         while self.waiting and self._fit(self.waiting[0]).lacking > 0:
             if len(self.running) + len(self.restoring) >= self.max_running:
                 return
@@ -352,30 +344,6 @@ class Scheduler:
                 fit = self._fit(newcomer)
             self.waiting.remove(newcomer)
             self._admit(newcomer, fit)
-
-    def _resume_overdue(self) -> bool:
-        """Resume the sequences preempted `RESUME_WITHIN_S` ago or more, longest waiting first,
-        each taking the place of running sequences that have had their quantum when it must
-        (who then wait their own `RESUME_WITHIN_S` before they may do the same). False when one
-        must wait for room to free: it waits first in line, so nobody else takes that room."""
-        while len(self.running) + len(self.restoring) < self.max_running:
-            seq = self._overdue()
-            if seq is None:
-                return True
-            self.waiting.remove(seq)
-            fit = self._fit(seq)
-            if fit.lacking > 0 and not self._preempt_for(fit):
-                self.waiting.appendleft(seq)
-                return False
-            self._admit(seq, self._fit(seq))
-        return True
-
-    def _overdue(self) -> Sequence | None:
-        """The waiting sequence preempted longest ago, if that was `RESUME_WITHIN_S` or more."""
-        due = self.clock() - RESUME_WITHIN_S
-        preempted = [seq for seq in self.waiting if seq.preempted_at is not None]
-        first = min(preempted, key=lambda seq: seq.preempted_at or 0.0, default=None)
-        return first if first is not None and (first.preempted_at or 0.0) <= due else None
 
     def _preempt_for(self, fit: Fit) -> bool:
         """Preempt running sequences until `fit` would fit; False (preempting none) when all
@@ -414,7 +382,6 @@ class Scheduler:
         """Take a running sequence out, keeping everything it computed cached (its partial last
         block too), so it resumes from the cache — memory, or disk if the pool needs the room."""
         self.preemptions += 1
-        seq.preempted_at = self.clock()
         self.running.remove(seq)
         self.blocks.cache_tail(seq)
         self.blocks.release(seq)
