@@ -24,6 +24,7 @@ from semantic.cache.prefix import page_key
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
 from semantic.engine.scheduler import ONE_OFF_PASSED_S, PREEMPT_QUANTUM
+from semantic.errors import Overloaded
 from semantic.models.served import ServedModel
 from tests.unit.fakes import make_engine
 
@@ -491,3 +492,27 @@ def test_a_one_off_request_takes_idle_cached_agent_blocks_when_nothing_runs(
     one_off = [3 + (k * 13) % 380 for k in range(20 * BLOCK)]
     ((out, usage),) = run_at_once(engine, {"side": one_off}, named=False).values()
     assert len(out) == 6 and usage.prompt_tokens == len(one_off)
+
+
+def test_a_preempted_answer_that_waits_past_the_queue_timeout_is_overloaded(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    # Newcomers that keep coming, each fitting the room another leaves where the answer they
+    # preempted does not, could keep it waiting for ever: past `queue_timeout_s` it is refused as
+    # overloaded, as a request never admitted is, instead of hanging until its client gives up.
+    engine, _ = make_engine(served, tmp_path, num_blocks=16, queue_timeout_s=0.05)
+    answer = submit(engine, "answer", [9] * 60, None, max_tokens=30)
+    while sum(len(e.token_ids) for e in answer) < PREEMPT_QUANTUM:
+        engine.step()
+    newcomers = [submit(engine, f"new-{n}", [20 + n] * 52, None, max_tokens=4) for n in range(2)]
+    engine.step()
+    assert [seq.request.request_id for seq in engine.scheduler.waiting] == ["answer"]
+    time.sleep(0.1)
+    engine.step()
+    assert answer[-1].final and isinstance(answer[-1].error, Overloaded)
+    assert sum(len(e.token_ids) for e in answer) >= PREEMPT_QUANTUM  # what it had streamed stays
+    engine.run_until_idle()
+    for events in newcomers:
+        result(events)
+    engine.pool.check_integrity()
+    assert engine.pool.num_held == 0

@@ -6,6 +6,7 @@ Pure bookkeeping (standard library and the cache's bookkeeping): it hands the ru
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -35,6 +36,13 @@ ONE_OFF_PASSED_S = 5.0
 # times its remaining length: then it goes first with half the budget or more, so a stream of
 # short prompts never starves it and it never holds them all back.
 OVERTAKE_LIMIT = 4
+
+
+def _waiting_since(seq: Sequence) -> float:
+    if seq.first_scheduled_time is None:
+        return seq.request.arrival_time
+    # Back in line after a restore that failed its checks, and never preempted: first in line.
+    return seq.preempted_at if seq.preempted_at is not None else math.inf
 
 
 def _work_left(seq: Sequence) -> int:
@@ -190,13 +198,11 @@ class Scheduler:
         return history
 
     def expired(self, timeout_s: float, now: float | None = None) -> list[Sequence]:
-        """Waiting sequences never admitted within `timeout_s` of arrival."""
+        """Waiting sequences that have waited `timeout_s` for room: never admitted since they
+        arrived, or not resumed since they were preempted (newcomers that keep coming, each
+        fitting where it does not, could keep a preempted sequence waiting for ever)."""
         now = time.monotonic() if now is None else now
-        return [
-            seq
-            for seq in self.waiting
-            if seq.first_scheduled_time is None and now - seq.request.arrival_time > timeout_s
-        ]
+        return [seq for seq in self.waiting if now - _waiting_since(seq) > timeout_s]
 
     def _pending(self, seq: Sequence) -> int:
         return len(seq.token_ids) - seq.num_computed_tokens
@@ -382,6 +388,7 @@ class Scheduler:
         """Take a running sequence out, keeping everything it computed cached (its partial last
         block too), so it resumes from the cache — memory, or disk if the pool needs the room."""
         self.preemptions += 1
+        seq.preempted_at = time.monotonic()
         self.running.remove(seq)
         self.blocks.cache_tail(seq)
         self.blocks.release(seq)
