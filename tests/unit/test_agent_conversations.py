@@ -165,3 +165,20 @@ def test_a_manifest_write_after_a_delete_does_not_bring_the_agent_back(
     assert not store.save_manifest(stale) and store.save_manifest(again)
     loaded = load_manifest(store.model_root, AgentKey("ghost"))
     assert loaded is not None and loaded.conversation == Conversation("Second life.")
+
+
+def test_a_manifest_an_older_server_wrote_with_a_lone_surrogate_loads_mended(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    # Servers before the request bodies were mended stored a client's lone surrogate as is; such
+    # an agent broke every listing of agents (its text cannot be encoded).
+    engine, _ = make_engine(served, tmp_path)
+    root = engine.tiering.disk.model_root
+    save_manifest(root, AgentManifest("old", root.name, [], None, 0, conversation=TALK))
+    path = manifest_path(root, AgentKey("old"))
+    raw = json.loads(path.read_text())
+    raw["conversation"]["system"] = "half an emoji: \ud83d"
+    path.write_text(json.dumps(raw))  # escaped as \\ud83d, as json.dumps writes it
+    loaded = load_manifest(root, AgentKey("old"))
+    assert loaded is not None and loaded.conversation is not None
+    assert loaded.conversation.system == "half an emoji: \ufffd"

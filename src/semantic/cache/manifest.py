@@ -30,6 +30,7 @@ from semantic.cache.durable import (
 )
 from semantic.core import AgentKey, is_valid_agent_id
 from semantic.errors import InvalidRequest
+from semantic.text import client_json
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +257,7 @@ def _size_of(path: Path) -> int:
 
 def _manifest_from_json(data: bytes) -> AgentManifest:
     try:
-        raw = json.loads(data)
+        raw = client_json.loads(data)  # mended: an older server stored lone surrogates as sent
         if not isinstance(raw, dict):
             raise TypeError("not a JSON object")
         version = raw.get("format_version")
