@@ -6,6 +6,11 @@ BIN := $(VENV)/bin
 # developed against; elsewhere, e.g. `make install TORCH=torch` takes your platform's default.
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# The tests run in parallel (pytest-xdist), a worker per core up to four: many wait on a server
+# subprocess or on one thread, and each worker loads its own models, so more would cost memory
+# for little. `make test TEST_WORKERS=0` runs them in one process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(os.cpu_count() or 1, 4))")
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 .PHONY: install serve test lint typecheck unit bench clean
 
@@ -26,10 +31,10 @@ serve: install
 	$(BIN)/semantic serve
 
 test: lint typecheck
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 unit: install
-	$(BIN)/python -m pytest tests/unit
+	$(PYTEST) tests/unit
 
 lint: install
 	$(BIN)/ruff check .

@@ -21,6 +21,12 @@ from semantic.errors import ModelLoadFailed
 from semantic.registry import ModelRegistry
 from semantic.text.tokenizer import Tokenizer
 
+# Under pytest-xdist each worker is a process of its own; torch's default of a thread per core
+# in each of them would put several threads on every core, and they wait for one another.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _TINY_CORPUS = [
     "Hello world! The quick brown fox jumps over the lazy dog.",

@@ -1,5 +1,5 @@
 """Fixtures of the tests on the real SmolLM2 weights: its checkpoint, and transformers' model of
-it (fp32), the reference for greedy parity."""
+it (fp32), the reference for greedy parity and for the tensors our loader reads."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ def checkpoint(smollm2_path: Path) -> Checkpoint:
     return load_checkpoint(smollm2_path, progress=False)
 
 
-@pytest.fixture(scope="module")
+# One per session, not per module: transformers takes ~20 s to read a GGUF (most of it parsing
+# the vocabulary's strings), and several modules compare against the same model.
+@pytest.fixture(scope="session")
 def reference(smollm2_path: Path) -> Any:
     from transformers import AutoModelForCausalLM
 

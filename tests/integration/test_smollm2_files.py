@@ -80,31 +80,21 @@ def reference_tokenizer(smollm2_path: Path) -> Any:
     )
 
 
-@pytest.fixture(scope="module")
-def reference_model(smollm2_path: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_path.parent, gguf_file=smollm2_path.name
-    )
-
-
-def test_tensors_equal_transformers_state_dict(
-    checkpoint: Checkpoint, reference_model: Any
-) -> None:
-    reference = reference_model.state_dict()
+def test_tensors_equal_transformers_state_dict(checkpoint: Checkpoint, reference: Any) -> None:
+    tensors = reference.state_dict()
     seen = set()
     for name, array in checkpoint.weights():
-        expected = reference[name].float().numpy()
+        expected = tensors[name].float().numpy()
         assert array.dtype == np.float32 and array.shape == expected.shape, name
         np.testing.assert_allclose(array, expected, rtol=0, atol=1e-6, err_msg=name)
         seen.add(name)
     # transformers lists the tied lm_head separately; we leave it to the backend to tie.
-    assert set(reference) - seen == {"lm_head.weight"}
+    assert set(tensors) - seen == {"lm_head.weight"}
     assert checkpoint.config.tie_word_embeddings
 
 
-def test_config_matches_transformers_config(checkpoint: Checkpoint, reference_model: Any) -> None:
-    ours, theirs = checkpoint.config, reference_model.config
+def test_config_matches_transformers_config(checkpoint: Checkpoint, reference: Any) -> None:
+    ours, theirs = checkpoint.config, reference.config
     for field in (
         "model_type",
         "vocab_size",
