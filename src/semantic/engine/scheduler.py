@@ -41,7 +41,8 @@ OVERTAKE_LIMIT = 4
 def _waiting_since(seq: Sequence) -> float:
     if seq.first_scheduled_time is None:
         return seq.request.arrival_time
-    # Back in line after a restore that failed its checks, and never preempted: first in line.
+    # Back in line, never preempted, after a restore failed its checks: it is first in line and
+    # is never refused for the wait.
     return seq.preempted_at if seq.preempted_at is not None else math.inf
 
 
