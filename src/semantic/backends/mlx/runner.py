@@ -52,6 +52,10 @@ class MLXRunner:
                 f"weights {weight_format!r} are not the mlx backend's; known: {known}"
             )
         self.model = build_model(Build(config, DTYPES[self.dtype], weight_format), weights)
+        # MLX's streams belong to the thread that made them: what the build left lazy (fused
+        # q/k/v and gate/up concatenations, quantizations) is computed here, on the load's
+        # thread, never first on the engine's, which has no such stream.
+        mx.eval(_arrays_in(self.model))
         windows = self.model.layer_windows
         self.cache_spec = CacheSpec(
             num_layers=config.num_hidden_layers,
@@ -163,3 +167,20 @@ def pick_kv_dtype(kv_dtype: str) -> str | None:
         known = ", ".join(("auto", "model", *KV_QUANTIZED))
         raise ModelLoadFailed(f"unknown kv_dtype {kv_dtype!r}; known: {known}")
     return kv_dtype
+
+
+def _arrays_in(value: object, seen: set[int] | None = None) -> list[mx.array]:
+    """Every array `value` holds, through lists, tuples, dicts and objects' attributes."""
+    if isinstance(value, mx.array):
+        return [value]
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
+    if isinstance(value, list | tuple):
+        items: Iterable[object] = value
+    elif isinstance(value, dict):
+        items = value.values()
+    else:
+        items = getattr(value, "__dict__", {}).values()
+    return [array for item in items for array in _arrays_in(item, seen)]
