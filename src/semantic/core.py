@@ -216,6 +216,11 @@ class FinishReason(enum.StrEnum):
     ABORT = "abort"  # the client went away or cancelled
     ERROR = "error"  # the engine failed this request
 
+    @property
+    def answered(self) -> bool:
+        """Whether the request got its answer: neither stopped by its client nor failed."""
+        return self not in (FinishReason.ABORT, FinishReason.ERROR)
+
 
 @dataclass(slots=True)
 class Request:

@@ -147,6 +147,39 @@ def test_a_prompt_longer_than_the_pool_holds_at_full_attention_runs_in_a_window(
     assert out == fresh(served, tmp_path, HYBRID, prompt)
 
 
+@pytest.mark.parametrize("windows", [HYBRID, SLIDING], ids=["hybrid", "all-sliding"])
+@pytest.mark.parametrize("restart", [False, True], ids=["in-memory", "after-a-restart"])
+def test_a_turn_sent_again_after_an_aborted_one_reuses_the_whole_history(
+    served: ServedModel, tmp_path: Path, windows: tuple, restart: bool
+) -> None:
+    """A client that stops an answer (Esc in Claude Code, a dropped connection) sends its
+    conversation again without it. The aborted turn's window moved past the history's, and
+    memory pressure (or a restart) took what it left behind; the history's own window must
+    still be there, or a hybrid model recomputes the whole conversation."""
+    engine, _ = make_engine(served, tmp_path, num_blocks=256, layer_windows=windows)
+    prompt = [3 + k % 300 for k in range(10 * BLOCK + 3)]
+    history = [*prompt, *turn(engine, "t1", prompt, "alice")[0]]
+    assert engine.agents.persist([AgentKey("alice")], timeout=10).failed == 0
+    events: list[TokenEvent] = []
+    long_message = [*history, *(3 + (k * 7) % 300 for k in range(3 * BLOCK))]
+    sampling = SamplingParams(temperature=0.0, max_tokens=4 * BLOCK)
+    engine.submit(Request("t2", long_message, sampling, "alice"), events.append)
+    while not any(e.token_ids for e in events):
+        engine.step()
+    engine.abort("t2")
+    engine.run_until_idle()
+    assert events[-1].finish_reason is FinishReason.ABORT
+    if restart:
+        engine.stop()
+        engine, _ = make_engine(served, tmp_path, num_blocks=256, layer_windows=windows)
+    else:
+        reclaim_out_of_window_pages(engine)
+    again = [*history, 304, 305]
+    out, usage = turn(engine, "t3", again, "alice")
+    assert usage.cached_tokens == len(history) - 1
+    assert out == fresh(served, tmp_path, windows, again)
+
+
 @pytest.mark.parametrize(
     "windows",
     [HYBRID, SLIDING, (None, 5, 20, 20, 5, None)],

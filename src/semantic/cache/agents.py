@@ -182,10 +182,13 @@ class Agents:
         cached: int,
         from_disk: int,
         missing: int | None,
+        answered: bool = True,
     ) -> None:
         """Account for a finished request — `cached` of its prompt's tokens reused, `from_disk`
         of them read back from disk, `missing` the first block of it cached nowhere — and make
-        its history the agent's, unless that agent was deleted while the request ran."""
+        its history the agent's, unless that agent was deleted while the request ran. A request
+        not `answered` (aborted or failed) leaves an agent that has a history with it: a client
+        sends its conversation again without the answer it stopped."""
         began = self._began.pop(request.request_id, None)
         agent = began if began is not None and self.by_key.get(began.key) is began else None
         key = None if agent is None else agent.key
@@ -198,7 +201,8 @@ class Agents:
         )
         served = Served(cached, from_disk, len(request.prompt_token_ids), reason)
         self.stats.record(served, None if agent is None else agent.stats, time.time())
-        if agent is not None and history.num_tokens:  # aborted before it ran: history as it was
+        # Aborted before it ran: nothing to keep. Not answered: the history it had, if any.
+        if agent is not None and history.num_tokens and (answered or not agent.num_tokens):
             self._set_history(agent, history)
 
     def _set_history(self, agent: Agent, history: History) -> None:

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from semantic.cache.block_pool import (
     TIER_IDLE_AGENT,
     TIER_ONE_OFF,
+    TIER_OUT_OF_WINDOW,
     TIER_WORKING_AGENT,
     TOP_TIER,
 )
-from semantic.cache.prefix import PrefixCache, PrefixMatch
+from semantic.cache.prefix import PrefixCache, PrefixMatch, page_key
 from semantic.core import BlockTable, Restore, Sequence, first_read_block
 
 # How long a one-off request waits, while nothing runs, before it may take agents' cached pages.
@@ -178,17 +179,39 @@ class BlockManager:
 
     def _drop_passed(self, seq: Sequence) -> None:
         """Give back each sliding group's pages of the blocks its window has left: cached out
-        of the window (reclaimed first, never saved to disk) unless someone else holds them."""
+        of the window (reclaimed first, never saved to disk) unless someone else holds them.
+        Those its prompt reused keep its tier until its answer is done: they are the window of
+        the history it continues, which a client that stops the answer sends again
+        (`let_go_of_reused_window`)."""
         if not seq.block_tables:  # waiting: it holds nothing
             return
+        reused = seq.num_cached_tokens // self.block_tokens  # full blocks taken from the cache
         for group, window in self._sliding:
             table = seq.block_tables[group]
             first = first_read_block(window, seq.num_computed_tokens, self.block_tokens)
             passed = min(first, table.end) - table.first
             if passed > 0:
-                self.pool.drop(table.pages[:passed])
+                kept = min(passed, max(0, reused - table.first))
+                self.pool.release(table.pages[:kept], seq.cache_tier)
+                self.pool.drop(table.pages[kept:passed])
                 del table.pages[:passed]
                 table.first += passed
+
+    def let_go_of_reused_window(self, seq: Sequence) -> None:
+        """Once `seq`'s answer is done: the sliding pages of the window its prompt reused (the
+        history it continued), kept at its tier while it ran (`_drop_passed`), go out of the
+        window like any other page it passed, but those its own window still reads."""
+        if not self._sliding:
+            return
+        reused, size = seq.num_cached_tokens, self.block_tokens
+        hashes = self.prefix.chain(seq.token_ids[: reused - reused % size])
+        for group, window in self._sliding:
+            start = first_read_block(window, reused, size)
+            end = min(len(hashes), first_read_block(window, seq.num_computed_tokens, size))
+            for block_hash in hashes[start:end]:
+                page = self.pool.lookup(page_key(block_hash, group))
+                if page is not None:
+                    self.pool.retier(page, TIER_OUT_OF_WINDOW)  # only a cached page moves
 
     def freed_by(self, seq: Sequence, max_tier: int) -> int:
         """Pages releasing `seq` would make available to an admission limited to `max_tier`:

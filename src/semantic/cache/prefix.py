@@ -337,6 +337,14 @@ class PrefixCache:
         found = ((key, self.pool.lookup(key)) for key in self.keys(block_hash))
         return [(key, page) for key, page in found if page is not None]
 
+    def chain(self, token_ids: Sequence[int]) -> list[int]:
+        """The chain hashes of the full blocks of `token_ids`, cached or not."""
+        hashes, parent, size = [], self.root, self.block_tokens
+        for start in range(0, len(token_ids) - size + 1, size):
+            parent = chain_hash(parent, token_ids[start : start + size])
+            hashes.append(parent)
+        return hashes
+
     def history_keys(self, hashes: Sequence[int], num_tokens: int) -> list[int]:
         """The page keys that the next turn of a history reads: the history's blocks `hashes`
         (its partial tail last, if any) of `num_tokens` tokens, in every full-attention group,

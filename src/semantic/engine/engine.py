@@ -563,7 +563,12 @@ class Engine:
         self.runner.forget(seq.seq_id)
         del self._active[seq.request.request_id]
         self.agents.finished(
-            seq.request, history, seq.num_cached_tokens, seq.num_disk_tokens, seq.missing_hash
+            seq.request,
+            history,
+            seq.num_cached_tokens,
+            seq.num_disk_tokens,
+            seq.missing_hash,
+            answered=reason.answered,
         )
         usage = Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens)
         event = TokenEvent(

@@ -196,6 +196,8 @@ class Scheduler:
         tail = None if reason is FinishReason.ERROR else self.blocks.cache_tail(seq)
         history = History(list(seq.block_hashes), tail, seq.num_computed_tokens)
         self.blocks.release(seq)
+        if reason.answered:
+            self.blocks.let_go_of_reused_window(seq)
         return history
 
     def expired(self, timeout_s: float, now: float | None = None) -> list[Sequence]:
