@@ -194,6 +194,28 @@ def test_a_newcomer_takes_the_room_of_a_sequence_that_had_its_quantum(
     assert result(long)[0] == alone(served, tmp_path / "long", [9] * 90, 30)
 
 
+def test_a_newcomer_that_shares_a_prefix_only_its_victim_held_never_breaks_the_step(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """Preempting a running sequence frees the pages only it held, but those of them the
+    newcomer reuses are no room for its other blocks: counted as room, they let a newcomer be
+    admitted into too few pages, and the step's allocation failed every request in flight."""
+    engine, _ = make_engine(served, tmp_path, num_blocks=12)
+    shared = [3 + k for k in range(2 * BLOCK)]  # a system prompt: two blocks
+    first = submit(engine, "first", [*shared, *(50 + k for k in range(20))], None, max_tokens=50)
+    other = submit(engine, "other", [100 + k for k in range(24)], None, max_tokens=30)
+    for _ in range(10):  # both prefilled, and a quantum of decodes each
+        engine.step()
+    prompt = [*shared, *(200 + k for k in range(48))]
+    newcomer = submit(engine, "newcomer", prompt, None, max_tokens=4)
+    engine.run_until_idle()
+    engine.pool.check_integrity()
+    assert result(newcomer)[0] == alone(served, tmp_path / "newcomer", prompt, 4)
+    assert result(first)[1].completion_tokens == 50
+    assert result(other)[1].completion_tokens == 30
+    assert engine.scheduler.preemptions > 0  # the newcomer took a running sequence's room
+
+
 def test_a_running_sequences_growth_takes_an_idle_agents_blocks_before_a_waiting_agents(
     served: ServedModel, tmp_path: Path
 ) -> None:

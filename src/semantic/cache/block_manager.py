@@ -213,12 +213,15 @@ class BlockManager:
                 if page is not None:
                     self.pool.retier(page, TIER_OUT_OF_WINDOW)  # only a cached page moves
 
-    def freed_by(self, seq: Sequence, max_tier: int) -> int:
-        """Pages releasing `seq` would make available to an admission limited to `max_tier`:
-        those only it holds, when it caches at that tier or below."""
-        if seq.cache_tier > max_tier:
+    def freed_by(self, seq: Sequence, fit: Fit) -> int:
+        """Pages releasing `seq` would make available to the admission `fit`: those only it
+        holds, when it caches at the tier `fit` may reclaim or below, but those `fit` reuses,
+        which are no room for its other blocks."""
+        if seq.cache_tier > fit.max_tier:
             return 0
-        return sum(self.pool.refcount(p) == 1 for t in seq.block_tables for p in t.pages)
+        reused = set(fit.match.in_memory)
+        pages = (p for table in seq.block_tables for p in table.pages if p not in reused)
+        return sum(self.pool.refcount(p) == 1 for p in pages)
 
     def index_restored(self, seq: Sequence, restore: Restore, count: int) -> None:
         """Index the full blocks' pages of `restore` that arrived (its first `count`), so others

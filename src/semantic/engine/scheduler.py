@@ -351,6 +351,8 @@ class Scheduler:
                 if not self._preempt_for(fit):
                     return
                 fit = self._fit(newcomer)
+                if fit.lacking > 0:  # never admitted short of pages: the step would fail
+                    return
             self.waiting.remove(newcomer)
             self._admit(newcomer, fit)
 
@@ -363,7 +365,7 @@ class Scheduler:
                 break
             victims.append(seq)
             # its own pages, and its headroom block's
-            room += self.blocks.freed_by(seq, fit.max_tier) + self.blocks.pages_per_block
+            room += self.blocks.freed_by(seq, fit) + self.blocks.pages_per_block
         if room < fit.lacking:
             return False
         for seq in victims:
