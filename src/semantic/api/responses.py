@@ -193,10 +193,11 @@ class _Response:
 
 def usage_json(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
     """Responses usage: `input_tokens` is the whole prompt, of which `cached_tokens` came from
-    the cache."""
+    the cache. We never bill a cache write (every prefilled token is cached anyway), so
+    `cache_write_tokens`, which the SDK's type requires, is 0."""
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
