@@ -517,6 +517,22 @@ MALFORMED: list[tuple[str, str, Body, dict[str, str], int, str | None]] = [
     ),
     ("responses: store is a string", RESPONSES, response(store="yes"), {}, 400, "store"),
     (
+        "responses: a function tool without a name",
+        RESPONSES,
+        response(tools=[{"type": "function", "parameters": {"type": "object"}}]),
+        {},
+        400,
+        "tools.0.name",
+    ),
+    (
+        "responses: a custom tool without a name",
+        RESPONSES,
+        response(tools=[{"type": "custom"}]),
+        {},
+        400,
+        "tools.0.name",
+    ),
+    (
         "responses: max_output_tokens is 0",
         RESPONSES,
         response(max_output_tokens=0),

@@ -237,6 +237,7 @@ async def create_response(request: Request) -> Response:
     new_messages = template_messages(items)
     history = sum(len(stored.messages) for stored in chain)
     limits.check_counts(settings, history + len(new_messages), body.tool_count())
+    body.check_tool_names()
     response_id = item_id("resp")
     agent = chain_agent(body, request.headers, chain)
     rate_limits.check_agent(request, agent)
