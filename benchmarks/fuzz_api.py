@@ -625,8 +625,13 @@ ANTHROPIC_ERROR_TYPES = {
 
 
 def _validate(model: Any) -> Callable[[Any], None]:
-    adapter = pydantic.TypeAdapter(model)
-    return lambda payload: adapter.validate_python(payload, strict=False) and None
+    """A check that raises pydantic's ValidationError when a payload is not a `model`."""
+    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(model)
+
+    def check(payload: Any) -> None:
+        adapter.validate_python(payload)
+
+    return check
 
 
 def _response(payload: Any) -> None:
