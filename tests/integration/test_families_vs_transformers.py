@@ -371,3 +371,47 @@ def test_models_with_experts_route_on_the_host_so_cuda_decodes_them_without_grap
     model = Model("cpu-stock", FAMILIES[family](), vocab=VOCAB)
     assert isinstance(model.runner, TorchRunner)
     assert routes_on_host(model.runner.model) is routed
+
+
+def phi3_long_model(context: int | None = None) -> Model:
+    """Phi-3 with LongRoPE whose original context (16) every sequence below passes, so
+    transformers rotates them all by the long factors; ours served with `context` tokens."""
+    torch.manual_seed(0)
+    reference = phi3(**{**PHI3_LONGROPE, "original_max_position_embeddings": 16})
+    return Model("cpu", reference, vocab=VOCAB, context=context)
+
+
+def test_phi3_served_past_its_original_context_rotates_by_the_long_factors_of_transformers():
+    model = phi3_long_model()
+    assert model.runner.cache_spec.tag().endswith("-longrope-long")
+    for seed, length in enumerate((17, 29, 45)):
+        ids = model.prompt(length, seed)
+        ours = model.logits(Batch([prefill(0, ids, model.tables(length))]))
+        close(ours[0], model.reference_logits(ids)[-1], model.reference_tolerance)
+    ids, steps = model.prompt(21, 7), 8
+    tables = model.tables(21 + steps)
+    out = [int(model.logits(Batch([prefill(0, ids, tables)]))[0].argmax())]
+    for n in range(1, steps):
+        decode = BatchItem(0, [out[-1]], 21 + n - 1, tables, True, GREEDY, n)
+        out.append(int(model.logits(Batch([decode]))[0].argmax()))
+    assert out == model.reference_after(ids, out).argmax(-1).tolist()
+
+
+def _reference_gap(model: Model, length: int = 29) -> float:
+    ids = model.prompt(length, 1)
+    ours = model.logits(Batch([prefill(0, ids, model.tables(length))]))[0]
+    return float((ours - model.reference_logits(ids)[-1]).abs().max())
+
+
+def test_phi3_logits_depend_on_the_longrope_factors_and_the_partial_rotary_order(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # The comparisons above could fail: served within its original context (the short
+    # factors), or with each head's dims left in the checkpoint's order (rope over the wrong
+    # pairs), the same weights give other logits than transformers' long-factor ones.
+    assert _reference_gap(phi3_long_model()) < 1e-4
+    short = phi3_long_model(context=16)
+    assert short.runner.cache_spec.tag().endswith("-longrope-short")
+    assert _reference_gap(short) > 1e-3  # ten times the comparisons' tolerance
+    monkeypatch.setattr("semantic.models.names.rotary_order", lambda *_: None)
+    assert _reference_gap(phi3_long_model()) > 1e-3
