@@ -212,6 +212,8 @@ def complete_longrope(
     original = config.get("original_max_position_embeddings") or scaling.get(
         "original_max_position_embeddings", context
     )
+    if original < 2:  # its logarithm divides LongRoPE's scale
+        raise ModelLoadFailed(f"LongRoPE's original context {original} is not a context")
     factor = scaling.get("factor") or context / original
     completed = {**scaling, "rope_type": "longrope", "factor": factor}
     return {**completed, "original_max_position_embeddings": original, "long": context > original}
