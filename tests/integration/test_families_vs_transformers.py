@@ -144,7 +144,7 @@ def phi3(**overrides: Any) -> torch.nn.Module:
 # sequence here passes it, so transformers rotates by the short factors, as our rule does for a
 # model served within it; `factor` 4 keeps LongRoPE's scale on cos and sin (~1.16) in play.
 PHI3_LONGROPE_CONTEXT = 64
-PHI3_LONGROPE = {
+PHI3_LONGROPE: dict[str, Any] = {
     "max_position_embeddings": PHI3_LONGROPE_CONTEXT,
     "original_max_position_embeddings": PHI3_LONGROPE_CONTEXT,
     "rope_parameters": {

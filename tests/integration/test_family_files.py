@@ -42,12 +42,11 @@ from tests.unit.test_gguf_loader import write_tokenizer_metadata
 
 pytestmark = pytest.mark.integration
 
+PHI3_ROPE: dict[str, Any] = PHI3_LONGROPE["rope_parameters"]
 PHI3_LONGROPE_FILE = {  # Phi-4-mini's partial rotary and LongRoPE, at twice the original context
     **PHI3_LONGROPE,
     "max_position_embeddings": 2 * PHI3_CONTEXT,
-    "rope_parameters": {
-        key: value for key, value in PHI3_LONGROPE["rope_parameters"].items() if key != "factor"
-    },
+    "rope_parameters": {key: value for key, value in PHI3_ROPE.items() if key != "factor"},
 }
 
 # (architecture, the model, overrides that make it what llama.cpp assumes for the architecture)

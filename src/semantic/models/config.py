@@ -26,9 +26,9 @@ class ModelConfig:
     rotates the first `rotary_dim` dims of each head (`partial_rotary_factor`, Phi-4-mini's 0.75)
     and passes the rest through. `layer_types` names each layer's attention (`full_attention` or
     `sliding_attention`, whose window is `sliding_window`); empty means full attention
-    everywhere. The fields after it are
-    read only by the families that have them (Gemma 3, GPT-OSS, Qwen3 MoE); `model_type` picks
-    the family. The expert counts are checked here, before any layer is sized by them.
+    everywhere. The fields after it are read only by the families that have them (Gemma 3,
+    GPT-OSS, Qwen3 MoE); `model_type` picks the family. The expert counts are checked here,
+    before any layer is sized by them.
     """
 
     model_type: str
@@ -106,11 +106,11 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of a layer (keys a query sees, itself included); None: all."""
+        if not self.layer_types or self.layer_types[layer] != SLIDING_ATTENTION:
+            return None
         window = self.sliding_window
-        if self.layer_types and self.layer_types[layer] == SLIDING_ATTENTION:
-            # A window that holds the whole context is none (Phi-3-mini-128k's 262,144).
-            return window if window is None or window < self.max_position_embeddings else None
-        return None
+        # A window that holds the whole context is none (Phi-3-mini-128k's 262,144).
+        return window if window is None or window < self.max_position_embeddings else None
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
