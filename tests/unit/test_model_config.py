@@ -222,3 +222,46 @@ def test_a_multimodal_gemma3_checkpoint_loads_its_language_model_only() -> None:
         gemma3_text_name("model.layers.3.self_attn.q_norm.weight")
         == "model.layers.3.self_attn.q_norm.weight"
     )
+
+
+PHI4_MINI: dict[str, Any] = {  # Phi-4-mini-instruct's config.json, its factor lists cut short
+    "model_type": "phi3",
+    "vocab_size": 200064,
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096,
+    "partial_rotary_factor": 0.75,
+    "rope_theta": 10000.0,
+    "rope_scaling": {"long_factor": [1.0] * 48, "short_factor": [1.0] * 48, "type": "longrope"},
+    "sliding_window": 262144,
+    "tie_word_embeddings": True,
+}
+
+
+def test_phi4_mini_reads_its_partial_rotary_and_longrope_and_drops_a_window_past_its_context():
+    config = ModelConfig.from_hf(PHI4_MINI)
+    assert (config.head_dim, config.rotary_dim) == (128, 96)
+    scaling = config.rope_scaling
+    assert scaling is not None and scaling["rope_type"] == "longrope"
+    assert scaling["factor"] == 32 and scaling["original_max_position_embeddings"] == 4096
+    assert config.rope_variant == "longrope-long"  # served at its own context
+    assert config.within_context(4096).rope_variant == "longrope-short"
+    assert config.within_context(4097).rope_variant == "longrope-long"
+    # 262,144 keys hold every context it can have: full attention, not a sliding layer.
+    assert [config.layer_window(i) for i in (0, 31)] == [None, None]
+
+
+def test_phi3_mini_4k_slides_in_every_layer_and_older_longrope_names_mean_longrope():
+    mini_4k = {**PHI4_MINI, "max_position_embeddings": 4096, "sliding_window": 2047}
+    del mini_4k["rope_scaling"], mini_4k["partial_rotary_factor"]
+    config = ModelConfig.from_hf(mini_4k)
+    assert config.rope_scaling is None and config.rotary_dim == config.head_dim
+    assert {config.layer_window(i) for i in range(32)} == {2047}
+    for old_name in ("su", "yarn"):  # Phi-3-mini-128k's first config said `su`
+        scaling = {**PHI4_MINI["rope_scaling"], "type": old_name}
+        read = ModelConfig.from_hf({**PHI4_MINI, "rope_scaling": scaling}).rope_scaling
+        assert read is not None and read["rope_type"] == "longrope"

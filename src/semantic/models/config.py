@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from semantic.errors import ModelLoadFailed
@@ -21,10 +21,14 @@ class ModelConfig:
 
     Loaders fill this from `config.json` or from GGUF metadata; backends build their model code
     from it. `rope_scaling` is kept as Hugging Face writes it (e.g. Llama 3's `rope_type: llama3`).
-    `layer_types` names each layer's attention (`full_attention` or `sliding_attention`, whose
-    window is `sliding_window`); empty means full attention everywhere. The fields after it are
-    read only by the families that have them (Gemma 3, GPT-OSS, Qwen3 MoE); `model_type` picks
-    the family. The expert counts are checked here, before any layer is sized by them.
+    LongRoPE's (Phi-3) is completed as it is read: its `original_max_position_embeddings` and
+    `factor` always set, and `long` saying which factor list rotates (`within_context`). Rope
+    rotates the first `rotary_dim` dims of each head (`partial_rotary_factor`, Phi-4-mini's 0.75)
+    and passes the rest through. `layer_types` names each layer's attention (`full_attention` or
+    `sliding_attention`, whose window is `sliding_window`); empty means full attention
+    everywhere. The fields after it are read only by the families that have them (Gemma 3,
+    GPT-OSS, Qwen3 MoE); `model_type` picks the family. The expert counts are checked here,
+    before any layer is sized by them.
     """
 
     model_type: str
@@ -39,6 +43,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None
+    partial_rotary_factor: float = 1.0
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     bos_token_id: int | None = None
@@ -70,6 +75,30 @@ class ModelConfig:
                 f"num_local_experts ({self.num_local_experts})"
             )
 
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head that rope rotates (the first ones; the rest pass through)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def rope_variant(self) -> str | None:
+        """What rotated keys depend on beyond the checkpoint, for the cache's tag: LongRoPE's
+        factor list ("longrope-long" or "longrope-short"); None where nothing does."""
+        scaling = self.rope_scaling
+        if scaling is None or not is_longrope(scaling):
+            return None
+        return "longrope-long" if scaling.get("long") else "longrope-short"
+
+    def within_context(self, context: int) -> ModelConfig:
+        """This config served with sequences of at most `context` tokens: LongRoPE rotates by
+        its long factors where that passes the original context, by its short ones elsewhere,
+        whatever length a sequence has reached (`docs/models.md` says why)."""
+        scaling = self.rope_scaling
+        if scaling is None or not is_longrope(scaling):
+            return self
+        long = context > scaling["original_max_position_embeddings"]
+        return replace(self, rope_scaling={**scaling, "long": long})
+
     def layer_has_experts(self, layer: int) -> bool:
         """Whether a layer's feed-forward is a mixture of experts (else a dense MLP)."""
         sparse = (layer + 1) % self.decoder_sparse_step == 0
@@ -77,9 +106,11 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of a layer (keys a query sees, itself included); None: all."""
-        if self.layer_types and self.layer_types[layer] == SLIDING_ATTENTION:
-            return self.sliding_window
-        return None
+        if not self.layer_types or self.layer_types[layer] != SLIDING_ATTENTION:
+            return None
+        window = self.sliding_window
+        # A window that holds the whole context is none (Phi-3-mini-128k's 262,144).
+        return window if window is None or window < self.max_position_embeddings else None
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
@@ -90,7 +121,8 @@ class ModelConfig:
         model_type = _MODEL_TYPE_ALIASES.get(model_type, model_type)
         heads = config["num_attention_heads"]
         layers = config["num_hidden_layers"]
-        rope = _RopeSettings.read(config)
+        context = config.get("max_position_embeddings", 2048)
+        rope = _RopeSettings.read(config, model_type)
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -102,10 +134,11 @@ class ModelConfig:
             num_attention_heads=heads,
             num_key_value_heads=config.get("num_key_value_heads") or heads,
             head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            max_position_embeddings=context,
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=rope.theta,
-            rope_scaling=rope.scaling,
+            rope_scaling=complete_longrope(rope.scaling, context, config),
+            partial_rotary_factor=rope.partial_rotary_factor,
             tie_word_embeddings=config.get("tie_word_embeddings", model_type == "gemma3"),
             # Qwen2's attention always has Q/K/V biases and its config has no flag for them.
             attention_bias=config.get("attention_bias", model_type == "qwen2"),
@@ -140,9 +173,10 @@ class _RopeSettings:
     theta: float
     scaling: dict[str, Any] | None
     local_theta: float | None
+    partial_rotary_factor: float
 
     @classmethod
-    def read(cls, config: dict[str, Any]) -> _RopeSettings:
+    def read(cls, config: dict[str, Any], model_type: str) -> _RopeSettings:
         # transformers 5 writes RoPE settings as one `rope_parameters` object, or one per layer
         # type (Gemma 3); older configs have `rope_theta`, `rope_scaling` and Gemma 3's
         # `rope_local_base_freq` beside the rest.
@@ -152,10 +186,37 @@ class _RopeSettings:
             local = (rope.get(SLIDING_ATTENTION) or {}).get("rope_theta", local)
             rope = dict(rope.get(FULL_ATTENTION) or {})
         theta = rope.pop("rope_theta", None) or config.get("rope_theta", 10000.0)
+        partial = rope.pop("partial_rotary_factor", None) or config.get("partial_rotary_factor")
         scaling = config.get("rope_scaling") or (
             rope if rope.get("rope_type", "default") != "default" else None
         )
-        return cls(theta, scaling, local)
+        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+        # Phi-3's older configs name LongRoPE `su`, or `yarn`, as transformers still reads them.
+        if kind == "su" or (model_type == "phi3" and kind == "yarn"):
+            scaling = {**(scaling or {}), "rope_type": "longrope"}
+        return cls(theta, scaling, local, float(partial or 1.0))
+
+
+def is_longrope(scaling: dict[str, Any]) -> bool:
+    return bool(scaling.get("rope_type", scaling.get("type")) == "longrope")
+
+
+def complete_longrope(
+    scaling: dict[str, Any] | None, context: int, config: dict[str, Any]
+) -> dict[str, Any] | None:
+    """LongRoPE's settings as transformers completes them: the original context from the
+    config's top level first (Phi-3 keeps it there), `factor` the context's ratio to it unless
+    given; `long` as the model's own context chooses (`within_context` changes it)."""
+    if scaling is None or not is_longrope(scaling):
+        return scaling
+    original = config.get("original_max_position_embeddings") or scaling.get(
+        "original_max_position_embeddings", context
+    )
+    if original < 2:  # its logarithm divides LongRoPE's scale
+        raise ModelLoadFailed(f"LongRoPE's original context {original} is not a context")
+    factor = scaling.get("factor") or context / original
+    completed = {**scaling, "rope_type": "longrope", "factor": factor}
+    return {**completed, "original_max_position_embeddings": original, "long": context > original}
 
 
 def _layer_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[str, ...]:

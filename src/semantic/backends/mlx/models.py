@@ -2,8 +2,9 @@
 checkpoint names map to the shared layers of `layers.py`, and with which options. The same
 families as the torch backend (`backends/torch/models/`), each said in a few lines here:
 Llama (SmolLM2, Llama 3.x, Mistral's window), Qwen2 (Q/K/V biases), Qwen3 (q/k norms),
-Qwen3 MoE (Qwen3's attention, experts in its sparse layers), Gemma 3 (four norms a block,
-GeGLU, sliding and global layers with their own ropes) and GPT-OSS (sinks, biases, alternating
+Qwen3 MoE (Qwen3's attention, experts in its sparse layers), Phi-3 (Llama's blocks, fused
+projections split at load; LongRoPE, partial rotary), Gemma 3 (four norms a block, GeGLU,
+sliding and global layers with their own ropes) and GPT-OSS (sinks, biases, alternating
 windows, experts).
 """
 
@@ -35,7 +36,9 @@ from semantic.models.config import ModelConfig
 from semantic.models.names import (
     gemma3_text_name,
     gpt_oss_experts_split,
+    phi3_split,
     qwen3_moe_experts_split,
+    rotary_rows,
 )
 
 
@@ -158,10 +161,11 @@ class Variant:
 def _llama(
     b: Build, arrays: Iterable[tuple[str, np.ndarray]], variant: Variant = Variant()
 ) -> DecoderModel:
-    """Llama, SmolLM2, Mistral; the Qwens are its blocks with another `Variant`."""
+    """Llama, SmolLM2, Mistral; the Qwens are its blocks with another `Variant`, Phi-3 with
+    other names. Rope over each head's first `rotary_dim` dims, q and k reordered for it."""
     config = b.config
-    weights = Weights.load(arrays, b)
-    rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling)
+    weights = Weights.load(rotary_rows(arrays, config), b)
+    rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, config.rotary_dim)
     layers = range(config.num_hidden_layers)
     return decoder(weights, [_llama_block(weights.layer(i), i, rope, variant) for i in layers])
 
@@ -181,6 +185,10 @@ def _llama_block(w: Weights, index: int, rope: Rope, variant: Variant) -> Block:
 
 def _qwen2(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
     return _llama(b, arrays, Variant(qkv_bias=True, o_bias=False))
+
+
+def _phi3(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+    return _llama(b, phi3_split(arrays, b.config))
 
 
 _QWEN3 = Variant(qk_norms=True)
@@ -289,6 +297,7 @@ _FAMILIES: dict[str, Builder] = {
     "qwen3_moe": _qwen3_moe,
     "gemma3": _gemma3,
     "gpt_oss": _gpt_oss,
+    "phi3": _phi3,
 }
 
 

@@ -1,5 +1,6 @@
-"""The Llama family (Llama 3.x, SmolLM2, Mistral), and the skeleton the Qwens share: pre-norm
-blocks of grouped-query attention and a SwiGLU MLP; rope with Llama 3's, linear or YaRN scaling;
+"""The Llama family (Llama 3.x, SmolLM2, Mistral), and the skeleton the Qwens and Phi-3 share:
+pre-norm blocks of grouped-query attention and a SwiGLU MLP; rope with Llama 3's, linear, YaRN
+or LongRoPE scaling, over the whole head or its first dims (`partial_rotary_factor`);
 tied or untied embeddings; Q/K/V and output biases where `attention_bias` says (or the family);
 Mistral's sliding window in every layer where its config sets one."""
 
@@ -21,6 +22,7 @@ from semantic.backends.torch.models.layers import (
 )
 from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
+from semantic.models.names import rotary_rows
 
 
 def gated_mlp(w: Weights, index: int) -> FeedForward:
@@ -61,7 +63,9 @@ def build(
     b: Build, arrays: Iterable[tuple[str, np.ndarray]], variant: Variant = Variant()
 ) -> DecoderModel:
     config = b.config
-    weights = Weights.load(arrays, b)
-    rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, b.device)
+    weights = Weights.load(rotary_rows(arrays, config), b)
+    rope = Rope(
+        config.head_dim, config.rope_theta, config.rope_scaling, b.device, config.rotary_dim
+    )
     layers = range(config.num_hidden_layers)
     return decoder(weights, [block(weights.layer(i), i, rope, variant) for i in layers])
