@@ -29,9 +29,9 @@ class ModelConfig:
     `layer_types` names each layer's attention (`full_attention` or `sliding_attention`, whose
     window is `sliding_window`); empty means full attention everywhere. `no_rope_layers` says
     which layers rotate q and k (SmolLM3: 1 rope, 0 none, "NoPE"); empty means all do. The
-    fields after it are
-    read only by the families that have them (Gemma 3, GPT-OSS, Qwen3 MoE); `model_type` picks
-    the family. The expert counts are checked here, before any layer is sized by them.
+    fields after it are read only by the families that have them (Gemma 3, GPT-OSS, Qwen3 MoE);
+    `model_type` picks the family. The expert counts (and the NoPE list's length) are checked
+    here, before any layer is sized by them.
     """
 
     model_type: str

@@ -3,7 +3,8 @@
 One file per family, each with the same skeleton (mlx-lm's): how its checkpoint names map to
 ours, how one decoder block is built, and `build`, which assembles the model from the shared
 layers in `layers.py`; families that are Llama's blocks with other options (Qwen2, Qwen3, Qwen3
-MoE, SmolLM3) name their `llama.Variant`. Families are imported only when a model of theirs loads.
+MoE, SmolLM3) name their `llama.Variant`. Families are imported only when a model of theirs
+loads.
 """
 
 from __future__ import annotations
