@@ -126,6 +126,7 @@ def test_smollm3_leaves_rope_out_of_the_layers_its_config_or_interval_says() -> 
     theirs = SmolLM3Config(**written)
     assert list(ours.no_rope_layers) == theirs.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0]
     assert [ours.layer_has_rope(i) for i in (0, 3, 7)] == [True, False, False]
+    assert theirs.rope_parameters is not None
     assert ours.rope_theta == theirs.rope_parameters["rope_theta"] == 2_000_000.0
     assert ours.tie_word_embeddings and theirs.tie_word_embeddings
     listed = ModelConfig.from_hf({**written, "no_rope_layers": [0] * 4 + [1] * 4})
