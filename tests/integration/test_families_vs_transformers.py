@@ -7,6 +7,7 @@ GPU."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,25 @@ def gpt_oss(**overrides: Any) -> torch.nn.Module:
     return GptOssForCausalLM(config)
 
 
+def smollm3(**overrides: Any) -> torch.nn.Module:
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    # Rope-less (NoPE) layers first and last, one with rope between; embeddings tied (its
+    # default); its special tokens' ids (128000 on) inside the tiny vocabulary.
+    config = SmolLM3Config(
+        **{
+            **BASE,
+            "num_hidden_layers": 3,
+            "no_rope_layers": [0, 1, 0],
+            "pad_token_id": None,
+            "bos_token_id": None,
+            "eos_token_id": 1,
+            **overrides,
+        }
+    )
+    return SmolLM3ForCausalLM(config)
+
+
 def phi3(**overrides: Any) -> torch.nn.Module:
     from transformers import Phi3Config, Phi3ForCausalLM
 
@@ -187,12 +207,21 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "gpt_oss": gpt_oss,
     "phi3_sliding": lambda: phi3(sliding_window=WINDOW),
     "phi3_longrope_partial": lambda: phi3(**PHI3_LONGROPE),
+    "smollm3": smollm3,
+    # its own rule: every 2nd layer (here layer 1, the last) rope-less, and the rope-less slide
+    "smollm3_sliding": lambda: smollm3(
+        num_hidden_layers=2,
+        no_rope_layers=None,
+        no_rope_layer_interval=2,
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+    ),
 }
 
 
 # The stock torch path (CUDA's) runs on the CPU for one variant of each kind of layer: a
-# window, sinks, q/k norms, Gemma's norms, each MoE, partial rotary (its rope tables); the other
-# variants differ only in weights, rope or which layers are sparse.
+# window, sinks, q/k norms, Gemma's norms, each MoE, rope-less layers, partial rotary (its rope
+# tables); the other variants differ only in weights, rope or which layers are sparse.
 STOCK_ON_CPU = {
     "llama",
     "qwen2_sliding",
@@ -202,6 +231,7 @@ STOCK_ON_CPU = {
     "gemma3",
     "gpt_oss",
     "phi3_longrope_partial",
+    "smollm3",
 }
 # Triton's interpreter too, but not for Qwen3 MoE: its kernels there are Qwen3's (each expert
 # is a gated MLP), and its experts' many small steps would cost the interpreter ~40 s.
@@ -214,9 +244,14 @@ def _cases() -> list[Any]:
         for path in PATHS:
             on_cpu = {"cpu-stock": STOCK_ON_CPU, "cpu-triton": TRITON_ON_CPU}.get(path)
             if on_cpu is None or family in on_cpu:
-                marks = [NEEDS_CUDA] if path in CUDA_PATHS else [NEEDS_MLX] if path == "mlx" else []
-                cases.append(pytest.param((family, path), marks=marks, id=f"{family}-{path}"))
+                cases.append(
+                    pytest.param((family, path), marks=_marks(path), id=f"{family}-{path}")
+                )
     return cases
+
+
+def _marks(path: str) -> list[pytest.MarkDecorator]:
+    return [NEEDS_CUDA] if path in CUDA_PATHS else [NEEDS_MLX] if path == "mlx" else []
 
 
 @pytest.fixture(scope="module", params=_cases())
@@ -415,3 +450,24 @@ def test_phi3_logits_depend_on_the_longrope_factors_and_the_partial_rotary_order
     assert _reference_gap(short) > 1e-3  # ten times the comparisons' tolerance
     monkeypatch.setattr("semantic.models.names.rotary_order", lambda *_: None)
     assert _reference_gap(phi3_long_model()) > 1e-3
+
+
+@pytest.mark.parametrize("path", [pytest.param(path, marks=_marks(path)) for path in PATHS])
+def test_smollm3_with_rope_in_every_layer_misses_transformers(path: str):
+    # The NoPE layers are what makes SmolLM3 differ from Llama: with the switch off (rope
+    # everywhere) the same weights give other logits on every path, so the comparisons above
+    # could fail.
+    torch.manual_seed(0)
+    model = Model(path, FAMILIES["smollm3"](), vocab=VOCAB)
+    ids = model.prompt(29, 4)
+    expected = model.reference_logits(ids)[-1]
+    close(
+        model.logits(Batch([prefill(0, ids, model.tables(29))]))[0],
+        expected,
+        model.reference_tolerance,
+    )
+    model.config = replace(model.config, no_rope_layers=())
+    roped = model.make_runner("float32")
+    wrong = model.logits(Batch([prefill(0, ids, model.tables(29))]), roped)[0]
+    with pytest.raises(AssertionError):  # off by ~3e-3 at this size: 30x the tolerance
+        close(wrong, expected, model.reference_tolerance)

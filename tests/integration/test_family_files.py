@@ -1,9 +1,10 @@
 """The families from files: a tiny random model saved as a sharded Hugging Face directory, or
 written as a GGUF the way llama.cpp's converter writes it (tensor names from the `gguf`
 package's own map for the architecture, Gemma's norms as `1 + w`, GPT-OSS's and Qwen3 MoE's
-experts stacked per projection, Phi-3's LongRoPE factors as tensors), loaded by us, gives the
-prompt logits of the `transformers` model it came from. transformers saves Qwen3 MoE's experts
-one tensor per expert, as the released checkpoints hold them."""
+experts stacked per projection, Phi-3's LongRoPE factors as tensors, SmolLM3's Q/K rows
+permuted as Llama's), loaded by us, gives the prompt logits of the `transformers` model it came
+from. transformers saves Qwen3 MoE's experts one tensor per expert, as the released checkpoints
+hold them."""
 
 from __future__ import annotations
 
@@ -34,11 +35,12 @@ from tests.integration.test_families_vs_transformers import (
     qwen2,
     qwen3,
     qwen3_moe,
+    smollm3,
 )
 from tests.integration.test_families_vs_transformers import (
     PHI3_LONGROPE_CONTEXT as PHI3_CONTEXT,
 )
-from tests.unit.test_gguf_loader import write_tokenizer_metadata
+from tests.unit.test_gguf_loader import llama_cpp_permute, write_tokenizer_metadata
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +70,13 @@ CASES: dict[str, tuple[MODEL_ARCH, Any]] = {
         MODEL_ARCH.PHI3,
         lambda: phi3(vocab_size=400, **PHI3_LONGROPE_FILE),
     ),
+    "smollm3": (  # llama.cpp: every 4th layer rope-less, Q/K rows permuted as Llama's
+        MODEL_ARCH.SMOLLM3,
+        lambda: smollm3(vocab_size=400, num_hidden_layers=4, no_rope_layers=None),
+    ),
 }
+# llama.cpp's converter permutes these architectures' Q and K rows (LlamaModel.modify_tensors).
+ROPE_PERMUTED = (MODEL_ARCH.SMOLLM3,)
 
 
 def gguf_tensors(arch: MODEL_ARCH, model: Any) -> dict[str, np.ndarray]:
@@ -80,6 +88,9 @@ def gguf_tensors(arch: MODEL_ARCH, model: Any) -> dict[str, np.ndarray]:
         array = tensor.detach().float().numpy()
         if arch == MODEL_ARCH.GEMMA3 and name.endswith("norm.weight"):
             array = array + 1.0
+        if arch in ROPE_PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
+            array = llama_cpp_permute(array, heads)
         if ".mlp.experts." in name:  # gate and up apart, each [E, out, in]
             out.update(split_experts(arch, name, array))
             continue

@@ -94,6 +94,12 @@ def test_transformers_5_per_layer_rope_parameters_are_read() -> None:
             },
             (S,) * 6,
         ),
+        # SmolLM3: a window only when asked for, then in its rope-less layers (every 4th here)
+        ({"model_type": "smollm3", "sliding_window": 64, "use_sliding_window": False}, ()),
+        (
+            {"model_type": "smollm3", "sliding_window": 64, "use_sliding_window": True},
+            (F, F, F, S, F, F),
+        ),
         ({"model_type": "llama"}, ()),
     ],
 )
@@ -108,6 +114,33 @@ def test_qwen2_has_qkv_biases_without_a_flag_and_gpt_oss_reads_its_experts() -> 
          "swiglu_limit": 7.0, "attention_bias": True}
     )  # fmt: skip
     assert (gpt.num_local_experts, gpt.num_experts_per_tok, gpt.swiglu_limit) == (32, 4, 7.0)
+
+
+def test_smollm3_leaves_rope_out_of_the_layers_its_config_or_interval_says() -> None:
+    from transformers import SmolLM3Config
+
+    # What transformers derives for a config.json that leaves the NoPE list, the rope base and
+    # the tying out: every 4th layer rope-less, a base of 2e6, tied embeddings.
+    written = {**BASE, "model_type": "smollm3", "num_hidden_layers": 8}
+    ours = ModelConfig.from_hf(written)
+    theirs = SmolLM3Config(**written)
+    assert list(ours.no_rope_layers) == theirs.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0]
+    assert [ours.layer_has_rope(i) for i in (0, 3, 7)] == [True, False, False]
+    assert theirs.rope_parameters is not None
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"] == 2_000_000.0
+    assert ours.tie_word_embeddings and theirs.tie_word_embeddings
+    listed = ModelConfig.from_hf({**written, "no_rope_layers": [0] * 4 + [1] * 4})
+    assert [listed.layer_has_rope(i) for i in range(8)] == [False] * 4 + [True] * 4
+    interval = ModelConfig.from_hf({**written, "no_rope_layer_interval": 2})
+    assert interval.no_rope_layers == (1, 0) * 4
+    # Other families never read the list: rope everywhere.
+    llama = ModelConfig.from_hf({**BASE, "model_type": "llama", "no_rope_layers": [0] * 6})
+    assert llama.no_rope_layers == () and llama.layer_has_rope(0)
+
+
+def test_a_smollm3_config_whose_nope_list_is_short_fails_to_load() -> None:
+    with pytest.raises(ModelLoadFailed, match="no_rope_layers"):
+        ModelConfig.from_hf({**BASE, "model_type": "smollm3", "no_rope_layers": [1, 0]})
 
 
 QWEN3_30B_A3B: dict[str, Any] = {  # the released config.json's MoE fields

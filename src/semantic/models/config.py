@@ -13,6 +13,11 @@ SLIDING_ATTENTION = "sliding_attention"
 # Hugging Face model types that are one family to us: a multimodal checkpoint's text model is
 # the text family's.
 _MODEL_TYPE_ALIASES = {"gemma3_text": "gemma3"}
+# Families whose config.json may leave out `tie_word_embeddings` because their default is True.
+_TIED_BY_DEFAULT = frozenset({"gemma3", "smollm3"})
+# Families whose rope base, when their config leaves it out, is not 10000 (transformers'
+# `default_theta` of the family's config class).
+_DEFAULT_ROPE_THETA = {"smollm3": 2_000_000.0}
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,9 +31,10 @@ class ModelConfig:
     rotates the first `rotary_dim` dims of each head (`partial_rotary_factor`, Phi-4-mini's 0.75)
     and passes the rest through. `layer_types` names each layer's attention (`full_attention` or
     `sliding_attention`, whose window is `sliding_window`); empty means full attention
-    everywhere. The fields after it are read only by the families that have them (Gemma 3,
-    GPT-OSS, Qwen3 MoE); `model_type` picks the family. The expert counts are checked here,
-    before any layer is sized by them.
+    everywhere. `no_rope_layers` says which layers rotate q and k (SmolLM3: 1 rope, 0 none,
+    "NoPE"); empty means all do. The fields after it are read only by the families that have
+    them (Gemma 3, GPT-OSS, Qwen3 MoE); `model_type` picks the family. The expert counts (and
+    the NoPE list's length) are checked here, before any layer is sized by them.
     """
 
     model_type: str
@@ -50,6 +56,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
+    no_rope_layers: tuple[int, ...] = ()
     hidden_act: str = "silu"
     query_pre_attn_scalar: float | None = None  # Gemma: q · this^-0.5 instead of head_dim^-0.5
     rope_local_theta: float | None = None  # Gemma 3: the sliding layers' own rope base
@@ -73,6 +80,11 @@ class ModelConfig:
             raise ModelLoadFailed(
                 f"num_experts_per_tok ({self.num_experts_per_tok}) must be between 1 and "
                 f"num_local_experts ({self.num_local_experts})"
+            )
+        if self.no_rope_layers and len(self.no_rope_layers) < self.num_hidden_layers:
+            raise ModelLoadFailed(
+                f"no_rope_layers names {len(self.no_rope_layers)} layers, not "
+                f"num_hidden_layers ({self.num_hidden_layers})"
             )
 
     @property
@@ -112,6 +124,10 @@ class ModelConfig:
         # A window that holds the whole context is none (Phi-3-mini-128k's 262,144).
         return window if window is None or window < self.max_position_embeddings else None
 
+    def layer_has_rope(self, layer: int) -> bool:
+        """Whether a layer rotates its queries and keys (else it attends by content alone)."""
+        return not self.no_rope_layers or bool(self.no_rope_layers[layer])
+
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
         """Read a parsed Hugging Face `config.json`; a multimodal one's `text_config`."""
@@ -139,13 +155,14 @@ class ModelConfig:
             rope_theta=rope.theta,
             rope_scaling=complete_longrope(rope.scaling, context, config),
             partial_rotary_factor=rope.partial_rotary_factor,
-            tie_word_embeddings=config.get("tie_word_embeddings", model_type == "gemma3"),
+            tie_word_embeddings=config.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT),
             # Qwen2's attention always has Q/K/V biases and its config has no flag for them.
             attention_bias=config.get("attention_bias", model_type == "qwen2"),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
             layer_types=_layer_types(config, model_type, layers),
             sliding_window=config.get("sliding_window"),
+            no_rope_layers=_no_rope_layers(config, model_type, layers),
             hidden_act=config.get("hidden_activation") or config.get("hidden_act") or "silu",
             query_pre_attn_scalar=config.get("query_pre_attn_scalar"),
             rope_local_theta=rope.local_theta,
@@ -185,7 +202,8 @@ class _RopeSettings:
         if FULL_ATTENTION in rope or SLIDING_ATTENTION in rope:
             local = (rope.get(SLIDING_ATTENTION) or {}).get("rope_theta", local)
             rope = dict(rope.get(FULL_ATTENTION) or {})
-        theta = rope.pop("rope_theta", None) or config.get("rope_theta", 10000.0)
+        default_theta = _DEFAULT_ROPE_THETA.get(model_type, 10000.0)
+        theta = rope.pop("rope_theta", None) or config.get("rope_theta") or default_theta
         partial = rope.pop("partial_rotary_factor", None) or config.get("partial_rotary_factor")
         scaling = config.get("rope_scaling") or (
             rope if rope.get("rope_type", "default") != "default" else None
@@ -231,6 +249,23 @@ def _layer_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[
     return tuple(types)
 
 
+def _no_rope_layers(config: dict[str, Any], model_type: str, layers: int) -> tuple[int, ...]:
+    """Which layers apply rope (1) and which do not (0), for SmolLM3: its list, or, in configs
+    without one, every `no_rope_layer_interval`-th layer (default 4) without; () elsewhere."""
+    if model_type != "smollm3":
+        return ()
+    listed = config.get("no_rope_layers")
+    if listed is not None:
+        return tuple(int(bool(flag)) for flag in listed)
+    interval = config.get("no_rope_layer_interval") or 4
+    return no_rope_every(interval, layers)
+
+
+def no_rope_every(interval: int, layers: int) -> tuple[int, ...]:
+    """`no_rope_layers` with every `interval`-th layer (counting from 1) rope-less."""
+    return tuple(int((i + 1) % interval != 0) for i in range(layers))
+
+
 def _derived_layer_type(config: dict[str, Any], model_type: str, layer: int) -> str:
     if model_type == "gemma3":  # five sliding layers, then a global one
         pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern", 6)
@@ -242,4 +277,8 @@ def _derived_layer_type(config: dict[str, Any], model_type: str, layer: int) -> 
         return SLIDING_ATTENTION if config.get("use_sliding_window") and above else FULL_ATTENTION
     if model_type == "qwen3_moe":  # a window only when asked for, then in every layer
         return SLIDING_ATTENTION if config.get("use_sliding_window") else FULL_ATTENTION
+    if model_type == "smollm3":  # a window only when asked for, then in the layers without rope
+        flags = _no_rope_layers(config, model_type, layer + 1)
+        nope = layer < len(flags) and not flags[layer]
+        return SLIDING_ATTENTION if config.get("use_sliding_window") and nope else FULL_ATTENTION
     return SLIDING_ATTENTION  # Mistral: a window in every layer when the config sets one

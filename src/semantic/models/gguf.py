@@ -4,8 +4,8 @@ Quantized tensors are dequantized with the `gguf` package (every type it knows: 
 Q6_K, Q8_0, MXFP4, …); llama.cpp's converter renames tensors (per architecture), reorders
 Llama's Q/K rows, stores Gemma's norms as `1 + w` and Phi-3's LongRoPE factors as tensors, and
 all of it is undone here so backends see one naming and layout. What a GGUF does not say (Gemma
-3's layer pattern and local rope base, GPT-OSS's alternation, Qwen3 MoE's renormalised routing)
-is what llama.cpp assumes for the architecture.
+3's layer pattern and local rope base, GPT-OSS's alternation, Qwen3 MoE's renormalised routing,
+SmolLM3's rope-less layers) is what llama.cpp assumes for the architecture.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from semantic.models.config import (
     SLIDING_ATTENTION,
     ModelConfig,
     complete_longrope,
+    no_rope_every,
 )
 from semantic.models.fingerprint import WeightsFile, fingerprint
 from semantic.models.gguf_reader import GGUFLayout
@@ -34,13 +35,15 @@ _ARCHITECTURES = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3_moe",
+    "smollm3": "smollm3",
     "gemma3": "gemma3",
     "gpt-oss": "gpt_oss",
     "phi3": "phi3",
 }
 
-# llama.cpp permutes Q/K rows only for these (LlamaModel.modify_tensors in convert_hf_to_gguf).
-_ROPE_PERMUTED = frozenset({"llama"})
+# llama.cpp permutes Q/K rows only for these (LlamaModel.modify_tensors in convert_hf_to_gguf,
+# which SmolLM3's converter inherits).
+_ROPE_PERMUTED = frozenset({"llama", "smollm3"})
 # llama.cpp stores these architectures' RMSNorm weights as 1 + w (Gemma's norm).
 _NORM_PLUS_ONE = frozenset({"gemma3"})
 # Layers of these that slide, as llama.cpp decides (`set_swa_pattern`): all but every n-th;
@@ -205,6 +208,12 @@ class GGUFFile:
             }
         if self.architecture == "gpt-oss":
             return self._expert_counts()
+        if self.architecture == "smollm3":
+            # The file has no key for the NoPE layers: llama.cpp fixes its step at 4 (every 4th
+            # layer without rope, `n_no_rope_layer_step`), as the released configs' list says.
+            # Bounded by the tensor table, as below: a hostile block_count fails the load.
+            layers = min(self._arch("block_count"), len(names))
+            return {"no_rope_layers": no_rope_every(4, layers)}
         if self.architecture == "qwen3moe":
             # llama.cpp always renormalises Qwen3 MoE's chosen weights, as its configs ask; a
             # layer without a router keeps its dense MLP. Every layer has tensors: a hostile

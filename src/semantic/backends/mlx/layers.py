@@ -159,15 +159,16 @@ class Step:
 
 class Attention:
     """Grouped-query attention over the pool: fused QKV projection (with its bias, if any),
-    optional RMSNorms of each head's q and k (Qwen3, Gemma 3), rope, paged attention as the
-    layer's `LayerAttention` says (scale, sliding window, sinks), output projection."""
+    optional RMSNorms of each head's q and k (Qwen3, Gemma 3), rope (none where `rope` is
+    None, a NoPE layer of SmolLM3), paged attention as the layer's `LayerAttention` says
+    (scale, sliding window, sinks), output projection."""
 
     def __init__(
         self,
         config: ModelConfig,
         layer: int,
         projections: tuple[Linear, Linear],
-        rope: Rope,
+        rope: Rope | None,
         how: LayerAttention,
         qk_norms: tuple[RMSNorm, RMSNorm] | None = None,
     ) -> None:
@@ -188,8 +189,9 @@ class Attention:
         q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
         if self.qk_norms is not None:
             q, k = self.qk_norms[0](q), self.qk_norms[1](k)
-        cos, sin_signed = step.rope_tables[self.rope]
-        q, k = apply_rope(q, cos, sin_signed), apply_rope(k, cos, sin_signed)
+        if self.rope is not None:
+            cos, sin_signed = step.rope_tables[self.rope]
+            q, k = apply_rope(q, cos, sin_signed), apply_rope(k, cos, sin_signed)
         group, i = step.pool.where[self.layer]
         reads = step.inputs.groups[group]
         out = paged_attention(q, k, v, step.pool, i, reads, self.how)  # [T, H, D]
@@ -257,7 +259,8 @@ class DecoderModel:
         self.norm = norm
         self.lm_head = lm_head
         self.embed_scale = embed_scale
-        self.ropes = list(dict.fromkeys(block.attn.rope for block in blocks))
+        ropes = (block.attn.rope for block in blocks)
+        self.ropes = list(dict.fromkeys(rope for rope in ropes if rope is not None))
 
     @property
     def layer_windows(self) -> tuple[int | None, ...]:
