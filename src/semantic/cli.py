@@ -281,17 +281,17 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     with own_mappings():
         checkpoint = load_checkpoint(source.path, progress=sys.stderr.isatty())
         log.info("read the config and tokenizer in %.1f s", time.perf_counter() - started)
+        context = checkpoint.config.max_position_embeddings
+        context = min(context, settings.max_model_len or context)
+        config = checkpoint.config.within_context(context)  # LongRoPE's factors for it
         weights = _logged_weights(checkpoint.weights())
-        runner = create_runner(
-            runner_options(settings), checkpoint.config, weights, checkpoint.fingerprint
-        )
-    context = checkpoint.config.max_position_embeddings
+        runner = create_runner(runner_options(settings), config, weights, checkpoint.fingerprint)
     served = ServedModel(
         name=_served_name(settings, source),
-        config=checkpoint.config,
+        config=config,
         tokenizer=checkpoint.tokenizer,
         chat_template=checkpoint.chat_template,
-        context_length=min(context, settings.max_model_len or context),
+        context_length=context,
         weights_fingerprint=checkpoint.fingerprint,
         aliases=(source.name, *source.aliases),
     )

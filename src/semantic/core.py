@@ -72,7 +72,9 @@ class CacheSpec:
     attention, else the sliding window it reads (empty: full attention in every layer).
     `kv_dtype` is how the pool stores K and V: None in `dtype`, the model's; "int8" as 8-bit
     integers with a bf16 scale per token and KV head, about half the bytes
-    (`backends/torch/int8.py` says why these scales).
+    (`backends/torch/int8.py` says why these scales). `rope_variant` names what the keys'
+    rotation depends on beyond the weights (LongRoPE's factor list, which the served context
+    picks: `ModelConfig.rope_variant`), None where nothing does.
 
     The layers fall into `groups` of `layers_per_group` layers of one kind each (every layer in
     one group when they are all alike): a block of a sequence takes one page of the pool per
@@ -88,6 +90,7 @@ class CacheSpec:
     block_tokens: int
     layer_windows: tuple[int | None, ...] = ()
     kv_dtype: str | None = None  # None: K/V in `dtype`; "int8": quantized, see above
+    rope_variant: str | None = None
     groups: tuple[LayerGroup, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -144,6 +147,8 @@ class CacheSpec:
             f"L{self.num_layers}-kv{self.num_kv_heads}-d{self.head_dim}"
             f"-{stored}-b{self.block_tokens}"
         )
+        if self.rope_variant:  # keys rotated otherwise are other keys
+            base = f"{base}-{self.rope_variant}"
         if not self.sliding_windows:
             return base  # the tag of every full-attention cache written before windows existed
         # Pages of several groups: a file holds one group's layers (caches written before the

@@ -46,9 +46,12 @@ GREEDY = SamplingParams(temperature=0.0)
 
 class Model:
     """A transformers reference and our runner over the same random weights. Norm weights,
-    biases and sinks are randomised too (their init is 0 or 1), so that each one counts."""
+    biases and sinks are randomised too (their init is 0 or 1), so that each one counts.
+    `context`: the most tokens the runner is served with (None: the model's context)."""
 
-    def __init__(self, path: str, reference: Any, *, vocab: int) -> None:
+    def __init__(
+        self, path: str, reference: Any, *, vocab: int, context: int | None = None
+    ) -> None:
         self.path = path
         self.device = "cuda" if path in CUDA_PATHS else "cpu"
         self.same, self.reference_tolerance = TOLERANCES[path]
@@ -56,6 +59,8 @@ class Model:
         self.reference = reference.eval()
         randomise_small_parameters(self.reference)
         self.config = ModelConfig.from_hf(self.reference.config.to_dict())
+        if context is not None:  # served with at most this many tokens
+            self.config = self.config.within_context(context)
         self.runner = self.make_runner("float32")
         self.free = list(range(self.runner.num_blocks))
         random.Random(0).shuffle(self.free)  # scattered blocks, as a busy pool hands out

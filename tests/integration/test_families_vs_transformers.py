@@ -7,6 +7,7 @@ GPU."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,50 @@ def gpt_oss(**overrides: Any) -> torch.nn.Module:
     return GptOssForCausalLM(config)
 
 
+def smollm3(**overrides: Any) -> torch.nn.Module:
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    # Rope-less (NoPE) layers first and last, one with rope between; embeddings tied (its
+    # default); its special tokens' ids (128000 on) inside the tiny vocabulary.
+    config = SmolLM3Config(
+        **{
+            **BASE,
+            "num_hidden_layers": 3,
+            "no_rope_layers": [0, 1, 0],
+            "pad_token_id": None,
+            "bos_token_id": None,
+            "eos_token_id": 1,
+            **overrides,
+        }
+    )
+    return SmolLM3ForCausalLM(config)
+
+
+def phi3(**overrides: Any) -> torch.nn.Module:
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    return Phi3ForCausalLM(Phi3Config(**{**BASE, "pad_token_id": 0, **overrides}))
+
+
+# Phi-4-mini's shape in small: rope over 3/4 of each 16-dim head (12 dims: 6 frequencies, each
+# with its own LongRoPE factor), 4 dims passed through. The original context is the model's: no
+# sequence here passes it, so transformers rotates by the short factors, as our rule does for a
+# model served within it; `factor` 4 keeps LongRoPE's scale on cos and sin (~1.16) in play.
+PHI3_LONGROPE_CONTEXT = 64
+PHI3_LONGROPE: dict[str, Any] = {
+    "max_position_embeddings": PHI3_LONGROPE_CONTEXT,
+    "original_max_position_embeddings": PHI3_LONGROPE_CONTEXT,
+    "rope_parameters": {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.75,
+        "factor": 4.0,
+        "short_factor": [1.0, 1.3, 1.9, 2.6, 3.4, 5.0],
+        "long_factor": [1.2, 2.0, 4.5, 9.0, 17.0, 31.0],
+    },
+}
+
+
 GEMMA3_LINEAR_ROPE = {  # the 4B-27B checkpoints: linear scaling on the global layers only
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
     "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
@@ -160,12 +205,23 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "gemma3": gemma3,
     "gemma3_linear_rope": lambda: gemma3(rope_parameters=GEMMA3_LINEAR_ROPE),
     "gpt_oss": gpt_oss,
+    "phi3_sliding": lambda: phi3(sliding_window=WINDOW),
+    "phi3_longrope_partial": lambda: phi3(**PHI3_LONGROPE),
+    "smollm3": smollm3,
+    # its own rule: every 2nd layer (here layer 1, the last) rope-less, and the rope-less slide
+    "smollm3_sliding": lambda: smollm3(
+        num_hidden_layers=2,
+        no_rope_layers=None,
+        no_rope_layer_interval=2,
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+    ),
 }
 
 
 # The stock torch path (CUDA's) runs on the CPU for one variant of each kind of layer: a
-# window, sinks, q/k norms, Gemma's norms, each MoE; the other variants differ only in weights,
-# rope or which layers are sparse.
+# window, sinks, q/k norms, Gemma's norms, each MoE, rope-less layers, partial rotary (its rope
+# tables); the other variants differ only in weights, rope or which layers are sparse.
 STOCK_ON_CPU = {
     "llama",
     "qwen2_sliding",
@@ -174,6 +230,8 @@ STOCK_ON_CPU = {
     "mistral_sliding",
     "gemma3",
     "gpt_oss",
+    "phi3_longrope_partial",
+    "smollm3",
 }
 # Triton's interpreter too, but not for Qwen3 MoE: its kernels there are Qwen3's (each expert
 # is a gated MLP), and its experts' many small steps would cost the interpreter ~40 s.
@@ -186,9 +244,14 @@ def _cases() -> list[Any]:
         for path in PATHS:
             on_cpu = {"cpu-stock": STOCK_ON_CPU, "cpu-triton": TRITON_ON_CPU}.get(path)
             if on_cpu is None or family in on_cpu:
-                marks = [NEEDS_CUDA] if path in CUDA_PATHS else [NEEDS_MLX] if path == "mlx" else []
-                cases.append(pytest.param((family, path), marks=marks, id=f"{family}-{path}"))
+                cases.append(
+                    pytest.param((family, path), marks=_marks(path), id=f"{family}-{path}")
+                )
     return cases
+
+
+def _marks(path: str) -> list[pytest.MarkDecorator]:
+    return [NEEDS_CUDA] if path in CUDA_PATHS else [NEEDS_MLX] if path == "mlx" else []
 
 
 @pytest.fixture(scope="module", params=_cases())
@@ -343,3 +406,68 @@ def test_models_with_experts_route_on_the_host_so_cuda_decodes_them_without_grap
     model = Model("cpu-stock", FAMILIES[family](), vocab=VOCAB)
     assert isinstance(model.runner, TorchRunner)
     assert routes_on_host(model.runner.model) is routed
+
+
+def phi3_long_model(context: int | None = None) -> Model:
+    """Phi-3 with LongRoPE whose original context (16) every sequence below passes, so
+    transformers rotates them all by the long factors; ours served with `context` tokens."""
+    torch.manual_seed(0)
+    reference = phi3(**{**PHI3_LONGROPE, "original_max_position_embeddings": 16})
+    return Model("cpu", reference, vocab=VOCAB, context=context)
+
+
+def test_phi3_served_past_its_original_context_rotates_by_the_long_factors_of_transformers():
+    model = phi3_long_model()
+    assert model.runner.cache_spec.tag().endswith("-longrope-long")
+    for seed, length in enumerate((17, 29, 45)):
+        ids = model.prompt(length, seed)
+        ours = model.logits(Batch([prefill(0, ids, model.tables(length))]))
+        close(ours[0], model.reference_logits(ids)[-1], model.reference_tolerance)
+    ids, steps = model.prompt(21, 7), 8
+    tables = model.tables(21 + steps)
+    out = [int(model.logits(Batch([prefill(0, ids, tables)]))[0].argmax())]
+    for n in range(1, steps):
+        decode = BatchItem(0, [out[-1]], 21 + n - 1, tables, True, GREEDY, n)
+        out.append(int(model.logits(Batch([decode]))[0].argmax()))
+    assert out == model.reference_after(ids, out).argmax(-1).tolist()
+
+
+def _reference_gap(model: Model, length: int = 29) -> float:
+    ids = model.prompt(length, 1)
+    ours = model.logits(Batch([prefill(0, ids, model.tables(length))]))[0]
+    return float((ours - model.reference_logits(ids)[-1]).abs().max())
+
+
+def test_phi3_logits_depend_on_the_longrope_factors_and_the_partial_rotary_order(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # The comparisons above could fail: served within its original context (the short
+    # factors), or with each head's dims left in the checkpoint's order (rope over the wrong
+    # pairs), the same weights give other logits than transformers' long-factor ones.
+    assert _reference_gap(phi3_long_model()) < 1e-4
+    short = phi3_long_model(context=16)
+    assert short.runner.cache_spec.tag().endswith("-longrope-short")
+    assert _reference_gap(short) > 1e-3  # ten times the comparisons' tolerance
+    monkeypatch.setattr("semantic.models.names.rotary_order", lambda *_: None)
+    assert _reference_gap(phi3_long_model()) > 1e-3
+
+
+@pytest.mark.parametrize("path", [pytest.param(path, marks=_marks(path)) for path in PATHS])
+def test_smollm3_with_rope_in_every_layer_misses_transformers(path: str):
+    # The NoPE layers are what makes SmolLM3 differ from Llama: with the switch off (rope
+    # everywhere) the same weights give other logits on every path, so the comparisons above
+    # could fail.
+    torch.manual_seed(0)
+    model = Model(path, FAMILIES["smollm3"](), vocab=VOCAB)
+    ids = model.prompt(29, 4)
+    expected = model.reference_logits(ids)[-1]
+    close(
+        model.logits(Batch([prefill(0, ids, model.tables(29))]))[0],
+        expected,
+        model.reference_tolerance,
+    )
+    model.config = replace(model.config, no_rope_layers=())
+    roped = model.make_runner("float32")
+    wrong = model.logits(Batch([prefill(0, ids, model.tables(29))]), roped)[0]
+    with pytest.raises(AssertionError):  # off by ~3e-3 at this size: 30x the tolerance
+        close(wrong, expected, model.reference_tolerance)

@@ -32,6 +32,7 @@ CACHED_FAMILIES = [
     ("gemma3", "cpu"),
     ("gpt_oss", "cpu"),
     ("mistral_sliding", "cpu"),
+    ("smollm3_sliding", "cpu"),
     ("gemma3", "cpu-stock"),
     ("gemma3", "mlx"),
     ("gpt_oss", "mlx"),

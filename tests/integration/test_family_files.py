@@ -1,12 +1,14 @@
 """The families from files: a tiny random model saved as a sharded Hugging Face directory, or
 written as a GGUF the way llama.cpp's converter writes it (tensor names from the `gguf`
 package's own map for the architecture, Gemma's norms as `1 + w`, GPT-OSS's and Qwen3 MoE's
-experts stacked per projection), loaded by us, gives the prompt logits of the `transformers`
-model it came from. transformers saves Qwen3 MoE's experts one tensor per expert, as the released
-checkpoints hold them."""
+experts stacked per projection, Phi-3's LongRoPE factors as tensors, SmolLM3's Q/K rows
+permuted as Llama's), loaded by us, gives the prompt logits of the `transformers` model it came
+from. transformers saves Qwen3 MoE's experts one tensor per expert, as the released checkpoints
+hold them."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,15 +28,28 @@ from tests.integration.reference_models import (
     randomise_small_parameters,
 )
 from tests.integration.test_families_vs_transformers import (
+    PHI3_LONGROPE,
     gemma3,
     gpt_oss,
+    phi3,
     qwen2,
     qwen3,
     qwen3_moe,
+    smollm3,
 )
-from tests.unit.test_gguf_loader import write_tokenizer_metadata
+from tests.integration.test_families_vs_transformers import (
+    PHI3_LONGROPE_CONTEXT as PHI3_CONTEXT,
+)
+from tests.unit.test_gguf_loader import llama_cpp_permute, write_tokenizer_metadata
 
 pytestmark = pytest.mark.integration
+
+PHI3_ROPE: dict[str, Any] = PHI3_LONGROPE["rope_parameters"]
+PHI3_LONGROPE_FILE = {  # Phi-4-mini's partial rotary and LongRoPE, at twice the original context
+    **PHI3_LONGROPE,
+    "max_position_embeddings": 2 * PHI3_CONTEXT,
+    "rope_parameters": {key: value for key, value in PHI3_ROPE.items() if key != "factor"},
+}
 
 # (architecture, the model, overrides that make it what llama.cpp assumes for the architecture)
 CASES: dict[str, tuple[MODEL_ARCH, Any]] = {
@@ -51,7 +66,17 @@ CASES: dict[str, tuple[MODEL_ARCH, Any]] = {
         MODEL_ARCH.QWEN3MOE,
         lambda: qwen3_moe(vocab_size=400, mlp_only_layers=[], norm_topk_prob=True),
     ),
+    "phi3": (  # llama.cpp: LongRoPE's factor from the contexts (2 here), its lists as tensors
+        MODEL_ARCH.PHI3,
+        lambda: phi3(vocab_size=400, **PHI3_LONGROPE_FILE),
+    ),
+    "smollm3": (  # llama.cpp: every 4th layer rope-less, Q/K rows permuted as Llama's
+        MODEL_ARCH.SMOLLM3,
+        lambda: smollm3(vocab_size=400, num_hidden_layers=4, no_rope_layers=None),
+    ),
 }
+# llama.cpp's converter permutes these architectures' Q and K rows (LlamaModel.modify_tensors).
+ROPE_PERMUTED = (MODEL_ARCH.SMOLLM3,)
 
 
 def gguf_tensors(arch: MODEL_ARCH, model: Any) -> dict[str, np.ndarray]:
@@ -63,6 +88,9 @@ def gguf_tensors(arch: MODEL_ARCH, model: Any) -> dict[str, np.ndarray]:
         array = tensor.detach().float().numpy()
         if arch == MODEL_ARCH.GEMMA3 and name.endswith("norm.weight"):
             array = array + 1.0
+        if arch in ROPE_PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
+            array = llama_cpp_permute(array, heads)
         if ".mlp.experts." in name:  # gate and up apart, each [E, out, in]
             out.update(split_experts(arch, name, array))
             continue
@@ -108,8 +136,9 @@ def write_gguf(path: Path, arch: MODEL_ARCH, model: Any, tokenizer_dir: Path) ->
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
+    if arch != MODEL_ARCH.PHI3:  # its converter writes no key length: hidden / heads
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     rope = config.rope_parameters
     rope = rope.get("full_attention", rope)
@@ -127,6 +156,8 @@ def write_gguf(path: Path, arch: MODEL_ARCH, model: Any, tokenizer_dir: Path) ->
         writer.add_rope_scaling_type(gguf_rope_scaling_yarn())
         writer.add_rope_scaling_factor(rope["factor"])
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if arch == MODEL_ARCH.PHI3:
+        write_phi3_rope(writer, config, head_dim)
     write_tokenizer_metadata(writer, tokenizer_dir)
     for name, array in gguf_tensors(arch, model).items():
         writer.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
@@ -134,6 +165,20 @@ def write_gguf(path: Path, arch: MODEL_ARCH, model: Any, tokenizer_dir: Path) ->
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def write_phi3_rope(writer: GGUFWriter, config: Any, head_dim: int) -> None:
+    """As llama.cpp's Phi-3 converter: the rotary dims, the original context, LongRoPE's scale
+    on cos and sin from the contexts' ratio, both factor lists as tensors."""
+    rope = config.rope_parameters
+    writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
+    original = config.original_max_position_embeddings
+    writer.add_rope_scaling_orig_ctx_len(original)
+    scale = config.max_position_embeddings / original
+    writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+    for kind in ("long", "short"):
+        factors = np.asarray(rope[f"{kind}_factor"], dtype=np.float32)
+        writer.add_tensor(f"rope_factors_{kind}.weight", factors)
 
 
 def gguf_rope_scaling_yarn() -> Any:
@@ -174,8 +219,10 @@ def test_a_sharded_hugging_face_directory_gives_the_transformers_logits(
 def assert_logits_of(model: Any, path: Path) -> None:
     checkpoint = load_checkpoint(path, progress=False)
     assert checkpoint.config.model_type == model.config.model_type.removesuffix("_text")
+    # Served within the 64 tokens any LongRoPE here was trained on, as the prompt's 45 are:
+    # transformers' short factors.
     runner = TorchRunner(
-        checkpoint.config,
+        checkpoint.config.within_context(PHI3_CONTEXT),
         checkpoint.weights(),
         block_tokens=BLOCK_TOKENS,
         cache_budget_mb=4,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from semantic.errors import InvalidRequest, ModelLoadFailed
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
+from tests.smollm3_template import SMOLLM3_TEMPLATE
 
 SMOLLM_LIKE = (
     "{% for message in messages %}"
@@ -87,6 +89,44 @@ def test_tojson_accepts_indent_and_separators() -> None:
 
 def test_tools_default_to_none() -> None:
     assert template("{{ tools is none }}").render([]) == "True"
+
+
+LOOKUP = {
+    "type": "function",
+    "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+def test_smollm3_lists_tools_where_its_template_puts_xml_tools() -> None:
+    # What transformers renders for `apply_chat_template(messages, xml_tools=tools)`, the way
+    # SmolLM3's card passes tools: its own "### Tools" section of the system turn.
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    ours = template(SMOLLM3_TEMPLATE).render(messages, tools=[LOOKUP])
+    # Annotated `-> str`, it returns the rendered conversations and their generation indices.
+    rendered: Any = render_jinja_template(
+        conversations=[messages],
+        chat_template=SMOLLM3_TEMPLATE,
+        add_generation_prompt=True,
+        xml_tools=[LOOKUP],
+    )
+    assert [ours] == rendered[0]
+    assert "### Tools" in ours and "'name': 'lookup'" in ours
+
+
+def test_smollm3s_calls_and_results_reach_it_as_the_text_it_writes() -> None:
+    # Its template renders a message's content alone: calls and results go in as Hermes text.
+    call = {"type": "function", "function": {"name": "lookup", "arguments": '{"q": 1}'}}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "found"},
+    ]
+    text = template(SMOLLM3_TEMPLATE).render(messages, tools=[LOOKUP])
+    written = '<tool_call>\n{"name": "lookup", "arguments": {"q": 1}}\n</tool_call><|im_end|>'
+    assert "<|im_start|>assistant\n" + written in text
+    assert "<|im_start|>user\n<tool_response>\nfound\n</tool_response><|im_end|>" in text
 
 
 def test_none_valued_message_keys_are_dropped() -> None:

@@ -215,3 +215,62 @@ def test_a_qwen3moe_gguf_that_uses_more_experts_than_it_has_fails_to_load(tmp_pa
     write_qwen3moe_metadata(path, router, used=9)
     with pytest.raises(ModelLoadFailed, match="num_experts_per_tok"):
         GGUFFile(path).config()
+
+
+def write_phi3_metadata(path: Path, tensors: dict[str, np.ndarray], window: int) -> None:
+    """A phi3 GGUF as llama.cpp's converter writes Phi-4-mini's metadata, in small."""
+    writer = GGUFWriter(path, "phi3")
+    writer.add_block_count(2)
+    writer.add_context_length(512)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_rope_dimension_count(3 * HIDDEN // HEADS // 4)  # 3/4 of each head
+    writer.add_rope_scaling_orig_ctx_len(128)
+    writer.add_rope_scaling_attn_factors(1.25)
+    writer.add_sliding_window(window)
+    writer.add_vocab_size(VOCAB)
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_phi3_gguf_reads_partial_rotary_longrope_tensors_and_a_window_in_every_layer(
+    tmp_path: Path,
+) -> None:
+    rotary_half = 3 * HIDDEN // HEADS // 8
+    long, short = np.full(rotary_half, 4.0, np.float32), np.full(rotary_half, 1.5, np.float32)
+    qkv = np.zeros((3 * HIDDEN, HIDDEN), np.float32)
+    tensors = {
+        "rope_factors_long.weight": long,
+        "rope_factors_short.weight": short,
+        "blk.0.attn_qkv.weight": qkv,
+        "blk.0.ffn_up.weight": np.zeros((2 * FFN, HIDDEN), np.float32),
+    }
+    path = tmp_path / "phi3.gguf"
+    write_phi3_metadata(path, tensors, window=100)
+    gguf = GGUFFile(path)
+    config = gguf.config()
+    assert config.model_type == "phi3" and config.head_dim == HIDDEN // HEADS
+    assert config.rotary_dim == 3 * HIDDEN // HEADS // 4
+    scaling = config.rope_scaling
+    assert scaling is not None and scaling["attention_factor"] == 1.25
+    assert scaling["long_factor"] == [4.0] * rotary_half == long.tolist()
+    assert scaling["short_factor"] == [1.5] * rotary_half
+    assert scaling["factor"] == 4 and config.rope_variant == "longrope-long"
+    assert {config.layer_window(i) for i in (0, 1)} == {100}
+    names = [name for name, _ in gguf.weights(config)]  # the factor lists are no weights
+    assert names == [
+        "model.layers.0.self_attn.qkv_proj.weight",
+        "model.layers.0.mlp.gate_up_proj.weight",
+    ]
+
+
+def test_a_phi3_gguf_with_one_longrope_list_fails_to_load(tmp_path: Path) -> None:
+    path = tmp_path / "half.gguf"
+    write_phi3_metadata(path, {"rope_factors_long.weight": np.ones(3, np.float32)}, window=100)
+    with pytest.raises(ModelLoadFailed, match="one of LongRoPE's factor lists"):
+        GGUFFile(path).config()

@@ -94,6 +94,12 @@ def test_transformers_5_per_layer_rope_parameters_are_read() -> None:
             },
             (S,) * 6,
         ),
+        # SmolLM3: a window only when asked for, then in its rope-less layers (every 4th here)
+        ({"model_type": "smollm3", "sliding_window": 64, "use_sliding_window": False}, ()),
+        (
+            {"model_type": "smollm3", "sliding_window": 64, "use_sliding_window": True},
+            (F, F, F, S, F, F),
+        ),
         ({"model_type": "llama"}, ()),
     ],
 )
@@ -108,6 +114,33 @@ def test_qwen2_has_qkv_biases_without_a_flag_and_gpt_oss_reads_its_experts() -> 
          "swiglu_limit": 7.0, "attention_bias": True}
     )  # fmt: skip
     assert (gpt.num_local_experts, gpt.num_experts_per_tok, gpt.swiglu_limit) == (32, 4, 7.0)
+
+
+def test_smollm3_leaves_rope_out_of_the_layers_its_config_or_interval_says() -> None:
+    from transformers import SmolLM3Config
+
+    # What transformers derives for a config.json that leaves the NoPE list, the rope base and
+    # the tying out: every 4th layer rope-less, a base of 2e6, tied embeddings.
+    written = {**BASE, "model_type": "smollm3", "num_hidden_layers": 8}
+    ours = ModelConfig.from_hf(written)
+    theirs = SmolLM3Config(**written)
+    assert list(ours.no_rope_layers) == theirs.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0]
+    assert [ours.layer_has_rope(i) for i in (0, 3, 7)] == [True, False, False]
+    assert theirs.rope_parameters is not None
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"] == 2_000_000.0
+    assert ours.tie_word_embeddings and theirs.tie_word_embeddings
+    listed = ModelConfig.from_hf({**written, "no_rope_layers": [0] * 4 + [1] * 4})
+    assert [listed.layer_has_rope(i) for i in range(8)] == [False] * 4 + [True] * 4
+    interval = ModelConfig.from_hf({**written, "no_rope_layer_interval": 2})
+    assert interval.no_rope_layers == (1, 0) * 4
+    # Other families never read the list: rope everywhere.
+    llama = ModelConfig.from_hf({**BASE, "model_type": "llama", "no_rope_layers": [0] * 6})
+    assert llama.no_rope_layers == () and llama.layer_has_rope(0)
+
+
+def test_a_smollm3_config_whose_nope_list_is_short_fails_to_load() -> None:
+    with pytest.raises(ModelLoadFailed, match="no_rope_layers"):
+        ModelConfig.from_hf({**BASE, "model_type": "smollm3", "no_rope_layers": [1, 0]})
 
 
 QWEN3_30B_A3B: dict[str, Any] = {  # the released config.json's MoE fields
@@ -222,3 +255,46 @@ def test_a_multimodal_gemma3_checkpoint_loads_its_language_model_only() -> None:
         gemma3_text_name("model.layers.3.self_attn.q_norm.weight")
         == "model.layers.3.self_attn.q_norm.weight"
     )
+
+
+PHI4_MINI: dict[str, Any] = {  # Phi-4-mini-instruct's config.json, its factor lists cut short
+    "model_type": "phi3",
+    "vocab_size": 200064,
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096,
+    "partial_rotary_factor": 0.75,
+    "rope_theta": 10000.0,
+    "rope_scaling": {"long_factor": [1.0] * 48, "short_factor": [1.0] * 48, "type": "longrope"},
+    "sliding_window": 262144,
+    "tie_word_embeddings": True,
+}
+
+
+def test_phi4_mini_reads_its_partial_rotary_and_longrope_and_drops_a_window_past_its_context():
+    config = ModelConfig.from_hf(PHI4_MINI)
+    assert (config.head_dim, config.rotary_dim) == (128, 96)
+    scaling = config.rope_scaling
+    assert scaling is not None and scaling["rope_type"] == "longrope"
+    assert scaling["factor"] == 32 and scaling["original_max_position_embeddings"] == 4096
+    assert config.rope_variant == "longrope-long"  # served at its own context
+    assert config.within_context(4096).rope_variant == "longrope-short"
+    assert config.within_context(4097).rope_variant == "longrope-long"
+    # 262,144 keys hold every context it can have: full attention, not a sliding layer.
+    assert [config.layer_window(i) for i in (0, 31)] == [None, None]
+
+
+def test_phi3_mini_4k_slides_in_every_layer_and_older_longrope_names_mean_longrope():
+    mini_4k = {**PHI4_MINI, "max_position_embeddings": 4096, "sliding_window": 2047}
+    del mini_4k["rope_scaling"], mini_4k["partial_rotary_factor"]
+    config = ModelConfig.from_hf(mini_4k)
+    assert config.rope_scaling is None and config.rotary_dim == config.head_dim
+    assert {config.layer_window(i) for i in range(32)} == {2047}
+    for old_name in ("su", "yarn"):  # Phi-3-mini-128k's first config said `su`
+        scaling = {**PHI4_MINI["rope_scaling"], "type": old_name}
+        read = ModelConfig.from_hf({**PHI4_MINI, "rope_scaling": scaling}).rope_scaling
+        assert read is not None and read["rope_type"] == "longrope"

@@ -517,6 +517,22 @@ MALFORMED: list[tuple[str, str, Body, dict[str, str], int, str | None]] = [
     ),
     ("responses: store is a string", RESPONSES, response(store="yes"), {}, 400, "store"),
     (
+        "responses: a function tool without a name",
+        RESPONSES,
+        response(tools=[{"type": "function", "parameters": {"type": "object"}}]),
+        {},
+        400,
+        "tools.0.name",
+    ),
+    (
+        "responses: a custom tool without a name",
+        RESPONSES,
+        response(tools=[{"type": "custom"}]),
+        {},
+        400,
+        "tools.0.name",
+    ),
+    (
         "responses: max_output_tokens is 0",
         RESPONSES,
         response(max_output_tokens=0),
@@ -633,6 +649,29 @@ def test_a_bad_stored_response_route_gets_a_4xx_in_openais_shape(
     kind = "invalid_request_error" if status == 400 else None
     error = assert_openai_error(api.request(method, path), status, kind)
     assert error["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", CHAT, with_(max_tokens=0)),
+        ("POST", LEGACY, legacy(prompt=5)),
+        ("POST", RESPONSES, {"model": "m", "input": 5}),
+        ("POST", "/v1/agents", {"agent_id": "no/such/id"}),
+        ("GET", "/v1/agents/nobody", None),
+    ],
+    ids=["chat", "completions", "responses", "agent create", "agent get"],
+)
+def test_an_openai_route_answers_openais_shape_whatever_headers_it_gets(
+    api: TestClient, method: str, path: str, body: dict[str, Any] | None
+) -> None:
+    """The header that marks an Anthropic SDK (`anthropic-version`; a gateway may forward it)
+    picks the error shape only where no route says the protocol: these routes' mid-stream
+    errors and answers are OpenAI's, so their 4xx are too."""
+    anthropic_headers = {"anthropic-version": "2023-06-01", "x-api-key": "any"}
+    answer = api.request(method, path, json=body, headers=anthropic_headers)
+    assert_openai_error(answer, answer.status_code, None)
+    assert 400 <= answer.status_code < 500
 
 
 def test_a_validation_error_names_the_field_that_is_wrong(api: TestClient) -> None:

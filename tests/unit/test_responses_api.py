@@ -437,3 +437,18 @@ def test_the_store_keeps_the_newest_within_its_count_and_its_bytes(tmp_path: Pat
     with pytest.raises(NotFound):
         restarted.load(records[2].id, None)
     assert restarted.load(big.id, None).messages == big.messages
+
+
+def test_every_response_validates_as_the_sdks_response_type(api: TestClient) -> None:
+    """The SDK parses without validating, so a field its type requires that we leave out only
+    shows when a client reads it (`usage.input_tokens_details.cache_write_tokens`): validate
+    what the answer, the stored response and a stream's last event carry, field by field."""
+    body = {"model": "m", "input": "Hello", "max_output_tokens": 4}
+    answer = api.post("/v1/responses", json=body).json()
+    stored = api.get(f"/v1/responses/{answer['id']}").json()
+    with api.stream("POST", "/v1/responses", json={**body, "stream": True}) as stream:
+        lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    streamed = json.loads(lines[-1].removeprefix("data: "))["response"]
+    for response in (answer, stored, streamed):
+        usage = openai.types.responses.Response.model_validate(response).usage
+        assert usage is not None and usage.input_tokens_details.cache_write_tokens == 0

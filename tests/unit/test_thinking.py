@@ -1,5 +1,5 @@
-"""Thinking models through every API: a scripted model with Qwen3's template writes its
-reasoning in think tags; it comes back as Anthropic thinking blocks (sealed), OpenAI
+"""Thinking models through every API: a scripted model with Qwen3's template (and SmolLM3's)
+writes its reasoning in think tags; it comes back as Anthropic thinking blocks (sealed), OpenAI
 `reasoning_content` and Responses reasoning items; sent back, the next prompt renders exactly
 what the model wrote; the switches reach the template; GPT-OSS's channels are parsed too."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from semantic.text.reasoning import HARMONY, THINK_TAGS, ReasoningParser, seal, 
 from semantic.text.tokenizer import Tokenizer
 from tests.qwen3_template import QWEN3_TEMPLATE
 from tests.scripted_runner import ScriptedRunner
+from tests.smollm3_template import SMOLLM3_TEMPLATE
 from tests.unit.fakes import engine_on, fake_served
 
 REASONING = "The user wants the capital.\nIt is Paris."
@@ -39,12 +41,27 @@ def qwen3(tiny_tokenizer: Tokenizer) -> ServedModel:
 
 @pytest.fixture
 def scripted(qwen3: ServedModel, tmp_path: Path) -> Iterator[tuple[TestClient, ScriptedRunner]]:
-    end = qwen3.tokenizer.token_to_id("<|im_end|>")
+    with scripted_client(qwen3, tmp_path) as scripted:
+        yield scripted
+
+
+@pytest.fixture
+def smollm3(tiny_tokenizer: Tokenizer) -> ServedModel:
+    template = ChatTemplate(SMOLLM3_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
+    served = fake_served(tiny_tokenizer, context=4096)
+    return dataclasses.replace(served, chat_template=template)
+
+
+@contextmanager
+def scripted_client(
+    served: ServedModel, tmp_path: Path
+) -> Iterator[tuple[TestClient, ScriptedRunner]]:
+    end = served.tokenizer.token_to_id("<|im_end|>")
     assert end is not None
     runner = ScriptedRunner(
         end_token_id=end, num_blocks=600, block_tokens=8, vocab_size=400, first_token_id=3
     )
-    engine = engine_on(runner, qwen3, tmp_path)
+    engine = engine_on(runner, served, tmp_path)
     with TestClient(create_app(engine, engine.settings)) as client:
         yield client, runner
 
@@ -221,6 +238,39 @@ def test_turning_thinking_off_reaches_qwen3s_switch(
     body = {"model": "m", key: ASK, **fields}
     assert client.post(route, json=body).status_code == 200
     assert prompt_text(runner, qwen3).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_smollm3s_think_block_comes_back_as_reasoning_content(
+    smollm3: ServedModel, tmp_path: Path
+) -> None:
+    with scripted_client(smollm3, tmp_path) as (client, runner):
+        say(runner, smollm3, f"<think>\n{REASONING}\n</think>\nParis.")
+        body = {"model": "m", "messages": ASK}
+        message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        assert (message["reasoning_content"], message["content"]) == (REASONING, "Paris.")
+        # Thinking is its default: the turn opens with nothing for the model to think after.
+        assert "Reasoning Mode: /think\n" in prompt_text(runner, smollm3)
+        assert prompt_text(runner, smollm3).endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize(
+    ("route", "fields"),
+    [
+        ("/v1/messages", {"thinking": {"type": "disabled"}, "max_tokens": 5}),
+        ("/v1/chat/completions", {"reasoning_effort": "none"}),
+        ("/v1/responses", {"reasoning": {"effort": "minimal"}}),
+    ],
+)
+def test_turning_thinking_off_reaches_smollm3s_reasoning_mode(
+    smollm3: ServedModel, tmp_path: Path, route: str, fields: dict[str, Any]
+) -> None:
+    with scripted_client(smollm3, tmp_path) as (client, runner):
+        say(runner, smollm3, "Paris.")
+        key = "input" if route == "/v1/responses" else "messages"
+        assert client.post(route, json={"model": "m", key: ASK, **fields}).status_code == 200
+        prompt = prompt_text(runner, smollm3)
+        assert "Reasoning Mode: /no_think\n" in prompt
+        assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n")
 
 
 def test_structured_output_on_a_thinking_model_does_not_think(

@@ -34,6 +34,7 @@ from semantic.text.tokenizer import Tokenizer
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
 from tests.qwen3_coder_template import QWEN3_CODER_TEMPLATE
 from tests.scripted_runner import ScriptedRunner
+from tests.smollm3_template import SMOLLM3_TEMPLATE
 from tests.unit.test_anthropic_api import events_of
 
 CONTEXT = 2048  # the default tool prompt alone is ~450 of the tiny tokenizer's tokens
@@ -568,3 +569,22 @@ def test_a_qwen3_coder_call_sent_back_renders_as_the_model_wrote_it(coder: Serve
     second = call_and_return(coder, CODER_MESSAGES, CODER_CALL)
     asked = coder.runner.prompts[0]
     assert second["usage"]["cache_read_input_tokens"] >= len(asked) - 8
+
+
+# -- SmolLM3's calls ---------------------------------------------------------------------------
+
+
+def test_a_smollm3_call_after_its_thinking_is_an_openai_tool_call(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    # Its template lists the tools itself (as `xml_tools`); it writes Hermes' calls.
+    with serving(served, tmp_path, SMOLLM3_TEMPLATE) as smollm3:
+        smollm3.say("<think>\nThe weather tool.\n</think>\n" + CALL)
+        reply = smollm3.client.post("/v1/chat/completions", json=CHAT | {"max_tokens": 100})
+        choice = reply.json()["choices"][0]
+        assert "### Tools" in smollm3.last_prompt()
+        assert choice["finish_reason"] == "tool_calls"
+        assert choice["message"]["reasoning_content"] == "The weather tool."
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}

@@ -37,6 +37,7 @@ from semantic.text.tools import (
 from semantic.text.xml_arguments import typed_value
 from tests.qwen3_coder_template import QWEN3_CODER_TEMPLATE
 from tests.qwen3_template import QWEN3_TEMPLATE
+from tests.smollm3_template import SMOLLM3_TEMPLATE
 
 TOOLS = ("get_weather", "get_time")
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
@@ -517,6 +518,8 @@ def test_a_prefilled_opener_and_the_generated_rest_parse_as_one_call(
         ("{{ tools }}no markers at all", HermesParser),
         (QWEN3_TEMPLATE, HermesParser),
         (QWEN3_CODER_TEMPLATE, QwenCoderParser),
+        # Tools listed as `xml_tools`, calls written as Hermes' (the default tool prompt's).
+        (SMOLLM3_TEMPLATE, HermesParser),
         # No tool support: the default tool prompt is Hermes', whatever the template writes.
         ("[TOOL_CALLS]" + CHATML_TEMPLATE, HermesParser),
     ],

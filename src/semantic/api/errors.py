@@ -70,17 +70,28 @@ _ANTHROPIC_TYPES = {
 }
 
 
+# The routes of OpenAI's APIs and of the agent API (whose stream errors are OpenAI's too): their
+# errors are OpenAI's whatever headers a client (or a gateway forwarding them) sends.
+_OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/agents")
+
+
 def protocol_of(request: Request) -> Protocol:
-    """Anthropic for `/v1/messages…`, and for the routes both APIs share (`/v1/models…`) or no
-    route at all when the client looks like an Anthropic SDK (it always sends
-    `anthropic-version`; `x-api-key` is its key header). OpenAI otherwise."""
+    """Anthropic for `/v1/messages…`, and for the routes both APIs share (`/v1/models…`), the
+    admin routes, or no route at all when the client looks like an Anthropic SDK (it always
+    sends `anthropic-version`; `x-api-key` is its key header). OpenAI otherwise."""
     path, headers = request.url.path, request.headers
-    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+    if _under(path, "/v1/messages"):
         return "anthropic"
-    if path == "/v1/models" or path.startswith("/v1/models/"):
+    if any(_under(path, route) for route in _OPENAI_ROUTES):
+        return "openai"
+    if _under(path, "/v1/models"):
         anthropic = "anthropic-version" in headers or "x-api-key" in headers
         return "anthropic" if anthropic else "openai"
     return "anthropic" if "anthropic-version" in headers else "openai"
+
+
+def _under(path: str, route: str) -> bool:
+    return path == route or path.startswith(route + "/")
 
 
 class OpenAIErrorDetail(BaseModel):

@@ -193,10 +193,11 @@ class _Response:
 
 def usage_json(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
     """Responses usage: `input_tokens` is the whole prompt, of which `cached_tokens` came from
-    the cache."""
+    the cache. We never bill a cache write (every prefilled token is cached anyway), so
+    `cache_write_tokens`, which the SDK's type requires, is 0."""
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
@@ -236,6 +237,7 @@ async def create_response(request: Request) -> Response:
     new_messages = template_messages(items)
     history = sum(len(stored.messages) for stored in chain)
     limits.check_counts(settings, history + len(new_messages), body.tool_count())
+    body.check_tool_names()
     response_id = item_id("resp")
     agent = chain_agent(body, request.headers, chain)
     rate_limits.check_agent(request, agent)

@@ -111,6 +111,21 @@ class ResponsesBody(_Body):
         tools = self.tools or []
         return sum(len(tool.tools or []) if tool.type == "namespace" else 1 for tool in tools)
 
+    def check_tool_names(self) -> None:
+        """A function or custom tool without a name is a 400: the model could never call it,
+        and the response would echo a tool the SDK's type refuses."""
+        for index, tool in enumerate(self.tools or []):
+            inner = enumerate(tool.tools or []) if tool.type == "namespace" else ()
+            places = [
+                (f"tools.{index}", tool),
+                *((f"tools.{index}.tools.{i}", t) for i, t in inner),
+            ]
+            for where, named in places:
+                if named.type in ("function", "custom") and named.name is None:
+                    raise InvalidRequest(
+                        f"{where}.name: a {named.type} tool needs a name", param=f"{where}.name"
+                    )
+
     def offered_tools(self) -> list[tuple[Tool, str | None]]:
         """The tools the model may call, each with its namespace (None outside one)."""
         offered: list[tuple[Tool, str | None]] = []

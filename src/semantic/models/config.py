@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from semantic.errors import ModelLoadFailed
@@ -13,6 +13,11 @@ SLIDING_ATTENTION = "sliding_attention"
 # Hugging Face model types that are one family to us: a multimodal checkpoint's text model is
 # the text family's.
 _MODEL_TYPE_ALIASES = {"gemma3_text": "gemma3"}
+# Families whose config.json may leave out `tie_word_embeddings` because their default is True.
+_TIED_BY_DEFAULT = frozenset({"gemma3", "smollm3"})
+# Families whose rope base, when their config leaves it out, is not 10000 (transformers'
+# `default_theta` of the family's config class).
+_DEFAULT_ROPE_THETA = {"smollm3": 2_000_000.0}
 
 
 @dataclass(slots=True, frozen=True)
@@ -21,10 +26,15 @@ class ModelConfig:
 
     Loaders fill this from `config.json` or from GGUF metadata; backends build their model code
     from it. `rope_scaling` is kept as Hugging Face writes it (e.g. Llama 3's `rope_type: llama3`).
-    `layer_types` names each layer's attention (`full_attention` or `sliding_attention`, whose
-    window is `sliding_window`); empty means full attention everywhere. The fields after it are
-    read only by the families that have them (Gemma 3, GPT-OSS, Qwen3 MoE); `model_type` picks
-    the family. The expert counts are checked here, before any layer is sized by them.
+    LongRoPE's (Phi-3) is completed as it is read: its `original_max_position_embeddings` and
+    `factor` always set, and `long` saying which factor list rotates (`within_context`). Rope
+    rotates the first `rotary_dim` dims of each head (`partial_rotary_factor`, Phi-4-mini's 0.75)
+    and passes the rest through. `layer_types` names each layer's attention (`full_attention` or
+    `sliding_attention`, whose window is `sliding_window`); empty means full attention
+    everywhere. `no_rope_layers` says which layers rotate q and k (SmolLM3: 1 rope, 0 none,
+    "NoPE"); empty means all do. The fields after it are read only by the families that have
+    them (Gemma 3, GPT-OSS, Qwen3 MoE); `model_type` picks the family. The expert counts (and
+    the NoPE list's length) are checked here, before any layer is sized by them.
     """
 
     model_type: str
@@ -39,12 +49,14 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None
+    partial_rotary_factor: float = 1.0
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
+    no_rope_layers: tuple[int, ...] = ()
     hidden_act: str = "silu"
     query_pre_attn_scalar: float | None = None  # Gemma: q · this^-0.5 instead of head_dim^-0.5
     rope_local_theta: float | None = None  # Gemma 3: the sliding layers' own rope base
@@ -69,6 +81,35 @@ class ModelConfig:
                 f"num_experts_per_tok ({self.num_experts_per_tok}) must be between 1 and "
                 f"num_local_experts ({self.num_local_experts})"
             )
+        if self.no_rope_layers and len(self.no_rope_layers) < self.num_hidden_layers:
+            raise ModelLoadFailed(
+                f"no_rope_layers names {len(self.no_rope_layers)} layers, not "
+                f"num_hidden_layers ({self.num_hidden_layers})"
+            )
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head that rope rotates (the first ones; the rest pass through)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def rope_variant(self) -> str | None:
+        """What rotated keys depend on beyond the checkpoint, for the cache's tag: LongRoPE's
+        factor list ("longrope-long" or "longrope-short"); None where nothing does."""
+        scaling = self.rope_scaling
+        if scaling is None or not is_longrope(scaling):
+            return None
+        return "longrope-long" if scaling.get("long") else "longrope-short"
+
+    def within_context(self, context: int) -> ModelConfig:
+        """This config served with sequences of at most `context` tokens: LongRoPE rotates by
+        its long factors where that passes the original context, by its short ones elsewhere,
+        whatever length a sequence has reached (`docs/models.md` says why)."""
+        scaling = self.rope_scaling
+        if scaling is None or not is_longrope(scaling):
+            return self
+        long = context > scaling["original_max_position_embeddings"]
+        return replace(self, rope_scaling={**scaling, "long": long})
 
     def layer_has_experts(self, layer: int) -> bool:
         """Whether a layer's feed-forward is a mixture of experts (else a dense MLP)."""
@@ -77,9 +118,15 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of a layer (keys a query sees, itself included); None: all."""
-        if self.layer_types and self.layer_types[layer] == SLIDING_ATTENTION:
-            return self.sliding_window
-        return None
+        if not self.layer_types or self.layer_types[layer] != SLIDING_ATTENTION:
+            return None
+        window = self.sliding_window
+        # A window that holds the whole context is none (Phi-3-mini-128k's 262,144).
+        return window if window is None or window < self.max_position_embeddings else None
+
+    def layer_has_rope(self, layer: int) -> bool:
+        """Whether a layer rotates its queries and keys (else it attends by content alone)."""
+        return not self.no_rope_layers or bool(self.no_rope_layers[layer])
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
@@ -90,7 +137,8 @@ class ModelConfig:
         model_type = _MODEL_TYPE_ALIASES.get(model_type, model_type)
         heads = config["num_attention_heads"]
         layers = config["num_hidden_layers"]
-        rope = _RopeSettings.read(config)
+        context = config.get("max_position_embeddings", 2048)
+        rope = _RopeSettings.read(config, model_type)
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -102,17 +150,19 @@ class ModelConfig:
             num_attention_heads=heads,
             num_key_value_heads=config.get("num_key_value_heads") or heads,
             head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            max_position_embeddings=context,
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=rope.theta,
-            rope_scaling=rope.scaling,
-            tie_word_embeddings=config.get("tie_word_embeddings", model_type == "gemma3"),
+            rope_scaling=complete_longrope(rope.scaling, context, config),
+            partial_rotary_factor=rope.partial_rotary_factor,
+            tie_word_embeddings=config.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT),
             # Qwen2's attention always has Q/K/V biases and its config has no flag for them.
             attention_bias=config.get("attention_bias", model_type == "qwen2"),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
             layer_types=_layer_types(config, model_type, layers),
             sliding_window=config.get("sliding_window"),
+            no_rope_layers=_no_rope_layers(config, model_type, layers),
             hidden_act=config.get("hidden_activation") or config.get("hidden_act") or "silu",
             query_pre_attn_scalar=config.get("query_pre_attn_scalar"),
             rope_local_theta=rope.local_theta,
@@ -140,9 +190,10 @@ class _RopeSettings:
     theta: float
     scaling: dict[str, Any] | None
     local_theta: float | None
+    partial_rotary_factor: float
 
     @classmethod
-    def read(cls, config: dict[str, Any]) -> _RopeSettings:
+    def read(cls, config: dict[str, Any], model_type: str) -> _RopeSettings:
         # transformers 5 writes RoPE settings as one `rope_parameters` object, or one per layer
         # type (Gemma 3); older configs have `rope_theta`, `rope_scaling` and Gemma 3's
         # `rope_local_base_freq` beside the rest.
@@ -151,11 +202,39 @@ class _RopeSettings:
         if FULL_ATTENTION in rope or SLIDING_ATTENTION in rope:
             local = (rope.get(SLIDING_ATTENTION) or {}).get("rope_theta", local)
             rope = dict(rope.get(FULL_ATTENTION) or {})
-        theta = rope.pop("rope_theta", None) or config.get("rope_theta", 10000.0)
+        default_theta = _DEFAULT_ROPE_THETA.get(model_type, 10000.0)
+        theta = rope.pop("rope_theta", None) or config.get("rope_theta") or default_theta
+        partial = rope.pop("partial_rotary_factor", None) or config.get("partial_rotary_factor")
         scaling = config.get("rope_scaling") or (
             rope if rope.get("rope_type", "default") != "default" else None
         )
-        return cls(theta, scaling, local)
+        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+        # Phi-3's older configs name LongRoPE `su`, or `yarn`, as transformers still reads them.
+        if kind == "su" or (model_type == "phi3" and kind == "yarn"):
+            scaling = {**(scaling or {}), "rope_type": "longrope"}
+        return cls(theta, scaling, local, float(partial or 1.0))
+
+
+def is_longrope(scaling: dict[str, Any]) -> bool:
+    return bool(scaling.get("rope_type", scaling.get("type")) == "longrope")
+
+
+def complete_longrope(
+    scaling: dict[str, Any] | None, context: int, config: dict[str, Any]
+) -> dict[str, Any] | None:
+    """LongRoPE's settings as transformers completes them: the original context from the
+    config's top level first (Phi-3 keeps it there), `factor` the context's ratio to it unless
+    given; `long` as the model's own context chooses (`within_context` changes it)."""
+    if scaling is None or not is_longrope(scaling):
+        return scaling
+    original = config.get("original_max_position_embeddings") or scaling.get(
+        "original_max_position_embeddings", context
+    )
+    if original < 2:  # its logarithm divides LongRoPE's scale
+        raise ModelLoadFailed(f"LongRoPE's original context {original} is not a context")
+    factor = scaling.get("factor") or context / original
+    completed = {**scaling, "rope_type": "longrope", "factor": factor}
+    return {**completed, "original_max_position_embeddings": original, "long": context > original}
 
 
 def _layer_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[str, ...]:
@@ -170,6 +249,23 @@ def _layer_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[
     return tuple(types)
 
 
+def _no_rope_layers(config: dict[str, Any], model_type: str, layers: int) -> tuple[int, ...]:
+    """Which layers apply rope (1) and which do not (0), for SmolLM3: its list, or, in configs
+    without one, every `no_rope_layer_interval`-th layer (default 4) without; () elsewhere."""
+    if model_type != "smollm3":
+        return ()
+    listed = config.get("no_rope_layers")
+    if listed is not None:
+        return tuple(int(bool(flag)) for flag in listed)
+    interval = config.get("no_rope_layer_interval") or 4
+    return no_rope_every(interval, layers)
+
+
+def no_rope_every(interval: int, layers: int) -> tuple[int, ...]:
+    """`no_rope_layers` with every `interval`-th layer (counting from 1) rope-less."""
+    return tuple(int((i + 1) % interval != 0) for i in range(layers))
+
+
 def _derived_layer_type(config: dict[str, Any], model_type: str, layer: int) -> str:
     if model_type == "gemma3":  # five sliding layers, then a global one
         pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern", 6)
@@ -181,4 +277,8 @@ def _derived_layer_type(config: dict[str, Any], model_type: str, layer: int) -> 
         return SLIDING_ATTENTION if config.get("use_sliding_window") and above else FULL_ATTENTION
     if model_type == "qwen3_moe":  # a window only when asked for, then in every layer
         return SLIDING_ATTENTION if config.get("use_sliding_window") else FULL_ATTENTION
+    if model_type == "smollm3":  # a window only when asked for, then in the layers without rope
+        flags = _no_rope_layers(config, model_type, layer + 1)
+        nope = layer < len(flags) and not flags[layer]
+        return SLIDING_ATTENTION if config.get("use_sliding_window") and nope else FULL_ATTENTION
     return SLIDING_ATTENTION  # Mistral: a window in every layer when the config sets one

@@ -2,10 +2,10 @@
 
 Quantized tensors are dequantized with the `gguf` package (every type it knows: Q4_K, Q5_0,
 Q6_K, Q8_0, MXFP4, …); llama.cpp's converter renames tensors (per architecture), reorders
-Llama's Q/K rows and stores Gemma's norms as `1 + w`, and all of it is undone here so backends
-see one naming and layout. What a GGUF does not say (Gemma 3's layer pattern and local rope
-base, GPT-OSS's alternation, Qwen3 MoE's renormalised routing) is what llama.cpp assumes for
-the architecture.
+Llama's Q/K rows, stores Gemma's norms as `1 + w` and Phi-3's LongRoPE factors as tensors, and
+all of it is undone here so backends see one naming and layout. What a GGUF does not say (Gemma
+3's layer pattern and local rope base, GPT-OSS's alternation, Qwen3 MoE's renormalised routing,
+SmolLM3's rope-less layers) is what llama.cpp assumes for the architecture.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ import numpy as np
 from gguf import quants
 
 from semantic.errors import ModelLoadFailed
-from semantic.models.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
+from semantic.models.config import (
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
+    ModelConfig,
+    complete_longrope,
+    no_rope_every,
+)
 from semantic.models.fingerprint import WeightsFile, fingerprint
 from semantic.models.gguf_reader import GGUFLayout
 
@@ -29,16 +35,26 @@ _ARCHITECTURES = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3_moe",
+    "smollm3": "smollm3",
     "gemma3": "gemma3",
     "gpt-oss": "gpt_oss",
+    "phi3": "phi3",
 }
 
-# llama.cpp permutes Q/K rows only for these (LlamaModel.modify_tensors in convert_hf_to_gguf).
-_ROPE_PERMUTED = frozenset({"llama"})
+# llama.cpp permutes Q/K rows only for these (LlamaModel.modify_tensors in convert_hf_to_gguf,
+# which SmolLM3's converter inherits).
+_ROPE_PERMUTED = frozenset({"llama", "smollm3"})
 # llama.cpp stores these architectures' RMSNorm weights as 1 + w (Gemma's norm).
 _NORM_PLUS_ONE = frozenset({"gemma3"})
-# Layers of these that slide, as llama.cpp decides (`set_swa_pattern`): all but every n-th.
+# Layers of these that slide, as llama.cpp decides (`set_swa_pattern`): all but every n-th;
+# Phi-3's window, where its file has one, in every layer, as transformers applies it.
 _SLIDING_PATTERN = {"gemma3": 6, "gpt-oss": 2}
+_SLIDING_EVERYWHERE = frozenset({"phi3"})
+# Phi-3's LongRoPE factor lists, kept as tensors: read into the config, not weights.
+_LONGROPE_TENSORS = {
+    "rope_factors_long.weight": "long_factor",
+    "rope_factors_short.weight": "short_factor",
+}
 
 _GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
@@ -78,6 +94,7 @@ _ARCHITECTURE_LAYER_TENSORS = {
         **_EXPERT_TENSORS,
     },
     "qwen3moe": {"ffn_gate_inp": "mlp.gate", **_EXPERT_TENSORS},
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},  # fused
 }
 _UNSUFFIXED = frozenset({"self_attn.sinks"})  # a parameter of its own, not a module's weight
 
@@ -122,9 +139,10 @@ class GGUFFile:
         heads = self._arch("attention.head_count")
         hidden = self._arch("embedding_length")
         layers = self._arch("block_count")
+        rotary_dim = self._arch("rope.dimension_count", None)
         head_dim = (
             self._arch("attention.key_length", None)
-            or self._arch("rope.dimension_count", None)
+            or (None if self.architecture == "phi3" else rotary_dim)  # Phi-4-mini's: 3/4
             or hidden // heads
         )
         return ModelConfig(
@@ -140,7 +158,8 @@ class GGUFFile:
             max_position_embeddings=self._arch("context_length"),
             rms_norm_eps=self._arch("attention.layer_norm_rms_epsilon", 1e-6),
             rope_theta=self._arch("rope.freq_base", 10000.0),
-            rope_scaling=self._rope_scaling(),
+            rope_scaling=self._rope_scaling(names),
+            partial_rotary_factor=(rotary_dim or head_dim) / head_dim,
             tie_word_embeddings="output.weight" not in names,
             attention_bias="blk.0.attn_q.bias" in names,
             bos_token_id=self.metadata.get("tokenizer.ggml.bos_token_id"),
@@ -159,8 +178,12 @@ class GGUFFile:
         return tuple(dict.fromkeys(i for i in special if i is not None))
 
     def _layer_types(self, layers: int) -> tuple[str, ...]:
+        if self._arch("attention.sliding_window", None) is None:
+            return ()
+        if self.architecture in _SLIDING_EVERYWHERE:
+            return (SLIDING_ATTENTION,) * layers
         pattern = _SLIDING_PATTERN.get(self.architecture)
-        if pattern is None or self._arch("attention.sliding_window", None) is None:
+        if pattern is None:
             return ()
         return tuple(
             SLIDING_ATTENTION if i % pattern < pattern - 1 else FULL_ATTENTION
@@ -185,6 +208,12 @@ class GGUFFile:
             }
         if self.architecture == "gpt-oss":
             return self._expert_counts()
+        if self.architecture == "smollm3":
+            # The file has no key for the NoPE layers: llama.cpp fixes its step at 4 (every 4th
+            # layer without rope, `n_no_rope_layer_step`), as the released configs' list says.
+            # Bounded by the tensor table, as below: a hostile block_count fails the load.
+            layers = min(self._arch("block_count"), len(names))
+            return {"no_rope_layers": no_rope_every(4, layers)}
         if self.architecture == "qwen3moe":
             # llama.cpp always renormalises Qwen3 MoE's chosen weights, as its configs ask; a
             # layer without a router keeps its dense MLP. Every layer has tensors: a hostile
@@ -208,6 +237,8 @@ class GGUFFile:
     def weights(self, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
         """Every tensor, dequantized to float32, in Hugging Face's name and layout."""
         for tensor in self._reader.tensors:
+            if tensor.name in _LONGROPE_TENSORS:
+                continue  # in the config's rope scaling
             name = hf_tensor_name(tensor.name, self.architecture)
             # GGUF lists dims innermost first; numpy wants them outermost first.
             shape = tuple(reversed(tensor.shape))
@@ -224,7 +255,9 @@ class GGUFFile:
             raise ModelLoadFailed(f"{self.path}: GGUF metadata lacks {self.architecture}.{key}")
         return value
 
-    def _rope_scaling(self) -> dict[str, Any] | None:
+    def _rope_scaling(self, names: set[str]) -> dict[str, Any] | None:
+        if names & _LONGROPE_TENSORS.keys():
+            return self._longrope()
         kind = self._arch("rope.scaling.type", None)
         if kind in (None, "none"):
             return None
@@ -235,6 +268,23 @@ class GGUFFile:
         if self.architecture == "gpt-oss":
             scaling["truncate"] = False  # as GPT-OSS's own config says
         return scaling
+
+    def _longrope(self) -> dict[str, Any] | None:
+        """Phi-3's LongRoPE as its config says it: both factor lists (tensors here), the
+        original context, and the scale on cos and sin the converter computed from them."""
+        tensors = {t.name: t for t in self._reader.tensors if t.name in _LONGROPE_TENSORS}
+        if len(tensors) != len(_LONGROPE_TENSORS):
+            raise ModelLoadFailed(f"{self.path}: GGUF has one of LongRoPE's factor lists only")
+        scaling: dict[str, Any] = {"rope_type": "longrope"}
+        for name, tensor in tensors.items():
+            factors = quants.dequantize(tensor.data, tensor.tensor_type)
+            scaling[_LONGROPE_TENSORS[name]] = [float(f) for f in factors.reshape(-1)]
+        attention_factor = self._arch("rope.scaling.attn_factor", None)
+        if attention_factor is not None:
+            scaling["attention_factor"] = float(attention_factor)
+        original = self._arch("rope.scaling.original_context_length")
+        context = self._arch("context_length")
+        return complete_longrope(scaling, context, {"original_max_position_embeddings": original})
 
     def _undo_rope_permute(self, name: str, array: np.ndarray, config: ModelConfig) -> np.ndarray:
         if self.architecture not in _ROPE_PERMUTED:

@@ -1,6 +1,7 @@
 """Checkpoint tensor names as the families' code reads them, for every backend: a multimodal
 Gemma 3 checkpoint's language model under the text model's names, GPT-OSS's fused expert
-tensors split per projection, and Qwen3 MoE's stacked expert tensors split per expert."""
+tensors split per projection, Qwen3 MoE's stacked expert tensors split per expert, and Phi-3's
+fused projections split (its q and k rows in partial rotary's order)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from semantic.errors import ModelLoadFailed
+from semantic.models.config import ModelConfig
+from semantic.models.rope import rotary_order
 
 _TEXT_PREFIXES = ("model.language_model.", "language_model.model.")  # multimodal checkpoints
 _VISION_PREFIXES = (
@@ -86,3 +89,52 @@ def qwen3_moe_experts_split(
         for projection, stacked in zip(projections, parts, strict=True):
             for expert, weight in enumerate(stacked):
                 yield f"{base}{_EXPERTS}{expert}.{projection}.weight", weight
+
+
+def phi3_split(
+    arrays: Iterable[tuple[str, np.ndarray]], config: ModelConfig
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Phi-3's fused `qkv_proj` (q, k, v stacked on out) and `gate_up_proj` (gate, then up) as
+    Llama's projections: views, not copies (the backends fuse them again as they convert)."""
+    q_rows = config.num_attention_heads * config.head_dim
+    kv_rows = config.num_key_value_heads * config.head_dim
+    for name, array in arrays:
+        base, _, kind = name.rpartition(".")
+        if base.endswith("self_attn.qkv_proj"):
+            if array.shape[0] != q_rows + 2 * kv_rows:
+                raise ModelLoadFailed(f"{name!r} has shape {array.shape}")
+            prefix = base.removesuffix("qkv_proj")
+            q, k, v = np.split(array, (q_rows, q_rows + kv_rows))
+            yield f"{prefix}q_proj.{kind}", q
+            yield f"{prefix}k_proj.{kind}", k
+            yield f"{prefix}v_proj.{kind}", v
+        elif base.endswith("mlp.gate_up_proj"):
+            prefix = base.removesuffix("gate_up_proj")
+            gate, up = np.split(array, 2)
+            yield f"{prefix}gate_proj.{kind}", gate
+            yield f"{prefix}up_proj.{kind}", up
+        else:
+            yield name, array
+
+
+# The tensors whose rows are q's or k's head dims: projections, their biases, q/k norms.
+_ROTATED = tuple(
+    f"{p}_{kind}" for p in "qk" for kind in ("proj.weight", "proj.bias", "norm.weight")
+)
+
+
+def rotary_rows(
+    arrays: Iterable[tuple[str, np.ndarray]], config: ModelConfig
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Each head's dims of the q and k projections (weights, biases, per-head norms) in
+    `rotary_order`, where rope rotates only part of a head (Phi-4-mini): the backends'
+    full-head rope then rotates exactly the dims partial rotary does. A copy of q and k only
+    where it reorders; every other tensor passes as it is."""
+    order = rotary_order(config.head_dim, config.rotary_dim)
+    for name, array in arrays:
+        if order is None or not name.endswith(_ROTATED):
+            yield name, array
+            continue
+        heads = array.shape[0] // config.head_dim
+        per_head = array.reshape(heads, config.head_dim, *array.shape[1:])
+        yield name, per_head[:, order].reshape(array.shape)

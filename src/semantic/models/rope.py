@@ -1,5 +1,7 @@
 """Rotary embeddings' inverse frequencies for the scalings the families use: none ("default"),
-linear, Llama 3's and YaRN's, as `transformers` computes them (in fp32), for every backend."""
+linear, Llama 3's, YaRN's and LongRoPE's, as `transformers` computes them (in fp32), for every
+backend; and partial rotary (Phi-4-mini), which the backends' full-head rope computes through
+`rope_frequencies` and `rotary_order`."""
 
 from __future__ import annotations
 
@@ -26,7 +28,50 @@ def rope_inv_freq(
         return _llama3_inv_freq(inv_freq, scaling), 1.0
     if rope_type == "yarn":
         return _yarn_inv_freq(head_dim, theta, scaling)
+    if rope_type == "longrope":
+        return _longrope_inv_freq(head_dim, theta, scaling)
     raise ModelLoadFailed(f"rope scaling type {rope_type!r} is not supported")
+
+
+def rope_frequencies(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None, rotary_dim: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse frequencies [D/2] fp32 and the factor on each one's cos and sin [D/2], for a
+    head of `head_dim` dims whose first `rotary_dim` rotate (all when None).
+
+    The backends rotate pairs (i, i + D/2) of a whole head. Partial rotary rotates pairs
+    (i, i + R/2) of the first R dims and passes the rest through; in a head whose dims are in
+    `rotary_order` (its q and k rows reordered at load) those pairs sit D/2 apart, and the
+    pairs past R/2 get frequency 0 and factor 1: cos 1, sin 0, passed through unchanged.
+    """
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    _check_rotary_dim(head_dim, rotary_dim)
+    inv_freq, attention_factor = rope_inv_freq(rotary_dim, theta, scaling)
+    passed = (head_dim - rotary_dim) // 2
+    factors = np.full(rotary_dim // 2, attention_factor, np.float32)
+    padded = np.concatenate([inv_freq, np.zeros(passed, np.float32)])
+    return padded, np.concatenate([factors, np.ones(passed, np.float32)])
+
+
+def rotary_order(head_dim: int, rotary_dim: int) -> np.ndarray | None:
+    """Where each dim of a head goes so that `rope_frequencies`' tables rotate it as partial
+    rotary does: the rotated halves' pairs D/2 apart, the passed-through dims beside them (a
+    head's order in q and k alike leaves q·k unchanged). None when every dim rotates."""
+    _check_rotary_dim(head_dim, rotary_dim)
+    if rotary_dim == head_dim:
+        return None
+    half, passed = rotary_dim // 2, (head_dim - rotary_dim) // 2
+    dims = np.arange(head_dim)
+    first = [dims[:half], dims[rotary_dim : rotary_dim + passed]]
+    second = [dims[half:rotary_dim], dims[rotary_dim + passed :]]
+    return np.concatenate(first + second)
+
+
+def _check_rotary_dim(head_dim: int, rotary_dim: int) -> None:
+    if not (0 < rotary_dim <= head_dim and rotary_dim % 2 == 0 and head_dim % 2 == 0):
+        raise ModelLoadFailed(
+            f"rope over {rotary_dim} of a head's {head_dim} dims is not supported"
+        )
 
 
 def _powers(theta: float, head_dim: int) -> np.ndarray:
@@ -85,3 +130,26 @@ def _yarn_inv_freq(
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _longrope_inv_freq(
+    head_dim: int, theta: float, scaling: dict[str, Any]
+) -> tuple[np.ndarray, float]:
+    """LongRoPE (Phi-3): each frequency divided by a factor of its own, from `long_factor`
+    where the config is served past its original context (`long`, set by `ModelConfig`), else
+    from `short_factor`; cos and sin scaled by √(1 + ln(factor) / ln(original context)) unless
+    `attention_factor` says otherwise."""
+    chosen = scaling["long_factor"] if scaling.get("long") else scaling["short_factor"]
+    factors = np.asarray(chosen, dtype=np.float32)
+    if factors.shape != (head_dim // 2,):
+        raise ModelLoadFailed(
+            f"LongRoPE has {factors.size} factors for a rotary dim of {head_dim} "
+            f"({head_dim // 2} needed)"
+        )
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        growth = math.log(factor) / math.log(original) if factor > 1 else 0.0
+        attention_factor = math.sqrt(1 + growth)
+    inv_freq = 1.0 / (factors * _powers(theta, head_dim))
+    return inv_freq.astype(np.float32), float(attention_factor)

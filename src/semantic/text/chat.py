@@ -40,7 +40,10 @@ class ChatTemplate:
 
     `supports_tools`: the template reads `tools`. One that does not (SmolLM2's) gets the default
     tool prompt of tool_prompt.py instead, so that tools, calls and results still reach the
-    model."""
+    model. `lists_xml_tools`: the template reads no `tools` but lists tools given as
+    `xml_tools` (SmolLM3's, as its model was trained): the tools go there, and only the calls
+    and results are written as the default tool prompt's text (the template renders each
+    message's content alone)."""
 
     def __init__(self, source: str, *, bos_token: str | None, eos_token: str | None) -> None:
         self.source = source
@@ -53,6 +56,7 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as exc:
             raise ModelLoadFailed(f"the chat template does not compile: {exc}") from exc
         self.supports_tools = "tools" in variables
+        self.lists_xml_tools = not self.supports_tools and "xml_tools" in variables
 
     def render(
         self,
@@ -68,9 +72,11 @@ class ChatTemplate:
 
         `continue_final_message` leaves the last message open, so that the model goes on with
         it (a reply prefilled by the client), as transformers' option of that name does."""
-        if not self.supports_tools and has_tool_content(messages, tools):
-            messages, tools = default_tool_messages(messages, tools), None
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **template_vars}
+        if not self.supports_tools and has_tool_content(messages, tools):
+            if self.lists_xml_tools:
+                variables["xml_tools"], tools = tools, None
+            messages, tools = default_tool_messages(messages, tools), None
         try:
             text = self._template.render(
                 messages=[_normalize(message) for message in messages],

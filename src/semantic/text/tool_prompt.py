@@ -1,4 +1,5 @@
-"""The default tool prompt, for chat templates that have no place for tools (SmolLM2's).
+"""The default tool prompt, for chat templates that have no place for tools (SmolLM2's), or
+only for the tool list (SmolLM3's `xml_tools`: then only calls and results are written here).
 
 Such a template would drop the tool list, the assistant's tool calls and the tool results, so
 they are written as text in the Hermes format (`HermesParser` in text/tool_formats.py reads it

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -20,7 +21,7 @@ from semantic.backends.mlx.attention import LayerAttention, StepInputs, paged_at
 from semantic.backends.mlx.pool import KVPool
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
-from semantic.models.rope import rope_inv_freq
+from semantic.models.rope import rope_frequencies
 
 Activation = Callable[[mx.array], mx.array]
 
@@ -116,17 +117,25 @@ class RMSNorm:
 
 class Rope:
     """One rotary embedding in Hugging Face's half-split layout: its inverse frequencies and
-    the factor YaRN puts on cos and sin (`models/rope.py`)."""
+    the factor on each one's cos and sin (YaRN's, LongRoPE's; partial rotary's pass-through:
+    `models/rope.py`)."""
 
-    def __init__(self, head_dim: int, theta: float, scaling: dict[str, object] | None) -> None:
-        self.inv_freq, self.attention_factor = rope_inv_freq(head_dim, theta, scaling)
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        scaling: dict[str, Any] | None,
+        rotary_dim: int | None = None,
+    ) -> None:
+        self.inv_freq, factors = rope_frequencies(head_dim, theta, scaling, rotary_dim)
+        self.factors = factors if (factors != 1.0).any() else None
 
     def tables(self, positions: np.ndarray, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
         # positions: [T] → cos, sin_signed ([-sin, sin]): [T, 1, D]
         freqs = positions[:, None].astype(np.float32) * self.inv_freq  # [T, D/2]
         cos, sin = np.cos(freqs), np.sin(freqs)
-        if self.attention_factor != 1.0:
-            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        if self.factors is not None:
+            cos, sin = cos * self.factors, sin * self.factors
         cos = np.concatenate([cos, cos], -1)[:, None]
         sin = np.concatenate([-sin, sin], -1)[:, None]
         return mx.array(cos).astype(dtype), mx.array(sin).astype(dtype)
@@ -150,15 +159,16 @@ class Step:
 
 class Attention:
     """Grouped-query attention over the pool: fused QKV projection (with its bias, if any),
-    optional RMSNorms of each head's q and k (Qwen3, Gemma 3), rope, paged attention as the
-    layer's `LayerAttention` says (scale, sliding window, sinks), output projection."""
+    optional RMSNorms of each head's q and k (Qwen3, Gemma 3), rope (none where `rope` is
+    None, a NoPE layer of SmolLM3), paged attention as the layer's `LayerAttention` says
+    (scale, sliding window, sinks), output projection."""
 
     def __init__(
         self,
         config: ModelConfig,
         layer: int,
         projections: tuple[Linear, Linear],
-        rope: Rope,
+        rope: Rope | None,
         how: LayerAttention,
         qk_norms: tuple[RMSNorm, RMSNorm] | None = None,
     ) -> None:
@@ -179,8 +189,9 @@ class Attention:
         q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
         if self.qk_norms is not None:
             q, k = self.qk_norms[0](q), self.qk_norms[1](k)
-        cos, sin_signed = step.rope_tables[self.rope]
-        q, k = apply_rope(q, cos, sin_signed), apply_rope(k, cos, sin_signed)
+        if self.rope is not None:
+            cos, sin_signed = step.rope_tables[self.rope]
+            q, k = apply_rope(q, cos, sin_signed), apply_rope(k, cos, sin_signed)
         group, i = step.pool.where[self.layer]
         reads = step.inputs.groups[group]
         out = paged_attention(q, k, v, step.pool, i, reads, self.how)  # [T, H, D]
@@ -248,7 +259,8 @@ class DecoderModel:
         self.norm = norm
         self.lm_head = lm_head
         self.embed_scale = embed_scale
-        self.ropes = list(dict.fromkeys(block.attn.rope for block in blocks))
+        ropes = (block.attn.rope for block in blocks)
+        self.ropes = list(dict.fromkeys(rope for rope in ropes if rope is not None))
 
     @property
     def layer_windows(self) -> tuple[int | None, ...]:

@@ -1,10 +1,11 @@
 """The model families of the MLX backend, found by the checkpoint's `model_type`: how each one's
 checkpoint names map to the shared layers of `layers.py`, and with which options. The same
 families as the torch backend (`backends/torch/models/`), each said in a few lines here:
-Llama (SmolLM2, Llama 3.x, Mistral's window), Qwen2 (Q/K/V biases), Qwen3 (q/k norms),
-Qwen3 MoE (Qwen3's attention, experts in its sparse layers), Gemma 3 (four norms a block,
-GeGLU, sliding and global layers with their own ropes) and GPT-OSS (sinks, biases, alternating
-windows, experts).
+Llama (SmolLM2, Llama 3.x, Mistral's window, SmolLM3's rope-less layers), Qwen2 (Q/K/V
+biases), Qwen3 (q/k norms), Qwen3 MoE (Qwen3's attention, experts in its sparse layers), Phi-3
+(Llama's blocks, fused projections split at load; LongRoPE, partial rotary), Gemma 3 (four
+norms a block, GeGLU, sliding and global layers with their own ropes) and GPT-OSS (sinks,
+biases, alternating windows, experts).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from semantic.models.config import ModelConfig
 from semantic.models.names import (
     gemma3_text_name,
     gpt_oss_experts_split,
+    phi3_split,
     qwen3_moe_experts_split,
+    rotary_rows,
 )
 
 
@@ -158,10 +161,12 @@ class Variant:
 def _llama(
     b: Build, arrays: Iterable[tuple[str, np.ndarray]], variant: Variant = Variant()
 ) -> DecoderModel:
-    """Llama, SmolLM2, Mistral; the Qwens are its blocks with another `Variant`."""
+    """Llama, SmolLM2, Mistral, SmolLM3 (rope-less in the layers its config says); the Qwens
+    are its blocks with another `Variant`, Phi-3 with other names. Rope over each head's first
+    `rotary_dim` dims, q and k reordered for it."""
     config = b.config
-    weights = Weights.load(arrays, b)
-    rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling)
+    weights = Weights.load(rotary_rows(arrays, config), b)
+    rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, config.rotary_dim)
     layers = range(config.num_hidden_layers)
     return decoder(weights, [_llama_block(weights.layer(i), i, rope, variant) for i in layers])
 
@@ -174,13 +179,18 @@ def _llama_block(w: Weights, index: int, rope: Rope, variant: Variant) -> Block:
     if variant.qk_norms:
         qk_norms = (w.rms_norm("self_attn.q_norm"), w.rms_norm("self_attn.k_norm"))
     how = LayerAttention(config.head_dim**-0.5, config.layer_window(index))
-    attention = Attention(config, index, w.qkv_and_o(qkv_bias, o_bias), rope, how, qk_norms)
+    layer_rope = rope if config.layer_has_rope(index) else None
+    attention = Attention(config, index, w.qkv_and_o(qkv_bias, o_bias), layer_rope, how, qk_norms)
     norms = (w.rms_norm("input_layernorm"), w.rms_norm("post_attention_layernorm"))
     return Block(attention, variant.feed_forward(w, index), norms)
 
 
 def _qwen2(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
     return _llama(b, arrays, Variant(qkv_bias=True, o_bias=False))
+
+
+def _phi3(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+    return _llama(b, phi3_split(arrays, b.config))
 
 
 _QWEN3 = Variant(qk_norms=True)
@@ -280,15 +290,18 @@ def _experts(w: Weights) -> Experts:
 
 Builder = Callable[[Build, Iterable[tuple[str, np.ndarray]]], DecoderModel]
 
-# model_type → its builder. Mistral is Llama's code: its window is a per-layer option.
+# model_type → its builder. Mistral and SmolLM3 are Llama's code: a window and rope's absence
+# (SmolLM3's NoPE layers) are per-layer options of the config.
 _FAMILIES: dict[str, Builder] = {
     "llama": _llama,
     "mistral": _llama,
+    "smollm3": _llama,
     "qwen2": _qwen2,
     "qwen3": _qwen3,
     "qwen3_moe": _qwen3_moe,
     "gemma3": _gemma3,
     "gpt_oss": _gpt_oss,
+    "phi3": _phi3,
 }
 
 

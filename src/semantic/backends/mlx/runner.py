@@ -64,6 +64,7 @@ class MLXRunner:
             dtype=self.dtype,
             block_tokens=block_tokens,
             layer_windows=windows if any(w is not None for w in windows) else (),
+            rope_variant=config.rope_variant,
             kv_dtype=pick_kv_dtype(kv_dtype),
         )
         budget = self._auto_budget() if cache_budget_mb is None else cache_budget_mb * 2**20

@@ -112,6 +112,7 @@ class TorchRunner:
             dtype=_DTYPE_NAMES[self.dtype],
             block_tokens=block_tokens,
             layer_windows=windows if any(w is not None for w in windows) else (),
+            rope_variant=config.rope_variant,
             kv_dtype=pick_kv_dtype(
                 kv_dtype, attention_kernels(cpu, config, self.dtype) is not None, self.dtype
             ),

@@ -3,7 +3,8 @@
 One file per family, each with the same skeleton (mlx-lm's): how its checkpoint names map to
 ours, how one decoder block is built, and `build`, which assembles the model from the shared
 layers in `layers.py`; families that are Llama's blocks with other options (Qwen2, Qwen3, Qwen3
-MoE) name their `llama.Variant`. Families are imported only when a model of theirs loads.
+MoE, SmolLM3) name their `llama.Variant`; Phi-3 is Llama's blocks under other weight names.
+Families are imported only when a model of theirs loads.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ Builder = Callable[[Build, Iterable[tuple[str, np.ndarray]]], DecoderModel]
 _FAMILIES = {
     "llama": "llama",
     "mistral": "llama",
+    "smollm3": "smollm3",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",
     "gemma3": "gemma3",
     "gpt_oss": "gpt_oss",
+    "phi3": "phi3",
 }
 
 

@@ -198,16 +198,18 @@ class RMSNorm:
 class Attention:
     """Grouped-query attention over the pool: fused QKV projection (with its bias, if any),
     optional RMSNorms of each head's q and k (Qwen3, Gemma 3), rope on q and k together (our
-    kernel in bf16 where there is one), paged attention as the layer's `LayerAttention` says
-    (scale, sliding window, sinks), output projection. Kernels that can (`RopeWriter`, on
-    CUDA) norm and rope q and k and write K/V into the pool in one pass."""
+    kernel in bf16 where there is one; none where `rope` is None, a NoPE layer of SmolLM3),
+    paged attention as the layer's `LayerAttention` says (scale, sliding window, sinks), output
+    projection. Kernels that can (`RopeWriter`, on CUDA) norm and rope q and k and write K/V
+    into the pool in one pass; a NoPE layer has nothing to rope, and attention writes its
+    K/V."""
 
     def __init__(
         self,
         config: ModelConfig,
         qkv: Linear,
         o: Linear,
-        rope: Rope,
+        rope: Rope | None,
         how: LayerAttention,
         kernels: LayerKernels | None,
         qk_norms: tuple[RMSNorm, RMSNorm] | None = None,
@@ -229,7 +231,7 @@ class Attention:
         tokens = x.shape[0]
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         qkv = self.qkv(x).view(tokens, heads + 2 * kv_heads, dim)  # [T, H + 2·KVH, D]
-        if self.rope_writer is not None:
+        if self.rope_writer is not None and self.rope is not None:
             cos, sin_signed = step.rope_tables[self.rope]
             slots = step.meta.groups[kv.group].slot_mapping
             self.rope_writer.rope_write_kv(
@@ -252,14 +254,16 @@ class Attention:
         if self.qk_norms is not None:
             q_norm, k_norm = self.qk_norms
             qk = torch.cat([q_norm(qk[:, :heads]), k_norm(qk[:, heads:])], 1)
-        cos, sin_signed = step.rope_tables[self.rope]
-        if self.kernels is not None and qk.dtype == torch.bfloat16:
-            qk = self.kernels.rope(qk, cos, sin_signed)  # [T, H + KVH, D]
-        else:
-            qk = apply_rope(qk, cos, sin_signed)
+        if self.rope is not None:
+            qk = self._rope(qk, *step.rope_tables[self.rope])  # [T, H + KVH, D]
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
         out = paged_attention(q, k, v, kv, step.meta, self.how)  # [T, H, D]
         return self.o(out.reshape(tokens, heads * dim))
+
+    def _rope(self, qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and qk.dtype == torch.bfloat16:
+            return self.kernels.rope(qk, cos, sin_signed)
+        return apply_rope(qk, cos, sin_signed)
 
 
 def fused_norms(q_norm: RMSNorm, k_norm: RMSNorm) -> QKNorms:
@@ -353,7 +357,8 @@ class DecoderModel:
         self.norm = norm
         self.lm_head = lm_head
         self.embed_scale = embed_scale
-        self.ropes = list(dict.fromkeys(block.attn.rope for block in blocks))
+        ropes = (block.attn.rope for block in blocks)
+        self.ropes = list(dict.fromkeys(rope for rope in ropes if rope is not None))
 
     @property
     def layer_windows(self) -> tuple[int | None, ...]:

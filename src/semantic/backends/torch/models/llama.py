@@ -1,7 +1,9 @@
-"""The Llama family (Llama 3.x, SmolLM2, Mistral), and the skeleton the Qwens share: pre-norm
-blocks of grouped-query attention and a SwiGLU MLP; rope with Llama 3's, linear or YaRN scaling;
-tied or untied embeddings; Q/K/V and output biases where `attention_bias` says (or the family);
-Mistral's sliding window in every layer where its config sets one."""
+"""The Llama family (Llama 3.x, SmolLM2, Mistral), and the skeleton the Qwens, SmolLM3 and Phi-3
+share: pre-norm blocks of grouped-query attention and a SwiGLU MLP; rope with Llama 3's, linear,
+YaRN or LongRoPE scaling, over the whole head or its first dims (`partial_rotary_factor`), in
+the layers that have it (all but SmolLM3's NoPE layers); tied or untied embeddings; Q/K/V and
+output biases where `attention_bias` says (or the family); Mistral's sliding window in every
+layer where its config sets one."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from semantic.backends.torch.models.layers import (
 )
 from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
+from semantic.models.names import rotary_rows
 
 
 def gated_mlp(w: Weights, index: int) -> FeedForward:
@@ -49,8 +52,9 @@ def block(w: Weights, index: int, rope: Rope, variant: Variant) -> Block:
     if variant.qk_norms:
         qk_norms = (w.rms_norm("self_attn.q_norm"), w.rms_norm("self_attn.k_norm"))
     how = LayerAttention(config.head_dim**-0.5, config.layer_window(index))
+    layer_rope = rope if config.layer_has_rope(index) else None
     return Block(
-        Attention(config, qkv, o, rope, how, w.build.kernels, qk_norms),
+        Attention(config, qkv, o, layer_rope, how, w.build.kernels, qk_norms),
         variant.feed_forward(w, index),
         w.rms_norm("input_layernorm"),
         w.rms_norm("post_attention_layernorm"),
@@ -61,7 +65,9 @@ def build(
     b: Build, arrays: Iterable[tuple[str, np.ndarray]], variant: Variant = Variant()
 ) -> DecoderModel:
     config = b.config
-    weights = Weights.load(arrays, b)
-    rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, b.device)
+    weights = Weights.load(rotary_rows(arrays, config), b)
+    rope = Rope(
+        config.head_dim, config.rope_theta, config.rope_scaling, b.device, config.rotary_dim
+    )
     layers = range(config.num_hidden_layers)
     return decoder(weights, [block(weights.layer(i), i, rope, variant) for i in layers])

@@ -7,11 +7,12 @@ from typing import Any
 
 import torch
 
-from semantic.models.rope import rope_inv_freq
+from semantic.models.rope import rope_frequencies
 
 
 class Rope:
-    """One rotary embedding: its inverse frequencies and the factor YaRN puts on cos and sin.
+    """One rotary embedding: its inverse frequencies and the factor on each one's cos and sin
+    (YaRN's and LongRoPE's; 1 on the dims partial rotary passes through, whose frequency is 0).
 
     `tables` gives a step's cos and a signed sin (`[-sin, sin]`), so that rotating is
     x·cos + swap_halves(x)·sin_signed: one flip instead of rotate_half's slice-negate-cat. A
@@ -24,9 +25,12 @@ class Rope:
         theta: float,
         scaling: dict[str, Any] | None,
         device: torch.device,
+        rotary_dim: int | None = None,
     ) -> None:
-        inv_freq, self.attention_factor = rope_inv_freq(head_dim, theta, scaling)
+        inv_freq, factors = rope_frequencies(head_dim, theta, scaling, rotary_dim)
         self.inv_freq = torch.from_numpy(inv_freq).to(device)  # [D/2] fp32
+        scaled = (factors != 1.0).any()
+        self.factors = torch.from_numpy(factors).to(device) if scaled else None  # [D/2] fp32
 
     def tables(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -34,8 +38,8 @@ class Rope:
         # positions: [T] → cos, sin_signed: [T, 1, D]
         freqs = positions[:, None].float() * self.inv_freq  # [T, D/2]
         cos, sin = freqs.cos(), freqs.sin()
-        if self.attention_factor != 1.0:
-            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        if self.factors is not None:
+            cos, sin = cos * self.factors, sin * self.factors
         cos = torch.cat([cos, cos], -1).to(dtype)
         sin = torch.cat([-sin, sin], -1).to(dtype)
         return cos[:, None], sin[:, None]
