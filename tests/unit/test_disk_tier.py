@@ -180,6 +180,30 @@ def test_an_existing_block_is_not_rewritten(tmp_path: Path) -> None:
     assert tier.usage_bytes() == first
 
 
+def test_a_delete_that_lands_while_a_write_renames_leaves_no_file_the_index_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent deleted on the engine thread while the writer thread stores one of its pages:
+    the delete comes right after the rename. The index must not then name a file that is gone:
+    a page known to be on disk is never written again, so the next eviction of the same
+    content would drop it, and a prompt would count it cached and then miss it."""
+    tier = open_tier(tmp_path)
+    renamed = durable.write_durably
+
+    def rename_then_delete(path: Path, data: bytes) -> None:
+        renamed(path, data)
+        tier.delete(3)  # the engine thread, between the rename and the index
+
+    monkeypatch.setattr("semantic.cache.disk.write_durably", rename_then_delete)
+    tier.write(make_record(3))
+    path = tier.blocks_dir / f"{3:016x}.safetensors"
+    assert tier.contains(3) == path.exists()
+    monkeypatch.undo()
+    tier.write(make_record(3))  # the same content evicted again: stored
+    assert tier.contains(3) and path.exists()
+    assert_same(tier.read(3), make_record(3))
+
+
 def test_a_record_that_does_not_fit_the_spec_is_refused(tmp_path: Path) -> None:
     tier = open_tier(tmp_path)
     good = make_record(1)

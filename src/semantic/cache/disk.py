@@ -226,6 +226,8 @@ class DiskTier:
             self._adopt_if_present(record.key, path)  # failed after the rename
             raise
         with self._lock:
+            if not path.exists():  # deleted since the rename (`delete`): it stays deleted
+                return 0
             self._index.add(record.key, len(data))
             # A partial block is found by its first group's page (`tails`).
             partial = len(record.token_ids) < self.spec.block_tokens
@@ -289,10 +291,13 @@ class DiskTier:
 
     def delete(self, key: int, reason: str | None = None) -> bool:
         """Remove a block; True if it was there. No directory fsync: a deleted block that comes
-        back after a crash is harmless (content-addressed, verified on read)."""
+        back after a crash is harmless (content-addressed, verified on read). The file goes
+        under the lock, so a write that lands meanwhile either sees it gone and leaves the
+        index alone, or is indexed first and deleted whole: the index never names a file that
+        is not there (such a page would never be written again)."""
         with self._lock:
             size = self._index.remove(key, reason)
-        block_path(self.model_root, key).unlink(missing_ok=True)
+            block_path(self.model_root, key).unlink(missing_ok=True)
         return size is not None
 
     def size_of(self, key: int) -> int:
