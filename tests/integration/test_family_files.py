@@ -40,7 +40,11 @@ from tests.integration.test_families_vs_transformers import (
 from tests.integration.test_families_vs_transformers import (
     PHI3_LONGROPE_CONTEXT as PHI3_CONTEXT,
 )
-from tests.unit.test_gguf_loader import llama_cpp_permute, write_tokenizer_metadata
+from tests.unit.test_gguf_loader import (
+    llama_cpp_permute,
+    write_tensors,
+    write_tokenizer_metadata,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -159,12 +163,8 @@ def write_gguf(path: Path, arch: MODEL_ARCH, model: Any, tokenizer_dir: Path) ->
     if arch == MODEL_ARCH.PHI3:
         write_phi3_rope(writer, config, head_dim)
     write_tokenizer_metadata(writer, tokenizer_dir)
-    for name, array in gguf_tensors(arch, model).items():
-        writer.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    tensors = gguf_tensors(arch, model).items()
+    write_tensors(writer, {n: np.ascontiguousarray(a, dtype=np.float32) for n, a in tensors})
 
 
 def write_phi3_rope(writer: GGUFWriter, config: Any, head_dim: int) -> None:

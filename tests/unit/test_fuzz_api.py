@@ -8,35 +8,22 @@ the engine holds no block and its pool and prefix index pass their integrity che
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from semantic.engine.engine import Engine
 from semantic.text.tokenizer import Tokenizer
+from tests.benchmark_script import load_benchmark
 from tests.e2e.fake_server import fake_engine_server
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "fuzz_api.py"
 EXAMPLES = int(os.environ.get("SEMANTIC_FUZZ_EXAMPLES", "10"))
 SEED = int(os.environ.get("SEMANTIC_FUZZ_SEED", "20260504"))
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fuzz_api", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fuzz_api"] = module  # dataclasses look their module up while they are made
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load_script()
+fuzz = load_benchmark("fuzz_api")
 
 
 @pytest.fixture(scope="module")

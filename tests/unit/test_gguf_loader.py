@@ -44,6 +44,21 @@ def hf_weights() -> dict[str, np.ndarray]:
     return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
 
 
+def write_tensors(writer: GGUFWriter, tensors: dict[str, np.ndarray]) -> None:
+    """Add `tensors` as they are and write the file."""
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    finish(writer)
+
+
+def finish(writer: GGUFWriter) -> None:
+    """Write the header, the metadata and the tensors added, and close the file."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def write_tokenizer_metadata(writer: GGUFWriter, tokenizer_dir: Path) -> None:
     spec = json.loads((tokenizer_dir / "tokenizer.json").read_text())
     vocab: dict[str, int] = spec["model"]["vocab"]
@@ -84,10 +99,7 @@ def write_gguf(path: Path, tokenizer_dir: Path, weights: dict[str, np.ndarray]) 
             )
         else:
             writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
 
 
 @pytest.fixture(scope="module")
@@ -177,12 +189,7 @@ def write_qwen3moe_metadata(path: Path, tensors: dict[str, np.ndarray], **expert
     writer.add_expert_count(expert.get("count", 8))
     writer.add_expert_used_count(expert.get("used", 2))
     writer.add_vocab_size(VOCAB)
-    for name, array in tensors.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_tensors(writer, tensors)
 
 
 def test_a_qwen3moe_gguf_renormalises_and_keeps_a_dense_mlp_where_a_layer_has_no_router(
@@ -230,12 +237,7 @@ def write_phi3_metadata(path: Path, tensors: dict[str, np.ndarray], window: int)
     writer.add_rope_scaling_attn_factors(1.25)
     writer.add_sliding_window(window)
     writer.add_vocab_size(VOCAB)
-    for name, array in tensors.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_tensors(writer, tensors)
 
 
 def test_a_phi3_gguf_reads_partial_rotary_longrope_tensors_and_a_window_in_every_layer(

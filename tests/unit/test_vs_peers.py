@@ -4,11 +4,9 @@ results, and the command lines it would run. Nothing here installs, builds or st
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -18,21 +16,10 @@ from semantic.bench.options import Phase
 from semantic.bench.plan import WorkloadSpec
 from semantic.bench.report import to_json
 from semantic.bench.workload import DecodeResult, TurnResult, WorkloadResult
+from tests.benchmark_script import load_benchmark
 from tests.unit.bench_records import bench_result
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "vs_peers.py"
-
-
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vs_peers", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vs_peers"] = module  # dataclasses look their module up while they are made
-    spec.loader.exec_module(module)
-    return module
-
-
-vs = _load_script()
+vs = load_benchmark("vs_peers")
 
 
 def _bench_json(decode_s: float, cold_s: float, warm_s: float, wall_s: float) -> dict[str, Any]:
