@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import importlib.util
 import json
-import statistics
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -134,8 +133,9 @@ def test_each_turn_records_the_gaps_between_its_streamed_tokens(fake: FakeServer
     run = _crowd(fake, Clients.NAMED)
     for turn in run.turns:
         assert len(turn.gaps_s) == SPEC.max_tokens - 1  # one delta per token
-        # Most gaps are the server's pause; on a busy machine a late read may bring two at once.
-        assert statistics.median(turn.gaps_s) >= TOKEN_DELAY_S * 0.9
+        # The server pauses between tokens. A late read on a busy machine brings several at
+        # once (gaps of ~0, and a longer one before them), so no gap but the longest is sure.
+        assert min(turn.gaps_s) >= 0 and max(turn.gaps_s) >= TOKEN_DELAY_S * 0.9
     assert run.inter_token.count == len(run.turns) * (SPEC.max_tokens - 1)
 
 
