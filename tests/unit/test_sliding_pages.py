@@ -148,6 +148,25 @@ def test_a_prompt_longer_than_the_pool_holds_at_full_attention_runs_in_a_window(
 
 
 @pytest.mark.parametrize("windows", [HYBRID, SLIDING], ids=["hybrid", "all-sliding"])
+def test_a_forks_window_stays_when_its_parent_answers_past_it(
+    served: ServedModel, tmp_path: Path, windows: tuple
+) -> None:
+    """Alice is forked as bob; her next turn moves her window past the one they share. Under
+    memory pressure bob's first turn must still find all of it."""
+    engine, _ = make_engine(served, tmp_path, num_blocks=256, layer_windows=windows)
+    prompt = [3 + k % 300 for k in range(10 * BLOCK + 3)]
+    history = [*prompt, *turn(engine, "a1", prompt, "alice")[0]]
+    engine.agents.fork(AgentKey("alice"), AgentKey("bob"))
+    onward = [*history, *(3 + (k * 7) % 300 for k in range(3 * BLOCK))]
+    turn(engine, "a2", onward, "alice")
+    reclaim_out_of_window_pages(engine)
+    again = [*history, 304, 305]
+    out, usage = turn(engine, "b1", again, "bob")
+    assert usage.cached_tokens == len(history) - 1
+    assert out == fresh(served, tmp_path, windows, again)
+
+
+@pytest.mark.parametrize("windows", [HYBRID, SLIDING], ids=["hybrid", "all-sliding"])
 @pytest.mark.parametrize("restart", [False, True], ids=["in-memory", "after-a-restart"])
 def test_a_turn_sent_again_after_an_aborted_one_reuses_the_whole_history(
     served: ServedModel, tmp_path: Path, windows: tuple, restart: bool

@@ -205,6 +205,11 @@ class Agents:
         if agent is not None and history.num_tokens and (answered or not agent.num_tokens):
             self._set_history(agent, history)
 
+    def names(self, block_hash: int) -> bool:
+        """Whether an agent's history names a block (its pages' tiers are then this class's to
+        decide: `_let_go_of_passed`)."""
+        return self._sharers[block_hash] > 0
+
     def _set_history(self, agent: Agent, history: History) -> None:
         old, old_windows = set(agent.hashes), self._window_keys(agent)
         agent.block_hashes, agent.tail_hash = history.block_hashes, history.tail_hash

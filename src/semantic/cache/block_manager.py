@@ -10,6 +10,7 @@ pages.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from semantic.cache.block_pool import (
@@ -197,10 +198,12 @@ class BlockManager:
                 del table.pages[:passed]
                 table.first += passed
 
-    def let_go_of_reused_window(self, seq: Sequence) -> None:
+    def let_go_of_reused_window(self, seq: Sequence, named: Callable[[int], bool]) -> None:
         """Once `seq`'s answer is done: the sliding pages of the window its prompt reused (the
         history it continued), kept at its tier while it ran (`_drop_passed`), go out of the
-        window like any other page it passed, but those its own window still reads."""
+        window like any other page it passed, but those its own window still reads and those
+        of blocks an agent's history `named` (whose windows the agents let go of, knowing which
+        another agent, a fork, still reads)."""
         if not self._sliding:
             return
         reused, size = seq.num_cached_tokens, self.block_tokens
@@ -209,7 +212,7 @@ class BlockManager:
             start = first_read_block(window, reused, size)
             end = min(len(hashes), first_read_block(window, seq.num_computed_tokens, size))
             for block_hash in hashes[start:end]:
-                page = self.pool.lookup(page_key(block_hash, group))
+                page = None if named(block_hash) else self.pool.lookup(page_key(block_hash, group))
                 if page is not None:
                     self.pool.retier(page, TIER_OUT_OF_WINDOW)  # only a cached page moves
 

@@ -559,7 +559,7 @@ class Engine:
         error: Exception | None = None,
     ) -> None:
         seq = active.seq
-        history = self.scheduler.finish(seq, reason)
+        history = self.scheduler.finish(seq, reason, self.agents.names)
         self.runner.forget(seq.seq_id)
         del self._active[seq.request.request_id]
         self.agents.finished(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from semantic.cache.block_manager import BlockManager, Fit, tier_of
 from semantic.cache.prefix import PrefixCache, PrefixMatch
@@ -44,6 +44,11 @@ def _waiting_since(seq: Sequence) -> float:
     # Back in line, never preempted, after a restore failed its checks: it is first in line and
     # is never refused for the wait.
     return seq.preempted_at if seq.preempted_at is not None else math.inf
+
+
+def _no_agent(block_hash: int) -> bool:
+    """No agent names any block (a scheduler without an agents store)."""
+    return False
 
 
 def _work_left(seq: Sequence) -> int:
@@ -180,9 +185,12 @@ class Scheduler:
                 sampled.append((seq, token))
         return sampled
 
-    def finish(self, seq: Sequence, reason: FinishReason) -> History:
+    def finish(
+        self, seq: Sequence, reason: FinishReason, named: Callable[[int], bool] = _no_agent
+    ) -> History:
         """End a sequence wherever it is; its blocks go back to the pool, its content stays
-        cached. Returns what it left cached."""
+        cached (`named`: whether an agent's history names a block, whose pages the agents
+        store keeps as its windows need). Returns what it left cached."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.RESTORING:
@@ -197,7 +205,7 @@ class Scheduler:
         history = History(list(seq.block_hashes), tail, seq.num_computed_tokens)
         self.blocks.release(seq)
         if reason.answered:
-            self.blocks.let_go_of_reused_window(seq)
+            self.blocks.let_go_of_reused_window(seq, named)
         return history
 
     def expired(self, timeout_s: float, now: float | None = None) -> list[Sequence]:
