@@ -1,13 +1,14 @@
 """A seeded storm over the engine and a pool too small for its agents: conversations (named and
 anonymous) take turns at random moments, one-off prompts come and go, clients abort, the cache
-is persisted and evicted, agents are deleted and the server restarts, all interleaved with the
-engine's steps. After every step the pool and the prefix index must be consistent; every answer
-must be the one the same prompt gets alone in a roomy pool (the fake runner computes each token
-from the context it reads back through the block tables, so a wrong restore, a reused block of
-someone else's or a lost chunk changes it); an aborted answer must be a prefix of that; a warm
-turn must find its whole history cached, in memory or on disk; and when all is done, no block is
-held.
+is persisted and evicted, agents are pinned, unpinned and deleted and the server restarts, all
+interleaved with the engine's steps. After every step the pool and the prefix index must be
+consistent; every answer must be the one the same prompt gets alone in a roomy pool (the fake
+runner computes each token from the context it reads back through the block tables, so a wrong
+restore, a reused block of someone else's or a lost chunk changes it); an aborted answer must be
+a prefix of that; a warm turn must find its whole history cached, in memory or on disk; and when
+all is done, no block is held.
 
+Models: full attention, hybrid (one full-attention layer, three sliding) and sliding only.
 `SEMANTIC_STORM_SEEDS=N` runs N seeds instead of the few CI runs.
 """
 
@@ -34,6 +35,7 @@ LONGEST_HISTORY = 10 * BLOCK  # a conversation longer than this starts over
 PLAIN: dict[str, Any] = {"num_blocks": 24}
 # One full-attention layer and three sliding ones: a block takes four pages, one per group.
 HYBRID: dict[str, Any] = {"layer_windows": (None, 12, 12, 12), "num_blocks": 48}
+SLIDING: dict[str, Any] = {"layer_windows": (12,), "num_blocks": 24}  # no page reads every block
 
 
 @dataclass
@@ -107,6 +109,8 @@ class Storm:
             self.restart()
         elif roll < 0.50:
             self.delete_an_agent([c for c in idle if c.agent_id is not None])
+        elif roll < 0.52:
+            self.pin_or_unpin([c for c in self.conversations if c.agent_id is not None])
 
     def take_a_turn(self, conversation: Conversation) -> None:
         if len(conversation.history) > LONGEST_HISTORY:  # it starts over, as a compaction does
@@ -132,6 +136,14 @@ class Storm:
         self.collect()
         self.engine = make_engine(self.served, self.cache_dir, **self.model)[0]
 
+    def pin_or_unpin(self, named: list[Conversation]) -> None:
+        """Pin an agent (one at a time: pinned pages never leave a pool this small), or unpin it."""
+        pinned = [a for a in self.engine.agents.by_key.values() if a.pinned]
+        agent_id = self.rng.choice(named).agent_id
+        agent = self.engine.agents.get(AgentKey(agent_id, None)) if agent_id else None
+        if agent is not None and (agent.pinned or not pinned):
+            self.engine.agents.pin(agent.key, pinned=not agent.pinned)
+
     def delete_an_agent(self, idle_named: list[Conversation]) -> None:
         if idle_named:
             conversation = self.rng.choice(idle_named)
@@ -156,6 +168,9 @@ class Storm:
         self.engine.run_until_idle()
         self.collect()
         assert not self.sent, f"requests never ended: {sorted(self.sent)}"
+        for agent in list(self.engine.agents.by_key.values()):
+            if agent.pinned:  # its pin holds its pages
+                self.engine.agents.pin(agent.key, pinned=False)
         assert self.engine.pool.num_held == 0
 
     # -- the checks ----------------------------------------------------------------------------
@@ -210,7 +225,7 @@ class Storm:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("model", [PLAIN, HYBRID], ids=["plain", "hybrid"])
+@pytest.mark.parametrize("model", [PLAIN, HYBRID, SLIDING], ids=["plain", "hybrid", "sliding"])
 def test_a_storm_of_turns_aborts_evictions_and_restarts_keeps_every_answer_and_every_cache(
     served: ServedModel, tmp_path: Path, model: dict[str, Any], seed: int
 ) -> None:
