@@ -182,7 +182,7 @@ class Agents:
         cached: int,
         from_disk: int,
         missing: int | None,
-        answered: bool = True,
+        answered: bool,
     ) -> None:
         """Account for a finished request — `cached` of its prompt's tokens reused, `from_disk`
         of them read back from disk, `missing` the first block of it cached nowhere — and make

@@ -157,6 +157,7 @@ class Engine:
             max_running=options.max_running,
             max_batch_tokens=options.max_batch_tokens,
             end_token_ids=model.tokenizer.eos_token_ids,
+            named=self.agents.names,
         )
         # A sequence never outgrows the context, nor the whole pool (then it could not run).
         pool_tokens = self.scheduler.blocks.max_tokens(runner.num_blocks)
@@ -559,7 +560,7 @@ class Engine:
         error: Exception | None = None,
     ) -> None:
         seq = active.seq
-        history = self.scheduler.finish(seq, reason, self.agents.names)
+        history = self.scheduler.finish(seq, reason)
         self.runner.forget(seq.seq_id)
         del self._active[seq.request.request_id]
         self.agents.finished(

@@ -107,8 +107,12 @@ class Scheduler:
         max_running: int,
         max_batch_tokens: int,
         end_token_ids: Iterable[int] = (),
+        named: Callable[[int], bool] = _no_agent,
     ) -> None:
         self.prefix = prefix
+        # Whether an agent's history names a block: the agents store then keeps its pages as its
+        # windows need (`finish`).
+        self.named = named
         self.pool = prefix.pool
         self.blocks = BlockManager(prefix, block_tokens, max_batch_tokens)
         self.max_running = max_running
@@ -185,12 +189,9 @@ class Scheduler:
                 sampled.append((seq, token))
         return sampled
 
-    def finish(
-        self, seq: Sequence, reason: FinishReason, named: Callable[[int], bool] = _no_agent
-    ) -> History:
+    def finish(self, seq: Sequence, reason: FinishReason) -> History:
         """End a sequence wherever it is; its blocks go back to the pool, its content stays
-        cached (`named`: whether an agent's history names a block, whose pages the agents
-        store keeps as its windows need). Returns what it left cached."""
+        cached. Returns what it left cached."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.RESTORING:
@@ -205,7 +206,7 @@ class Scheduler:
         history = History(list(seq.block_hashes), tail, seq.num_computed_tokens)
         self.blocks.release(seq)
         if reason.answered:
-            self.blocks.let_go_of_reused_window(seq, named)
+            self.blocks.let_go_of_reused_window(seq, self.named)
         return history
 
     def expired(self, timeout_s: float, now: float | None = None) -> list[Sequence]:
