@@ -46,6 +46,7 @@ class Tool(_Body):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
     tools: list[Tool] | None = None  # a namespace's
+    format: dict[str, Any] | None = None  # a custom tool's: `text`, or a `grammar` its input obeys
 
     @property
     def offered(self) -> bool:
@@ -53,11 +54,27 @@ class Tool(_Body):
 
     def as_function(self) -> ToolDefinition:
         assert self.name is not None
-        parameters = CUSTOM_TOOL_PARAMETERS if self.type == "custom" else self.parameters
+        custom = self.type == "custom"
         function = FunctionDefinition(
-            name=self.name, description=self.description, parameters=parameters, strict=self.strict
+            name=self.name,
+            description=self.custom_description() if custom else self.description,
+            parameters=CUSTOM_TOOL_PARAMETERS if custom else self.parameters,
+            strict=self.strict,
         )
         return ToolDefinition(type="function", function=function)
+
+    def custom_description(self) -> str | None:
+        """A freeform tool's description with its grammar: offered as a function, the model
+        sees no other trace of the input's syntax (Codex's apply_patch says only that it is
+        "FREEFORM", its patch format is in the grammar)."""
+        grammar = self.format or {}
+        definition = grammar.get("definition")
+        if grammar.get("type") != "grammar" or not isinstance(definition, str):
+            return self.description
+        syntax = grammar.get("syntax")
+        named = f"{syntax} grammar" if isinstance(syntax, str) else "grammar"
+        rules = f"The `input` string is the raw text, in this {named}:\n{definition}"
+        return f"{self.description}\n\n{rules}" if self.description else rules
 
 
 Tool.model_rebuild()
