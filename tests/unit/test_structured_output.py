@@ -19,10 +19,10 @@ from fastapi.testclient import TestClient
 from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
-from semantic.errors import RowsFailed
+from semantic.errors import InvalidRequest, RowsFailed
 from semantic.models.served import ServedModel
 from semantic.text.chat import ChatTemplate
-from semantic.text.grammar import GrammarStates
+from semantic.text.grammar import Grammar, GrammarStates
 from semantic.text.tokenizer import Tokenizer
 from tests.qwen3_coder_template import QWEN3_CODER_TEMPLATE
 from tests.unit.fakes import fake_served, running, with_chatml
@@ -208,9 +208,31 @@ def test_a_strict_tool_the_model_may_call_gets_arguments_that_match_its_schema(
     jsonschema.validate(arguments, WEATHER)
 
 
-def test_a_tool_that_is_not_strict_gets_the_arguments_the_model_wrote(server: Server) -> None:
-    """The control: without strict and without a forced call, nothing holds the call."""
-    content = scripted_reply(server, BAD_CALL)
+def test_every_call_the_model_opens_follows_its_tools_schema_strict_or_not(
+    server: Server,
+) -> None:
+    """tool_choice auto without strict: the schema is a best effort, and still every call the
+    model opens is held to it, after the family's marker or written as bare JSON (fenced or
+    not), as small models write their calls."""
+    bare = '{"name": "forecast", "arguments": {"unit": "K", "days": 7}}'
+    for reply in (BAD_CALL, bare, f"Checking.\n```json\n{bare}\n```", f"Sure: {bare}"):
+        content = scripted_reply(server, reply)
+        (arguments,) = tool_inputs(content)
+        jsonschema.validate(arguments, WEATHER)
+
+
+def test_json_that_names_no_tool_is_left_as_the_model_wrote_it(server: Server) -> None:
+    """The bare openers hold the tool's name: an answer's own JSON is not forced into a call."""
+    reply = '```json\n{"name": "Alice", "arguments": {"unit": "K"}}\n```'
+    assert scripted_reply(server, reply) == [{"type": "text", "text": reply}]
+
+
+def test_a_tool_whose_schema_the_engine_cannot_take_gets_the_arguments_the_model_wrote(
+    server: Server,
+) -> None:
+    """The control: a best-effort schema the engine cannot take holds the call to any object."""
+    odd = {"name": "forecast", "input_schema": BAD_SCHEMA}
+    content = scripted_reply(server, BAD_CALL, tools=[odd])
     assert tool_inputs(content) == [{"unit": "K", "days": 7}]
 
 
@@ -271,7 +293,7 @@ def test_where_a_grammar_cannot_find_calls_in_free_text_only_forced_calls_are_he
         assert auto.call_form() is None
         forced = ToolUse(model, ["forecast"], ToolChoice("required"), schemas, ["forecast"])
         form = forced.call_form()
-        assert form is not None and form.forced and form.trigger is None
+        assert form is not None and form.forced and not form.openings
 
 
 def test_qwen3_coder_calls_are_held_by_no_grammar(served: ServedModel) -> None:
@@ -446,3 +468,57 @@ def test_grammar_states_refuse_a_matcher_that_missed_a_token(served: ServedModel
     assert not errors
     _, errors = states.bitmask([(5, grammar, 1)])  # a token it never took
     assert list(errors) == [0]
+
+
+def _auto_grammar(model: ServedModel) -> Grammar:
+    """The grammar of a reply that may call `forecast` (tool_choice auto, not strict)."""
+    form = ToolUse(model, ["forecast"], ToolChoice(), {"forecast": WEATHER}).call_form()
+    assert form is not None
+    return model.grammars.tool_calls(form)
+
+
+def _accepts(model: ServedModel, grammar: Grammar, text: str) -> bool:
+    """Whether `grammar` takes the tokens `model` writes `text` in, one after another."""
+    matcher = grammar.matcher()
+    try:
+        for token in model.tokenizer.encode(text):
+            matcher.accept(token)
+    except InvalidRequest:
+        return False
+    return True
+
+
+def test_a_call_marker_that_is_an_added_token_is_taken_as_that_token(
+    served: ServedModel, tiny_tokenizer_dir: Path
+) -> None:
+    """Qwen's `<tool_call>` is an added token its tokenizer calls no special token, which the
+    grammar engine takes as special: a string literal never matches it, so a grammar that
+    wrote the marker as text forbade the model its own marker (it could only spell it)."""
+    backend = tokenizers.Tokenizer.from_file(str(tiny_tokenizer_dir / "tokenizer.json"))
+    backend.add_tokens(["<tool_call>", "</tool_call>"])
+    tokenizer = Tokenizer(backend, bos_token=None, eos_token=None, eos_token_ids=(), add_bos=False)
+    config = dataclasses.replace(served.config, vocab_size=tokenizer.vocab_size)
+    model = with_chatml(dataclasses.replace(served, tokenizer=tokenizer, config=config))
+    grammar = _auto_grammar(model)
+    assert len(tokenizer.encode("<tool_call>")) == 1
+    call = '<tool_call>\n{"name": "forecast", "arguments": {"unit": "C", "days": 1}}\n</tool_call>'
+    assert _accepts(model, grammar, "I'll look.\n" + call + "\nDone.")
+    assert not _accepts(model, grammar, call.replace("forecast", "rm_rf"))
+    assert not _accepts(model, grammar, call.replace('"C"', '"K"'))
+
+
+def test_a_bare_call_is_held_in_the_spacing_the_model_chose(served: ServedModel) -> None:
+    """Pretty-printed or compact, fenced or not, the arguments of a bare call that names a tool
+    follow its schema; JSON that names no tool is free."""
+    model = with_chatml(served)
+    grammar = _auto_grammar(model)
+    pretty = (
+        '```json\n{\n  "name": "forecast",\n  "arguments": {\n    "unit": "C",\n'
+        '    "days": 2\n  }\n}\n```'
+    )
+    assert _accepts(model, grammar, pretty)
+    assert _accepts(
+        model, grammar, 'Sure: {"name": "forecast", "parameters": {"unit": "F", "days": 1}}'
+    )
+    assert not _accepts(model, grammar, pretty.replace('"C"', '"K"'))
+    assert _accepts(model, grammar, '{\n  "name": "Alice",\n  "arguments": {"unit": "K"}\n}')

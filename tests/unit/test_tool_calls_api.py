@@ -176,9 +176,23 @@ def test_an_anthropic_answer_has_text_then_tool_use_blocks(server: Server) -> No
     assert (time["name"], time["input"]) == ("get_time", {})
 
 
-def test_a_call_to_a_tool_that_was_not_offered_is_text(server: Server) -> None:
+def called(answer: dict[str, Any]) -> list[str]:
+    return [block["name"] for block in answer["content"] if block["type"] == "tool_use"]
+
+
+def test_a_call_the_model_opens_names_an_offered_tool(server: Server) -> None:
+    """The grammar holds a call from its marker on: a model that starts to call a tool nobody
+    offered calls an offered one instead, and its call parses."""
     server.say(CALL.replace("get_weather", "rm_rf"))
     answer = server.client.post("/v1/messages", json=MESSAGES).json()
+    assert answer["stop_reason"] == "tool_use"
+    assert called(answer) and set(called(answer)) <= {"get_weather", "get_time"}
+
+
+def test_with_tool_choice_none_a_call_is_text_as_the_model_wrote_it(server: Server) -> None:
+    server.say(CALL.replace("get_weather", "rm_rf"))
+    none: dict[str, Any] = {"tool_choice": {"type": "none"}}
+    answer = server.client.post("/v1/messages", json=MESSAGES | none).json()
     assert answer["stop_reason"] == "end_turn"
     assert answer["content"] == [{"type": "text", "text": CALL.replace("get_weather", "rm_rf")}]
 
@@ -327,7 +341,7 @@ def test_server_tools_are_accepted_and_not_offered(server: Server) -> None:
     server.say(CALL.replace("get_weather", "web_search"))
     tools = [{"type": "web_search_20250305", "name": "web_search"}, *ANTHROPIC_TOOLS]
     answer = server.client.post("/v1/messages", json=MESSAGES | {"tools": tools}).json()
-    assert answer["stop_reason"] == "end_turn" and answer["content"][0]["type"] == "text"
+    assert "web_search" not in called(answer)
     assert "web_search" not in server.last_prompt()
 
 

@@ -172,6 +172,68 @@ HERMES_CASES = [
         [("text", "<tool_call>"), call("get_weather", PARIS)],
     ),
     ("plain text", "Paris is in France.\n", [("text", "Paris is in France.\n")]),
+    # What small models write instead of the tags: each read as a call, and only where the
+    # object names an offered tool with an arguments object.
+    (
+        "a call in a json fence, the fence dropped",
+        f"I'll check.\n```json\n{WEATHER}\n```\nThen I answer.",
+        [("text", "I'll check."), call("get_weather", PARIS), ("text", "Then I answer.")],
+    ),
+    (
+        "a call in a bare fence on one line",
+        f"``` {WEATHER} ```",
+        [call("get_weather", PARIS)],
+    ),
+    (
+        "a call in a bare fence",
+        f"```\n{TIME}\n```",
+        [call("get_time", "{}")],
+    ),
+    (
+        "a bare call object, alone",
+        WEATHER,
+        [call("get_weather", PARIS)],
+    ),
+    (
+        "a bare call object after text, with parameters",
+        'Reading it: {"name": "get_weather", "parameters": {"city": "Paris"}}',
+        [("text", "Reading it:"), call("get_weather", PARIS)],
+    ),
+    (
+        "a call missing its closing tag",
+        f"<tool_call>\n{WEATHER}",
+        [call("get_weather", PARIS)],
+    ),
+    (
+        "two fenced calls",
+        f"```json\n{WEATHER}\n```\n```json\n{TIME}\n```",
+        [call("get_weather", PARIS), call("get_time", "{}")],
+    ),
+    (
+        "ordinary JSON in a fence is text",
+        '```json\n{"name": "Alice", "age": 30}\n```',
+        [("text", '```json\n{"name": "Alice", "age": 30}\n```')],
+    ),
+    (
+        "JSON naming a tool without arguments is text outside the tags",
+        'Its record: {"name": "get_time", "owner": "ops"}',
+        [("text", 'Its record: {"name": "get_time", "owner": "ops"}')],
+    ),
+    (
+        "code in a fence is text",
+        "```python\ndef f(x):\n    return {x: 1}\n```",
+        [("text", "```python\ndef f(x):\n    return {x: 1}\n```")],
+    ),
+    (
+        "a fence whose call names no offered tool is text",
+        '```json\n{"name": "out.txt", "arguments": ["42"]}\n```',
+        [("text", '```json\n{"name": "out.txt", "arguments": ["42"]}\n```')],
+    ),
+    (
+        "braces in prose are text",
+        "Use {braces} and {} freely; a set is {1, 2}.",
+        [("text", "Use {braces} and {} freely; a set is {1, 2}.")],
+    ),
 ]
 
 

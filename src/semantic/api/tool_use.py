@@ -16,7 +16,7 @@ from pydantic_core import from_json
 
 from semantic.core import FinishReason, TokenEvent
 from semantic.models.served import ServedModel
-from semantic.text.grammar import CallShape, ToolCallForm
+from semantic.text.grammar import CallShape, Opening, ToolCallForm
 from semantic.text.reasoning import Piece, ReasoningParser, reasoning_format
 from semantic.text.reasoning import hidden_markers as reasoning_markers
 from semantic.text.tool_formats import hidden_markers, parser_for
@@ -118,31 +118,44 @@ class ToolUse:
         return self._format.opener(self.choice.name)
 
     def call_form(self) -> ToolCallForm | None:
-        """How a grammar holds this reply's calls to their tools' schemas, where the client
-        asked for it. A forced call (`required`, or a named tool) follows its tool's schema
-        from the prefilled opener on, and so do the calls after it, when parallel calls are
-        allowed. With `auto` and a `strict` tool, every call the model opens does, the text
-        around them staying free. A schema binds for a strict tool; for another it is a best
-        effort. None when nothing is held: no tools, `none`, `auto` without a strict tool,
-        `auto` in a format whose calls a grammar cannot find in free text, or a format whose
-        arguments are no JSON object (Qwen3-Coder's: its values are typed by the schema as
-        they are read instead)."""
+        """How a grammar holds this reply's calls to their tools' schemas, from the moment each
+        opens, so that a call the model starts always parses and names a tool that exists. A
+        forced call (`required`, or a named tool) follows its tool's schema from the prefilled
+        opener on; every call the model opens amid free text does too (after the family's
+        marker, or as the bare JSON small models write), unless parallel calls are off after a
+        forced one. A schema binds for a `strict` tool; for another it is a best effort. None
+        when nothing is held: no tools, `none`, a format whose calls a grammar cannot find in
+        free text and no forced call, or a format whose arguments are no JSON object
+        (Qwen3-Coder's: its values are typed by the schema as they are read instead)."""
         if not self.active or not self._format.JSON_ARGUMENTS:
             return None
         forced = self.choice.mode == "required"
-        if not forced and not self.strict.intersection(self.tools):
-            return None
         single = forced and not self.choice.parallel  # the reply ends with its forced call
-        trigger = self._format.TRIGGER if self._free_text_grammar and not single else None
-        if not forced and trigger is None:
+        openings = self._openings() if self._free_text_grammar and not single else ()
+        if not forced and not openings:
             return None
-        form = ToolCallForm(self._format.CLOSER, trigger=trigger)
+        form = ToolCallForm(self._format.CLOSER, openings=openings)
         if forced:
             names = [self.choice.name] if self.choice.name is not None else list(self.tools)
             form = replace(form, forced=self._shapes(names, self.prefill))
-        if trigger is not None:
-            form = replace(form, later=self._shapes(self.tools, trigger))
         return form
+
+    def _openings(self) -> tuple[Opening, ...]:
+        """The family's trigger, opening a call of any tool, and a bare opener for each tool
+        where the family reads calls without their marker (its text names the tool, so ordinary
+        JSON in an answer is never held as a call)."""
+        trigger = self._format.TRIGGER
+        assert trigger is not None
+        marked = Opening(trigger, self._shapes(self.tools, trigger), self._format.CLOSER)
+        bare = []
+        for name in self.tools:
+            opener = self._format.bare_opener(name)
+            if opener is not None:
+                shape = CallShape(
+                    "", self.schemas.get(name) or {"type": "object"}, name in self.strict
+                )
+                bare.append(Opening(opener, (shape,), r"\s*\}", bare=True))
+        return (marked, *bare)
 
     def _shapes(self, names: Sequence[str], written: str) -> tuple[CallShape, ...]:
         """Each tool as a call of it is written after `written` (the prefill, or a trigger)."""

@@ -36,6 +36,9 @@ _JSON_OPTIONS: dict[str, Any] = {
     "key_separator": ": ",
     "whitespace_flexible": False,
 }
+# A call a small model writes as bare JSON goes on in the spacing it began in (pretty-printed,
+# as often as not): held to compact JSON, it would be pushed off the text it was trained on.
+_SPACED_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": True}
 _ANY_JSON_OBJECT = {"type": "object"}
 _CACHED_GRAMMARS = 128  # per model; a schema is a few KB at most
 
@@ -109,6 +112,7 @@ class GrammarCompiler:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._vocabulary: llguidance.LLTokenizer | None = None
+        self._specials: dict[str, int] | None = None
         self._cache: OrderedDict[str, Grammar] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -121,7 +125,10 @@ class GrammarCompiler:
         """A reply whose tool calls follow their tools' schemas (`ToolCallForm`)."""
         key = "tools:" + _canonical(form.key())
         return self._compiled(
-            key, "the tools' schemas", lambda v: _tool_grammar(form, v), lazy=not form.forced
+            key,
+            "the tools' schemas",
+            lambda v: _tool_grammar(form, v, self._special_tokens()),
+            lazy=not form.forced,
         )
 
     def _compiled(
@@ -148,6 +155,21 @@ class GrammarCompiler:
             while len(self._cache) > _CACHED_GRAMMARS:
                 self._cache.popitem(last=False)
         return grammar
+
+    def _special_tokens(self) -> dict[str, int]:
+        """The added tokens the grammar engine takes as special, by their text: a grammar
+        names them by id, as a string literal never matches them (Qwen's `<tool_call>` is one,
+        though its tokenizer calls it no special token). Read with the vocabulary."""
+        with self._lock:
+            vocabulary = self._vocabulary_locked()
+            if self._specials is None:
+                added = json.loads(self._tokenizer.backend_json()).get("added_tokens", [])
+                self._specials = {
+                    token["content"]: token["id"]
+                    for token in added
+                    if token["id"] < self.vocab_size and vocabulary.is_special_token(token["id"])
+                }
+            return self._specials
 
     def _vocabulary_locked(self) -> llguidance.LLTokenizer:
         if self._vocabulary is None:
@@ -184,39 +206,72 @@ class CallShape:
 
 
 @dataclass(slots=True, frozen=True)
+class Opening:
+    """A way a call opens amid free text: the `trigger` text, then one of `shapes`, then
+    `closer`. The family's own marker opens a call of any tool, written as the family writes
+    it. A `bare` opening is a call a small model writes as bare JSON, in its own spacing:
+    `trigger` and `closer` are regular expressions (the trigger names the tool and ends where
+    its arguments begin) and the arguments may be spaced as the model likes."""
+
+    trigger: str
+    shapes: tuple[CallShape, ...]
+    closer: str
+    bare: bool = False
+
+    def terminals(self) -> tuple[str, str]:
+        """A bare opening's trigger and closer as Lark terminals."""
+        return f"/{self.trigger}/", f"/{self.closer}/"
+
+
+@dataclass(slots=True, frozen=True)
 class ToolCallForm:
     """How a reply's tool calls must be written. `forced`: the reply starts inside a call of
-    one of these tools (after its prefilled opener); empty when it starts as text. `trigger`
-    and `later`: the text that opens a call anywhere after that (in free text), and the tools
-    such a call may name; no trigger: nothing follows a forced call. `closer` ends a call."""
+    one of these tools (after its prefilled opener), ended by `closer`; empty when it starts as
+    text. `openings`: how a call opens anywhere after that, in free text; none: nothing follows
+    a forced call."""
 
     closer: str
     forced: tuple[CallShape, ...] = ()
-    trigger: str | None = None
-    later: tuple[CallShape, ...] = ()
+    openings: tuple[Opening, ...] = ()
 
     def key(self) -> list[Any]:
         """The form as plain JSON values (what the compiler caches its grammar by)."""
-        groups = (self.forced, self.later)
-        shapes = [[[s.lead, s.schema, s.strict] for s in group] for group in groups]
-        return [self.closer, self.trigger, *shapes]
+
+        def shapes(group: tuple[CallShape, ...]) -> list[Any]:
+            return [[s.lead, s.schema, s.strict] for s in group]
+
+        openings = [[o.trigger, shapes(o.shapes), o.closer, o.bare] for o in self.openings]
+        return [self.closer, shapes(self.forced), openings]
 
 
-def _tool_grammar(form: ToolCallForm, vocabulary: llguidance.LLTokenizer) -> str:
+def _tool_grammar(
+    form: ToolCallForm, vocabulary: llguidance.LLTokenizer, specials: dict[str, int]
+) -> str:
     """A Lark grammar: a forced call (one alternative per tool: its lead, `%json{schema}`, the
-    closer), then, past a trigger, calls anywhere in free text (a lazy lexeme: any text up to
-    the trigger's first appearance)."""
+    closer), then calls anywhere in free text, each opened by one of the openings' triggers.
+    Free text runs to a trigger's first appearance (a lazy lexeme), or, where the trigger is a
+    special token, to that token."""
     rules: list[str] = []
     start: list[str] = []
     if form.forced:
-        start.append(_alternatives(rules, "first", form.forced, form.closer, vocabulary))
-    if form.trigger is not None:
-        called = _alternatives(rules, "later", form.later, form.closer, vocabulary)
-        rules += [
-            "TEXT: /(.|\\n)*/",
-            f"opened[lazy]: TEXT {_literal(form.trigger)}",
-            f"call: opened {called}",
-        ]
+        closer = _symbols(form.closer, specials)
+        first = _alternatives(rules, "first", form.forced, closer, vocabulary, specials, False)
+        start.append(first)
+    if form.openings:
+        calls = []
+        for k, opening in enumerate(form.openings):
+            trigger, closer = opening.terminals() if opening.bare else ("", "")
+            closer = closer or _symbols(opening.closer, specials)
+            rule = f"later{k}"
+            called = _alternatives(
+                rules, rule, opening.shapes, closer, vocabulary, specials, opening.bare
+            )
+            if opening.trigger in specials:
+                calls.append(f"TEXT <[{specials[opening.trigger]}]> {called}")
+                continue
+            rules.append(f"opened{k}[lazy]: TEXT {trigger or _literal(opening.trigger)}")
+            calls.append(f"opened{k} {called}")
+        rules += ["TEXT: /(.|\\n)*/", "call: " + " | ".join(calls)]
         start.append("call* TEXT")
     lark = f"start: {' '.join(start)}\n" + "\n".join(rules)
     return llguidance.LLMatcher.grammar_from_lark(lark)
@@ -228,23 +283,33 @@ def _alternatives(
     shapes: Sequence[CallShape],
     closer: str,
     vocabulary: llguidance.LLTokenizer,
+    specials: dict[str, int],
+    bare: bool,
 ) -> str:
-    """Adds a rule per shape (its lead, its arguments, the closer) to `rules`; returns the rule
-    that is any one of them."""
+    """Adds a rule per shape (its lead, its arguments, the `closer` symbols) to `rules`;
+    returns the rule that is any one of them. `bare`: the arguments in the model's own
+    spacing, which may begin with whitespace."""
+    options = _SPACED_JSON_OPTIONS if bare else _JSON_OPTIONS
+    lead = "SPACE?" if bare else ""
     for i, shape in enumerate(shapes):
-        schema = json.dumps(_arguments_schema(shape, vocabulary))
-        rules.append(f"{name}_{i}: {_literal(shape.lead)} {name}_args_{i} {_literal(closer)}")
+        schema = json.dumps(_arguments_schema(shape, vocabulary, options))
+        symbols = _symbols(shape.lead, specials) or lead
+        rules.append(f"{name}_{i}: {symbols} {name}_args_{i} {closer}")
         rules.append(f"{name}_args_{i}: %json {schema}")
     rules.append(f"{name}: " + " | ".join(f"{name}_{i}" for i in range(len(shapes))))
+    if bare and "SPACE: " not in "\n".join(rules):
+        rules.append("SPACE: /[ \\t\\r\\n]+/")
     return name
 
 
-def _arguments_schema(shape: CallShape, vocabulary: llguidance.LLTokenizer) -> dict[str, Any]:
-    """A shape's schema with our JSON options; a best-effort one is lenient, and when even so
-    the engine cannot take it, any object."""
+def _arguments_schema(
+    shape: CallShape, vocabulary: llguidance.LLTokenizer, options: dict[str, Any]
+) -> dict[str, Any]:
+    """A shape's schema with `options`; a best-effort one is lenient, and when even so the
+    engine cannot take it, any object."""
     if shape.strict:
-        return {**shape.schema, "x-guidance": _JSON_OPTIONS}
-    lenient = {**shape.schema, "x-guidance": {**_JSON_OPTIONS, "lenient": True}}
+        return {**shape.schema, "x-guidance": options}
+    lenient = {**shape.schema, "x-guidance": {**options, "lenient": True}}
     lark = f"start: %json {json.dumps(lenient)}"
     try:
         error = llguidance.LLMatcher.validate_grammar(
@@ -253,8 +318,22 @@ def _arguments_schema(shape: CallShape, vocabulary: llguidance.LLTokenizer) -> d
     except ValueError as exc:
         error = str(exc)
     if error:
-        return {**_ANY_JSON_OBJECT, "x-guidance": _JSON_OPTIONS}
+        return {**_ANY_JSON_OBJECT, "x-guidance": options}
     return lenient
+
+
+def _symbols(text: str, specials: dict[str, int]) -> str:
+    """`text` as Lark symbols: string literals, and the special tokens in it by id."""
+    symbols = []
+    while text:
+        found = [(text.find(t), t) for t in specials if t and t in text]
+        if not found:
+            symbols.append(_literal(text))
+            break
+        at, token = min(found)
+        symbols += [_literal(text[:at]), f"<[{specials[token]}]>"]
+        text = text[at + len(token) :]
+    return " ".join(symbol for symbol in symbols if symbol)
 
 
 def _literal(text: str) -> str:

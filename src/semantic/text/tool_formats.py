@@ -16,6 +16,7 @@ Every JSON family takes `arguments` or `parameters` for the arguments.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -27,28 +28,71 @@ from semantic.text.xml_arguments import XmlArgumentsReader
 _MAX_NAME_CHARS = 256  # a tool name longer than this is not one
 _FUNCTION_TAG = "<function="
 _FUNCTION = "<tool_call>\n" + _FUNCTION_TAG  # a Qwen3-Coder call's opener, before its name
+_FENCE = "```"  # a Markdown code fence, which small models put their calls in
+_MAX_TAG = 16  # `json`, `tool_call`: a longer word after a fence is no language tag
 
 
 class HermesParser(ToolCallParser):
-    """`<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` (Hermes, Qwen 2.5 and 3)."""
+    """`<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` (Hermes, Qwen 2.5 and 3).
 
-    MARKERS = ("<tool_call>", "</tool_call>")
+    Small models of these families often write the call without its tags: as the bare JSON
+    object, or in a Markdown code fence. Both are read as calls too, where the object names an
+    offered tool and its arguments are an object (anything else, ordinary JSON in an answer
+    included, stays text); the fence around such a call is dropped with it."""
+
+    MARKERS = ("<tool_call>", "</tool_call>", _FENCE, "{")
     CLOSER = "}\n</tool_call>"
     TRIGGER = "<tool_call>"
+
+    def __init__(
+        self, tools: Iterable[str], schemas: Mapping[str, dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__(tools, schemas)
+        self._fence = ""  # the fence opened before a call, as far as it came
+        self._fenced = False  # the call just read opened in a fence, which a fence closes
 
     @classmethod
     def opener(cls, name: str | None) -> str:
         return '<tool_call>\n{"name": ' + _json_name_and(name, "arguments")
 
+    @classmethod
+    def bare_opener(cls, name: str) -> str | None:
+        quoted = re.escape(json.dumps(name, ensure_ascii=False)).replace("/", "\\/")
+        return rf'\{{\s*"name"\s*:\s*{quoted}\s*,\s*"(?:arguments|parameters)"\s*:'
+
     def _markers(self) -> tuple[str, ...]:
         # The closing tag is only swallowed right after a call; elsewhere it is text.
-        return self.MARKERS if self._after_call else self.MARKERS[:1]
+        if self._after_call:
+            return self.MARKERS
+        return tuple(marker for marker in self.MARKERS if marker != "</tool_call>")
 
     def _on_marker(self, marker: str) -> None:
         if marker == "<tool_call>":
+            self._fenced = False
             super()._on_marker(marker)
+        elif marker == "{":
+            self._fenced = False
+            self._read_call(marker, bare=True)
+        elif marker == _FENCE and not (self._after_call and self._fenced):
+            self._call_text.append(marker)
+            self._fence = ""
+            self._step = self._fenced_call
+        else:  # the tag or fence that closes the call just read
+            self._call_text = []
+            self._fenced = False
+
+    def _fenced_call(self, char: str) -> None:
+        """After a fence's backticks: a language tag (`json`), whitespace, then the call's
+        `{`."""
+        in_tag = not any(c in WHITESPACE for c in self._fence)
+        if char == "{":
+            self._fenced = True
+            self._read_call(char, bare=True)
+        elif char in WHITESPACE or (in_tag and char.isalnum() and len(self._fence) < _MAX_TAG):
+            self._fence += char
+            self._call_text.append(char)
         else:
-            self._call_text = []  # the tag that closes the call just read
+            self._reject(char)
 
 
 class QwenCoderParser(HermesParser):

@@ -83,7 +83,13 @@ class _CallReader:
     given, the arguments object alone. Nothing is emitted before the call commits (its name is
     offered and its arguments opened as an object); until then the reader may reject it."""
 
-    def __init__(self, index: int, offered: frozenset[str], name: str | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        offered: frozenset[str],
+        name: str | None = None,
+        needs_arguments: bool = False,
+    ) -> None:
         self.index = index
         self.text: list[str] = []  # the characters read
         self.events: list[ToolEvent] = []
@@ -91,6 +97,9 @@ class _CallReader:
         self._offered = offered
         self._json = JsonPrefix()
         self._bare = name is not None  # the text is the arguments object itself
+        # A call without the family's marker (a small model's bare JSON) must say `arguments`:
+        # an object that merely has a tool's name is an answer's JSON, not a call.
+        self._needs_arguments = needs_arguments
         self._name = name
         self._name_start: int | None = None
         self._args_start: int | None = None
@@ -134,7 +143,11 @@ class _CallReader:
             if name not in self._offered:
                 return False
             self._name = name
-        return self._name is not None or not self._json.complete
+        if not self._json.complete:
+            return True
+        return self._name is not None and (
+            self._args_start is not None or not self._needs_arguments
+        )
 
     def _note(self, char: str, offset: int) -> bool:
         """Where the name and the arguments begin; False when either is of the wrong type."""
@@ -216,6 +229,13 @@ class ToolCallParser:
         """The start of a reply that calls `name` (any offered tool when None)."""
         raise NotImplementedError
 
+    @classmethod
+    def bare_opener(cls, name: str) -> str | None:
+        """A regular expression for the start of a call of `name` written without the family's
+        marker, up to where its arguments begin, where the family reads such calls (a small
+        model's bare JSON); None where it does not."""
+        return None
+
     def feed(self, text: str) -> list[ToolEvent]:
         for char in text:
             self._step(char)
@@ -289,8 +309,9 @@ class ToolCallParser:
         else:
             self._reject(char)
 
-    def _read_call(self, char: str, name: str | None = None) -> None:
-        self._read_with(_CallReader(self.calls, self._offered, name), char)
+    def _read_call(self, char: str, name: str | None = None, bare: bool = False) -> None:
+        """A call's JSON from `char` on; `bare`: written without the family's marker."""
+        self._read_with(_CallReader(self.calls, self._offered, name, needs_arguments=bare), char)
 
     def _read_with(self, reader: CallReader, char: str | None = None) -> None:
         """Hand the call to `reader`, from `char` on (from the next one when None)."""
