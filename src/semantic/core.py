@@ -310,6 +310,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     first_scheduled_time: float | None = None
+    first_token_time: float | None = None  # time.monotonic() when its first output token came
     restore: Restore | None = None  # what it waits for while RESTORING
     started: bool = False  # has run at least once (its cached-token counts are final)
     outputs_at_start: int = 0  # output tokens it had when it last started running

@@ -526,6 +526,7 @@ class Engine:
     def _on_token(self, active: _Active, token: int) -> None:
         seq, params = active.seq, active.seq.request.sampling
         if seq.num_output_tokens == 1:
+            seq.first_token_time = time.monotonic()
             self.metrics.first_token(seq.request)
         ends = token in params.stop_token_ids or (
             token in self.scheduler.end_token_ids and not params.ignore_eos
@@ -575,7 +576,7 @@ class Engine:
         event = TokenEvent(
             seq.request.request_id, token_ids, text, reason, usage, error, stop_string
         )
-        _log_finish(seq.request, reason, usage, error)  # logged before the client can see it
+        _log_finish(seq, reason, usage, error)  # logged before the client can see it
         active.sink(event)
 
     def _abort(self, request_id: str) -> None:
@@ -618,15 +619,19 @@ _Message = _Submit | _Abort | _Stop | _Call | _Restored
 IDLE_WAIT_S = 0.05
 
 
-def _log_finish(
-    request: Request, reason: FinishReason, usage: Usage, error: Exception | None
-) -> None:
-    """One line per request, with its ids: contextvars do not reach this thread."""
-    fields = request_fields(request) | {
+def _log_finish(seq: Sequence, reason: FinishReason, usage: Usage, error: Exception | None) -> None:
+    """One line per request, with its ids (contextvars do not reach this thread) and where its
+    time went: to its first token (queue and prefill), and in all."""
+    arrival = seq.request.arrival_time
+    fields = request_fields(seq.request) | {
         "finish_reason": reason.value,
         "prompt_tokens": usage.prompt_tokens,
         "cached_tokens": usage.cached_tokens,
         "output_tokens": usage.completion_tokens,
+        "first_token_s": None
+        if seq.first_token_time is None
+        else round(seq.first_token_time - arrival, 3),
+        "seconds": round(time.monotonic() - arrival, 3),
     }
     if error is not None:
         cause = f" ({error.__cause__!r})" if error.__cause__ is not None else ""
