@@ -1,9 +1,11 @@
 """A long cold prefill keeps every stream alive: a 10K-token prompt, prefilled in chunks by a
 slowed fake runner, gets its protocol's heartbeat (Anthropic `ping` events, SSE comments with
-the prefill's progress in the OpenAI APIs) before its first token."""
+the prefill's progress in the OpenAI APIs) before its first token. Claude Code ignores pings
+(it gives up after 300 s without another event): a long silence gets an empty delta too."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from semantic.api import anthropic
 from semantic.api.app import create_app
 from semantic.backends.fake import FakeRunner
 from semantic.config import Settings
@@ -21,6 +24,7 @@ from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
 from semantic.text.tokenizer import Tokenizer
+from semantic.text.tools import CallEnd, CallStart, TextDelta
 from tests.unit.fakes import fake_served, with_chatml
 
 PROMPT_TOKENS = 10_000
@@ -75,6 +79,57 @@ def test_anthropic_pings_come_before_the_first_token(api: TestClient, long_text:
     first_block = next(i for i, f in enumerate(frames) if "content_block_start" in f)
     pings = [f for f in frames[1:first_block] if f.startswith("event: ping")]
     assert len(pings) >= 3  # one at once, then one per silent interval
+
+
+def events(frames: list[str]) -> list[dict[str, Any]]:
+    """The Anthropic events' payloads, in order."""
+    return [json.loads(frame.split("data: ", 1)[1]) for frame in frames if "data: " in frame]
+
+
+def test_anthropic_a_long_silence_gets_an_event_that_is_not_a_ping(
+    api: TestClient, long_text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(anthropic, "EMPTY_DELTA_AFTER_S", 0.1)  # the prefill takes ~0.8 s
+    body = {
+        "model": "m",
+        "max_tokens": 4,
+        "stream": True,
+        "messages": [{"role": "user", "content": long_text}],
+    }
+    sent = events(stream(api, "/v1/messages", body))
+    first_text = next(
+        i for i, e in enumerate(sent) if e.get("delta", {}).get("text") and "index" in e
+    )
+    before = [e for e in sent[1:first_text] if e["type"] != "ping"]
+    # Claude Code's watchdog counts these: a text block, opened early, with empty deltas.
+    assert before[0] == {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": ""},
+    }
+    empty = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": ""}}
+    assert len(before) >= 2 and all(e == empty for e in before[1:])
+    # The answer goes on in that block: one text block in all.
+    assert [e["index"] for e in sent if e["type"] == "content_block_start"] == [0]
+
+
+def test_a_call_that_comes_first_stops_the_kept_alive_text_block() -> None:
+    blocks = anthropic._Blocks()
+    opened = blocks.keep_alive()
+    assert [e["type"] for e in opened] == ["content_block_start", "content_block_delta"]
+    call = blocks.payloads(CallStart(0, "Bash"))
+    assert call[0] == {"type": "content_block_stop", "index": 0}
+    assert call[1]["index"] == 1 and call[1]["content_block"]["type"] == "tool_use"
+    # A keep-alive while the call streams adds nothing to its arguments.
+    assert blocks.keep_alive() == [
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": ""},
+        }
+    ]
+    blocks.payloads(CallEnd(0))
+    assert blocks.payloads(TextDelta("done"))[0]["index"] == 2
 
 
 def test_openai_comments_report_the_prefill_before_the_first_token(

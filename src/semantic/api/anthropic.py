@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from datetime import UTC, datetime
@@ -59,6 +60,12 @@ from semantic.text.reasoning import seal
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
 
 router = APIRouter()
+
+# Claude Code (2.1) gives up on a stream after 300 s without an event other than `ping` (its SDK
+# drops pings before its watchdog sees them) and asks again without streaming: a cold prefill
+# of its ~19K-token first request on a small CPU takes longer. So once no other event has gone
+# out for this long, the heartbeat is an empty delta instead of a ping.
+EMPTY_DELTA_AFTER_S = 120.0
 
 
 def output_budget(requested: int, prompt_tokens: int, limit: int) -> int:
@@ -184,6 +191,8 @@ class _Reply:
         self.requested = requested_max_tokens
         self.silent = requested_max_tokens == 0  # a pre-warm: its one token is not an answer
         self.show_thinking = show_thinking
+        self.blocks = _Blocks(show_thinking)
+        self.last_event = time.monotonic()  # when an event other than `ping` last went out
 
     def message(
         self, content: list[dict[str, Any]], final: TokenEvent | None = None, called: bool = False
@@ -211,28 +220,39 @@ class _Reply:
         self, parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]], tools: ToolUse
     ) -> AsyncGenerator[str, None]:
         """The event stream: message_start and a ping at once (before the prompt is prefilled),
-        text and tool_use blocks one after another (each only once it has content),
-        message_delta, message_stop; or an `error` event if the engine fails after the 200."""
-        yield anthropic_event({"type": "message_start", "message": self.message([])})
+        text and tool_use blocks one after another (each once it has content, or opened by
+        `heartbeat`), message_delta, message_stop; or an `error` event if the engine fails
+        after the 200."""
+        yield self._sent({"type": "message_start", "message": self.message([])})
         yield PING
-        blocks = _Blocks(self.show_thinking)
         async for tool_events, event in parsed:
             if event.error is not None:
                 yield _error_event(event.error)
                 return
             for tool_event in [] if self.silent else tool_events:
-                for payload in blocks.payloads(tool_event):
-                    yield anthropic_event(payload)
+                for payload in self.blocks.payloads(tool_event):
+                    yield self._sent(payload)
             if event.final:
-                for payload in blocks.close():
-                    yield anthropic_event(payload)
+                for payload in self.blocks.close():
+                    yield self._sent(payload)
                 end = self.message([], event, tools.called(event))
                 delta = {"stop_reason": end["stop_reason"], "stop_sequence": end["stop_sequence"]}
-                yield anthropic_event(
-                    {"type": "message_delta", "delta": delta, "usage": end["usage"]}
-                )
-                yield anthropic_event({"type": "message_stop"})
+                yield self._sent({"type": "message_delta", "delta": delta, "usage": end["usage"]})
+                yield self._sent({"type": "message_stop"})
                 return
+
+    def heartbeat(self) -> str:
+        """What goes out while nothing else does (a long prefill): a `ping`, or, once no other
+        event has for `EMPTY_DELTA_AFTER_S`, an empty delta (`_Blocks.keep_alive`), which
+        Claude Code counts as life where it ignores pings. (It runs while `events` waits on the
+        engine, so `blocks` is between two events.) A pre-warm's content stays empty."""
+        if self.silent or time.monotonic() - self.last_event < EMPTY_DELTA_AFTER_S:
+            return PING
+        return "".join(self._sent(payload) for payload in self.blocks.keep_alive())
+
+    def _sent(self, payload: dict[str, Any]) -> str:
+        self.last_event = time.monotonic()
+        return anthropic_event(payload)
 
     async def collect(
         self, parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]], tools: ToolUse
@@ -257,9 +277,9 @@ def tool_use_id() -> str:
 
 class _Blocks:
     """The content blocks of a streamed reply, numbered 0, 1, 2… in order: a block starts when
-    its first content comes and stops before the next one starts (Claude Code rejects
-    interleaved or re-typed blocks). A thinking block ends with its seal (`signature_delta`);
-    its text streams only when `show_thinking`."""
+    its first content comes (or a keep-alive needs one) and stops before the next one starts
+    (Claude Code rejects interleaved or re-typed blocks). A thinking block ends with its seal
+    (`signature_delta`); its text streams only when `show_thinking`."""
 
     def __init__(self, show_thinking: bool = True) -> None:
         self.index = -1
@@ -285,6 +305,13 @@ class _Blocks:
         assert isinstance(event, CallEnd)
         return self.close()
 
+    def keep_alive(self) -> list[dict[str, Any]]:
+        """A delta that adds nothing, to the open block, or to a text block opened for it: the
+        reply's text goes on in that block; a call or thinking that comes first stops it, empty
+        (clients take an empty text block; semantic drops it when it comes back)."""
+        start = [] if self.open else self._start({"type": "text", "text": ""})
+        return [*start, self._delta(_EMPTY_DELTAS[self.open or "text"])]
+
     def close(self) -> list[dict[str, Any]]:
         if self.open is None:
             return []
@@ -308,6 +335,11 @@ class _Blocks:
 
 
 _THINKING_START = {"type": "thinking", "thinking": "", "signature": ""}
+_EMPTY_DELTAS: dict[str, dict[str, Any]] = {
+    "text": {"type": "text_delta", "text": ""},
+    "thinking": {"type": "thinking_delta", "thinking": ""},
+    "tool_use": {"type": "input_json_delta", "partial_json": ""},
+}
 
 
 def _error_event(exc: Exception) -> str:
@@ -351,7 +383,7 @@ async def create_message(request: Request) -> Response:
     reply = _Reply(body.model, len(prompt_ids), requested, thinking.shown)
     if body.stream:
         frames = after_the_200(reply.events(parsed, tools), events, _error_event)
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s, PING))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s, reply.heartbeat))
     return JSONResponse(await unless_disconnected(request, reply.collect(parsed, tools)))
 
 
