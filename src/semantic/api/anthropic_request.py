@@ -1,11 +1,14 @@
 """The Anthropic Messages request: its body, read and checked, and the prompt it stands for.
 
 Accepts generously: unknown fields and block types pass, roles other
-than `assistant` count as `user`; thinking blocks become the reasoning of their assistant turn
-(their seal, when it is ours, holds the very text the model wrote). An image is refused: the
-model reads text only, and a client must know its image was not seen. Claude Code's
-per-request churn is stripped here, through text/claude_code.py, before templating, so a
+than `assistant` count as `user` (but see below); thinking blocks become the reasoning of their
+assistant turn (their seal, when it is ours, holds the very text the model wrote). An image is
+refused: the model reads text only, and a client must know its image was not seen. Claude
+Code's per-request churn is stripped here, through text/claude_code.py, before templating, so a
 session keeps its cached prefix from turn to turn.
+
+A Claude Code session's system context is laid out so that a new session starts warm
+(`_system_context`): what every session shares first, the session's own sections last.
 """
 
 from __future__ import annotations
@@ -193,22 +196,60 @@ def refuse_images(body: PromptBody) -> None:
             blocks += [(f"{where}.content.{i}", b) for i, b in enumerate(block.content)]
 
 
-def template_messages(body: PromptBody) -> list[dict[str, Any]]:
-    """The conversation as chat templates expect it (Hugging Face conventions): one system
-    message, user and assistant turns (consecutive ones merged, as the API does), tool calls on
-    assistant turns and tool results as `tool` messages, thinking as the reasoning of its
-    assistant turn. Claude Code's churn is stripped from everything but the model's own
-    words."""
-    rendered: list[dict[str, Any]] = []
-    system = claude_code.clean_system(_system_texts(body.system))
-    if system:
-        rendered.append({"role": "system", "content": PART_SEPARATOR.join(system)})
-    for message in body.messages:
+def template_messages(body: PromptBody, later_system_turns: bool = False) -> list[dict[str, Any]]:
+    """The conversation as chat templates expect it (Hugging Face conventions): the system
+    context (one system message, or several: `_system_context`), user and assistant turns
+    (consecutive ones merged, as the API does), tool calls on assistant turns and tool results
+    as `tool` messages, thinking as the reasoning of its assistant turn. Claude Code's churn is
+    stripped from everything but the model's own words. `later_system_turns`: the template
+    gives a system message after the first a turn of its own."""
+    system = PART_SEPARATOR.join(claude_code.clean_system(_system_texts(body.system)))
+    head, messages = _system_context(system, body.messages, later_system_turns)
+    rendered: list[dict[str, Any]] = [{"role": "system", "content": text} for text in head]
+    for message in messages:
         role = "assistant" if message.role == "assistant" else "user"
         blocks = message.content if isinstance(message.content, list) else [message.content]
         for entry in _entries(role, blocks):
             _append(rendered, entry)
     return rendered
+
+
+def _system_context(
+    system: str, messages: list[Message], later_system_turns: bool
+) -> tuple[list[str], list[Message]]:
+    """The system messages the prompt starts with, and the messages that follow them.
+
+    Claude Code's system prompt holds sections that are its session's own (memory folder,
+    working folder, git status: claude_code.split_session), ~440 tokens in, before the ~17K
+    tokens of instructions and tools that every session shares. When the template gives later
+    system messages turns of their own, the prompt starts instead with the rest of the system
+    prompt (and the tools, which templates such as Qwen's put after it), then the system
+    messages sent before the first assistant turn (the Agent tool's agent types, shared too),
+    and only then the session's sections, as one more system turn. The model is told the same
+    words, all as system context; only their order changes, so that a new session's first
+    request reuses the ~18K tokens any earlier session cached. (Before, those early system
+    messages were merged into the first user turn, after the user's words.) A template that
+    refuses or drops a later system message keeps the system prompt whole, as sent."""
+    shared, own = claude_code.split_session(system) if later_system_turns else (system, "")
+    if not own:
+        return ([system] if system else []), messages
+    early = _before_first_answer(messages)
+    early_texts = [text for message in early if (text := _system_message_text(message))]
+    rest = [message for message in messages if all(message is not e for e in early)]
+    return [text for text in (shared, *early_texts, own) if text], rest
+
+
+def _before_first_answer(messages: list[Message]) -> list[Message]:
+    """The system messages sent before the first assistant turn: context for the whole
+    conversation, the same in every request of a session."""
+    answered = next((i for i, m in enumerate(messages) if m.role == "assistant"), len(messages))
+    return [message for message in messages[:answered] if message.role == "system"]
+
+
+def _system_message_text(message: Message) -> str:
+    blocks = message.content if isinstance(message.content, list) else [message.content]
+    texts = (claude_code.strip_countdowns(text) for b in blocks if (text := _text_of(b)))
+    return PART_SEPARATOR.join(text for text in texts if text)
 
 
 def _system_texts(system: str | list[ContentBlock] | None) -> list[str]:
@@ -386,7 +427,7 @@ def render_prompt(
     """The prompt's token ids: what /v1/messages prefills and /v1/messages/count_tokens counts.
     A last assistant turn is continued (prefill), not closed; `reply_start` (a forced tool
     call's opener) follows it. `template_vars` are the template's switches (thinking)."""
-    messages = template_messages(body)
+    messages = template_messages(body, model.chat_template.later_system_turns)
     prefilled = bool(messages) and messages[-1]["role"] == "assistant"
     text = model.chat_template.render(
         messages,

@@ -43,7 +43,8 @@ class ChatTemplate:
     model. `lists_xml_tools`: the template reads no `tools` but lists tools given as
     `xml_tools` (SmolLM3's, as its model was trained): the tools go there, and only the calls
     and results are written as the default tool prompt's text (the template renders each
-    message's content alone)."""
+    message's content alone). `later_system_turns`: a system message after the first reaches
+    the prompt in its place (a turn of its own in ChatML's and Qwen's templates)."""
 
     def __init__(self, source: str, *, bos_token: str | None, eos_token: str | None) -> None:
         self.source = source
@@ -57,6 +58,7 @@ class ChatTemplate:
             raise ModelLoadFailed(f"the chat template does not compile: {exc}") from exc
         self.supports_tools = "tools" in variables
         self.lists_xml_tools = not self.supports_tools and "xml_tools" in variables
+        self.later_system_turns = self._renders_later_system()
 
     def render(
         self,
@@ -98,6 +100,22 @@ class ChatTemplate:
         # Client JSON comes mended (client_json.py); text from elsewhere (a Python caller, a
         # conversation kept from before) may still hold a lone surrogate, which no tokenizer takes.
         return client_json.mend_surrogates(text)
+
+    def _renders_later_system(self) -> bool:
+        """Whether a system message after the first reaches the prompt, after the first one and
+        before the user turn that follows it (ChatML's and Qwen's templates give it a turn of
+        its own; Gemma's refuses it; some drop it)."""
+        first, later, user = (f"<probe {n}>" for n in ("first system", "later system", "user"))
+        probe = [
+            {"role": "system", "content": first},
+            {"role": "system", "content": later},
+            {"role": "user", "content": user},
+        ]
+        try:
+            text = self.render(probe)
+        except Exception:  # the template's own code: it may fail on the probe in any way
+            return False
+        return 0 <= text.find(first) < text.find(later) < text.find(user)
 
 
 def _cut_after(text: str, content: str) -> str:

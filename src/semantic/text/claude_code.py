@@ -17,11 +17,20 @@ Known cases, each with a test in tests/unit/test_anthropic_hygiene.py:
   `Output tokens — turn: … · session: …`, `USD budget: $…/$…; $… remaining`,
   `Remaining conversation turns: …`, `Messages until auto-compact: …` — standalone or stuck to
   the end of a tool result. Stripped.
-Left alone on purpose: the date in the system prompt's environment section (it changes once a
-day, which costs one cold prefill a day; moving it would cost a little on every turn), reminders
-that carry instructions (todo-list nudges, file-change notices: their text is meaning, not
-churn), and `<usage><total_tokens>N</total_tokens>…` inside subagent results (data the model
-reads; it has no "tokens left").
+Left alone on purpose: the date (Claude Code 2.1 sends it in a `<system-reminder>` at the head
+of the first user turn, after everything sessions share), reminders that carry instructions
+(todo-list nudges, file-change notices: their text is meaning, not churn), and
+`<usage><total_tokens>N</total_tokens>…` inside subagent results (data the model reads; it has
+no "tokens left").
+
+Per-session sections, moved rather than removed (`split_session`): a new session's first
+request is ~19K tokens, ~17K of them instructions and tools that every session shares; but
+the system prompt names this session's memory folder (home and project), working folder and
+git status, and templates such as Qwen's put the tools after the system prompt. Two sessions'
+prompts then part ~440 tokens in, and each new session prefills the shared ~17K again.
+`split_session` parts the system prompt into what every session shares and the sections that
+are this session's own, each kept word for word, so that the request builder can put the
+session's sections after the shared text and the tools (api/anthropic_request.py).
 """
 
 from __future__ import annotations
@@ -81,3 +90,27 @@ def clean_system(blocks: list[str]) -> list[str]:
     empty are dropped."""
     cleaned = (strip_countdowns(strip_billing_header(block)) for block in blocks)
     return [block for block in cleaned if block.strip()]
+
+
+# Claude Code's system prompt is Markdown: each section starts at a `# Heading` line, and a
+# `gitStatus:` paragraph closes it. These sections are a session's own: `# Memory` names its
+# memory folder (under the home folder, named for the project), `# Environment` its working
+# folder and whether it is a git repository, `gitStatus:` its branch, changes and commits.
+_SECTION_START = re.compile(r"^(?=# |gitStatus: )", re.MULTILINE)
+_SESSION_SECTIONS = ("# Environment\n", "# Memory\n", "gitStatus: ")
+# Before 2.1, the environment was an `<env>` element after a line that introduced it. Anchored
+# at a line's start and read a line at a time, so a search is linear in the text.
+_ENV_ELEMENT = re.compile(r"^[^\n]*+\n<env>\n(?:[^\n]*+\n)*?</env>(?:\n|\Z)", re.MULTILINE)
+
+
+def split_session(system: str) -> tuple[str, str]:
+    """`system` as (what every session shares, what only this session says): its per-session
+    sections (and an `<env>` element) moved, whole and in order, from the first part to the
+    second; ("system", "") when it has none (any client but Claude Code)."""
+    envs = _ENV_ELEMENT.findall(system)
+    parts = _SECTION_START.split(_ENV_ELEMENT.sub("", system))
+    own = [part for part in parts if part.startswith(_SESSION_SECTIONS)]
+    if not own and not envs:
+        return system, ""
+    shared = "".join(part for part in parts if not part.startswith(_SESSION_SECTIONS))
+    return shared.rstrip(), "\n\n".join(part.strip() for part in [*envs, *own])
