@@ -203,7 +203,7 @@ def template_messages(body: PromptBody, later_system_turns: bool = False) -> lis
     as `tool` messages, thinking as the reasoning of its assistant turn. Claude Code's churn is
     stripped from everything but the model's own words. `later_system_turns`: the template
     gives a system message after the first a turn of its own."""
-    system = PART_SEPARATOR.join(claude_code.clean_system(_system_texts(body.system)))
+    system = claude_code.clean_system(_system_texts(body.system))
     head, messages = _system_context(system, body.messages, later_system_turns)
     rendered: list[dict[str, Any]] = [{"role": "system", "content": text} for text in head]
     for message in messages:
@@ -215,7 +215,7 @@ def template_messages(body: PromptBody, later_system_turns: bool = False) -> lis
 
 
 def _system_context(
-    system: str, messages: list[Message], later_system_turns: bool
+    blocks: list[str], messages: list[Message], later_system_turns: bool
 ) -> tuple[list[str], list[Message]]:
     """The system messages the prompt starts with, and the messages that follow them.
 
@@ -229,14 +229,20 @@ def _system_context(
     words, all as system context; only their order changes, so that a new session's first
     request reuses the ~18K tokens any earlier session cached. (Before, those early system
     messages were merged into the first user turn, after the user's words.) A template that
-    refuses or drops a later system message keeps the system prompt whole, as sent."""
-    shared, own = claude_code.split_session(system) if later_system_turns else (system, "")
-    if not own:
+    refuses or drops a later system message keeps the system prompt whole, as sent.
+
+    Its one-line identity block goes first, alone, so that the tools follow it: a subagent's
+    instructions are its agent type's, but its identity line and most of its tools are the
+    session's (claude_code.split_identity)."""
+    system = PART_SEPARATOR.join(blocks)
+    identity, instructions = claude_code.split_identity(blocks)
+    shared, own = claude_code.split_session(PART_SEPARATOR.join(instructions))
+    if not (own and later_system_turns):
         return ([system] if system else []), messages
     early = _before_first_answer(messages)
     early_texts = [text for message in early if (text := _system_message_text(message))]
     rest = [message for message in messages if all(message is not e for e in early)]
-    return [text for text in (shared, *early_texts, own) if text], rest
+    return [text for text in (identity, shared, *early_texts, own) if text], rest
 
 
 def _before_first_answer(messages: list[Message]) -> list[Message]:

@@ -31,6 +31,14 @@ prompts then part ~440 tokens in, and each new session prefills the shared ~17K 
 `split_session` parts the system prompt into what every session shares and the sections that
 are this session's own, each kept word for word, so that the request builder can put the
 session's sections after the shared text and the tools (api/anthropic_request.py).
+
+Subagents (the Agent tool) start warm too (`split_identity`): a subagent's system prompt is its
+agent type's instructions (~550 tokens, not the session's ~1,300), after the same one-line
+identity block, and its tools are the session's less a few (same schemas, same order). With
+the tools after the instructions, a session's first subagent shared 17 tokens with the
+session's request; with the identity line and the tools first, it shares them up to the first
+one only the session has (5,914 of 11,385 tokens on Qwen2.5-Coder, 2.1.197). A second subagent
+of the same type shares all but its task with the first (99.8%).
 """
 
 from __future__ import annotations
@@ -114,3 +122,17 @@ def split_session(system: str) -> tuple[str, str]:
         return system, ""
     shared = "".join(part for part in parts if not part.startswith(_SESSION_SECTIONS))
     return shared.rstrip(), "\n\n".join(part.strip() for part in [*envs, *own])
+
+
+# Claude Code's identity line ("You are Claude Code, Anthropic's official CLI for Claude.", or
+# the Agent SDK's in print mode) is a block of its own, the same for a session and its subagents.
+_IDENTITY_MAX_CHARS = 200
+
+
+def split_identity(blocks: list[str]) -> tuple[str, list[str]]:
+    """`blocks` (a system prompt's, cleaned) as (its one-line identity block, the rest); ("",
+    blocks) when the first block is not one short line followed by more."""
+    first = blocks[0].strip() if len(blocks) > 1 else ""
+    if not first or "\n" in first or len(first) > _IDENTITY_MAX_CHARS:
+        return "", blocks
+    return first, blocks[1:]
