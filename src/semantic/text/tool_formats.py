@@ -62,9 +62,7 @@ class HermesParser(ToolCallParser):
 
     def _markers(self) -> tuple[str, ...]:
         # The closing tag is only swallowed right after a call; elsewhere it is text.
-        if self._after_call:
-            return self.MARKERS
-        return tuple(marker for marker in self.MARKERS if marker != "</tool_call>")
+        return self.MARKERS if self._after_call else _HERMES_OPENERS
 
     def _on_marker(self, marker: str) -> None:
         if marker == "<tool_call>":
@@ -93,6 +91,9 @@ class HermesParser(ToolCallParser):
             self._call_text.append(char)
         else:
             self._reject(char)
+
+
+_HERMES_OPENERS = ("<tool_call>", _FENCE, "{")
 
 
 class QwenCoderParser(HermesParser):
