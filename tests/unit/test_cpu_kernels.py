@@ -74,6 +74,8 @@ def test_onednn_sees_rows_padded_to_16_and_each_row_gets_its_answer(kind, monkey
     """oneDNN keeps a kernel for every row count it sees (linear.py): it must see few."""
     if kind == "panel" and KERNELS is None:
         pytest.skip(f"no kernels: {unavailable_reason()}")
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("oneDNN packs bf16 only on CPUs with AVX-512 or AVX-NE-CONVERT")
     w, bias = torch.randn(50, 72).bfloat16(), torch.randn(50).bfloat16()
     reference, seen = F.linear, []
 

@@ -243,14 +243,16 @@ def test_an_int8_pool_holds_about_twice_the_blocks_of_a_bf16_one_in_its_budget()
         )
         for kv_dtype in ("model", "int8")
     }
-    bf16, int8 = runners["model"], runners["int8"]
-    assert bf16.cache_spec.kv_dtype is None and int8.cache_spec.kv_dtype == "int8"
-    # head_dim 64: 64 bytes and a 2-byte scale a row against 128 bytes
-    assert int8.cache_spec.bytes_per_page * 128 == bf16.cache_spec.bytes_per_page * 66
+    model, int8 = runners["model"], runners["int8"]
+    assert model.cache_spec.kv_dtype is None and int8.cache_spec.kv_dtype == "int8"
+    # head_dim 64: 64 bytes and a 2-byte scale a row against 64 values in the model's dtype
+    # (bf16, or fp32 on a CPU without bf16 arithmetic)
+    width = 64 * getattr(torch, model.cache_spec.dtype).itemsize
+    assert int8.cache_spec.bytes_per_page * width == model.cache_spec.bytes_per_page * 66
     assert int8.num_blocks == 4 * 2**20 // int8.cache_spec.bytes_per_page
-    assert int8.num_blocks > 1.9 * bf16.num_blocks
-    assert bf16.cache_spec.tag() != int8.cache_spec.tag()
-    assert "kvint8" in int8.cache_spec.tag() and "kv" + "int8" not in bf16.cache_spec.tag()
+    assert int8.num_blocks > 1.9 * model.num_blocks
+    assert model.cache_spec.tag() != int8.cache_spec.tag()
+    assert "kvint8" in int8.cache_spec.tag() and "kv" + "int8" not in model.cache_spec.tag()
 
 
 def test_an_unknown_kv_dtype_is_refused():

@@ -247,7 +247,9 @@ def linear_factory(
     if device.type != "cpu" or dtype != torch.bfloat16:
         return DenseLinear
     if kernels is None:
-        return OneDnnLinear
+        # oneDNN packs bf16 only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere
+        # (an AVX2-only CPU asked for `--dtype bfloat16`) the weight as loaded still computes.
+        return OneDnnLinear if torch.ops.mkldnn._is_mkldnn_bf16_supported() else DenseLinear
     scratch = UnpackScratch()
     return lambda weight, bias: PanelLinear(weight, bias, kernels, scratch)
 
