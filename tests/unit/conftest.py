@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 
 from semantic.models.served import ServedModel
+from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
+from tests.qwen25_template import QWEN25_TEMPLATE
 from tests.unit.fake_models import FakeLoader, model_folders
 from tests.unit.fakes import fake_served, with_chatml
 
@@ -17,6 +20,14 @@ from tests.unit.fakes import fake_served, with_chatml
 def served(tiny_tokenizer: Tokenizer) -> ServedModel:
     """A served model over the fake runner: the tiny tokenizer, a 512-token context."""
     return fake_served(tiny_tokenizer)
+
+
+@pytest.fixture
+def qwen(tiny_tokenizer: Tokenizer) -> ServedModel:
+    """The tiny tokenizer under Qwen2.5-Coder's chat template (the GGUF's), a 32K context:
+    for tests of the prompt a client's requests render to."""
+    template = ChatTemplate(QWEN25_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
+    return dataclasses.replace(fake_served(tiny_tokenizer, context=32_768), chat_template=template)
 
 
 @pytest.fixture

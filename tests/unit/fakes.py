@@ -34,6 +34,15 @@ def fake_served(
     return ServedModel(name, config, tokenizer, template, context, weights)
 
 
+def shared_prefix(first: list[int], second: list[int]) -> int:
+    """How many leading tokens two prompts share: what the second reads from the first's
+    cache."""
+    return next(
+        (i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b),
+        min(len(first), len(second)),
+    )
+
+
 def with_chatml(served: ServedModel) -> ServedModel:
     """`served` with a ChatML template (`fake_served`'s renders nothing), for API tests."""
     template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")

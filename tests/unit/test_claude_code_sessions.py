@@ -10,7 +10,6 @@ shapes, tool names and schemas are Claude Code's.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,8 @@ from semantic.api.anthropic_request import (
 from semantic.models.served import ServedModel
 from semantic.text import claude_code
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
-from semantic.text.tokenizer import Tokenizer
 from tests.qwen25_template import QWEN25_TEMPLATE
-from tests.unit.fakes import fake_served
+from tests.unit.fakes import shared_prefix
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 GENERATION_PROMPT = "<|im_start|>assistant\n"
@@ -60,26 +58,16 @@ def _template(source: str) -> ChatTemplate:
     return ChatTemplate(source, bos_token=None, eos_token="<|im_end|>")
 
 
-@pytest.fixture
-def qwen(tiny_tokenizer: Tokenizer) -> ServedModel:
-    served = fake_served(tiny_tokenizer, context=32_768)
-    return dataclasses.replace(served, chat_template=_template(QWEN25_TEMPLATE))
-
-
 def _text(model: ServedModel, body: PromptBody) -> str:
     messages = template_messages(body, model.chat_template.later_system_turns)
     return model.chat_template.render(messages, tools=template_tools(body.tools))
-
-
-def _shared(first: list[int], second: list[int]) -> int:
-    return next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), 0)
 
 
 def test_a_second_sessions_first_request_shares_its_prefix_with_the_firsts(
     qwen: ServedModel,
 ) -> None:
     first, second = render_prompt(qwen, _body("a")), render_prompt(qwen, _body("b"))
-    shared = _shared(first, second)
+    shared = shared_prefix(first, second)
     assert shared >= 0.9 * len(second)
     # What differs (the memory folder, named for the project) comes after the instructions, the
     # tools and the agent types, which every session shares.

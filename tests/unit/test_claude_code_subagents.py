@@ -13,7 +13,6 @@ early system message lists skills where the session's lists agent types.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -31,10 +30,7 @@ from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
 from semantic.registry import QWEN25_CODER_05B
 from semantic.text import claude_code
-from semantic.text.chat import ChatTemplate
-from semantic.text.tokenizer import Tokenizer
-from tests.qwen25_template import QWEN25_TEMPLATE
-from tests.unit.fakes import fake_served, running
+from tests.unit.fakes import running, shared_prefix
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 SESSION_ONLY_TOOLS = {"ScheduleWakeup", "TaskOutput", "Workflow"}
@@ -52,24 +48,10 @@ def _body(name: str) -> PromptBody:
     return PromptBody.model_validate(_recorded(name)["body"])
 
 
-@pytest.fixture
-def qwen(tiny_tokenizer: Tokenizer) -> ServedModel:
-    served = fake_served(tiny_tokenizer, context=32_768)
-    template = ChatTemplate(QWEN25_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
-    return dataclasses.replace(served, chat_template=template)
-
-
 def _text(model: ServedModel, name: str) -> str:
     body = _body(name)
     messages = template_messages(body, model.chat_template.later_system_turns)
     return model.chat_template.render(messages, tools=template_tools(body.tools))
-
-
-def _shared(first: list[int], second: list[int]) -> int:
-    return next(
-        (i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b),
-        min(len(first), len(second)),
-    )
 
 
 def test_the_recorded_subagents_are_the_session_less_a_few_tools() -> None:
@@ -85,7 +67,7 @@ def test_a_second_subagents_first_request_shares_its_prompt_with_the_firsts(
     qwen: ServedModel,
 ) -> None:
     first, second = render_prompt(qwen, _body("1")), render_prompt(qwen, _body("2"))
-    shared = _shared(first, second)
+    shared = shared_prefix(first, second)
     assert shared >= 0.9 * len(second)
     # They part at the task: the instructions, the tools, the skills and the environment come
     # before it.
@@ -98,7 +80,9 @@ def test_a_first_subagent_shares_the_identity_line_and_tools_with_the_session(
     qwen: ServedModel,
 ) -> None:
     session, first = render_prompt(qwen, _body("main")), render_prompt(qwen, _body("1"))
-    before = qwen.tokenizer.decode(first[: _shared(session, first)], skip_special_tokens=False)
+    before = qwen.tokenizer.decode(
+        first[: shared_prefix(session, first)], skip_special_tokens=False
+    )
     # Every tool up to ReportFindings, the last before the first one only the session has.
     names = [tool["name"] for tool in _recorded("1")["body"]["tools"]]
     common = names[: names.index("ReportFindings") + 1]
@@ -166,8 +150,8 @@ def test_each_subagent_reads_what_it_shares_from_the_servers_cache(
     with running(qwen, tmp_path, num_blocks=blocks, block_tokens=BLOCK) as (client, _, _):
         reads = [_usage(client, name)["cache_read_input_tokens"] for name in ("main", "1", "2")]
     assert reads[0] == 0
-    assert reads[1] >= _shared(session, first) - BLOCK
-    assert reads[2] >= 0.9 * len(second) and reads[2] >= _shared(first, second) - BLOCK
+    assert reads[1] >= shared_prefix(session, first) - BLOCK
+    assert reads[2] >= 0.9 * len(second) and reads[2] >= shared_prefix(first, second) - BLOCK
 
 
 @pytest.mark.skipif(
@@ -182,6 +166,6 @@ def test_with_qwen25_coders_own_tokenizer_and_template() -> None:
         "qwen", checkpoint.config, checkpoint.tokenizer, checkpoint.chat_template, 32_768, "-"
     )
     session, first, second = (render_prompt(model, _body(name)) for name in ("main", "1", "2"))
-    assert _shared(first, second) >= 0.9 * len(second)
-    before = model.tokenizer.decode(first[: _shared(session, first)])
+    assert shared_prefix(first, second) >= 0.9 * len(second)
+    before = model.tokenizer.decode(first[: shared_prefix(session, first)])
     assert '"name": "ReportFindings"' in before and "\n</tools>" not in before

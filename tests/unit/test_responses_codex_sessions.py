@@ -9,20 +9,14 @@ schemas are Codex's.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from semantic.api.responses import render_prompt
 from semantic.api.responses_request import ResponsesBody, Tool, input_items, template_messages
 from semantic.models.served import ServedModel
-from semantic.text.chat import ChatTemplate
-from semantic.text.tokenizer import Tokenizer
-from tests.qwen25_template import QWEN25_TEMPLATE
-from tests.unit.fakes import fake_served
+from tests.unit.fakes import shared_prefix
 from tests.unit.test_responses_api import scripted
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -33,25 +27,15 @@ def _codex_body(session: str) -> ResponsesBody:
     return ResponsesBody.model_validate(recorded["body"])
 
 
-@pytest.fixture
-def qwen(tiny_tokenizer: Tokenizer) -> ServedModel:
-    template = ChatTemplate(QWEN25_TEMPLATE, bos_token=None, eos_token="<|im_end|>")
-    return dataclasses.replace(fake_served(tiny_tokenizer, context=4096), chat_template=template)
-
-
 def _prompt(model: ServedModel, body: ResponsesBody) -> list[int]:
     return render_prompt(model, body, [], template_messages(input_items(body)))
-
-
-def _shared(first: list[int], second: list[int]) -> int:
-    return next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), 0)
 
 
 def test_a_second_sessions_first_request_shares_its_prefix_with_the_firsts(
     qwen: ServedModel,
 ) -> None:
     first, second = _prompt(qwen, _codex_body("a")), _prompt(qwen, _codex_body("b"))
-    shared = _shared(first, second)
+    shared = shared_prefix(first, second)
     assert shared >= 0.9 * len(second)
     # What differs (the folder) is in the environment context, after the instructions, the
     # tools and the permissions, which every session shares.
