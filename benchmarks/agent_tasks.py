@@ -36,6 +36,7 @@ Check = Callable[[Path, str], bool]  # (the task's folder, the CLI's output) -> 
 # The tools Claude Code may use without asking (print mode cannot ask; its flag that skips
 # every question is refused to root).
 CLAUDE_TOOLS = "--allowedTools=Bash,Read,Write,Edit,Glob,Grep"
+MAX_OUTPUT_TOKENS = 512  # a reply's cap: Claude Code's by its setting, Codex's by the server's
 
 
 @dataclass(slots=True, frozen=True)
@@ -128,7 +129,9 @@ def main() -> int:
     results: dict[str, Any] = {"model": args.model, "tasks": []}
     with tempfile.TemporaryDirectory(prefix="agent-tasks-") as scratch:
         root = Path(scratch)
-        server = SpawnedServer.start(args.model, args.server_arg, root / "cache")
+        cache = Path(args.cache_dir) if args.cache_dir else root / "cache"
+        server_args = [f"--default-max-tokens={MAX_OUTPUT_TOKENS}", *args.server_arg]
+        server = SpawnedServer.start(args.model, server_args, cache)
         try:
             server.wait_ready(args.ready_timeout)
             for client in args.client or ["claude"]:
@@ -157,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--turn-timeout", type=float, default=3600.0)
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     parser.add_argument("--server-arg", action="append", default=[], help="passed to serve")
+    parser.add_argument("--cache-dir", help="the server's (default: a throwaway folder)")
     parser.add_argument("--json", help="also write every turn here")
     parser.add_argument("--markdown", help="also write the table here")
     return parser
@@ -226,6 +230,8 @@ def _environment(client: str, home: Path, base_url: str) -> dict[str, str]:
         return env | {
             "ANTHROPIC_BASE_URL": base_url,
             "ANTHROPIC_API_KEY": "sk-ant-dummy-for-a-local-server",
+            # A small model can ramble for thousands of tokens, at a few a second on a CPU.
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(MAX_OUTPUT_TOKENS),
         }
     codex_home = home / ".codex"
     codex_home.mkdir()
