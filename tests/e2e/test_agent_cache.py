@@ -182,9 +182,14 @@ def _churn(server: Server) -> None:
 
 
 def _every_block_file_reads_back(model_root: Path, tag: str) -> None:
-    """Open the folder as the server would (its cache spec's `tag`, SmolLM2's in bf16 with K/V
-    in bf16 or 8 bits) and read every block: none may fail its checks."""
-    specs = (CacheSpec(30, 3, 64, "bfloat16", 256, kv_dtype=kv) for kv in (None, "int8"))
+    """Open the folder as the server would (its cache spec's `tag`, SmolLM2's in bf16, or fp32
+    on a CPU without bf16, with K/V in the model's dtype or 8 bits) and read every block: none
+    may fail its checks."""
+    specs = (
+        CacheSpec(30, 3, 64, dtype, 256, kv_dtype=kv)
+        for dtype in ("bfloat16", "float32")
+        for kv in (None, "int8")
+    )
     spec = next(spec for spec in specs if spec.tag() == tag)
     tier = DiskTier(model_root.parent, model_tag=model_root.name, spec=spec, budget_bytes=2**40)
     hashes = [int(p.stem, 16) for p in (model_root / "blocks").glob("*.safetensors")]
