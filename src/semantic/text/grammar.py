@@ -218,9 +218,11 @@ class Opening:
     closer: str
     bare: bool = False
 
-    def terminals(self) -> tuple[str, str]:
-        """A bare opening's trigger and closer as Lark terminals."""
-        return f"/{self.trigger}/", f"/{self.closer}/"
+    def symbols(self, specials: dict[str, int]) -> tuple[str, str]:
+        """The trigger and the closer as Lark symbols (special tokens by id)."""
+        if self.bare:
+            return f"/{self.trigger}/", f"/{self.closer}/"
+        return _symbols(self.trigger, specials), _symbols(self.closer, specials)
 
 
 @dataclass(slots=True, frozen=True)
@@ -260,18 +262,18 @@ def _tool_grammar(
     if form.openings:
         calls = []
         for k, opening in enumerate(form.openings):
-            trigger, closer = opening.terminals() if opening.bare else ("", "")
-            closer = closer or _symbols(opening.closer, specials)
-            rule = f"later{k}"
+            trigger, closer = opening.symbols(specials)
             called = _alternatives(
-                rules, rule, opening.shapes, closer, vocabulary, specials, opening.bare
+                rules, f"later{k}", opening.shapes, closer, vocabulary, specials, opening.bare
             )
-            if opening.trigger in specials:
-                calls.append(f"TEXT <[{specials[opening.trigger]}]> {called}")
-                continue
-            rules.append(f"opened{k}[lazy]: TEXT {trigger or _literal(opening.trigger)}")
-            calls.append(f"opened{k} {called}")
+            if opening.trigger in specials:  # the token itself ends the text: no lazy lexeme
+                calls.append(f"TEXT {trigger} {called}")
+            else:
+                rules.append(f"opened{k}[lazy]: TEXT {trigger}")
+                calls.append(f"opened{k} {called}")
         rules += ["TEXT: /(.|\\n)*/", "call: " + " | ".join(calls)]
+        if any(opening.bare for opening in form.openings):
+            rules.append("SPACE: /[ \\t\\r\\n]+/")
         start.append("call* TEXT")
     lark = f"start: {' '.join(start)}\n" + "\n".join(rules)
     return llguidance.LLMatcher.grammar_from_lark(lark)
@@ -288,7 +290,7 @@ def _alternatives(
 ) -> str:
     """Adds a rule per shape (its lead, its arguments, the `closer` symbols) to `rules`;
     returns the rule that is any one of them. `bare`: the arguments in the model's own
-    spacing, which may begin with whitespace."""
+    spacing, which may begin with whitespace (`SPACE`, which the caller defines)."""
     options = _SPACED_JSON_OPTIONS if bare else _JSON_OPTIONS
     lead = "SPACE?" if bare else ""
     for i, shape in enumerate(shapes):
@@ -297,8 +299,6 @@ def _alternatives(
         rules.append(f"{name}_{i}: {symbols} {name}_args_{i} {closer}")
         rules.append(f"{name}_args_{i}: %json {schema}")
     rules.append(f"{name}: " + " | ".join(f"{name}_{i}" for i in range(len(shapes))))
-    if bare and "SPACE: " not in "\n".join(rules):
-        rules.append("SPACE: /[ \\t\\r\\n]+/")
     return name
 
 
