@@ -120,6 +120,8 @@ def test_json_lines_carry_the_request_id_and_agent_id(
         line = finished[response.headers["x-request-id"]]
         assert line["agent_id"] == agent
         assert line["finish_reason"] == "length" and line["output_tokens"] == 3
+        # Where its time went, which benchmarks/agent_tasks.py splits a turn's time by.
+        assert line["first_token_s"] is not None and 0 <= line["first_token_s"] <= line["seconds"]
     assert probed_id not in finished
 
 
