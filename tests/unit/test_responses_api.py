@@ -4,6 +4,7 @@ owners, function calls, Codex's request shape, and malformed input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -415,9 +416,16 @@ def test_another_keys_response_is_not_found(served: ServedModel, tmp_path: Path)
 # -- the store -------------------------------------------------------------------------------
 
 
-def stored(text: str) -> StoredResponse:
-    response: dict[str, Any] = {"id": item_id("resp"), "previous_response_id": None}
-    return StoredResponse(response, [], [{"role": "user", "content": text}], None, None)
+ALICE, BOB = "a" * 32, "b" * 32  # two keys' owner digests
+
+
+def stored(text: str, owner: str | None = None, previous: str | None = None) -> StoredResponse:
+    response: dict[str, Any] = {"id": item_id("resp"), "previous_response_id": previous}
+    return StoredResponse(response, [], [{"role": "user", "content": text}], None, owner)
+
+
+def files_in(root: Path) -> list[str]:
+    return sorted(path.stem for path in root.rglob("resp_*.json"))
 
 
 def test_the_store_keeps_the_newest_within_its_count_and_its_bytes(tmp_path: Path) -> None:
@@ -427,16 +435,82 @@ def test_the_store_keeps_the_newest_within_its_count_and_its_bytes(tmp_path: Pat
     records = [stored(f"message {n}") for n in range(5)]
     for record in records:
         store.save(record)
-    kept = sorted(path.stem for path in tmp_path.glob("resp_*.json"))
-    assert kept == sorted(record.id for record in records[2:])
-    size = (tmp_path / f"{records[-1].id}.json").stat().st_size
+    assert files_in(tmp_path) == sorted(record.id for record in records[2:])
+    size = next(tmp_path.rglob(f"{records[-1].id}.json")).stat().st_size
     restarted = ResponseStore(tmp_path, max_responses=100, max_bytes=int(3.5 * size))
     big = stored("x" * size)  # about two of the others
     restarted.save(big)
-    assert sorted(p.stem for p in tmp_path.glob("resp_*.json")) == sorted([records[4].id, big.id])
+    assert files_in(tmp_path) == sorted([records[4].id, big.id])
     with pytest.raises(NotFound):
         restarted.load(records[2].id, None)
     assert restarted.load(big.id, None).messages == big.messages
+
+
+def test_one_keys_responses_push_out_only_its_own(tmp_path: Path) -> None:
+    """Each key has its own quota: a key storing many large responses drops its own oldest,
+    never another key's, also after a restart; past the total, the biggest holder gives way."""
+    store = ResponseStore(tmp_path, max_responses=3)
+    bobs = stored("bob's only response", BOB)
+    store.save(bobs)
+    alices = [stored("x" * 1000, ALICE) for _ in range(10)]
+    for record in alices:
+        store.save(record)
+    assert store.load(bobs.id, BOB).messages == bobs.messages
+    assert files_in(tmp_path) == sorted([bobs.id] + [record.id for record in alices[-3:]])
+    size = next(tmp_path.rglob(f"{alices[-1].id}.json")).stat().st_size
+    restarted = ResponseStore(tmp_path, max_responses=10, max_total_bytes=4 * size)
+    restarted.save(stored("x" * 1000, ALICE))
+    assert restarted.load(bobs.id, BOB).messages == bobs.messages
+    assert len(files_in(tmp_path / ALICE)) == 3
+
+
+def test_responses_an_older_version_kept_in_one_folder_are_still_found(tmp_path: Path) -> None:
+    """Responses used to lie side by side in the store's folder: a store finds them there and
+    files each under its owner, so chains made before an upgrade still continue."""
+    flat = [stored("mine", ALICE), stored("nobody's")]
+    for record in flat:
+        data = json.dumps({"format": 1, **dataclasses.asdict(record)}).encode()
+        (tmp_path / f"{record.id}.json").write_bytes(data)
+    store = ResponseStore(tmp_path)
+    store.save(stored("new", BOB))
+    assert store.load(flat[0].id, ALICE).messages == flat[0].messages
+    assert store.load(flat[1].id, None).messages == flat[1].messages
+    with pytest.raises(NotFound):
+        store.load(flat[0].id, BOB)
+
+
+def test_a_continuation_reads_its_chain_from_memory_not_from_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each turn of a chain followed every earlier response back from disk: the newest records
+    are kept in memory (within `cache_bytes`), so a long conversation's next turn reads none;
+    a restarted store reads each once."""
+    store = ResponseStore(tmp_path)
+    chain = [stored("turn 0", ALICE)]
+    for n in range(1, 6):
+        chain.append(stored(f"turn {n}", ALICE, previous=chain[-1].id))
+    for record in chain:
+        store.save(record)
+    reads: list[Path] = []
+    read_bytes = Path.read_bytes
+
+    def counted(path: Path) -> bytes:
+        reads.append(path)
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", counted)
+    assert [r.id for r in store.chain(chain[-1].id, ALICE)] == [r.id for r in chain]
+    assert reads == []
+    with pytest.raises(NotFound):  # another key's, as before
+        store.chain(chain[-1].id, BOB)
+    restarted = ResponseStore(tmp_path)
+    restarted.chain(chain[-1].id, ALICE)
+    restarted.chain(chain[-1].id, ALICE)
+    assert len(reads) == len(chain)
+    small = ResponseStore(tmp_path, cache_bytes=1)  # bounded: holds none of them
+    small.chain(chain[-1].id, ALICE)
+    small.chain(chain[-1].id, ALICE)
+    assert len(reads) == 3 * len(chain)
 
 
 def test_every_response_validates_as_the_sdks_response_type(api: TestClient) -> None:
