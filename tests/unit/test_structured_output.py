@@ -21,8 +21,10 @@ from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.errors import InvalidRequest, RowsFailed
 from semantic.models.served import ServedModel
+from semantic.text import grammar
 from semantic.text.chat import ChatTemplate
-from semantic.text.grammar import Grammar, GrammarStates
+from semantic.text.grammar import MAX_SCHEMA_CHARS, Grammar, GrammarCompiler, GrammarStates
+from semantic.text.schema_annotations import without_annotations
 from semantic.text.tokenizer import Tokenizer
 from tests.qwen3_coder_template import QWEN3_CODER_TEMPLATE
 from tests.unit.fakes import fake_served, running, with_chatml
@@ -522,3 +524,82 @@ def test_a_bare_call_is_held_in_the_spacing_the_model_chose(served: ServedModel)
     )
     assert not _accepts(model, grammar, pretty.replace('"C"', '"K"'))
     assert _accepts(model, grammar, '{\n  "name": "Alice",\n  "arguments": {"unit": "K"}\n}')
+
+
+# A schema a client padded with text: the grammar of VERDICT, with megabytes of words for people.
+DESCRIBED = {
+    **VERDICT,
+    "title": "Verdict",
+    "description": "x" * (2 * MAX_SCHEMA_CHARS),
+    "properties": {
+        "answer": {"enum": ["yes", "no"], "description": "y" * 1000, "examples": ["yes"]},
+        "sure": {"type": "boolean", "$comment": "z" * 1000},
+    },
+}
+
+
+def test_descriptions_are_not_compiled_nor_kept_nor_counted_against_the_size_limit(
+    served: ServedModel,
+) -> None:
+    """A schema was compiled and cached by its whole text: a few schemas with 10 MB of
+    description held hundreds of MB. Descriptions do not change the grammar, so a schema is
+    compiled without them, and is the same grammar as the schema without them."""
+    assert served.grammars.json_schema(DESCRIBED) is served.grammars.json_schema(VERDICT)
+
+
+def test_only_annotations_in_a_schemas_own_place_are_left_out() -> None:
+    """A property named `description`, or a value that holds one, is the schema's data."""
+    schema = {
+        "description": "dropped",
+        "properties": {"description": {"type": "string", "title": "dropped"}},
+        "items": [{"title": "dropped", "const": {"title": "kept"}}],
+        "anyOf": [{"description": "dropped", "default": {"description": "kept"}}],
+        "required": ["description"],
+    }
+    assert without_annotations(schema) == {
+        "properties": {"description": {"type": "string"}},
+        "items": [{"const": {"title": "kept"}}],
+        "anyOf": [{"default": {"description": "kept"}}],
+        "required": ["description"],
+    }
+
+
+def test_the_grammar_cache_is_bounded_by_the_bytes_of_its_grammars(served: ServedModel) -> None:
+    """Each cached grammar counts its source's size: past the bound the least recently used
+    goes (here every one, with room for none), whatever the count."""
+    compiler = GrammarCompiler(served.tokenizer, served.config.vocab_size, max_bytes=1)
+    assert compiler.json_schema(VERDICT) is not compiler.json_schema(VERDICT)
+
+
+def test_a_schema_past_the_size_limit_is_a_400_that_says_so(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiling a client's megabytes costs the server: a schema whose constraints alone are
+    past MAX_SCHEMA_CHARS (lowered here, to keep the request small) fails its request, naming
+    its field; its descriptions do not count."""
+    monkeypatch.setattr(grammar, "MAX_SCHEMA_CHARS", 2000)
+    huge = {"type": "string", "enum": [f"{n:04d}" + "v" * 100 for n in range(30)]}
+    described = {**VERDICT, "description": "x" * 5000}
+
+    def chat_in(schema: dict[str, Any]) -> Any:
+        response_format = {"type": "json_schema", "json_schema": {"schema": schema}}
+        body = {"model": "m", "messages": ASK, "max_tokens": 60, "response_format": response_format}
+        return api.post("/v1/chat/completions", json=body)
+
+    answer = chat_in(huge)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "response_format" and "too large" in error["message"]
+    assert chat_in(described).status_code == 200
+    tool = {"name": "pick", "input_schema": {"type": "object", "properties": {"v": huge}}}
+    tools = api.post(
+        "/v1/messages",
+        json={
+            "model": "m",
+            "max_tokens": 5,
+            "messages": ASK,
+            "tools": [{**tool, "strict": True}],
+            "tool_choice": {"type": "tool", "name": "pick"},
+        },
+    )
+    assert tools.status_code == 400 and "too large" in tools.json()["error"]["message"]

@@ -12,11 +12,12 @@ has a grammar, keyed by sequence id, and fills the allowed-token bitmask of each
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
 import llguidance
@@ -24,6 +25,7 @@ import numpy as np
 
 from semantic.core import OutputGrammar
 from semantic.errors import InvalidRequest
+from semantic.text.schema_annotations import without_annotations
 from semantic.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -40,7 +42,11 @@ _JSON_OPTIONS: dict[str, Any] = {
 # as often as not): held to compact JSON, it would be pushed off the text it was trained on.
 _SPACED_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": True}
 _ANY_JSON_OBJECT = {"type": "object"}
-_CACHED_GRAMMARS = 128  # per model; a schema is a few KB at most
+_CACHED_GRAMMARS = 128  # per model
+_CACHED_BYTES = 64 * 2**20  # per model, of the grammars' sources (a matcher holds its grammar)
+# A request's schemas, without their descriptions, as compact JSON: a client's own schema is a
+# few KB, a coding agent's tools' some tens; past it, compiling would cost the server, not it.
+MAX_SCHEMA_CHARS = 2**20
 
 
 class GrammarViolation(ValueError):
@@ -104,28 +110,33 @@ class GrammarMatcher:
 
 
 class GrammarCompiler:
-    """Grammars over one model's vocabulary, compiled once per schema and kept (a bounded LRU).
-    Thread-safe: the API compiles on worker threads. The vocabulary is read on first use (a
-    fraction of a second), so a server that never constrains output never pays for it."""
+    """Grammars over one model's vocabulary, compiled once per schema and kept (an LRU of at
+    most `_CACHED_GRAMMARS`, `max_bytes` of their sources). A schema is compiled and keyed
+    without its descriptions (they do not change the grammar), by a digest: a client's text
+    is hostile, and its size must cost neither memory here nor time. Thread-safe: the API
+    compiles on worker threads. The vocabulary is read on first use (a fraction of a second),
+    so a server that never constrains output never pays for it."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_bytes: int = _CACHED_BYTES):
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.max_bytes = max_bytes
         self._vocabulary: llguidance.LLTokenizer | None = None
         self._specials: dict[str, int] | None = None
-        self._cache: OrderedDict[str, Grammar] = OrderedDict()
+        self._cache: OrderedDict[bytes, tuple[Grammar, int]] = OrderedDict()
+        self._cached_bytes = 0
         self._lock = threading.Lock()
 
     def json_schema(self, schema: dict[str, Any] | None, name: str = "the JSON schema") -> Grammar:
         """Output that is one JSON value valid under `schema` (None: any JSON object)."""
-        text = _canonical(_ANY_JSON_OBJECT if schema is None else schema)
+        text = _canonical(without_annotations(_ANY_JSON_OBJECT if schema is None else schema))
         return self._compiled(f"json:{text}", name, lambda _: _json_grammar(text))
 
     def tool_calls(self, form: ToolCallForm) -> Grammar:
         """A reply whose tool calls follow their tools' schemas (`ToolCallForm`)."""
-        key = "tools:" + _canonical(form.key())
+        form = form.without_annotations()
         return self._compiled(
-            key,
+            "tools:" + _canonical(form.key()),
             "the tools' schemas",
             lambda v: _tool_grammar(form, v, self._special_tokens()),
             lazy=not form.forced,
@@ -133,16 +144,24 @@ class GrammarCompiler:
 
     def _compiled(
         self,
-        key: str,
+        text: str,
         description: str,
         build: Callable[[llguidance.LLTokenizer], str],
         lazy: bool = False,
     ) -> Grammar:
+        """The grammar of `text` (what it is compiled from, as canonical JSON), from the cache
+        or built; an InvalidRequest past MAX_SCHEMA_CHARS or for what the engine cannot take."""
+        if len(text) > MAX_SCHEMA_CHARS:
+            raise InvalidRequest(
+                f"{description} is too large: {len(text):,} characters as compact JSON "
+                f"without descriptions, over the limit of {MAX_SCHEMA_CHARS:,}"
+            )
+        key = hashlib.sha256(text.encode()).digest()
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)
-                return cached
+                return cached[0]
             vocabulary = self._vocabulary_locked()
         source = build(vocabulary)
         error = llguidance.LLMatcher.validate_grammar(source, vocabulary)
@@ -150,11 +169,19 @@ class GrammarCompiler:
             raise InvalidRequest(f"{description} is not supported: {error[:500]}")
         start = llguidance.LLMatcher(vocabulary, source, log_level=0)
         grammar = Grammar(description, start, lazy)
-        with self._lock:
-            self._cache[key] = grammar
-            while len(self._cache) > _CACHED_GRAMMARS:
-                self._cache.popitem(last=False)
+        self._keep(key, grammar, len(source))
         return grammar
+
+    def _keep(self, key: bytes, grammar: Grammar, size: int) -> None:
+        """Cache `grammar`, dropping the least recently used past the count or the bytes."""
+        with self._lock:
+            if key in self._cache:
+                return
+            self._cache[key] = (grammar, size)
+            self._cached_bytes += size
+            while len(self._cache) > _CACHED_GRAMMARS or self._cached_bytes > self.max_bytes:
+                _, (_, dropped) = self._cache.popitem(last=False)
+                self._cached_bytes -= dropped
 
     def _special_tokens(self) -> dict[str, int]:
         """The added tokens the grammar engine takes as special, by their text: a grammar
@@ -235,6 +262,15 @@ class ToolCallForm:
     closer: str
     forced: tuple[CallShape, ...] = ()
     openings: tuple[Opening, ...] = ()
+
+    def without_annotations(self) -> ToolCallForm:
+        """The form with its schemas' descriptions left out: the grammar is the same."""
+
+        def shapes(group: tuple[CallShape, ...]) -> tuple[CallShape, ...]:
+            return tuple(replace(s, schema=without_annotations(s.schema)) for s in group)
+
+        openings = tuple(replace(o, shapes=shapes(o.shapes)) for o in self.openings)
+        return replace(self, forced=shapes(self.forced), openings=openings)
 
     def key(self) -> list[Any]:
         """The form as plain JSON values (what the compiler caches its grammar by)."""
