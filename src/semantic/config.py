@@ -268,8 +268,7 @@ class Settings(BaseSettings):
         30,
         ge=1,
         description="Requests with a wrong or missing API key per minute per client address; "
-        "past it that address gets 429 for a wrong key until its allowance refills (a right "
-        "key still passes).",
+        "past it that address gets 429 (any key) until its allowance refills.",
     )
 
     # The key file's keys, read once when the settings are built.

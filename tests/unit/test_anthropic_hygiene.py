@@ -62,6 +62,33 @@ def test_reminders_that_carry_instructions_are_kept() -> None:
         assert claude_code.strip_countdowns(text) == text
 
 
+@pytest.mark.parametrize(
+    ("named", "plain"),
+    [
+        ("Co-Authored-By: Claude Opus 4.8 (1M context) <noreply@anthropic.com>", "Opus 4.8 <"),
+        ("the model named Sonnet 4.6 (1M context). The exact", "Sonnet 4.6. The"),
+        ("The exact model ID is claude-opus-4-8[1m].", "claude-opus-4-8."),
+        ("The exact model ID is claude-sonnet-4-6[1M].", "claude-sonnet-4-6."),
+    ],
+)
+def test_the_models_1m_context_marker_is_stripped(named: str, plain: str) -> None:
+    stripped = claude_code.strip_long_context(named)
+    assert plain in stripped and "1M" not in stripped and "[1m]" not in stripped
+    assert claude_code.clean_system([IDENTITY, named]) == [IDENTITY, stripped]
+
+
+def test_text_that_only_mentions_the_1m_suffix_is_left_alone() -> None:
+    text = "model ids (`claude-*`, `[1m]`); a model with a long context (1M context)"
+    assert claude_code.strip_long_context(text) == text
+
+
+def test_a_tools_description_names_the_model_without_the_marker() -> None:
+    description = "Co-Authored-By: Claude Opus 4.8 (1M context) <x>"
+    tool = api.Tool(name="Bash", description=description, input_schema={"type": "object"})
+    [function] = api.template_tools([tool]) or []
+    assert function["function"]["description"] == "Co-Authored-By: Claude Opus 4.8 <x>"
+
+
 @pytest.fixture
 def chatml(served: ServedModel) -> ServedModel:
     template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token="<|im_end|>")

@@ -17,6 +17,14 @@ Known cases, each with a test in tests/unit/test_anthropic_hygiene.py:
   `Output tokens — turn: … · session: …`, `USD budget: $…/$…; $… remaining`,
   `Remaining conversation turns: …`, `Messages until auto-compact: …` — standalone or stuck to
   the end of a tool result. Stripped.
+- The 1M-context marker on the model's name: ` (1M context)` after its display name and
+  `[1m]` after its id, in the system prompt (`# Environment`) and the Bash tool's description
+  (its commit trailer). A session's first process runs on the 1M-context variant; `--continue`
+  and `--resume` run on the plain model (the transcript records the id the API answered with),
+  so later turns say `Opus 4.8` where the first said `Opus 4.8 (1M context)`. The prompts then
+  parted in the tools, ~1K tokens in: a continued turn read 5% of its 19,885 tokens from the
+  cache, its history included. Stripped from the system prompt and the tools' descriptions, so
+  every turn names the model as the later ones do.
 Left alone on purpose: the date (Claude Code 2.1 sends it in a `<system-reminder>` at the head
 of the first user turn, after everything sessions share), reminders that carry instructions
 (todo-list nudges, file-change notices: their text is meaning, not churn), and
@@ -93,10 +101,23 @@ def strip_countdowns(text: str) -> str:
     return "".join([*(part.rstrip() for part in kept), last]).lstrip()
 
 
+# The marker of a model's 1M-context variant: after its display name, which ends in its version
+# ("Opus 4.8 (1M context)"), and after its id or alias ("claude-opus-4-8[1m]", "opus[1M]").
+_LONG_CONTEXT = re.compile(r"(?<=\d) \(1M context\)|(?<=\w)\[1m\]", re.IGNORECASE)
+
+
+def strip_long_context(text: str) -> str:
+    """`text` with the model named as a continued session names it: without the 1M-context
+    marker, which only a session's first process writes."""
+    return _LONG_CONTEXT.sub("", text)
+
+
 def clean_system(blocks: list[str]) -> list[str]:
-    """The system prompt's text blocks without the billing header or countdowns; blocks left
-    empty are dropped."""
-    cleaned = (strip_countdowns(strip_billing_header(block)) for block in blocks)
+    """The system prompt's text blocks without the billing header, countdowns or the model's
+    1M-context marker; blocks left empty are dropped."""
+    cleaned = (
+        strip_long_context(strip_countdowns(strip_billing_header(block))) for block in blocks
+    )
     return [block for block in cleaned if block.strip()]
 
 
