@@ -268,7 +268,8 @@ class Settings(BaseSettings):
         30,
         ge=1,
         description="Requests with a wrong or missing API key per minute per client address; "
-        "past it that address gets 429 (any key) until its allowance refills.",
+        "past it that address gets 429 for a wrong key until its allowance refills (a right "
+        "key still passes).",
     )
 
     # The key file's keys, read once when the settings are built.

@@ -88,6 +88,11 @@ class ConversationTooLarge(InvalidRequest):
     """A conversation the agent API would keep is past `max_conversation_mb` (400)."""
 
 
+class RequestTooLarge(InvalidRequest):
+    """A request that unpacks to more than this server takes: its sealed reasoning, opened, is
+    past the body limit (413, as a body past it is)."""
+
+
 class TooManyAgents(SemanticError):
     """An API key has as many agents as it may keep, and none of them may make room (403)."""
 

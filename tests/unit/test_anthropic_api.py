@@ -20,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api import anthropic as messages_api
+from semantic.api.seal import SealKey, Seals
 from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.core import Batch, TokenEvent
 from semantic.engine.engine import ENGINE_FAILED
@@ -313,7 +314,7 @@ def test_pings_keep_a_slow_prefill_alive(
 
 
 def test_message_start_and_a_ping_go_out_before_the_engine_says_anything(
-    served: ServedModel,
+    served: ServedModel, tmp_path: Path
 ) -> None:
     started = asyncio.Event()
 
@@ -323,7 +324,7 @@ def test_message_start_and_a_ping_go_out_before_the_engine_says_anything(
         yield TokenEvent("r", [], "")
 
     async def first_two() -> list[str]:
-        reply = messages_api._Reply(MODEL, 42, 10)
+        reply = messages_api._Reply(MODEL, 42, 10, Seals(SealKey(tmp_path), None, 0))
         tools = ToolUse(served, [], ToolChoice())
         stream = reply.events(tools.parse(silent_engine(), lambda: None), tools)
         head = [await anext(stream), await anext(stream)]

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from semantic.api import anthropic as api
 from semantic.api import anthropic_request as request
+from semantic.api.seal import SealKey, Seals
 from semantic.core import FinishReason, TokenEvent, Usage
 from semantic.errors import ContextOverflow, InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
-from semantic.text.reasoning import seal
 
 
 def body(**fields: Any) -> request.MessagesBody:
@@ -74,11 +75,12 @@ def test_thinking_in_history_is_its_turns_reasoning_and_redacted_thinking_is_dro
     }
 
 
-def test_a_thinking_block_sealed_here_renders_the_text_its_seal_holds() -> None:
-    """`display: "omitted"` sent no text; the seal brings the reasoning back whole."""
-    sealed = {"type": "thinking", "thinking": "", "signature": seal("Step one.\nStep two.")}
+def test_a_thinking_block_sealed_here_renders_the_text_its_seal_holds(tmp_path: Path) -> None:
+    """The block's text was lost (or edited); the seal brings the reasoning back whole."""
+    seals = Seals(SealKey(tmp_path), None, 2**20)
+    sealed = {"type": "thinking", "thinking": "", "signature": seals.seal("Step one.\nStep two.")}
     turn = assistant([sealed, {"type": "text", "text": "Done."}])
-    messages = rendered(messages=[user("Go"), turn])
+    messages = request.template_messages(body(messages=[user("Go"), turn]), seals=seals)
     assert messages[1]["reasoning_content"] == "Step one.\nStep two."
 
 

@@ -235,23 +235,24 @@ def test_serve_refuses_a_remote_bind_before_loading_anything(
     assert "without an API key" in capsys.readouterr().err
 
 
-def test_wrong_keys_past_auth_failures_per_minute_get_429_before_any_key_is_tried(
+def test_wrong_keys_past_auth_failures_per_minute_get_429_and_a_right_key_still_passes(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    """Keys cannot be guessed faster than the limit: once an address has sent that many wrong
-    (or no) keys, its next requests get 429 whatever key they carry, since a right one cannot
-    be told from a guess without trying it. Another address is not held back."""
+    """Once an address has sent that many wrong (or no) keys, its next wrong keys get 429; a
+    right key from the same address is served (thirty wrong keys from a stale client on
+    loopback used to lock out every local client), and another address is not held back."""
     with chat_app(served, tmp_path, api_key=[KEY], auth_failures_per_minute=3) as client:
         for sent in ({"x-api-key": WRONG}, {}, header("bearer", WRONG)):
             assert client.post(ROUTES["openai"], json=MESSAGES, headers=sent).status_code == 401
         for protocol, kind in (("openai", "requests"), ("anthropic", "rate_limit_error")):
-            limited = client.post(ROUTES[protocol], json=MESSAGES, headers={"x-api-key": KEY})
+            limited = client.post(ROUTES[protocol], json=MESSAGES, headers={"x-api-key": WRONG})
             assert limited.status_code == 429, limited.text
             error = limited.json()["error"]
             assert error["type"] == kind and "wrong API key" in error["message"]
             assert int(limited.headers["retry-after"]) >= 1
+            assert client.post(ROUTES[protocol], json=MESSAGES).status_code == 429  # no key
+            right = client.post(ROUTES[protocol], json=MESSAGES, headers={"x-api-key": KEY})
+            assert right.status_code == 200, right.text
         elsewhere = TestClient(client.app, client=("192.0.2.7", 40000))
-        assert (
-            elsewhere.post(ROUTES["openai"], json=MESSAGES, headers={"x-api-key": KEY}).status_code
-            == 200
-        )
+        wrong = elsewhere.post(ROUTES["openai"], json=MESSAGES, headers={"x-api-key": WRONG})
+        assert wrong.status_code == 401

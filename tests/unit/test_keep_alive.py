@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from semantic.api import anthropic
 from semantic.api.app import create_app
+from semantic.api.seal import SealKey, Seals
 from semantic.backends.fake import FakeRunner
 from semantic.config import Settings
 from semantic.core import Batch
@@ -113,8 +114,8 @@ def test_anthropic_a_long_silence_gets_an_event_that_is_not_a_ping(
     assert [e["index"] for e in sent if e["type"] == "content_block_start"] == [0]
 
 
-def test_a_call_that_comes_first_stops_the_kept_alive_text_block() -> None:
-    blocks = anthropic._Blocks()
+def test_a_call_that_comes_first_stops_the_kept_alive_text_block(tmp_path: Path) -> None:
+    blocks = anthropic._Blocks(Seals(SealKey(tmp_path), None, 0))
     opened = blocks.keep_alive()
     assert [e["type"] for e in opened] == ["content_block_start", "content_block_delta"]
     call = blocks.payloads(CallStart(0, "Bash"))

@@ -5,8 +5,12 @@ what the model wrote; the switches reach the template; GPT-OSS's channels are pa
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import dataclasses
 import json
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,9 +21,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
+from semantic.api.seal import SealKey, Seals
 from semantic.models.served import ServedModel
 from semantic.text.chat import ChatTemplate
-from semantic.text.reasoning import HARMONY, THINK_TAGS, ReasoningParser, seal, unseal
+from semantic.text.reasoning import HARMONY, THINK_TAGS, ReasoningParser
 from semantic.text.tokenizer import Tokenizer
 from tests.qwen3_template import QWEN3_TEMPLATE
 from tests.scripted_runner import ScriptedRunner
@@ -66,6 +71,11 @@ def scripted_client(
         yield client, runner
 
 
+def opened(cache_dir: Path, sealed: object) -> str | None:
+    """What a seal the app made (with the key in `cache_dir`, on a server without keys) holds."""
+    return Seals(SealKey(cache_dir), None, 2**30).open(sealed)
+
+
 def say(runner: ScriptedRunner, served: ServedModel, *texts: str) -> None:
     runner.say(*(served.tokenizer.encode(text) for text in texts))
 
@@ -75,7 +85,7 @@ def prompt_text(runner: ScriptedRunner, served: ServedModel, index: int = -1) ->
 
 
 def test_anthropic_answer_has_a_sealed_thinking_block_then_the_text(
-    scripted: tuple[TestClient, ScriptedRunner], qwen3: ServedModel
+    scripted: tuple[TestClient, ScriptedRunner], qwen3: ServedModel, tmp_path: Path
 ) -> None:
     client, runner = scripted
     say(runner, qwen3, THOUGHT_AND_ANSWER)
@@ -83,11 +93,11 @@ def test_anthropic_answer_has_a_sealed_thinking_block_then_the_text(
     content = client.post("/v1/messages", json=body).json()["content"]
     assert [block["type"] for block in content] == ["thinking", "text"]
     assert content[0]["thinking"] == REASONING and content[1]["text"] == "Paris."
-    assert unseal(content[0]["signature"]) == REASONING
+    assert opened(tmp_path, content[0]["signature"]) == REASONING
 
 
 def test_anthropic_stream_sends_thinking_deltas_and_a_signature_before_the_text(
-    scripted: tuple[TestClient, ScriptedRunner], qwen3: ServedModel
+    scripted: tuple[TestClient, ScriptedRunner], qwen3: ServedModel, tmp_path: Path
 ) -> None:
     client, runner = scripted
     say(runner, qwen3, THOUGHT_AND_ANSWER)
@@ -98,7 +108,7 @@ def test_anthropic_stream_sends_thinking_deltas_and_a_signature_before_the_text(
     deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
     thinking = "".join(d["thinking"] for d in deltas if d["type"] == "thinking_delta")
     (signature,) = [d["signature"] for d in deltas if d["type"] == "signature_delta"]
-    assert thinking == REASONING and unseal(signature) == REASONING
+    assert thinking == REASONING and opened(tmp_path, signature) == REASONING
     # The signature goes just before its block's stop, in the thinking block.
     at = next(
         i for i, e in enumerate(events) if e.get("delta", {}).get("type") == "signature_delta"
@@ -106,40 +116,67 @@ def test_anthropic_stream_sends_thinking_deltas_and_a_signature_before_the_text(
     assert events[at + 1] == {"type": "content_block_stop", "index": 0}
 
 
-def test_display_omitted_sends_no_thinking_text_but_the_seal(
-    scripted: tuple[TestClient, ScriptedRunner], qwen3: ServedModel
+def test_display_omitted_sends_neither_the_thinking_nor_a_seal_that_holds_it(
+    scripted: tuple[TestClient, ScriptedRunner], qwen3: ServedModel, tmp_path: Path
 ) -> None:
+    """The signature is unpacked every way a client could (base64, then zlib): the reasoning
+    is in none of it, and the server itself reads it as empty."""
     client, runner = scripted
     say(runner, qwen3, THOUGHT_AND_ANSWER, THOUGHT_AND_ANSWER)
     thinking = {"type": "adaptive", "display": "omitted"}
     body = {"model": "claude-x", "max_tokens": 100, "messages": ASK, "thinking": thinking}
-    block = client.post("/v1/messages", json=body).json()["content"][0]
-    assert block["thinking"] == "" and unseal(block["signature"]) == REASONING
+    answer = client.post("/v1/messages", json=body)
+    block = answer.json()["content"][0]
+    assert block["thinking"] == "" and opened(tmp_path, block["signature"]) == ""
+    assert "capital" not in answer.text and "capital" not in _unpacked(block["signature"])
     streamed = client.post("/v1/messages", json=body | {"stream": True}).text
     events = _anthropic_events(streamed)
-    deltas = [e["delta"]["type"] for e in events if e["type"] == "content_block_delta"]
-    assert "thinking_delta" not in deltas and "signature_delta" in deltas
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert [d["type"] for d in deltas if d["type"] != "text_delta"] == ["signature_delta"]
+    assert "capital" not in _unpacked(deltas[0]["signature"])
 
 
 def test_a_thinking_turn_sent_back_renders_what_the_model_wrote(
     scripted: tuple[TestClient, ScriptedRunner], qwen3: ServedModel
 ) -> None:
-    """A tool loop: the reasoning and call come back (the reasoning omitted from view, so only
-    its seal holds it) and the next prompt is the first one plus exactly the reply."""
+    """A tool loop: the reasoning and call come back (the reasoning's text edited away, so
+    only its seal holds it) and the next prompt is the first one plus exactly the reply."""
     client, runner = scripted
     say(runner, qwen3, f"<think>\n{REASONING}\n</think>\n\n{CALL}", "Done.")
     tools = [{"name": "lookup", "input_schema": {"type": "object"}}]
-    thinking = {"type": "enabled", "budget_tokens": 2048, "display": "omitted"}
+    thinking = {"type": "enabled", "budget_tokens": 2048}
     body = {"model": "c", "max_tokens": 200, "messages": ASK, "tools": tools, "thinking": thinking}
     first = client.post("/v1/messages", json=body).json()
     call = next(block for block in first["content"] if block["type"] == "tool_use")
     result = {"type": "tool_result", "tool_use_id": call["id"], "content": "Paris"}
+    first["content"][0]["thinking"] = "(edited)"
     history = [*ASK, {"role": "assistant", "content": first["content"]}]
     history.append({"role": "user", "content": [result]})
     second = client.post("/v1/messages", json=body | {"messages": history}).json()
     assert second["content"][-1]["text"] == "Done."
     reply = f"<think>\n{REASONING}\n</think>\n\n{CALL}<|im_end|>"
     assert prompt_text(runner, qwen3, 1).startswith(prompt_text(runner, qwen3, 0) + reply)
+
+
+def test_a_seal_made_before_a_restart_renders_its_reasoning_after_it(
+    qwen3: ServedModel, tmp_path: Path
+) -> None:
+    """A tool loop goes on across a restart: a new app on the same cache folder opens the seal
+    the old one made (the block's text edited away, so only the seal holds the reasoning)."""
+    tools = [{"name": "lookup", "input_schema": {"type": "object"}}]
+    body = {"model": "c", "max_tokens": 200, "messages": ASK, "tools": tools}
+    with scripted_client(qwen3, tmp_path) as (client, runner):
+        say(runner, qwen3, f"<think>\n{REASONING}\n</think>\n\n{CALL}")
+        first = client.post("/v1/messages", json=body).json()
+    first["content"][0]["thinking"] = ""
+    call = next(block for block in first["content"] if block["type"] == "tool_use")
+    result = {"type": "tool_result", "tool_use_id": call["id"], "content": "Paris"}
+    history = [*ASK, {"role": "assistant", "content": first["content"]}]
+    history.append({"role": "user", "content": [result]})
+    with scripted_client(qwen3, tmp_path) as (client, runner):
+        say(runner, qwen3, "Done.")
+        assert client.post("/v1/messages", json=body | {"messages": history}).status_code == 200
+    assert f"<think>\n{REASONING}\n</think>" in prompt_text(runner, qwen3)
 
 
 def test_a_strict_tool_holds_the_call_and_leaves_the_thinking_free(
@@ -183,7 +220,7 @@ def test_openai_chat_answers_with_reasoning_content(
 
 
 def test_responses_give_a_reasoning_item_whose_encrypted_content_renders_it_again(
-    scripted: tuple[TestClient, ScriptedRunner], qwen3: ServedModel
+    scripted: tuple[TestClient, ScriptedRunner], qwen3: ServedModel, tmp_path: Path
 ) -> None:
     client, runner = scripted
     say(runner, qwen3, f"<think>\n{REASONING}\n</think>\n\n{CALL}", "Done.")
@@ -199,7 +236,7 @@ def test_responses_give_a_reasoning_item_whose_encrypted_content_renders_it_agai
     reasoning, call = first.output
     assert reasoning.type == "reasoning" and call.type == "function_call"
     assert reasoning.content is not None and reasoning.content[0].text == REASONING
-    assert unseal(reasoning.encrypted_content) == REASONING
+    assert opened(tmp_path, reasoning.encrypted_content) == REASONING
     # Codex sends it all back, the reasoning reduced to its encrypted content.
     echoed: dict[str, Any] = {
         "type": "reasoning",
@@ -333,11 +370,18 @@ def test_harmony_channels_split_into_analysis_and_final(size: int) -> None:
     assert _split(ReasoningParser(HARMONY), text, size) == ("Compute 2+2.", "4")
 
 
-def test_a_seal_round_trips_and_refuses_what_is_not_one() -> None:
-    assert unseal(seal("héllo\n")) == "héllo\n"
-    assert unseal("EqQBCkYIARgC") is None and unseal(None) is None and unseal("sem1.!!") is None
-    bomb = seal("a" * (5 * 2**20))  # unpacks past the bound
-    assert unseal(bomb) is None
+def _unpacked(sealed: str) -> str:
+    """Each dot-separated part of a seal, base64-decoded and inflated where it can be."""
+    texts = []
+    for part in sealed.split("."):
+        try:
+            raw = base64.urlsafe_b64decode(part)
+        except (binascii.Error, ValueError):
+            continue
+        with contextlib.suppress(zlib.error):
+            raw = zlib.decompress(raw)
+        texts.append(raw.decode(errors="replace"))
+    return "\n".join(texts)
 
 
 def _anthropic_events(raw: str) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from semantic.api.anthropic_request import (
 from semantic.api.auth import caller_of
 from semantic.api.errors import anthropic_error_event
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
+from semantic.api.seal import Seals
 from semantic.api.streaming import (
     PING,
     after_the_200,
@@ -40,7 +41,7 @@ from semantic.api.streaming import (
     unless_disconnected,
     with_keep_alive,
 )
-from semantic.api.thinking import Thinking, anthropic_switch, shape_reply
+from semantic.api.thinking import Thinking, anthropic_switch, seals_of, shape_reply
 from semantic.api.tool_use import (
     Reasoning,
     ReasoningDelta,
@@ -56,7 +57,6 @@ from semantic.models.served import ServedModel
 from semantic.observability import bind_agent
 from semantic.text import client_json
 from semantic.text.grammar import Grammar
-from semantic.text.reasoning import seal
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
 
 router = APIRouter()
@@ -176,13 +176,15 @@ def stop_reason(event: TokenEvent, requested_max_tokens: int, called: bool = Fal
 
 class _Reply:
     """One response's identity and accounting, shared by its events or its single body.
-    `show_thinking` False (`display: "omitted"`): thinking blocks carry their seal only."""
+    Thinking blocks are sealed with `seals`; `show_thinking` False (`display: "omitted"`):
+    they carry neither their text nor a seal that holds it."""
 
     def __init__(
         self,
         model: str,
         prompt_tokens: int,
         requested_max_tokens: int,
+        seals: Seals,
         show_thinking: bool = True,
     ) -> None:
         self.id = f"msg_{uuid.uuid4().hex}"
@@ -191,7 +193,8 @@ class _Reply:
         self.requested = requested_max_tokens
         self.silent = requested_max_tokens == 0  # a pre-warm: its one token is not an answer
         self.show_thinking = show_thinking
-        self.blocks = _Blocks(show_thinking)
+        self.seals = seals
+        self.blocks = _Blocks(seals, show_thinking)
         self.last_event = time.monotonic()  # when an event other than `ping` last went out
 
     def message(
@@ -267,7 +270,7 @@ class _Reply:
             return {"type": "text", "text": part}
         if isinstance(part, Reasoning):
             shown = part.text if self.show_thinking else ""
-            return {"type": "thinking", "thinking": shown, "signature": seal(part.text)}
+            return {"type": "thinking", "thinking": shown, "signature": self.seals.seal(shown)}
         return {"type": "tool_use", "id": tool_use_id(), "name": part.name, "input": part.input()}
 
 
@@ -279,11 +282,12 @@ class _Blocks:
     """The content blocks of a streamed reply, numbered 0, 1, 2… in order: a block starts when
     its first content comes (or a keep-alive needs one) and stops before the next one starts
     (Claude Code rejects interleaved or re-typed blocks). A thinking block ends with its seal
-    (`signature_delta`); its text streams only when `show_thinking`."""
+    (`signature_delta`); its text streams, and its seal holds it, only when `show_thinking`."""
 
-    def __init__(self, show_thinking: bool = True) -> None:
+    def __init__(self, seals: Seals, show_thinking: bool = True) -> None:
         self.index = -1
         self.open: str | None = None  # the type of the block being streamed
+        self.seals = seals
         self.show_thinking = show_thinking
         self._thinking: list[str] = []  # the open thinking block's text, for its seal
 
@@ -317,7 +321,8 @@ class _Blocks:
             return []
         sealed = []
         if self.open == "thinking":
-            signature = seal("".join(self._thinking))
+            shown = "".join(self._thinking) if self.show_thinking else ""
+            signature = self.seals.seal(shown)
             sealed = [self._delta({"type": "signature_delta", "signature": signature})]
             self._thinking = []
         self.open = None
@@ -365,7 +370,8 @@ async def create_message(request: Request) -> Response:
     bind_agent(agent)
     rate_limits.check_agent(request, agent)
     tools, thinking = tool_use_of(engine.model, body), thinking_of(engine.model, body)
-    render = partial(render_prompt, engine.model, body)
+    seals = seals_of(request)
+    render = partial(render_prompt, engine.model, body, seals=seals)
     prompt_ids, grammar = await shape_reply(engine.model, body.output(), tools, thinking, render)
     limits.check_prompt(settings, len(prompt_ids))
     requested = limits.capped_max_tokens(settings, body.max_tokens)
@@ -380,7 +386,7 @@ async def create_message(request: Request) -> Response:
     events = engine.stream(generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     # Any model name is served by the loaded model, and echoed back as asked.
-    reply = _Reply(body.model, len(prompt_ids), requested, thinking.shown)
+    reply = _Reply(body.model, len(prompt_ids), requested, seals, thinking.shown)
     if body.stream:
         frames = after_the_200(reply.events(parsed, tools), events, _error_event)
         return sse_response(with_keep_alive(frames, settings.keep_alive_s, reply.heartbeat))
@@ -400,7 +406,7 @@ async def count_tokens(request: Request) -> dict[str, int]:
     limits.check_counts(settings, len(body.messages), len(body.tools or []))
     refuse_images(body)
     tools, thinking = tool_use_of(model, body), thinking_of(model, body)
-    render = partial(render_prompt, model, body)
+    render = partial(render_prompt, model, body, seals=seals_of(request))
     prompt_ids, _ = await shape_reply(model, body.output(), tools, thinking, render)
     return {"input_tokens": len(prompt_ids)}
 

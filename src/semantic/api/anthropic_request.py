@@ -2,7 +2,8 @@
 
 Accepts generously: unknown fields and block types pass, roles other
 than `assistant` count as `user` (but see below); thinking blocks become the reasoning of their
-assistant turn (their seal, when it is ours, holds the very text the model wrote). An image is
+assistant turn (their seal, when this server made it for this caller, holds the very text the
+model wrote: api/seal.py). An image is
 refused: the model reads text only, and a client must know its image was not seen. Claude
 Code's per-request churn is stripped here, through text/claude_code.py, before templating, so a
 session keeps its cached prefix from turn to turn.
@@ -22,12 +23,12 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from semantic.api import tool_use
 from semantic.api.bodies import body_limit, read_body
+from semantic.api.seal import Seals
 from semantic.api.structured_output import AnthropicFormat, OutputFormat
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text import claude_code, client_json
 from semantic.text.chat import template_tool_call
-from semantic.text.reasoning import unseal
 
 DOCUMENT_TEXT = "[document]"  # what a text-only model sees of a PDF
 PART_SEPARATOR = "\n\n"  # between the text blocks of one turn, and merged turns
@@ -196,20 +197,23 @@ def refuse_images(body: PromptBody) -> None:
             blocks += [(f"{where}.content.{i}", b) for i, b in enumerate(block.content)]
 
 
-def template_messages(body: PromptBody, later_system_turns: bool = False) -> list[dict[str, Any]]:
+def template_messages(
+    body: PromptBody, later_system_turns: bool = False, seals: Seals | None = None
+) -> list[dict[str, Any]]:
     """The conversation as chat templates expect it (Hugging Face conventions): the system
     context (one system message, or several: `_system_context`), user and assistant turns
     (consecutive ones merged, as the API does), tool calls on assistant turns and tool results
     as `tool` messages, thinking as the reasoning of its assistant turn. Claude Code's churn is
     stripped from everything but the model's own words. `later_system_turns`: the template
-    gives a system message after the first a turn of its own."""
+    gives a system message after the first a turn of its own. `seals` open the thinking
+    blocks' signatures (None: none is opened, each block's own text counts)."""
     system = claude_code.clean_system(_system_texts(body.system))
     head, messages = _system_context(system, body.messages, later_system_turns)
     rendered: list[dict[str, Any]] = [{"role": "system", "content": text} for text in head]
     for message in messages:
         role = "assistant" if message.role == "assistant" else "user"
         blocks = message.content if isinstance(message.content, list) else [message.content]
-        for entry in _entries(role, blocks):
+        for entry in _entries(role, blocks, seals):
             _append(rendered, entry)
     return rendered
 
@@ -265,7 +269,9 @@ def _system_texts(system: str | list[ContentBlock] | None) -> list[str]:
     return [text for block in blocks if (text := _text_of(block)) is not None]
 
 
-def _entries(role: str, blocks: Sequence[str | ContentBlock]) -> list[dict[str, Any]]:
+def _entries(
+    role: str, blocks: Sequence[str | ContentBlock], seals: Seals | None = None
+) -> list[dict[str, Any]]:
     """One message's blocks as template messages: its text (and tool calls) as one turn, each
     tool result as a `tool` message, in the order they came."""
     entries: list[dict[str, Any]] = []
@@ -284,7 +290,7 @@ def _entries(role: str, blocks: Sequence[str | ContentBlock]) -> list[dict[str, 
 
     for block in blocks:
         if role == "assistant" and isinstance(block, OtherBlock) and block.type == "thinking":
-            thoughts.append(thinking_text(block.model_extra or {}))
+            thoughts.append(thinking_text(block.model_extra or {}, seals))
         elif isinstance(block, ToolUseBlock):
             calls.append(template_tool_call(block.id, block.name, block.input))
         elif isinstance(block, ToolResultBlock):
@@ -325,10 +331,10 @@ def _text_of(block: str | ContentBlock) -> str | None:
     return None
 
 
-def thinking_text(fields: Mapping[str, Any]) -> str:
-    """What a thinking block sent back says: the text its seal holds (ours: exactly what the
-    model wrote, even when it was not shown), else its `thinking`."""
-    sealed = unseal(fields.get("signature"))
+def thinking_text(fields: Mapping[str, Any], seals: Seals | None = None) -> str:
+    """What a thinking block sent back says: the text its seal holds (when `seals` open it:
+    exactly what the model wrote and the client was shown), else its `thinking`."""
+    sealed = None if seals is None else seals.open(fields.get("signature"))
     if sealed is not None:
         return sealed
     thinking = fields.get("thinking")
@@ -430,11 +436,14 @@ def render_prompt(
     body: PromptBody,
     reply_start: str = "",
     template_vars: Mapping[str, Any] | None = None,
+    *,
+    seals: Seals | None = None,
 ) -> list[int]:
     """The prompt's token ids: what /v1/messages prefills and /v1/messages/count_tokens counts.
     A last assistant turn is continued (prefill), not closed; `reply_start` (a forced tool
-    call's opener) follows it. `template_vars` are the template's switches (thinking)."""
-    messages = template_messages(body, model.chat_template.later_system_turns)
+    call's opener) follows it. `template_vars` are the template's switches (thinking); `seals`
+    open the thinking blocks' signatures."""
+    messages = template_messages(body, model.chat_template.later_system_turns, seals)
     prefilled = bool(messages) and messages[-1]["role"] == "assistant"
     text = model.chat_template.render(
         messages,

@@ -16,8 +16,11 @@ Agents belong to the key that made them: a request carries its key's owner diges
 (`caller_of`), and `engine/agent_door.py` shows each key its own agents only, an admin key
 every key's. With no keys at all, there is one owner, and every client is it.
 
-Guessing is slow: each 401 counts against its client address (rate_limits.py), and an address
-over `auth_failures_per_minute` gets 429 before its key is looked at.
+Wrong keys are throttled, right ones never: each 401 counts against its client address
+(rate_limits.py), and an address over `auth_failures_per_minute` gets 429 for each further
+wrong or missing key until its allowance refills. A request with a right key passes whatever
+its address sent before, so a misconfigured client (or a scanner) beside a working one on the
+same address, loopback above all, does not lock the working one out.
 """
 
 from __future__ import annotations
@@ -75,20 +78,10 @@ class RequireApiKey:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        address = request.client.host if request.client else "unknown"
-        try:
-            self.limits.check_address(address)
-        except RateLimited as exc:
-            _log_refusal(request, 429, "too many wrong keys")
-            await errors.semantic_error_response(request, exc)(scope, receive, send)
-            return
         sent = _sent_keys(request)
         matched = _match(sent, self._digests)
         if matched is None:
-            self.limits.failed_auth(address)
-            refusal = "invalid API key" if sent else _MISSING
-            _log_refusal(request, 401, refusal)
-            await _unauthorized(request, refusal)(scope, receive, send)
+            await self._refuse(request, bool(sent))(scope, receive, send)
             return
         admin_key = _match(sent, self._admin_digests) is not None
         admin = admin_key or not self._admin_digests
@@ -102,6 +95,20 @@ class RequireApiKey:
             await _forbidden(request)(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    def _refuse(self, request: Request, sent: bool) -> Response:
+        """A request without a right key: 401, counted against its address; 429 once the
+        address is over its allowance of them."""
+        address = request.client.host if request.client else "unknown"
+        try:
+            self.limits.check_address(address)
+        except RateLimited as exc:
+            _log_refusal(request, 429, "too many wrong keys")
+            return errors.semantic_error_response(request, exc)
+        self.limits.failed_auth(address)
+        refusal = "invalid API key" if sent else _MISSING
+        _log_refusal(request, 401, refusal)
+        return _unauthorized(request, refusal)
 
 
 def key_id_of(request: Request) -> str | None:

@@ -35,6 +35,7 @@ _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.ContextOverflow, 400, "invalid_request_error", "context_length_exceeded"),
     (errors.PreviousResponseNotFound, 400, "invalid_request_error", "previous_response_not_found"),
     (errors.ConversationTooLarge, 400, "invalid_request_error", "conversation_too_large"),
+    (errors.RequestTooLarge, 413, "invalid_request_error", "request_too_large"),
     (errors.InvalidRequest, 400, "invalid_request_error", None),
     (errors.PoolExhausted, 400, "invalid_request_error", "context_length_exceeded"),
     (errors.ModelNotFound, 404, "invalid_request_error", "model_not_found"),

@@ -12,9 +12,13 @@ agent's in each generation route, where the agent is named (a body field, so onl
 it). Keys are known here only by `auth.key_id`, a short digest, which is what a 429 logs.
 
 Failed key attempts are counted by `auth.RequireApiKey`: each 401 takes a token from its client
-address's bucket, and an address whose bucket is empty gets 429 before its key is looked at, so
-keys cannot be guessed faster than `auth_failures_per_minute` (a right key from that address
-waits too: it cannot be told from a guess without trying it).
+address's bucket, and an address whose bucket is empty gets 429 for each further wrong or
+missing key. A right key from that address still passes: a client that keeps sending a stale
+key must not lock out a working one beside it (on loopback, every local client shares one
+address). So the limit keeps wrong keys from costing the server more than
+`auth_failures_per_minute` answers and log lines each; it cannot slow a guesser who tells a 200
+from a 429, and no per-address limit could stop one with many addresses: a key's length is
+what keeps it from being guessed.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from semantic.api.responses_request import (
     template_messages,
 )
 from semantic.api.responses_store import ResponseStore, StoredResponse
+from semantic.api.seal import Seals
 from semantic.api.streaming import (
     after_the_200,
     named_event,
@@ -50,7 +51,7 @@ from semantic.api.streaming import (
     unless_disconnected,
     with_keep_alive,
 )
-from semantic.api.thinking import Thinking, shape_reply
+from semantic.api.thinking import Thinking, seals_of, shape_reply
 from semantic.api.tool_use import ReplyEvent, ToolUse
 from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
@@ -131,12 +132,16 @@ class _Response:
     """One response's identity and settings, shared by its events, its JSON body and its
     stored record."""
 
-    def __init__(self, body: ResponsesBody, response_id: str, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self, body: ResponsesBody, response_id: str, tokenizer: Tokenizer, seals: Seals
+    ) -> None:
         self.body = body
         self.id = response_id
         self.created_at = int(time.time())
         self.tokenizer = tokenizer
-        self.sealed = "reasoning.encrypted_content" in (body.include or [])
+        # Reasoning items carry their seal when the request includes `encrypted_content`.
+        sealed = "reasoning.encrypted_content" in (body.include or [])
+        self.seals = seals if sealed else None
 
     def json(
         self,
@@ -234,7 +239,8 @@ async def create_response(request: Request) -> Response:
     if body.previous_response_id is not None:
         chain = await _chain(store, body.previous_response_id, owner)
     items = input_items(body)
-    new_messages = template_messages(items)
+    seals = seals_of(request)
+    new_messages = template_messages(items, seals)
     history = sum(len(stored.messages) for stored in chain)
     limits.check_counts(settings, history + len(new_messages), body.tool_count())
     body.check_tool_names()
@@ -266,7 +272,7 @@ async def create_response(request: Request) -> Response:
     )
     events = engine.stream(generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
-    reply = _Response(body, response_id, engine.model.tokenizer)
+    reply = _Response(body, response_id, engine.model.tokenizer, seals)
     offered = body.offered_tools()
     record = _Record(store, reply, items, new_messages, agent, owner)
     if body.stream:
@@ -313,7 +319,8 @@ class _Record:
     async def save(self, response: dict[str, Any]) -> None:
         if not self.reply.body.store:
             return
-        output_messages = template_messages(response["output"])
+        # The output's own reasoning text is whole: no seal of it is opened (nor counted).
+        output_messages = template_messages(response["output"], seals=None)
         stored = StoredResponse(
             response=response,
             input_items=[_with_id(item) for item in self.items if isinstance(item, dict)],
@@ -344,7 +351,7 @@ async def _collect(
     offered: list[tuple[Tool, str | None]],
     record: _Record,
 ) -> dict[str, Any]:
-    output = OutputItems(offered, reply.sealed)
+    output = OutputItems(offered, reply.seals)
     async for tool_events, event in parsed:
         if event.error is not None:
             raise event.error
@@ -367,7 +374,7 @@ async def _frames(
     """The Responses event stream: created and in_progress at once (before the prompt is
     prefilled), each output item's events, then completed (or incomplete); an `error` event
     and `response.failed` if the engine fails after the 200."""
-    output = OutputItems(offered, reply.sealed)
+    output = OutputItems(offered, reply.seals)
     start = reply.json("in_progress", [])
     for kind in ("response.created", "response.in_progress"):
         yield _frame(output.event({"type": kind, "response": start}))

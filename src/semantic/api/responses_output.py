@@ -9,8 +9,8 @@ from typing import Any
 
 from semantic.api.openai_tools import tool_call_id
 from semantic.api.responses_request import Tool
+from semantic.api.seal import Seals
 from semantic.api.tool_use import ParsedCall, ReasoningDelta, ReplyEvent
-from semantic.text.reasoning import seal
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
 
 
@@ -23,13 +23,14 @@ class OutputItems:
     one event list for a stream, the same items for a whole answer. Items open when their first
     content comes and are done before the next one opens."""
 
-    def __init__(self, tools: list[tuple[Tool, str | None]], sealed: bool = False) -> None:
+    def __init__(self, tools: list[tuple[Tool, str | None]], seals: Seals | None = None) -> None:
         """`tools`: the offered tools with their namespaces (a call of a freeform `custom` tool
-        is a `custom_tool_call`, a namespaced one names its namespace)."""
+        is a `custom_tool_call`, a namespaced one names its namespace). `seals`: reasoning items
+        carry `encrypted_content`, sealed with them (None: they carry none)."""
         self.items: list[dict[str, Any]] = []
         self.custom_tools = {tool.name for tool, _ in tools if tool.type == "custom"}
         self.namespaces = {tool.name: space for tool, space in tools if space is not None}
-        self.sealed = sealed  # reasoning items carry encrypted_content (their seal)
+        self.seals = seals
         self._open: dict[str, Any] | None = None
         self._sequence = 0
 
@@ -123,7 +124,7 @@ class OutputItems:
         events = []
         if item["type"] == "reasoning":
             text = item["content"][0]["text"]
-            item["encrypted_content"] = seal(text) if self.sealed else None
+            item["encrypted_content"] = None if self.seals is None else self.seals.seal(text)
             done = {"type": "response.reasoning_text.done", "item_id": item["id"]}
             done |= {"output_index": self._index, "content_index": 0, "text": text}
             events.append(self.event(done))

@@ -15,12 +15,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from semantic.api.openai_tools import FunctionDefinition, ToolDefinition
+from semantic.api.seal import Seals
 from semantic.api.structured_output import TextFormat
 from semantic.core import AGENT_ID_PATTERN
 from semantic.errors import InvalidRequest
 from semantic.text import client_json
 from semantic.text.chat import template_tool_call
-from semantic.text.reasoning import unseal
 
 RESPONSE_ID_PATTERN = r"^resp_[0-9a-f]{32}$"
 # A freeform (`custom`) tool is offered to the model as a function of one string.
@@ -166,10 +166,13 @@ def input_items(body: ResponsesBody) -> list[dict[str, Any]]:
     return body.input
 
 
-def template_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def template_messages(
+    items: list[dict[str, Any]], seals: Seals | None = None
+) -> list[dict[str, Any]]:
     """Input items as chat-template messages (Hugging Face conventions): messages by role,
     calls on the assistant turn that made them, each output as a `tool` message, reasoning
-    on the assistant turn it preceded."""
+    on the assistant turn it preceded. `seals` open reasoning items' `encrypted_content`
+    (None: none is opened, each item's own text counts)."""
     rendered: list[dict[str, Any]] = []
     reasoning: list[str] = []
     for index, item in enumerate(items):
@@ -183,7 +186,7 @@ def template_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind in ("function_call_output", "custom_tool_call_output"):
             rendered.append(_output(item, index))
         elif kind == "reasoning":
-            reasoning.append(reasoning_text(item))
+            reasoning.append(reasoning_text(item, seals))
     return rendered
 
 
@@ -288,10 +291,10 @@ def _output(item: dict[str, Any], index: int) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
-def reasoning_text(item: dict[str, Any]) -> str:
-    """What a reasoning item says: the text its `encrypted_content` holds when it is ours
+def reasoning_text(item: dict[str, Any], seals: Seals | None = None) -> str:
+    """What a reasoning item says: the text its `encrypted_content` holds when `seals` open it
     (exactly what the model wrote), else its content, else its summary."""
-    sealed = unseal(item.get("encrypted_content"))
+    sealed = None if seals is None else seals.open(item.get("encrypted_content"))
     if sealed is not None:
         return sealed
     for field in ("content", "summary"):

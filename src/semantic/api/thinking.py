@@ -12,6 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi import Request
+
+from semantic.api.auth import caller_of
+from semantic.api.bodies import body_limit
+from semantic.api.seal import SealKey, Seals
 from semantic.api.structured_output import OutputFormat, output_grammar
 from semantic.api.tool_use import ToolUse
 from semantic.models.served import ServedModel
@@ -30,7 +35,7 @@ from semantic.text.reasoning import (
 class Thinking:
     """One request's thinking: the model's format (None: it does not think), what the request
     asked, whether its output is held to a grammar (then it does not think), and whether the
-    client is shown the reasoning (`display: "omitted"` hides it, the seal still carries it)."""
+    client is shown the reasoning (`display: "omitted"` hides it, and its seal holds none)."""
 
     fmt: ReasoningFormat | None
     switch: ThinkingSwitch = field(default_factory=ThinkingSwitch)
@@ -68,6 +73,13 @@ class Thinking:
 
     def hidden(self, model: ServedModel) -> dict[int, str]:
         return {} if self.fmt is None else hidden_markers(self.fmt, model.tokenizer)
+
+
+def seals_of(request: Request) -> Seals:
+    """The request's seals: the server's key, the caller's owner, and the body limit as the
+    most its seals may unpack to, all together."""
+    key: SealKey = request.app.state.seal_key
+    return Seals(key, caller_of(request).owner, body_limit(request.app))
 
 
 def anthropic_switch(kind: str | None, effort: str | None) -> ThinkingSwitch:

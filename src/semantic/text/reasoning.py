@@ -7,48 +7,18 @@ Two families of format, told by the markers the chat template writes:
 - harmony channels (GPT-OSS): `<|channel|>analysis<|message|>…<|end|>` then
   `<|start|>assistant<|channel|>final<|message|>…`; `reasoning_effort` sets how much.
 
-Reasoning goes back to clients as the protocol's thinking blocks; `seal` wraps it into the
-opaque string those blocks carry (an Anthropic `signature`, a Responses `encrypted_content`),
-so a client that was shown none of it (`display: "omitted"`) still sends it back whole, and
-the next prompt renders exactly what the model wrote (its cache holds).
+Reasoning goes back to clients as the protocol's thinking blocks, each with its seal (the
+opaque string those blocks carry: api/seal.py), so the next prompt renders exactly what the
+model wrote (its cache holds).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import zlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
-
-_SEAL = "sem1."
-_MAX_SEALED_BYTES = 4 * 2**20  # what a sealed text may unpack to: no decompression bomb
-
-
-def seal(reasoning: str) -> str:
-    """The opaque string a thinking block carries: the reasoning, compressed and encoded."""
-    packed = zlib.compress(reasoning.encode(), 6)
-    return _SEAL + base64.urlsafe_b64encode(packed).decode()
-
-
-def unseal(sealed: object) -> str | None:
-    """The reasoning a `seal`ed string holds; None for anything else (another server's
-    signature, a forged or oversized one)."""
-    if not isinstance(sealed, str) or not sealed.startswith(_SEAL):
-        return None
-    try:
-        packed = base64.urlsafe_b64decode(sealed[len(_SEAL) :])
-        inflater = zlib.decompressobj()
-        raw = inflater.decompress(packed, _MAX_SEALED_BYTES)
-        if inflater.unconsumed_tail or not inflater.eof:
-            return None
-        return raw.decode()
-    except (binascii.Error, ValueError, zlib.error, UnicodeDecodeError):
-        return None
-
 
 Effort = Literal["low", "medium", "high"]
 
