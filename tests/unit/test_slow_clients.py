@@ -16,6 +16,7 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import Message
 
+from semantic.api import slow_clients
 from semantic.api.app import create_app
 from semantic.api.server import DrainingServer, uvicorn_config
 from semantic.engine.engine import Engine
@@ -110,7 +111,8 @@ def test_past_max_connections_a_new_connection_gets_503(
     tiny_tokenizer: Tokenizer, tmp_path: Path
 ) -> None:
     """Each open connection holds a socket and, once it sends, a task: `max_connections` of
-    them are served, the next is refused at once (uvicorn's `limit_concurrency`)."""
+    them are served, the next is refused at once (uvicorn's `limit_concurrency`); a health
+    check is answered all the same."""
     engine = engine_on(fake_runner(), long_chat_served(tiny_tokenizer), tmp_path, port=0)
     settings = engine.settings.model_copy(update={"max_connections": 2})
     app = create_app(engine, settings)
@@ -121,7 +123,7 @@ def test_past_max_connections_a_new_connection_gets_503(
         while not server.started:
             await asyncio.sleep(0.01)
         port = server.servers[0].sockets[0].getsockname()[1]
-        url = f"http://127.0.0.1:{port}/health/live"
+        url = f"http://127.0.0.1:{port}/v1/models"
         statuses = []
         async with httpx.AsyncClient() as client:
             statuses.append((await client.get(url)).status_code)  # its connection stays open
@@ -129,6 +131,9 @@ def test_past_max_connections_a_new_connection_gets_503(
             statuses.append((await client.get(url)).status_code)  # its own, kept alive
             async with httpx.AsyncClient() as third:
                 statuses.append((await third.get(url)).status_code)
+                statuses.append(
+                    (await third.get(f"http://127.0.0.1:{port}/health/live")).status_code
+                )
             idle[1].close()
             await idle[1].wait_closed()
             await asyncio.sleep(0.2)  # the server sees it closed
@@ -139,7 +144,7 @@ def test_past_max_connections_a_new_connection_gets_503(
         return statuses
 
     with stop_signals_ignored():
-        assert asyncio.run(scenario()) == [200, 200, 503, 200]
+        assert asyncio.run(scenario()) == [200, 200, 503, 200, 200]
 
 
 # Each stops before its request is whole: nothing at all, half a head (slowloris), half a body.
@@ -187,3 +192,46 @@ def test_a_client_that_stops_sending_its_request_is_cut_off(
         answers, status = asyncio.run(scenario())
     assert answers == [b"", b"", b""]  # closed, with nothing written
     assert status == 200
+
+
+def test_idle_connections_past_the_limit_leave_liveness_answered_and_are_soon_closed(
+    tiny_tokenizer: Tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sockets that each sent one byte held every place for `receive_timeout_s` (60 s), and a
+    liveness probe got 503 meanwhile (520 of them against the default 512, from anyone once
+    the server is remote): a probe is answered past the limit, and a connection that sends no
+    whole head is closed after the head's timeout (10 s; 1 s here), not `receive_timeout_s`,
+    which frees the places for requests."""
+    monkeypatch.setattr(slow_clients, "HEAD_TIMEOUT_S", 1.0)
+    engine = engine_on(fake_runner(), long_chat_served(tiny_tokenizer), tmp_path, port=0)
+    settings = engine.settings.model_copy(update={"max_connections": 4})
+    app = create_app(engine, settings)
+
+    async def scenario() -> tuple[list[int], list[bytes]]:
+        server = DrainingServer(uvicorn_config(app, settings), app.state.lifecycle, 1)
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        base = f"http://127.0.0.1:{port}"
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(6)]
+        for _, writer in idle:
+            writer.write(b"G")
+        await asyncio.sleep(0.2)  # the server has them all
+        statuses = []
+        async with httpx.AsyncClient() as client:
+            statuses.append((await client.get(f"{base}/health/live")).status_code)
+            statuses.append((await client.get(f"{base}/v1/models")).status_code)
+        closed = [await asyncio.wait_for(reader.read(), timeout=30) for reader, _ in idle]
+        async with httpx.AsyncClient() as client:
+            statuses.append((await client.get(f"{base}/v1/models")).status_code)
+        for _, writer in idle:
+            writer.close()
+        server.should_exit = True
+        await asyncio.wait_for(serving, timeout=60)
+        return statuses, closed
+
+    with stop_signals_ignored():
+        statuses, closed = asyncio.run(scenario())
+    assert statuses == [200, 503, 200]
+    assert closed == [b""] * 6  # closed by the server, with nothing written

@@ -91,6 +91,7 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
         timeout_graceful_shutdown=RESPONSE_GRACE_S,
         http=CutOffSlowSenders.with_timeout(settings.receive_timeout_s),
         # uvicorn refuses a request (503) once this many connections are open, its own
-        # included: one more, so that `max_connections` of them are served.
+        # included: one more, so that `max_connections` of them are served (health checks
+        # are served past it: see CutOffSlowSenders).
         limit_concurrency=settings.max_connections + 1,
     )
