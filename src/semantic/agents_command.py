@@ -3,10 +3,16 @@
 
 Online or not, `list` prints one table of the same columns (or `--json`); what only a running
 server knows (memory, turns) shows as `-` when read from disk.
+
+An API key (an admin key first) goes only where the user said: to the settings' host when it
+is a loopback address, else only to a server named by `--url`, and never over plain http to a
+host off this machine unless `--allow-plain-http` says the network is trusted. The settings are
+those of a server, and a host or port in them may name a machine that should not learn the key.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -35,6 +41,8 @@ class Query:
     agent_id: str | None = None  # for show and delete
     owner: str | None = None  # whose agents: an owner digest or `none` (None: the key's own)
     as_json: bool = False
+    url: str | None = None  # the server to ask (`--url`); None: the settings' host and port
+    plain_http: bool = False  # a key may go over plain http to a host off this machine
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,7 +69,9 @@ def server_url(settings: Settings) -> str:
 
 
 def run(settings: Settings, query: Query) -> int:
-    server = server_url(settings)
+    server = query.url.rstrip("/") if query.url else server_url(settings)
+    if settings.admin_api_keys or settings.api_keys:
+        check_key_destination(server, named=query.url is not None, plain_http=query.plain_http)
     client = _client(settings)
     try:
         return _online(client, server, query)
@@ -71,6 +81,32 @@ def run(settings: Settings, query: Query) -> int:
         return _from_disk(settings, root, query)
     finally:
         client.close()
+
+
+def check_key_destination(server: str, named: bool, plain_http: bool) -> None:
+    """SemanticError unless an API key may go to `server`: a loopback address, or a server the
+    user named (`named`), over https unless `plain_http`."""
+    url = httpx.URL(server)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise SemanticError(f"--url {server!r} is no http or https URL")
+    local = _is_loopback(url.host)
+    if not named and not local:
+        raise SemanticError(
+            f"the settings name {url.host} as the server's host, which is not this machine's "
+            "loopback: the API key is sent only to loopback or to a server named by --url"
+        )
+    if url.scheme == "http" and not local and not plain_http:
+        raise SemanticError(
+            f"refusing to send the API key over plain http to {url.host}: anyone on the way "
+            "could read it. Use an https URL, or --allow-plain-http on a network you trust"
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: only `localhost` is known to stay on this machine
+        return host == "localhost"
 
 
 def _client(settings: Settings) -> httpx.Client:

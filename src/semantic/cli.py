@@ -57,9 +57,11 @@ list (the default): every agent, its cached tokens in memory and on disk, pinned
 it was last used and how many turns it had; show ID: one agent in full; delete ID: an agent and
 the cache no other agent shares.
 
-Asks the running server at --host and --port, with its admin key, else its API key: a key sees
-its own agents, an admin key every key's (--owner names whose). When no server answers, reads
-the cache folder (--cache-dir) directly, every owner's agents, and says so."""
+Asks the running server at --host and --port (or --url), with its admin key, else its API key:
+a key sees its own agents, an admin key every key's (--owner names whose). A key goes only to a
+loopback host or to --url, and over plain http only to loopback unless --allow-plain-http. When
+no server answers, reads the cache folder (--cache-dir) directly, every owner's agents, and
+says so."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,6 +131,16 @@ def _parser() -> argparse.ArgumentParser:
         "agents of no key; by default, with an admin key every key's to list and its own to "
         "show or delete",
     )
+    agents.add_argument(
+        "--url",
+        help="the server to ask, as http(s)://host:port; without it, the settings' host and "
+        "port, where an API key is sent only if the host is loopback",
+    )
+    agents.add_argument(
+        "--allow-plain-http",
+        action="store_true",
+        help="send the API key over plain http to a --url off this machine",
+    )
     add_settings_flags(
         agents,
         ["host", "port", "api_key", "api_key_file", "admin_api_key", "cache_dir", "config"],
@@ -180,7 +192,9 @@ def _agents(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if args.action != "list" and not args.agent_id:
         raise SemanticError(f"`semantic agents {args.action}` needs an agent id")
-    query = agents_command.Query(args.action, args.agent_id, args.owner, args.json)
+    query = agents_command.Query(
+        args.action, args.agent_id, args.owner, args.json, args.url, args.allow_plain_http
+    )
     return agents_command.run(settings, query)
 
 

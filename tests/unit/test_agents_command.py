@@ -193,3 +193,27 @@ def test_from_disk_owner_picks_one_owners_agent(
     assert cli.main(["agents", "--json", *where]) == 0
     [left] = json.loads(capsys.readouterr().out)["agents"]
     assert left["owner"] == owners[1]
+
+
+def test_a_key_goes_only_to_loopback_or_a_named_server_and_not_in_plain_http_off_the_machine(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The admin key went to whatever the settings' host and port named: now a host off this
+    machine must be named by --url, and plain http to one needs --allow-plain-http; no
+    connection is made before the check."""
+
+    def no_client(settings: Settings) -> TestClient:
+        raise AssertionError("a request was about to be sent")
+
+    monkeypatch.setattr(agents_command, "_client", no_client)
+    monkeypatch.setenv("SEMANTIC_ADMIN_API_KEY", "sk-admin-1")
+    assert cli.main(["agents", "--host", "192.0.2.5"]) == 2
+    assert "sent only to loopback or to a server named by --url" in capsys.readouterr().err
+    assert cli.main(["agents", "--url", "http://192.0.2.5:8000"]) == 2
+    assert "over plain http to 192.0.2.5" in capsys.readouterr().err
+    assert cli.main(["agents", "--url", "ftp://192.0.2.5"]) == 2
+    check = agents_command.check_key_destination
+    check("https://192.0.2.5:8000", named=True, plain_http=False)
+    check("http://192.0.2.5:8000", named=True, plain_http=True)
+    check("http://[::1]:8000", named=False, plain_http=False)
+    check("http://localhost:8000", named=False, plain_http=False)
