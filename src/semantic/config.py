@@ -1,6 +1,8 @@
 """The one settings object: defaults < TOML file < `.env` < `SEMANTIC_*` environment < CLI flags.
 
-The TOML file is named by `--config` or `SEMANTIC_CONFIG`. Built once by `cli.py` and passed down
+The TOML file is named by `--config` or `SEMANTIC_CONFIG`. The `.env` file is the user's own
+(`user_env_file`), never one in the working folder: a repository or download the server is
+started in must not set its keys, host or cache folder. Built once by `cli.py` and passed down
 explicitly; nothing below the CLI reads the environment.
 """
 
@@ -37,6 +39,12 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "semantic"
 
 
+def user_env_file() -> Path:
+    """The `.env` file the settings read: in the user's config folder, $XDG_CONFIG_HOME or
+    ~/.config, under `semantic/` (on macOS too)."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "semantic" / ".env"
+
+
 class Settings(BaseSettings):
     """Every knob of the server. Each field is also a CLI flag (`--cache-budget-mb`) and a flat
     environment variable (`SEMANTIC_CACHE_BUDGET_MB`)."""
@@ -44,7 +52,7 @@ class Settings(BaseSettings):
     # Inputs stay out of validation errors: they may be API keys.
     model_config = SettingsConfigDict(
         env_prefix="SEMANTIC_",
-        env_file=".env",
+        env_file=None,  # read from user_env_file() only (settings_customise_sources)
         extra="ignore",
         validate_default=True,
         hide_input_in_errors=True,
@@ -364,7 +372,8 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # CLI flags arrive as init kwargs.
-        sources = _by_precedence(settings_cls, init_settings, env_settings, dotenv_settings)
+        dotenv = DotEnvSettingsSource(settings_cls, env_file=user_env_file())
+        sources = _by_precedence(settings_cls, init_settings, env_settings, dotenv)
         return tuple(sources.values())
 
     @property
@@ -483,7 +492,7 @@ def value_sources(flags: Mapping[str, Any]) -> dict[str, str]:
         Settings,
         InitSettingsSource(Settings, dict(flags)),
         EnvSettingsSource(Settings),
-        DotEnvSettingsSource(Settings),
+        DotEnvSettingsSource(Settings, env_file=user_env_file()),
     )
     found = {label: source() for label, source in sources.items()}
     return {

@@ -41,6 +41,7 @@ def no_outside_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     """No `.env` or `SEMANTIC_*` variable of the machine running the tests gets into the
     settings (for tests of settings-driven behaviour: keys, limits)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
         monkeypatch.delenv(name)
 

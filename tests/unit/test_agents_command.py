@@ -29,6 +29,7 @@ TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 @pytest.fixture(autouse=True)
 def _only_our_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
         monkeypatch.delenv(name)
 

@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 
 from semantic import cli
-from semantic.config import SETTING_GROUPS, Settings, env_name, flag_name
+from semantic.config import SETTING_GROUPS, Settings, env_name, flag_name, user_env_file
 
 
 @pytest.fixture(autouse=True)
 def _only_our_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Run in an empty folder (no `.env`) with no `SEMANTIC_*` variable of the machine's."""
+    """Run in an empty folder with no `SEMANTIC_*` variable of the machine's, and an empty
+    config folder (no `.env`)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("COLUMNS", "100")
     for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
         monkeypatch.delenv(name)
@@ -120,7 +122,8 @@ def test_a_bad_value_names_the_setting_and_where_it_came_from(
     if source == "env":
         monkeypatch.setenv("SEMANTIC_CACHE_BUDGET_MB", "abc")
     elif source == "dotenv":
-        (tmp_path / ".env").write_text("SEMANTIC_CACHE_BUDGET_MB=abc\n")
+        user_env_file().parent.mkdir(parents=True)
+        user_env_file().write_text("SEMANTIC_CACHE_BUDGET_MB=abc\n")
     elif source == "file":
         config.write_text('cache_budget_mb = "abc"\n')
         argv += ["--config", str(config)]

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from semantic.cli import main
-from semantic.config import Settings, value_sources
+from semantic.config import Settings, user_env_file, value_sources
 
 DOCS = Path(__file__).parents[2] / "docs" / "operations.md"
 SECRET = "sk-never-printed-4b3a"
@@ -21,8 +21,10 @@ SECRET = "sk-never-printed-4b3a"
 
 @pytest.fixture(autouse=True)
 def _only_our_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Run in an empty folder (no `.env`) with no `SEMANTIC_*` variable of the machine's."""
+    """Run in an empty folder with no `SEMANTIC_*` variable of the machine's, and an empty
+    config folder (no `.env`)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
         monkeypatch.delenv(name)
 
@@ -39,7 +41,8 @@ def test_flags_beat_env_beat_dotenv_beat_the_file_beat_defaults(
         tmp_path / "semantic.toml",
         'max_running = 1\nmodel = "file"\nhost = "127.0.0.9"\nport = 9001\n',
     )
-    write(tmp_path / ".env", "SEMANTIC_MAX_RUNNING=2\nSEMANTIC_MODEL=dotenv\nSEMANTIC_HOST=::1\n")
+    user_env_file().parent.mkdir(parents=True)
+    write(user_env_file(), "SEMANTIC_MAX_RUNNING=2\nSEMANTIC_MODEL=dotenv\nSEMANTIC_HOST=::1\n")
     monkeypatch.setenv("SEMANTIC_MAX_RUNNING", "3")
     monkeypatch.setenv("SEMANTIC_MODEL", "env")
     flags = {"config": str(config), "max_running": "4"}
@@ -52,6 +55,16 @@ def test_flags_beat_env_beat_dotenv_beat_the_file_beat_defaults(
     assert sources["max_running"] == "flag" and sources["model"] == "env"
     assert sources["host"] == ".env" and sources["port"] == str(config)
     assert sources["block_tokens"] == "default" and sources["config"] == "flag"
+
+
+def test_a_dotenv_in_the_working_folder_is_not_read(tmp_path: Path) -> None:
+    """A `.env` in the folder the server starts in (a cloned repository, a download) set its
+    keys, host and cache folder: only the user's own, in their config folder, is read."""
+    write(tmp_path / ".env", "SEMANTIC_HOST=0.0.0.0\nSEMANTIC_API_KEY=planted\n")
+    settings = Settings()
+    assert settings.host == "127.0.0.1" and settings.api_keys == ()
+    assert value_sources({})["host"] == "default"
+    assert user_env_file() == tmp_path / "config" / "semantic" / ".env"
 
 
 def test_the_file_is_named_by_semantic_config_and_a_flag_names_another(
