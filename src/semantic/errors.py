@@ -139,6 +139,16 @@ class CacheFolderBusy(SemanticError):
         self.holder_pid = holder_pid
 
 
+class FolderNotPrivate(SemanticError):
+    """A folder the server loads files from is another user's, or others may write it: what
+    lies there may have been planted. The message names the folder and the command that fixes
+    it."""
+
+    def __init__(self, folder: Path, message: str) -> None:
+        super().__init__(message)
+        self.folder = folder
+
+
 class ModelLoadFailed(SemanticError):
     """Weights, tokenizer or config could not be loaded."""
 

@@ -2,8 +2,9 @@
 
 `semantic serve` checks here, in seconds, what would otherwise fail after a load of seconds to
 minutes: torch is installed, the bind is allowed, the model is there, the cache folder can be
-created, written and locked, and the port is free (it is bound here, and the socket handed to
-the server). Each failure is a SemanticError of one sentence that says what to do.
+created, is this user's alone, can be written and locked, and the port is free (it is bound
+here, and the socket handed to the server). Each failure is a SemanticError of one sentence that
+says what to do.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from semantic.backends import default_backend
 from semantic.cache.disk import cache_root
 from semantic.cache.folder_lock import FolderLock
+from semantic.cache.private_folder import private_folder
 from semantic.config import Settings
 from semantic.errors import SemanticError
 from semantic.registry import ModelRegistry, ModelSource
@@ -89,10 +91,13 @@ def check_bind(settings: Settings) -> None:
 
 @contextlib.contextmanager
 def locked_cache_folder(settings: Settings) -> Iterator[FolderLock]:
-    """The KV cache folder, created, writable and locked: one server per folder, refused here
-    so that a second one fails at once; held until the caches are persisted at exit."""
+    """The KV cache folder, created (mode 0700), this user's alone, writable and locked: one
+    server per folder, refused here so that a second one fails at once; held until the caches
+    are persisted at exit. One that others may write is refused (FolderNotPrivate says how to
+    fix it): the files in it are loaded at start-up."""
     folder = cache_root(settings.cache_dir)
     try:
+        private_folder(folder, settings.cache_dir, "the cache folder")
         lock = FolderLock.acquire(folder)  # CacheFolderBusy names the holder and what to do
     except OSError as exc:
         raise _unusable(folder, exc) from None

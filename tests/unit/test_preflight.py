@@ -66,6 +66,18 @@ def test_a_cache_folder_that_cannot_be_created_fails_before_the_load(
     assert "--cache-dir" in error and "Traceback" not in error
 
 
+def test_a_cache_folder_others_may_write_fails_before_the_load_and_says_how_to_fix_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kv = tmp_path / "cache" / "kv"
+    kv.mkdir(parents=True)
+    (kv / "server.lock").touch()  # an earlier server's: the folder is not empty
+    kv.chmod(0o777)
+    error = serve(capsys, tmp_path, "--port", "0")
+    assert f"refusing the cache folder {kv}: its group and others may write it" in error
+    assert f"`chmod 700 {kv}`" in error and "Traceback" not in error
+
+
 def test_a_missing_model_fails_before_the_load(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -40,6 +40,7 @@ from semantic.cache.durable import (
 )
 from semantic.cache.page import SCALE_NAMES, PageKV, page_layout
 from semantic.cache.prefix import page_key, split_key
+from semantic.cache.private_folder import check_private, private_folder
 from semantic.core import CacheSpec
 from semantic.errors import CacheCorrupt
 
@@ -157,7 +158,8 @@ class DiskTier:
     block, once (the same atomic write). The index (`cache/disk_index.py`: sizes least recently
     used first, partial tails by parent, known by their first group's page) mirrors `blocks/`.
     Content is trusted only after its checks pass on read; a file that fails is moved to
-    `quarantine/` and counted, never loaded.
+    `quarantine/` and counted, never loaded. The folders are this user's alone
+    (`cache/private_folder.py`): FolderNotPrivate otherwise.
     Thread-safe: the writer thread writes while the reader thread reads and the engine side
     evicts; one lock guards the index and counters, I/O runs outside it.
     Eviction and reads race benignly: a block deleted mid-read is a miss.
@@ -186,7 +188,10 @@ class DiskTier:
         self.blocks_dir = self.model_root / "blocks"
         self.quarantine_dir = self.model_root / "quarantine"
         for folder in (self.blocks_dir, self.quarantine_dir, self.model_root / "agents"):
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # caches hold conversations
+            private_folder(folder, root, "the cache folder")  # caches hold conversations
+        for owner in (self.model_root / "agents").iterdir():
+            if owner.is_dir():
+                check_private(owner, "the cache folder")
         self._lock = threading.Lock()
         self._index = DiskIndex()
         self._stats = DiskStats()

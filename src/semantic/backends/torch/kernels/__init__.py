@@ -6,9 +6,12 @@ small per-layer ops of a step: RMSNorm, rope and SwiGLU's middle.
 A C++ extension (AVX-512 with BF16 and VNNI dot products), built once per sources, compiler
 flags, torch build and Python into a folder of the user cache named by their digest, never by a
 checkout's path: every checkout and venv with the same ones loads that build in well under a
-second. A build says that it is building and how long it took.
+second. A build says that it is building and how long it took. The library runs as this user,
+so it is loaded only from folders that are this user's alone (`cache/private_folder.py`),
+made with mode 0700.
 `cpu_kernels()` returns None, logged once, where it cannot run: another architecture, a CPU
-without AVX-512 BF16 or VNNI, or no working compiler; callers then keep the stock torch kernels.
+without AVX-512 BF16 or VNNI, no working compiler, or a build folder others could write; callers
+then keep the stock torch kernels.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ import torch
 import torch.nn.functional as F
 
 from semantic.backends.torch.int8 import quantize_rows
+from semantic.cache.private_folder import check_private, private_folder
 from semantic.config import default_cache_dir
+from semantic.errors import FolderNotPrivate
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,7 @@ _CFLAGS = (
 )
 _LDFLAGS = ("-fopenmp",)
 _FOLDER = Path(__file__).parent
+_WHAT = "the CPU kernels' build folder"
 
 
 class CpuKernels:
@@ -275,6 +281,9 @@ def _load() -> tuple[CpuKernels | None, str | None]:
         return None, missing
     try:
         module = _build()
+    except FolderNotPrivate as exc:  # what others could have put there never runs here
+        log.warning("semantic CPU kernels off, stock torch kernels instead: %s", exc)
+        return None, str(exc)
     except Exception as exc:  # a compiler error, a missing toolchain: never fatal
         log.warning("semantic CPU kernels failed to build, stock torch kernels instead: %s", exc)
         return None, f"the CPU kernels failed to build: {exc}"
@@ -318,13 +327,14 @@ def _build_folder(files: dict[str, bytes]) -> Path:
 
 def _build(sources: Path = _FOLDER) -> ModuleType:
     """The extension built from `sources`: loaded from its folder when a build is there (from
-    any checkout), else built there first, one process at a time."""
+    any checkout), else built there first, one process at a time. FolderNotPrivate, before
+    anything is loaded, when the folder or the library is not this user's alone."""
     files = _read_sources(sources)
-    folder = _build_folder(files)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_folder(_build_folder(files), default_cache_dir(), _WHAT)
     library = folder / f"{_NAME}.so"
     with _build_lock(folder):
         if library.exists():
+            check_private(library, "the CPU kernels' library")
             try:
                 return _import(library)
             except ImportError as exc:  # a build cut short: a truncated library
@@ -360,8 +370,7 @@ def _compile(files: dict[str, bytes], folder: Path) -> ModuleType:
     alone and no checkout's path."""
     from torch.utils import cpp_extension  # imports setuptools: only when building
 
-    copies = folder / "src"
-    copies.mkdir(exist_ok=True)
+    copies = private_folder(folder / "src", folder, _WHAT)  # compiled into the library
     for name, text in files.items():
         (copies / name).write_bytes(text)
     log.info(
@@ -379,5 +388,13 @@ def _compile(files: dict[str, bytes], folder: Path) -> ModuleType:
         build_directory=str(folder),
         verbose=False,
     )
+    _keep_private(folder / f"{_NAME}.so")
     log.info("built the semantic CPU kernels in %.1f s", time.perf_counter() - started)
     return module
+
+
+def _keep_private(library: Path) -> None:
+    """The built library, made writable by this user alone: the compiler writes it under the
+    umask, and the next start refuses one that others may change (`check_private`)."""
+    with contextlib.suppress(FileNotFoundError):
+        library.chmod(library.stat().st_mode & ~0o022)
