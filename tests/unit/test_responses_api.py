@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -462,6 +464,24 @@ def test_one_keys_responses_push_out_only_its_own(tmp_path: Path) -> None:
     restarted.save(stored("x" * 1000, ALICE))
     assert restarted.load(bobs.id, BOB).messages == bobs.messages
     assert len(files_in(tmp_path / ALICE)) == 3
+
+
+def test_stored_responses_are_readable_by_this_user_only(tmp_path: Path) -> None:
+    """They hold clients' conversations: the folders are 0700 (the store's was 0755), the
+    files 0600, whatever the umask, and a folder an older version made is tightened."""
+    root = tmp_path / "responses"
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    old_umask = os.umask(0o022)
+    try:
+        ResponseStore(root).save(stored("private", ALICE))
+        ResponseStore(root).save(stored("private too"))
+    finally:
+        os.umask(old_umask)
+    folders = [root, *(path for path in root.iterdir() if path.is_dir())]
+    assert len(folders) == 3
+    assert {stat.S_IMODE(folder.stat().st_mode) for folder in folders} == {0o700}
+    assert {stat.S_IMODE(f.stat().st_mode) for f in root.rglob("resp_*.json")} == {0o600}
 
 
 def test_responses_an_older_version_kept_in_one_folder_are_still_found(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Stored responses of the Responses API (`store: true`): one JSON file per response under
 `<cache_dir>/responses/<owner>/`, written atomically, so `previous_response_id` still finds its
 chain after a restart. A response belongs to the API key that made it (none without keys): it
-lives in its key's folder, and another key neither reads, continues nor deletes it.
+lives in its key's folder, and another key neither reads, continues nor deletes it. They hold
+clients' conversations: the folders are this user's alone (0700), the files too (0600).
 
 A client's text is hostile, so stored responses must not fill the disk, and one key must not
 push out another's: each owner keeps at most `max_responses`, `max_bytes` in all, its own oldest
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -95,7 +97,8 @@ class ResponseStore:
         with self._lock:
             held = self._holdings()  # before this one's file is there: it is counted below
         folder = self._folder(record.owner)
-        folder.mkdir(parents=True, exist_ok=True)
+        _private(self.root)
+        _private(folder)
         data = json.dumps({"format": FORMAT, **asdict(record)}, ensure_ascii=False).encode()
         write_durably(folder / f"{record.id}.json", data)
         with self._lock:
@@ -248,10 +251,17 @@ def _adopt_unfiled(root: Path) -> None:
             folder = root / (_NO_OWNER if owner is None else owner)
             if owner is not None and not _OWNER.fullmatch(owner):
                 raise ValueError(owner)
-            folder.mkdir(exist_ok=True)
+            _private(folder)
             os.replace(path, folder / path.name)
         except (OSError, ValueError, KeyError, TypeError):
             unlink_quietly(path)
+
+
+def _private(folder: Path) -> None:
+    """Make `folder` (mode 0700), or make it 0700: an older version made it 0755."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if stat.S_IMODE(folder.stat().st_mode) != 0o700:
+        os.chmod(folder, 0o700)
 
 
 def _stat(path: Path) -> tuple[float, int]:

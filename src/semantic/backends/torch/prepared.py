@@ -10,12 +10,15 @@ any other gets a file of its own.
 
 The file is one safetensors file: every tensor of the model, and in its metadata the model's
 object graph (its layers, their shapes and options) pickled with the tensors, the config and the
-kernels left out by reference. Unpickling takes only the torch backend's classes and torch's
-functional ops: anything else in the file fails the load, which then converts the checkpoint.
-(The kernels' shared library beside it in the same cache is code the process loads anyway, so
-the folder is trusted as much as that.) Only our CPU kernels' layout is prepared: on a GPU the
-conversion is the cheap part of a load. The file is written once, whole (a temporary file
-renamed), and past `KEEP` files the least recently used go: each is about the model's bf16 size.
+kernels left out by reference. The graph is data: unpickling resolves only the exact (module,
+name) pairs of `_ALLOWED`, the classes a built model is made of and the activations it holds,
+so a file that names anything else (`os.system`, or a dotted name that reaches it through an
+allowed module) runs nothing. A file that fails any check is moved to `quarantine/` beside it,
+named in the log, and the checkpoint is converted again. The folder must be this user's alone
+(`cache/private_folder.py`), else nothing is mapped from it or written to it. Only our CPU
+kernels' layout is prepared: on a GPU the conversion is the cheap part of a load. The file is
+written once, whole (a temporary file renamed), and past `KEEP` files the least recently used
+go, in the folder and in its quarantine alike: each is about the model's bf16 size.
 """
 
 from __future__ import annotations
@@ -34,13 +37,37 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 import semantic
-from semantic.backends.torch.kernels import CpuKernels
+from semantic.backends.torch.attention import LayerAttention
+from semantic.backends.torch.kernels import CpuKernels, Int8PanelWeight, PanelWeight
+from semantic.backends.torch.linear import (
+    DenseLinear,
+    Int8Linear,
+    OneDnnLinear,
+    PanelLinear,
+    UnpackScratch,
+)
 from semantic.backends.torch.models import build_model
-from semantic.backends.torch.models.layers import Build, DecoderModel
+from semantic.backends.torch.models.experts import Experts, SoftmaxOfTopK, TopKOfSoftmax
+from semantic.backends.torch.models.gpt_oss import ClampedSwiGLU
+from semantic.backends.torch.models.layers import (
+    Attention,
+    Block,
+    Build,
+    DecoderModel,
+    GatedMLP,
+    QKNorms,
+    RMSNorm,
+    gelu_tanh,
+)
+from semantic.backends.torch.models.rope import Rope
+from semantic.cache.durable import move_to_quarantine
+from semantic.cache.private_folder import private_folder
+from semantic.errors import FolderNotPrivate
 from semantic.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -52,10 +79,51 @@ _PACKAGE = Path(semantic.__file__).parent
 # The sources whose code decides what a built model holds: the checkpoint readers, the families,
 # their layers, the linears and the panel layout.
 _SHAPING_SOURCES = ("models", "backends/torch")
-_CLASSES = "semantic.backends.torch."  # the modules whose classes a prepared file may name
-_FUNCTIONS = "torch.nn.functional"  # and the module of the functions it may name (activations)
+QUARANTINE = "quarantine"  # the folder, beside the prepared files, of those that failed to load
 
 Arrays = Iterable[tuple[str, np.ndarray]]
+
+
+def _global_name(value: Any) -> tuple[str, str]:
+    """The (module, name) pair pickle writes for a class or function; a dotted name (a nested
+    class) would make unpickling walk attributes, so none is allowed."""
+    pair = (value.__module__, value.__qualname__)
+    if "." in pair[1]:
+        raise TypeError(f"{pair} is not a top-level name")
+    return pair
+
+
+# Every name a built model's graph holds, exactly: the layers' classes of every family, the
+# linears and weights our kernels' layout takes, and the activations. A family with a class of
+# its own adds it here: until then its prepared file fails to load, is quarantined and the
+# checkpoint converted at each start (the log says which name).
+_ALLOWED = frozenset(
+    _global_name(value)
+    for value in (
+        DecoderModel,
+        Block,
+        Attention,
+        QKNorms,
+        GatedMLP,
+        RMSNorm,
+        Rope,
+        LayerAttention,
+        Experts,
+        SoftmaxOfTopK,
+        TopKOfSoftmax,
+        ClampedSwiGLU,
+        DenseLinear,
+        OneDnnLinear,
+        PanelLinear,
+        Int8Linear,
+        UnpackScratch,
+        PanelWeight,
+        Int8PanelWeight,
+        F.silu,
+        F.gelu,
+        gelu_tanh,
+    )
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -84,41 +152,55 @@ class PreparedWeights:
 
     def build(self, build: Build, arrays: Arrays) -> DecoderModel:
         """The model: mapped from the prepared file when there is one that loads, else built
-        from `arrays` and written there for the next start."""
+        from `arrays` and written there for the next start (neither in a folder that is not
+        this user's alone)."""
         started = time.perf_counter()
-        model = self._mapped(build)
+        private = self._private()
+        model = self._mapped(build) if private else None
         if model is not None:
             os.utime(self.path)  # most recently used: the last to be removed
             log.info("weights: prepared ones mapped in %.2f s from %s", _since(started), self.path)
             return model
         model = build_model(build, arrays)
-        self._write(model)
+        if private:
+            self._write(model)
         return model
 
+    def _private(self) -> bool:
+        try:
+            private_folder(self.folder, self.folder.parent, "the prepared weights' folder")
+        except (FolderNotPrivate, OSError) as exc:
+            log.warning("prepared weights not used: %s", exc)
+            return False
+        return True
+
     def _mapped(self, build: Build) -> DecoderModel | None:
+        """The model in the prepared file; None when there is none, or when it fails a check:
+        then it is quarantined (a file named by this model's digest that does not load never
+        will)."""
         if not self.path.exists():
             return None
         try:
-            with safe_open(self.path, framework="pt") as file:
-                metadata = file.metadata() or {}
-                if metadata.get("format") != FORMAT:
-                    raise ValueError(f"format {metadata.get('format')!r}")
-                names = file.keys()
-                tensors = {name: file.get_tensor(name) for name in names}
-            graph = base64.b64decode(metadata["model"])
-            model = _Unpickler(io.BytesIO(graph), tensors, build).load()
-            if not isinstance(model, DecoderModel):
-                raise TypeError(f"the file holds a {type(model).__name__}")
-            return model
+            return _load(self.path, build)
         except Exception as exc:  # any fault means: convert the checkpoint
-            log.warning("prepared weights %s do not load (%s): converting", self.path, exc)
+            self._quarantine(exc)
             return None
+
+    def _quarantine(self, exc: Exception) -> None:
+        quarantine = self.folder / QUARANTINE
+        move_to_quarantine(self.path, quarantine, "corrupt")
+        log.warning(
+            "prepared weights %s do not load (%s): moved to %s, converting the checkpoint",
+            self.path,
+            exc,
+            quarantine,
+        )
+        _remove_least_recently_used(quarantine, KEEP)
 
     def _write(self, model: DecoderModel) -> None:
         started = time.perf_counter()
         temporary = self.folder / f".{self.path.name}.{os.getpid()}.tmp"
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
             graph, pickler = io.BytesIO(), _Pickler()
             pickler.dump_to(graph, model)
             metadata = {"format": FORMAT, "model": base64.b64encode(graph.getvalue()).decode()}
@@ -159,9 +241,25 @@ class _Pickler:
         return None
 
 
+def _load(path: Path, build: Build) -> DecoderModel:
+    """The model a prepared file holds; raises for any file that is not one."""
+    with safe_open(path, framework="pt") as file:
+        metadata = file.metadata() or {}
+        if metadata.get("format") != FORMAT:
+            raise ValueError(f"format {metadata.get('format')!r}")
+        names = file.keys()
+        tensors = {name: file.get_tensor(name) for name in names}
+    graph = base64.b64decode(metadata["model"], validate=True)
+    model = _Unpickler(io.BytesIO(graph), tensors, build).load()
+    if not isinstance(model, DecoderModel):
+        raise TypeError(f"the file holds a {type(model).__name__}")
+    return model
+
+
 class _Unpickler(pickle.Unpickler):
-    """The model back, over the file's tensors and this load's config and kernels; it names no
-    class outside the torch backend and no function outside torch's functional ops."""
+    """The model back, over the file's tensors and this load's config and kernels. It resolves
+    only the exact names of `_ALLOWED`: a name outside it, or a dotted one (which pickle would
+    follow attribute by attribute, `torch.os.system`), fails the load before anything runs."""
 
     def __init__(self, file: io.BytesIO, tensors: dict[str, torch.Tensor], build: Build) -> None:
         super().__init__(file)
@@ -169,7 +267,7 @@ class _Unpickler(pickle.Unpickler):
         self._build = build
 
     def find_class(self, module: str, name: str) -> Any:
-        if module.startswith(_CLASSES) or module == _FUNCTIONS:
+        if (module, name) in _ALLOWED and "." not in name:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a model")
 
