@@ -301,7 +301,7 @@ def test_a_bad_file_is_a_miss_moved_to_quarantine_and_counted(
     tier.write(make_record(43, parent=42))
     path = tier.blocks_dir / f"{42:016x}.safetensors"
     damage(path)
-    tier = open_tier(tmp_path)  # a restart: the index trusts names, content is checked on read
+    tier = open_tier(tmp_path)  # a restart: headers are checked as it opens, content on read
     assert tier.read(42) is None
     assert not path.exists() and not tier.contains(42)
     assert [p.name.split(".")[1] for p in tier.quarantine_dir.iterdir()] == [reason]

@@ -2,7 +2,8 @@
 group's K/V of one block), named by page key.
 
 Owns the layout under `<cache_dir>/<model_tag>/` (`blocks/`, `quarantine/`; manifests live in
-`cache/manifest.py`), the checks every read makes, quarantine of bad files and LRU eviction to a
+`cache/manifest.py`), the checks every file takes (its name, size and header when the tier
+opens, `cache/block_header.py`; all of it on read), quarantine of bad files and LRU eviction to a
 byte budget. Backend-neutral: KV arrives as numpy (bf16/fp16 as `np.uint16` raw bits), and
 nothing is ever unpickled. A file holds the page's arrays as the pool stores them
 (`cache/page.py`): an 8-bit cache's int8 K/V and their scales, about half a bf16 file. Writes
@@ -12,9 +13,7 @@ are atomic (`cache/durable.py`) and run on the writer thread (`cache/disk_writer
 from __future__ import annotations
 
 import contextlib
-import enum
 import hashlib
-import json
 import logging
 import os
 import re
@@ -30,9 +29,18 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 
+from semantic.cache.block_header import (
+    MAX_HEADER_BYTES,
+    BlockHeader,
+    TensorEntry,
+    header_of,
+    read_header,
+)
 from semantic.cache.disk_index import GONE_CORRUPT, GONE_EVICTED, DiskIndex
 from semantic.cache.durable import (
     HEX_HASH,
+    QuarantineReason,
+    Rejected,
     move_to_quarantine,
     parse_hash,
     remove_temp_files,
@@ -42,7 +50,6 @@ from semantic.cache.page import SCALE_NAMES, PageKV, page_layout
 from semantic.cache.prefix import page_key, split_key
 from semantic.cache.private_folder import check_private, private_folder
 from semantic.core import CacheSpec
-from semantic.errors import CacheCorrupt
 
 log = logging.getLogger(__name__)
 
@@ -87,24 +94,6 @@ def page_name(key: int) -> str:
     if key < 0 or group >= _MAX_GROUPS:
         raise ValueError(f"page key {key} names no block and group")
     return f"{block_hash:016x}" if group == 0 else f"{block_hash:016x}-{group}"
-
-
-class QuarantineReason(enum.StrEnum):
-    TRUNCATED = "truncated"  # shorter than its own header says
-    CORRUPT = "corrupt"  # unparsable header or tensors, or a name that disagrees with content
-    CHECKSUM = "checksum"  # parses, but the bytes changed since they were written
-    OTHER_MODEL = "other_model"
-    OTHER_SPEC = "other_spec"
-    VERSION = "version"
-    SHAPE = "shape"  # tensors missing or of the wrong shape or dtype for this spec
-
-
-class Rejected(CacheCorrupt):
-    """A file failed one check; carries the reason it is quarantined under."""
-
-    def __init__(self, reason: QuarantineReason, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 def model_tag(model_id: str, spec: CacheSpec, weights: str) -> str:
@@ -157,9 +146,10 @@ class DiskTier:
     rewritten (same key, same content), but to add the mark of a history that ended with its
     block, once (the same atomic write). The index (`cache/disk_index.py`: sizes least recently
     used first, partial tails by parent, known by their first group's page) mirrors `blocks/`.
-    Content is trusted only after its checks pass on read; a file that fails is moved to
-    `quarantine/` and counted, never loaded. The folders are this user's alone
-    (`cache/private_folder.py`): FolderNotPrivate otherwise.
+    A file is indexed only after its name, size and header pass their checks, and its content
+    trusted only after all its checks pass on read; a file that fails either is moved to
+    `quarantine/` and counted, never loaded, and the tier opens without it. The folders are
+    this user's alone (`cache/private_folder.py`): FolderNotPrivate otherwise.
     Thread-safe: the writer thread writes while the reader thread reads and the engine side
     evicts; one lock guards the index and counters, I/O runs outside it.
     Eviction and reads race benignly: a block deleted mid-read is a miss.
@@ -187,6 +177,7 @@ class DiskTier:
         self.model_root = root / model_tag
         self.blocks_dir = self.model_root / "blocks"
         self.quarantine_dir = self.model_root / "quarantine"
+        self._max_file_bytes = _max_file_bytes(spec)
         for folder in (self.blocks_dir, self.quarantine_dir, self.model_root / "agents"):
             private_folder(folder, root, "the cache folder")  # caches hold conversations
         for owner in (self.model_root / "agents").iterdir():
@@ -247,14 +238,14 @@ class DiskTier:
         """The page, or None when it is absent or fails a check (then it is quarantined)."""
         path = block_path(self.model_root, key)
         try:
-            data = path.read_bytes()
+            record = self._decode(key, self._read_bytes(path))
         except OSError as exc:
             self._forget_unreadable(key, exc)
             return None
-        try:
-            record = self._decode(key, data)
         except Rejected as rejected:
             self._quarantine(key, path, rejected)
+            with self._lock:
+                self._stats.misses += 1
             return None
         self._touch(key, path)
         with self._lock:
@@ -342,25 +333,65 @@ class DiskTier:
 
     def _open_index(self) -> None:
         """Drop temp files a crash left behind, then index blocks by file name, oldest mtime
-        first, and partial tails by the token ids in their headers. Contents are not verified
-        here, only on read."""
+        first, and partial tails by the token ids in their headers. Each file's size, header
+        and identity are checked first (a damaged one is quarantined, and the tier opens
+        without it); the tensors' bytes only on read."""
         for folder in (self.blocks_dir, self.model_root / "agents"):
             remove_temp_files(folder)
         found: list[tuple[float, int, int, Path]] = []
         for entry in os.scandir(self.blocks_dir):
             key = _parse_block_name(entry.name)
-            if key is not None and entry.is_file():
-                stat = entry.stat()
-                found.append((stat.st_mtime, key, stat.st_size, Path(entry.path)))
+            with contextlib.suppress(OSError):  # gone meanwhile: nothing to index
+                if key is not None and entry.is_file():
+                    stat = entry.stat()
+                    found.append((stat.st_mtime, key, stat.st_size, Path(entry.path)))
         for _, key, size, path in sorted(found):
-            self._index.add(key, size)
-            if split_key(key)[1] != 0:
+            try:
+                tail, ends_history = self._peek(key, path)
+            except Rejected as rejected:
+                self._index.add(key, size)  # so that it leaves as `corrupt`: a miss says why
+                self._quarantine(key, path, rejected)
                 continue
-            tail, ends_history = _peek_first_page(path, self.spec.block_tokens)
+            except OSError as exc:
+                log.warning("cache page %s unreadable, not indexed: %s", page_name(key), exc)
+                continue
+            self._index.add(key, size)
             if tail is not None:
                 self._index.add_tail(key, *tail)
             if ends_history:
                 self._index.end_history(key)
+
+    def _peek(self, key: int, path: Path) -> tuple[tuple[int, tuple[int, ...]] | None, bool]:
+        """What the index keeps of a page, read from its header and token tensor alone: (parent
+        hash, token ids) of a partial block's first page (None for any other), and whether a
+        history ended with the block. Rejected for a file too large, or whose header or
+        identity fails its checks."""
+        with path.open("rb") as file:
+            self._check_size(os.fstat(file.fileno()).st_size)
+            header = read_header(file)
+            self._check_identity(key, header.metadata)
+            if split_key(key)[1] != 0:
+                return None, False
+            tokens = _token_entry(header, self.spec.block_tokens)
+            parent = header.metadata["parent_hash"]
+            if tokens.shape[0] == self.spec.block_tokens:
+                return None, _ends_history(header.metadata)
+            if not parent:  # a partial first block: no tail to find it by
+                return None, False
+            file.seek(header.data_start + tokens.start)
+            ids = np.frombuffer(file.read(tokens.end - tokens.start), dtype="<i4")
+        return (parse_hash(parent), tuple(ids.tolist())), False
+
+    def _read_bytes(self, path: Path) -> bytes:
+        """The file's bytes, once its size says it may be a page (never a file read whole
+        that could not be one)."""
+        with path.open("rb") as file:
+            self._check_size(os.fstat(file.fileno()).st_size)
+            return file.read()
+
+    def _check_size(self, size: int) -> None:
+        if size > self._max_file_bytes:
+            raise Rejected(QuarantineReason.TOO_LARGE, f"{size} bytes, more than a page takes")
 
     def _touch(self, key: int, path: Path) -> None:
         # mtime carries the LRU order across restarts; atime is unreliable (noatime mounts).
@@ -391,7 +422,6 @@ class DiskTier:
         moved = move_to_quarantine(path, self.quarantine_dir, rejected.reason)
         with self._lock:
             self._index.remove(key, GONE_CORRUPT)
-            self._stats.misses += 1
             if moved:  # a concurrent reader may have moved it first: count it once
                 counts = self._stats.quarantined
                 counts[rejected.reason] = counts.get(rejected.reason, 0) + 1
@@ -436,7 +466,7 @@ class DiskTier:
         return save_tensors({**arrays, "token_ids": tokens}, metadata=meta)
 
     def _decode(self, key: int, data: bytes) -> BlockRecord:
-        meta = _header_metadata(data)
+        meta = header_of(data).metadata
         self._check_identity(key, meta)
         try:
             tensors = load_tensors(data)
@@ -519,51 +549,24 @@ def _ends_history(meta: dict[str, str]) -> bool:
     return meta.get("format_version") == FORMAT_VERSION and meta.get(_HISTORY_END) == "1"
 
 
-def _header_metadata(data: bytes) -> dict[str, str]:
-    """The safetensors header's metadata, after checking the file is as long as it says."""
-    if len(data) < 8:
-        raise Rejected(QuarantineReason.TRUNCATED, f"{len(data)} bytes")
-    size = int.from_bytes(data[:8], "little")
-    if len(data) < 8 + size:
-        raise Rejected(QuarantineReason.TRUNCATED, "header cut short")
-    try:
-        header = json.loads(data[8 : 8 + size])
-        end = max(
-            (t["data_offsets"][1] for n, t in header.items() if n != "__metadata__"), default=0
-        )
-        meta = header.get("__metadata__", {})
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-        raise Rejected(QuarantineReason.CORRUPT, f"header: {exc}") from exc
-    if not isinstance(end, int) or len(data) < 8 + size + end:
-        raise Rejected(QuarantineReason.TRUNCATED, "data cut short")
-    if not isinstance(meta, dict) or not all(isinstance(x, str) for x in meta.values()):
-        raise Rejected(QuarantineReason.CORRUPT, "metadata is not strings")
-    return meta
+def _token_entry(header: BlockHeader, block_tokens: int) -> TensorEntry:
+    """A first page's `token_ids` entry: 1 to `block_tokens` int32 ids, their bytes all there."""
+    tokens = header.tensors.get("token_ids")
+    if tokens is None or tokens.dtype != "I32" or len(tokens.shape) != 1:
+        raise Rejected(QuarantineReason.SHAPE, "no int32 token_ids")
+    count = tokens.shape[0]
+    if not 0 < count <= block_tokens or tokens.end - tokens.start != 4 * count:
+        raise Rejected(QuarantineReason.SHAPE, f"{count} token ids")
+    return tokens
 
 
-def _peek_first_page(
-    path: Path, block_tokens: int
-) -> tuple[tuple[int, tuple[int, ...]] | None, bool]:
-    """What the index keeps of a block's first page, read from its header and token tensor
-    alone: (parent hash, token ids) of a partial block (None for a full one), and whether a
-    history ended with the block; (None, False) for a file that does not parse (checked on
-    read)."""
-    try:
-        with path.open("rb") as file:
-            size = int.from_bytes(file.read(8), "little")
-            header = json.loads(file.read(size))
-            meta = header["__metadata__"]
-            tokens = header["token_ids"]
-            count = tokens["shape"][0]
-            if not 0 < count < block_tokens or tokens["dtype"] != "I32":
-                return None, _ends_history(meta)
-            start, end = tokens["data_offsets"]
-            file.seek(8 + size + start)
-            ids = np.frombuffer(file.read(end - start), dtype="<i4")
-            parent = parse_hash(meta["parent_hash"])
-        return (parent, tuple(ids.tolist())), False
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return None, False
+def _max_file_bytes(spec: CacheSpec) -> int:
+    """The most a page's file of `spec` can take: a header at its largest, the arrays, and a
+    full block's token ids."""
+    arrays = sum(
+        int(np.prod(shape)) * dtype.itemsize for shape, dtype in page_layout(spec).values()
+    )
+    return 8 + MAX_HEADER_BYTES + arrays + 4 * spec.block_tokens
 
 
 def _little_endian(array: np.ndarray) -> np.ndarray:

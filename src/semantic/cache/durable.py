@@ -1,17 +1,21 @@
 """Files that are whole or absent: atomic durable writes, fsync, temp-file cleanup, quarantine.
 
-A crash at any point leaves a file under its final name complete, or not there at all.
+A crash at any point leaves a file under its final name complete, or not there at all; a file
+that fails its checks when read is moved to a quarantine folder, with the reason in its name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import fcntl
 import os
 import re
 import time
 import uuid
 from pathlib import Path
+
+from semantic.errors import CacheCorrupt
 
 TMP_SUFFIX = ".tmp"
 HEX_HASH = re.compile(r"[0-9a-f]{16}")
@@ -52,6 +56,25 @@ def remove_temp_files(folder: Path) -> int:
     for path in stray:
         unlink_quietly(path)
     return len(stray)
+
+
+class QuarantineReason(enum.StrEnum):
+    TRUNCATED = "truncated"  # shorter than its own header says
+    CORRUPT = "corrupt"  # unparsable header or tensors, or a name that disagrees with content
+    TOO_LARGE = "too_large"  # larger than any file of its kind: never read whole
+    CHECKSUM = "checksum"  # parses, but the bytes changed since they were written
+    OTHER_MODEL = "other_model"
+    OTHER_SPEC = "other_spec"
+    VERSION = "version"
+    SHAPE = "shape"  # tensors missing or of the wrong shape or dtype for this spec
+
+
+class Rejected(CacheCorrupt):
+    """A file failed one check; carries the reason it is quarantined under."""
+
+    def __init__(self, reason: QuarantineReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
 
 
 def move_to_quarantine(path: Path, quarantine_dir: Path, reason: str) -> bool:

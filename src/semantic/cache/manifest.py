@@ -2,6 +2,10 @@
 agent API keeps for it, and whose it is; one JSON file per agent, under
 `agents/<owner>/<agent id>.<digest>.json` (`ManifestFiles` keeps them for a running server).
 
+A manifest is checked before it is used: its size before it is read (`MAX_MANIFEST_BYTES`), then
+every field's type and range; one that fails is moved to `quarantine/` and named in the log, and
+the server starts without that agent.
+
 File names are unique per agent whatever the filesystem: the owner's folder is lower-case hex
 (`none` for agents without an owner), and the digest of the exact id tells `Alice` from `alice`
 where the filesystem ignores case (macOS), while the API keeps ids case-sensitive.
@@ -12,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import os
 import re
 import threading
 import time
@@ -20,8 +26,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from semantic.cache.conversation import Conversation
-from semantic.cache.disk import QuarantineReason, Rejected
 from semantic.cache.durable import (
+    QuarantineReason,
+    Rejected,
     fsync_dir,
     move_to_quarantine,
     parse_hash,
@@ -38,6 +45,9 @@ log = logging.getLogger(__name__)
 # read as owned by no one); 2 added `conversation` (a version-1 file has none).
 MANIFEST_FORMAT_VERSION = 3
 _READABLE_VERSIONS = (1, 2, 3)
+# Far past any manifest a server writes (a conversation at `max_conversation_mb` takes at most a
+# few times its text in JSON), and small enough that reading one never runs out of memory.
+MAX_MANIFEST_BYTES = 1 << 30
 OWNER_PATTERN = re.compile(r"[0-9a-f]{32}")  # a digest of an API key (`api/auth.py`)
 UNOWNED = "none"  # the folder of agents without an owner
 _T = TypeVar("_T")
@@ -174,12 +184,13 @@ def list_manifests(root_for_model: Path) -> list[AgentManifest]:
         return []
     found = []
     for path in sorted(folder.glob("*/*.json")):
-        if OWNER_PATTERN.fullmatch(path.parent.name) or path.parent.name == UNOWNED:
+        owned = OWNER_PATTERN.fullmatch(path.parent.name) or path.parent.name == UNOWNED
+        if owned and path.is_file():  # not a pipe, which would block the read
             found.append(_read(root_for_model, path, None))
     taken = {m.key for m in found if m is not None}
     for path in sorted(folder.glob("*.json")):  # format 2 and older: unowned, named by the id
         key = AgentKey(path.stem)
-        if is_valid_agent_id(path.stem) and key not in taken:
+        if is_valid_agent_id(path.stem) and key not in taken and path.is_file():
             found.append(_read(root_for_model, path, key))
     return [m for m in found if m is not None]
 
@@ -230,22 +241,29 @@ def _read(root_for_model: Path, path: Path, key: AgentKey | None) -> AgentManife
     """The manifest at `path`, which must be `key`'s (any agent's when None) and sit where its
     own key puts it (or at the older name for its id)."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        if not isinstance(exc, FileNotFoundError):
-            log.warning("agent manifest %s unreadable: %s", path.name, exc)
-        return None
-    try:
-        manifest = _manifest_from_json(data)
+        manifest = _manifest_from_json(_manifest_bytes(path))
         if manifest.model_tag != root_for_model.name or key not in (None, manifest.key):
             raise Rejected(QuarantineReason.OTHER_MODEL, "written for another model or agent")
         if path not in _paths_of(root_for_model, manifest.key):
             raise Rejected(QuarantineReason.CORRUPT, "its name is not its agent's")
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("agent manifest %s unreadable: %s", path.name, exc)
+        return None
     except Rejected as rejected:
         move_to_quarantine(path, root_for_model / "quarantine", rejected.reason)
         log.warning("agent manifest %s quarantined: %s", path.name, rejected)
         return None
     return manifest
+
+
+def _manifest_bytes(path: Path) -> bytes:
+    """The file's bytes, once its size says it may be a manifest (Rejected if not)."""
+    with path.open("rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise Rejected(QuarantineReason.TOO_LARGE, f"{size} bytes")
+        return file.read()
 
 
 def _size_of(path: Path) -> int:
@@ -274,19 +292,33 @@ def _manifest_from_json(data: bytes) -> AgentManifest:
             model_tag=_typed(raw, "model_tag", str),
             block_hashes=[parse_hash(h) for h in _typed(raw, "block_hashes", list)],
             tail_hash=None if tail is None else parse_hash(tail),
-            num_tokens=_typed(raw, "num_tokens", int),
-            pinned=bool(raw.get("pinned", False)),
+            num_tokens=_count(raw, "num_tokens"),
+            pinned=_typed(raw, "pinned", bool) if "pinned" in raw else False,
             conversation=None if conversation is None else Conversation.from_json(conversation),
             owner=owner,
-            updated_at=float(_typed(raw, "updated_at", (int, float))),
+            updated_at=_time(raw, "updated_at"),
             format_version=version,
         )
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, ArithmeticError) as exc:  # 1e400 overflows float()
         raise Rejected(QuarantineReason.CORRUPT, str(exc)) from exc
 
 
 def _typed(raw: dict[str, object], key: str, kind: type[_T] | tuple[type[_T], ...]) -> _T:
     value = raw[key]
-    if not isinstance(value, kind):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise TypeError(f"{key} is not a {kind}")
+    return value
+
+
+def _count(raw: dict[str, object], key: str) -> int:
+    value = _typed(raw, key, int)
+    if value < 0:
+        raise ValueError(f"{key} is negative")
+    return value
+
+
+def _time(raw: dict[str, object], key: str) -> float:
+    value = float(_typed(raw, key, (int, float)))
+    if not math.isfinite(value):
+        raise ValueError(f"{key} is not a finite number")
     return value
