@@ -141,7 +141,12 @@ def with_admin(served: ServedModel, tmp_path: Path) -> Iterator[TestClient]:
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/admin/cache"), ("POST", "/admin/cache/persist"), ("POST", "/admin/cache/evict")],
+    [
+        ("GET", "/admin/cache"),
+        ("POST", "/admin/cache/persist"),
+        ("POST", "/admin/cache/evict"),
+        ("GET", "/metrics"),  # its agent and request counts are every key's
+    ],
 )
 def test_with_admin_keys_a_plain_key_gets_403_on_admin_routes(
     with_admin: TestClient, method: str, path: str

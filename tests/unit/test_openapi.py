@@ -200,8 +200,9 @@ def test_with_admin_keys_the_admin_routes_document_the_403(
 ) -> None:
     with chat_app(served, tmp_path, admin_api_key=["boss"]) as client:
         document = client.get("/openapi.json", headers={"x-api-key": "boss"}).json()
-    # Outside /admin/, a 403 is only the agent limit's (max_agents_per_key), where agents are made.
+    # Outside the admin paths (/admin/, /metrics), a 403 is only the agent limit's
+    # (max_agents_per_key), where agents are made.
     makes_agents = {("/v1/agents", "post"), ("/v1/agents/{agent_id}/fork", "post")}
     for path, method, operation in operations(document):
-        expected = path.startswith("/admin/") or (path, method) in makes_agents
+        expected = path.startswith(("/admin/", "/metrics")) or (path, method) in makes_agents
         assert ("403" in operation["responses"]) == expected, (path, method)

@@ -8,9 +8,10 @@ contents or length, and they are never logged: a request that passes carries `ke
 short digest of its key, which is what logs and rate limits (rate_limits.py) name it by.
 
 Admin keys are keys too, and once any is set they are the only ones the admin routes take (model
-swap, cache persist and evict): any other known key gets 403, as a key that lacks permission,
-and only they may swap models by naming one in a request (`swap_on_request`). With no admin key
-set, every key reaches every route.
+swap, cache persist and evict, and `/metrics`, whose agent and request counts show every key's
+activity): any other known key gets 403, as a key that lacks permission, and only they may swap
+models by naming one in a request (`swap_on_request`). With no admin key set, every key reaches
+every route.
 
 Agents belong to the key that made them: a request carries its key's owner digest
 (`caller_of`), and `engine/agent_door.py` shows each key its own agents only, an admin key
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 
 # Health checks answer without a key, so supervisors and load balancers need none.
 OPEN_PATHS = ("/health/",)
-ADMIN_PATHS = ("/admin/",)
+ADMIN_PATHS = ("/admin/", "/metrics")
 _KEY_ID = "api_key_id"  # the request state's name for the key's short digest
 _ADMIN = "api_key_admin"  # the request state's name for whether the key may administer
 _OWNER = "api_key_owner"  # the request state's name for the owner digest of its agents
