@@ -124,8 +124,12 @@ class Tokenizer:
         return int(self._backend.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text` with no BOS/EOS added; special tokens written in it stay whole."""
-        return list(self._backend.encode(text, add_special_tokens=False).ids)
+        """Token ids of `text` with no BOS/EOS added; special tokens written in it stay whole.
+
+        Through the batch call, which lets go of the GIL while it works (`encode` holds it: a
+        9.5 MB prompt stalled every other request for 15 s), and skips the offsets nobody reads."""
+        (encoding,) = self._backend.encode_batch_fast([text], add_special_tokens=False)
+        return list(encoding.ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
