@@ -71,6 +71,17 @@ class PromptTooLong(ContextOverflow):
         )
 
 
+class PromptPastContext(ContextOverflow):
+    """A prompt refused before it is rendered: its request holds more text, or more JSON
+    objects, than a prompt of at most `limit` tokens could hold however it tokenized (400).
+    `prompt_tokens` is the fewest tokens it could be; a context overflow, so Anthropic clients
+    get the wording Claude Code compacts on."""
+
+    def __init__(self, fewest_tokens: int, limit: int, param: str, why: str) -> None:
+        super().__init__(fewest_tokens, 0, limit + 1, param)
+        self.args = (f"{param}: {why}",)
+
+
 class NotFound(SemanticError):
     """An unknown model, agent or route (404)."""
 

@@ -32,6 +32,7 @@ from semantic.api.anthropic_request import (
 from semantic.api.auth import caller_of
 from semantic.api.errors import anthropic_error_event
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
+from semantic.api.prompt_bounds import PromptRoute
 from semantic.api.seal import Seals
 from semantic.api.streaming import (
     PING,
@@ -59,7 +60,7 @@ from semantic.text import client_json
 from semantic.text.grammar import Grammar
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
 
-router = APIRouter()
+router = APIRouter(route_class=PromptRoute)
 
 # Claude Code (2.1) gives up on a stream after 300 s without an event other than `ping` (its SDK
 # drops pings before its watchdog sees them) and asks again without streaming: a cold prefill

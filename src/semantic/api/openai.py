@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from semantic.api import anthropic, limits, rate_limits
 from semantic.api.agents import named_agent
 from semantic.api.auth import caller_of
-from semantic.api.bodies import LimitedBodyRoute
 from semantic.api.errors import error_payload, protocol_of
 from semantic.api.gate import engine_of
 from semantic.api.openai_tools import (
@@ -32,6 +31,7 @@ from semantic.api.openai_tools import (
     tool_use_of,
 )
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses
+from semantic.api.prompt_bounds import PromptRoute
 from semantic.api.streaming import (
     DONE,
     after_the_200,
@@ -56,7 +56,7 @@ from semantic.text.grammar import Grammar
 from semantic.text.reasoning import ThinkingSwitch
 from semantic.text.tools import TextDelta
 
-router = APIRouter(route_class=LimitedBodyRoute)
+router = APIRouter(route_class=PromptRoute)
 
 # What the generation routes answer, for the OpenAPI document.
 GENERATION_RESPONSES = {200: STREAMED_OR_JSON, **error_responses("openai", 400, 404, 413, 500, 503)}

@@ -34,6 +34,7 @@ from semantic.api.openai_tools import (
     tool_use_of,
 )
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
+from semantic.api.prompt_bounds import PromptRoute
 from semantic.api.responses_output import OutputItems, item_id, public
 from semantic.api.responses_request import (
     ResponsesBody,
@@ -61,7 +62,7 @@ from semantic.text.grammar import Grammar
 from semantic.text.reasoning import ThinkingSwitch
 from semantic.text.tokenizer import Tokenizer
 
-router = APIRouter()
+router = APIRouter(route_class=PromptRoute)
 
 
 def store_of(request: Request) -> ResponseStore:
