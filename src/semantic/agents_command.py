@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from semantic.cache.conversation_files import delete_conversation
 from semantic.cache.disk import block_files, cache_root
 from semantic.cache.folder_lock import FolderLock
 from semantic.cache.manifest import UNOWNED, AgentManifest, delete_manifest, list_manifests
@@ -255,7 +256,8 @@ def _describe(model: Path, manifest: AgentManifest) -> dict[str, Any]:
 
 
 def _delete(model: Path, manifest: AgentManifest, others: list[AgentManifest]) -> None:
-    """Remove the manifest and the block files no other agent names."""
+    """Remove the manifest, and the block files and the conversation file no other agent
+    names (a fork names its parent's)."""
     shared = {h for m in others for h in m.hashes}
     removed = 0
     for block_hash in manifest.hashes:
@@ -268,6 +270,9 @@ def _delete(model: Path, manifest: AgentManifest, others: list[AgentManifest]) -
                 continue  # already gone: nothing removed, nothing to count
             removed += 1
     delete_manifest(model, manifest.key)
+    named = {m.conversation.digest() for m in others if m.conversation is not None}
+    if manifest.conversation is not None and manifest.conversation.digest() not in named:
+        delete_conversation(model, manifest.conversation.digest())
     print(f"deleted agent {manifest.agent_id} ({removed} block files)")
 
 

@@ -228,6 +228,14 @@ class Settings(BaseSettings):
         description="Largest conversation the agent API keeps for one agent, in MiB of text; a "
         "turn past it is refused (400 conversation_too_large).",
     )
+    max_conversations_mb_per_key: int = Field(
+        256,
+        ge=1,
+        description="Most conversation text one API key's agents keep together, in MiB (all "
+        "clients together when no keys are set); a fork counts nothing until its conversation "
+        "differs from its parent's. A create, fork or turn past it is refused (413 "
+        "conversation_quota_exceeded).",
+    )
     max_running: int = Field(64, ge=1, description="Most sequences decoding at once.")
     max_batch_tokens: int = Field(
         512, ge=16, description="Most tokens computed per step (prefill chunk budget)."
@@ -447,6 +455,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "max_output_tokens",
         "max_agents_per_key",
         "max_conversation_mb",
+        "max_conversations_mb_per_key",
     ),
     "rate limits (off unless set)": ("rate_limit_key_rpm", "rate_limit_agent_rpm"),
 }

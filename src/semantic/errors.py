@@ -108,6 +108,11 @@ class TooManyAgents(SemanticError):
     """An API key has as many agents as it may keep, and none of them may make room (403)."""
 
 
+class ConversationQuotaExceeded(SemanticError):
+    """An API key's agents would keep more conversation text than `max_conversations_mb_per_key`
+    (413: what the key would store is too large, however small the request)."""
+
+
 class PersistFailed(SemanticError):
     """A persist the client waits for could not make everything durable (disk full, I/O error)."""
 

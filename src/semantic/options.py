@@ -18,6 +18,7 @@ class AgentOptions:
     idle_s: float  # silent this long, an agent's blocks leave memory first
     max_per_key: int  # agents one API key (or, without keys, the server) keeps
     max_conversation_bytes: int  # the text of one agent API conversation
+    max_conversation_bytes_per_key: int  # the text of one API key's conversations together
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,6 +84,7 @@ def engine_options(settings: Settings) -> EngineOptions:
             idle_s=settings.agent_idle_s,
             max_per_key=settings.max_agents_per_key,
             max_conversation_bytes=settings.max_conversation_mb * 2**20,
+            max_conversation_bytes_per_key=settings.max_conversations_mb_per_key * 2**20,
         ),
         max_running=settings.max_running,
         max_batch_tokens=settings.max_batch_tokens,

@@ -124,13 +124,13 @@ def test_create_answers_201_with_the_agent_and_a_taken_id_is_409(api: TestClient
     created = create(api, "alice", system="Be brief.", defaults={"temperature": 0})
     assert created["agent_id"] == "alice" and created["cached_tokens"] == 0
     assert created["conversation"] == {
-        "system": "Be brief.",
         "defaults": {"temperature": 0.0},
         "messages": 0,
+        "text_bytes": len("Be brief."),
     }
     taken = error_of(api.post("/v1/agents", json={"agent_id": "alice"}), 409)
     assert taken["code"] == "conflict" and "alice" in taken["message"]
-    assert api.get("/v1/agents/alice").json()["conversation"]["system"] == "Be brief."
+    assert api.get("/v1/agents/alice/messages").json()["system"] == "Be brief."
 
 
 def test_create_without_an_id_generates_one_and_a_bad_id_is_400(api: TestClient) -> None:
@@ -161,10 +161,9 @@ def test_two_creates_of_one_id_at_once_exactly_one_wins(
     finally:
         engine.stop()
     assert sorted(r.status_code for r in responses) == [201, 409]
-    [winner] = [r.json() for r in responses if r.status_code == 201]
     manifest = load_manifest(engine.tiering.disk.model_root, AgentKey("twin"))
     assert manifest is not None and manifest.conversation is not None
-    assert manifest.conversation.system == winner["conversation"]["system"]
+    assert manifest.conversation == engine.agents.by_key[AgentKey("twin")].conversation
 
 
 # -- generate --------------------------------------------------------------------------------
@@ -507,11 +506,12 @@ def test_delete_removes_the_conversation_and_the_id_can_be_created_again(
         assert load_manifest(root, AgentKey("phoenix")) is None
         assert error_of(client.get("/v1/agents/phoenix/messages"), 404)
         reborn = create(client, "phoenix", system="Second life.")
-        assert reborn["conversation"] == {"system": "Second life.", "defaults": {}, "messages": 0}
+        assert reborn["conversation"] == {"defaults": {}, "messages": 0, "text_bytes": 12}
         assert client.get("/v1/agents/phoenix/messages").json()["data"] == []
     with running(chat_served, tmp_path) as (client, _, _):  # and so it is after a restart
         described = client.get("/v1/agents/phoenix").json()
-    assert described["conversation"]["system"] == "Second life."
+        messages = client.get("/v1/agents/phoenix/messages").json()
+    assert messages["system"] == "Second life." and messages["data"] == []
     assert described["conversation"]["messages"] == 0
 
 

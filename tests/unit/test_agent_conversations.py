@@ -177,7 +177,8 @@ def test_a_manifest_an_older_server_wrote_with_a_lone_surrogate_loads_mended(
     save_manifest(root, AgentManifest("old", root.name, [], None, 0, conversation=TALK))
     path = manifest_path(root, AgentKey("old"))
     raw = json.loads(path.read_text())
-    raw["conversation"]["system"] = "half an emoji: \ud83d"
+    inline = TALK.to_json() | {"system": "half an emoji: \ud83d"}
+    raw |= {"format_version": 3, "conversation": inline}  # they kept it in the manifest
     path.write_text(json.dumps(raw))  # escaped as \\ud83d, as json.dumps writes it
     loaded = load_manifest(root, AgentKey("old"))
     assert loaded is not None and loaded.conversation is not None

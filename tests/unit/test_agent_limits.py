@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from semantic.cache.conversation_files import conversation_path
 from semantic.cache.disk import DiskTier
 from semantic.cache.manifest import manifest_path
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent
@@ -124,7 +125,7 @@ def test_manifests_count_in_the_disk_budget(tmp_path: Path) -> None:
     assert with_manifests.excess_bytes() <= 0
 
 
-def test_the_engine_counts_its_agents_manifests_against_its_disk_budget(
+def test_the_engine_counts_its_agents_manifests_and_conversations_against_its_disk_budget(
     chat_served: ServedModel, tmp_path: Path
 ) -> None:
     with running(chat_served, tmp_path) as (client, engine, _):
@@ -132,7 +133,14 @@ def test_the_engine_counts_its_agents_manifests_against_its_disk_budget(
         generate(client, "alice", "Hello!")
         create(client, "bob")
         root, disk = engine.tiering.disk.model_root, engine.tiering.disk
-        alice, bob = (manifest_path(root, AgentKey(a)).stat().st_size for a in ("alice", "bob"))
+
+        def stored(agent_id: str) -> int:
+            agent = engine.agents.by_key[AgentKey(agent_id)]
+            assert agent.conversation is not None
+            conversation = conversation_path(root, agent.conversation.digest())
+            return manifest_path(root, agent.key).stat().st_size + conversation.stat().st_size
+
+        alice, bob = stored("alice"), stored("bob")
         assert disk.other_bytes() == alice + bob
         client.delete("/v1/agents/alice")
         assert disk.other_bytes() == bob

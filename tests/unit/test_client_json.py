@@ -158,7 +158,8 @@ def test_a_lone_surrogate_in_a_body_is_served_and_stored_never_a_500(client: Tes
     assert stored.status_code == 200, stored.text
     listed = client.get("/v1/agents")
     assert listed.status_code == 200, listed.text
-    assert [agent["conversation"]["system"] for agent in listed.json()["data"]] == ["cut \ufffd"]
+    assert [agent["agent_id"] for agent in listed.json()["data"]] == ["cut"]
+    assert client.get("/v1/agents/cut/messages").json()["system"] == "cut \ufffd"
 
 
 def answer_id(client: TestClient) -> str:

@@ -73,6 +73,9 @@ _ERROR_TEXT = {
     "`agent_limit_reached`).",
     404: "No such agent (or not one of this key's).",
     409: "The agent id is taken, or the agent is generating (code `conflict`).",
+    413: "The key's agents would keep more conversation text than "
+    "`max_conversations_mb_per_key` (code `conversation_quota_exceeded`); a fork adds nothing "
+    "until its conversation differs from its parent's.",
     500: "A fault in the server (the log has the details); or a disk write that failed (code "
     "`persist_failed`): then nothing was changed.",
 }
@@ -98,9 +101,11 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 class ConversationSummary(BaseModel):
-    system: str | None
+    """A conversation's size, never its text: `GET /v1/agents/{agent_id}/messages` reads that."""
+
     defaults: dict[str, Any]
     messages: int
+    text_bytes: int = Field(description="Its system prompt and messages, in UTF-8 bytes.")
 
 
 class AgentInfo(BaseModel):
@@ -201,7 +206,10 @@ _JSON_OR_SSE = {
 
 
 @router.post(
-    "/v1/agents", status_code=201, response_model=AgentInfo, responses=_errors(400, 403, 409)
+    "/v1/agents",
+    status_code=201,
+    response_model=AgentInfo,
+    responses=_errors(400, 403, 409, 413),
 )
 async def create_agent(request: Request, body: AgentCreate | None = None) -> dict[str, Any]:
     """Create an agent with a system prompt and sampling defaults; nothing is cached until its
@@ -224,7 +232,7 @@ async def list_agents(
     owner: OwnerParam = None,
 ) -> dict[str, Any]:
     """The key's agents in id order (an admin key's: every key's, or `owner`'s), `limit` at a
-    time."""
+    time: summaries, whose size does not grow with their conversations."""
     door = engine_of(request).agent_door
     page = await door.page(caller_of(request), limit, after, owner)
     ids = [agent["agent_id"] for agent in page.data]
@@ -265,7 +273,7 @@ async def delete_agent(agent_id: str, request: Request, owner: OwnerParam = None
 @router.post(
     "/v1/agents/{agent_id}/generate",
     response_model=Generation,
-    responses={200: _JSON_OR_SSE, **_errors(400, 404, 409)},
+    responses={200: _JSON_OR_SSE, **_errors(400, 404, 409, 413)},
 )
 async def generate(
     agent_id: str, body: GenerateBody, request: Request, owner: OwnerParam = None
@@ -297,14 +305,14 @@ async def generate(
     "/v1/agents/{agent_id}/fork",
     status_code=201,
     response_model=AgentInfo,
-    responses=_errors(400, 403, 404, 409),
+    responses=_errors(400, 403, 404, 409, 413),
 )
 async def fork_agent(
     agent_id: str, request: Request, body: AgentFork | None = None, owner: OwnerParam = None
 ) -> dict[str, Any]:
-    """A new agent with a copy of this one's conversation, sharing its cache: no block is
-    copied until one of them extends the shared partial last block. The new agent is the
-    caller's."""
+    """A new agent with this one's conversation, sharing it and its cache: the conversation is
+    stored once for both, and no block is copied until one of them extends the shared partial
+    last block. The new agent is the caller's."""
     door, parent = engine_of(request).agent_door, _checked(agent_id)
     child = (body.agent_id if body else None) or _new_id()
     return await door.fork(caller_of(request), parent, child, owner)
@@ -331,7 +339,8 @@ async def persist_agent(
 async def agent_messages(
     agent_id: str, request: Request, owner: OwnerParam = None
 ) -> dict[str, Any]:
-    """The conversation the server keeps for the agent, oldest message first."""
+    """The conversation the server keeps for the agent, oldest message first: the one route
+    that carries its text (at most `max_conversation_mb` of it)."""
     door, agent_id = engine_of(request).agent_door, _checked(agent_id)
     conversation = await door.conversation(caller_of(request), agent_id, owner)
     data = [{"role": m.role, "content": m.content} for m in conversation.messages]

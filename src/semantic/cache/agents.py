@@ -30,6 +30,7 @@ from semantic.cache.block_pool import (
 )
 from semantic.cache.cache_stats import AgentStats, CacheStats, Served
 from semantic.cache.conversation import Conversation
+from semantic.cache.conversation_quota import ConversationQuota
 from semantic.cache.manifest import AgentManifest, ManifestFiles
 from semantic.cache.prefix import PrefixCache, split_key
 from semantic.cache.tiering import PendingWrites, Tiering
@@ -117,9 +118,11 @@ class Agents:
     blocks hold one pin reference each; an agent is held by at most one generate call (`turn`);
     `_per_owner` counts each owner's agents, at most `options.max_per_key` each; `_began` maps
     each request in flight that names an agent to the agent it began on, so a request whose
-    agent was deleted meanwhile never brings it back. Manifests are written on `persist` and at
-    shutdown, never after every turn, except for agents with a conversation (the agent API):
-    theirs is written at each turn, a few bytes that cannot be computed again. Blocks need no
+    agent was deleted meanwhile never brings it back; `quota` counts the conversation text each
+    owner's agents hold, at most `options.max_conversation_bytes_per_key`, a value that forks
+    share counted once. Manifests are written on `persist` and at shutdown, never after every
+    turn, except for agents with a conversation (the agent API): theirs is written at each turn,
+    a few bytes that cannot be computed again. Blocks need no
     manifest to be found: a prompt walks its chain in memory and on disk alike
     (`cache/prefix.py`).
     """
@@ -142,6 +145,7 @@ class Agents:
         self._sharers: Counter[int] = Counter()
         self._pins: dict[AgentKey, list[int]] = {}
         self._began: dict[str, Agent] = {}
+        self.quota = ConversationQuota(options.max_conversation_bytes_per_key)
         # Held while a manifest is written or deleted: a write that lost the race with a delete
         # must not bring the agent back.
         self.manifest_lock = threading.Lock()
@@ -299,20 +303,25 @@ class Agents:
     def create(self, key: AgentKey, conversation: Conversation) -> Agent:
         """A new agent with a conversation and nothing cached yet; Conflict if the id is taken
         in its owner's scope (the engine thread runs one call at a time, so of two creates of
-        one id exactly one wins), ConversationTooLarge or TooManyAgents past the limits. The
-        caller then writes its manifest with `save_manifest`."""
+        one id exactly one wins), ConversationTooLarge, ConversationQuotaExceeded or
+        TooManyAgents past the limits. The caller then writes its manifest with
+        `save_manifest`."""
         if key in self.by_key:
             raise Conflict(f"agent {key.agent_id!r} already exists")
         self.check_size(conversation)
+        self.quota.check(key.owner, conversation)
         agent = self._add(Agent(key, conversation=conversation))
+        self.quota.swap(key.owner, None, conversation)
         agent.stats.last_used = time.time()
         return agent
 
     def fork(self, parent_key: AgentKey, child_key: AgentKey) -> Agent:
-        """A new agent with a copy of the parent's conversation whose cache is the parent's:
-        the same blocks by hash, in memory or on disk, so the fork costs no block. Either side
-        extending the shared partial tail copies it first (the scheduler's copy-on-write);
-        deleting one keeps every block the other still names."""
+        """A new agent holding the parent's conversation (the same value, not a copy: its
+        manifest names the same file, and its owner's quota counts it once) whose cache is the
+        parent's: the same blocks by hash, in memory or on disk, so the fork costs no block.
+        Either side extending the shared partial tail copies it first (the scheduler's
+        copy-on-write); deleting one keeps every block, and the conversation, the other still
+        names."""
         parent = self._known(parent_key)
         child = self.create(child_key, parent.conversation or Conversation())
         history = History(list(parent.block_hashes), parent.tail_hash, parent.num_tokens)
@@ -327,7 +336,9 @@ class Agents:
         if agent.turn is not None:
             raise Conflict(f"agent {key.agent_id!r} is already generating")
         conversation = agent.conversation or Conversation()
-        self.check_size(conversation.with_turn(message, ""))
+        longer = conversation.with_turn(message, "")
+        self.check_size(longer)
+        self.quota.check(key.owner, longer, agent.conversation)
         agent.turn = turn_id
         return agent, conversation
 
@@ -463,6 +474,7 @@ class Agents:
                 raise _not_durable(agent, "removed from", exc) from exc
             del self.by_key[agent.key]
         self._per_owner[agent.owner] -= 1
+        self.quota.swap(agent.owner, agent.conversation, None)
         self.pool.release(self._pins.pop(agent.key, []), TIER_WORKING_AGENT)
         if agent.pinned:
             self._protect_pinned()
@@ -523,6 +535,7 @@ class Agents:
                 self.manifests.save(manifest)
             except OSError as exc:
                 raise _not_durable(agent, "written to", exc) from exc
+            self.quota.swap(agent.owner, agent.conversation, kept)
             agent.conversation = kept
         self.tiering.enforce_budget()  # the manifest counts in the disk budget
         return True
@@ -539,6 +552,7 @@ class Agents:
         agent.stats.last_used = manifest.updated_at
         self.by_key[agent.key] = agent
         self._per_owner[agent.owner] += 1
+        self.quota.swap(agent.owner, None, agent.conversation)
         self._sharers.update(agent.hashes)
         if agent.pinned:
             self.tiering.protected = self.tiering.protected | set(agent.hashes)
@@ -560,10 +574,12 @@ def _not_durable(agent: Agent, done: str, exc: OSError) -> PersistFailed:
 
 
 def _summary(conversation: Conversation | None) -> dict[str, Any] | None:
+    """What a description tells of a conversation: its size, never its text (a list of ninety
+    forks of an 8 MB system prompt would carry 720 MB); `/messages` reads the text."""
     if conversation is None:
         return None
     return {
-        "system": conversation.system,
         "defaults": conversation.defaults.to_json(),
         "messages": len(conversation.messages),
+        "text_bytes": conversation.text_bytes(),
     }

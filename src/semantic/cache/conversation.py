@@ -1,12 +1,14 @@
 """An agent's conversation, kept by the server for the direct agent API: its system prompt, its
-sampling defaults and its messages, and their JSON form in the agent's manifest.
+sampling defaults and its messages, their JSON form on disk, and the digest that names it there.
 
 Plain values only: the API renders a conversation through the model's chat template, the agent
-store keeps the current one per agent, and `cache/manifest.py` writes it to disk.
+store keeps the current one per agent, and `cache/conversation_files.py` writes it to disk.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -66,21 +68,45 @@ class SamplingDefaults:
 @dataclass(slots=True, frozen=True)
 class Conversation:
     """What the server remembers of an agent's dialogue. Immutable: a turn makes a new one, so
-    another thread that read the old one (a manifest being written) still sees a whole value."""
+    another thread that read the old one (a manifest being written) still sees a whole value,
+    and forks hold one value between them rather than copies.
+
+    Its size and digest are worked out once per value (`_text_bytes`, `_digest`): a value may
+    hold megabytes, and the agents sharing it ask for them at every list, save and turn."""
 
     system: str | None = None
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     messages: tuple[Message, ...] = ()
+    _text_bytes: int | None = field(default=None, init=False, repr=False, compare=False)
+    _digest: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def with_turn(self, user: str, assistant: str) -> Conversation:
         turn = (Message("user", user), Message("assistant", assistant))
-        return replace(self, messages=(*self.messages, *turn))
+        longer = replace(self, messages=(*self.messages, *turn))
+        added = _utf8_size(user) + _utf8_size(assistant)
+        object.__setattr__(longer, "_text_bytes", self.text_bytes() + added)
+        return longer
 
     def text_bytes(self) -> int:
-        """The size of its text, system prompt and messages, in UTF-8 bytes: what the limit on
-        a stored conversation counts."""
-        texts = [self.system or "", *(m.content for m in self.messages)]
-        return sum(len(text.encode(errors="replace")) for text in texts)
+        """The size of its text, system prompt and messages, in UTF-8 bytes: what the limits on
+        stored conversations count."""
+        if self._text_bytes is None:
+            texts = [self.system or "", *(m.content for m in self.messages)]
+            object.__setattr__(self, "_text_bytes", sum(map(_utf8_size, texts)))
+        assert self._text_bytes is not None
+        return self._text_bytes
+
+    def digest(self) -> str:
+        """The name of its file on disk: a digest of `to_bytes` (or of the stored bytes it was
+        read from), so equal conversations share one file."""
+        if self._digest is None:
+            object.__setattr__(self, "_digest", digest_of(self.to_bytes()))
+        assert self._digest is not None
+        return self._digest
+
+    def to_bytes(self) -> bytes:
+        """Its JSON form on disk, the same bytes for the same value (keys sorted, no spaces)."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
 
     def template_messages(self, user: str) -> list[dict[str, Any]]:
         """The whole dialogue plus a new user message, as chat templates expect it."""
@@ -110,6 +136,22 @@ class Conversation:
         return cls(
             system, SamplingDefaults.from_json(raw["defaults"]), tuple(map(_message, messages))
         )
+
+    @classmethod
+    def stored(cls, raw: object, digest: str) -> Conversation:
+        """`from_json` of a file read from disk, named by `digest` from then on."""
+        conversation = cls.from_json(raw)
+        object.__setattr__(conversation, "_digest", digest)
+        return conversation
+
+
+def digest_of(data: bytes) -> str:
+    """The name a conversation's bytes are stored under: 32 hex digits."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _utf8_size(text: str) -> int:
+    return len(text.encode(errors="replace"))
 
 
 def _message(raw: object) -> Message:

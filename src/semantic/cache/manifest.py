@@ -1,6 +1,8 @@
-"""Agent manifests: which blocks make up an agent's cache on disk, the conversation the direct
-agent API keeps for it, and whose it is; one JSON file per agent, under
+"""Agent manifests: which blocks make up an agent's cache on disk, which stored conversation the
+direct agent API keeps for it, and whose it is; one JSON file per agent, under
 `agents/<owner>/<agent id>.<digest>.json` (`ManifestFiles` keeps them for a running server).
+The conversation itself lies in a file of its own, by its digest (`cache/conversation_files.py`),
+which forks name too: a manifest stays a few hundred bytes however long the conversation.
 
 A manifest is checked before it is used: its size before it is read (`MAX_MANIFEST_BYTES`), then
 every field's type and range; one that fails is moved to `quarantine/` and named in the log, and
@@ -26,6 +28,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from semantic.cache.conversation import Conversation
+from semantic.cache.conversation_files import (
+    DIGEST_PATTERN,
+    ConversationFiles,
+    ConversationReader,
+    store_conversation,
+)
 from semantic.cache.durable import (
     QuarantineReason,
     Rejected,
@@ -41,12 +49,14 @@ from semantic.text import client_json
 
 log = logging.getLogger(__name__)
 
-# 3 added `owner` and the per-owner folders (older files lie at `agents/<agent id>.json` and are
-# read as owned by no one); 2 added `conversation` (a version-1 file has none).
-MANIFEST_FORMAT_VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)
-# Far past any manifest a server writes (a conversation at `max_conversation_mb` takes at most a
-# few times its text in JSON), and small enough that reading one never runs out of memory.
+# 4 names the conversation by its file's digest (3 and 2 hold it inline); 3 added `owner` and the
+# per-owner folders (older files lie at `agents/<agent id>.json` and are read as owned by no
+# one); 2 added `conversation` (a version-1 file has none).
+MANIFEST_FORMAT_VERSION = 4
+_READABLE_VERSIONS = (1, 2, 3, 4)
+# Far past any manifest a server writes (an older format's inline conversation at
+# `max_conversation_mb` takes at most a few times its text in JSON), and small enough that
+# reading one never runs out of memory.
 MAX_MANIFEST_BYTES = 1 << 30
 OWNER_PATTERN = re.compile(r"[0-9a-f]{32}")  # a digest of an API key (`api/auth.py`)
 UNOWNED = "none"  # the folder of agents without an owner
@@ -62,8 +72,9 @@ class AgentManifest:
     strings like the file names, since JSON numbers above 2**53 lose precision in many readers.
 
     `conversation` is the dialogue the direct agent API keeps (None for an agent that only
-    chat requests named): it lives here, in the agent's one file, so that an agent, its cache
-    and its history are created, forked and deleted together, each change one atomic rename.
+    chat requests named). On disk the manifest names it by digest, its file written before the
+    manifest, so an agent, its cache and its history still change together, each change one
+    atomic rename of the manifest.
     """
 
     agent_id: str
@@ -88,20 +99,23 @@ class AgentManifest:
 
 
 class ManifestFiles:
-    """The manifests of one model's agents, for the server that owns the folder: written and
-    deleted through here, so that the bytes they take are known (the disk budget counts them).
-    Thread-safe: manifests are written off the engine thread, and the disk writer reads the
-    total."""
+    """The manifests of one model's agents and the conversation files they name, for the server
+    that owns the folder: written and deleted through here, so that the bytes they take are
+    known (the disk budget counts them) and a conversation file lasts as long as a manifest
+    names it. Thread-safe: manifests are written off the engine thread, and the disk writer
+    reads the total."""
 
     def __init__(self, model_root: Path) -> None:
         self.model_root = model_root
+        self.conversations = ConversationFiles(model_root)
         self._sizes: dict[AgentKey, int] = {}
+        self._named: dict[AgentKey, str] = {}  # the conversation digest each manifest names
         self._total = 0  # sum of `_sizes`: read at every block write, so kept, not summed
         self._lock = threading.Lock()
 
     def load_all(self) -> list[AgentManifest]:
         """Every valid manifest (bad ones are quarantined), files of older formats moved to
-        their names of today on the way."""
+        their names of today on the way, and conversation files no manifest names removed."""
         manifests = list_manifests(self.model_root)
         for manifest in manifests:
             path = manifest_path(self.model_root, manifest.key)
@@ -111,23 +125,50 @@ class ManifestFiles:
             elif manifest.owner is None and legacy.exists() and path.is_file():
                 unlink_quietly(legacy)  # an upgrade cut short by a crash: the new file wins
             self._count(manifest.key, max(_size_of(path), _size_of(legacy)))
+            if manifest.conversation is not None:
+                self._named[manifest.key] = manifest.conversation.digest()
+                self.conversations.count(manifest.conversation.digest())
+        self.conversations.remove_unnamed()
         return manifests
 
     def save(self, manifest: AgentManifest) -> None:
-        """Write it atomically and durably; OSError when that failed (the old file stays)."""
-        self._count(manifest.key, save_manifest(self.model_root, manifest))
+        """Write it atomically and durably, its conversation's file first unless another
+        manifest names it already; OSError when that failed (the old files stay)."""
+        kept = manifest.conversation
+        digest = None if kept is None else self.conversations.retain(kept)
+        try:
+            size = _write_manifest(self.model_root, manifest, digest)
+        except OSError:
+            if digest is not None:
+                self.conversations.release(digest)
+            raise
+        self._count(manifest.key, size)
+        self._name(manifest.key, digest)
 
     def delete(self, key: AgentKey) -> bool:
-        """Remove it durably; OSError when that failed (and then it may still be there)."""
+        """Remove it durably, and its conversation's file if no other manifest names it;
+        OSError when that failed (and then it may still be there)."""
         try:
             return delete_manifest(self.model_root, key)
         finally:
             if not has_manifest(self.model_root, key):
                 self._count(key, 0)
+                self._name(key, None)
 
     def num_bytes(self) -> int:
+        """What the manifests and the conversation files take, each file counted once."""
         with self._lock:
-            return self._total
+            manifests = self._total
+        return manifests + self.conversations.num_bytes()
+
+    def _name(self, key: AgentKey, digest: str | None) -> None:
+        """The manifest of `key` now names `digest` (None: none, or it is gone)."""
+        with self._lock:
+            before = self._named.pop(key, None)
+            if digest is not None:
+                self._named[key] = digest
+        if before is not None:
+            self.conversations.release(before)
 
     def _count(self, key: AgentKey, size: int) -> None:
         with self._lock:
@@ -148,8 +189,16 @@ class ManifestFiles:
 
 
 def save_manifest(root_for_model: Path, manifest: AgentManifest) -> int:
-    """Write the agent's manifest atomically and durably (InvalidRequest for a bad id); returns
-    its size in bytes."""
+    """Write the agent's manifest atomically and durably, and its conversation's file unless it
+    is there (InvalidRequest for a bad id); returns the manifest's size in bytes. Outside a
+    running server (its `ManifestFiles` counts which manifests name which conversation)."""
+    kept = manifest.conversation
+    digest = None if kept is None else store_conversation(root_for_model, kept)
+    return _write_manifest(root_for_model, manifest, digest)
+
+
+def _write_manifest(root_for_model: Path, manifest: AgentManifest, digest: str | None) -> int:
+    """Write the manifest, naming the conversation file of `digest`; returns its size."""
     if manifest.model_tag != root_for_model.name:
         raise ValueError(f"manifest of {manifest.model_tag!r} under {root_for_model}")
     path = manifest_path(root_for_model, manifest.key)
@@ -163,7 +212,7 @@ def save_manifest(root_for_model: Path, manifest: AgentManifest) -> int:
         "tail_hash": None if manifest.tail_hash is None else f"{manifest.tail_hash:016x}",
         "num_tokens": manifest.num_tokens,
         "pinned": manifest.pinned,
-        "conversation": None if manifest.conversation is None else manifest.conversation.to_json(),
+        "conversation": digest,
         "updated_at": manifest.updated_at,
     }
     data = json.dumps(raw, indent=1).encode()
@@ -173,25 +222,28 @@ def save_manifest(root_for_model: Path, manifest: AgentManifest) -> int:
 
 def load_manifest(root_for_model: Path, key: AgentKey) -> AgentManifest | None:
     """The agent's manifest; None when absent or bad (a bad one is moved to `quarantine/`)."""
-    return _read(root_for_model, manifest_path(root_for_model, key), key)
+    reader = ConversationReader(root_for_model)
+    return _read(root_for_model, manifest_path(root_for_model, key), key, reader)
 
 
 def list_manifests(root_for_model: Path) -> list[AgentManifest]:
     """Every valid manifest of this model, by owner and agent id, older formats' files included
-    where they lie; bad ones are quarantined on the way."""
+    where they lie; bad ones are quarantined on the way. Manifests that name one conversation
+    file share one `Conversation`."""
     folder = root_for_model / "agents"
     if not folder.is_dir():
         return []
     found = []
+    reader = ConversationReader(root_for_model)
     for path in sorted(folder.glob("*/*.json")):
         owned = OWNER_PATTERN.fullmatch(path.parent.name) or path.parent.name == UNOWNED
         if owned and path.is_file():  # not a pipe, which would block the read
-            found.append(_read(root_for_model, path, None))
+            found.append(_read(root_for_model, path, None, reader))
     taken = {m.key for m in found if m is not None}
     for path in sorted(folder.glob("*.json")):  # format 2 and older: unowned, named by the id
         key = AgentKey(path.stem)
         if is_valid_agent_id(path.stem) and key not in taken and path.is_file():
-            found.append(_read(root_for_model, path, key))
+            found.append(_read(root_for_model, path, key, reader))
     return [m for m in found if m is not None]
 
 
@@ -237,11 +289,13 @@ def _legacy_path(root_for_model: Path, agent_id: str) -> Path:
     return root_for_model / "agents" / f"{agent_id}.json"
 
 
-def _read(root_for_model: Path, path: Path, key: AgentKey | None) -> AgentManifest | None:
+def _read(
+    root_for_model: Path, path: Path, key: AgentKey | None, reader: ConversationReader
+) -> AgentManifest | None:
     """The manifest at `path`, which must be `key`'s (any agent's when None) and sit where its
-    own key puts it (or at the older name for its id)."""
+    own key puts it (or at the older name for its id), with the conversation it names."""
     try:
-        manifest = _manifest_from_json(_manifest_bytes(path))
+        manifest = _manifest_from_json(_manifest_bytes(path), reader)
         if manifest.model_tag != root_for_model.name or key not in (None, manifest.key):
             raise Rejected(QuarantineReason.OTHER_MODEL, "written for another model or agent")
         if path not in _paths_of(root_for_model, manifest.key):
@@ -273,7 +327,7 @@ def _size_of(path: Path) -> int:
         return 0
 
 
-def _manifest_from_json(data: bytes) -> AgentManifest:
+def _manifest_from_json(data: bytes, reader: ConversationReader) -> AgentManifest:
     try:
         raw = client_json.loads(data)  # mended: an older server stored lone surrogates as sent
         if not isinstance(raw, dict):
@@ -294,13 +348,24 @@ def _manifest_from_json(data: bytes) -> AgentManifest:
             tail_hash=None if tail is None else parse_hash(tail),
             num_tokens=_count(raw, "num_tokens"),
             pinned=_typed(raw, "pinned", bool) if "pinned" in raw else False,
-            conversation=None if conversation is None else Conversation.from_json(conversation),
+            conversation=_conversation(conversation, reader),
             owner=owner,
             updated_at=_time(raw, "updated_at"),
             format_version=version,
         )
     except (ValueError, KeyError, TypeError, ArithmeticError) as exc:  # 1e400 overflows float()
         raise Rejected(QuarantineReason.CORRUPT, str(exc)) from exc
+
+
+def _conversation(raw: object, reader: ConversationReader) -> Conversation | None:
+    """The conversation a manifest names by digest, or holds inline (formats 2 and 3)."""
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        if not DIGEST_PATTERN.fullmatch(raw):
+            raise ValueError("conversation is not a digest")
+        return reader.read(raw)
+    return Conversation.from_json(raw)
 
 
 def _typed(raw: dict[str, object], key: str, kind: type[_T] | tuple[type[_T], ...]) -> _T:

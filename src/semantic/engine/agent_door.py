@@ -133,8 +133,8 @@ class AgentDoor:
     async def fork(
         self, caller: Caller, parent_id: str, child_id: str, owner: str | None = None
     ) -> dict[str, Any]:
-        """A new agent of the caller's (an admin's too, forking another owner's agent) with a
-        copy of the parent's conversation, sharing its cache; durable as `create`."""
+        """A new agent of the caller's (an admin's too, forking another owner's agent) sharing
+        the parent's conversation and cache; durable as `create`."""
         parent, child = self._key(caller, parent_id, owner), AgentKey(child_id, caller.owner)
         return await self._created(lambda: self._agents.fork(parent, child))
 
