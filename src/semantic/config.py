@@ -109,6 +109,12 @@ class Settings(BaseSettings):
         description="Key that may also use /admin/ (model swap, cache persist and evict); once "
         "one is set, other keys get 403 there. Repeat the flag or separate keys with commas.",
     )
+    share_cache_across_keys: bool = Field(
+        False,
+        description="Let API keys reuse one another's cached prompts (set only when every key "
+        "is trusted: a key learns from cached_tokens, a token at a time, what another key's "
+        "prompts began with). Off, each key's cache is its own.",
+    )
 
     allowed_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -413,6 +419,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "allowed_origins",
         "allowed_hosts",
         "auth_failures_per_minute",
+        "share_cache_across_keys",
     ),
     "model": (
         "model",

@@ -235,7 +235,8 @@ class Request:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     agent_id: str | None = None
-    owner: str | None = None  # the scope of `agent_id`: the caller's (`AgentKey`)
+    # The caller's (`AgentKey`): the scope of `agent_id`, and whose cache its prompt may reuse.
+    owner: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
 
     @property

@@ -27,6 +27,7 @@ class CacheOptions:
 
     cache_dir: Path
     disk_budget_bytes: int  # block files and agent manifests together
+    share_across_keys: bool  # one key's prompts reuse another's cache (trusted keys only)
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,7 +80,11 @@ class RunnerOptions:
 
 def engine_options(settings: Settings) -> EngineOptions:
     return EngineOptions(
-        cache=CacheOptions(settings.cache_dir, settings.disk_budget_mb * 2**20),
+        cache=CacheOptions(
+            settings.cache_dir,
+            settings.disk_budget_mb * 2**20,
+            share_across_keys=settings.share_cache_across_keys,
+        ),
         agents=AgentOptions(
             idle_s=settings.agent_idle_s,
             max_per_key=settings.max_agents_per_key,

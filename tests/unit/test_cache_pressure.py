@@ -317,9 +317,9 @@ def test_an_anonymous_prompt_that_extends_a_history_whole_is_cached_as_a_working
     second = submit(engine, "turn-2", [*history, 13], None)
     engine.run_until_idle()
     assert result(second)[1].cached_tokens == len(history) - 1
-    conversation = engine.prefix.match([*history, 13, 14])
+    conversation = engine.prefix.match([*history, 13, 14], engine.prefix.root)
     assert {engine.pool.tier_of(b) for b in conversation.in_memory} == {TIER_WORKING_AGENT}
-    side = engine.prefix.match([*system_prompt(4), 12, *result(one_off)[0], 15])
+    side = engine.prefix.match([*system_prompt(4), 12, *result(one_off)[0], 15], engine.prefix.root)
     assert {engine.pool.tier_of(b) for b in side.in_memory} == {TIER_ONE_OFF}
 
 
@@ -334,15 +334,15 @@ def test_an_anonymous_history_that_ends_on_a_block_boundary_is_still_a_working_a
     engine.run_until_idle()
     history = [*first_prompt, *result(first)[0]]
     assert (len(history) - 1) % BLOCK == 0
-    next_turn = engine.prefix.match([*history, 13])
+    next_turn = engine.prefix.match([*history, 13], engine.prefix.root)
     assert next_turn.tail_hash is None and next_turn.extends_history
     second = submit(engine, "turn-2", [*history, 13], None)
     engine.run_until_idle()
     assert result(second)[1].cached_tokens == len(history) - 1
-    conversation = engine.prefix.match([*history, 13, 14])
+    conversation = engine.prefix.match([*history, 13, 14], engine.prefix.root)
     assert {engine.pool.tier_of(b) for b in conversation.in_memory} == {TIER_WORKING_AGENT}
     # a prompt that shares the blocks but where no history ended is still not a conversation
-    assert not engine.prefix.match([*system_prompt(5), 99, 98]).extends_history
+    assert not engine.prefix.match([*system_prompt(5), 99, 98], engine.prefix.root).extends_history
 
 
 def boundary_history(
@@ -375,18 +375,18 @@ def computed_by_a_side_request(engine: Engine, history: list[int]) -> int:
     the last full one, where the history ends."""
     submit(engine, "side", [*history[:-1], 7, 7], None, max_tokens=1)
     engine.run_until_idle()
-    return engine.prefix.match([*history, 13]).hashes[-1]
+    return engine.prefix.match([*history, 13], engine.prefix.root).hashes[-1]
 
 
 def assert_a_conversations_turn(engine: Engine, history: list[int]) -> None:
     """The next turn of `history` is known as a conversation's and runs as one, its whole
     history reused: cached at the working agents' tier, not as a one-off."""
-    assert engine.prefix.match([*history, 13]).extends_history
+    assert engine.prefix.match([*history, 13], engine.prefix.root).extends_history
     turn = submit(engine, "turn-2", [*history, 13], None)
     engine.run_until_idle()
     assert result(turn)[1].cached_tokens == len(history) - 1
     engine.prefix.check_integrity()
-    conversation = engine.prefix.match([*history, 13, 14])
+    conversation = engine.prefix.match([*history, 13, 14], engine.prefix.root)
     tiers = {engine.pool.tier_of(b) for b in conversation.in_memory}
     assert tiers - {TIER_OUT_OF_WINDOW} == {TIER_WORKING_AGENT}  # windows leave pages behind
 
@@ -405,9 +405,9 @@ def test_a_history_that_ended_on_a_block_boundary_is_still_one_after_its_block_w
     engine, _ = make_engine(served, tmp_path / "cache", **model)
     submit(engine, "turn-1", first_prompt, None, max_tokens=8)
     engine.run_until_idle()
-    last = engine.prefix.match([*history, 13]).hashes[-1]
+    last = engine.prefix.match([*history, 13], engine.prefix.root).hashes[-1]
     push_out_of_the_pool(engine, last)
-    match = engine.prefix.match([*history, 13])
+    match = engine.prefix.match([*history, 13], engine.prefix.root)
     assert match.tail_hash is None and match.hashes[-1] == last and match.extends_history
     assert engine.tiering.disk.ends_history(page_key(last, 0))
     assert_a_conversations_turn(engine, history)
@@ -453,7 +453,7 @@ def test_a_history_that_ends_on_a_block_only_the_disk_has_is_marked_on_disk(
     engine, _ = make_engine(served, tmp_path / "cache", num_blocks=16)
     last = computed_by_a_side_request(engine, history)
     push_out_of_the_pool(engine, last)
-    assert not engine.prefix.match([*history, 13]).extends_history
+    assert not engine.prefix.match([*history, 13], engine.prefix.root).extends_history
     engine.prefix.end_history(last)
     engine.stop()  # lets the mark reach the file
     restarted, _ = make_engine(served, tmp_path / "cache")

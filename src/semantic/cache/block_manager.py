@@ -80,6 +80,10 @@ class BlockManager:
         """Pages a new block takes: one per layer group."""
         return len(self.windows)
 
+    def root(self, seq: Sequence) -> int:
+        """The root of the hash chain of `seq`'s blocks: its owner's."""
+        return self.prefix.root_of(seq.request.owner)
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_tokens)
 
@@ -96,7 +100,7 @@ class BlockManager:
         """What admitting `seq` now would reuse and take, and how many pages it lacks, keeping
         room for `headroom` blocks of others (one per running sequence, so admitting does not
         force the next decode step to preempt)."""
-        match = self.prefix.match(seq.token_ids)
+        match = self.prefix.match(seq.token_ids, self.root(seq))
         tier = seq.cache_tier if seq.first_scheduled_time is not None else tier_of(seq, match)
         # A one-off may not reclaim agents' pages — unless it was preempted (finishing what was
         # started beats keeping a cache, and it could otherwise wait for ever), or it has waited
@@ -207,7 +211,7 @@ class BlockManager:
         if not self._sliding:
             return
         reused, size = seq.num_cached_tokens, self.block_tokens
-        hashes = self.prefix.chain(seq.token_ids[: reused - reused % size])
+        hashes = self.prefix.chain(seq.token_ids[: reused - reused % size], self.root(seq))
         for group, window in self._sliding:
             start = first_read_block(window, reused, size)
             end = min(len(hashes), first_read_block(window, seq.num_computed_tokens, size))
@@ -233,7 +237,7 @@ class BlockManager:
         arrived = zip(restore.pages[:count], restore.keys, restore.indexes, strict=False)
         for page, key, index in arrived:
             if index < len(restore.block_hashes):
-                parent = restore.block_hashes[index - 1] if index else self.prefix.root
+                parent = restore.block_hashes[index - 1] if index else self.root(seq)
                 tokens = seq.token_ids[index * size : (index + 1) * size]
                 self.prefix.insert(page, key, parent, tokens)
 
@@ -242,7 +246,7 @@ class BlockManager:
         size = self.block_tokens
         while (len(seq.block_hashes) + 1) * size <= seq.num_computed_tokens:
             index = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else self.prefix.root
+            parent = seq.block_hashes[-1] if seq.block_hashes else self.root(seq)
             tokens = seq.token_ids[index * size : (index + 1) * size]
             pages = [table.page(index) for table in seq.block_tables]
             seq.block_hashes.append(self.prefix.register(pages, parent, tokens))
@@ -256,7 +260,7 @@ class BlockManager:
             self.prefix.end_history(seq.block_hashes[-1])  # it ends on a block boundary
         if seq.num_computed_tokens <= start or any(t.end <= full for t in seq.block_tables):
             return None
-        parent = seq.block_hashes[-1] if full else self.prefix.root
+        parent = seq.block_hashes[-1] if full else self.root(seq)
         tokens = seq.token_ids[start : seq.num_computed_tokens]
         pages = [table.page(full) for table in seq.block_tables]
         return self.prefix.register(pages, parent, tokens)

@@ -3,7 +3,8 @@ the pool or below it (on disk).
 
 Standard library only. A block's hash covers its tokens and, through its parent's hash, every
 token before it, so equal hashes mean equal KV (the root is seeded with the model and the cache
-geometry, so no other model's blocks ever match). A block's KV is stored as one page per layer
+geometry, so no other model's blocks ever match, and with the API key's owner, so no other key's
+blocks do either: `owner_root`). A block's KV is stored as one page per layer
 group (`core.py: CacheSpec`), each known by its page key (`page_key`): the block's hash and the
 group.
 """
@@ -37,6 +38,14 @@ def _digest(data: bytes) -> int:
 def root_hash(model_tag: str) -> int:
     """The parent of every first block: one per model and cache geometry."""
     return _digest(f"semantic-prefix-v{HASH_VERSION}:{model_tag}".encode())
+
+
+def owner_root(model_root: int, owner: str) -> int:
+    """The parent of every first block of one owner's prompts (an API key's, `AgentKey.owner`):
+    another key's identical prompt starts another chain, so no key learns from the cache what
+    another key's prompts held (a match reports how many of its tokens were cached, a token at a
+    time inside a block). vLLM's `cache_salt` does the same."""
+    return _digest(model_root.to_bytes(8, "little") + f"owner:{owner}".encode())
 
 
 def chain_hash(parent: int, token_ids: Sequence[int]) -> int:
@@ -175,6 +184,10 @@ class PrefixCache:
     with it, or sent down when the history ends on a block the lower tier holds already), and
     back here when the page is restored. So a conversation's next turn is known as one
     whichever tier its last block is on, and after a restart.
+
+    Each owner's prompts hash under a root of their own (`root_of`), unless the owners trust one
+    another (`share_across_owners`); prompts without an owner (a server without keys) hash under
+    the model's `root`, as before owners had roots.
     """
 
     def __init__(
@@ -186,10 +199,12 @@ class PrefixCache:
         group_windows: Sequence[int | None] = (None,),
         lower: LowerTier | None = None,
         on_evict: EvictHook | None = None,
+        share_across_owners: bool = False,
     ) -> None:
         self.pool = pool
         self.block_tokens = block_tokens
         self.root = root
+        self.share_across_owners = share_across_owners
         self.windows = tuple(group_windows)
         self.lower = lower or NoLowerTier()
         self.on_evict = on_evict
@@ -201,18 +216,25 @@ class PrefixCache:
         self._full_groups = [g for g, window in enumerate(self.windows) if window is None]
         pool.on_reclaim = self._reclaimed
 
-    def match(self, token_ids: Sequence[int]) -> PrefixMatch:
-        """The longest cached prefix of `token_ids`, in the pool or below it, never including
+    def root_of(self, owner: str | None) -> int:
+        """The root of the chains of `owner`'s prompts (None: no owner)."""
+        if owner is None or self.share_across_owners:
+            return self.root
+        return owner_root(self.root, owner)
+
+    def match(self, token_ids: Sequence[int], root: int) -> PrefixMatch:
+        """The longest cached prefix of `token_ids` in the chain from `root` (its owner's:
+        `root_of`), in the pool or below it, never including
         the last token (its logits are needed, so it is always computed): the chain of full
         blocks every full-attention group has, then the longest partial block under it; cut
         back, a block at a time, to where each sliding group has the window it reads."""
         limit, size = len(token_ids) - 1, self.block_tokens
-        blocks, missing = self._chain(token_ids, limit)
+        blocks, missing = self._chain(token_ids, limit, root)
         windows = _Windows(self, blocks)
         for count in range(len(blocks), -1, -1):
             if count < len(blocks):
                 missing = blocks[count][0]
-            parent = blocks[count - 1][0] if count else self.root
+            parent = blocks[count - 1][0] if count else root
             tail = self._best_tail(parent, token_ids[count * size : limit])
             if tail is not None and windows.covered(count, tail[1]):
                 return self._matched(blocks[:count], tail, missing)
@@ -221,12 +243,12 @@ class PrefixCache:
         raise AssertionError("an empty prefix needs no window")
 
     def _chain(
-        self, token_ids: Sequence[int], limit: int
+        self, token_ids: Sequence[int], limit: int, root: int
     ) -> tuple[list[tuple[int, tuple[int, ...]]], int | None]:
         """(hash, tokens) of the full blocks of `token_ids[:limit]` that every full-attention
         group has, in the pool or below it (all of them when no group reads every block), and
         the hash of the first that one lacks."""
-        size, parent = self.block_tokens, self.root
+        size, parent = self.block_tokens, root
         blocks: list[tuple[int, tuple[int, ...]]] = []
         while (start := len(blocks) * size) + size <= limit:
             tokens = tuple(token_ids[start : start + size])
@@ -337,9 +359,9 @@ class PrefixCache:
         found = ((key, self.pool.lookup(key)) for key in self.keys(block_hash))
         return [(key, page) for key, page in found if page is not None]
 
-    def chain(self, token_ids: Sequence[int]) -> list[int]:
-        """The chain hashes of the full blocks of `token_ids`, cached or not."""
-        hashes, parent, size = [], self.root, self.block_tokens
+    def chain(self, token_ids: Sequence[int], root: int) -> list[int]:
+        """The chain hashes of the full blocks of `token_ids` from `root`, cached or not."""
+        hashes, parent, size = [], root, self.block_tokens
         for start in range(0, len(token_ids) - size + 1, size):
             parent = chain_hash(parent, token_ids[start : start + size])
             hashes.append(parent)

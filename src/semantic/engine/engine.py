@@ -148,6 +148,7 @@ class Engine:
             group_windows=spec.group_windows,
             lower=self.tiering,
             on_evict=self.tiering.save_evicted,
+            share_across_owners=options.cache.share_across_keys,
         )
         self.agents = Agents(self.prefix, self.tiering, manifests, options.agents)
         self.agent_door = AgentDoor(self)

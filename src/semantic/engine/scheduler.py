@@ -135,7 +135,7 @@ class Scheduler:
         """Queue a sequence; the cached blocks of its prompt become the last of their tier (and
         of its own, if higher) to be reclaimed, since they are about to be used. Returns what it
         can reuse as things stand."""
-        match = self.prefix.match(seq.token_ids)
+        match = self.prefix.match(seq.token_ids, self.blocks.root(seq))
         self.prefix.touch(match, tier_of(seq, match))
         self.waiting.append(seq)
         return match
