@@ -256,11 +256,12 @@ def _describe(model: Path, manifest: AgentManifest) -> dict[str, Any]:
 
 
 def _delete(model: Path, manifest: AgentManifest, others: list[AgentManifest]) -> None:
-    """Remove the manifest, and the block files and the conversation file no other agent
-    names (a fork names its parent's)."""
+    """Remove the manifest, the block files the agent computed that no other agent names
+    (those it found cached stay, as a server's delete leaves them: `Agents.delete`), and the
+    conversation file no other agent names (a fork names its parent's)."""
     shared = {h for m in others for h in m.hashes}
     removed = 0
-    for block_hash in manifest.hashes:
+    for block_hash in manifest.computed:
         if block_hash in shared:
             continue
         for path in block_files(model, block_hash):  # every layer group's page

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic import agents_command, cli
-from semantic.cache.disk import cache_root
+from semantic.cache.disk import block_path, cache_root
 from semantic.cache.manifest import AgentManifest, save_manifest
 from semantic.config import Settings
 from semantic.models.served import ServedModel
@@ -194,6 +194,22 @@ def test_from_disk_owner_picks_one_owners_agent(
     assert cli.main(["agents", "--json", *where]) == 0
     [left] = json.loads(capsys.readouterr().out)["agents"]
     assert left["owner"] == owners[1]
+
+
+def test_from_disk_delete_keeps_the_blocks_the_agent_found_cached(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_root = cache_root(tmp_path) / "tiny-L1-kv1-d1-float32-b8-0123456789ab"
+    diary = AgentManifest("diary", model_root.name, [1, 2], 3, 20, found_blocks=1)
+    save_manifest(model_root, diary)
+    (model_root / "blocks").mkdir()
+    files = [block_path(model_root, h) for h in diary.hashes]
+    for path in files:
+        path.touch()
+    where = ["--cache-dir", str(tmp_path), "--port", str(free_port())]
+    assert cli.main(["agents", "delete", "diary", *where]) == 0
+    assert capsys.readouterr().out == "deleted agent diary (2 block files)\n"
+    assert [path.exists() for path in files] == [True, False, False]
 
 
 def test_a_key_goes_only_to_loopback_or_a_named_server_and_not_in_plain_http_off_the_machine(

@@ -1,8 +1,9 @@
 """Keys do not share a cache's secrets, over the fake runner and the real app: each key's prompts
 hash under a root of their own, so another key's guesses at a prompt find nothing of it cached
 (`cached_tokens` would tell them, a token at a time), deleting an agent never touches another
-key's cache, and an agent keeps matching its own blocks after a restart. `share_cache_across_keys`
-shares as before; a server without keys hashes as it always did."""
+key's cache (and of its own key's, only the blocks the agent computed), and an agent keeps
+matching its own blocks after a restart. `share_cache_across_keys` shares as before; a server
+without keys hashes as it always did."""
 
 from __future__ import annotations
 
@@ -82,6 +83,28 @@ def test_deleting_an_agent_keeps_another_keys_cache_of_the_same_prompt(
         deleted = client.delete("/v1/agents/diary", headers=as_(ALICE_KEY))
         assert deleted.status_code == 200, deleted.text
         assert cached(client, BOB_KEY, SECRET) == bobs
+
+
+def test_deleting_an_agent_forgets_what_it_computed_and_keeps_what_it_found_cached(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    diary = AgentKey("diary", owner_of(ALICE_KEY))
+    with keyed(chat_served, tmp_path) as (client, engine):
+        cached(client, ALICE_KEY, SECRET)
+        anonymous = cached(client, ALICE_KEY, SECRET)
+        more = f"{SECRET} And the safe opens with 31-41-59, left twice, then right."
+        assert cached(client, ALICE_KEY, more, session_id="diary") > 0
+        agent = engine.agents.by_key[diary]
+        found, computed = agent.hashes[: agent.found_blocks], agent.computed
+        assert found and computed
+        assert client.post("/admin/cache/persist", headers=as_(ADMIN_KEY)).status_code == 200
+    with keyed(chat_served, tmp_path) as (client, engine):  # it is known after a restart too
+        assert engine.agents.by_key[diary].found_blocks == len(found)
+        deleted = client.delete("/v1/agents/diary", headers=as_(ALICE_KEY))
+        assert deleted.status_code == 200, deleted.text
+        assert not any(engine.tiering.disk.contains(h) for h in computed)
+        assert all(engine.tiering.disk.contains(h) for h in found)
+        assert cached(client, ALICE_KEY, SECRET) == anonymous
 
 
 def test_a_keys_agent_matches_its_blocks_on_disk_after_a_restart(

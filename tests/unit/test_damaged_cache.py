@@ -102,8 +102,21 @@ def _wrong_types(change: dict[str, object]) -> Callable[[bytes], bytes]:
         _wrong_types({"block_hashes": "0000000000000001"}),
         _wrong_types({"updated_at": 10**400}),  # a float() of it overflows
         _wrong_types({"conversation": {"system": 5, "defaults": {}, "messages": []}}),
+        _wrong_types({"found_blocks": "all"}),
+        _wrong_types({"found_blocks": 3}),  # past its two blocks
     ],
-    ids=["garbage", "nested", "tokens-str", "tokens-neg", "pinned-str", "hashes", "time", "conv"],
+    ids=[
+        "garbage",
+        "nested",
+        "tokens-str",
+        "tokens-neg",
+        "pinned-str",
+        "hashes",
+        "time",
+        "conv",
+        "found-str",
+        "found-past",
+    ],
 )
 def test_a_bad_manifest_is_quarantined_at_start_and_the_other_agents_load(
     tmp_path: Path, rewrite: Callable[[bytes], bytes], caplog: pytest.LogCaptureFixture

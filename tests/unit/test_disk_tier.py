@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 import zlib
@@ -606,6 +607,20 @@ def test_manifests_round_trip_list_and_delete(tmp_path: Path) -> None:
     assert load_manifest(tier.model_root, AgentKey("agent-1")) is None
     assert delete_manifest(tier.model_root, AgentKey("agent-1")) is False
     assert temp_files(tier) == []
+
+
+def test_a_manifest_keeps_the_blocks_its_agent_found_cached_and_an_older_one_found_none(
+    tmp_path: Path,
+) -> None:
+    tier = open_tier(tmp_path)
+    found = replace(_manifest(tier), found_blocks=1)
+    save_manifest(tier.model_root, found)
+    assert load_manifest(tier.model_root, found.key) == found
+    assert found.computed == [0xFFFF_FFFF_FFFF_FFFF, 3]
+    path = manifest_path(tier.model_root, found.key)
+    older = {k: v for k, v in json.loads(path.read_bytes()).items() if k != "found_blocks"}
+    path.write_text(json.dumps(older))
+    assert load_manifest(tier.model_root, found.key) == replace(found, found_blocks=0)
 
 
 @pytest.mark.parametrize("bad_id", ["../x", ".hidden", "a" * 200, "a/b", ""])

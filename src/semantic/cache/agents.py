@@ -54,6 +54,9 @@ class Agent:
     # the id of the generate call holding it, if one is: one turn at a time, never interleaved.
     conversation: Conversation | None = None
     turn: str | None = None
+    # How many of `block_hashes`, from the first, it found cached rather than computed (another
+    # conversation's, a system prompt others use): `Agents.delete` leaves them to their users.
+    found_blocks: int = 0
 
     @property
     def agent_id(self) -> str:
@@ -66,6 +69,11 @@ class Agent:
     @property
     def hashes(self) -> list[int]:
         return [*self.block_hashes, *([self.tail_hash] if self.tail_hash is not None else [])]
+
+    @property
+    def computed(self) -> list[int]:
+        """The blocks of its history it computed itself: all but those it found cached."""
+        return self.hashes[self.found_blocks :]
 
 
 @dataclass(slots=True, frozen=True)
@@ -113,7 +121,8 @@ class Agents:
     """The agents of one model's cache, named ones with their histories, and the statistics of
     every request.
 
-    Invariants: an agent's `hashes` name its last history; `_sharers[h]` counts the agents whose
+    Invariants: an agent's `hashes` name its last history, the first `found_blocks` of them
+    found cached (not computed by it); `_sharers[h]` counts the agents whose
     history contains `h` (two or more puts the block in the shared tier); a pinned agent's hot
     blocks hold one pin reference each; an agent is held by at most one generate call (`turn`);
     `_per_owner` counts each owner's agents, at most `options.max_per_key` each; `_began` maps
@@ -207,17 +216,28 @@ class Agents:
         self.stats.record(served, None if agent is None else agent.stats, time.time())
         # Aborted before it ran: nothing to keep. Not answered: the history it had, if any.
         if agent is not None and history.num_tokens and (answered or not agent.num_tokens):
-            self._set_history(agent, history)
+            self._set_history(agent, history, self._found(agent, history, cached))
 
     def names(self, block_hash: int) -> bool:
         """Whether an agent's history names a block (its pages' tiers are then this class's to
         decide: `_let_go_of_passed`)."""
         return self._sharers[block_hash] > 0
 
-    def _set_history(self, agent: Agent, history: History) -> None:
+    def _found(self, agent: Agent, history: History, cached: int) -> int:
+        """How many of the first blocks of `history` the agent found cached rather than
+        computed: of the full blocks its prompt reused (`cached` tokens), those before the first
+        its own history computed."""
+        own, found = set(agent.computed), 0
+        for block_hash in history.block_hashes[: cached // self.prefix.block_tokens]:
+            if block_hash in own:
+                break
+            found += 1
+        return found
+
+    def _set_history(self, agent: Agent, history: History, found_blocks: int) -> None:
         old, old_windows = set(agent.hashes), self._window_keys(agent)
         agent.block_hashes, agent.tail_hash = history.block_hashes, history.tail_hash
-        agent.num_tokens = history.num_tokens
+        agent.num_tokens, agent.found_blocks = history.num_tokens, found_blocks
         new = set(agent.hashes)
         self._sharers.update(new - old)
         self._sharers -= Counter(old - new)  # `-=` drops hashes no agent shares any more
@@ -325,7 +345,7 @@ class Agents:
         parent = self._known(parent_key)
         child = self.create(child_key, parent.conversation or Conversation())
         history = History(list(parent.block_hashes), parent.tail_hash, parent.num_tokens)
-        self._set_history(child, history)
+        self._set_history(child, history, parent.found_blocks)
         return child
 
     def begin_turn(self, key: AgentKey, turn_id: str, message: str) -> tuple[Agent, Conversation]:
@@ -441,16 +461,18 @@ class Agents:
         return evicted
 
     def delete(self, key: AgentKey) -> bool:
-        """Forget an agent: its manifest (conversation included), and the blocks no other agent
-        uses, in memory (cached ones; a block a running request holds stays until it finishes)
-        and on disk. Conflict while a generate call holds it."""
+        """Forget an agent: its manifest (conversation included), and the blocks it computed
+        that no other agent uses, in memory (cached ones; a block a running request holds stays
+        until it finishes) and on disk: deleting an agent is how a client has the server forget
+        a conversation. Blocks it found cached (its owner's other requests', such as a system
+        prompt they share) stay theirs. Conflict while a generate call holds it."""
         agent = self.by_key.get(key)
         if agent is None:
             return False
         if agent.turn is not None:
             raise Conflict(f"agent {key.agent_id!r} is generating; delete it once the call ends")
         self._forget(agent)
-        for block_hash in agent.hashes:
+        for block_hash in agent.computed:
             if self._sharers[block_hash] <= 0:
                 for page_key in self.prefix.keys(block_hash):
                     self.prefix.discard(page_key)
@@ -527,6 +549,7 @@ class Agents:
                 list(agent.block_hashes),
                 agent.tail_hash,
                 agent.num_tokens,
+                found_blocks=agent.found_blocks,
                 pinned=agent.pinned,
                 conversation=kept,
                 owner=agent.owner,
@@ -548,6 +571,7 @@ class Agents:
             manifest.num_tokens,
             manifest.pinned,
             conversation=manifest.conversation,
+            found_blocks=manifest.found_blocks,
         )
         agent.stats.last_used = manifest.updated_at
         self.by_key[agent.key] = agent

@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 
 # 4 names the conversation by its file's digest (3 and 2 hold it inline); 3 added `owner` and the
 # per-owner folders (older files lie at `agents/<agent id>.json` and are read as owned by no
-# one); 2 added `conversation` (a version-1 file has none).
+# one); 2 added `conversation` (a version-1 file has none). `found_blocks` came without a new
+# version: a file without it found none, and a server that does not know it reads the rest.
 MANIFEST_FORMAT_VERSION = 4
 _READABLE_VERSIONS = (1, 2, 3, 4)
 # Far past any manifest a server writes (an older format's inline conversation at
@@ -86,6 +87,7 @@ class AgentManifest:
     conversation: Conversation | None = None
     updated_at: float = field(default_factory=time.time)
     owner: str | None = None  # `AgentKey.owner`
+    found_blocks: int = 0  # `Agent.found_blocks` (absent in older files: it found none)
     format_version: int = MANIFEST_FORMAT_VERSION
 
     @property
@@ -96,6 +98,11 @@ class AgentManifest:
     def hashes(self) -> list[int]:
         """Every block it names: the full blocks' hashes in order, then the tail's if any."""
         return [*self.block_hashes, *([self.tail_hash] if self.tail_hash is not None else [])]
+
+    @property
+    def computed(self) -> list[int]:
+        """The blocks the agent computed itself (`Agent.computed`)."""
+        return self.hashes[self.found_blocks :]
 
 
 class ManifestFiles:
@@ -211,6 +218,7 @@ def _write_manifest(root_for_model: Path, manifest: AgentManifest, digest: str |
         "block_hashes": [f"{h:016x}" for h in manifest.block_hashes],
         "tail_hash": None if manifest.tail_hash is None else f"{manifest.tail_hash:016x}",
         "num_tokens": manifest.num_tokens,
+        "found_blocks": manifest.found_blocks,
         "pinned": manifest.pinned,
         "conversation": digest,
         "updated_at": manifest.updated_at,
@@ -347,6 +355,7 @@ def _manifest_from_json(data: bytes, reader: ConversationReader) -> AgentManifes
             block_hashes=[parse_hash(h) for h in _typed(raw, "block_hashes", list)],
             tail_hash=None if tail is None else parse_hash(tail),
             num_tokens=_count(raw, "num_tokens"),
+            found_blocks=_found_blocks(raw),
             pinned=_typed(raw, "pinned", bool) if "pinned" in raw else False,
             conversation=_conversation(conversation, reader),
             owner=owner,
@@ -366,6 +375,13 @@ def _conversation(raw: object, reader: ConversationReader) -> Conversation | Non
             raise ValueError("conversation is not a digest")
         return reader.read(raw)
     return Conversation.from_json(raw)
+
+
+def _found_blocks(raw: dict[str, object]) -> int:
+    found = _count(raw, "found_blocks") if "found_blocks" in raw else 0
+    if found > len(_typed(raw, "block_hashes", list)):
+        raise ValueError("found_blocks is past block_hashes")
+    return found
 
 
 def _typed(raw: dict[str, object], key: str, kind: type[_T] | tuple[type[_T], ...]) -> _T:
