@@ -308,3 +308,26 @@ def test_sharer_counts_keep_only_hashes_an_agent_still_uses(
     engine.agents.delete(AgentKey("alice"))
     engine.agents.delete(AgentKey("bob"))
     assert not sharers
+
+
+def test_an_agent_deleted_while_another_computes_its_prefix_leaves_that_prefix_cached(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """Two agents prefill the same prompt at once: the first to fill a block indexes it, the
+    other's copy stays unindexed. Deleting the first agent while the second still runs drops
+    the indexed copy (no agent names it yet); the second's copy must take its place, or the
+    history it leaves names blocks that exist nowhere and its next turn starts cold."""
+    engine, _ = make_engine(served, tmp_path)
+    sampling = SamplingParams(temperature=0.0, max_tokens=1)
+    first, second = [], []  # type: list[TokenEvent], list[TokenEvent]
+    engine.submit(Request("a", list(SYSTEM), sampling, agent_id="alice"), first.append)
+    longer = SamplingParams(temperature=0.0, max_tokens=6)
+    engine.submit(Request("b", list(SYSTEM), longer, agent_id="bob"), second.append)
+    while not (first and first[-1].final):
+        engine.step()
+    assert not (second and second[-1].final), "bob's answer must still be running"
+    engine.agents.delete(AgentKey("alice"))
+    engine.run_until_idle()
+    history = [*SYSTEM, *(t for e in second for t in e.token_ids)]
+    _, usage = turn(engine, "bob", [*history, 300])
+    assert usage.cached_tokens == len(history) - 1

@@ -269,10 +269,26 @@ class BlockManager:
         """Give back every page of `seq`; hashed ones stay cached at its tier, but those its
         windows have left since its last step (`grow`) out of the window."""
         self._drop_passed(seq)
+        self._index_orphans(seq)
         for table in seq.block_tables:
             self.pool.release(table.pages, seq.cache_tier)
         seq.block_tables = []
         seq.block_hashes = []
+
+    def _index_orphans(self, seq: Sequence) -> None:
+        """A page computed while another page held the same content was left unindexed
+        (`PrefixCache.register`). When that other page has gone since (its agent was deleted,
+        which discards what no agent names), this one takes its place: the history the
+        sequence leaves must name blocks that exist."""
+        size = self.block_tokens
+        for index, block_hash in enumerate(seq.block_hashes):
+            parent = seq.block_hashes[index - 1] if index else self.prefix.root
+            tokens = seq.token_ids[index * size : (index + 1) * size]
+            for group, table in enumerate(seq.block_tables):
+                if table.first <= index < table.end:
+                    page = table.page(index)
+                    if self.pool.hash_of(page) is None:
+                        self.prefix.insert(page, page_key(block_hash, group), parent, tokens)
 
     def _restore_plan(self, seq: Sequence, match: PrefixMatch) -> Restore | None:
         below = [(i, g) for i, g, page in match.entries() if page is None]
