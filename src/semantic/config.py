@@ -242,6 +242,14 @@ class Settings(BaseSettings):
         "differs from its parent's. A create, fork or turn past it is refused (413 "
         "conversation_quota_exceeded).",
     )
+    max_pinned_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Most of the KV pool one API key's pinned agents may hold in memory, as a "
+        "share of its pages (all clients together when no keys are set); a pin past it is "
+        "refused (403 pin_limit_reached).",
+    )
     max_running: int = Field(64, ge=1, description="Most sequences decoding at once.")
     max_batch_tokens: int = Field(
         512, ge=16, description="Most tokens computed per step (prefill chunk budget)."

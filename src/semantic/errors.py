@@ -113,6 +113,10 @@ class ConversationQuotaExceeded(SemanticError):
     (413: what the key would store is too large, however small the request)."""
 
 
+class PinLimit(SemanticError):
+    """Pinning an agent would hold more of the KV pool than its API key's pins may (403)."""
+
+
 class PersistFailed(SemanticError):
     """A persist the client waits for could not make everything durable (disk full, I/O error)."""
 

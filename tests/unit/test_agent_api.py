@@ -538,3 +538,15 @@ def test_the_openapi_document_describes_the_agent_routes(api: TestClient) -> Non
         if path.startswith("/v1/agents")
         for method in paths[path]
     )
+
+
+def test_a_pin_past_the_keys_share_of_the_pool_is_403_and_pins_nothing(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    with running(chat_served, tmp_path, max_pinned_share=0.01) as (client, engine, _):
+        create(client, "big")
+        generate(client, "big", "hello there")
+        error = error_of(client.patch("/v1/agents/big", json={"pinned": True}), 403)
+        assert error["code"] == "pin_limit_reached" and "1%" in error["message"]
+        assert client.get("/v1/agents/big").json()["pinned"] is False
+        assert engine.pool.num_held == 0

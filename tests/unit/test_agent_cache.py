@@ -15,6 +15,7 @@ from semantic.cache.cache_stats import MISS_CORRUPT, MISS_EVICTED, MISS_OTHER_MO
 from semantic.cache.disk import DiskTier
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
+from semantic.errors import PinLimit
 from semantic.models.served import ServedModel
 from tests.unit.fakes import fake_served, make_engine
 
@@ -331,3 +332,34 @@ def test_an_agent_deleted_while_another_computes_its_prefix_leaves_that_prefix_c
     history = [*SYSTEM, *(t for e in second for t in e.token_ids)]
     _, usage = turn(engine, "bob", [*history, 300])
     assert usage.cached_tokens == len(history) - 1
+
+
+def test_a_key_pins_at_most_its_share_of_the_pool(served: ServedModel, tmp_path: Path) -> None:
+    engine, _ = make_engine(served, tmp_path, num_blocks=16, max_pinned_share=0.5)
+    conversation(engine, "vip", 1)  # 6 of the pool's 16 blocks
+    conversation(engine, "vip-2", 1)
+    engine.agents.pin(AgentKey("vip"))
+    with pytest.raises(PinLimit, match="50%"):
+        engine.agents.pin(AgentKey("vip-2"))
+    assert not engine.agents.by_key[AgentKey("vip-2")].pinned
+    assert engine.pool.num_held == 6
+    engine.agents.pin(AgentKey("vip"), False)
+    engine.agents.pin(AgentKey("vip-2"))  # room again once the other lets go
+    assert engine.pool.num_held == 6
+
+
+def test_pins_let_go_of_memory_for_a_request_that_could_not_run_beside_them(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """Pins may hold most of the pool; a prompt that needs more than the rest does not wait
+    for ever: the pins let go of their pages (their files stay), it runs, and the pinned
+    agent's next turn still finds its whole history, from disk."""
+    engine, _ = make_engine(served, tmp_path, num_blocks=16, max_pinned_share=1.0)
+    history = conversation(engine, "vip", 1)  # 6 blocks, held by the pin
+    engine.agents.pin(AgentKey("vip"))
+    output, usage = turn(engine, None, [100] * 90)  # 12 blocks: more than the 10 left
+    assert usage.prompt_tokens == 90 and output
+    _, usage = turn(engine, "vip", [*history, 300])
+    assert usage.cached_tokens == len(history) - 1
+    vip = engine.agents.by_key[AgentKey("vip")]
+    assert vip.pinned and engine.pool.num_held == len(vip.hashes)  # it holds its pages again

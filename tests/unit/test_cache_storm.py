@@ -1,12 +1,12 @@
 """A seeded storm over the engine and a pool too small for its agents: conversations (named and
 anonymous) take turns at random moments, one-off prompts come and go, clients abort, the cache
-is persisted and evicted, agents are pinned, unpinned and deleted and the server restarts, all
-interleaved with the engine's steps. After every step the pool and the prefix index must be
-consistent; every answer must be the one the same prompt gets alone in a roomy pool (the fake
-runner computes each token from the context it reads back through the block tables, so a wrong
-restore, a reused block of someone else's or a lost chunk changes it); an aborted answer must be
-a prefix of that; a warm turn must find its whole history cached, in memory or on disk; and when
-all is done, no block is held.
+is persisted and evicted, agents are forked, pinned, unpinned and deleted and the server
+restarts, all interleaved with the engine's steps. After every step the pool and the prefix
+index must be consistent; every answer must be the one the same prompt gets alone in a roomy
+pool (the fake runner computes each token from the context it reads back through the block
+tables, so a wrong restore, a reused block of someone else's or a lost chunk changes it); an
+aborted answer must be a prefix of that; a warm turn must find its whole history cached, in
+memory or on disk; and when all is done, no block is held.
 
 Models: full attention, hybrid (one full-attention layer, three sliding) and sliding only.
 `SEMANTIC_STORM_SEEDS=N` runs N seeds instead of the few CI runs.
@@ -25,6 +25,7 @@ import pytest
 
 from semantic.core import AgentKey, FinishReason, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
+from semantic.errors import PinLimit
 from semantic.models.served import ServedModel
 from tests.unit.fakes import make_engine
 
@@ -32,6 +33,7 @@ BLOCK = 8  # make_engine's block size
 SEEDS = range(int(os.environ.get("SEMANTIC_STORM_SEEDS", "3")))
 TICKS = 300
 LONGEST_HISTORY = 10 * BLOCK  # a conversation longer than this starts over
+MOST_FORKS = 4
 PLAIN: dict[str, Any] = {"num_blocks": 24}
 # One full-attention layer and three sliding ones: a block takes four pages, one per group.
 HYBRID: dict[str, Any] = {"layer_windows": (None, 12, 12, 12), "num_blocks": 48}
@@ -111,6 +113,8 @@ class Storm:
             self.delete_an_agent([c for c in idle if c.agent_id is not None])
         elif roll < 0.52:
             self.pin_or_unpin([c for c in self.conversations if c.agent_id is not None])
+        elif roll < 0.55:
+            self.fork([c for c in idle if c.agent_id is not None])
 
     def take_a_turn(self, conversation: Conversation) -> None:
         if len(conversation.history) > LONGEST_HISTORY:  # it starts over, as a compaction does
@@ -137,12 +141,25 @@ class Storm:
         self.engine = make_engine(self.served, self.cache_dir, **self.model)[0]
 
     def pin_or_unpin(self, named: list[Conversation]) -> None:
-        """Pin an agent (one at a time: pinned pages never leave a pool this small), or unpin it."""
-        pinned = [a for a in self.engine.agents.by_key.values() if a.pinned]
+        """Pin an agent, or unpin it; a pin past the pool's share for pins is refused."""
         agent_id = self.rng.choice(named).agent_id
         agent = self.engine.agents.get(AgentKey(agent_id, None)) if agent_id else None
-        if agent is not None and (agent.pinned or not pinned):
-            self.engine.agents.pin(agent.key, pinned=not agent.pinned)
+        if agent is not None:
+            try:
+                self.engine.agents.pin(agent.key, pinned=not agent.pinned)
+            except PinLimit:
+                assert not agent.pinned
+
+    def fork(self, idle_named: list[Conversation]) -> None:
+        """A new agent that continues an idle one's history, sharing its blocks."""
+        forks = sum(c.name.startswith("fork") for c in self.conversations)
+        parent = self.rng.choice(idle_named) if idle_named and forks < MOST_FORKS else None
+        if parent is None or self.engine.agents.get(AgentKey(str(parent.agent_id))) is None:
+            return
+        child = Conversation(f"fork{forks}", f"{parent.agent_id}-fork{forks}", [*parent.history])
+        child.must_find = parent.must_find
+        self.engine.agents.fork(AgentKey(str(parent.agent_id)), AgentKey(str(child.agent_id)))
+        self.conversations.append(child)
 
     def delete_an_agent(self, idle_named: list[Conversation]) -> None:
         if idle_named:

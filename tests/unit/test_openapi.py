@@ -201,8 +201,12 @@ def test_with_admin_keys_the_admin_routes_document_the_403(
     with chat_app(served, tmp_path, admin_api_key=["boss"]) as client:
         document = client.get("/openapi.json", headers={"x-api-key": "boss"}).json()
     # Outside the admin paths (/admin/, /metrics), a 403 is only the agent limit's
-    # (max_agents_per_key), where agents are made.
-    makes_agents = {("/v1/agents", "post"), ("/v1/agents/{agent_id}/fork", "post")}
+    # (max_agents_per_key), where agents are made, and the pin limit's (max_pinned_share).
+    limited = {
+        ("/v1/agents", "post"),
+        ("/v1/agents/{agent_id}/fork", "post"),
+        ("/v1/agents/{agent_id}", "patch"),
+    }
     for path, method, operation in operations(document):
-        expected = path.startswith(("/admin/", "/metrics")) or (path, method) in makes_agents
+        expected = path.startswith(("/admin/", "/metrics")) or (path, method) in limited
         assert ("403" in operation["responses"]) == expected, (path, method)

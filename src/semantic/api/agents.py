@@ -251,12 +251,13 @@ async def get_agent(agent_id: str, request: Request, owner: OwnerParam = None) -
     return await door.describe(caller_of(request), agent_id, owner)
 
 
-@router.patch("/v1/agents/{agent_id}", response_model=AgentInfo, responses=_errors(400, 404))
+@router.patch("/v1/agents/{agent_id}", response_model=AgentInfo, responses=_errors(400, 403, 404))
 async def update_agent(
     agent_id: str, body: AgentUpdate, request: Request, owner: OwnerParam = None
 ) -> dict[str, Any]:
-    """Pin (or unpin) an agent: a pinned agent's cache never leaves memory or disk. Durable
-    once answered (its manifest is written); an unknown agent is a 404."""
+    """Pin (or unpin) an agent: a pinned agent's cache stays in memory and on disk. Durable
+    once answered (its manifest is written); an unknown agent is a 404, a pin past the key's
+    share of the pool a 403."""
     door, agent_id = engine_of(request).agent_door, _checked(agent_id)
     return await door.pin(caller_of(request), agent_id, body.pinned, owner)
 

@@ -35,7 +35,14 @@ from semantic.cache.manifest import AgentManifest, ManifestFiles
 from semantic.cache.prefix import PrefixCache, split_key
 from semantic.cache.tiering import PendingWrites, Tiering
 from semantic.core import AgentKey, History, Request
-from semantic.errors import Conflict, ConversationTooLarge, NotFound, PersistFailed, TooManyAgents
+from semantic.errors import (
+    Conflict,
+    ConversationTooLarge,
+    NotFound,
+    PersistFailed,
+    PinLimit,
+    TooManyAgents,
+)
 from semantic.options import AgentOptions
 
 log = logging.getLogger(__name__)
@@ -288,9 +295,16 @@ class Agents:
                         self.pool.retier(page, TIER_IDLE_AGENT)
 
     def pin(self, key: AgentKey, pinned: bool = True) -> Agent:
-        """A pinned agent's hot blocks never leave memory, nor its files the disk (NotFound
-        for an unknown agent: pinning creates none)."""
+        """A pinned agent's hot blocks stay in memory, and its files on the disk (NotFound for
+        an unknown agent: pinning creates none; PinLimit when its owner's pins would hold more
+        of the pool than `max_pinned_share`)."""
         agent = self._known(key)
+        if pinned and not self._pin_fits(agent):
+            raise PinLimit(
+                f"pinning agent {key.agent_id!r} would hold more than "
+                f"{self.options.max_pinned_share:.0%} of the KV pool for this key's pins; "
+                "unpin another agent first"
+            )
         agent.pinned = pinned
         if pinned:
             self._pin(agent)
@@ -307,12 +321,36 @@ class Agents:
     def _pin(self, agent: Agent) -> None:
         """Hold the pages the agent's next turn reads, and let go of those held for its last
         history (those its window moved past then leave as out of the window:
-        `_let_go_of_passed`)."""
-        pages = [page for _, page in self._history_pages(agent)]
+        `_let_go_of_passed`). A history grown past its owner's share is held by its files
+        alone, until the agent is pinned again."""
+        pages = [page for _, page in self._history_pages(agent)] if self._pin_fits(agent) else []
         for page in pages:
             self.pool.acquire(page)
         self.pool.release(self._pins.pop(agent.key, []), TIER_WORKING_AGENT)
         self._pins[agent.key] = pages
+
+    def _pin_fits(self, agent: Agent) -> bool:
+        """Whether the owner's pins, this agent's history in place of what it holds now, stay
+        within `max_pinned_share` of the pool."""
+        others = sum(
+            len(pages)
+            for key, pages in self._pins.items()
+            if key.owner == agent.key.owner and key != agent.key
+        )
+        wanted = len(self._history_pages(agent))
+        return others + wanted <= self.options.max_pinned_share * self.pool.num_blocks
+
+    def let_go_of_pins(self) -> int:
+        """Release every pin's pages to the working agents' tier (their files stay on disk,
+        where pins keep them): a request that nothing else stands in the way of must run, and
+        a pin takes its pages back at its agent's next turn. Returns how many were held."""
+        held = sum(len(pages) for pages in self._pins.values())
+        for pages in self._pins.values():
+            self.pool.release(pages, TIER_WORKING_AGENT)
+        self._pins = {key: [] for key in self._pins}
+        if held:
+            log.info("pins let go of %d pages for a request that could not run beside them", held)
+        return held
 
     def _history_pages(self, agent: Agent) -> list[tuple[int, int]]:
         """(key, page) of the pool pages the agent's next turn reads."""

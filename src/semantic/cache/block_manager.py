@@ -282,7 +282,7 @@ class BlockManager:
         sequence leaves must name blocks that exist."""
         size = self.block_tokens
         for index, block_hash in enumerate(seq.block_hashes):
-            parent = seq.block_hashes[index - 1] if index else self.prefix.root
+            parent = seq.block_hashes[index - 1] if index else self.root(seq)
             tokens = seq.token_ids[index * size : (index + 1) * size]
             for group, table in enumerate(seq.block_tables):
                 if table.first <= index < table.end:

@@ -344,6 +344,8 @@ class Engine:
         batch = self.scheduler.schedule()
         self._start_restores()
         if not batch:
+            if self.scheduler.blocked_by_held_pages():
+                self.agents.let_go_of_pins()
             return False
         tokens = self._run(batch)
         if tokens is None:

@@ -149,6 +149,14 @@ class Scheduler:
         chunks = self._prefill_chunks(self._prefill_budget(len(decodes)))
         return Batch(decodes + chunks, self.blocks.take_copies())
 
+    def blocked_by_held_pages(self) -> bool:
+        """Nothing runs or restores, and the first in line lacks pages though it may take any
+        cached one: only pages held outside the scheduler (pins) stand in its way."""
+        if self.running or self.restoring or not self.waiting:
+            return False
+        fit = self._fit(self.waiting[0])
+        return fit.lacking > 0 and not fit.kept_from_agents
+
     def take_restores(self) -> list[Sequence]:
         """The sequences admitted since the last call that wait for blocks from disk: the
         engine reads their `restore` and reports with `restored`."""
