@@ -167,6 +167,33 @@ def test_a_forks_window_stays_when_its_parent_answers_past_it(
 
 
 @pytest.mark.parametrize("windows", [HYBRID, SLIDING], ids=["hybrid", "all-sliding"])
+def test_a_forks_partial_tail_stays_when_its_parent_goes_on_by_a_token(
+    served: ServedModel, tmp_path: Path, windows: tuple
+) -> None:
+    """Alice is forked as bob, their history on disk; alice goes on by a token, so the only
+    page her window leaves is the partial tail they shared, which her history no longer
+    names, and then on past the tail that turn left. Bob still reads the first: its file
+    must stay."""
+    engine, _ = make_engine(served, tmp_path, num_blocks=256, layer_windows=windows)
+    prompt = [3 + k % 300 for k in range(10 * BLOCK - 2)]
+    history = [*prompt, *turn(engine, "a1", prompt, "alice")[0]]  # 10 blocks and 4 tokens
+    engine.agents.fork(AgentKey("alice"), AgentKey("bob"))
+    engine.agents.persist()
+    engine.agents.evict()
+    onward = [*history, 303]
+    onward += turn(engine, "a2", onward, "alice", max_tokens=1)[0]
+    engine.agents.persist()
+    turn(engine, "a3", [*onward, *range(310, 310 + 2 * BLOCK)], "alice")  # past a2's tail
+    engine.agents.persist()
+    engine.agents.evict()
+    reclaim_out_of_window_pages(engine)
+    again = [*history, 304, 305]
+    out, usage = turn(engine, "b1", again, "bob")
+    assert usage.cached_tokens == len(history) - 1
+    assert out == fresh(served, tmp_path, windows, again)
+
+
+@pytest.mark.parametrize("windows", [HYBRID, SLIDING], ids=["hybrid", "all-sliding"])
 @pytest.mark.parametrize("restart", [False, True], ids=["in-memory", "after-a-restart"])
 def test_a_turn_sent_again_after_an_aborted_one_reuses_the_whole_history(
     served: ServedModel, tmp_path: Path, windows: tuple, restart: bool

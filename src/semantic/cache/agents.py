@@ -262,7 +262,8 @@ class Agents:
         written) and their files are deleted, so a history persisted at every turn keeps one
         window of sliding pages on disk as in memory. A page held by a running request is
         left to it; a write still queued lands later, for the disk budget to drop."""
-        if any(self._sharers[split_key(key)[0]] > 1 for key in passed):
+        own = set(agent.hashes)  # its new history's: counted among the sharers
+        if any(self._sharers[block] > (block in own) for block, _ in map(split_key, passed)):
             for other in self.by_key.values():
                 if other is not agent:
                     passed -= self._window_keys(other)
