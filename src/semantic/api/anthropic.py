@@ -24,6 +24,7 @@ from semantic.api.agents import named_agent
 from semantic.api.anthropic_request import (
     MessagesBody,
     PromptBody,
+    git_status_of,
     parse_body,
     refuse_images,
     render_prompt,
@@ -31,6 +32,7 @@ from semantic.api.anthropic_request import (
 )
 from semantic.api.auth import caller_of
 from semantic.api.errors import anthropic_error_event
+from semantic.api.git_snapshots import GitSnapshots
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
 from semantic.api.prompt_bounds import PromptRoute
 from semantic.api.seal import Seals
@@ -130,6 +132,28 @@ def agent_id_from(name: str) -> str:
     if is_valid_agent_id(name):
         return name
     return "user-" + hashlib.blake2b(name.encode(errors="replace"), digest_size=12).hexdigest()
+
+
+def session_of(body: PromptBody, headers: Mapping[str, str]) -> str | None:
+    """The Claude Code session a request belongs to (subagents' included): the session in its
+    `metadata.user_id`, else its `x-claude-code-session-id` header; None for other clients."""
+    metadata = body.metadata if isinstance(body, MessagesBody) else None  # count_tokens: none
+    user_id = metadata.user_id if metadata is not None else None
+    return (_session_in(user_id) if user_id else None) or headers.get(CLAUDE_CODE_SESSION_HEADER)
+
+
+def first_git_status(request: Request, body: PromptBody, *, keep: bool = True) -> str | None:
+    """The `gitStatus:` section the request's session started with (api/git_snapshots.py),
+    this request's own when it is the first one seen (and then kept, unless `keep` is False);
+    None when the request has no such section or names no session."""
+    status, session = git_status_of(body), session_of(body, request.headers)
+    if status is None or session is None:
+        return status
+    snapshots: GitSnapshots = request.app.state.git_snapshots
+    owner = caller_of(request).owner
+    if not keep:
+        return snapshots.peek(owner, session) or status
+    return snapshots.first(owner, session, status)
 
 
 def _session_in(user_id: str) -> str | None:
@@ -371,8 +395,8 @@ async def create_message(request: Request) -> Response:
     bind_agent(agent)
     rate_limits.check_agent(request, agent)
     tools, thinking = tool_use_of(engine.model, body), thinking_of(engine.model, body)
-    seals = seals_of(request)
-    render = partial(render_prompt, engine.model, body, seals=seals)
+    seals, git_status = seals_of(request), first_git_status(request, body)
+    render = partial(render_prompt, engine.model, body, seals=seals, git_status=git_status)
     prompt_ids, grammar = await shape_reply(engine.model, body.output(), tools, thinking, render)
     limits.check_prompt(settings, len(prompt_ids))
     requested = limits.capped_max_tokens(settings, body.max_tokens)
@@ -407,7 +431,8 @@ async def count_tokens(request: Request) -> dict[str, int]:
     limits.check_counts(settings, len(body.messages), len(body.tools or []))
     refuse_images(body)
     tools, thinking = tool_use_of(model, body), thinking_of(model, body)
-    render = partial(render_prompt, model, body, seals=seals_of(request))
+    git_status = first_git_status(request, body, keep=False)  # a count keeps nothing
+    render = partial(render_prompt, model, body, seals=seals_of(request), git_status=git_status)
     prompt_ids, _ = await shape_reply(model, body.output(), tools, thinking, render)
     return {"input_tokens": len(prompt_ids)}
 

@@ -9,7 +9,9 @@ Code's per-request churn is stripped here, through text/claude_code.py, before t
 session keeps its cached prefix from turn to turn.
 
 A Claude Code session's system context is laid out so that a new session starts warm
-(`_system_context`): what every session shares first, the session's own sections last.
+(`_system_context`): what every session shares first, the session's own sections last; its
+git status is the one its first request sent, when the caller passes that in (a later process
+takes a new one: api/git_snapshots.py).
 """
 
 from __future__ import annotations
@@ -198,7 +200,10 @@ def refuse_images(body: PromptBody) -> None:
 
 
 def template_messages(
-    body: PromptBody, later_system_turns: bool = False, seals: Seals | None = None
+    body: PromptBody,
+    later_system_turns: bool = False,
+    seals: Seals | None = None,
+    git_status: str | None = None,
 ) -> list[dict[str, Any]]:
     """The conversation as chat templates expect it (Hugging Face conventions): the system
     context (one system message, or several: `_system_context`), user and assistant turns
@@ -206,8 +211,12 @@ def template_messages(
     as `tool` messages, thinking as the reasoning of its assistant turn. Claude Code's churn is
     stripped from everything but the model's own words. `later_system_turns`: the template
     gives a system message after the first a turn of its own. `seals` open the thinking
-    blocks' signatures (None: none is opened, each block's own text counts)."""
+    blocks' signatures (None: none is opened, each block's own text counts). `git_status`
+    stands for the system prompt's `gitStatus:` section, when it has one (the session's first
+    snapshot: api/git_snapshots.py)."""
     system = claude_code.clean_system(_system_texts(body.system))
+    if git_status is not None:
+        system = claude_code.with_git_status(system, git_status)
     head, messages = _system_context(system, body.messages, later_system_turns)
     rendered: list[dict[str, Any]] = [{"role": "system", "content": text} for text in head]
     for message in messages:
@@ -260,6 +269,11 @@ def _system_message_text(message: Message) -> str:
     blocks = message.content if isinstance(message.content, list) else [message.content]
     texts = (claude_code.strip_countdowns(text) for b in blocks if (text := _text_of(b)))
     return PART_SEPARATOR.join(text for text in texts if text)
+
+
+def git_status_of(body: PromptBody) -> str | None:
+    """The `gitStatus:` section of the request's system prompt, as it is templated."""
+    return claude_code.git_status(claude_code.clean_system(_system_texts(body.system)))
 
 
 def _system_texts(system: str | list[ContentBlock] | None) -> list[str]:
@@ -438,12 +452,14 @@ def render_prompt(
     template_vars: Mapping[str, Any] | None = None,
     *,
     seals: Seals | None = None,
+    git_status: str | None = None,
 ) -> list[int]:
     """The prompt's token ids: what /v1/messages prefills and /v1/messages/count_tokens counts.
     A last assistant turn is continued (prefill), not closed; `reply_start` (a forced tool
     call's opener) follows it. `template_vars` are the template's switches (thinking); `seals`
-    open the thinking blocks' signatures."""
-    messages = template_messages(body, model.chat_template.later_system_turns, seals)
+    open the thinking blocks' signatures; `git_status` stands for the system prompt's own."""
+    later_system_turns = model.chat_template.later_system_turns
+    messages = template_messages(body, later_system_turns, seals, git_status)
     prefilled = bool(messages) and messages[-1]["role"] == "assistant"
     text = model.chat_template.render(
         messages,

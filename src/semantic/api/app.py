@@ -26,6 +26,7 @@ from semantic.api import (
 )
 from semantic.api.bodies import JsonBodies
 from semantic.api.browsers import RefuseForeignPages
+from semantic.api.git_snapshots import GitSnapshots
 from semantic.api.lifecycle import Lifecycle, LifecycleGate
 from semantic.api.rate_limits import LimitByKey, RateLimits
 from semantic.api.request_metrics import RequestMetrics
@@ -60,6 +61,7 @@ def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
     app.state.started_at = time.time()
     app.state.responses = ResponseStore(settings.cache_dir / "responses")
     app.state.seal_key = SealKey(settings.cache_dir)  # what thinking blocks are sealed with
+    app.state.git_snapshots = GitSnapshots()  # each Claude Code session's first git status
     # The engine's own metrics: the host lends one set to every engine it loads.
     app.state.metrics = Metrics(lambda: host.metrics)
     errors.install(app)

@@ -25,6 +25,13 @@ Known cases, each with a test in tests/unit/test_anthropic_hygiene.py:
   parted in the tools, ~1K tokens in: a continued turn read 5% of its 19,885 tokens from the
   cache, its history included. Stripped from the system prompt and the tools' descriptions, so
   every turn names the model as the later ones do.
+- A new git status in each process: `claude -p --continue` and `--resume` each take a new
+  snapshot (`gitStatus:`, "the git status at the start of the conversation"), which sits
+  before the history; once a turn wrote a file, the next process's prompt parted there (a
+  recorded turn at token 19,795 of 19,967). Not churn to strip (the model reads it), so
+  `git_status` finds the section and `with_git_status` puts back the one the session started
+  with, which the server keeps per session (api/git_snapshots.py; tests in
+  tests/unit/test_claude_code_git_status.py).
 Left alone on purpose: the date (Claude Code 2.1 sends it in a `<system-reminder>` at the head
 of the first user turn, after everything sessions share), reminders that carry instructions
 (todo-list nudges, file-change notices: their text is meaning, not churn), and
@@ -143,6 +150,32 @@ def split_session(system: str) -> tuple[str, str]:
         return system, ""
     shared = "".join(part for part in parts if not part.startswith(_SESSION_SECTIONS))
     return shared.rstrip(), "\n\n".join(part.strip() for part in [*envs, *own])
+
+
+_GIT_STATUS = "gitStatus: "
+
+
+def git_status(blocks: list[str]) -> str | None:
+    """The `gitStatus:` section of a system prompt's blocks (the repository as its process
+    found it at start), without the blank lines around it; None when there is none."""
+    for block in blocks:
+        for part in _SECTION_START.split(block):
+            if part.startswith(_GIT_STATUS):
+                return part.strip()
+    return None
+
+
+def with_git_status(blocks: list[str], status: str) -> list[str]:
+    """`blocks` with their (first) `gitStatus:` section replaced by `status`, the text around
+    it kept; `blocks` as they are when they have none."""
+    for index, block in enumerate(blocks):
+        parts = _SECTION_START.split(block)
+        found = next((i for i, part in enumerate(parts) if part.startswith(_GIT_STATUS)), None)
+        if found is not None:
+            old = parts[found]
+            parts[found] = status + old[len(old.rstrip()) :]
+            return [*blocks[:index], "".join(parts), *blocks[index + 1 :]]
+    return blocks
 
 
 # Claude Code's identity line ("You are Claude Code, Anthropic's official CLI for Claude.", or
