@@ -2,8 +2,9 @@
 protocol (Anthropic Messages, OpenAI Chat Completions, Completions, Responses, the agent API, the
 admin API), streamed and not, mutated field by field by Hypothesis: values of every JSON type in
 every field (nulls, booleans where numbers go, negative and huge numbers, empty, blank and huge
-strings, odd unicode, lone surrogates, chat-template and special-token text, empty and huge
-arrays, unknown keys, nesting past the limit), and now and then a body whose bytes are broken.
+strings, odd unicode, lone surrogates, chat-template and special-token text, a seal that would
+inflate to 4 MiB, empty and huge arrays, unknown keys, nesting past the limit), and now and then
+a body whose bytes are broken.
 
 Every answer must keep the rules the server promises a hostile client:
 
@@ -59,6 +60,8 @@ from hypothesis import strategies as st
 from openai.types import chat as openai_chat
 from openai.types import responses as openai_responses
 
+from attacks import unauthenticated_seal
+
 Protocol = Literal["anthropic", "openai"]
 Stream = Literal["anthropic", "chat", "completions", "responses", "agent", "none"]
 
@@ -105,6 +108,9 @@ ODD_TEXT = [
     "日本語",
 ]
 HUGE_TEXT_CHARS = 60_000
+# In any string field, a signature or encrypted_content among them: an old-style seal that
+# would inflate to 4 MiB if the server opened it (it opens only its own).
+SEAL_TEXT = [unauthenticated_seal()]
 RAW_NUMBERS = ["1" + "0" * 5000, "NaN", "Infinity", "-Infinity", "1e999", "-0", "1E400"]
 
 
@@ -117,7 +123,7 @@ class Raw:
 
 def texts() -> st.SearchStrategy[str]:
     return st.one_of(
-        st.sampled_from(TEMPLATE_TEXT + ODD_TEXT),
+        st.sampled_from(TEMPLATE_TEXT + ODD_TEXT + SEAL_TEXT),
         st.text(max_size=40),
         st.text(
             alphabet=st.characters(codec=None, categories=["Cs", "Co", "Cc", "Zs"]), max_size=8

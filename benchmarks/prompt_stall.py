@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -32,6 +32,7 @@ SMALL = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content":
 # the tokenizer only: what a stall of the server's own threads shows in).
 SMALL_PATHS = {"chat": "/v1/chat/completions", "count": "/v1/messages/count_tokens"}
 INTERVAL_S = 0.02  # between the small client's requests
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,31 @@ def small_latency(client: httpx.Client, path: str) -> float:
     return time.perf_counter() - started
 
 
+def while_timed(
+    work: Callable[[], T], small: httpx.Client, small_path: str
+) -> tuple[T, float, float]:
+    """(what `work` returned, its seconds, the worst latency of the small requests sent every
+    INTERVAL_S while it ran)."""
+    outcome: list[tuple[T, float]] = []
+
+    def timed() -> None:
+        started = time.perf_counter()
+        result = work()
+        outcome.append((result, time.perf_counter() - started))
+
+    worker = threading.Thread(target=timed)
+    worker.start()
+    worst = 0.0
+    while worker.is_alive():
+        worst = max(worst, small_latency(small, small_path))
+        time.sleep(INTERVAL_S)
+    worker.join()
+    if not outcome:
+        raise RuntimeError("the timed work failed (its traceback is above)")
+    result, seconds = outcome[0]
+    return result, seconds, worst
+
+
 def run_case(
     huge: httpx.Client, small: httpx.Client, small_path: str, case: Case, context: int
 ) -> tuple[int, float, float]:
@@ -86,22 +112,11 @@ def run_case(
     # client shares.
     body = json.dumps(case.body(context)).encode()
     headers = {"content-type": "application/json"}
-    outcome: list[tuple[int, float]] = []
-
-    def send() -> None:
-        started = time.perf_counter()
-        status = huge.post(case.path, content=body, headers=headers).status_code
-        outcome.append((status, time.perf_counter() - started))
-
-    sender = threading.Thread(target=send)
-    sender.start()
-    worst = 0.0
-    while sender.is_alive():
-        worst = max(worst, small_latency(small, small_path))
-        time.sleep(INTERVAL_S)
-    sender.join()
-    status, seconds = outcome[0]
-    return status, seconds, worst
+    return while_timed(
+        lambda: huge.post(case.path, content=body, headers=headers).status_code,
+        small,
+        small_path,
+    )
 
 
 def main() -> int:
