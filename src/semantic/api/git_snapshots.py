@@ -13,11 +13,11 @@ interactive session, one process throughout, shows its model the same first snap
 Bounded and kept in memory only: the last `capacity` sessions used (4,096 by default), a
 snapshot of at most `MAX_CHARS` each (a longer one, or one under a session id longer than
 `MAX_SESSION_CHARS`, is rendered as sent and not kept), so at most ~35M characters in all;
-Claude Code's snapshots are a few hundred to ~3K. One key's new sessions can push another's
-out (that session then sets its snapshot again), never set one: entries are kept per API key
-owner. After a restart
-(or once a session has left the memory), its next request's snapshot is the one kept: that
-turn reads its history from the cache only if the status is still the one it was cached with.
+Claude Code's snapshots are a few hundred to ~3K. One key's new sessions can push another's out
+(that session then sets its snapshot again), never set one: entries are kept per API key owner.
+After a restart (or once a session has left the memory), its next request's snapshot is the one
+kept: that turn reads its history from the cache only if the status is still the one it was
+cached with.
 """
 
 from __future__ import annotations
