@@ -471,6 +471,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "max_agents_per_key",
         "max_conversation_mb",
         "max_conversations_mb_per_key",
+        "max_pinned_share",
     ),
     "rate limits (off unless set)": ("rate_limit_key_rpm", "rate_limit_agent_rpm"),
 }

@@ -158,6 +158,7 @@ def test_a_chat_request_whose_agent_is_deleted_while_it_runs_does_not_bring_it_b
         await asyncio.to_thread(runner.wait_for_a_step)  # it runs: its agent exists
         # The engine thread waits in its next step; the delete is taken at the one after.
         deleted = asyncio.ensure_future(engine.agent_door.delete(Caller(None, admin=True), "late"))
+        await asyncio.sleep(0)  # the delete is queued before the step that takes it is allowed
         runner.allow(1)
         await deleted  # NotFound, had the agent not been there
         runner.release()
