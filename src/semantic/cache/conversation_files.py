@@ -10,7 +10,6 @@ size, then that its bytes are the digest it is named by, then every field's type
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 from collections import Counter
@@ -22,6 +21,7 @@ from semantic.cache.durable import (
     Rejected,
     fsync_dir,
     move_to_quarantine,
+    read_bounded,
     remove_temp_files,
     unlink_quietly,
     write_durably,
@@ -79,7 +79,7 @@ class ConversationReader:
             return self._read[digest]
         path = conversation_path(self.root_for_model, digest)
         try:
-            conversation = _checked(_bytes_of(path), digest)
+            conversation = _checked(read_bounded(path, MAX_CONVERSATION_FILE_BYTES), digest)
         except FileNotFoundError as exc:
             raise Rejected(QuarantineReason.CORRUPT, f"conversation {digest} is missing") from exc
         except Rejected as rejected:
@@ -155,15 +155,6 @@ class ConversationFiles:
     def num_bytes(self) -> int:
         with self._lock:
             return sum(self._sizes.values())
-
-
-def _bytes_of(path: Path) -> bytes:
-    """The file's bytes, once its size says it may be a conversation (Rejected if not)."""
-    with path.open("rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        if size > MAX_CONVERSATION_FILE_BYTES:
-            raise Rejected(QuarantineReason.TOO_LARGE, f"{size} bytes")
-        return file.read()
 
 
 def _checked(data: bytes, digest: str) -> Conversation:

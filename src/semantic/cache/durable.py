@@ -77,6 +77,16 @@ class Rejected(CacheCorrupt):
         self.reason = reason
 
 
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The file's bytes, once its size says it may be what it should (Rejected past `limit`,
+    read no further: a damaged or planted file can be any size)."""
+    with path.open("rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size > limit:
+            raise Rejected(QuarantineReason.TOO_LARGE, f"{size} bytes")
+        return file.read()
+
+
 def move_to_quarantine(path: Path, quarantine_dir: Path, reason: str) -> bool:
     """Move a bad file aside (kept for inspection, never read again); False if it was gone."""
     target = quarantine_dir / f"{path.stem}.{reason}.{time.time_ns()}{path.suffix}"

@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
 import threading
 import time
@@ -40,6 +39,7 @@ from semantic.cache.durable import (
     fsync_dir,
     move_to_quarantine,
     parse_hash,
+    read_bounded,
     unlink_quietly,
     write_durably,
 )
@@ -303,7 +303,7 @@ def _read(
     """The manifest at `path`, which must be `key`'s (any agent's when None) and sit where its
     own key puts it (or at the older name for its id), with the conversation it names."""
     try:
-        manifest = _manifest_from_json(_manifest_bytes(path), reader)
+        manifest = _manifest_from_json(read_bounded(path, MAX_MANIFEST_BYTES), reader)
         if manifest.model_tag != root_for_model.name or key not in (None, manifest.key):
             raise Rejected(QuarantineReason.OTHER_MODEL, "written for another model or agent")
         if path not in _paths_of(root_for_model, manifest.key):
@@ -317,15 +317,6 @@ def _read(
         log.warning("agent manifest %s quarantined: %s", path.name, rejected)
         return None
     return manifest
-
-
-def _manifest_bytes(path: Path) -> bytes:
-    """The file's bytes, once its size says it may be a manifest (Rejected if not)."""
-    with path.open("rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        if size > MAX_MANIFEST_BYTES:
-            raise Rejected(QuarantineReason.TOO_LARGE, f"{size} bytes")
-        return file.read()
 
 
 def _size_of(path: Path) -> int:
