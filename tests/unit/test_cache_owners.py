@@ -7,8 +7,6 @@ without keys hashes as it always did."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +17,12 @@ from semantic.cache.block_pool import BlockPool
 from semantic.cache.prefix import PrefixCache, chain_hash, owner_root, root_hash
 from semantic.core import AgentKey
 from semantic.models.served import ServedModel
-from tests.unit.fakes import SettledEngine, running
-from tests.unit.test_agent_owners import ADMIN_KEY, ALICE_KEY, BOB_KEY, as_, owner_of
+from tests.unit.test_agent_owners import ADMIN_KEY, ALICE_KEY, BOB_KEY, as_, keyed, owner_of
 
 pytestmark = pytest.mark.usefixtures("no_outside_settings")
 
 SECRET = "My bank PIN is 4829, and my mother's maiden name is Quackenbush."
 GUESSES = ["My bank PIN is 1", "My bank PIN is 4", "My bank PIN is 48", "My bank PIN is 482"]
-
-
-@contextmanager
-def keyed(
-    served: ServedModel, cache_dir: Path, **settings: object
-) -> Iterator[tuple[TestClient, SettledEngine]]:
-    keys: dict[str, object] = {"api_key": [ALICE_KEY, BOB_KEY], "admin_api_key": [ADMIN_KEY]}
-    with running(served, cache_dir, num_blocks=64, **(keys | settings)) as (client, engine, _):
-        yield client, engine
 
 
 def cached(client: TestClient, key: str, text: str, **body: Any) -> int:
