@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -174,6 +175,22 @@ def test_an_anthropic_answer_has_text_then_tool_use_blocks(server: Server) -> No
         "input": {"city": "Paris"},
     }
     assert (time["name"], time["input"]) == ("get_time", {})
+
+
+def test_the_debug_log_shows_what_the_model_wrote_and_the_calls_read_from_it(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where a client saw text, the log tells a call the parser missed from one never made."""
+    server.say("Try get_weather(city='Paris').")
+    with caplog.at_level(logging.DEBUG, logger="semantic.api.tool_use"):
+        server.client.post("/v1/messages", json=MESSAGES)
+        server.say(REPLY)
+        server.client.post("/v1/messages", json=MESSAGES)
+    replies = [r.__dict__ for r in caplog.records if r.getMessage() == "reply"]
+    assert [(r["text"], r["calls"], r["tools"]) for r in replies] == [
+        ("Try get_weather(city='Paris').", 0, 2),
+        (REPLY, 1, 2),
+    ]
 
 
 def called(answer: dict[str, Any]) -> list[str]:

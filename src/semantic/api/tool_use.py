@@ -8,6 +8,7 @@ a `ToolUse`, append its `prefill` to the prompt, and frame the events `parse` yi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -29,6 +30,10 @@ from semantic.text.tools import (
     ToolCallParser,
     ToolEvent,
 )
+
+log = logging.getLogger(__name__)
+# How much of a reply the debug log shows: enough to see why a call was or was not read.
+LOGGED_REPLY_CHARS = 4_000
 
 
 @dataclass(slots=True, frozen=True)
@@ -176,18 +181,33 @@ class ToolUse:
         generation, and the text that still arrives is dropped."""
         self._parser = self._format(self.tools, self.schemas) if self.active else PlainText()
         parsed: list[ReplyEvent] = list(self._parser.feed(self.prefill))
+        written = [self.prefill]
         done = False
         async for event in events:
             if not done:
-                parsed += self._feed(self._text_of(event))
+                written.append(self._text_of(event))
+                parsed += self._feed(written[-1])
                 if event.final:
                     parsed += self._finish()
                 if not self.choice.parallel and self._parser.calls:
                     parsed, done = _through_first_call(parsed), True
                     if not event.final:
                         stop()
+            if event.final:
+                self._log_reply("".join(written))
             yield parsed, event
             parsed = []
+
+    def _log_reply(self, written: str) -> None:
+        """At debug level, what the model wrote (its markers put back) and how many calls were
+        read from it: where a client saw text, this tells a call the parser missed from a call
+        the model never made. The text is the user's: it is logged at debug level only."""
+        if log.isEnabledFor(logging.DEBUG):
+            shown = written[:LOGGED_REPLY_CHARS]
+            log.debug(
+                "reply",
+                extra={"tools": len(self.tools), "calls": self._parser.calls, "text": shown},
+            )
 
     def called(self, final: TokenEvent) -> bool:
         """Whether the reply ended by calling tools (`tool_use` / `tool_calls`): a call was
