@@ -54,6 +54,13 @@ def _body(session: str) -> PromptBody:
     return PromptBody.model_validate(_recorded(session))
 
 
+def _bare(session: str) -> PromptBody:
+    """A new session's first request in `claude -p --bare` (a, b: two folders, b a git
+    repository): an identity line, then `CWD:` and `Date:` (and b's git status), three tools."""
+    path = FIXTURES / f"claude_code_2_1_bare_session_{session}.json"
+    return PromptBody.model_validate(json.loads(path.read_text())["body"])
+
+
 def _template(source: str) -> ChatTemplate:
     return ChatTemplate(source, bos_token=None, eos_token="<|im_end|>")
 
@@ -105,6 +112,19 @@ def test_a_sessions_later_turns_keep_its_prefix(qwen: ServedModel) -> None:
     before = _text(qwen, _body("a")).removesuffix(GENERATION_PROMPT)
     after = _text(qwen, PromptBody.model_validate(second_turn))
     assert after.startswith(before)
+
+
+def test_bare_sessions_share_the_identity_and_the_tools_and_part_at_the_working_folder(
+    qwen: ServedModel,
+) -> None:
+    first, second = render_prompt(qwen, _bare("a")), render_prompt(qwen, _bare("b"))
+    before = qwen.tokenizer.decode(second[: shared_prefix(first, second)])
+    # The prompts part in the folder's name, after the identity line and the tools.
+    assert "</tools>" in before and before.count("CWD: ") == 1
+    assert before.endswith("\nCWD: /home/user/")
+    text = _text(qwen, _bare("b"))
+    own = text.index("<|im_start|>system\nCWD: /home/user/other\nDate: ")
+    assert text.index("</tools>") < own < text.index("gitStatus: ") < text.index("<|im_start|>user")
 
 
 @pytest.mark.parametrize("source", [FIRST_SYSTEM_ONLY, DROPS_LATER_SYSTEM])

@@ -131,9 +131,11 @@ def clean_system(blocks: list[str]) -> list[str]:
 # Claude Code's system prompt is Markdown: each section starts at a `# Heading` line, and a
 # `gitStatus:` paragraph closes it. These sections are a session's own: `# Memory` names its
 # memory folder (under the home folder, named for the project), `# Environment` its working
-# folder and whether it is a git repository, `gitStatus:` its branch, changes and commits.
-_SECTION_START = re.compile(r"^(?=# |gitStatus: )", re.MULTILINE)
-_SESSION_SECTIONS = ("# Environment\n", "# Memory\n", "gitStatus: ")
+# folder and whether it is a git repository, `gitStatus:` its branch, changes and commits. In
+# `--bare` mode the whole prompt after the identity line is the working folder and the date
+# (`CWD: …` then `Date: …`, a line each).
+_SECTION_START = re.compile(r"^(?=# |gitStatus: |CWD: )", re.MULTILINE)
+_SESSION_SECTIONS = ("# Environment\n", "# Memory\n", "gitStatus: ", "CWD: ")
 # Before 2.1, the environment was an `<env>` element after a line that introduced it. Anchored
 # at a line's start and read a line at a time, so a search is linear in the text.
 _ENV_ELEMENT = re.compile(r"^[^\n]*+\n<env>\n(?:[^\n]*+\n)*?</env>(?:\n|\Z)", re.MULTILINE)
