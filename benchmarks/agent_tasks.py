@@ -7,6 +7,10 @@ print mode (`claude -p`, `codex exec`), each task in a fresh folder, its effect 
 
 The tasks: read a file and report a word in it; create a file; edit one line; run a command and
 report its output; and a session of three turns (`--continue` / `codex exec resume --last`).
+With `--bare`, Claude Code runs in its minimal mode (`claude --bare`: a one-line system prompt,
+the working folder and date, and three tools, Bash, Edit and Read: ~1K tokens where the full
+prompt is ~19K). The server logs at debug level, so each turn also records what the model
+wrote (`replies`) and how many calls were read from it.
 Each turn reports its wall time split into the first request's time to its first token (a
 long prefill: the CLIs' system prompts and tools are ~9K–19K tokens), the later requests' time
 to first token, their decoding, and the rest (the CLI running tools and itself); and each
@@ -109,6 +113,7 @@ class Turn:
     seconds: float
     output: str
     requests: list[dict[str, Any]] = field(default_factory=list)
+    replies: list[tuple[int, str]] = field(default_factory=list)  # (calls read, text) each
 
     def split(self) -> dict[str, float]:
         """Where the turn's wall time went (seconds)."""
@@ -126,11 +131,15 @@ class Turn:
 def main() -> int:
     args = _parser().parse_args()
     tasks = [task for task in TASKS if not args.task or task.name in args.task]
-    results: dict[str, Any] = {"model": args.model, "tasks": []}
+    results: dict[str, Any] = {"model": args.model, "bare": args.bare, "tasks": []}
     with tempfile.TemporaryDirectory(prefix="agent-tasks-") as scratch:
         root = Path(scratch)
         cache = Path(args.cache_dir) if args.cache_dir else root / "cache"
-        server_args = [f"--default-max-tokens={MAX_OUTPUT_TOKENS}", *args.server_arg]
+        server_args = [
+            f"--default-max-tokens={MAX_OUTPUT_TOKENS}",
+            "--log-level=debug",  # each reply's text, for the record of what the model wrote
+            *args.server_arg,
+        ]
         server = SpawnedServer.start(args.model, server_args, cache)
         try:
             server.wait_ready(args.ready_timeout)
@@ -157,6 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--task", action="append", choices=[t.name for t in TASKS])
     parser.add_argument("--claude", help="the claude executable (default: npm install one)")
     parser.add_argument("--codex", help="the codex executable (default: npm install one)")
+    parser.add_argument("--bare", action="store_true", help="run Claude Code with --bare")
     parser.add_argument("--turn-timeout", type=float, default=3600.0)
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     parser.add_argument("--server-arg", action="append", default=[], help="passed to serve")
@@ -193,10 +203,11 @@ def _run(
     env = _environment(client, home, server.base_url)
     turns = []
     for i, prompt in enumerate(task.turns):
-        logged = len(_finished_requests(server))
+        logged = len(_logged(server, "request finished"))
+        replied = len(_logged(server, "reply"))
         started = time.perf_counter()
         done = subprocess.run(
-            _command(client, cli, prompt, later=i > 0),
+            _command(client, cli, prompt, later=i > 0, bare=args.bare),
             cwd=folder,
             env=env,
             capture_output=True,
@@ -207,7 +218,8 @@ def _run(
         seconds = round(time.perf_counter() - started, 1)
         output = done.stdout.strip()
         turn = Turn(client, task.name, i + 1, done.returncode, seconds, output[-2000:])
-        turn.requests = _finished_requests(server)[logged:]
+        turn.requests = [_request(r) for r in _logged(server, "request finished")[logged:]]
+        turn.replies = [(r["calls"], r["text"]) for r in _logged(server, "reply")[replied:]]
         turns.append(turn)
     outputs = "\n".join(t.output for t in turns)
     passed = all(t.exit_code == 0 for t in turns) and task.check(folder, outputs)
@@ -243,12 +255,13 @@ def _environment(client: str, home: Path, base_url: str) -> dict[str, str]:
     return env | {"CODEX_HOME": str(codex_home)}
 
 
-def _command(client: str, cli: str, prompt: str, later: bool) -> list[str]:
+def _command(client: str, cli: str, prompt: str, later: bool, bare: bool) -> list[str]:
     if client == "claude":
         return [
             cli,
             "-p",
             *(["--continue"] if later else []),
+            *(["--bare"] if bare else []),
             CLAUDE_TOOLS,
             prompt,
         ]
@@ -256,25 +269,24 @@ def _command(client: str, cli: str, prompt: str, later: bool) -> list[str]:
     return [cli, "exec", *(["resume", "--last"] if later else []), *bypass, prompt]
 
 
-def _finished_requests(server: SpawnedServer) -> list[dict[str, Any]]:
-    """The server's `request finished` log lines so far, oldest first."""
+def _logged(server: SpawnedServer, event: str) -> list[dict[str, Any]]:
+    """The server's log lines of `event` so far, oldest first."""
     server.log.flush()
     server.log.seek(0)
     lines = server.log.read().decode(errors="replace").splitlines()
     server.log.seek(0, 2)
-    records = []
-    for line in lines:
-        if '"request finished"' not in line:
-            continue
-        record = json.loads(line)
-        keys = ("prompt_tokens", "cached_tokens", "output_tokens", "first_token_s", "seconds")
-        records.append({key: record.get(key) for key in keys})
-    return records
+    marker = json.dumps({"event": event})[1:-1]
+    return [json.loads(line) for line in lines if marker in line]
+
+
+def _request(record: dict[str, Any]) -> dict[str, Any]:
+    keys = ("prompt_tokens", "cached_tokens", "output_tokens", "first_token_s", "seconds")
+    return {key: record.get(key) for key in keys}
 
 
 def _table(results: dict[str, Any]) -> str:
     lines = [
-        f"Model: `{results['model']}`.",
+        f"Model: `{results['model']}`{' (Claude Code with --bare)' if results['bare'] else ''}.",
         "",
         "| client | task | turn | done | wall s | first prefill s | later prefills s | decode s "
         "| client and tools s | requests | prompt read from cache |",
