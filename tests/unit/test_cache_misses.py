@@ -32,7 +32,7 @@ from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
 from semantic.text.tokenizer import Tokenizer
 from tests.unit.fakes import SettledEngine, fake_served, make_engine, running, shared_prefix
-from tests.unit.test_agent_cache import SYSTEM, conversation
+from tests.unit.test_agent_cache import SYSTEM, conversation, lose_everything
 from tests.unit.test_agent_owners import ALICE_KEY, BOB_KEY, as_, keyed, owner_of
 from tests.unit.test_sliding_pages import HYBRID, reclaim_out_of_window_pages
 
@@ -85,10 +85,7 @@ def test_a_history_evicted_from_memory_and_disk_is_named_evicted_from_its_first_
 ) -> None:
     engine, _ = make_engine(served, tmp_path, num_blocks=12, disk_budget_mb=1)
     history = conversation(engine, "alice", 1)
-    engine.tiering.disk.budget_bytes = 0  # nothing survives on disk
-    for other in range(4):
-        missed(engine, f"other-{other}", [100 + other] * 60)
-    engine.tiering.writer.flush(10)
+    lose_everything(engine)
     assert missed(engine, "alice", [*history, 300]) == (CacheMiss(0, MISS_EVICTED), 0)
 
 
@@ -96,12 +93,9 @@ def test_the_disk_remembers_a_block_it_dropped_for_any_prompt_that_repeats_it(
     served: ServedModel, tmp_path: Path
 ) -> None:
     engine, _ = make_engine(served, tmp_path, num_blocks=12, disk_budget_mb=1)
-    engine.tiering.disk.budget_bytes = 0
     prompt = [*SYSTEM, 7, 8, 9]
     missed(engine, None, prompt)
-    for other in range(4):
-        missed(engine, None, [100 + other] * 60)
-    engine.tiering.writer.flush(10)
+    lose_everything(engine)
     assert missed(engine, None, prompt) == (CacheMiss(0, MISS_EVICTED), 0)
 
 
