@@ -18,10 +18,10 @@ from semantic.cache.cache_stats import MISS_EVICTED, MISS_OTHER_MODEL
 from semantic.cache.prefix import PrefixMatch, chain_hash
 from semantic.core import CacheMiss, History, Request
 
-# Why the cache served a prompt no further than `CacheMiss.position` (with MISS_EVICTED: the
-# chain went on with these tokens, but the memory and disk budgets let it go; MISS_CORRUPT: it
-# failed its checks on disk; MISS_OTHER_MODEL: the agent's cache is another model's, weights'
-# or KV dtype's):
+# Why the cache served a prompt no further than `CacheMiss.position`: these, and cache_stats.py's
+# MISS_EVICTED (the chain went on with these tokens, but the memory and disk budgets let it
+# go), MISS_CORRUPT (it failed its checks on disk) and MISS_OTHER_MODEL (the agent's cache is
+# another model's, other weights' or another KV dtype's).
 MISS_PROMPT_CHANGED = "prompt_changed"  # the agent's last history went on otherwise here
 MISS_NEVER_SEEN = "never_seen"  # nothing cached ever went on from here with these tokens
 MISS_WINDOW_PASSED = "window_passed"  # a sliding window's pages here were reclaimed
@@ -62,9 +62,7 @@ def diagnose(
         size = match.block_tokens
         repeated = _repeated(prompt, history, lookup.root, size)
         if position < repeated:  # the prompt goes on as the history did: the cache lost it
-            tail = history.tail_hash
-            lost = why_gone(tail) if tail is not None else None
-            return CacheMiss(position, lost or MISS_EVICTED)
+            return CacheMiss(position, _why_lost(history, position, size, why_gone))
         if repeated == history.num_tokens:
             return None  # the whole history was served; the rest is new
         if position < repeated + size:  # in the block where the prompt parts from it
@@ -74,6 +72,17 @@ def diagnose(
     if position == 0 and history is None and known_elsewhere():
         return CacheMiss(0, MISS_OTHER_MODEL)
     return CacheMiss(position, MISS_NEVER_SEEN)
+
+
+def _why_lost(
+    history: History, position: int, size: int, why_gone: Callable[[int], str | None]
+) -> str:
+    """Why the history's block at `position` is gone: what became of its partial tail when the
+    position is in it (a full block's fate was asked as the match's `missing`), else evicted."""
+    tail = history.tail_hash
+    if tail is not None and position >= len(history.block_hashes) * size:
+        return why_gone(tail) or MISS_EVICTED
+    return MISS_EVICTED
 
 
 def _repeated(prompt: Sequence[int], history: History, root: int, size: int) -> int:
