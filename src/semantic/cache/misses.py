@@ -3,8 +3,9 @@ no further, told once per request as it arrives; and the last misses, a bounded 
 /admin/cache.
 
 The nearest chain of a named agent's request is the agent's last history, compared by block
-hashes (the prompt's blocks are hashed once, only when it missed); of any other request, the
-longest chain the cache holds. Only positions and reasons leave here, never a token.
+hashes (the prompt's blocks are hashed again only when the cache served less than that
+history); of any other request, the longest chain the cache holds. Only positions and reasons
+leave here, never a token.
 """
 
 from __future__ import annotations
@@ -59,12 +60,12 @@ def diagnose(
     if gone is not None:
         return CacheMiss(position, gone)
     if history is not None:
+        if position >= history.num_tokens:
+            return None  # as much as its whole last history: the rest is new
         size = match.block_tokens
         repeated = _repeated(prompt, history, lookup.root, size)
         if position < repeated:  # the prompt goes on as the history did: the cache lost it
             return CacheMiss(position, _why_lost(history, position, size, why_gone))
-        if repeated == history.num_tokens:
-            return None  # the whole history was served; the rest is new
         if position < repeated + size:  # in the block where the prompt parts from it
             return CacheMiss(position, MISS_PROMPT_CHANGED)
     if match.extends_history:
