@@ -352,3 +352,16 @@ def test_the_agent_api_names_a_cold_turns_miss_and_not_a_warm_ones(app: TestClie
     assert cold.headers[CACHE_MISS_HEADER] == header(0, MISS_NEVER_SEEN)
     warm = app.post("/v1/agents/coder/generate", json=turn)
     assert warm.status_code == 200 and CACHE_MISS_HEADER not in warm.headers
+
+
+def test_openapi_declares_the_header_on_every_generation_route(app: TestClient) -> None:
+    paths = app.get("/openapi.json").json()["paths"]
+    routes = [
+        "/v1/messages",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/agents/{agent_id}/generate",
+    ]
+    for route in routes:
+        assert CACHE_MISS_HEADER in paths[route]["post"]["responses"]["200"]["headers"], route

@@ -26,7 +26,7 @@ from semantic.api.agent_turn import (
 )
 from semantic.api.auth import caller_of
 from semantic.api.bodies import LimitedBodyRoute
-from semantic.api.cache_miss import cache_miss_headers
+from semantic.api.cache_miss import CACHE_MISS_HEADER_DOC, cache_miss_headers
 from semantic.api.errors import OpenAIError
 from semantic.api.openapi import SSE_EVENT
 from semantic.api.streaming import after_the_200, sse_response, unless_disconnected, with_keep_alive
@@ -200,6 +200,7 @@ _JSON_OR_SSE = {
     "(`{type, text}`) any number of times, then `done` (`{type, ...Generation}`) or `error` "
     "(`{type, error}`).",
     "content": {"text/event-stream": {"schema": SSE_EVENT}},
+    "headers": CACHE_MISS_HEADER_DOC,
 }
 
 

@@ -4,10 +4,20 @@ for every API, streamed or not."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from semantic.core import TokenEvent
 
 CACHE_MISS_HEADER = "x-semantic-cache-miss"
+# How /openapi.json declares it on the routes that send it.
+CACHE_MISS_HEADER_DOC: dict[str, Any] = {
+    CACHE_MISS_HEADER: {
+        "description": "Where and why the prompt missed the cache, when it could have been "
+        "served from it further: `position=<first token not served>; reason=<reason>` "
+        "(prompt_changed, evicted, corrupt, window_passed, other_model, never_seen).",
+        "schema": {"type": "string"},
+    }
+}
 
 
 async def cache_miss_headers(events: AsyncIterator[TokenEvent]) -> dict[str, str]:
