@@ -319,6 +319,7 @@ class Sequence:
     num_disk_tokens: int = 0  # of `num_cached_tokens`, those read back from disk
     cache_tier: int = 0  # the eviction tier its blocks are cached at when released
     missing_hash: int | None = None  # on arrival, the first full block of its prompt not cached
+    cache_miss: CacheMiss | None = None  # on arrival, where and why its prompt missed the cache
 
     @property
     def num_output_tokens(self) -> int:
@@ -380,6 +381,16 @@ class History:
 
 
 @dataclass(slots=True, frozen=True)
+class CacheMiss:
+    """Why a prompt was not served from the cache further than it was: `position` is its first
+    token the cache did not serve, where it parted from the nearest cached chain, and `reason`
+    why (`cache/misses.py` names the reasons)."""
+
+    position: int
+    reason: str
+
+
+@dataclass(slots=True, frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
@@ -391,7 +402,9 @@ class TokenEvent:
     """What the engine publishes for a request after a step: new tokens and their text.
 
     The last event of a request has `finish_reason` and `usage` set; an event with `error` set is
-    also the last one.
+    also the last one. A request streamed with `announce` gets a first event with no tokens once
+    the engine has taken it in, carrying its `cache_miss` (None when its prompt missed
+    nothing it could have had).
     """
 
     request_id: str
@@ -401,6 +414,7 @@ class TokenEvent:
     usage: Usage | None = None
     error: Exception | None = None
     stop_string: str | None = None  # the stop sequence that ended the output, if one did
+    cache_miss: CacheMiss | None = None
 
     @property
     def final(self) -> bool:

@@ -191,15 +191,21 @@ def test_another_models_cache_is_never_loaded(tiny_tokenizer: object, tmp_path: 
     assert other.agents.stats.counters.miss_reasons[MISS_OTHER_MODEL] == 1
 
 
+def lose_everything(engine: Engine) -> None:
+    """Other agents' prompts push every block out of a 12-block pool, and the disk keeps none
+    of them."""
+    engine.tiering.disk.budget_bytes = 0
+    for other in range(4):
+        turn(engine, f"other-{other}", [100 + other] * 60)
+    engine.tiering.writer.flush(10)
+
+
 def test_a_history_evicted_from_memory_and_disk_is_a_miss_named_evicted(
     served: ServedModel, tmp_path: Path
 ) -> None:
     engine, _ = make_engine(served, tmp_path, num_blocks=12, disk_budget_mb=1)
     history = conversation(engine, "alice", 1)
-    engine.tiering.disk.budget_bytes = 0  # nothing survives on disk
-    for other in range(4):
-        turn(engine, f"other-{other}", [100 + other] * 60)
-    engine.tiering.writer.flush(10)
+    lose_everything(engine)
     _, usage = turn(engine, "alice", [*history, 300])
     assert usage.cached_tokens == 0
     assert engine.agents.by_key[AgentKey("alice")].stats.miss_reasons[MISS_EVICTED] == 1

@@ -26,6 +26,7 @@ from semantic.api.agent_turn import (
 )
 from semantic.api.auth import caller_of
 from semantic.api.bodies import LimitedBodyRoute
+from semantic.api.cache_miss import CACHE_MISS_HEADER_DOC, cache_miss_headers
 from semantic.api.errors import OpenAIError
 from semantic.api.openapi import SSE_EVENT
 from semantic.api.streaming import after_the_200, sse_response, unless_disconnected, with_keep_alive
@@ -199,6 +200,7 @@ _JSON_OR_SSE = {
     "(`{type, text}`) any number of times, then `done` (`{type, ...Generation}`) or `error` "
     "(`{type, error}`).",
     "content": {"text/event-stream": {"schema": SSE_EVENT}},
+    "headers": CACHE_MISS_HEADER_DOC,
 }
 
 
@@ -289,15 +291,18 @@ async def generate(
     turn = await Turn.begin(engine, hold, body.message)
     try:
         generation = await turn.request(body, request.app.state.settings)
-        events = engine.stream(generation)
+        events = engine.stream(generation, announce=True)
+        headers = await cache_miss_headers(events)
     except BaseException:
         turn.abandon()
         raise
     if body.stream:
         frames = after_the_200(turn.frames(events), events, error_event)
-        return sse_response(with_keep_alive(frames, request.app.state.settings.keep_alive_s))
+        keep_alive_s = request.app.state.settings.keep_alive_s
+        return sse_response(with_keep_alive(frames, keep_alive_s), headers)
     try:
-        return JSONResponse(await unless_disconnected(request, turn.answer(events)))
+        answer = await unless_disconnected(request, turn.answer(events))
+        return JSONResponse(answer, headers=headers)
     finally:
         turn.abandon()
 

@@ -31,6 +31,7 @@ from semantic.api.anthropic_request import (
     tool_use_of,
 )
 from semantic.api.auth import caller_of
+from semantic.api.cache_miss import cache_miss_headers
 from semantic.api.errors import anthropic_error_event
 from semantic.api.git_snapshots import GitSnapshots
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
@@ -408,14 +409,17 @@ async def create_message(request: Request) -> Response:
         agent_id=agent,
         owner=caller_of(request).owner,
     )
-    events = engine.stream(generation)
+    events = engine.stream(generation, announce=True)
+    headers = await cache_miss_headers(events)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     # Any model name is served by the loaded model, and echoed back as asked.
     reply = _Reply(body.model, len(prompt_ids), requested, seals, thinking.shown)
     if body.stream:
         frames = after_the_200(reply.events(parsed, tools), events, _error_event)
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s, reply.heartbeat))
-    return JSONResponse(await unless_disconnected(request, reply.collect(parsed, tools)))
+        stream = with_keep_alive(frames, settings.keep_alive_s, reply.heartbeat)
+        return sse_response(stream, headers)
+    answer = await unless_disconnected(request, reply.collect(parsed, tools))
+    return JSONResponse(answer, headers=headers)
 
 
 @router.post(

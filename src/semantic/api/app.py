@@ -26,6 +26,7 @@ from semantic.api import (
 )
 from semantic.api.bodies import JsonBodies
 from semantic.api.browsers import RefuseForeignPages
+from semantic.api.cache_miss import CACHE_MISS_HEADER
 from semantic.api.git_snapshots import GitSnapshots
 from semantic.api.lifecycle import Lifecycle, LifecycleGate
 from semantic.api.rate_limits import LimitByKey, RateLimits
@@ -88,7 +89,13 @@ def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
             allow_origins=settings.allowed_origins,
             allow_methods=["*"],
             allow_headers=["*"],
-            expose_headers=["request-id", "x-request-id", "retry-after", "retry-after-ms"],
+            expose_headers=[
+                "request-id",
+                "x-request-id",
+                "retry-after",
+                "retry-after-ms",
+                CACHE_MISS_HEADER,
+            ],
         )
     # Before anything else reads a request: a page refused here learns nothing of keys.
     app.add_middleware(

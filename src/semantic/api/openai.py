@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from semantic.api import anthropic, limits, rate_limits
 from semantic.api.agents import named_agent
 from semantic.api.auth import caller_of
+from semantic.api.cache_miss import cache_miss_headers
 from semantic.api.errors import error_payload, protocol_of
 from semantic.api.gate import engine_of
 from semantic.api.openai_tools import (
@@ -251,7 +252,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         agent_id=agent_id,
         owner=caller_of(request).owner,
     )
-    events = engine.stream(generation)
+    events = engine.stream(generation, announce=True)
+    headers = await cache_miss_headers(events)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
     if body.stream:
@@ -259,8 +261,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         chunks = completion.chunks(parsed, tools, include_usage)
         frames = after_the_200(chunks, events, lambda exc: data_event(error_payload(exc)))
         heartbeat = prefill_comments(partial(engine.progress, generation.request_id))
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat))
-    return JSONResponse(await unless_disconnected(request, completion.collect(parsed, tools)))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat), headers)
+    answer = await unless_disconnected(request, completion.collect(parsed, tools))
+    return JSONResponse(answer, headers=headers)
 
 
 class _Completion:
@@ -422,13 +425,15 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         agent_id=agent_id,
         owner=caller_of(request).owner,
     )
-    events = engine.stream(generation)
+    events = engine.stream(generation, announce=True)
+    headers = await cache_miss_headers(events)
     completion = _TextCompletion(int(time.time()), body.model, prompt_text if body.echo else "")
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         frames = after_the_200(completion.chunks(events, include_usage), events, _error_chunk)
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s))
-    return JSONResponse(await unless_disconnected(request, completion.collect(events)))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s), headers)
+    answer = await unless_disconnected(request, completion.collect(events))
+    return JSONResponse(answer, headers=headers)
 
 
 def _error_chunk(exc: Exception) -> str:

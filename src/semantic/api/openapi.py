@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from semantic.api.auth import ADMIN_PATHS, OPEN_PATHS
+from semantic.api.cache_miss import CACHE_MISS_HEADER_DOC
 from semantic.api.errors import AnthropicError, OpenAIError, Protocol
 
 _SCHEMAS = "x-semantic-schemas"  # where `json_body` leaves its schemas for `install` to move
@@ -49,6 +50,7 @@ SSE_EVENT: dict[str, Any] = {
 STREAMED_OR_JSON: dict[str, Any] = {
     "description": "The answer as JSON, or with `stream: true` as server-sent events.",
     "content": {"text/event-stream": {"schema": SSE_EVENT}},
+    "headers": CACHE_MISS_HEADER_DOC,
 }
 
 

@@ -24,6 +24,7 @@ from semantic.api.agents import named_agent
 from semantic.api.anthropic import agent_id_from
 from semantic.api.anthropic_request import parse_body
 from semantic.api.auth import caller_of
+from semantic.api.cache_miss import cache_miss_headers
 from semantic.api.errors import error_payload
 from semantic.api.gate import engine_of
 from semantic.api.openai_tools import (
@@ -271,7 +272,8 @@ async def create_response(request: Request) -> Response:
         agent_id=agent,
         owner=owner,  # the chain's agent is this key's, as its stored responses are
     )
-    events = engine.stream(generation)
+    events = engine.stream(generation, announce=True)
+    headers = await cache_miss_headers(events)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     reply = _Response(body, response_id, engine.model.tokenizer, seals)
     offered = body.offered_tools()
@@ -279,9 +281,9 @@ async def create_response(request: Request) -> Response:
     if body.stream:
         frames = after_the_200(_frames(reply, parsed, offered, record), events, _error_frame)
         heartbeat = prefill_comments(partial(engine.progress, generation.request_id))
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat))
+        return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat), headers)
     answer = await unless_disconnected(request, _collect(reply, parsed, offered, record))
-    return JSONResponse(answer)
+    return JSONResponse(answer, headers=headers)
 
 
 async def _chain(store: ResponseStore, last_id: str, owner: str | None) -> list[StoredResponse]:

@@ -32,9 +32,10 @@ from semantic.cache.cache_stats import AgentStats, CacheStats, Served
 from semantic.cache.conversation import Conversation
 from semantic.cache.conversation_quota import ConversationQuota
 from semantic.cache.manifest import AgentManifest, ManifestFiles
-from semantic.cache.prefix import PrefixCache, split_key
+from semantic.cache.misses import Lookup, MissRecord, RecentMisses, diagnose
+from semantic.cache.prefix import PrefixCache, PrefixMatch, split_key
 from semantic.cache.tiering import PendingWrites, Tiering
-from semantic.core import AgentKey, History, Request
+from semantic.core import AgentKey, CacheMiss, History, Request
 from semantic.errors import (
     Conflict,
     ConversationTooLarge,
@@ -156,6 +157,7 @@ class Agents:
         self.manifests = manifests
         self.options = options
         self.stats = CacheStats(tiering)
+        self.misses = RecentMisses()
         self.by_key: dict[AgentKey, Agent] = {}
         self._per_owner: Counter[str | None] = Counter()
         self._sharers: Counter[int] = Counter()
@@ -191,6 +193,21 @@ class Agents:
         agent.working = True
         agent.stats.last_used = time.time()
 
+    def why_missed(self, request: Request, match: PrefixMatch, root: int) -> CacheMiss | None:
+        """Where and why the prompt of a request that `begin` saw missed the cache, as `match`
+        (in the chain from `root`) found it on arrival: against its agent's last history, if
+        it names one that has a history here."""
+        agent, key = self._began.get(request.request_id), request.agent
+        history = None
+        if agent is not None and agent.num_tokens:
+            history = History(agent.block_hashes, agent.tail_hash, agent.num_tokens)
+        lookup = Lookup(request.prompt_token_ids, match, root, history)
+        return diagnose(
+            lookup,
+            self.tiering.why_gone,
+            lambda: key is not None and self.stats.known_elsewhere(key),
+        )
+
     def not_admitted(self, request: Request) -> None:
         """A request `begin` saw failed before it could run: it ends without `finished`."""
         self._began.pop(request.request_id, None)
@@ -203,9 +220,11 @@ class Agents:
         from_disk: int,
         missing: int | None,
         answered: bool,
+        miss: CacheMiss | None = None,
     ) -> None:
         """Account for a finished request — `cached` of its prompt's tokens reused, `from_disk`
-        of them read back from disk, `missing` the first block of it cached nowhere — and make
+        of them read back from disk, `missing` the first block of it cached nowhere, `miss`
+        where and why it missed on arrival (kept among the recent misses) — and make
         its history the agent's, unless that agent was deleted while the request ran. A request
         not `answered` (aborted or failed) leaves an agent that has a history with it: a client
         sends its conversation again without the answer it stopped."""
@@ -220,7 +239,10 @@ class Agents:
             agent_had_missing=agent is not None and missing in agent.block_hashes,
         )
         served = Served(cached, from_disk, len(request.prompt_token_ids), reason)
-        self.stats.record(served, None if agent is None else agent.stats, time.time())
+        now = time.time()
+        self.stats.record(served, None if agent is None else agent.stats, now)
+        if miss is not None:
+            self.misses.add(MissRecord.of(request, miss, cached, now))
         # Aborted before it ran: nothing to keep. Not answered: the history it had, if any.
         if agent is not None and history.num_tokens and (answered or not agent.num_tokens):
             self._set_history(agent, history, self._found(agent, history, cached))

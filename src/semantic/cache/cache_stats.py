@@ -81,11 +81,11 @@ class CacheStats:
                 return MISS_EVICTED  # gone too long ago for the disk to remember
         if cached:
             return None
-        if agent is not None and not known_here and self._known_elsewhere(agent):
+        if agent is not None and not known_here and self.known_elsewhere(agent):
             return MISS_OTHER_MODEL
         return MISS_NOTHING_CACHED
 
-    def _known_elsewhere(self, agent: AgentKey) -> bool:
+    def known_elsewhere(self, agent: AgentKey) -> bool:
         """Whether another model's cache has this agent (its cache cannot serve this model)."""
         own = self.tiering.disk.model_root
         others = (root for root in own.parent.iterdir() if root != own and root.is_dir())

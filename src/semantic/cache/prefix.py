@@ -114,7 +114,8 @@ class PrefixMatch:
     the last full block is where a history ended): the prompt continues a history someone left,
     a conversation whether it was named or not. `missing` is
     the hash of the first full block it could not reuse (None when the chain ran out of prompt
-    first), so a miss can say why."""
+    first), so a miss can say why; `reach` is how many tokens the full-attention groups had,
+    more than `num_tokens` when the match was cut back for a sliding window's missing pages."""
 
     hashes: list[int]
     tail_hash: int | None
@@ -124,6 +125,7 @@ class PrefixMatch:
     extends_history: bool
     missing: int | None
     block_tokens: int
+    reach: int
 
     @property
     def num_tokens(self) -> int:
@@ -231,15 +233,18 @@ class PrefixCache:
         limit, size = len(token_ids) - 1, self.block_tokens
         blocks, missing = self._chain(token_ids, limit, root)
         windows = _Windows(self, blocks)
+        reach: int | None = None
         for count in range(len(blocks), -1, -1):
             if count < len(blocks):
                 missing = blocks[count][0]
             parent = blocks[count - 1][0] if count else root
             tail = self._best_tail(parent, token_ids[count * size : limit])
+            if reach is None:  # as far as the full-attention groups go
+                reach = count * size + (tail[1] if tail is not None else 0)
             if tail is not None and windows.covered(count, tail[1]):
-                return self._matched(blocks[:count], tail, missing)
+                return self._matched(blocks[:count], tail, missing, reach)
             if windows.covered(count, 0):
-                return self._matched(blocks[:count], None, missing)
+                return self._matched(blocks[:count], None, missing, reach)
         raise AssertionError("an empty prefix needs no window")
 
     def _chain(
@@ -264,6 +269,7 @@ class PrefixCache:
         blocks: list[tuple[int, tuple[int, ...]]],
         tail: tuple[int, int, bool] | None,
         missing: int | None,
+        reach: int,
     ) -> PrefixMatch:
         tail_hash, tail_tokens, whole = tail if tail is not None else (None, 0, False)
         if tail is None and blocks:
@@ -279,7 +285,7 @@ class PrefixCache:
         ]
         hashes = [block_hash for block_hash, _ in blocks]
         return PrefixMatch(
-            hashes, tail_hash, tail_tokens, pages, first, whole, missing, self.block_tokens
+            hashes, tail_hash, tail_tokens, pages, first, whole, missing, self.block_tokens, reach
         )
 
     def _page(self, block_hash: int, group: int, tokens: tuple[int, ...]) -> int | None:

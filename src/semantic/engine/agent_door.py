@@ -98,14 +98,16 @@ class AgentDoor:
         return await self._engine.call(lambda: self._find(key).conversation or Conversation())
 
     async def snapshot(self, caller: Caller) -> dict[str, Any]:
-        """Cache totals and every agent the caller may see (`/admin/cache`)."""
+        """Cache totals, every agent the caller may see, and the last misses of the requests
+        whose owner it may see: where and why, never what the prompt said (`/admin/cache`)."""
 
         def read() -> dict[str, Any]:
             seen = sorted(
                 (a for a in self._agents.by_key.values() if _sees(caller, a)), key=_listing_order
             )
             agents = [self._agents.describe(a) for a in seen]
-            return {"totals": self.cache_totals(), "agents": agents}
+            misses = self._agents.misses.seen_by(lambda owner: _reaches(caller, owner))
+            return {"totals": self.cache_totals(), "agents": agents, "recent_misses": misses}
 
         return await self._engine.call(read)
 

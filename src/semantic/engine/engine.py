@@ -64,6 +64,7 @@ EventSink = Callable[[TokenEvent], None]
 class _Submit:
     request: Request
     sink: EventSink
+    announce: bool = False  # send the first event (no tokens, its cache miss) on arrival
 
 
 @dataclass(slots=True)
@@ -198,13 +199,16 @@ class Engine:
         self._thread.join(timeout)
         self._thread = None
 
-    def stream(self, request: Request) -> AsyncIterator[TokenEvent]:
+    def stream(self, request: Request, *, announce: bool = False) -> AsyncIterator[TokenEvent]:
         """Submit `request` and return its events. Raises at once if it can never run; closing
-        the iterator early (a client that went away) aborts the request."""
+        the iterator early (a client that went away) aborts the request. With `announce`, the
+        first event comes as soon as the engine takes the request in (before any token, so a
+        response's headers can say where and why its prompt missed the cache: `cache_miss`),
+        or is refused."""
         self.check(request)
-        return self._events(request)
+        return self._events(request, announce)
 
-    async def _events(self, request: Request) -> AsyncIterator[TokenEvent]:
+    async def _events(self, request: Request, announce: bool) -> AsyncIterator[TokenEvent]:
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
@@ -213,12 +217,14 @@ class Engine:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(events.put_nowait, event)
 
-        self.submit(request, deliver)
+        self.submit(request, deliver, announce=announce)
         request_id, finished = request.request_id, False
         try:
             while not finished:
                 event = await events.get()
-                finished = event.final
+                if announce and event.final:  # refused before it was taken in
+                    yield TokenEvent(request_id, [], "")
+                announce, finished = False, event.final
                 yield event
         finally:
             if not finished:
@@ -248,11 +254,11 @@ class Engine:
             f"{self.max_seq_tokens} for one sequence (raise cache_budget_mb)"
         )
 
-    def submit(self, request: Request, sink: EventSink) -> None:
+    def submit(self, request: Request, sink: EventSink, *, announce: bool = False) -> None:
         with self._refusal_lock:
             refusal = self._refusal
             if refusal is None:
-                self._inbox.put(_Submit(request, sink))
+                self._inbox.put(_Submit(request, sink, announce))
                 return
         sink(_refused(request, refusal))
 
@@ -471,7 +477,7 @@ class Engine:
                 message.reply(None, exc)
         else:
             try:
-                self._admit(message.request, message.sink)
+                self._admit(message)
             except Exception as exc:  # before it joined the scheduler: it alone fails
                 if not isinstance(exc, SemanticError):  # ours (a limit) say what they are
                     log.exception("admitting request %s failed", message.request.request_id)
@@ -479,7 +485,8 @@ class Engine:
                 self.agents.not_admitted(message.request)
                 message.sink(_refused(message.request, _failure(exc)))
 
-    def _admit(self, request: Request, sink: EventSink) -> None:
+    def _admit(self, message: _Submit) -> None:
+        request, sink = message.request, message.sink
         if self._refusal is not None:  # queued just before `cancel_all`
             sink(_refused(request, self._refusal))
             return
@@ -493,7 +500,11 @@ class Engine:
         detokenizer = IncrementalDetokenizer(self.model.tokenizer)
         stops = StopMatcher(request.sampling.stop)
         self._active[request.request_id] = _Active(seq, sink, detokenizer, stops)
-        self.tiering.read_ahead(self.scheduler.add(seq).to_restore)
+        match = self.scheduler.add(seq)
+        self.tiering.read_ahead(match.to_restore)
+        seq.cache_miss = self.agents.why_missed(request, match, self.scheduler.blocks.root(seq))
+        if message.announce:
+            sink(TokenEvent(request.request_id, [], "", cache_miss=seq.cache_miss))
 
     def _start_restores(self) -> None:
         """Ask the disk reader for the blocks of the sequences admitted this step; the records
@@ -574,6 +585,7 @@ class Engine:
             seq.num_disk_tokens,
             seq.missing_hash,
             answered=reason.answered,
+            miss=seq.cache_miss,
         )
         usage = Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens)
         event = TokenEvent(
@@ -636,6 +648,11 @@ def _log_finish(seq: Sequence, reason: FinishReason, usage: Usage, error: Except
         else round(seq.first_token_time - arrival, 3),
         "seconds": round(time.monotonic() - arrival, 3),
     }
+    if seq.cache_miss is not None:  # where and why its prompt missed what it could have had
+        fields |= {
+            "cache_miss_position": seq.cache_miss.position,
+            "cache_miss_reason": seq.cache_miss.reason,
+        }
     if error is not None:
         cause = f" ({error.__cause__!r})" if error.__cause__ is not None else ""
         log.warning("request failed: %s%s", error, cause, extra=fields)

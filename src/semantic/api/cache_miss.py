@@ -1,0 +1,32 @@
+"""The response header that says where and why a request's prompt missed the cache, the same
+for every API, streamed or not."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from semantic.core import TokenEvent
+
+CACHE_MISS_HEADER = "x-semantic-cache-miss"
+# How /openapi.json declares it on the routes that send it.
+CACHE_MISS_HEADER_DOC: dict[str, Any] = {
+    CACHE_MISS_HEADER: {
+        "description": "Where and why the prompt missed the cache, when it could have been "
+        "served from it further: `position=<first token not served>; reason=<reason>` "
+        "(prompt_changed, evicted, corrupt, window_passed, other_model, never_seen).",
+        "schema": {"type": "string"},
+    }
+}
+
+
+async def cache_miss_headers(events: AsyncIterator[TokenEvent]) -> dict[str, str]:
+    """Wait for the engine to take the request in (the first event of a stream it was asked to
+    `announce`, which comes before any token, so a stream's 200 waits at most a step for it)
+    and return the header naming the position of the prompt's first token the cache did not
+    serve and why, e.g. `position=1234; reason=prompt_changed`; none when it missed nothing
+    it could have had."""
+    miss = (await anext(events)).cache_miss
+    if miss is None:
+        return {}
+    return {CACHE_MISS_HEADER: f"position={miss.position}; reason={miss.reason}"}
