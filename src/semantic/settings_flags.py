@@ -77,13 +77,15 @@ def add_settings_flags(
         for name in names or Settings.model_fields:
             _add_flag(group, name, help_for.get(name))
         return
-    for group_title, members in _groups():
+    for group_title, members in setting_groups():
         group = parser.add_argument_group(f"{group_title} settings")
         for name in members:
             _add_flag(group, name, help_for.get(name))
 
 
-def _groups() -> Iterator[tuple[str, tuple[str, ...]]]:
+def setting_groups() -> Iterator[tuple[str, tuple[str, ...]]]:
+    """Each group's title and settings, in `--help`'s order; any setting no group lists comes
+    last, under "other"."""
     yield from SETTING_GROUPS.items()
     listed = {name for members in SETTING_GROUPS.values() for name in members}
     others = tuple(name for name in Settings.model_fields if name not in listed)
