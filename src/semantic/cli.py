@@ -282,6 +282,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     pool, wrap an engine."""
     from semantic.backends import create_runner
     from semantic.engine.engine import Engine
+    from semantic.kv_budget import short_pool_warning
     from semantic.memory import own_mappings
     from semantic.models.checkpoint import load_checkpoint
     from semantic.models.served import ServedModel
@@ -321,6 +322,11 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         "cache_budget_mb" if settings.cache_budget_mb else "sized from the free memory",
     )
     engine = Engine(runner, served, engine_options(settings))
+    short = short_pool_warning(
+        engine.max_seq_tokens, context, spec.block_tokens, spec.bytes_per_block
+    )
+    if short is not None:
+        log.warning(short)
     log.info("loaded %s in %.1f s", source.name, time.perf_counter() - started)
     return engine
 
