@@ -73,6 +73,7 @@ def test_a_405_lists_every_method_of_the_path(
     assert response.status_code == 405
     assert response.headers["allow"] == allow
     assert response.json()["error"]["message"] == f"{path} takes {allow}, not {method}"
+    assert response.json()["error"]["code"] == "method_not_allowed"
 
 
 def test_a_405_on_an_anthropic_route_is_in_anthropics_shape(api: TestClient) -> None:
@@ -89,7 +90,7 @@ def test_a_404_names_the_path_and_where_the_routes_are(api: TestClient) -> None:
         "/openapi.json",
         "type": "not_found_error",
         "param": None,
-        "code": None,
+        "code": "unknown_route",
     }
 
 

@@ -39,7 +39,7 @@ _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.InvalidRequest, 400, "invalid_request_error", None),
     (errors.PoolExhausted, 400, "invalid_request_error", "context_length_exceeded"),
     (errors.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
-    (errors.NotFound, 404, "invalid_request_error", None),
+    (errors.NotFound, 404, "invalid_request_error", "not_found"),
     (errors.Conflict, 409, "invalid_request_error", "conflict"),
     (errors.TooManyAgents, 403, "invalid_request_error", "agent_limit_reached"),
     (errors.ConversationQuotaExceeded, 413, "invalid_request_error", "conversation_quota_exceeded"),
@@ -275,7 +275,8 @@ def _no_route(request: Request, status: int) -> JSONResponse:
     path = request.url.path[:200]
     if status == 404:
         where = "the routes are listed at /docs and /openapi.json"
-        return error_response(request, 404, f"no route {request.method} {path}: {where}")
+        message = f"no route {request.method} {path}: {where}"
+        return error_response(request, 404, message, code="unknown_route")
     routes: list[BaseRoute] = request.app.router.routes
     allowed = [
         method
@@ -285,7 +286,8 @@ def _no_route(request: Request, status: int) -> JSONResponse:
         )
     ]
     message = f"{path} takes {', '.join(allowed)}, not {request.method}"
-    return error_response(request, 405, message, headers={"Allow": ", ".join(allowed)})
+    allow = {"Allow": ", ".join(allowed)}
+    return error_response(request, 405, message, code="method_not_allowed", headers=allow)
 
 
 def install(app: FastAPI) -> None:
