@@ -21,7 +21,8 @@ from semantic.config import SETTING_GROUPS, Settings, did_you_mean, env_name, fl
 
 class Parser(argparse.ArgumentParser):
     """argparse, as a user's tool: `--cache-budget` is an unknown flag (with a guess), not an
-    abbreviation of `--cache-budget-mb`; each command refuses what it does not take itself."""
+    abbreviation of `--cache-budget-mb`; `semantic serv` an unknown command (with a guess);
+    each command refuses what it does not take itself."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
@@ -43,6 +44,18 @@ class Parser(argparse.ArgumentParser):
         if extras:
             self._refuse(extras)
         return parsed, extras
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # A mistyped command or choice gets the one it most likely meant, as a flag does:
+        # `semantic serv` → `did you mean serve?`.
+        if action.choices is not None and value not in action.choices:
+            known = [str(choice) for choice in action.choices]
+            raise argparse.ArgumentError(
+                action,
+                f"invalid choice: {value!r} (choose from {', '.join(known)})"
+                f"{did_you_mean([str(value)], known)}",
+            )
+        super()._check_value(action, value)
 
     def _knows(self, flag: str) -> bool:
         return flag.partition("=")[0] in self._option_string_actions
