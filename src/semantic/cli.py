@@ -179,9 +179,12 @@ def _models(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     registry = ModelRegistry.from_settings(settings)
+    configured = registry.resolve(settings.model, join=False).name
     for source in registry.available():
-        marker = "*" if source.name == registry.resolve(settings.model).name else " "
-        template = f"template: {template_origin(source.path)}"
+        marker = "*" if source.name == configured else " "
+        # A model in pieces not joined yet: its first load joins it (a listing never writes).
+        origin = template_origin(source.path) if source.path.exists() else "not joined yet"
+        template = f"template: {origin}"
         print(f"{marker} {source.name:<20} {source.format:<5} {template:<26} {source.path}")
     return 0
 
