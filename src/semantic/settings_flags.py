@@ -21,7 +21,8 @@ from semantic.config import SETTING_GROUPS, Settings, did_you_mean, env_name, fl
 
 class Parser(argparse.ArgumentParser):
     """argparse, as a user's tool: `--cache-budget` is an unknown flag (with a guess), not an
-    abbreviation of `--cache-budget-mb`; each command refuses what it does not take itself."""
+    abbreviation of `--cache-budget-mb`; `semantic serv` an unknown command (with a guess);
+    each command refuses what it does not take itself."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
@@ -43,6 +44,18 @@ class Parser(argparse.ArgumentParser):
         if extras:
             self._refuse(extras)
         return parsed, extras
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # A mistyped command or choice gets the one it most likely meant, as a flag does:
+        # `semantic serv` → `did you mean serve?`.
+        if action.choices is not None and value not in action.choices:
+            known = [str(choice) for choice in action.choices]
+            raise argparse.ArgumentError(
+                action,
+                f"invalid choice: {value!r} (choose from {', '.join(known)})"
+                f"{did_you_mean([str(value)], known)}",
+            )
+        super()._check_value(action, value)
 
     def _knows(self, flag: str) -> bool:
         return flag.partition("=")[0] in self._option_string_actions
@@ -77,13 +90,15 @@ def add_settings_flags(
         for name in names or Settings.model_fields:
             _add_flag(group, name, help_for.get(name))
         return
-    for group_title, members in _groups():
+    for group_title, members in setting_groups():
         group = parser.add_argument_group(f"{group_title} settings")
         for name in members:
             _add_flag(group, name, help_for.get(name))
 
 
-def _groups() -> Iterator[tuple[str, tuple[str, ...]]]:
+def setting_groups() -> Iterator[tuple[str, tuple[str, ...]]]:
+    """Each group's title and settings, in `--help`'s order; any setting no group lists comes
+    last, under "other"."""
     yield from SETTING_GROUPS.items()
     listed = {name for members in SETTING_GROUPS.values() for name in members}
     others = tuple(name for name in Settings.model_fields if name not in listed)

@@ -253,6 +253,9 @@ def sse_events(raw: str) -> list[tuple[str, dict[str, Any]]]:
 def test_generate_on_an_unknown_or_invalid_agent_is_404_or_400(api: TestClient) -> None:
     missing = api.post("/v1/agents/nobody/generate", json={"message": "Hi"})
     assert "nobody" in error_of(missing, 404)["message"]
+    # A code a client can branch on, as a duplicate create's "conflict".
+    assert error_of(missing, 404)["code"] == "not_found"
+    assert error_of(api.get("/v1/agents/nobody"), 404)["code"] == "not_found"
     assert error_of(api.post("/v1/agents/.bad/generate", json={"message": "Hi"}), 400)
     create(api, "alice")
     assert error_of(api.post("/v1/agents/alice/generate", json={"message": ""}), 400)

@@ -22,7 +22,9 @@ from semantic.config import Settings
 from semantic.models.served import ServedModel
 from tests.unit.fakes import chat_app
 
-COLUMNS = ["agent", "tokens cached", "in memory", "on disk", "pinned", "last used", "turns"]
+COLUMNS = ["agent", "tokens cached", "in memory", "on disk", "pinned", "last used", "requests"]
+# From disk the time is when the manifest was saved (a shutdown saves every agent at once).
+DISK_COLUMNS = [*COLUMNS[:5], "last saved", "requests"]
 TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 
 
@@ -64,7 +66,7 @@ def test_from_disk_it_says_so_and_prints_the_table(
         f"{cache_root(tmp_path)}\n"
     )
     header, rows = header_and_rows(out)
-    assert header == COLUMNS
+    assert header == DISK_COLUMNS
     assert rows == [["alice", "12,345", "-", "0.0 MiB", "yes", "2025-03-04 05:06:07", "-"]]
 
 
@@ -77,7 +79,7 @@ def test_from_disk_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     [bob] = shown["agents"]
     assert bob["agent_id"] == "bob" and bob["cached_tokens"] == 8 and bob["pinned"] is False
     assert bob["last_used"].startswith("2025-03-04T05:06:07")
-    assert bob["bytes_in_memory"] is None and bob["turns"] is None
+    assert bob["bytes_in_memory"] is None and bob["requests"] is None
 
 
 def test_show_from_disk_is_readable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,12 +87,12 @@ def test_show_from_disk_is_readable(tmp_path: Path, capsys: pytest.CaptureFixtur
     argv = ["agents", "show", "carol", "--cache-dir", str(tmp_path), "--port", str(free_port())]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^last_used\s+2025-03-04 05:06:07$", out, re.MULTILINE)
+    assert re.search(r"^last_saved\s+2025-03-04 05:06:07$", out, re.MULTILINE)
     assert re.search(r"^pinned\s+no$", out, re.MULTILINE)
     assert re.search(r"^bytes_on_disk\s+0\.0 MiB$", out, re.MULTILINE)
 
 
-def test_the_server_gives_the_same_columns_with_memory_and_turns(
+def test_the_server_gives_the_same_columns_with_memory_and_requests(
     chat_served: ServedModel,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -118,14 +120,14 @@ def test_the_server_gives_the_same_columns_with_memory_and_turns(
         assert err == ""
         header, [row] = header_and_rows(out)
         assert header == COLUMNS
-        agent, tokens, memory, disk, pinned, last_used, turns = row
-        assert (agent, pinned, turns) == ("dave", "no", "2")
+        agent, tokens, memory, disk, pinned, last_used, requests = row
+        assert (agent, pinned, requests) == ("dave", "no", "2")
         assert int(tokens) > 0 and memory.endswith(" MiB") and disk.endswith(" MiB")
         assert re.fullmatch(TIME, last_used)
 
         assert cli.main(["agents", "--json"]) == 0
         shown = json.loads(capsys.readouterr().out)
-        assert shown["source"] == "server" and shown["agents"][0]["turns"] == 2
+        assert shown["source"] == "server" and shown["agents"][0]["requests"] == 2
 
         assert cli.main(["agents", "show", "dave"]) == 0
         assert re.search(rf"^last_used\s+{TIME}$", capsys.readouterr().out, re.MULTILINE)

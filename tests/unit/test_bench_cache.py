@@ -35,7 +35,7 @@ from semantic.bench.pressure import (
     pool_budget,
     run_pressure,
 )
-from semantic.bench.report import BenchResult, to_json, to_markdown
+from semantic.bench.report import BenchResult, to_json, to_markdown, write_markdown
 from semantic.bench.restart import RestartResult, RestartTurn, run_restart
 from semantic.bench.run import run_bench
 from semantic.bench.server import RestartTiming
@@ -252,6 +252,13 @@ def test_markdown_carries_the_cache_ratios_the_command_line_and_the_machine() ->
     assert "| Misses (warm turns) | 0 of 1 |" in markdown
     assert "132 MiB for 330 MiB of histories" in markdown
     assert "Single-stream decode" not in markdown  # a phase not run has no row
+
+
+def test_the_markdown_file_shows_the_history_chart_written_beside_it(tmp_path: Path) -> None:
+    write_markdown(_result(), tmp_path / "run.md")
+    chart = tmp_path / "run-ttft-by-history.svg"
+    assert "1.600 s" in chart.read_text() and "0.250 s" in chart.read_text()
+    assert "](run-ttft-by-history.svg)" in (tmp_path / "run.md").read_text()
 
 
 def test_json_carries_the_derived_cache_figures() -> None:

@@ -90,6 +90,19 @@ def test_an_abbreviated_flag_is_refused_with_the_flag_it_meant(
     assert "did you mean --port for --prot, --max-running for --max-runing?" in err
 
 
+def test_a_mistyped_command_or_choice_gets_the_one_it_meant(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, _, err = run(capsys, "serv")
+    assert status == 2
+    assert "invalid choice: 'serv' (choose from serve, config, models, agents, bench)" in err
+    assert err.rstrip().endswith("; did you mean serve?")
+    _, _, err = run(capsys, "config", "--backend", "trch")
+    assert err.rstrip().endswith("; did you mean torch?")
+    _, _, err = run(capsys, "xyzzy")
+    assert "did you mean" not in err  # nothing close: the choices alone
+
+
 def test_an_unknown_config_file_key_gets_the_setting_it_meant(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

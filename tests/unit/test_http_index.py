@@ -4,6 +4,7 @@ names the field the client can change."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +41,22 @@ def test_the_root_answers_a_small_index(api: TestClient, chat_served: ServedMode
     assert api.head("/").status_code == 200  # Claude Code's probe still answers
 
 
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_api_pages_load_nothing_from_another_machine(api: TestClient, page: str) -> None:
+    """/docs and /redoc work offline: every script, style and icon they name is the server's
+    own, and it serves each of them."""
+    html = api.get(page).text
+    named = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']|url\(["']?([^"')]*)""", html)
+    urls = [src or css for src, css in named]
+    assert len(urls) >= 2  # a script, and a style or an icon
+    for url in urls:
+        assert not re.match(r"(?i)^([a-z][a-z0-9+.-]*:)?//", url), url  # no other host
+        if url.startswith("/"):
+            assert api.get(url).status_code == 200, url
+    assert "http://" not in html
+    assert "https://" not in html
+
+
 @pytest.mark.parametrize(
     ("method", "path", "allow"),
     [
@@ -56,6 +73,7 @@ def test_a_405_lists_every_method_of_the_path(
     assert response.status_code == 405
     assert response.headers["allow"] == allow
     assert response.json()["error"]["message"] == f"{path} takes {allow}, not {method}"
+    assert response.json()["error"]["code"] == "method_not_allowed"
 
 
 def test_a_405_on_an_anthropic_route_is_in_anthropics_shape(api: TestClient) -> None:
@@ -72,7 +90,7 @@ def test_a_404_names_the_path_and_where_the_routes_are(api: TestClient) -> None:
         "/openapi.json",
         "type": "not_found_error",
         "param": None,
-        "code": None,
+        "code": "unknown_route",
     }
 
 

@@ -591,7 +591,10 @@ def assert_openai_error(
     assert type_ is None or error["type"] == type_
     assert isinstance(error["message"], str) and error["message"]
     assert error["param"] is None or isinstance(error["param"], str)
-    assert error["code"] is None or isinstance(error["code"], str)
+    if status < 500:  # every 4xx has a code a client can branch on
+        assert isinstance(error["code"], str) and error["code"], error
+    else:
+        assert error["code"] is None or isinstance(error["code"], str)
     return dict(error)
 
 

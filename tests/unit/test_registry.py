@@ -170,6 +170,18 @@ def test_a_chunked_model_is_joined_once_and_checked(tmp_path, monkeypatch) -> No
     assert [s.name for s in registry.available()] == ["fake-1m"]
 
 
+def test_listing_a_chunked_model_never_joins_it(tmp_path, monkeypatch) -> None:
+    pieces = [b"GGUF" + b"a" * 100, b"b" * 50]
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = chunk_packages(tmp_path / "site", pieces, hashlib.sha256(b"".join(pieces)).hexdigest())
+    registry = ModelRegistry(builtins=(model,), models_dir=tmp_path / "models")
+    listed = registry.available()
+    assert [(s.name, s.path) for s in listed] == [("fake-1m", tmp_path / "models" / "model.gguf")]
+    assert registry.resolve("fake-1m", join=False).path == listed[0].path
+    assert not (tmp_path / "models").exists()  # nothing written
+    assert registry.resolve("fake-1m").path == listed[0].path  # the load joins it there
+
+
 def test_pieces_that_do_not_match_the_digest_leave_no_file(tmp_path, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     model = chunk_packages(tmp_path / "site", [b"GGUF", b"x"], "0" * 64)

@@ -119,7 +119,10 @@ class AgentInfo(BaseModel):
     )
     cached_tokens: int
     pinned: bool
-    working: bool
+    working: bool = Field(
+        description="Heard from within agent_idle_s: mid-conversation (perhaps waiting on a "
+        "tool), so its cache leaves memory after idle agents'. Not whether a turn runs now."
+    )
     requests: int
     hit_tokens: int
     disk_hit_tokens: int
@@ -131,7 +134,7 @@ class AgentInfo(BaseModel):
     )
     bytes_on_disk: int
     last_used: float
-    generating: bool
+    generating: bool = Field(description="A turn of it is running now.")
     conversation: ConversationSummary | None = Field(
         description="What the server keeps for generate; null for an agent that only chat "
         "requests named (its first generate starts an empty one)."

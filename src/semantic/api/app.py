@@ -18,6 +18,7 @@ from semantic.api import (
     agents,
     anthropic,
     auth,
+    docs_pages,
     errors,
     gate,
     openai,
@@ -54,7 +55,10 @@ def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
         finally:
             lifecycle.stop()  # after a stop signal's drain (api/server.py): persists every cache
 
-    app = FastAPI(title="semantic", version=__version__, lifespan=lifespan)
+    # /docs and /redoc come from docs_pages, with assets the server serves itself.
+    app = FastAPI(
+        title="semantic", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.state.host = host  # the engine: `gate.engine_of(request)`
     app.state.lifecycle = lifecycle = Lifecycle(host)
     app.state.settings = settings
@@ -113,6 +117,7 @@ def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
     app.include_router(agents.router)
     app.include_router(admin.router)
     app.add_api_route("/", _index, methods=["GET"], include_in_schema=False)
+    docs_pages.install(app)
     return app
 
 

@@ -36,10 +36,10 @@ _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.PreviousResponseNotFound, 400, "invalid_request_error", "previous_response_not_found"),
     (errors.ConversationTooLarge, 400, "invalid_request_error", "conversation_too_large"),
     (errors.RequestTooLarge, 413, "invalid_request_error", "request_too_large"),
-    (errors.InvalidRequest, 400, "invalid_request_error", None),
+    (errors.InvalidRequest, 400, "invalid_request_error", "invalid_request"),
     (errors.PoolExhausted, 400, "invalid_request_error", "context_length_exceeded"),
     (errors.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
-    (errors.NotFound, 404, "invalid_request_error", None),
+    (errors.NotFound, 404, "invalid_request_error", "not_found"),
     (errors.Conflict, 409, "invalid_request_error", "conflict"),
     (errors.TooManyAgents, 403, "invalid_request_error", "agent_limit_reached"),
     (errors.ConversationQuotaExceeded, 413, "invalid_request_error", "conversation_quota_exceeded"),
@@ -55,6 +55,19 @@ _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
 INTERNAL = "internal server error"  # all a client learns of a fault: the log has the rest
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+# The code of a 4xx whose cause names none of its own.
+_CODES = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limit_exceeded",
+    499: "client_closed_request",
+}
 
 # Anthropic's statuses differ from OpenAI's only for overload (529, which its SDKs retry).
 _ANTHROPIC_STATUS = {503: 529}
@@ -126,6 +139,10 @@ class AnthropicError(BaseModel):
 def openai_error(
     status: int, message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
+    """OpenAI's error shape. Every 4xx carries a code a client can branch on: the one given,
+    else its status's."""
+    if code is None and 400 <= status < 500:
+        code = _CODES.get(status, "invalid_request")
     detail = OpenAIErrorDetail(message=message, type=type_, param=param, code=code)
     return JSONResponse(OpenAIError(error=detail).model_dump(), status_code=status)
 
@@ -275,7 +292,8 @@ def _no_route(request: Request, status: int) -> JSONResponse:
     path = request.url.path[:200]
     if status == 404:
         where = "the routes are listed at /docs and /openapi.json"
-        return error_response(request, 404, f"no route {request.method} {path}: {where}")
+        message = f"no route {request.method} {path}: {where}"
+        return error_response(request, 404, message, code="unknown_route")
     routes: list[BaseRoute] = request.app.router.routes
     allowed = [
         method
@@ -285,7 +303,8 @@ def _no_route(request: Request, status: int) -> JSONResponse:
         )
     ]
     message = f"{path} takes {', '.join(allowed)}, not {request.method}"
-    return error_response(request, 405, message, headers={"Allow": ", ".join(allowed)})
+    allow = {"Allow": ", ".join(allowed)}
+    return error_response(request, 405, message, code="method_not_allowed", headers=allow)
 
 
 def install(app: FastAPI) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.table import Table
 
-from semantic.bench import cache_report
+from semantic.bench import cache_report, charts
 from semantic.bench.baseline import BaselineResult
 from semantic.bench.crowd import CrowdResult
 from semantic.bench.history import HistoryResult
@@ -272,7 +272,15 @@ def to_markdown(result: BenchResult) -> str:
 
 
 def write_markdown(result: BenchResult, path: Path) -> None:
-    path.write_text(to_markdown(result), encoding="utf-8")
+    """The Markdown section, and beside it the run's figures as SVG, which it shows."""
+    text = to_markdown(result)
+    if result.history is not None and result.history.points:
+        figure = path.with_name(f"{path.stem}-ttft-by-history.svg")
+        title = f"Cold and warm time to first token by history, {result.started_at[:10]}"
+        points = charts.history_points(result.history)
+        figure.write_text(charts.ttft_by_history_svg(points, title), encoding="utf-8")
+        text += f"\n![{title}]({figure.name})\n"
+    path.write_text(text, encoding="utf-8")
 
 
 def _setup(result: BenchResult) -> str:

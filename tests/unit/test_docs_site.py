@@ -1,0 +1,62 @@
+"""The documentation site: it builds strictly, its pages carry the navigation and rendered
+Mermaid diagrams, and its settings page lists every setting once, from the settings object."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from semantic.config import Settings
+from semantic.settings_reference import settings_markdown
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site, built as `make docs` builds it (strict: any warning fails the build)."""
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed")
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    out = tmp_path_factory.mktemp("site")
+    build(load_config(str(ROOT / "mkdocs.yml"), site_dir=str(out), strict=True))
+    return out
+
+
+def test_every_setting_is_one_row_of_the_settings_page() -> None:
+    page = settings_markdown()
+    for name in Settings.model_fields:
+        rows = re.findall(rf"^\| `{name}` \|", page, flags=re.MULTILINE)
+        assert len(rows) == 1, name
+
+
+def test_the_home_page_has_the_navigation(site: Path) -> None:
+    home = (site / "index.html").read_text()
+    nav = home[home.index('<nav class="md-nav md-nav--primary"') :]
+    for title, href in [
+        ("Getting started", "getting-started/"),
+        ("Your first agent", "first-agent/"),
+        ("The cache", "cache/"),
+        ("Deployment", "deployment/"),
+        ("Settings", "reference/settings/"),
+    ]:
+        assert f'href="{href}"' in nav, title
+        assert title in nav
+
+
+def test_the_cache_page_renders_its_diagrams_as_mermaid_blocks(site: Path) -> None:
+    page = (site / "cache" / "index.html").read_text()
+    diagrams = re.findall(r'<pre class="mermaid"><code>(.*?)</code></pre>', page, re.DOTALL)
+    assert any(d.lstrip().startswith("flowchart") for d in diagrams)
+    assert any(d.lstrip().startswith("sequenceDiagram") for d in diagrams)
+
+
+def test_the_api_reference_is_drawn_from_the_docstrings(site: Path) -> None:
+    page = (site / "reference" / "runner" / "index.html").read_text()
+    assert "ModelRunner" in page
+    assert "The runner owns the tensors" in page  # from the class's docstring
+    settings = (site / "reference" / "settings" / "index.html").read_text()
+    assert "SEMANTIC_CACHE_BUDGET_MB" in settings
