@@ -22,6 +22,12 @@ SYSTEM = (
     "You are the build assistant of a small software team. You answer questions about the "
     "project's code, its tests and its release process, in one short sentence. "
 ) * 18  # about 600 tokens: two full 256-token blocks and a partial one
+# The Anthropic client's own: the two agents share no block, so neither's turn after the restart
+# computes what the other then reads.
+CODER_SYSTEM = (
+    "You are a coding agent in a terminal. You read files, run the tests and fix what fails, "
+    "and you say what you changed in one short sentence. "
+) * 18
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
 DEFAULTS = {"temperature": 0, "max_tokens": 12}
 
@@ -36,7 +42,7 @@ def call(server: Server, method: str, path: str, status: int = 200, **body: Any)
 
 def message(server: Server, messages: list[dict[str, str]]) -> dict[str, Any]:
     """An Anthropic Messages turn of the agent `coder`, as Claude Code names its session."""
-    body: dict[str, Any] = {"model": "claude-sonnet-4-5", "system": SYSTEM, **DEFAULTS}
+    body: dict[str, Any] = {"model": "claude-sonnet-4-5", "system": CODER_SYSTEM, **DEFAULTS}
     reply: dict[str, Any] = call(
         server, "POST", "/v1/messages", messages=messages, metadata={"user_id": "coder"}, **body
     )
@@ -64,6 +70,8 @@ def test_after_kill_9_a_named_agents_next_turn_reads_its_history_from_disk(
         first = call(server, "POST", "/v1/agents/lead/generate", message="What do I test first?")
         question = [{"role": "user", "content": "What do I test first?"}]
         opening = message(server, question)
+        # nothing of the other agent's but the chat template's first few tokens
+        assert opening["usage"]["cache_read_input_tokens"] < 16
         for agent in ("lead", "coder"):
             wait_until_on_disk(server, agent)
     finally:
@@ -72,6 +80,7 @@ def test_after_kill_9_a_named_agents_next_turn_reads_its_history_from_disk(
 
     restarted = started(tmp_path, "after")
     try:
+        assert call(restarted, "GET", "/v1/agents/coder")["cached_tokens"]  # its manifest came too
         again = call(restarted, "POST", "/v1/agents/lead/generate", message="And after that?")
         answer = "".join(block["text"] for block in opening["content"] if block["type"] == "text")
         follow_up = [
