@@ -211,8 +211,33 @@ def test_past_its_bound_the_oldest_waiting_turn_is_dropped_and_a_newer_one_repla
     a, b = (engine.agents.by_key[AgentKey(name)] for name in ("a", "b"))
     engine.write_behind.turn_ended(a)
     engine.write_behind.turn_ended(a)  # a newer turn of a: one entry still
-    assert engine.write_behind.dropped == 0
+    assert engine.tiering.traffic.write_behind_dropped == 0
     engine.write_behind.turn_ended(b)  # past the bound: a's is dropped
-    assert engine.write_behind.dropped == 1 and engine.write_behind.pending
+    assert engine.tiering.traffic.write_behind_dropped == 1 and engine.write_behind.pending
     engine.run_until_idle()
     assert not engine.write_behind.pending
+
+
+def test_a_deleted_agents_blocks_stay_deleted_when_a_write_behind_lands_after(
+    served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, _ = make_engine(served, tmp_path)
+    disk_free = threading.Event()
+    real_write = DiskTier.write
+
+    def slow(self: DiskTier, record: object) -> int:
+        disk_free.wait(30)
+        return real_write(self, record)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DiskTier, "write", slow)
+    request = Request("r", [*SYSTEM, 11], SamplingParams(temperature=0.0, max_tokens=6), "alice")
+    engine.submit(request, lambda event: None)
+    engine.step()
+    while engine.scheduler.has_work or engine.write_behind.pending:
+        engine.step()  # until the turn's pages are queued; the disk holds them there
+    alice = engine.agents.by_key[AgentKey("alice")]
+    engine.agents.delete(AgentKey("alice"))
+    disk_free.set()
+    assert engine.tiering.writer.flush(10)
+    assert not any(engine.tiering.disk.contains(page_key(h, 0)) for h in alice.hashes)
+    assert not list(engine.tiering.disk.blocks_dir.glob("*.safetensors"))

@@ -515,11 +515,17 @@ class Agents:
         if agent.turn is not None:
             raise Conflict(f"agent {key.agent_id!r} is generating; delete it once the call ends")
         self._forget(agent)
-        for block_hash in agent.computed:
-            if self._sharers[block_hash] <= 0:
-                for page_key in self.prefix.keys(block_hash):
-                    self.prefix.discard(page_key)
-                    self.tiering.disk.delete(page_key)
+        gone = [
+            page_key
+            for block_hash in agent.computed
+            if self._sharers[block_hash] <= 0
+            for page_key in self.prefix.keys(block_hash)
+        ]
+        for page_key in gone:
+            self.prefix.discard(page_key)
+            self.tiering.disk.delete(page_key)
+        # A write queued before now (behind its last turn, or an eviction) lands later.
+        self.tiering.writer.after(lambda: self.tiering.delete(gone))
         return True
 
     def withdraw(self, agent: Agent) -> None:

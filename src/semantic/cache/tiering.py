@@ -39,6 +39,7 @@ class DiskTraffic:
     evicted_from_disk: int = 0  # dropped by the disk budget (gone)
     persisted: int = 0  # written by an explicit persist or at shutdown
     written_behind: int = 0  # written behind a named agent's turn (`cache/write_behind.py`)
+    write_behind_dropped: int = 0  # turns not written behind: too many waiting, or too large
     evicted_on_request: int = 0  # dropped from memory by `evict` (on disk already)
     write_errors: int = 0
 
@@ -180,6 +181,15 @@ class Tiering:
             dropped = self.disk.evict_to_budget(self.protected)
             with self.lock:
                 self.traffic.evicted_from_disk += len(dropped)
+
+    def delete(self, keys: Iterable[int]) -> None:
+        """Delete pages from the disk (a deleted agent's)."""
+        for key in keys:
+            self.disk.delete(key)
+
+    def count_write_behind_dropped(self) -> None:
+        with self.lock:
+            self.traffic.write_behind_dropped += 1
 
     def count_evicted_on_request(self, blocks: int) -> None:
         with self.lock:

@@ -75,7 +75,6 @@ class WriteBehind:
         self.max_queued_bytes = max_queued_bytes
         self.step_bytes = step_bytes
         self.max_waiting = max_waiting
-        self.dropped = 0  # turns dropped while waiting, or too large for the disk
         self._waiting: OrderedDict[AgentKey, _Turn] = OrderedDict()
         # The partial tail each agent's last turn left, the most recent agents' only.
         self._tails: OrderedDict[AgentKey, int] = OrderedDict()
@@ -100,34 +99,33 @@ class WriteBehind:
                 self._tails.popitem(last=False)
         disk = self.tiering.disk
         if len(keys) * disk.spec.bytes_per_page > disk.budget_bytes:
-            self.dropped += 1
+            self.tiering.count_write_behind_dropped()
             return
         history = History(list(agent.block_hashes), agent.tail_hash, agent.num_tokens)
         self._waiting[agent.key] = _Turn(agent, history, keys, replaced)
         if len(self._waiting) > self.max_waiting:
             self._waiting.popitem(last=False)
-            self.dropped += 1
+            self.tiering.count_write_behind_dropped()
 
     def step(self) -> bool:
         """Copy pages of waiting turns, the oldest turn first, within this step's bounds (on the
         engine thread, after the step's tokens went out). Returns whether it copied any."""
         page_bytes = self.tiering.disk.spec.bytes_per_page
-        budget = self.step_bytes
+        copied = 0  # bytes this step
         while self._waiting:
             turn = next(iter(self._waiting.values()))
             while turn.next_key < len(turn.keys):
                 hot = self._hot(turn.keys[turn.next_key])
                 if hot is not None:
-                    if budget < self.step_bytes and budget < page_bytes:
-                        return True
-                    if not self._room(page_bytes):
-                        return budget < self.step_bytes
+                    spent = copied and copied + page_bytes > self.step_bytes
+                    if spent or not self._room(page_bytes):
+                        return copied > 0
                     self._write(turn, hot)
-                    budget -= page_bytes
+                    copied += page_bytes
                 turn.next_key += 1
             del self._waiting[turn.agent.key]
             self._submitted(turn)
-        return budget < self.step_bytes
+        return copied > 0
 
     def _hot(self, key: int) -> HotBlock | None:
         """The page to write for `key`: None when the disk has it (with its mark) or has it
