@@ -91,6 +91,7 @@ def test_a_partial_tails_file_is_replaced_once_the_history_after_it_is_on_disk(
     engine.tiering.writer.flush(10)
     alice = engine.agents.by_key[AgentKey("alice")]
     assert not engine.tiering.disk.contains(page_key(old_tail, 0))
+    assert not engine.prefix.contains(old_tail)  # nor in memory, to be evicted and written again
     assert all(engine.tiering.disk.contains(page_key(h, 0)) for h in alice.hashes)
     restarted = crashed(engine, served, tmp_path)
     _, usage = turn(restarted, "alice", [*history, 300])

@@ -57,8 +57,8 @@ class WriteBehind:
     durable, and names that history, never a later one whose pages may not be. A partial
     tail's file is replaced once the turn after it is durable: the tail an agent's earlier
     history left, when no agent names it any more, is deleted then (its tokens begin the new
-    history's). Agents with a conversation (the agent API) have their manifest written at each
-    turn by the API; only their pages are written here.
+    history's), and its cached pages are freed at once. Agents with a conversation (the agent
+    API) have their manifest written at each turn by the API; only their pages are written here.
     """
 
     def __init__(
@@ -93,6 +93,8 @@ class WriteBehind:
         tail = self._tails.pop(agent.key, None)
         if tail is not None and tail not in agent.hashes and not self.agents.names(tail):
             replaced.append(tail)
+            for key in self.agents.prefix.keys(tail):  # a cached page, else evicted it is
+                self.agents.prefix.discard(key)  # written again: its tokens begin the new tail
         if agent.tail_hash is not None:
             self._tails[agent.key] = agent.tail_hash
             if len(self._tails) > 4 * self.max_waiting:
