@@ -350,7 +350,11 @@ def _reading_families(reading: EngineReading) -> Iterable[Metric]:
         reading.reclaimed,
         "eviction_tier",
     )
-    written = {"eviction": cache["evicted_to_disk"], "persist": cache["persisted"]}
+    written = {
+        "eviction": cache["evicted_to_disk"],
+        "persist": cache["persisted"],
+        "write_behind": cache["written_behind"],
+    }
     yield _counter("semantic_cache_written_blocks", "Blocks written to disk.", written, "reason")
     yield _counter(
         "semantic_cache_restored_blocks", "Blocks read back from disk.", cache["restored"]

@@ -176,7 +176,9 @@ def test_a_prefix_whose_sliding_pages_were_dropped_recomputes_and_gives_the_refe
     assert dropped > 0
     pool.release(pool.allocate(pool.num_free + dropped))  # pressure: they are reclaimed
     server.tiering.writer.flush(30)
-    assert server.tiering.disk.stats.files == 0  # none was written on the way out
+    alice = server.agents.by_key[AgentKey("alice")]
+    # on disk: the pages her next turn reads, written behind her turn; none her window left
+    assert server.tiering.disk.stats.files == held_pages(server, alice.num_tokens)
     prompt = [*history[: 4 * WINDOW], 1, 2, 3]
     out, usage = turn(server, "bob", prompt)
     assert usage.cached_tokens == 0  # every window before alice's last lost its pages

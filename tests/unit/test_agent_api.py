@@ -464,9 +464,9 @@ def test_persist_makes_cache_and_conversation_durable_for_a_server_that_never_sh
         last = generate(client, "keeper", "The quick brown fox")
         persisted = client.post("/v1/agents/keeper/persist")
         assert persisted.status_code == 200 and persisted.json()["durable"] is True
-        assert persisted.json()["blocks_written"] == len(
-            engine.agents.by_key[AgentKey("keeper")].hashes
-        )
+        keeper = engine.agents.by_key[AgentKey("keeper")]
+        assert persisted.json()["blocks_written"] <= len(keeper.hashes)  # some written behind
+        assert all(engine.tiering.disk.contains(h) for h in keeper.hashes)
         # A second server on the same folder while the first still runs: what a crash now
         # would leave behind.
         with running(chat_served, tmp_path) as (restarted, _, _):
@@ -484,12 +484,12 @@ def test_persist_of_an_unknown_agent_is_404_and_a_failed_write_is_an_error(
     with running(chat_served, tmp_path) as (client, _, _):
         assert error_of(client.post("/v1/agents/nobody/persist"), 404)
         create(client, "unlucky")
-        generate(client, "unlucky", "Hello world!")
 
         def full(self: DiskTier, record: object) -> int:
             raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(DiskTier, "write", full)
+        generate(client, "unlucky", "Hello world!")  # the writes behind the turn fail too
         failed = error_of(client.post("/v1/agents/unlucky/persist"), 500)
         assert failed["code"] == "persist_failed"
         monkeypatch.undo()

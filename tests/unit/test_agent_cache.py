@@ -96,7 +96,8 @@ def test_evicted_blocks_come_back_from_disk_and_change_nothing(
     for other in range(4):  # push alice's blocks out of the 12-block pool
         turn(engine, f"other-{other}", [100 + other] * 60)
     engine.tiering.writer.flush(10)
-    assert engine.tiering.traffic.evicted_to_disk > 0
+    traffic = engine.tiering.traffic
+    assert traffic.evicted_to_disk + traffic.written_behind > 0  # behind her turn, or evicted
     prompt = [*history, 300]
     output, usage = turn(engine, "alice", prompt)
     assert usage.cached_tokens == len(history) - 1
@@ -217,15 +218,17 @@ def test_disk_full_while_persisting_keeps_serving_and_loses_nothing_acknowledged
     engine, _ = make_engine(served, tmp_path)
     alice = conversation(engine, "alice", 1)
     assert engine.agents.persist([AgentKey("alice")], timeout=10).failed == 0  # acknowledged
-    conversation(engine, "bob", 1)
 
     def full(self: DiskTier, record: object) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(DiskTier, "write", full)
+    conversation(engine, "bob", 1)  # the writes behind his turn fail
+    engine.tiering.writer.flush(10)
+    errors_before = engine.tiering.traffic.write_errors
     result = engine.agents.persist([AgentKey("bob")], timeout=10)
     assert result.failed > 0 and result.agents_saved == 0
-    assert engine.tiering.traffic.write_errors == result.failed
+    assert engine.tiering.traffic.write_errors - errors_before == result.failed
     output, _ = turn(engine, "carol", [*SYSTEM, 9, 9])  # still serving
     assert output
     monkeypatch.undo()

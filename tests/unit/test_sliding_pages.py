@@ -299,7 +299,7 @@ def sliding_keys_kept(engine: Engine) -> tuple[set[int], set[int]]:
         if key is not None and pool.tier_of(page) != TIER_OUT_OF_WINDOW:
             memory.add(key)
     disk = set()
-    for path in engine.tiering.disk.blocks_dir.iterdir():
+    for path in engine.tiering.disk.blocks_dir.glob("*.safetensors"):  # not a write's temp file
         block_hash, _, group = path.name.removesuffix(".safetensors").partition("-")
         disk.add(page_key(int(block_hash, 16), int(group or 0)))
     return (

@@ -26,12 +26,15 @@ class CacheCounters:
     evicted_from_disk: int  # dropped by the disk budget
     persisted: int  # written by an explicit persist
     miss_reasons: dict[str, int]  # why a prompt was not all served from cache → requests
+    written_behind: int = 0  # written behind named agents' turns (0 from a server without)
 
     @classmethod
     def of(cls, totals: dict[str, Any]) -> CacheCounters:
         """From `/admin/cache`'s `totals`; a missing or non-integer count raises ValueError."""
         counts = {
-            f.name: _count(totals.get(f.name)) for f in fields(cls) if f.name != "miss_reasons"
+            f.name: _count(totals.get(f.name, 0 if f.name == "written_behind" else None))
+            for f in fields(cls)
+            if f.name != "miss_reasons"
         }
         reasons = totals.get("miss_reasons")
         if not isinstance(reasons, dict):
@@ -53,7 +56,7 @@ class CacheCounters:
 
     @property
     def disk_writes(self) -> int:
-        return self.evicted_to_disk + self.persisted
+        return self.evicted_to_disk + self.persisted + self.written_behind
 
 
 def _count(value: object) -> int:

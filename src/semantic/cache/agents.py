@@ -137,9 +137,10 @@ class Agents:
     each request in flight that names an agent to the agent it began on, so a request whose
     agent was deleted meanwhile never brings it back; `quota` counts the conversation text each
     owner's agents hold, at most `options.max_conversation_bytes_per_key`, a value that forks
-    share counted once. Manifests are written on `persist` and at shutdown, never after every
-    turn, except for agents with a conversation (the agent API): theirs is written at each turn,
-    a few bytes that cannot be computed again. Blocks need no
+    share counted once. Manifests are written on `persist`, at shutdown, and behind each turn
+    once the blocks it names are on disk (`cache/write_behind.py`); an agent with a
+    conversation (the agent API) has its own written at each turn too, a few bytes that cannot
+    be computed again. Blocks need no
     manifest to be found: a prompt walks its chain in memory and on disk alike
     (`cache/prefix.py`).
     """
@@ -221,13 +222,14 @@ class Agents:
         missing: int | None,
         answered: bool,
         miss: CacheMiss | None = None,
-    ) -> None:
+    ) -> Agent | None:
         """Account for a finished request — `cached` of its prompt's tokens reused, `from_disk`
         of them read back from disk, `missing` the first block of it cached nowhere, `miss`
         where and why it missed on arrival (kept among the recent misses) — and make
         its history the agent's, unless that agent was deleted while the request ran. A request
         not `answered` (aborted or failed) leaves an agent that has a history with it: a client
-        sends its conversation again without the answer it stopped."""
+        sends its conversation again without the answer it stopped. Returns the agent whose
+        history the request became (None when it named none, or left it as it was)."""
         began = self._began.pop(request.request_id, None)
         agent = began if began is not None and self.by_key.get(began.key) is began else None
         key = None if agent is None else agent.key
@@ -246,6 +248,8 @@ class Agents:
         # Aborted before it ran: nothing to keep. Not answered: the history it had, if any.
         if agent is not None and history.num_tokens and (answered or not agent.num_tokens):
             self._set_history(agent, history, self._found(agent, history, cached))
+            return agent
+        return None
 
     def names(self, block_hash: int) -> bool:
         """Whether an agent's history names a block (its pages' tiers are then this class's to
@@ -533,11 +537,17 @@ class Agents:
         if agent.turn is not None:
             raise Conflict(f"agent {key.agent_id!r} is generating; delete it once the call ends")
         self._forget(agent)
-        for block_hash in agent.computed:
-            if self._sharers[block_hash] <= 0:
-                for page_key in self.prefix.keys(block_hash):
-                    self.prefix.discard(page_key)
-                    self.tiering.disk.delete(page_key)
+        gone = [
+            page_key
+            for block_hash in agent.computed
+            if self._sharers[block_hash] <= 0
+            for page_key in self.prefix.keys(block_hash)
+        ]
+        for page_key in gone:
+            self.prefix.discard(page_key)
+            self.tiering.disk.delete(page_key)
+        # A write queued before now (behind its last turn, or an eviction) lands later.
+        self.tiering.writer.after(lambda: self.tiering.delete(gone))
         return True
 
     def withdraw(self, agent: Agent) -> None:
@@ -593,23 +603,30 @@ class Agents:
             "conversation": _summary(agent.conversation),
         }
 
-    def save_manifest(self, agent: Agent, conversation: Conversation | None = None) -> bool:
+    def save_manifest(
+        self,
+        agent: Agent,
+        conversation: Conversation | None = None,
+        history: History | None = None,
+    ) -> bool:
         """Write the agent's manifest as it is now, on any thread (it does disk I/O: not the
         engine thread's). With `conversation`, that is written as the agent's, and becomes
         its own once it is on disk: how a turn commits, the agent held, so no other write of
-        the manifest can come between. False when the agent was deleted meanwhile;
-        PersistFailed when the write failed, and then the file and the agent stay as they
-        were."""
+        the manifest can come between. With `history`, that is the history it names (a turn's
+        whose blocks are durable, while the agent may have gone on). False when the agent was
+        deleted meanwhile; PersistFailed when the write failed, and then the file and the agent
+        stay as they were."""
         with self.manifest_lock:
             if self.by_key.get(agent.key) is not agent:
                 return False  # deleted (perhaps created again): this file is not ours any more
             kept = agent.conversation if conversation is None else conversation
+            named = history or History(agent.block_hashes, agent.tail_hash, agent.num_tokens)
             manifest = AgentManifest(
                 agent.agent_id,
                 self.model_root.name,
-                list(agent.block_hashes),
-                agent.tail_hash,
-                agent.num_tokens,
+                list(named.block_hashes),
+                named.tail_hash,
+                named.num_tokens,
                 found_blocks=agent.found_blocks,
                 pinned=agent.pinned,
                 conversation=kept,

@@ -13,7 +13,8 @@ from semantic.cache.prefix import split_key
 log = logging.getLogger(__name__)
 
 WriteCallback = Callable[[int, BaseException | None], None]
-_Job = tuple[int, BlockRecord, WriteCallback | None]
+# A write and its callback, or a function to run once every earlier job has ended.
+_Job = tuple[int, BlockRecord | Callable[[], None], WriteCallback | None]
 
 # Blocks copied out of the pool and waiting for the disk. Without a bound, persisting a whole pool
 # (shutdown, a swap, /admin/cache/persist) held a second copy of it in memory: +360 MiB at the
@@ -28,8 +29,9 @@ class DiskWriter:
     submitted before it. A failed job (ENOSPC, EIO, a bad record) is reported through its
     callback and counted; it never stops the thread, and later jobs still run. Callbacks run on
     the writer thread before their job counts as done: once `flush` returns True, every earlier
-    job is durable or has reported its failure. Records must own their arrays (copied out of the
-    pool), since the pool may reuse the block before the write runs. `submit` waits while more
+    job is durable or has reported its failure (`after` runs a function at that point). Records
+    must own their arrays (copied out of the pool), since the pool may reuse the block before
+    the write runs. `submit` waits while more
     than `max_queued_bytes` of records are queued: a disk slower than the copies holds back
     whoever copies (the engine thread), rather than filling memory. Until its write ends, a
     queued record can be read back (`queued`): a block evicted a moment ago is not a miss.
@@ -53,6 +55,12 @@ class DiskWriter:
     def pending(self) -> int:
         with self._cond:
             return self._submitted - self._done
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of the records queued and not yet written."""
+        with self._cond:
+            return self._queued_bytes
 
     @property
     def failed(self) -> int:
@@ -92,6 +100,15 @@ class DiskWriter:
             self._submitted += 1
             self._jobs.put((self._submitted, record, on_done))
 
+    def after(self, function: Callable[[], None]) -> None:
+        """Run `function` on the writer thread once every job submitted before it has ended:
+        how a file that names blocks is written after them (`cache/write_behind.py`)."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the disk writer is closed")
+            self._submitted += 1
+            self._jobs.put((self._submitted, function, None))
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every job submitted before this call has finished (durable, or failed and
         reported). False when `timeout` seconds pass first."""
@@ -110,16 +127,22 @@ class DiskWriter:
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            seq, record, on_done = job
-            written, error = self._write(record)
+            seq, work, on_done = job
+            if not isinstance(work, BlockRecord):
+                _call_quietly(work)
+                with self._cond:
+                    self._done = seq
+                    self._cond.notify_all()
+                continue
+            written, error = self._write(work)
             if on_done is not None:
                 _call_quietly(on_done, written, error)
             with self._cond:
                 self._done = seq
                 self._failed += error is not None
-                self._queued_bytes -= _size(record)
-                if self._queued.get(record.key) is record:
-                    del self._queued[record.key]
+                self._queued_bytes -= _size(work)
+                if self._queued.get(work.key) is work:
+                    del self._queued[work.key]
                 self._cond.notify_all()
 
     def _write(self, record: BlockRecord) -> tuple[int, BaseException | None]:
@@ -134,8 +157,8 @@ def _size(record: BlockRecord) -> int:
     return sum(array.nbytes for array in record.kv.arrays().values())
 
 
-def _call_quietly(on_done: WriteCallback, written: int, error: BaseException | None) -> None:
+def _call_quietly(function: Callable[..., None], *args: object) -> None:
     try:
-        on_done(written, error)
+        function(*args)
     except Exception:  # a caller's bug must not stop every later write
-        log.exception("disk write callback failed")
+        log.exception("a disk writer callback failed")

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from semantic.cache.disk import BlockRecord, DiskTier
-from semantic.cache.disk_writer import DiskWriter
+from semantic.cache.disk_writer import DiskWriter, WriteCallback
 from semantic.cache.prefix import page_key, split_key
 from semantic.engine.runner import ModelRunner
 
@@ -38,6 +38,8 @@ class DiskTraffic:
     restored: int = 0  # read back into the pool for a prompt
     evicted_from_disk: int = 0  # dropped by the disk budget (gone)
     persisted: int = 0  # written by an explicit persist or at shutdown
+    written_behind: int = 0  # written behind a named agent's turn (`cache/write_behind.py`)
+    write_behind_dropped: int = 0  # turns not written behind: too many waiting, or too large
     evicted_on_request: int = 0  # dropped from memory by `evict` (on disk already)
     write_errors: int = 0
 
@@ -109,7 +111,7 @@ class Tiering:
         if record is not None and not record.ends_history:
             self.writer.submit(replace(record, ends_history=True))
 
-    def _holds(self, key: int, ends_history: bool) -> bool:
+    def holds(self, key: int, ends_history: bool) -> bool:
         """Whether a page is here, with its mark when it has one."""
         return self.contains(key) and (not ends_history or self.ends_history(split_key(key)[0]))
 
@@ -120,7 +122,7 @@ class Tiering:
     ) -> None:
         """The pool is reclaiming a cached page: write it to disk first, unless it is there
         (with its mark)."""
-        if self._holds(key, ends_history):
+        if self.holds(key, ends_history):
             return
         self._submit((page, key, parent, tokens, ends_history), self._evicted_written)
 
@@ -141,7 +143,22 @@ class Tiering:
             pending.submitted += 1
         return pending
 
-    def _submit(self, hot: HotBlock, done: Callable[[int, BaseException | None], None]) -> None:
+    def write_behind(self, hot: HotBlock, done: WriteCallback) -> None:
+        """Queue the write of a page a turn left (`cache/write_behind.py`); `done` runs on the
+        writer thread once it is durable or failed."""
+
+        def written(size: int, error: BaseException | None) -> None:
+            if error is not None:
+                self._count_write_error()
+            else:
+                with self.lock:
+                    self.traffic.written_behind += 1
+                self.enforce_budget()
+            done(size, error)
+
+        self._submit(hot, written)
+
+    def _submit(self, hot: HotBlock, done: WriteCallback) -> None:
         page, key, parent, tokens, ends_history = hot
         kv = self.runner.read_block(page)
         self.writer.submit(BlockRecord(key, parent, tokens, kv, ends_history), done)
@@ -164,6 +181,15 @@ class Tiering:
             dropped = self.disk.evict_to_budget(self.protected)
             with self.lock:
                 self.traffic.evicted_from_disk += len(dropped)
+
+    def delete(self, keys: Iterable[int]) -> None:
+        """Delete pages from the disk (a deleted agent's)."""
+        for key in keys:
+            self.disk.delete(key)
+
+    def count_write_behind_dropped(self) -> None:
+        with self.lock:
+            self.traffic.write_behind_dropped += 1
 
     def count_evicted_on_request(self, blocks: int) -> None:
         with self.lock:

@@ -25,6 +25,7 @@ from semantic.cache.disk import BlockRecord, DiskTier, cache_root, model_tag
 from semantic.cache.manifest import ManifestFiles
 from semantic.cache.prefix import PrefixCache, root_hash
 from semantic.cache.tiering import Tiering
+from semantic.cache.write_behind import WriteBehind
 from semantic.core import (
     AgentKey,
     Batch,
@@ -152,6 +153,7 @@ class Engine:
             share_across_owners=options.cache.share_across_keys,
         )
         self.agents = Agents(self.prefix, self.tiering, manifests, options.agents)
+        self.write_behind = WriteBehind(self.agents, self.tiering)
         self.agent_door = AgentDoor(self)
         self.scheduler = Scheduler(
             self.prefix,
@@ -336,19 +338,25 @@ class Engine:
     def run_until_idle(self) -> None:
         """Step until every message is handled and nothing is left to do (without the thread)."""
         ran = self.step()
-        while self.scheduler.has_work or not self._inbox.empty():
+        while self.scheduler.has_work or not self._inbox.empty() or self.write_behind.pending:
             if not ran and self._inbox.empty():  # waiting on the disk reader, or for room
                 self._wait_for_messages(timeout=IDLE_WAIT_S)
             ran = self.step()
 
     def step(self) -> bool:
-        """One engine step: take messages, schedule, run, postprocess, publish. Returns whether
-        it computed anything."""
+        """One engine step: take messages, schedule, run, postprocess, publish, then copy
+        finished turns out to be written behind. Returns whether it computed or copied
+        anything."""
         self._handle_messages()
         self._expire_waiting()
         self.agents.sweep()
         batch = self.scheduler.schedule()
         self._start_restores()
+        ran = self._compute(batch)
+        return self.write_behind.step() or ran
+
+    def _compute(self, batch: Batch) -> bool:
+        """Run `batch` and publish its tokens; whether there was anything to run."""
         if not batch:
             if self.scheduler.blocked_by_held_pages():
                 self.agents.let_go_of_pins()
@@ -394,7 +402,7 @@ class Engine:
         ran = False
         while not self._stopping:
             try:
-                if not self.scheduler.has_work:
+                if not self.scheduler.has_work and not self.write_behind.pending:
                     self._wait_for_messages()
                 elif not ran:  # waiting on the disk reader, or for room: sleep, don't spin
                     self._wait_for_messages(timeout=IDLE_WAIT_S)
@@ -578,7 +586,7 @@ class Engine:
         history = self.scheduler.finish(seq, reason)
         self.runner.forget(seq.seq_id)
         del self._active[seq.request.request_id]
-        self.agents.finished(
+        kept = self.agents.finished(
             seq.request,
             history,
             seq.num_cached_tokens,
@@ -593,6 +601,8 @@ class Engine:
         )
         _log_finish(seq, reason, usage, error)  # logged before the client can see it
         active.sink(event)
+        if kept is not None:
+            self.write_behind.turn_ended(kept)  # copied after the step: never before the answer
 
     def _abort(self, request_id: str) -> None:
         active = self._active.get(request_id)
