@@ -13,32 +13,27 @@ import pytest
 from semantic.cache.disk import DiskTier
 from semantic.cache.page import PageKV
 from semantic.cache.prefix import page_key
-from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
+from semantic.core import AgentKey, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
 from tests.unit.fakes import make_engine
+from tests.unit.test_agent_cache import turn
 
 BLOCK = 8  # make_engine's block size
 SYSTEM = [3 + (k * 7) % 380 for k in range(5 * BLOCK)]  # five full blocks
 
 
-def turn(
-    engine: Engine, agent: str | None, prompt: list[int], max_tokens: int = 6
-) -> tuple[list[int], Usage]:
-    """One request, run until the engine (and its write-behind copies) are idle."""
-    request = Request(
-        f"{agent}-{len(prompt)}",
-        list(prompt),
-        SamplingParams(temperature=0.0, max_tokens=max_tokens),
-        agent_id=agent,
-    )
-    events: list[TokenEvent] = []
-    engine.submit(request, events.append)
-    engine.run_until_idle()
-    engine.pool.check_integrity()
-    engine.prefix.check_integrity()
-    assert events[-1].usage is not None and events[-1].error is None
-    return [t for e in events for t in e.token_ids], events[-1].usage
+def held_disk(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Every disk write waits (up to 30 s) until the event returned is set."""
+    disk_free = threading.Event()
+    real_write = DiskTier.write
+
+    def held(self: DiskTier, record: object) -> int:
+        disk_free.wait(30)
+        return real_write(self, record)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DiskTier, "write", held)
+    return disk_free
 
 
 def crashed(engine: Engine, served: ServedModel, tmp_path: Path) -> Engine:
@@ -161,14 +156,7 @@ def test_a_slow_disk_holds_back_the_write_behind_never_the_engine(
     page_bytes = engine.tiering.disk.spec.bytes_per_page
     engine.write_behind.max_queued_bytes = 2 * page_bytes
     engine.write_behind.step_bytes = page_bytes
-    disk_free = threading.Event()
-    real_write = DiskTier.write
-
-    def stuck(self: DiskTier, record: object) -> int:
-        disk_free.wait(30)
-        return real_write(self, record)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(DiskTier, "write", stuck)
+    disk_free = held_disk(monkeypatch)
     try:
         request = Request("a", [*SYSTEM, 11], SamplingParams(temperature=0.0, max_tokens=6), "a")
         done: list[TokenEvent] = []
@@ -223,14 +211,7 @@ def test_a_deleted_agents_blocks_stay_deleted_when_a_write_behind_lands_after(
     served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine, _ = make_engine(served, tmp_path)
-    disk_free = threading.Event()
-    real_write = DiskTier.write
-
-    def slow(self: DiskTier, record: object) -> int:
-        disk_free.wait(30)
-        return real_write(self, record)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(DiskTier, "write", slow)
+    disk_free = held_disk(monkeypatch)
     request = Request("r", [*SYSTEM, 11], SamplingParams(temperature=0.0, max_tokens=6), "alice")
     engine.submit(request, lambda event: None)
     engine.step()
