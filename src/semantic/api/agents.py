@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from semantic.api import limits, rate_limits
+from semantic.api import cache_miss, limits, rate_limits
 from semantic.api.admin import engine_of
 from semantic.api.agent_turn import (
     GenerateBody,
@@ -26,7 +26,7 @@ from semantic.api.agent_turn import (
 )
 from semantic.api.auth import caller_of
 from semantic.api.bodies import LimitedBodyRoute
-from semantic.api.cache_miss import CACHE_MISS_HEADER_DOC, cache_miss_headers
+from semantic.api.cache_miss import CACHE_MISS_HEADER_DOC
 from semantic.api.errors import OpenAIError
 from semantic.api.openapi import SSE_EVENT
 from semantic.api.streaming import after_the_200, sse_response, unless_disconnected, with_keep_alive
@@ -294,8 +294,7 @@ async def generate(
     turn = await Turn.begin(engine, hold, body.message)
     try:
         generation = await turn.request(body, request.app.state.settings)
-        events = engine.stream(generation, announce=True)
-        headers = await cache_miss_headers(events)
+        events, headers = await cache_miss.stream(engine, generation)
     except BaseException:
         turn.abandon()
         raise

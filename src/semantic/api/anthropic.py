@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from semantic.api import limits, rate_limits
+from semantic.api import cache_miss, limits, rate_limits
 from semantic.api.admin import engine_of
 from semantic.api.agents import named_agent
 from semantic.api.anthropic_request import (
@@ -31,7 +31,6 @@ from semantic.api.anthropic_request import (
     tool_use_of,
 )
 from semantic.api.auth import caller_of
-from semantic.api.cache_miss import cache_miss_headers
 from semantic.api.errors import anthropic_error_event
 from semantic.api.git_snapshots import GitSnapshots
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
@@ -409,8 +408,7 @@ async def create_message(request: Request) -> Response:
         agent_id=agent,
         owner=caller_of(request).owner,
     )
-    events = engine.stream(generation, announce=True)
-    headers = await cache_miss_headers(events)
+    events, headers = await cache_miss.stream(engine, generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     # Any model name is served by the loaded model, and echoed back as asked.
     reply = _Reply(body.model, len(prompt_ids), requested, seals, thinking.shown)

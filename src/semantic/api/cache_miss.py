@@ -4,9 +4,12 @@ for every API, streamed or not."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from semantic.core import TokenEvent
+from semantic.core import Request, TokenEvent
+
+if TYPE_CHECKING:
+    from semantic.engine.engine import Engine
 
 CACHE_MISS_HEADER = "x-semantic-cache-miss"
 # How /openapi.json declares it on the routes that send it.
@@ -20,13 +23,16 @@ CACHE_MISS_HEADER_DOC: dict[str, Any] = {
 }
 
 
-async def cache_miss_headers(events: AsyncIterator[TokenEvent]) -> dict[str, str]:
-    """Wait for the engine to take the request in (the first event of a stream it was asked to
-    `announce`, which comes before any token, so a stream's 200 waits at most a step for it)
-    and return the header naming the position of the prompt's first token the cache did not
-    serve and why, e.g. `position=1234; reason=prompt_changed`; none when it missed nothing
-    it could have had."""
+async def stream(
+    engine: Engine, request: Request
+) -> tuple[AsyncIterator[TokenEvent], dict[str, str]]:
+    """Submit `request` as `Engine.stream` does, and wait for the engine to take it in (its
+    first event, which comes before any token, so a stream's 200 waits at most a step for it):
+    the request's events, and the header naming the position of the prompt's first token the
+    cache did not serve and why, e.g. `position=1234; reason=prompt_changed`; no header when it
+    missed nothing it could have had."""
+    events = engine.stream(request, announce=True)
     miss = (await anext(events)).cache_miss
     if miss is None:
-        return {}
-    return {CACHE_MISS_HEADER: f"position={miss.position}; reason={miss.reason}"}
+        return events, {}
+    return events, {CACHE_MISS_HEADER: f"position={miss.position}; reason={miss.reason}"}

@@ -17,10 +17,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from semantic.api import anthropic, limits, rate_limits
+from semantic.api import anthropic, cache_miss, limits, rate_limits
 from semantic.api.agents import named_agent
 from semantic.api.auth import caller_of
-from semantic.api.cache_miss import cache_miss_headers
 from semantic.api.errors import error_payload, protocol_of
 from semantic.api.gate import engine_of
 from semantic.api.openai_tools import (
@@ -252,8 +251,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         agent_id=agent_id,
         owner=caller_of(request).owner,
     )
-    events = engine.stream(generation, announce=True)
-    headers = await cache_miss_headers(events)
+    events, headers = await cache_miss.stream(engine, generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
     if body.stream:
@@ -425,8 +423,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         agent_id=agent_id,
         owner=caller_of(request).owner,
     )
-    events = engine.stream(generation, announce=True)
-    headers = await cache_miss_headers(events)
+    events, headers = await cache_miss.stream(engine, generation)
     completion = _TextCompletion(int(time.time()), body.model, prompt_text if body.echo else "")
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -19,12 +19,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from semantic.api import limits, rate_limits
+from semantic.api import cache_miss, limits, rate_limits
 from semantic.api.agents import named_agent
 from semantic.api.anthropic import agent_id_from
 from semantic.api.anthropic_request import parse_body
 from semantic.api.auth import caller_of
-from semantic.api.cache_miss import cache_miss_headers
 from semantic.api.errors import error_payload
 from semantic.api.gate import engine_of
 from semantic.api.openai_tools import (
@@ -272,8 +271,7 @@ async def create_response(request: Request) -> Response:
         agent_id=agent,
         owner=owner,  # the chain's agent is this key's, as its stored responses are
     )
-    events = engine.stream(generation, announce=True)
-    headers = await cache_miss_headers(events)
+    events, headers = await cache_miss.stream(engine, generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     reply = _Response(body, response_id, engine.model.tokenizer, seals)
     offered = body.offered_tools()
