@@ -25,6 +25,7 @@ from semantic.errors import SemanticError
 from semantic.settings_flags import Parser, add_settings_flags, given_settings
 
 if TYPE_CHECKING:
+    from semantic.core import DefaultSampling
     from semantic.engine.engine import Engine
     from semantic.engine.host import EngineHost
     from semantic.preflight import Checked
@@ -312,6 +313,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         context_length=context,
         weights_fingerprint=checkpoint.fingerprint,
         aliases=(source.name, *source.aliases),
+        sampling=_default_sampling(settings, checkpoint.sampling or source.sampling),
     )
     spec = runner.cache_spec
     log.info(
@@ -332,6 +334,22 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         log.warning(short)
     log.info("loaded %s in %.1f s", source.name, time.perf_counter() - started)
     return engine
+
+
+def _default_sampling(settings: Settings, recommended: DefaultSampling | None) -> DefaultSampling:
+    """What requests that leave sampling out get; the choice is logged, since it changes
+    every answer of clients that send no temperature (Claude Code, Codex)."""
+    from semantic.core import PROTOCOL_SAMPLING
+
+    chosen = recommended if settings.model_sampling and recommended else PROTOCOL_SAMPLING
+    log.info(
+        "sampling a request leaves out: temperature %g, top_p %g, top_k %d (%s)",
+        chosen.temperature,
+        chosen.top_p,
+        chosen.top_k,
+        "the model's recommendation" if chosen is recommended else "the protocols' defaults",
+    )
+    return chosen
 
 
 def _logged_weights(

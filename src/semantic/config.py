@@ -147,6 +147,12 @@ class Settings(BaseSettings):
     swap_on_request: bool = Field(
         False, description="A request naming another model's alias swaps to that model."
     )
+    model_sampling: bool = Field(
+        True,
+        description="A request that leaves temperature, top_p or top_k out gets the value the "
+        "model's publisher recommends (its file's, else the one the registry knows for a "
+        "built-in alias); off, the protocols' own (1.0, 1.0, off).",
+    )
     swap_timeout_s: float = Field(
         30.0,
         ge=0,
@@ -436,6 +442,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "strict_model_names",
         "model_alias",
         "swap_on_request",
+        "model_sampling",
         "swap_timeout_s",
         "swap_wait_s",
         "backend",

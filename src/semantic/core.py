@@ -215,6 +215,55 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
 
 
+@dataclass(slots=True, frozen=True)
+class DefaultSampling:
+    """The temperature, top_p and top_k a request gets for each one it leaves out. As built,
+    the protocols' own defaults (1.0, 1.0, off); a model's publisher may recommend others
+    (`ServedModel.sampling`): a small model sampled at 1.0 strays into other languages and
+    made-up tools, and the clients agents run (Claude Code, Codex) send no temperature."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @classmethod
+    def recommended(cls, values: dict[str, Any]) -> DefaultSampling | None:
+        """The sampling a model's files recommend (`temperature`, `top_p`, `top_k`, any of
+        them), None when they name none; a value out of its range is left out, not trusted."""
+        valid = {
+            "temperature": lambda v: 0 <= v <= 2,
+            "top_p": lambda v: 0 < v <= 1,
+            "top_k": lambda v: v >= 0 and v == int(v),
+        }
+        found = {
+            name: values[name]
+            for name, ok in valid.items()
+            if isinstance(values.get(name), (int, float)) and ok(values[name])
+        }
+        if not found:
+            return None
+        base = cls()
+        return cls(
+            float(found.get("temperature", base.temperature)),
+            float(found.get("top_p", base.top_p)),
+            int(found.get("top_k", base.top_k)),
+        )
+
+    def fill(
+        self, temperature: float | None, top_p: float | None, top_k: int | None
+    ) -> tuple[float, float, int]:
+        """A request's own values where it set them, these elsewhere."""
+        return (
+            self.temperature if temperature is None else temperature,
+            self.top_p if top_p is None else top_p,
+            self.top_k if top_k is None else top_k,
+        )
+
+
+# What the Anthropic and OpenAI APIs themselves default to.
+PROTOCOL_SAMPLING = DefaultSampling()
+
+
 class FinishReason(enum.StrEnum):
     STOP = "stop"  # end-of-sequence token, stop token or stop string
     LENGTH = "length"  # max_tokens or the model's context

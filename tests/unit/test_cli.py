@@ -14,6 +14,7 @@ import pytest
 
 from semantic import cli
 from semantic.config import SETTING_GROUPS, Settings, env_name, flag_name, user_env_file
+from semantic.core import DefaultSampling
 
 
 @pytest.fixture(autouse=True)
@@ -193,3 +194,10 @@ def test_the_command_line_loads_no_bench_client_code_until_bench_runs() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_requests_get_the_models_sampling_unless_the_setting_turns_it_off() -> None:
+    recommended = DefaultSampling(0.7, 0.8, 20)
+    assert cli._default_sampling(Settings(), recommended) == recommended
+    assert cli._default_sampling(Settings(model_sampling=False), recommended) == DefaultSampling()
+    assert cli._default_sampling(Settings(), None) == DefaultSampling()

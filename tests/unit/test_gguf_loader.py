@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
+from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.gguf import GGUFFile, hf_tensor_name
@@ -75,8 +76,19 @@ def write_tokenizer_metadata(writer: GGUFWriter, tokenizer_dir: Path) -> None:
     writer.add_chat_template(TEMPLATE)
 
 
-def write_gguf(path: Path, tokenizer_dir: Path, weights: dict[str, np.ndarray]) -> None:
+def write_gguf(
+    path: Path,
+    tokenizer_dir: Path,
+    weights: dict[str, np.ndarray],
+    numbers: dict[str, float] | None = None,
+) -> None:
+    """A tiny Llama file; `numbers` are more metadata keys (ints as uint32, others float32)."""
     writer = GGUFWriter(path, "llama")
+    for key, value in (numbers or {}).items():
+        if isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_float32(key, value)
     writer.add_block_count(1)
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
@@ -276,3 +288,26 @@ def test_a_phi3_gguf_with_one_longrope_list_fails_to_load(tmp_path: Path) -> Non
     write_phi3_metadata(path, {"rope_factors_long.weight": np.ones(3, np.float32)}, window=100)
     with pytest.raises(ModelLoadFailed, match="one of LongRoPE's factor lists"):
         GGUFFile(path).config()
+
+
+def test_the_files_sampling_keys_are_its_recommendation_and_bad_values_are_left_out(
+    tmp_path: Path, tiny_tokenizer_dir: Path, tiny_gguf: Path
+) -> None:
+    assert GGUFFile(tiny_gguf).sampling is None  # says nothing
+    path = tmp_path / "sampling.gguf"
+    write_gguf(
+        path,
+        tiny_tokenizer_dir,
+        hf_weights(),
+        {"general.sampling.temp": 0.6, "general.sampling.top_k": 40, "general.sampling.top_p": 7.0},
+    )
+    sampling = GGUFFile(path).sampling
+    assert sampling is not None
+    assert (round(sampling.temperature, 5), sampling.top_p, sampling.top_k) == (0.6, 1.0, 40)
+    assert load_checkpoint(path, progress=False).sampling == sampling
+
+
+def test_a_recommendation_takes_only_values_in_range() -> None:
+    assert DefaultSampling.recommended({}) is None
+    assert DefaultSampling.recommended({"temperature": -1, "top_k": 2.5, "top_p": 0}) is None
+    assert DefaultSampling.recommended({"top_k": 20}) == DefaultSampling(1.0, 1.0, 20)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.hf import HFDir
@@ -214,3 +215,15 @@ def test_a_model_without_a_chat_template_gets_its_familys_built_in_one(
     assert prompt.endswith(
         "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
     )
+
+
+def test_generation_config_recommends_sampling_unless_it_does_not_sample(
+    model_dir: tuple[Path, dict[str, np.ndarray]],
+) -> None:
+    folder = model_dir[0]
+    assert HFDir(folder).sampling() is None  # end tokens only
+    generation = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    assert HFDir(folder).sampling() == DefaultSampling(0.7, 0.8, 20)
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "do_sample": False}))
+    assert HFDir(folder).sampling() is None

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from semantic.config import Settings
+from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed, NotFound
 from semantic.registry import (
     BUILTIN_MODELS,
@@ -231,3 +232,9 @@ def test_the_coder_models_are_built_in_and_trusted_by_their_digests() -> None:
         assert len(model.sha256) == 64 and not model.digest_package
         assert all(len(piece.sha256) == 64 for piece in model.pieces)
     assert {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"} <= set(ModelRegistry().aliases())
+
+
+def test_the_coder_models_carry_their_publishers_sampling(tmp_path: Path) -> None:
+    """Their GGUF files say nothing of sampling; the aliases know Qwen's recommendation."""
+    for model in (QWEN25_CODER_05B, QWEN25_CODER_15B):
+        assert model.listed(tmp_path).sampling == DefaultSampling(0.7, 0.8, 20)

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from semantic.api.responses_output import item_id
 from semantic.api.responses_store import ResponseStore, StoredResponse
+from semantic.core import DefaultSampling
 from semantic.errors import NotFound
 from semantic.models.served import ServedModel
 from semantic.text.tokenizer import Tokenizer
@@ -546,3 +547,16 @@ def test_every_response_validates_as_the_sdks_response_type(api: TestClient) -> 
     for response in (answer, stored, streamed):
         usage = openai.types.responses.Response.model_validate(response).usage
         assert usage is not None and usage.input_tokens_details.cache_write_tokens == 0
+
+
+def test_a_response_samples_and_echoes_the_models_recommendation_where_it_sets_none(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    recommended = DefaultSampling(temperature=0.7, top_p=0.8, top_k=20)
+    with running(dataclasses.replace(served, sampling=recommended), tmp_path) as (api, _, _):
+        left_out = sdk(api).responses.create(model="m", input="Hi", max_output_tokens=2)
+        chosen = sdk(api).responses.create(
+            model="m", input="Hi", max_output_tokens=2, temperature=0.0, top_p=0.5
+        )
+    assert (left_out.temperature, left_out.top_p) == (0.7, 0.8)
+    assert (chosen.temperature, chosen.top_p) == (0.0, 0.5)

@@ -23,7 +23,7 @@ from semantic.api.errors import error_payload
 from semantic.api.streaming import named_event, whole_answer
 from semantic.cache.conversation import Conversation, SamplingDefaults
 from semantic.config import Settings
-from semantic.core import FinishReason, SamplingParams, TokenEvent
+from semantic.core import DefaultSampling, FinishReason, SamplingParams, TokenEvent
 from semantic.core import Request as GenerationRequest
 from semantic.engine.agent_door import TurnHold
 from semantic.engine.engine import Engine
@@ -139,7 +139,7 @@ class Turn:
         return GenerationRequest(
             request_id=self.hold.turn_id,
             prompt_token_ids=prompt,
-            sampling=_sampling_params(chosen, max_tokens),
+            sampling=_sampling_params(chosen, max_tokens, engine.model.sampling),
             agent_id=self.agent_id,
             owner=self.hold.key.owner,
         )
@@ -199,12 +199,14 @@ def _render(model: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
     return model.tokenizer.encode(model.chat_template.render(messages))
 
 
-def _sampling_params(chosen: SamplingDefaults, max_tokens: int) -> SamplingParams:
-    base = SamplingParams()
+def _sampling_params(
+    chosen: SamplingDefaults, max_tokens: int, model_defaults: DefaultSampling
+) -> SamplingParams:
+    temperature, top_p, top_k = model_defaults.fill(chosen.temperature, chosen.top_p, chosen.top_k)
     return SamplingParams(
-        temperature=base.temperature if chosen.temperature is None else chosen.temperature,
-        top_p=base.top_p if chosen.top_p is None else chosen.top_p,
-        top_k=base.top_k if chosen.top_k is None else chosen.top_k,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
         seed=chosen.seed,
         max_tokens=max_tokens,
         stop=chosen.stop or (),

@@ -53,7 +53,15 @@ from semantic.api.tool_use import (
     ToolUse,
     whole_reply,
 )
-from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage, is_valid_agent_id
+from semantic.core import (
+    PROTOCOL_SAMPLING,
+    DefaultSampling,
+    FinishReason,
+    SamplingParams,
+    TokenEvent,
+    Usage,
+    is_valid_agent_id,
+)
 from semantic.core import Request as GenerationRequest
 from semantic.errors import ContextOverflow, InvalidRequest
 from semantic.models.served import ServedModel
@@ -81,12 +89,16 @@ def output_budget(requested: int, prompt_tokens: int, limit: int) -> int:
 
 
 def sampling_params(
-    body: MessagesBody, max_tokens: int, grammar: Grammar | None = None
+    body: MessagesBody,
+    max_tokens: int,
+    defaults: DefaultSampling = PROTOCOL_SAMPLING,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
+    temperature, top_p, top_k = defaults.fill(body.temperature, body.top_p, body.top_k)
     return SamplingParams(
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
         max_tokens=max_tokens,
         stop=tuple(body.stop_sequences or ()),
         grammar=grammar,
@@ -404,7 +416,7 @@ async def create_message(request: Request) -> Response:
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens, grammar),
+        sampling=sampling_params(body, max_tokens, engine.model.sampling, grammar),
         agent_id=agent,
         owner=caller_of(request).owner,
     )

@@ -46,7 +46,14 @@ from semantic.api.structured_output import ResponseFormat
 from semantic.api.thinking import Thinking, shape_reply
 from semantic.api.tool_use import Reasoning, ReasoningDelta, ReplyEvent, ToolUse, whole_reply
 from semantic.config import Settings
-from semantic.core import AGENT_ID_PATTERN, FinishReason, SamplingParams, TokenEvent, Usage
+from semantic.core import (
+    AGENT_ID_PATTERN,
+    DefaultSampling,
+    FinishReason,
+    SamplingParams,
+    TokenEvent,
+    Usage,
+)
 from semantic.core import Request as GenerationRequest
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
@@ -106,9 +113,10 @@ class GenerationFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=-1)
+    # Left out, each is the served model's recommendation (`ServedModel.sampling`).
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, description="0 or -1 is off.")
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1)
@@ -171,16 +179,21 @@ def _template_tool_call(call: ToolCall) -> dict[str, Any]:
 
 
 def sampling_params(
-    body: GenerationFields, max_tokens: int, settings: Settings, grammar: Grammar | None = None
+    body: GenerationFields,
+    max_tokens: int,
+    settings: Settings,
+    defaults: DefaultSampling,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not stop for stop in stops):
         raise InvalidRequest("stop: a stop sequence may not be empty", param="stop")
     limits.check_stops(settings, stops, "stop")
+    temperature, top_p, top_k = defaults.fill(body.temperature, body.top_p, body.top_k)
     return SamplingParams(
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=max(body.top_k, 0),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(top_k, 0),
         seed=body.seed,
         max_tokens=max_tokens,
         min_tokens=body.min_tokens,
@@ -247,7 +260,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens, settings, grammar),
+        sampling=sampling_params(body, max_tokens, settings, engine.model.sampling, grammar),
         agent_id=agent_id,
         owner=caller_of(request).owner,
     )
@@ -419,7 +432,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens, settings),
+        sampling=sampling_params(body, max_tokens, settings, engine.model.sampling),
         agent_id=agent_id,
         owner=caller_of(request).owner,
     )

@@ -54,7 +54,7 @@ from semantic.api.streaming import (
 )
 from semantic.api.thinking import Thinking, seals_of, shape_reply
 from semantic.api.tool_use import ReplyEvent, ToolUse
-from semantic.core import FinishReason, SamplingParams, TokenEvent, Usage
+from semantic.core import DefaultSampling, FinishReason, SamplingParams, TokenEvent, Usage
 from semantic.core import Request as GenerationRequest
 from semantic.errors import InvalidRequest, NotFound, PreviousResponseNotFound
 from semantic.models.served import ServedModel
@@ -134,9 +134,15 @@ class _Response:
     stored record."""
 
     def __init__(
-        self, body: ResponsesBody, response_id: str, tokenizer: Tokenizer, seals: Seals
+        self,
+        body: ResponsesBody,
+        response_id: str,
+        tokenizer: Tokenizer,
+        seals: Seals,
+        sampling: SamplingParams,
     ) -> None:
         self.body = body
+        self.sampling = sampling  # what the response echoes: the request's, filled in
         self.id = response_id
         self.created_at = int(time.time())
         self.tokenizer = tokenizer
@@ -172,11 +178,11 @@ class _Response:
                 "summary": None,
             },
             "store": body.store,
-            "temperature": 1.0 if body.temperature is None else body.temperature,
+            "temperature": self.sampling.temperature,
             "text": {"format": _format_json(body)},
             "tool_choice": _tool_choice_json(body),
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
-            "top_p": 1.0 if body.top_p is None else body.top_p,
+            "top_p": self.sampling.top_p,
             "truncation": "disabled",
             "usage": None
             if final is None or final.usage is None
@@ -267,13 +273,13 @@ async def create_response(request: Request) -> Response:
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=_sampling(body, max_tokens, grammar),
+        sampling=_sampling(body, max_tokens, engine.model.sampling, grammar),
         agent_id=agent,
         owner=owner,  # the chain's agent is this key's, as its stored responses are
     )
     events, headers = await cache_miss.stream(engine, generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
-    reply = _Response(body, response_id, engine.model.tokenizer, seals)
+    reply = _Response(body, response_id, engine.model.tokenizer, seals, generation.sampling)
     offered = body.offered_tools()
     record = _Record(store, reply, items, new_messages, agent, owner)
     if body.stream:
@@ -293,10 +299,14 @@ async def _chain(store: ResponseStore, last_id: str, owner: str | None) -> list[
         raise PreviousResponseNotFound(last_id) from None
 
 
-def _sampling(body: ResponsesBody, max_tokens: int, grammar: Grammar | None) -> SamplingParams:
+def _sampling(
+    body: ResponsesBody, max_tokens: int, defaults: DefaultSampling, grammar: Grammar | None
+) -> SamplingParams:
+    temperature, top_p, top_k = defaults.fill(body.temperature, body.top_p, None)
     return SamplingParams(
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
         max_tokens=max_tokens,
         grammar=grammar,
     )

@@ -14,6 +14,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import track
 
+from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
 from semantic.models.gguf import GGUFFile
@@ -41,6 +42,7 @@ class Checkpoint:
     fingerprint: str
     weights: Weights
     template_origin: str = "file"  # "file", or "built-in <name>" when the file has none
+    sampling: DefaultSampling | None = None  # what the files recommend, if they do
 
 
 def load_checkpoint(path: Path, *, progress: bool) -> Checkpoint:
@@ -62,7 +64,9 @@ def _load_gguf(path: Path, progress: bool) -> Checkpoint:
         return _with_progress(gguf.weights(config), gguf.num_tensors, progress)
 
     template, origin = _chat_template(gguf.chat_template, tokenizer, config)
-    return Checkpoint(config, tokenizer, template, path, gguf.fingerprint(), weights, origin)
+    return Checkpoint(
+        config, tokenizer, template, path, gguf.fingerprint(), weights, origin, gguf.sampling
+    )
 
 
 def _load_hf(path: Path, progress: bool) -> Checkpoint:
@@ -74,7 +78,9 @@ def _load_hf(path: Path, progress: bool) -> Checkpoint:
         return _with_progress(hf.weights(), hf.num_tensors, progress)
 
     template, origin = _chat_template(hf.chat_template, tokenizer, config)
-    return Checkpoint(config, tokenizer, template, path, hf.fingerprint(), weights, origin)
+    return Checkpoint(
+        config, tokenizer, template, path, hf.fingerprint(), weights, origin, hf.sampling()
+    )
 
 
 def template_origin(path: Path) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from gguf import quants
 
+from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import (
     FULL_ATTENTION,
@@ -54,6 +55,13 @@ _SLIDING_EVERYWHERE = frozenset({"phi3"})
 _LONGROPE_TENSORS = {
     "rope_factors_long.weight": "long_factor",
     "rope_factors_short.weight": "short_factor",
+}
+
+# What a file may recommend for sampling, as llama.cpp's converter writes it.
+_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
 }
 
 _GLOBAL_TENSORS = {
@@ -132,6 +140,13 @@ class GGUFFile:
     def chat_template(self) -> str | None:
         template = self.metadata.get("tokenizer.chat_template")
         return str(template) if template else None
+
+    @property
+    def sampling(self) -> DefaultSampling | None:
+        """The sampling the file recommends (llama.cpp's `general.sampling.*` keys), if any."""
+        return DefaultSampling.recommended(
+            {field: self.metadata.get(key) for key, field in _SAMPLING_KEYS.items()}
+        )
 
     def config(self) -> ModelConfig:
         """The architecture from `<arch>.*` metadata, named as in Hugging Face `config.json`."""

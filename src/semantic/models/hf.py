@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
 from semantic.models.fingerprint import WeightsFile, fingerprint
@@ -65,6 +66,13 @@ class HFDir:
         eos = _read_json(self.path / "generation_config.json").get("eos_token_id")
         extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
         return replace(config, eos_token_ids=tuple(dict.fromkeys([*config.eos_token_ids, *extra])))
+
+    def sampling(self) -> DefaultSampling | None:
+        """The sampling `generation_config.json` recommends, unless it does not sample."""
+        generation = _read_json(self.path / "generation_config.json")
+        if generation.get("do_sample") is False:
+            return None
+        return DefaultSampling.recommended(generation)
 
     def fingerprint(self) -> str:
         """The weights' fingerprint: `config.json`, which shapes the computation, then each

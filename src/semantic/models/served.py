@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from semantic.core import PROTOCOL_SAMPLING, DefaultSampling
 from semantic.errors import ModelNotFound
 from semantic.models.config import ModelConfig
 from semantic.text.chat import ChatTemplate
@@ -16,7 +17,8 @@ class ServedModel:
     """Everything about the loaded model that is not compute. `context_length` is the model's
     context, capped by the `max_model_len` setting; `weights_fingerprint` names its weights
     (their KV cache is tagged with it); `aliases` are the other names it answers to (the
-    registry's names for it, when `name` is the served model name); `grammars` compiles the
+    registry's names for it, when `name` is the served model name); `sampling` is what a
+    request that leaves temperature, top_p or top_k out gets; `grammars` compiles the
     structured-output grammars of requests over its vocabulary."""
 
     name: str
@@ -26,6 +28,7 @@ class ServedModel:
     context_length: int
     weights_fingerprint: str
     aliases: tuple[str, ...] = ()
+    sampling: DefaultSampling = PROTOCOL_SAMPLING
     grammars: GrammarCompiler = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
