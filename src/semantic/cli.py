@@ -343,10 +343,12 @@ def _default_sampling(settings: Settings, recommended: DefaultSampling | None) -
 
     chosen = recommended if settings.model_sampling and recommended else PROTOCOL_SAMPLING
     log.info(
-        "sampling a request leaves out: temperature %g, top_p %g, top_k %d (%s)",
+        "sampling a request leaves out: temperature %g, top_p %g, top_k %d, repetition "
+        "penalty %g (%s)",
         chosen.temperature,
         chosen.top_p,
         chosen.top_k,
+        chosen.repetition_penalty,
         "the model's recommendation" if chosen is recommended else "the protocols' defaults",
     )
     return chosen

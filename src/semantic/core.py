@@ -196,12 +196,16 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     """How to pick each next token and when to stop. `top_k == 0` and `top_p == 1.0` mean off;
-    a temperature of 0 (or below `GREEDY_BELOW_TEMPERATURE`) means greedy. `grammar`, when set,
+    a temperature of 0 (or below `GREEDY_BELOW_TEMPERATURE`) means greedy.
+    `repetition_penalty` (1.0: off) lowers every token already in the context, prompt and
+    output, before anything else: a positive logit is divided by it, a negative one multiplied
+    (transformers' and vLLM's rule). `grammar`, when set,
     is what the output must follow (structured output): the runner masks every other token."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    repetition_penalty: float = 1.0
     seed: int | None = None
     max_tokens: int = 256
     min_tokens: int = 0
@@ -217,23 +221,26 @@ class SamplingParams:
 
 @dataclass(slots=True, frozen=True)
 class DefaultSampling:
-    """The temperature, top_p and top_k a request gets for each one it leaves out. As built,
-    the protocols' own defaults (1.0, 1.0, off); a model's publisher may recommend others
-    (`ServedModel.sampling`): a small model sampled at 1.0 strays into other languages and
-    made-up tools, and the clients agents run (Claude Code, Codex) send no temperature."""
+    """The temperature, top_p, top_k and repetition penalty a request gets for each one it
+    leaves out. As built, the protocols' own defaults (1.0, 1.0, off, off); a model's publisher
+    may recommend others (`ServedModel.sampling`): a small model sampled at 1.0 strays into
+    other languages and made-up tools, and the clients agents run (Claude Code, Codex) send no
+    temperature."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    repetition_penalty: float = 1.0
 
     @classmethod
     def recommended(cls, values: dict[str, Any]) -> DefaultSampling | None:
-        """The sampling a model's files recommend (`temperature`, `top_p`, `top_k`, any of
-        them), None when they name none; a value out of its range is left out, not trusted."""
+        """The sampling a model's files recommend (any of this class's fields, by name), None
+        when they name none; a value out of its range is left out, not trusted."""
         valid = {
             "temperature": lambda v: 0 <= v <= 2,
             "top_p": lambda v: 0 < v <= 1,
             "top_k": lambda v: v >= 0 and v == int(v),
+            "repetition_penalty": lambda v: 0 < v <= 2,
         }
         found = {
             name: values[name]
@@ -247,17 +254,26 @@ class DefaultSampling:
             float(found.get("temperature", base.temperature)),
             float(found.get("top_p", base.top_p)),
             int(found.get("top_k", base.top_k)),
+            float(found.get("repetition_penalty", base.repetition_penalty)),
         )
 
     def fill(
-        self, temperature: float | None, top_p: float | None, top_k: int | None
-    ) -> tuple[float, float, int]:
-        """A request's own values where it set them, these elsewhere."""
-        return (
-            self.temperature if temperature is None else temperature,
-            self.top_p if top_p is None else top_p,
-            self.top_k if top_k is None else top_k,
-        )
+        self,
+        temperature: float | None,
+        top_p: float | None,
+        top_k: int | None,
+        repetition_penalty: float | None = None,
+    ) -> dict[str, Any]:
+        """A request's choices as `SamplingParams` fields: its own values where it set them,
+        these elsewhere."""
+        return {
+            "temperature": self.temperature if temperature is None else temperature,
+            "top_p": self.top_p if top_p is None else top_p,
+            "top_k": self.top_k if top_k is None else top_k,
+            "repetition_penalty": (
+                self.repetition_penalty if repetition_penalty is None else repetition_penalty
+            ),
+        }
 
 
 # What the Anthropic and OpenAI APIs themselves default to.
@@ -401,6 +417,9 @@ class BatchItem:
     sampling: SamplingParams
     num_output_tokens: int  # tokens generated so far: seeds the per-step random stream
     suppress_token_ids: tuple[int, ...] = ()  # never sample these (end tokens before min_tokens)
+    # The whole context, prompt and output, for a row that samples with a repetition penalty
+    # (the sequence's own list, read during the step; empty for every other row).
+    context_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True, frozen=True)

@@ -251,8 +251,10 @@ def _published_pieces(package: str, version: str, digests: str) -> tuple[Piece, 
 # third party under names that say nothing of it: what is trusted is each piece's digest and
 # the joined file's, measured on the published files.
 # Their GGUF files say nothing of sampling; Qwen's generation_config.json for both models
-# recommends these (and a repetition penalty of 1.1, which we do not implement).
-QWEN25_CODER_SAMPLING = DefaultSampling(temperature=0.7, top_p=0.8, top_k=20)
+# recommends these.
+QWEN25_CODER_SAMPLING = DefaultSampling(
+    temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.1
+)
 QWEN25_CODER_05B = ChunkedModel(
     alias="qwen2.5-coder-0.5b",
     other_names=("qwen2.5-coder-0.5b-instruct",),

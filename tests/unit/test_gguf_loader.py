@@ -311,3 +311,6 @@ def test_a_recommendation_takes_only_values_in_range() -> None:
     assert DefaultSampling.recommended({}) is None
     assert DefaultSampling.recommended({"temperature": -1, "top_k": 2.5, "top_p": 0}) is None
     assert DefaultSampling.recommended({"top_k": 20}) == DefaultSampling(1.0, 1.0, 20)
+    assert DefaultSampling.recommended({"repetition_penalty": 1.1}) == DefaultSampling(
+        repetition_penalty=1.1
+    )

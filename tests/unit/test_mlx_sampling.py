@@ -247,3 +247,15 @@ def test_a_grammar_with_no_allowed_token_left_fails_its_row_alone(
     assert same_outcomes(ours, theirs)
     assert isinstance(ours[0], int) and isinstance(ours[1], int)
     assert isinstance(ours[2], Unsampleable)
+
+
+def test_a_repetition_penalty_gives_the_torch_samplers_tokens() -> None:
+    logits = random_logits(rows=3)
+    penalized = SamplingParams(temperature=0.0, repetition_penalty=1.3)
+    context = [int(i) for i in logits.argmax(-1)]  # each row's best is penalized
+    items = [
+        BatchItem(r, [1], 5, [[0]], True, penalized, 0, context_token_ids=context) for r in range(3)
+    ]
+    ours = mlx.sample(logits.copy(), items)
+    assert ours == reference.sample(torch.from_numpy(logits.copy()), items)
+    assert ours != logits.argmax(-1).tolist()

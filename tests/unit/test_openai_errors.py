@@ -337,6 +337,7 @@ MALFORMED: list[tuple[str, str, Body, dict[str, str], int, str | None]] = [
     ("top_p is 0", CHAT, with_(top_p=0), {}, 400, "top_p"),
     ("top_p above 1", LEGACY, legacy(top_p=1.5), {}, 400, "top_p"),
     ("top_k below -1", CHAT, with_(top_k=-2), {}, 400, "top_k"),
+    ("repetition_penalty of 0", CHAT, with_(repetition_penalty=0), {}, 400, "repetition_penalty"),
     ("seed is a string", CHAT, with_(seed="42"), {}, 400, "seed"),
     ("stop is a number", CHAT, with_(stop=5), {}, 400, "stop"),
     ("a stop is a number", CHAT, with_(stop=["a", 5]), {}, 400, "stop.1"),

@@ -237,4 +237,4 @@ def test_the_coder_models_are_built_in_and_trusted_by_their_digests() -> None:
 def test_the_coder_models_carry_their_publishers_sampling(tmp_path: Path) -> None:
     """Their GGUF files say nothing of sampling; the aliases know Qwen's recommendation."""
     for model in (QWEN25_CODER_05B, QWEN25_CODER_15B):
-        assert model.listed(tmp_path).sampling == DefaultSampling(0.7, 0.8, 20)
+        assert model.listed(tmp_path).sampling == DefaultSampling(0.7, 0.8, 20, 1.1)

@@ -177,3 +177,16 @@ def test_suppressed_ids_past_the_vocabulary_are_ignored():
     row = BatchItem(0, [1], 5, [[0]], True, SamplingParams(temperature=0.0), 0, (VOCAB + 5, best))
     token = sample(logits.clone(), [row])[0]
     assert isinstance(token, int) and token != best
+
+
+def test_a_repetition_penalty_lowers_the_tokens_already_in_the_context():
+    """transformers' rule: a seen token's positive logit is divided by the penalty, a negative
+    one multiplied; unseen tokens and other rows keep theirs."""
+    logits = torch.zeros(2, VOCAB)
+    logits[:, 3], logits[:, 4], logits[:, 5], logits[:, 6] = 2.0, 1.9, -1.0, -1.2
+    penalized = SamplingParams(temperature=0.0, repetition_penalty=1.1)
+    seen = BatchItem(0, [1], 5, [[0]], True, penalized, 0, context_token_ids=[3, 5, 3, VOCAB + 9])
+    plain = item(SamplingParams(temperature=0.0))
+    assert sample(logits, [seen, plain]) == [4, 3]  # 2.0 / 1.1 falls below 1.9
+    assert logits[0, 3] == pytest.approx(2.0 / 1.1) and logits[0, 5] == pytest.approx(-1.1)
+    assert logits[0, 6] == -1.2 and logits[1, 3] == 2.0

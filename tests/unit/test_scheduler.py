@@ -195,6 +195,20 @@ def test_end_tokens_are_suppressed_until_min_tokens() -> None:
     assert [i.suppress_token_ids for i in items] == [(5, 9), (5, 9), ()]
 
 
+def test_a_row_with_a_repetition_penalty_reads_its_whole_context_and_others_none() -> None:
+    scheduler, runner = make()
+    penalized, plain = make_seq(0, 3), make_seq(1, 3)
+    penalized.request.sampling = SamplingParams(repetition_penalty=1.1)
+    scheduler.add(penalized)
+    scheduler.add(plain)
+    for _ in range(2):
+        batch = scheduler.schedule()
+        contexts = {item.seq_id: list(item.context_token_ids) for item in batch.items}
+        assert contexts == {0: penalized.token_ids, 1: []}
+        scheduler.update(batch, runner.run(batch))
+    assert len(penalized.token_ids) == 5  # the second step's context held the first output
+
+
 def test_waiting_requests_expire_after_the_queue_timeout() -> None:
     scheduler, _ = make(num_blocks=2, block_tokens=4)
     seq = make_seq(0, 30)  # can never be admitted into 2 blocks

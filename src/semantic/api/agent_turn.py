@@ -202,11 +202,8 @@ def _render(model: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
 def _sampling_params(
     chosen: SamplingDefaults, max_tokens: int, model_defaults: DefaultSampling
 ) -> SamplingParams:
-    temperature, top_p, top_k = model_defaults.fill(chosen.temperature, chosen.top_p, chosen.top_k)
     return SamplingParams(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
+        **model_defaults.fill(chosen.temperature, chosen.top_p, chosen.top_k),
         seed=chosen.seed,
         max_tokens=max_tokens,
         stop=chosen.stop or (),

@@ -94,11 +94,8 @@ def sampling_params(
     defaults: DefaultSampling = PROTOCOL_SAMPLING,
     grammar: Grammar | None = None,
 ) -> SamplingParams:
-    temperature, top_p, top_k = defaults.fill(body.temperature, body.top_p, body.top_k)
     return SamplingParams(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
+        **defaults.fill(body.temperature, body.top_p, body.top_k),
         max_tokens=max_tokens,
         stop=tuple(body.stop_sequences or ()),
         grammar=grammar,

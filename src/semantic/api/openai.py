@@ -117,6 +117,7 @@ class GenerationFields(_Body):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, description="0 or -1 is off.")
+    repetition_penalty: float | None = Field(None, gt=0, le=2, description="1 is off.")
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1)
@@ -189,11 +190,9 @@ def sampling_params(
     if any(not stop for stop in stops):
         raise InvalidRequest("stop: a stop sequence may not be empty", param="stop")
     limits.check_stops(settings, stops, "stop")
-    temperature, top_p, top_k = defaults.fill(body.temperature, body.top_p, body.top_k)
+    top_k = None if body.top_k is None else max(body.top_k, 0)
     return SamplingParams(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=max(top_k, 0),
+        **defaults.fill(body.temperature, body.top_p, top_k, body.repetition_penalty),
         seed=body.seed,
         max_tokens=max_tokens,
         min_tokens=body.min_tokens,

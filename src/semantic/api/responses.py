@@ -302,11 +302,8 @@ async def _chain(store: ResponseStore, last_id: str, owner: str | None) -> list[
 def _sampling(
     body: ResponsesBody, max_tokens: int, defaults: DefaultSampling, grammar: Grammar | None
 ) -> SamplingParams:
-    temperature, top_p, top_k = defaults.fill(body.temperature, body.top_p, None)
     return SamplingParams(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
+        **defaults.fill(body.temperature, body.top_p, None),
         max_tokens=max_tokens,
         grammar=grammar,
     )

@@ -56,6 +56,15 @@ def suppressed_ids(item: BatchItem, vocab: int) -> list[int]:
     return [token for token in item.suppress_token_ids if 0 <= token < vocab]
 
 
+def penalized_ids(item: BatchItem, vocab: int) -> np.ndarray | None:
+    """The distinct ids a row's repetition penalty lowers this step (its context's, among the
+    `vocab` its logits hold), or None when it has no penalty."""
+    if item.sampling.repetition_penalty == 1 or not item.context_token_ids:
+        return None
+    ids = np.unique(np.asarray(item.context_token_ids, dtype=np.int64))
+    return ids[(ids >= 0) & (ids < vocab)]
+
+
 def grammar_masks(
     items: Sequence[BatchItem], grammars: GrammarStates | None
 ) -> tuple[dict[int, np.ndarray], dict[int, Exception]]:

@@ -432,6 +432,7 @@ class Scheduler:
             sampling=sampling,
             num_output_tokens=seq.num_output_tokens,
             suppress_token_ids=self._end_tokens(seq) if held_back else (),
+            context_token_ids=seq.token_ids if sample and sampling.repetition_penalty != 1 else [],
         )
 
     def _end_tokens(self, seq: Sequence) -> tuple[int, ...]:

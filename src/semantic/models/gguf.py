@@ -62,6 +62,7 @@ _SAMPLING_KEYS = {
     "general.sampling.temp": "temperature",
     "general.sampling.top_p": "top_p",
     "general.sampling.top_k": "top_k",
+    "general.sampling.penalty_repeat": "repetition_penalty",
 }
 
 _GLOBAL_TENSORS = {

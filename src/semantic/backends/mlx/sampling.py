@@ -21,6 +21,7 @@ from semantic.backends.sampling import (
     advance,
     allows,
     grammar_masks,
+    penalized_ids,
     row_outcome,
     step_seed,
     suppressed_ids,
@@ -34,6 +35,7 @@ def sample(
 ) -> list[int | Exception]:
     """logits: [N, V] float32, one row per item, written in place → per item, its token id or
     why it has none. `grammars` holds the matchers of the items with a grammar."""
+    _penalize(logits, items)
     _suppress(logits, items)
     masks, failed = grammar_masks(items, grammars)
     best = logits.argmax(-1)
@@ -50,6 +52,14 @@ def sample(
         drawn = partial(draw, logits[row], item.sampling, item.num_output_tokens)
         outcomes.append(row_outcome(tokens[row], usable[row], item, drawn, failed.get(row)))
     return advance(grammars, items, outcomes) if masks else outcomes
+
+
+def _penalize(logits: np.ndarray, items: Sequence[BatchItem]) -> None:
+    for row, item in enumerate(items):
+        ids = penalized_ids(item, logits.shape[-1])
+        if ids is not None and len(ids):
+            seen, penalty = logits[row, ids], item.sampling.repetition_penalty
+            logits[row, ids] = np.where(seen > 0, seen / penalty, seen * penalty)
 
 
 def _suppress(logits: np.ndarray, items: Sequence[BatchItem]) -> None:

@@ -23,6 +23,7 @@ from semantic.backends.sampling import (
     advance,
     allows,
     grammar_masks,
+    penalized_ids,
     row_outcome,
     step_seed,
     suppressed_ids,
@@ -39,6 +40,7 @@ def sample(
     """logits: [N, V] fp32, one row per item → per item, its token id or why it has none.
     `grammars` holds the matchers of the items with a grammar (none: no item has one)."""
     with torch.inference_mode():  # the logits are inference tensors; suppression writes them
+        _penalize(logits, items)
         _suppress(logits, items)
         masks, failed = grammar_masks(items, grammars)
         best = logits.argmax(-1)
@@ -113,6 +115,15 @@ def candidates(
         keep = max(1, int(((probs.cumsum(-1) - probs) < top_p).sum()))
         probs, ids = probs[:keep], ids[:keep]
     return probs, ids
+
+
+def _penalize(logits: torch.Tensor, items: Sequence[BatchItem]) -> None:
+    for row, item in enumerate(items):
+        ids = penalized_ids(item, logits.shape[-1])
+        if ids is not None and len(ids):
+            index = torch.from_numpy(ids).to(logits.device)
+            seen, penalty = logits[row, index], item.sampling.repetition_penalty
+            logits[row, index] = torch.where(seen > 0, seen / penalty, seen * penalty)
 
 
 def _suppress(logits: torch.Tensor, items: Sequence[BatchItem]) -> None:
