@@ -257,6 +257,22 @@ class Settings(BaseSettings):
         "share of its pages (all clients together when no keys are set); a pin past it is "
         "refused (403 pin_limit_reached).",
     )
+    max_retained_tokens_per_key: int = Field(
+        262_144,
+        ge=0,
+        description="Most prompt tokens one API key's cache breakpoints (Anthropic "
+        "`cache_control`, OpenAI `prompt_cache_retention`) keep at once, counted in whole KV "
+        "blocks (all clients together when no keys are set); a request past it is refused "
+        "(403 retention_limit_reached). Kept prefixes hold memory within `max_pinned_share` "
+        "of the pool, and their files are never dropped by the disk budget before they expire.",
+    )
+    max_retention_ttl_s: float = Field(
+        86_400.0,
+        ge=0,
+        description="Longest a cache breakpoint keeps its prefix, in seconds: Anthropic's "
+        "`ttl` (5m or 1h) and OpenAI's `prompt_cache_retention: 24h` are cut to it (0 honours "
+        "no breakpoint).",
+    )
     max_running: int = Field(64, ge=1, description="Most sequences decoding at once.")
     max_batch_tokens: int = Field(
         512, ge=16, description="Most tokens computed per step (prefill chunk budget)."
@@ -480,6 +496,8 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "max_conversation_mb",
         "max_conversations_mb_per_key",
         "max_pinned_share",
+        "max_retained_tokens_per_key",
+        "max_retention_ttl_s",
     ),
     "rate limits (off unless set)": ("rate_limit_key_rpm", "rate_limit_agent_rpm"),
 }

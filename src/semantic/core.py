@@ -292,6 +292,16 @@ class FinishReason(enum.StrEnum):
         return self not in (FinishReason.ABORT, FinishReason.ERROR)
 
 
+@dataclass(slots=True, frozen=True)
+class Breakpoint:
+    """A prefix of a request's prompt its client will send again (an Anthropic `cache_control`
+    breakpoint, an OpenAI `prompt_cache_retention`): its first `num_tokens` tokens are kept at
+    least `ttl_s` seconds (`cache/retention.py`)."""
+
+    num_tokens: int
+    ttl_s: float
+
+
 @dataclass(slots=True)
 class Request:
     """One generation request, as the API layer hands it to the engine."""
@@ -303,6 +313,7 @@ class Request:
     # The caller's (`AgentKey`): the scope of `agent_id`, and whose cache its prompt may reuse.
     owner: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
+    breakpoints: tuple[Breakpoint, ...] = ()  # prefixes to keep, first to last
 
     @property
     def agent(self) -> AgentKey | None:
@@ -463,6 +474,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    # What each of the request's breakpoints holds now, in tokens (whole blocks, so up to a
+    # block fewer than it marked; 0 when its prefix could not be kept), in their order.
+    retained_tokens: tuple[int, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)

@@ -117,6 +117,11 @@ class PinLimit(SemanticError):
     """Pinning an agent would hold more of the KV pool than its API key's pins may (403)."""
 
 
+class RetentionLimit(SemanticError):
+    """A request's cache breakpoints would make its API key keep more tokens than
+    `max_retained_tokens_per_key` (403)."""
+
+
 class PersistFailed(SemanticError):
     """A persist the client waits for could not make everything durable (disk full, I/O error)."""
 

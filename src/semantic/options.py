@@ -19,7 +19,8 @@ class AgentOptions:
     max_per_key: int  # agents one API key (or, without keys, the server) keeps
     max_conversation_bytes: int  # the text of one agent API conversation
     max_conversation_bytes_per_key: int  # the text of one API key's conversations together
-    max_pinned_share: float  # of the pool's pages, one owner's pins together
+    max_pinned_share: float  # of the pool's pages, one owner's pins together (and retentions)
+    max_retained_tokens_per_key: int  # tokens one owner's cache breakpoints keep together
 
 
 @dataclass(slots=True, frozen=True)
@@ -92,6 +93,7 @@ def engine_options(settings: Settings) -> EngineOptions:
             max_conversation_bytes=settings.max_conversation_mb * 2**20,
             max_conversation_bytes_per_key=settings.max_conversations_mb_per_key * 2**20,
             max_pinned_share=settings.max_pinned_share,
+            max_retained_tokens_per_key=settings.max_retained_tokens_per_key,
         ),
         max_running=settings.max_running,
         max_batch_tokens=settings.max_batch_tokens,

@@ -44,6 +44,7 @@ _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     (errors.TooManyAgents, 403, "invalid_request_error", "agent_limit_reached"),
     (errors.ConversationQuotaExceeded, 413, "invalid_request_error", "conversation_quota_exceeded"),
     (errors.PinLimit, 403, "invalid_request_error", "pin_limit_reached"),
+    (errors.RetentionLimit, 403, "invalid_request_error", "retention_limit_reached"),
     # OpenAI's own type and code for a requests-per-minute limit.
     (errors.RateLimited, 429, "requests", "rate_limit_exceeded"),
     # A model swap to a model that does not load: the previous model serves again.

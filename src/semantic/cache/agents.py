@@ -34,6 +34,7 @@ from semantic.cache.conversation_quota import ConversationQuota
 from semantic.cache.manifest import AgentManifest, ManifestFiles
 from semantic.cache.misses import Lookup, MissRecord, RecentMisses, diagnose
 from semantic.cache.prefix import PrefixCache, PrefixMatch, split_key
+from semantic.cache.retention import Retentions
 from semantic.cache.tiering import PendingWrites, Tiering
 from semantic.core import AgentKey, CacheMiss, History, Request
 from semantic.errors import (
@@ -165,6 +166,10 @@ class Agents:
         self._pins: dict[AgentKey, list[int]] = {}
         self._began: dict[str, Agent] = {}
         self.quota = ConversationQuota(options.max_conversation_bytes_per_key)
+        # Prefixes clients marked to be sent again; they hold pages within the pins' share.
+        self.retentions = Retentions(
+            prefix, options.max_retained_tokens_per_key, options.max_pinned_share
+        )
         # Held while a manifest is written or deleted: a write that lost the race with a delete
         # must not bring the agent back.
         self.manifest_lock = threading.Lock()
@@ -182,8 +187,15 @@ class Agents:
     # -- on the engine thread ---------------------------------------------------------------
 
     def begin(self, request: Request) -> None:
-        """A request of an agent arrived (creating the agent on first sight, within its
-        owner's limit: TooManyAgents past it)."""
+        """A request arrived: its breakpoints must fit its owner's retention quota
+        (RetentionLimit), and an agent it names is created on first sight, within its owner's
+        limit (TooManyAgents past it)."""
+        if request.breakpoints:
+            root = self.prefix.root_of(request.owner)
+            prompt = request.prompt_token_ids
+            points = request.breakpoints
+            prefixes = [self.prefix.chain(prompt[: p.num_tokens], root) for p in points]
+            self.retentions.check(request.owner, prefixes)
         key = request.agent
         if key is None:
             return
@@ -251,6 +263,21 @@ class Agents:
             return agent
         return None
 
+    def retain(self, request: Request, history: History, cached: int) -> tuple[int, ...]:
+        """After a request: the retained prefixes it read from the cache are renewed, and each
+        of its breakpoints keeps the full blocks of its prefix that it left cached. Returns the
+        tokens each breakpoint keeps."""
+        size, owner = self.prefix.block_tokens, request.owner
+        renewed = self.retentions.renew(owner, history.block_hashes[: cached // size])
+        kept = []
+        for point in request.breakpoints:
+            hashes = history.block_hashes[: point.num_tokens // size]
+            held = self.retentions.keep(owner, hashes, point.ttl_s)
+            kept.append(0 if held is None else len(hashes) * size)
+        if kept or renewed:
+            self._protect_pinned()
+        return tuple(kept)
+
     def names(self, block_hash: int) -> bool:
         """Whether an agent's history names a block (its pages' tiers are then this class's to
         decide: `_let_go_of_passed`)."""
@@ -312,6 +339,8 @@ class Agents:
         if now < self._next_sweep:
             return
         self._next_sweep = now + 1.0
+        if self.retentions.expire():
+            self._protect_pinned()
         idle_s = self.options.idle_s
         self.pool.demote_idle(idle_s)
         for agent in self.by_key.values():
@@ -341,9 +370,9 @@ class Agents:
         return agent
 
     def _protect_pinned(self) -> None:
-        """The disk budget never drops the files of a pinned agent."""
+        """The disk budget never drops the files of a pinned agent, nor a live retention's."""
         pinned = frozenset(h for a in self.by_key.values() if a.pinned for h in a.hashes)
-        self.tiering.protected = pinned
+        self.tiering.protected = pinned | self.retentions.protected()
 
     def _pin(self, agent: Agent) -> None:
         """Hold the pages the agent's next turn reads, and let go of those held for its last
@@ -368,13 +397,15 @@ class Agents:
         return others + wanted <= self.options.max_pinned_share * self.pool.num_blocks
 
     def let_go_of_pins(self) -> int:
-        """Release every pin's pages to the working agents' tier (their files stay on disk,
-        where pins keep them): a request that nothing else stands in the way of must run, and
-        a pin takes its pages back at its agent's next turn. Returns how many were held."""
+        """Release every pin's pages to the working agents' tier, and every retention's (their
+        files stay on disk, where pins and retentions keep them): a request that nothing else
+        stands in the way of must run, and a pin takes its pages back at its agent's next turn
+        (a retention at its next use). Returns how many were held."""
         held = sum(len(pages) for pages in self._pins.values())
         for pages in self._pins.values():
             self.pool.release(pages, TIER_WORKING_AGENT)
         self._pins = {key: [] for key in self._pins}
+        held += self.retentions.let_go()
         if held:
             log.info("pins let go of %d pages for a request that could not run beside them", held)
         return held

@@ -403,7 +403,10 @@ class Engine:
         while not self._stopping:
             try:
                 if not self.scheduler.has_work and not self.write_behind.pending:
-                    self._wait_for_messages()
+                    # Idle, it still wakes for the next retention's end: no expired one holds
+                    # memory (the sweep runs at most once a second).
+                    until = self.agents.retentions.next_expiry_in()
+                    self._wait_for_messages(None if until is None else max(until, 1.0))
                 elif not ran:  # waiting on the disk reader, or for room: sleep, don't spin
                     self._wait_for_messages(timeout=IDLE_WAIT_S)
                 ran = self.step()
@@ -595,7 +598,8 @@ class Engine:
             answered=reason.answered,
             miss=seq.cache_miss,
         )
-        usage = Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens)
+        retained = self.agents.retain(seq.request, history, seq.num_cached_tokens)
+        usage = Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens, retained)
         event = TokenEvent(
             seq.request.request_id, token_ids, text, reason, usage, error, stop_string
         )
