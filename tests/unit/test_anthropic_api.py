@@ -65,7 +65,8 @@ TEXT_STREAM = (
     'data: {"type":"message_start","message":{"id":"%(id)s","type":"message",'
     '"role":"assistant","model":"claude-semantic-test","content":[],"stop_reason":null,'
     '"stop_sequence":null,"usage":{"input_tokens":%(prompt)d,"cache_creation_input_tokens":0,'
-    '"cache_read_input_tokens":0,"output_tokens":0}}}\n\n'
+    '"cache_read_input_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,'
+    '"ephemeral_1h_input_tokens":0},"output_tokens":0}}}\n\n'
     "event: ping\n"
     'data: {"type":"ping"}\n\n'
     "event: content_block_start\n"
@@ -76,7 +77,8 @@ TEXT_STREAM = (
     "event: message_delta\n"
     'data: {"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},'
     '"usage":{"input_tokens":%(prompt)d,"cache_creation_input_tokens":0,'
-    '"cache_read_input_tokens":0,"output_tokens":5}}\n\n'
+    '"cache_read_input_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,'
+    '"ephemeral_1h_input_tokens":0},"output_tokens":5}}\n\n'
     "event: message_stop\n"
     'data: {"type":"message_stop"}\n\n'
 )
@@ -221,8 +223,8 @@ def test_count_tokens_is_the_prompt_that_messages_prefills(roomy_api: TestClient
     counted = api.post("/v1/messages/count_tokens?beta=true", json=body)
     assert counted.status_code == 200 and set(counted.json()) == {"input_tokens"}
     usage = api.post("/v1/messages", json=body | {"max_tokens": 1}).json()["usage"]
-    prefilled = usage["input_tokens"] + usage["cache_read_input_tokens"]
-    assert counted.json()["input_tokens"] == prefilled
+    cache = usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
+    assert counted.json()["input_tokens"] == usage["input_tokens"] + cache
 
 
 def test_a_prompt_longer_than_the_context_gets_anthropics_overflow_wording(

@@ -12,6 +12,7 @@ import pytest
 
 from semantic.api import anthropic as api
 from semantic.api import anthropic_request as request
+from semantic.api.anthropic_usage import usage_json
 from semantic.api.seal import SealKey, Seals
 from semantic.core import DefaultSampling, FinishReason, TokenEvent, Usage
 from semantic.errors import ContextOverflow, InvalidRequest
@@ -281,10 +282,11 @@ def test_stop_reasons_tell_the_output_limit_from_the_context_limit() -> None:
 
 
 def test_usage_counts_only_the_uncached_prompt_as_input() -> None:
-    assert api.usage_json(100, 64, 5) == {
+    assert usage_json(100, 64, 5) == {
         "input_tokens": 36,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 64,
+        "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
         "output_tokens": 5,
     }
 

@@ -30,7 +30,9 @@ from semantic.api.anthropic_request import (
     render_prompt,
     tool_use_of,
 )
+from semantic.api.anthropic_usage import final_usage, usage_json
 from semantic.api.auth import caller_of
+from semantic.api.breakpoints import BreakpointRender
 from semantic.api.errors import anthropic_error_event
 from semantic.api.git_snapshots import GitSnapshots
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
@@ -180,18 +182,6 @@ def _session_in(user_id: str) -> str | None:
 # -- the response --------------------------------------------------------------------------
 
 
-def usage_json(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, int]:
-    """Anthropic usage: `input_tokens` is only what was prefilled; prompt = input + cache read
-    + cache creation. We never bill a cache write, so creation is 0: every prefilled token is
-    cached anyway, and counting it twice would break Claude Code's context meter."""
-    return {
-        "input_tokens": prompt_tokens - cached_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached_tokens,
-        "output_tokens": output_tokens,
-    }
-
-
 def stop_reason(event: TokenEvent, requested_max_tokens: int, called: bool = False) -> str:
     """tool_use (the reply called tools), end_turn, stop_sequence, max_tokens (the asked limit),
     or model_context_window_exceeded (the context ran out first: Claude Code then compacts
@@ -220,8 +210,10 @@ class _Reply:
         requested_max_tokens: int,
         seals: Seals,
         show_thinking: bool = True,
+        breakpoint_ttls: tuple[str, ...] = (),
     ) -> None:
         self.id = f"msg_{uuid.uuid4().hex}"
+        self.breakpoint_ttls = breakpoint_ttls  # "5m" or "1h", one per breakpoint honoured
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.requested = requested_max_tokens
@@ -245,13 +237,13 @@ class _Reply:
             "usage": self.usage(None if final is None else final.usage),
         }
 
-    def usage(self, usage: Usage | None) -> dict[str, int]:
+    def usage(self, usage: Usage | None) -> dict[str, object]:
         """Before the end, all of the prompt counts as input (the engine tells what it found
         cached only when it finishes); `message_delta` then carries the final split."""
         if usage is None:
             return usage_json(self.prompt_tokens, 0, 0)
         output = 0 if self.silent else usage.completion_tokens
-        return usage_json(usage.prompt_tokens, usage.cached_tokens, output)
+        return final_usage(usage, output, self.breakpoint_ttls)
 
     async def events(
         self, parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]], tools: ToolUse
@@ -405,7 +397,9 @@ async def create_message(request: Request) -> Response:
     rate_limits.check_agent(request, agent)
     tools, thinking = tool_use_of(engine.model, body), thinking_of(engine.model, body)
     seals, git_status = seals_of(request), first_git_status(request, body)
-    render = partial(render_prompt, engine.model, body, seals=seals, git_status=git_status)
+    render = BreakpointRender(
+        engine.model, body, settings.max_retention_ttl_s, seals=seals, git_status=git_status
+    )
     prompt_ids, grammar = await shape_reply(engine.model, body.output(), tools, thinking, render)
     limits.check_prompt(settings, len(prompt_ids))
     requested = limits.capped_max_tokens(settings, body.max_tokens)
@@ -416,11 +410,12 @@ async def create_message(request: Request) -> Response:
         sampling=sampling_params(body, max_tokens, engine.model.sampling, grammar),
         agent_id=agent,
         owner=caller_of(request).owner,
+        breakpoints=render.breakpoints,
     )
     events, headers = await cache_miss.stream(engine, generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
     # Any model name is served by the loaded model, and echoed back as asked.
-    reply = _Reply(body.model, len(prompt_ids), requested, seals, thinking.shown)
+    reply = _Reply(body.model, len(prompt_ids), requested, seals, thinking.shown, render.labels)
     if body.stream:
         frames = after_the_200(reply.events(parsed, tools), events, _error_event)
         stream = with_keep_alive(frames, settings.keep_alive_s, reply.heartbeat)

@@ -41,9 +41,18 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
+class CacheControl(_Body):
+    """A cache breakpoint: the prompt up to and including its block will be sent again
+    (api/breakpoints.py)."""
+
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
 class TextBlock(_Body):
     type: Literal["text"]
     text: str
+    cache_control: CacheControl | None = None
 
 
 class ToolUseBlock(_Body):
@@ -51,6 +60,7 @@ class ToolUseBlock(_Body):
     id: str
     name: str
     input: dict[str, Any]
+    cache_control: CacheControl | None = None
 
 
 class ToolResultBlock(_Body):
@@ -58,6 +68,7 @@ class ToolResultBlock(_Body):
     tool_use_id: str
     content: str | list[ContentBlock] | None = None
     is_error: bool | None = None
+    cache_control: CacheControl | None = None
 
 
 class OtherBlock(_Body):
@@ -95,6 +106,7 @@ class Tool(_Body):
     description: str | None = None
     input_schema: dict[str, Any] | None = None  # absent on server tools (`type: web_search_…`)
     strict: bool | None = None  # a forced call's input must match input_schema
+    cache_control: CacheControl | None = None
 
     @property
     def is_custom(self) -> bool:
@@ -155,6 +167,7 @@ class MessagesBody(PromptBody):
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
     metadata: Metadata | None = None
+    cache_control: CacheControl | None = None  # automatic: a breakpoint at the last block
 
 
 B = TypeVar("B", bound=BaseModel)
@@ -454,10 +467,25 @@ def render_prompt(
     seals: Seals | None = None,
     git_status: str | None = None,
 ) -> list[int]:
-    """The prompt's token ids: what /v1/messages prefills and /v1/messages/count_tokens counts.
-    A last assistant turn is continued (prefill), not closed; `reply_start` (a forced tool
-    call's opener) follows it. `template_vars` are the template's switches (thinking); `seals`
-    open the thinking blocks' signatures; `git_status` stands for the system prompt's own."""
+    """The prompt's token ids: what /v1/messages prefills and /v1/messages/count_tokens counts
+    (`render_text`, tokenized)."""
+    text = render_text(model, body, reply_start, template_vars, seals=seals, git_status=git_status)
+    return model.tokenizer.encode(text)
+
+
+def render_text(
+    model: ServedModel,
+    body: PromptBody,
+    reply_start: str = "",
+    template_vars: Mapping[str, Any] | None = None,
+    *,
+    seals: Seals | None = None,
+    git_status: str | None = None,
+) -> str:
+    """The prompt's text. A last assistant turn is continued (prefill), not closed;
+    `reply_start` (a forced tool call's opener) follows it. `template_vars` are the template's
+    switches (thinking); `seals` open the thinking blocks' signatures; `git_status` stands for
+    the system prompt's own."""
     later_system_turns = model.chat_template.later_system_turns
     messages = template_messages(body, later_system_turns, seals, git_status)
     prefilled = bool(messages) and messages[-1]["role"] == "assistant"
@@ -467,4 +495,4 @@ def render_prompt(
         continue_final_message=prefilled,
         **(template_vars or {}),
     )
-    return model.tokenizer.encode(text + reply_start)
+    return text + reply_start

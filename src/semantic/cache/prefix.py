@@ -308,7 +308,7 @@ class PrefixCache:
         candidates += [(c, t) for c, t in self.lower.tails(parent) if c not in self._tokens]
         best: tuple[int, int, bool] | None = None
         for child, tokens in candidates:
-            count = _common_prefix(tokens, rest)
+            count = common_prefix(tokens, rest)
             if count > (best[1] if best else 0) and all(
                 self._has(child, g, tokens) for g in range(len(self.windows))
             ):
@@ -488,7 +488,8 @@ class _Windows:
         return known
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[object], b: Sequence[object]) -> int:
+    """How many items `a` and `b` start with alike (token ids, or characters)."""
     count = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
