@@ -32,6 +32,7 @@ from semantic.api.openai_tools import (
 )
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses
 from semantic.api.prompt_bounds import PromptRoute
+from semantic.api.prompt_cache import PromptCacheRetention, prompt_cache_agent, retention_of
 from semantic.api.streaming import (
     DONE,
     after_the_200,
@@ -135,6 +136,9 @@ class ChatCompletionRequest(GenerationFields):
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     reasoning_effort: str | None = Field(None, max_length=32)
+    # The conversation, named as in Responses (api/prompt_cache.py).
+    prompt_cache_key: str | None = Field(None, max_length=256)
+    prompt_cache_retention: PromptCacheRetention | None = None
 
 
 def _text_of(message: ChatMessage) -> str:
@@ -238,7 +242,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.n != 1:
         raise InvalidRequest("only n=1 is supported", param="n")
     limits.check_counts(settings, len(body.messages), len(body.tools or []))
-    agent_id = named_agent(request.headers, body.session_id, param="session_id")
+    agent_id = prompt_cache_agent(request.headers, body.session_id, body.prompt_cache_key)
     rate_limits.check_agent(request, agent_id)
     tools = tool_use_of(engine.model, body.tools, body.tool_choice, body.parallel_tool_calls)
     output = body.response_format.output_format() if body.response_format else None
@@ -262,6 +266,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         sampling=sampling_params(body, max_tokens, settings, engine.model.sampling, grammar),
         agent_id=agent_id,
         owner=caller_of(request).owner,
+        breakpoints=retention_of(
+            body.prompt_cache_retention, len(prompt_ids), settings.max_retention_ttl_s
+        ),
     )
     events, headers = await cache_miss.stream(engine, generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))

@@ -20,8 +20,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from semantic.api import cache_miss, limits, rate_limits
-from semantic.api.agents import named_agent
-from semantic.api.anthropic import agent_id_from
 from semantic.api.anthropic_request import parse_body
 from semantic.api.auth import caller_of
 from semantic.api.errors import error_payload
@@ -35,6 +33,7 @@ from semantic.api.openai_tools import (
 )
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
 from semantic.api.prompt_bounds import PromptRoute
+from semantic.api.prompt_cache import prompt_cache_agent, retention_of
 from semantic.api.responses_output import OutputItems, item_id, public
 from semantic.api.responses_request import (
     ResponsesBody,
@@ -85,10 +84,7 @@ def chain_agent(
     reuse still finds its cache by content when its chain goes on."""
     if chain:
         return chain[-1].agent_id or chain[0].id
-    named = named_agent(headers, body.session_id, param="session_id")
-    if named is not None:
-        return named
-    return agent_id_from(body.prompt_cache_key) if body.prompt_cache_key else None
+    return prompt_cache_agent(headers, body.session_id, body.prompt_cache_key)
 
 
 # -- the prompt ----------------------------------------------------------------------------
@@ -276,6 +272,9 @@ async def create_response(request: Request) -> Response:
         sampling=_sampling(body, max_tokens, engine.model.sampling, grammar),
         agent_id=agent,
         owner=owner,  # the chain's agent is this key's, as its stored responses are
+        breakpoints=retention_of(
+            body.prompt_cache_retention, len(prompt_ids), settings.max_retention_ttl_s
+        ),
     )
     events, headers = await cache_miss.stream(engine, generation)
     parsed = tools.parse(events, lambda: engine.abort(generation.request_id))

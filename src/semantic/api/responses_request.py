@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from semantic.api.openai_tools import FunctionDefinition, ToolDefinition
+from semantic.api.prompt_cache import PromptCacheRetention
 from semantic.api.seal import Seals
 from semantic.api.structured_output import TextFormat
 from semantic.core import AGENT_ID_PATTERN
@@ -121,6 +122,7 @@ class ResponsesBody(_Body):
     include: list[str] | None = None
     # Codex names its conversation here; it names the agent when nothing more specific does.
     prompt_cache_key: str | None = Field(None, max_length=256)
+    prompt_cache_retention: PromptCacheRetention | None = None
     session_id: str | None = Field(None, pattern=AGENT_ID_PATTERN)
 
     def tool_count(self) -> int:
