@@ -118,10 +118,10 @@ def claude_code_body(history: list[dict[str, Any]], session: str) -> dict[str, A
                 "required": None,
                 "additionalProperties": False,
             },
-            "cache_control": {"type": "ephemeral"},
         }
         for i in range(24)
     ]
+    tools[-1]["cache_control"] = {"type": "ephemeral"}  # as Claude Code marks them: the last
     return {
         "model": MODEL,
         "max_tokens": 16,
@@ -168,7 +168,9 @@ def test_a_claude_code_session_streams_and_its_next_turn_reads_the_cache(server:
     assert types[0] == "message_start" and types[-1] == "message_stop"
     assert "content_block_start" in types and "message_delta" in types
     assert first.stop_reason in ("end_turn", "max_tokens") and text_of(first)
-    prompt = first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0)
+    usage = first.usage
+    cache = (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+    prompt = usage.input_tokens + cache
     assert prompt > 1000  # the long system prompt reached the model
 
     history += [

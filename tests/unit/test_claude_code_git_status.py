@@ -150,7 +150,9 @@ def _post(client: Any, body: dict[str, Any], key: str | None = None) -> dict[str
 
 
 def _prompt_tokens(usage: dict[str, int]) -> int:
-    return usage["input_tokens"] + usage["cache_read_input_tokens"]
+    """The whole prompt: computed, written for its breakpoints, and read."""
+    cache = usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
+    return usage["input_tokens"] + cache
 
 
 def _other_session(body: dict[str, Any]) -> dict[str, Any]:
