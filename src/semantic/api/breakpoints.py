@@ -4,10 +4,11 @@ real API checks them, and the token each one falls after in the rendered prompt.
 The prompt is rendered by a chat template from text, so a block's end has no token position of
 its own. A copy of the body gets a marker (random, so no client can forge one) at the end of
 each marked block and is rendered too: a mark falls where the marked render, markers taken
-out, stops agreeing with the real one before its marker, and its token is the last one the
-real prompt's tokens and that text's share. Whatever a marker changes (a template that trims,
-text the Claude Code hygiene rewrites) can only move a breakpoint earlier, never past its block;
-a marker the render drops (a block the model does not read) drops its breakpoint.
+out, stops agreeing with the real one before its marker, after the last of the real prompt's
+tokens that ends there (one tokenization, with offsets). Whatever a marker changes (a template
+that trims, text the Claude Code hygiene rewrites) can only move a breakpoint earlier, never
+past its block; a marker the render drops (a block the model does not read) drops its
+breakpoint.
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ def _control(block: ContentBlock, where: str) -> CacheControl | None:
         raise InvalidRequest(f"{where}.cache_control.{path}: {error['msg']}") from None
 
 
+Markers = list[tuple[str, Mark]]  # (marker, the mark it stands for)
+
+
 class BreakpointRender:
     """`render_prompt` for `shape_reply`, which also finds where the body's marks fall:
     `breakpoints` (with each one's `labels`, 5m or 1h) once it has rendered. Times to live are
@@ -121,37 +125,29 @@ class BreakpointRender:
         self, reply_start: str = "", template_vars: Mapping[str, Any] | None = None
     ) -> list[int]:
         text = render_text(self.model, self.body, reply_start, template_vars, **self.options)
-        ids = self.model.tokenizer.encode(text)
-        if self.marks and self.max_ttl_s > 0:
-            body, markers = _with_markers(self.body, self.marks)
-            marked = render_text(self.model, body, reply_start, template_vars, **self.options)
-            found = [(self._position(marked, m, markers, text, ids), k.ttl) for m, k in markers]
-            kept = [(n, ttl) for n, ttl in found if n > 0]
-            self.breakpoints = tuple(Breakpoint(n, min(TTL_S[t], self.max_ttl_s)) for n, t in kept)
-            self.labels = tuple(ttl for _, ttl in kept)
+        if not self.marks or self.max_ttl_s <= 0:
+            return self.model.tokenizer.encode(text)
+        ids, ends = self.model.tokenizer.encode_with_ends(text)
+        body, markers = _with_markers(self.body, self.marks)
+        marked = render_text(self.model, body, reply_start, template_vars, **self.options)
+        found = [(_position(marked, m, markers, text, ends), mark.ttl) for m, mark in markers]
+        kept = [(n, ttl) for n, ttl in found if n > 0]
+        self.breakpoints = tuple(Breakpoint(n, min(TTL_S[t], self.max_ttl_s)) for n, t in kept)
+        self.labels = tuple(ttl for _, ttl in kept)
         return ids
 
-    def _position(
-        self,
-        marked: str,
-        marker: str,
-        markers: Markers,
-        text: str,
-        ids: list[int],
-    ) -> int:
-        """The tokens of the real prompt (`text`, `ids`) before `marker`'s place: 0 when the
-        render lost it."""
-        end = marked.find(marker)
-        if end < 0:
-            return 0
-        before = marked[:end]
-        for other, _ in markers:
-            before = before.replace(other, "")
-        chars = common_prefix(before, text)
-        return common_prefix(self.model.tokenizer.encode(text[:chars]), ids)
 
-
-Markers = list[tuple[str, Mark]]
+def _position(marked: str, marker: str, markers: Markers, text: str, ends: list[int]) -> int:
+    """How many of the real prompt's tokens (`text`, each ending at `ends[i]`) come before
+    `marker`'s place: 0 when the render lost it."""
+    end = marked.find(marker)
+    if end < 0:
+        return 0
+    before = marked[:end]
+    for other, _ in markers:
+        before = before.replace(other, "")
+    chars = common_prefix(before, text)
+    return next((i for i, token_end in enumerate(ends) if token_end > chars), len(ends))
 
 
 def _with_markers(body: MessagesBody, marks: list[Mark]) -> tuple[MessagesBody, Markers]:

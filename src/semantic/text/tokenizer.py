@@ -131,6 +131,12 @@ class Tokenizer:
         (encoding,) = self._backend.encode_batch_fast([text], add_special_tokens=False)
         return list(encoding.ids)
 
+    def encode_with_ends(self, text: str) -> tuple[list[int], list[int]]:
+        """`encode`'s token ids, and where in `text` each token ends (a character offset): how
+        a place in the text is found among its tokens (`api/breakpoints.py`)."""
+        (encoding,) = self._backend.encode_batch([text], add_special_tokens=False)
+        return list(encoding.ids), [end for _, end in encoding.offsets]
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
