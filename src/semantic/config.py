@@ -262,9 +262,11 @@ class Settings(BaseSettings):
         ge=0,
         description="Most prompt tokens one API key's cache breakpoints (Anthropic "
         "`cache_control`, OpenAI `prompt_cache_retention`) keep at once, counted in whole KV "
-        "blocks (all clients together when no keys are set); a request past it is refused "
-        "(403 retention_limit_reached). Kept prefixes hold memory within `max_pinned_share` "
-        "of the pool, and their files are never dropped by the disk budget before they expire.",
+        "blocks (all clients together when no keys are set); past it a request's breakpoints "
+        "take the place of the key's that end soonest, and one whose own breakpoints pass it "
+        "is refused (403 retention_limit_reached). Kept prefixes hold memory within "
+        "`max_pinned_share` of the pool, and the disk budget never drops their files before "
+        "they expire.",
     )
     max_retention_ttl_s: float = Field(
         86_400.0,

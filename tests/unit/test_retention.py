@@ -95,17 +95,22 @@ def test_keeping_again_never_shortens_a_retention_and_holds_each_page_once() -> 
     check(prefix)
 
 
-def test_a_keys_retentions_count_distinct_blocks_against_its_quota() -> None:
+def test_a_keys_retentions_count_distinct_blocks_and_the_soonest_to_end_make_room() -> None:
     retentions, prefix, clock = setup(max_tokens=12)
-    kept = cached_prefix(prefix, list(range(12)))
-    retentions.keep("a", kept[:2], ttl_s=300)
-    retentions.check("a", [kept[:3]])  # shares two blocks: 12 tokens in all
+    kept = cached_prefix(prefix, list(range(16)))
+    retentions.keep("a", kept[:2], ttl_s=3600)
+    retentions.keep("a", kept[2:3], ttl_s=300)
+    assert retentions.make_room("a", [kept[:3]]) == 0  # shares all three: 12 tokens in all
+    assert retentions.make_room("b", [kept[:3]]) == 0  # another key's quota is its own
+    assert retentions.make_room("a", [kept[3:4]]) == 1  # the one that ends first makes room
+    assert retentions.tokens("a") == 8 and prefix.pool.num_held == 2
     with pytest.raises(RetentionLimit, match="max_retained_tokens_per_key"):
-        retentions.check("a", [[*kept, 999]])
-    retentions.check("b", [kept])  # another key's quota is its own
-    clock.now += 300
-    retentions.check("a", [[*kept[:2], 999]])  # the expired one no longer counts
+        retentions.make_room("a", [kept])  # alone past the quota: refused, nothing ended
+    assert retentions.tokens("a") == 8
+    clock.now += 3600
+    assert retentions.make_room("a", [kept[1:4]]) == 0  # the expired one no longer counts
     assert len(retentions) == 0
+    check(prefix)
 
 
 def test_past_its_share_of_the_pool_a_retention_is_kept_by_its_files_alone() -> None:

@@ -187,15 +187,16 @@ class Agents:
     # -- on the engine thread ---------------------------------------------------------------
 
     def begin(self, request: Request) -> None:
-        """A request arrived: its breakpoints must fit its owner's retention quota
-        (RetentionLimit), and an agent it names is created on first sight, within its owner's
-        limit (TooManyAgents past it)."""
+        """A request arrived: its breakpoints must fit its owner's retention quota, its
+        older retentions making room (RetentionLimit when they alone do not fit), and an agent
+        it names is created on first sight, within its owner's limit (TooManyAgents past it)."""
         if request.breakpoints:
             root = self.prefix.root_of(request.owner)
             prompt = request.prompt_token_ids
             points = request.breakpoints
             prefixes = [self.prefix.chain(prompt[: p.num_tokens], root) for p in points]
-            self.retentions.check(request.owner, prefixes)
+            if self.retentions.make_room(request.owner, prefixes):
+                self._protect_pinned()
         key = request.agent
         if key is None:
             return

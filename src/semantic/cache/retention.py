@@ -8,8 +8,10 @@ pin does, so no other request's eviction takes them; its block hashes are protec
 disk budget, as a pinned agent's are, so a page let go of under pressure (`let_go`) is read
 back instead of computed again. A request that reads a retained prefix from the cache renews
 it (`renew`); once expired (`expire`) it lets go of everything and is forgotten. A key's
-retentions name at most `max_tokens_per_key` tokens of distinct blocks: a request that would
-pass that is refused before it runs (`check`).
+retentions name at most `max_tokens_per_key` tokens of distinct blocks: a request whose
+breakpoints would pass that makes room by ending the key's retentions that end soonest, and
+is refused before it runs only when its own breakpoints pass it (`make_room`), as a new agent
+takes the place of its key's least recently used one.
 """
 
 from __future__ import annotations
@@ -69,19 +71,29 @@ class Retentions:
         """The block hashes the disk budget must keep: every live retention's."""
         return frozenset(h for kept in self._kept.values() for h in kept.hashes)
 
-    def check(self, owner: str | None, prefixes: Sequence[Sequence[int]]) -> None:
-        """RetentionLimit when keeping `prefixes` (block hashes each) would pass `owner`'s
-        quota. Expired retentions are dropped first, so they never count."""
+    def make_room(self, owner: str | None, prefixes: Sequence[Sequence[int]]) -> int:
+        """Make room in `owner`'s quota for keeping `prefixes` (block hashes each): expired
+        retentions go first, then the owner's that end soonest, as many as it takes. Returns
+        how many of the owner's live ones ended; RetentionLimit, and none ended, when
+        `prefixes` alone pass the quota."""
         self.expire()
-        wanted = self._hashes_of(owner).union(*prefixes)
+        wanted: set[int] = set().union(*prefixes)
         tokens = len(wanted) * self.prefix.block_tokens
         if tokens > self.max_tokens_per_key:
             raise RetentionLimit(
-                f"the cache breakpoints of this request would keep {tokens} tokens for this API "
-                f"key, past the {self.max_tokens_per_key} it may keep "
-                "(max_retained_tokens_per_key): mark fewer or shorter prefixes, or wait for "
-                "earlier ones to expire"
+                f"the cache breakpoints of this request would keep {tokens} tokens, past the "
+                f"{self.max_tokens_per_key} one API key may keep "
+                "(max_retained_tokens_per_key): mark shorter prefixes"
             )
+        soonest = sorted(
+            (key for key, kept in self._kept.items() if kept.owner == owner),
+            key=lambda key: self._kept[key].expires_at,
+        )
+        ended, size = 0, self.prefix.block_tokens
+        while len(self._hashes_of(owner) | wanted) * size > self.max_tokens_per_key:
+            self._release(self._kept.pop(soonest[ended]))
+            ended += 1
+        return ended
 
     def keep(self, owner: str | None, hashes: Sequence[int], ttl_s: float) -> Retention | None:
         """Keep a prefix at least `ttl_s` seconds from now (renewed, never shortened, when it
