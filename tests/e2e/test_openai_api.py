@@ -150,6 +150,8 @@ def test_models_lists_the_loaded_model(server: Server) -> None:
 
 def test_client_disconnect_mid_stream_aborts_the_request(server: Server) -> None:
     body = {**PARIS, "stream": True, "max_tokens": 2000, "ignore_eos": True}
+    # The server is shared: other tests' cache breakpoints may hold pages until they expire.
+    held_before = httpx.get(f"{server.url}/health/ready").json()["blocks_held"]
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
         for line in r.iter_lines():
             if '"content":"' in line and '"content":""' not in line:
@@ -161,7 +163,7 @@ def test_client_disconnect_mid_stream_aborts_the_request(server: Server) -> None
             break
         time.sleep(0.1)
     assert ready["running"] == 0 and ready["waiting"] == 0
-    assert ready["blocks_held"] == 0
+    assert ready["blocks_held"] <= held_before
     assert "Paris" in _ask(server, "What is the capital of France?")
 
 
