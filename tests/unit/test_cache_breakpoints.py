@@ -86,6 +86,8 @@ def test_a_breakpoint_keeps_its_prefix_through_a_flood_and_the_next_request_read
     again = usage_of(client, ask(marked(), "And this one?"))
     assert again["cache_read_input_tokens"] >= written
     assert again["cache_creation_input_tokens"] == 0
+    kept = client.get("/admin/cache").json()["breakpoints"]
+    assert kept == {"retentions": 1, "tokens": written, "pages_held": written // BLOCK}
 
 
 def test_without_a_breakpoint_the_same_flood_evicts_the_prefix(

@@ -131,6 +131,17 @@ class Retentions:
             self._release(self._kept.pop(key))
         return len(ended)
 
+    def summary(self, seen: Callable[[str | None], bool]) -> dict[str, int]:
+        """What the retentions of the owners `seen` keep: how many, their tokens (distinct
+        blocks, as the quota counts them) and the pool pages they hold."""
+        mine = [kept for kept in self._kept.values() if seen(kept.owner)]
+        hashes = {h for kept in mine for h in kept.hashes}
+        return {
+            "retentions": len(mine),
+            "tokens": len(hashes) * self.prefix.block_tokens,
+            "pages_held": len({page for kept in mine for page in kept.pages}),
+        }
+
     def next_expiry_in(self) -> float | None:
         """Seconds until the first live retention ends (None: there is none)."""
         ends = [kept.expires_at for kept in self._kept.values()]

@@ -98,8 +98,9 @@ class AgentDoor:
         return await self._engine.call(lambda: self._find(key).conversation or Conversation())
 
     async def snapshot(self, caller: Caller) -> dict[str, Any]:
-        """Cache totals, every agent the caller may see, and the last misses of the requests
-        whose owner it may see: where and why, never what the prompt said (`/admin/cache`)."""
+        """Cache totals, every agent the caller may see, the last misses of the requests whose
+        owner it may see (where and why, never what the prompt said), and what those owners'
+        cache breakpoints keep (`/admin/cache`)."""
 
         def read() -> dict[str, Any]:
             seen = sorted(
@@ -107,7 +108,13 @@ class AgentDoor:
             )
             agents = [self._agents.describe(a) for a in seen]
             misses = self._agents.misses.seen_by(lambda owner: _reaches(caller, owner))
-            return {"totals": self.cache_totals(), "agents": agents, "recent_misses": misses}
+            kept = self._agents.retentions.summary(lambda owner: _reaches(caller, owner))
+            return {
+                "totals": self.cache_totals(),
+                "agents": agents,
+                "recent_misses": misses,
+                "breakpoints": kept,
+            }
 
         return await self._engine.call(read)
 
