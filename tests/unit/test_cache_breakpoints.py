@@ -256,3 +256,20 @@ def test_prompt_cache_retention_24h_keeps_the_prompt_and_in_memory_keeps_nothing
     assert answer.status_code == 200 and len(engine.agents.retentions) == 1
     wrong = client.post(route, json=body | {"prompt_cache_retention": "forever"})
     assert wrong.status_code == 400 and "prompt_cache_retention" in wrong.text
+
+
+def test_a_prompt_that_cannot_run_beside_a_retention_makes_it_let_go_of_its_pages(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    with running(chat_served, tmp_path, num_blocks=32) as (client, engine, _):
+        written = usage_of(client, ask(marked()))["cache_creation_input_tokens"]
+        assert client.get("/admin/cache").json()["breakpoints"]["pages_held"] == written // BLOCK
+        long = "Summarize each of these release notes in one line. " * 4  # most of the pool
+        body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": long}]}
+        answer = client.post("/v1/messages", json=body)
+        assert answer.status_code == 200, answer.text
+        prompt = answer.json()["usage"]["input_tokens"]
+        assert prompt // BLOCK > 32 - written // BLOCK  # it could not have run beside it
+        kept = client.get("/admin/cache").json()["breakpoints"]
+        assert kept["retentions"] == 1 and kept["pages_held"] == 0  # its files keep it now
+        assert engine.tiering.protected  # and the disk budget may not drop them
