@@ -235,7 +235,9 @@ class DequantizingLinear:
         return _nbytes(self.q, self.scales, self.bias)
 
 
-WEIGHT_FORMATS = ("bf16", "int8")  # "bf16": as loaded, in the model dtype; "int8": see above
+# "bf16": as loaded, in the model dtype; "int8": see above; "gguf": a GGUF file's Q4_K matrices
+# on torch's int4 kernel (`int4.py`, built by `models/weights.py`), every other weight as "bf16".
+WEIGHT_FORMATS = ("bf16", "int8", "gguf")
 
 
 def linear_factory(
