@@ -1,6 +1,7 @@
 """The torch backend's int4 linear on Q4_K blocks: torch's kernel and our dequantized slabs both
 compute x Wᵀ for the file's W (its group scales and zeros rounded to bf16), a layer's weights
-stay blocks where all of them are, and `weights = "auto"` picks the format by machine."""
+stay blocks where all of them are, the file's other tensors are kept in bf16 beside an fp32
+model, and `weights = "auto"` picks the format by machine."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import torch.nn.functional as F
 
 from semantic.backends import weight_format
 from semantic.backends.torch import int4, runner
+from semantic.backends.torch import linear as linear_module
 from semantic.backends.torch.int4 import Int4Linear, runs_int4
-from semantic.backends.torch.linear import DenseLinear, linear_factory
+from semantic.backends.torch.linear import Bf16StoredLinear, linear_factory
 from semantic.backends.torch.models.layers import Build
 from semantic.backends.torch.models.weights import Weights
 from semantic.config import Settings
@@ -59,7 +61,7 @@ def test_the_kernel_computes_the_dequantized_matmul_in_bf16(rows: int) -> None:
 def test_the_slabs_compute_the_dequantized_matmul_in_the_models_dtype(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(int4, "_SLAB_ROWS", 32)  # three slabs of 96 output rows
+    monkeypatch.setattr(linear_module, "SLAB_ROWS", 32)  # three slabs of 96 output rows
     b = blocks()
     bias = torch.randn(OUT)
     linear = Int4Linear(b, bias, torch.float32)
@@ -120,12 +122,17 @@ def build(dtype: torch.dtype = torch.float32) -> Build:
 
 def test_a_fused_weight_stays_blocks_only_where_every_part_is() -> None:
     dense = np.random.default_rng(0).standard_normal((32, IN)).astype(np.float32)
-    arrays = [("a", blocks(32, seed=1)), ("b", blocks(32, seed=2)), ("c", dense)]
+    arrays: list[tuple[str, np.ndarray | Q4KBlocks]] = [
+        ("a", blocks(32, seed=1)),
+        ("b", blocks(32, seed=2)),
+        ("c", dense),
+    ]
     weights = Weights.load([*arrays, ("d", blocks(32, seed=3))], build())
     fused = weights.fused(["a", "b"])
     assert isinstance(weights.linear(fused, None), Int4Linear)
     mixed = weights.fused(["c", "d"])
-    assert isinstance(mixed, torch.Tensor) and isinstance(weights.linear(mixed, None), DenseLinear)
+    stored = weights.linear(mixed, None)  # the others of a GGUF in bf16, for an fp32 model
+    assert isinstance(mixed, torch.Tensor) and isinstance(stored, Bf16StoredLinear)
     np.testing.assert_array_equal(mixed[32:].numpy(), blocks(32, seed=3).dequantize())
 
 
@@ -145,3 +152,18 @@ def test_auto_computes_a_gguf_on_its_blocks_only_where_our_kernels_do_not_run(
     assert weight_format(options, gguf=True) == expected
     assert weight_format(options, gguf=False) == "bf16"
     assert weight_format(runner_options(Settings(weights="int8")), gguf=True) == "int8"
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_bf16_stored_weight_computes_its_bf16_values(rows: int) -> None:
+    """The other tensors of a GGUF beside an fp32 model: stored in bf16 (half the bytes), one
+    row on the bf16 GEMV (x rounded to bf16 too), more on the weight widened to fp32."""
+    weight, bias = torch.randn(OUT, IN), torch.randn(OUT)
+    linear = Bf16StoredLinear(weight, bias)
+    x = torch.randn(rows, IN)
+    rounded = weight.bfloat16().float()
+    x_seen = x.bfloat16().float() if rows == 1 else x
+    y = linear(x)
+    assert y.dtype == torch.float32 and linear.nbytes == (OUT * IN * 2 + OUT * 4)
+    torch.testing.assert_close(y, F.linear(x_seen, rounded, bias), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(linear.rows(torch.tensor([3, 1])), rounded[[3, 1]])

@@ -17,8 +17,9 @@ One 8960×1536 weight on a 2-vCPU AMD EPYC (AVX2, no AVX-512), torch 2.13, ms a 
     dequantized slabs + fp32 matmul   -      -      -      45-64  68-73  102-107 160-188
 
 The kernel grows ~0.7 ms a row where an fp32 matmul grows ~0.3, so prefill chunks take the other
-path: the weight dequantized to the model's dtype `_SLAB_ROWS` output rows at a time (a slab
-stays in cache between its dequantization and its matmul), about the fp32 matmul's own time.
+path: the weight dequantized to the model's dtype a slab of output rows at a time (a slab stays
+in cache between its dequantization and its matmul: `linear.matmul_by_slabs`), about the fp32
+matmul's own time.
 The switch sits at `_KERNEL_MAX_ROWS`, where the two meet. For that path the values are kept a
 second time, ours (`nibbles`: a row's first half in the low nibbles, its second half in the
 high, so each half unpacks contiguously), since torch's packed layout differs by CPU (rows
@@ -29,10 +30,10 @@ from __future__ import annotations
 
 import torch
 
+from semantic.backends.torch.linear import matmul_by_slabs
 from semantic.models.q4k import GROUP, Q4KBlocks
 
 _KERNEL_MAX_ROWS = 128  # torch's int4 kernel up to here (decodes, warm turns), slabs above
-_SLAB_ROWS = 256  # output rows dequantized at once on the slab path: 1.5 MiB at 1536 inputs
 _PACK_ROWS = 4096  # rows packed at once at load (torch packs from int32: 4 bytes a value)
 _KERNEL_DTYPE = torch.bfloat16  # the only x dtype the CPU kernel is fast for (fp32 x: 13x)
 
@@ -73,17 +74,8 @@ class Int4Linear:
             )
             y = y.to(self.dtype)
             return y if self.bias is None else y.add_(self.bias)
-        return self._slabs(x)
 
-    def _slabs(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ Wᵀ a slab of output rows at a time, each dequantized just before its matmul."""
-        out_features = self.nibbles.shape[0]
-        y = x.new_empty(x.shape[0], out_features)
-        for start in range(0, out_features, _SLAB_ROWS):
-            end = min(out_features, start + _SLAB_ROWS)
-            weight = self._dequantized(slice(start, end))
-            torch.matmul(x, weight.t(), out=y[:, start:end])
-        return y if self.bias is None else y.add_(self.bias)
+        return matmul_by_slabs(x, self.nibbles.shape[0], self._dequantized, self.bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self._dequantized(ids)

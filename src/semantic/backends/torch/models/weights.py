@@ -156,10 +156,11 @@ def embedding_and_head(weights: Weights) -> tuple[Linear, Linear]:
 
 def _table(table: Matrix, build: Build) -> Linear:
     """An untied embedding table, only its rows read: a Q4_K table stays 4-bit (no copy for
-    the kernel), any other as loaded."""
+    the kernel), any other of a GGUF computed on its blocks as its other weights are stored,
+    else as loaded."""
     if isinstance(table, Q4KBlocks):
         return Int4Linear(table, None, build.dtype, kernel=False)
-    return DenseLinear(table, None)
+    return build.linear(table, None) if build.weight_format == "gguf" else DenseLinear(table, None)
 
 
 def decoder(
