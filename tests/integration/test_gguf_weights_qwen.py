@@ -37,7 +37,8 @@ def qwen() -> Checkpoint:
 
 
 def make_runner(checkpoint: Checkpoint, weights: str) -> TorchRunner:
-    tensors = checkpoint.blocks() if weights == "gguf" and checkpoint.blocks else None
+    assert checkpoint.blocks is not None  # it has Q4_K matrices to keep
+    tensors = checkpoint.blocks() if weights == "gguf" else None
     return TorchRunner(
         checkpoint.config,
         tensors if tensors is not None else checkpoint.weights(),

@@ -276,3 +276,8 @@ def test_a_phi3_gguf_with_one_longrope_list_fails_to_load(tmp_path: Path) -> Non
     write_phi3_metadata(path, {"rope_factors_long.weight": np.ones(3, np.float32)}, window=100)
     with pytest.raises(ModelLoadFailed, match="one of LongRoPE's factor lists"):
         GGUFFile(path).config()
+
+
+def test_a_gguf_without_q4k_matrices_has_no_blocks_to_keep(tiny_gguf: Path) -> None:
+    """Its tensors are Q8_0: `weights = "auto"` then keeps the weights as loaded."""
+    assert load_checkpoint(tiny_gguf, progress=False).blocks is None

@@ -57,8 +57,9 @@ def with_weights(options: RunnerOptions, checkpoint: Checkpoint) -> tuple[Runner
 
 
 def weight_format(options: RunnerOptions, gguf: bool) -> str:
-    """`options.weights`, "auto" resolved for a checkpoint (`gguf`: a GGUF file) on this
-    machine: the torch backend's choice for a GGUF file, "bf16" (as loaded) otherwise."""
+    """`options.weights`, "auto" resolved for a checkpoint (`gguf`: a GGUF file with Q4_K
+    blocks to keep) on this machine: the torch backend's choice for such a file, "bf16" (as
+    loaded) otherwise."""
     if options.weights != "auto":
         return options.weights
     name = default_backend() if options.backend == "auto" else options.backend

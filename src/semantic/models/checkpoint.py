@@ -38,7 +38,7 @@ class Checkpoint:
     `fingerprint` names the weights (`models/fingerprint.py`): it tags their KV cache. A GGUF
     file's `blocks()` yields the same tensors with its Q4_K matrices as their blocks
     (`Q4KBlocks`) where nothing but a row order changes them, for a backend that computes on
-    them; a Hugging Face directory has none (None).
+    them; None where there are none to keep (other quant types, a Hugging Face directory).
     """
 
     config: ModelConfig
@@ -74,7 +74,8 @@ def _load_gguf(path: Path, progress: bool) -> Checkpoint:
 
     template, origin = _chat_template(gguf.chat_template, tokenizer, config)
     fingerprint = gguf.fingerprint()
-    return Checkpoint(config, tokenizer, template, path, fingerprint, weights, origin, blocks)
+    kept = blocks if gguf.has_blocks(config) else None
+    return Checkpoint(config, tokenizer, template, path, fingerprint, weights, origin, kept)
 
 
 def _load_hf(path: Path, progress: bool) -> Checkpoint:

@@ -29,7 +29,7 @@ from semantic.models.config import (
     no_rope_every,
 )
 from semantic.models.fingerprint import WeightsFile, fingerprint
-from semantic.models.gguf_reader import GGUFLayout
+from semantic.models.gguf_reader import GGUFLayout, TensorInfo
 from semantic.models.q4k import Q4KBlocks, read_q4k
 
 # GGUF architecture → Hugging Face model_type, for the families whose GGUF layout we undo.
@@ -256,15 +256,14 @@ class GGUFFile:
         """Every tensor, dequantized to float32, in Hugging Face's name and layout; with
         `blocks`, the Q4_K matrices that need no fix-up but a row order come as their blocks
         (`Q4KBlocks`), in the architectures whose backends take their linears whole."""
-        keep = blocks and self.architecture in _BLOCKS_KEPT
-        keep = keep and config.rotary_dim == config.head_dim  # no head dims reordered
+        keep = blocks and self._keeps_blocks(config)
         for tensor in self._reader.tensors:
             if tensor.name in _LONGROPE_TENSORS:
                 continue  # in the config's rope scaling
             name = hf_tensor_name(tensor.name, self.architecture)
             # GGUF lists dims innermost first; numpy wants them outermost first.
             shape = tuple(reversed(tensor.shape))
-            if keep and tensor.tensor_type == GGMLQuantizationType.Q4_K and len(shape) == 2:
+            if keep and _is_q4k_matrix(tensor):
                 rows, cols = shape
                 unpermute = functools.partial(self._undo_rope_permute, name, config=config)
                 yield name, read_q4k(tensor.data, rows, cols).with_rows(unpermute)
@@ -275,6 +274,14 @@ class GGUFFile:
             if self.architecture in _NORM_PLUS_ONE and name.endswith("norm.weight"):
                 array -= 1.0
             yield name, self._undo_rope_permute(name, array, config)
+
+    def has_blocks(self, config: ModelConfig) -> bool:
+        """Whether `weights(blocks=True)` yields any Q4_K blocks."""
+        return self._keeps_blocks(config) and any(map(_is_q4k_matrix, self._reader.tensors))
+
+    def _keeps_blocks(self, config: ModelConfig) -> bool:
+        # Rope over whole heads: no head's dims are reordered (`names.rotary_rows`).
+        return self.architecture in _BLOCKS_KEPT and config.rotary_dim == config.head_dim
 
     def _arch(self, key: str, default: Any = ...) -> Any:
         value = self.metadata.get(f"{self.architecture}.{key}", default)
@@ -321,6 +328,10 @@ class GGUFFile:
         if name.endswith("k_proj.weight"):
             return unpermute_rope_rows(array, config.num_key_value_heads)
         return array
+
+
+def _is_q4k_matrix(tensor: TensorInfo) -> bool:
+    return tensor.tensor_type == GGMLQuantizationType.Q4_K and len(tensor.shape) == 2
 
 
 def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str:
