@@ -8,22 +8,23 @@ scale `d·sc` and its zero `8·scale − dmin·m` to bf16's 8 significant bits (
 the quantization's own step is 1/15 of a group's range). Decode reads 4 bits a value where fp32
 reads 32.
 
-One 8960×1536 weight on a 2-vCPU AMD EPYC (AVX2, no AVX-512), torch 2.13, ms a call, medians of
-5 on a shared host (`benchmarks/runner_microbench.py`-style loops, the model dtype fp32):
+One 8960×1536 weight on a 2-vCPU AMD EPYC (AVX2, no AVX-512), torch 2.13, the model dtype fp32,
+ms a call, one thread, fastest of 9 (the host shared, load average ~4 on its 2 CPUs):
 
-    rows                              1      8      32     64     128    256    512
-    fp32 F.linear (the loaded weight) 6.4    22.7   55.5   36-46  56-65  101    157-175
-    int4 kernel, x in bf16            1.4    5.1    18.1   37.1   64.2   185    355
-    dequantized slabs + fp32 matmul   -      -      -      45-64  68-73  102-107 160-188
+    rows                              1      8      16     32     64     128    256    512
+    fp32 F.linear (the loaded weight) 8.2    18.8   25.5   35.6   47.5   88.3   145    290
+    int4 kernel, x in bf16            2.1    6.0    12.8   27.4   49.9   193    215    640
+    dequantized slabs + fp32 matmul   21.5   19.2   32.5   33.7   39.9   63.9   158    254
 
-The kernel grows ~0.7 ms a row where an fp32 matmul grows ~0.3, so prefill chunks take the other
+(Two threads, medians at a quieter moment: 1 row 6.4 / 1.4 ms; 64 rows 36-46 / 37 / 45-64.)
+The kernel grows ~0.8 ms a row where an fp32 matmul grows ~0.5, so longer chunks take the other
 path: the weight dequantized to the model's dtype a slab of output rows at a time (a slab stays
 in cache between its dequantization and its matmul: `linear.matmul_by_slabs`), about the fp32
-matmul's own time.
-The switch sits at `_KERNEL_MAX_ROWS`, where the two meet. For that path the values are kept a
-second time, ours (`nibbles`: a row's first half in the low nibbles, its second half in the
-high, so each half unpacks contiguously), since torch's packed layout differs by CPU (rows
-interleaved in blocks of 32 on AVX2): 1.125 bytes a value in all, against fp32's 4.
+matmul's own time. The switch sits at `_KERNEL_MAX_ROWS`, short of where the two meet. For that
+path the values are kept a second time, ours (`nibbles`: a row's first half in the low nibbles,
+its second half in the high, so each half unpacks contiguously), since torch's packed layout
+differs by CPU (rows interleaved in blocks of 32 on AVX2): 1.125 bytes a value in all, against
+fp32's 4.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 from semantic.backends.torch.linear import matmul_by_slabs
 from semantic.models.q4k import GROUP, Q4KBlocks
 
-_KERNEL_MAX_ROWS = 128  # torch's int4 kernel up to here (decodes, warm turns), slabs above
+_KERNEL_MAX_ROWS = 32  # torch's int4 kernel up to here (decodes, short turns), slabs above
 _PACK_ROWS = 4096  # rows packed at once at load (torch packs from int32: 4 bytes a value)
 _KERNEL_DTYPE = torch.bfloat16  # the only x dtype the CPU kernel is fast for (fp32 x: 13x)
 
