@@ -4,6 +4,7 @@ its own (so its memory is its own), the formats taking turns run after run.
 
     python benchmarks/weights_speed.py --model qwen2.5-coder-1.5b --weights bf16,gguf
     python benchmarks/weights_speed.py --model qwen2.5-coder-0.5b --chunks 64,128,512 --runs 5
+    python benchmarks/weights_speed.py --model qwen2.5-coder-0.5b --together --threads 1
 
 A run prefills a prompt of `--prompt` tokens in chunks of each of `--chunks` tokens (the
 server's `max_batch_tokens` is 512; a returning agent's turn is a chunk of its new tokens), then
@@ -39,22 +40,33 @@ BLOCK_TOKENS = 256
 
 def measure(args: argparse.Namespace, weights: str, chunks: list[int]) -> dict[str, Any]:
     """One process's figures for one format: load, then one run of every chunk size."""
+    started = time.perf_counter()
+    runner, resolved = load(args, weights)
+    figures: dict[str, Any] = {
+        "weights": resolved,
+        "load_s": time.perf_counter() - started,
+        "linear_mib": _linear_bytes(runner) / 2**20,
+        **_memory_mib(),
+    }
+    return figures | timed(runner, args, chunks)
+
+
+def load(args: argparse.Namespace, weights: str) -> tuple[TorchRunner, str]:
+    """A runner of `weights` ("auto" resolved: the second item)."""
     checkpoint = load_checkpoint(ModelRegistry().resolve(args.model).path, progress=False)
     settings = Settings(
         weights=weights, cache_budget_mb=256, prepared_weights=False, threads=args.threads
     )
-    started = time.perf_counter()
     options, tensors = with_weights(runner_options(settings), checkpoint)
     runner = create_runner(options, checkpoint.config, tensors)
     assert isinstance(runner, TorchRunner)
-    load_s = time.perf_counter() - started
+    return runner, options.weights
+
+
+def timed(runner: TorchRunner, args: argparse.Namespace, chunks: list[int]) -> dict[str, Any]:
+    """One run of every chunk size: prefill and decode rates, and the load beside them."""
     ids = list(range(1000, 1000 + args.prompt))
-    figures: dict[str, Any] = {
-        "weights": options.weights,
-        "load_s": load_s,
-        "linear_mib": _linear_bytes(runner) / 2**20,
-        **_memory_mib(),
-    }
+    figures: dict[str, Any] = {}
     for chunk in chunks:
         prefill_s, steps_s = _one_run(runner, ids, chunk, args.decode)
         figures[f"prefill_{chunk}"] = args.prompt / prefill_s
@@ -117,6 +129,9 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=32, help="tokens decoded after it")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="most threads (default: all)")
+    parser.add_argument(
+        "--together", action="store_true", help="all formats in one process, run by run in turn"
+    )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child's run
     args = parser.parse_args()
     chunks = [int(c) for c in args.chunks.split(",")]
@@ -124,6 +139,13 @@ def main() -> None:
         print(json.dumps(measure(args, args.weights, chunks)))
         return
     runs: dict[str, list[dict[str, Any]]] = {}
+    if args.together:  # the host's load falls on every format alike
+        runners = {w: load(args, w)[0] for w in args.weights.split(",")}
+        for _ in range(args.runs):
+            for name, runner in runners.items():
+                runs.setdefault(name, []).append(timed(runner, args, chunks))
+        report(args.model, runs)
+        return
     for _ in range(args.runs):
         for weights in args.weights.split(","):
             child = [sys.executable, __file__, *sys.argv[1:], "--one", "--weights", weights]
@@ -139,7 +161,7 @@ def report(model: str, runs: dict[str, list[dict[str, Any]]]) -> None:
     print("|---" * (len(keys) + 1) + "|")
     for name, figures in runs.items():
         cells = [f"{statistics.median(f[k] for f in figures):.2f}" for k in keys]
-        print(f"| {name} ({figures[0]['weights']}) | " + " | ".join(cells) + " |")
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
