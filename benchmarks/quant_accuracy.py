@@ -5,6 +5,7 @@ and a KV cache in the model's dtype.
     python benchmarks/quant_accuracy.py --setting kv_dtype=int8
     python benchmarks/quant_accuracy.py --setting weights=int8 --tokens 64 --model gemma3-270m
     python benchmarks/quant_accuracy.py --setting backend=mlx --setting weights=int4 --chat-only
+    python benchmarks/quant_accuracy.py --setting weights=gguf --model qwen2.5-coder-1.5b
 
 Both configurations are built from the server's own settings (`--setting name=value` is any
 setting, as `serve` takes it), on the same weights and prompts: chat questions, and the
@@ -31,7 +32,7 @@ from typing import Any, Protocol, cast
 
 import torch
 
-from semantic.backends import create_runner
+from semantic.backends import create_runner, with_weights
 from semantic.bench.plan import sentences
 from semantic.config import Settings
 from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams
@@ -100,15 +101,16 @@ class Runner(Protocol):
     def forward_logits(self, batch: Batch) -> Any: ...
 
 
-# What the variant is measured against: the weights and the KV cache in the model's dtype, on
-# the variant's backend and device.
+# What the variant is measured against: the weights and the KV cache in the model's dtype (a
+# GGUF's dequantized), on the variant's backend and device.
 OWN_NUMERICS = {"kv_dtype": "model", "weights": "bf16"}
 
 
 def build_runner(checkpoint: Checkpoint, overrides: dict[str, str], pool_mb: int) -> Runner:
     settings = Settings(**overrides, cache_budget_mb=pool_mb, prepared_weights=False)  # type: ignore[arg-type]
     # Either backend's runner has forward_logits, beside the ModelRunner port create_runner names.
-    runner = create_runner(runner_options(settings), checkpoint.config, checkpoint.weights())
+    options, weights = with_weights(runner_options(settings), checkpoint)
+    runner = create_runner(options, checkpoint.config, weights)
     return cast(Runner, runner)
 
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from semantic.core import DefaultSampling
     from semantic.engine.engine import Engine
     from semantic.engine.host import EngineHost
+    from semantic.models.q4k import Q4KBlocks
     from semantic.preflight import Checked
     from semantic.registry import ModelRegistry, ModelSource
 
@@ -284,7 +285,7 @@ def _build_engine_off_the_main_thread(settings: Settings, source: ModelSource) -
 def build_engine(settings: Settings, source: ModelSource | None = None) -> Engine:
     """Load the model (`source`, else the configured one), build its runner over a fresh block
     pool, wrap an engine."""
-    from semantic.backends import create_runner
+    from semantic.backends import create_runner, with_weights
     from semantic.engine.engine import Engine
     from semantic.kv_budget import short_pool_warning
     from semantic.memory import own_mappings
@@ -303,8 +304,9 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         context = checkpoint.config.max_position_embeddings
         context = min(context, settings.max_model_len or context)
         config = checkpoint.config.within_context(context)  # LongRoPE's factors for it
-        weights = _logged_weights(checkpoint.weights())
-        runner = create_runner(runner_options(settings), config, weights, checkpoint.fingerprint)
+        options, tensors = with_weights(runner_options(settings), checkpoint)
+        weights = _logged_weights(tensors)
+        runner = create_runner(options, config, weights, checkpoint.fingerprint)
     served = ServedModel(
         name=_served_name(settings, source),
         config=config,
@@ -355,8 +357,8 @@ def _default_sampling(settings: Settings, recommended: DefaultSampling | None) -
 
 
 def _logged_weights(
-    tensors: Iterator[tuple[str, np.ndarray]],
-) -> Iterator[tuple[str, np.ndarray]]:
+    tensors: Iterator[tuple[str, np.ndarray | Q4KBlocks]],
+) -> Iterator[tuple[str, np.ndarray | Q4KBlocks]]:
     """The weights, unchanged; once the backend has taken the last, a log line of how many and
     how long (the terminal's progress bar aside, the one sign of this phase in a log)."""
     started, count = time.perf_counter(), 0

@@ -184,11 +184,14 @@ class Settings(BaseSettings):
         description="Most CPU threads for compute (default: all); fewer while other programs "
         "keep cores busy.",
     )
-    weights: Literal["bf16", "int8", "int4"] = Field(
-        "bf16",
+    weights: Literal["auto", "bf16", "int8", "int4", "gguf"] = Field(
+        "auto",
         description="How the linear layers store their weights: bf16 (the dtype, as loaded), "
-        "int8 (a scale per output row; half the bytes a decode step reads), or int4 (the mlx "
-        "backend only: MLX's 4-bit groups, a quarter of the bytes).",
+        "int8 (a scale per output row; half the bytes a decode step reads), int4 (the mlx "
+        "backend only: MLX's 4-bit groups, a quarter of the bytes), or gguf (the torch "
+        "backend on a CPU: a GGUF file's Q4_K matrices computed on their own 4-bit groups, "
+        "other tensors as loaded); auto: gguf for a GGUF model on the torch backend on a CPU "
+        "without our kernels, else bf16.",
     )
     cpu_kernels: bool = Field(
         True,

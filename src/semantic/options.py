@@ -56,7 +56,7 @@ class RunnerOptions:
     device: str
     threads: int | None
     kernels: bool  # our compiled CPU kernels, where the CPU has them
-    weights: str  # how the linears store their weights: "bf16" or "int8"
+    weights: str  # how the linears store their weights: "auto", "bf16", "int8", "int4", "gguf"
     prepared_dir: Path | None  # where built models are kept for the next start (None: never)
     cuda_graphs: bool  # decode steps replayed as CUDA graphs, on CUDA
     max_running: int  # the most sequences a decode step holds (the largest graph)

@@ -314,3 +314,8 @@ def test_a_recommendation_takes_only_values_in_range() -> None:
     assert DefaultSampling.recommended({"repetition_penalty": 1.1}) == DefaultSampling(
         repetition_penalty=1.1
     )
+
+
+def test_a_gguf_without_q4k_matrices_has_no_blocks_to_keep(tiny_gguf: Path) -> None:
+    """Its tensors are Q8_0: `weights = "auto"` then keeps the weights as loaded."""
+    assert load_checkpoint(tiny_gguf, progress=False).blocks is None

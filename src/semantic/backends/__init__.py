@@ -6,14 +6,19 @@ import importlib
 import importlib.util
 import platform
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 import numpy as np
 
 from semantic.engine.runner import ModelRunner
 from semantic.errors import ModelLoadFailed
+from semantic.models.checkpoint import Checkpoint
 from semantic.models.config import ModelConfig
+from semantic.models.q4k import Q4KBlocks
 from semantic.options import RunnerOptions
+
+Tensors = Iterator[tuple[str, np.ndarray | Q4KBlocks]]
 
 _RUNNERS = {
     "torch": ("semantic.backends.torch.runner", "TorchRunner"),
@@ -24,7 +29,7 @@ _RUNNERS = {
 def create_runner(
     options: RunnerOptions,
     config: ModelConfig,
-    weights: Iterable[tuple[str, np.ndarray]],
+    weights: Iterable[tuple[str, np.ndarray | Q4KBlocks]],
     weights_fingerprint: str | None = None,
 ) -> ModelRunner:
     """Build the runner of `options.backend` ("auto" picks this platform's) for a model; its
@@ -40,6 +45,29 @@ def create_runner(
     keywords = {**options.keywords(), "weights_fingerprint": weights_fingerprint}
     runner: ModelRunner = getattr(module, class_name)(config, weights, **keywords)
     return runner
+
+
+def with_weights(options: RunnerOptions, checkpoint: Checkpoint) -> tuple[RunnerOptions, Tensors]:
+    """`options` with their weight format resolved for `checkpoint` (`weight_format`), and the
+    checkpoint's tensors as that format reads them: Q4_K blocks kept for "gguf"."""
+    resolved = replace(options, weights=weight_format(options, checkpoint.blocks is not None))
+    if resolved.weights == "gguf" and checkpoint.blocks is not None:
+        return resolved, checkpoint.blocks()
+    return resolved, checkpoint.weights()
+
+
+def weight_format(options: RunnerOptions, gguf: bool) -> str:
+    """`options.weights`, "auto" resolved for a checkpoint (`gguf`: a GGUF file with Q4_K
+    blocks to keep) on this machine: the torch backend's choice for such a file, "bf16" (as
+    loaded) otherwise."""
+    if options.weights != "auto":
+        return options.weights
+    name = default_backend() if options.backend == "auto" else options.backend
+    if name != "torch" or not gguf:
+        return "bf16"
+    from semantic.backends.torch.runner import auto_weight_format
+
+    return auto_weight_format(options.device, options.dtype, options.kernels)
 
 
 def default_backend() -> str:

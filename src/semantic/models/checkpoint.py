@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from rich.console import Console
@@ -19,11 +20,14 @@ from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
 from semantic.models.gguf import GGUFFile
 from semantic.models.hf import HFDir
+from semantic.models.q4k import Q4KBlocks
 from semantic.text.builtin_templates import builtin_template
 from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 
+_T = TypeVar("_T")
 Weights = Callable[[], Iterator[tuple[str, np.ndarray]]]
+WeightBlocks = Callable[[], Iterator[tuple[str, np.ndarray | Q4KBlocks]]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,7 +36,10 @@ class Checkpoint:
 
     `weights()` yields `(Hugging Face name, float32 array)` one tensor at a time, so a backend can
     convert each to its own dtype and device before the next is read; each call starts over.
-    `fingerprint` names the weights (`models/fingerprint.py`): it tags their KV cache.
+    `fingerprint` names the weights (`models/fingerprint.py`): it tags their KV cache. A GGUF
+    file's `blocks()` yields the same tensors with its Q4_K matrices as their blocks
+    (`Q4KBlocks`) where nothing but a row order changes them, for a backend that computes on
+    them; None where there are none to keep (other quant types, a Hugging Face directory).
     """
 
     config: ModelConfig
@@ -42,6 +49,7 @@ class Checkpoint:
     fingerprint: str
     weights: Weights
     template_origin: str = "file"  # "file", or "built-in <name>" when the file has none
+    blocks: WeightBlocks | None = None
     sampling: DefaultSampling | None = None  # what the files recommend, if they do
 
 
@@ -63,9 +71,14 @@ def _load_gguf(path: Path, progress: bool) -> Checkpoint:
     def weights() -> Iterator[tuple[str, np.ndarray]]:
         return _with_progress(gguf.weights(config), gguf.num_tensors, progress)
 
+    def blocks() -> Iterator[tuple[str, np.ndarray | Q4KBlocks]]:
+        return _with_progress(gguf.weights(config, blocks=True), gguf.num_tensors, progress)
+
     template, origin = _chat_template(gguf.chat_template, tokenizer, config)
+    fingerprint = gguf.fingerprint()
+    kept = blocks if gguf.has_blocks(config) else None
     return Checkpoint(
-        config, tokenizer, template, path, gguf.fingerprint(), weights, origin, gguf.sampling
+        config, tokenizer, template, path, fingerprint, weights, origin, kept, gguf.sampling
     )
 
 
@@ -79,7 +92,7 @@ def _load_hf(path: Path, progress: bool) -> Checkpoint:
 
     template, origin = _chat_template(hf.chat_template, tokenizer, config)
     return Checkpoint(
-        config, tokenizer, template, path, hf.fingerprint(), weights, origin, hf.sampling()
+        config, tokenizer, template, path, hf.fingerprint(), weights, origin, sampling=hf.sampling()
     )
 
 
@@ -106,9 +119,7 @@ def _chat_template(
     return template, origin
 
 
-def _with_progress(
-    tensors: Iterator[tuple[str, np.ndarray]], total: int, progress: bool
-) -> Iterator[tuple[str, np.ndarray]]:
+def _with_progress(tensors: Iterator[_T], total: int, progress: bool) -> Iterator[_T]:
     console = Console(stderr=True)
     if not (progress and console.is_terminal):
         return tensors

@@ -1,4 +1,5 @@
-"""Reading a GGUF file: its metadata as a `ModelConfig`, its tensors as Hugging Face-named float32.
+"""Reading a GGUF file: its metadata as a `ModelConfig`, its tensors as Hugging Face-named float32
+(or, where a backend computes on them, Q4_K tensors as their unpacked blocks: `models/q4k.py`).
 
 Quantized tensors are dequantized with the `gguf` package (every type it knows: Q4_K, Q5_0,
 Q6_K, Q8_0, MXFP4, …); llama.cpp's converter renames tensors (per architecture), reorders
@@ -10,13 +11,14 @@ SmolLM3's rope-less layers) is what llama.cpp assumes for the architecture.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
-from gguf import quants
+from gguf import GGMLQuantizationType, quants
 
 from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed
@@ -28,7 +30,8 @@ from semantic.models.config import (
     no_rope_every,
 )
 from semantic.models.fingerprint import WeightsFile, fingerprint
-from semantic.models.gguf_reader import GGUFLayout
+from semantic.models.gguf_reader import GGUFLayout, TensorInfo
+from semantic.models.q4k import Q4KBlocks, read_q4k
 
 # GGUF architecture → Hugging Face model_type, for the families whose GGUF layout we undo.
 _ARCHITECTURES = {
@@ -105,6 +108,9 @@ _ARCHITECTURE_LAYER_TENSORS = {
     "qwen3moe": {"ffn_gate_inp": "mlp.gate", **_EXPERT_TENSORS},
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},  # fused
 }
+# Where `weights(blocks=True)` keeps Q4_K blocks: every linear of these is taken whole by the
+# backends (others split fused tensors or reorder a head's dims as arrays, Gemma folds 1 + w).
+_BLOCKS_KEPT = frozenset({"llama", "qwen2", "qwen3", "smollm3"})
 _UNSUFFIXED = frozenset({"self_attn.sinks"})  # a parameter of its own, not a module's weight
 
 
@@ -250,20 +256,48 @@ class GGUFFile:
             "num_experts_per_tok": self._arch("expert_used_count"),
         }
 
-    def weights(self, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
-        """Every tensor, dequantized to float32, in Hugging Face's name and layout."""
+    @overload
+    def weights(
+        self, config: ModelConfig, *, blocks: Literal[False] = False
+    ) -> Iterator[tuple[str, np.ndarray]]: ...
+
+    @overload
+    def weights(
+        self, config: ModelConfig, *, blocks: bool
+    ) -> Iterator[tuple[str, np.ndarray | Q4KBlocks]]: ...
+
+    def weights(
+        self, config: ModelConfig, *, blocks: bool = False
+    ) -> Iterator[tuple[str, np.ndarray | Q4KBlocks]]:
+        """Every tensor, dequantized to float32, in Hugging Face's name and layout; with
+        `blocks`, the Q4_K matrices that need no fix-up but a row order come as their blocks
+        (`Q4KBlocks`), in the architectures whose backends take their linears whole."""
+        keep = blocks and self._keeps_blocks(config)
         for tensor in self._reader.tensors:
             if tensor.name in _LONGROPE_TENSORS:
                 continue  # in the config's rope scaling
             name = hf_tensor_name(tensor.name, self.architecture)
             # GGUF lists dims innermost first; numpy wants them outermost first.
             shape = tuple(reversed(tensor.shape))
+            if keep and _is_q4k_matrix(tensor):
+                rows, cols = shape
+                unpermute = functools.partial(self._undo_rope_permute, name, config=config)
+                yield name, read_q4k(tensor.data, rows, cols).with_rows(unpermute)
+                continue
             array = quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
             # A copy we own: F32 tensors come back as read-only views of the memory map.
             array = np.require(array, dtype=np.float32, requirements=["C", "W"])
             if self.architecture in _NORM_PLUS_ONE and name.endswith("norm.weight"):
                 array -= 1.0
             yield name, self._undo_rope_permute(name, array, config)
+
+    def has_blocks(self, config: ModelConfig) -> bool:
+        """Whether `weights(blocks=True)` yields any Q4_K blocks."""
+        return self._keeps_blocks(config) and any(map(_is_q4k_matrix, self._reader.tensors))
+
+    def _keeps_blocks(self, config: ModelConfig) -> bool:
+        # Rope over whole heads: no head's dims are reordered (`names.rotary_rows`).
+        return self.architecture in _BLOCKS_KEPT and config.rotary_dim == config.head_dim
 
     def _arch(self, key: str, default: Any = ...) -> Any:
         value = self.metadata.get(f"{self.architecture}.{key}", default)
@@ -310,6 +344,10 @@ class GGUFFile:
         if name.endswith("k_proj.weight"):
             return unpermute_rope_rows(array, config.num_key_value_heads)
         return array
+
+
+def _is_q4k_matrix(tensor: TensorInfo) -> bool:
+    return tensor.tensor_type == GGMLQuantizationType.Q4_K and len(tensor.shape) == 2
 
 
 def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str:

@@ -6,11 +6,13 @@ fused projections split (its q and k rows in partial rotary's order)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 import numpy as np
 
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
+from semantic.models.q4k import Q4KBlocks
 from semantic.models.rope import rotary_order
 
 _TEXT_PREFIXES = ("model.language_model.", "language_model.model.")  # multimodal checkpoints
@@ -117,6 +119,9 @@ def phi3_split(
             yield name, array
 
 
+# A loaded tensor: floats, or (the torch backend's GGUF loads) Q4_K matrices' blocks.
+Loaded = TypeVar("Loaded", np.ndarray, np.ndarray | Q4KBlocks)
+
 # The tensors whose rows are q's or k's head dims: projections, their biases, q/k norms.
 _ROTATED = tuple(
     f"{p}_{kind}" for p in "qk" for kind in ("proj.weight", "proj.bias", "norm.weight")
@@ -124,8 +129,8 @@ _ROTATED = tuple(
 
 
 def rotary_rows(
-    arrays: Iterable[tuple[str, np.ndarray]], config: ModelConfig
-) -> Iterator[tuple[str, np.ndarray]]:
+    arrays: Iterable[tuple[str, Loaded]], config: ModelConfig
+) -> Iterator[tuple[str, Loaded]]:
     """Each head's dims of the q and k projections (weights, biases, per-head norms) in
     `rotary_order`, where rope rotates only part of a head (Phi-4-mini): the backends'
     full-head rope then rotates exactly the dims partial rotary does. A copy of q and k only
@@ -135,6 +140,8 @@ def rotary_rows(
         if order is None or not name.endswith(_ROTATED):
             yield name, array
             continue
+        if isinstance(array, Q4KBlocks):  # the loader keeps blocks of whole-head rope only
+            raise ModelLoadFailed(f"{name}: Q4_K blocks cannot reorder a head's dims")
         heads = array.shape[0] // config.head_dim
         per_head = array.reshape(heads, config.head_dim, *array.shape[1:])
         yield name, per_head[:, order].reshape(array.shape)

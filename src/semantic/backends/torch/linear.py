@@ -139,6 +139,61 @@ class OneDnnLinear(DenseLinear):
         return super().nbytes + self.packed.numel() * self.packed.element_size()
 
 
+class Bf16StoredLinear:
+    """A weight kept in bf16 where the model computes in fp32 (`weights = "gguf"`: the tensors
+    not in Q4_K, on a CPU without AVX-512 BF16), half fp32's bytes. One row (a single stream's
+    decode) runs PyTorch's bf16 GEMV, x rounded to bf16; more rows widen the weight to fp32 a
+    slab of output rows at a time for fp32's matmul, since PyTorch's bf16 matmul without
+    AVX-512 BF16 is slower than fp32's from a few rows on. 8960×1536, ms, fastest of 7 on the
+    2-vCPU AVX2 EPYC, one thread, the host busy (load ~10 on 2 CPUs, so only the ratios hold):
+
+        rows                        1      4      16     128    512
+        fp32 F.linear               14.1   61     93     280    761
+        bf16 F.linear               3.6    45     134    916    4978
+        bf16 widened in slabs       21     37     47     134    476
+    """
+
+    __slots__ = ("bias", "weight")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight = weight.to(torch.bfloat16)  # [out, in]
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            y = F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
+            return y if self.bias is None else y.add_(self.bias)
+        return matmul_by_slabs(x, self.weight.shape[0], self._widened, self.bias)
+
+    def _widened(self, rows: slice) -> torch.Tensor:
+        return self.weight[rows].float()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids].float()
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.weight, self.bias)
+
+
+SLAB_ROWS = 256  # output rows widened at once: 1.5 MiB of fp32 at 1536 inputs, in cache
+
+
+def matmul_by_slabs(
+    x: torch.Tensor,
+    out_features: int,
+    weight_rows: Callable[[slice], torch.Tensor],
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """x [T, in] @ Wᵀ (+ bias) → [T, out], `SLAB_ROWS` output rows at a time, each slab of W
+    made by `weight_rows` just before its matmul (still in cache when the matmul reads it)."""
+    y = x.new_empty(x.shape[0], out_features)
+    for start in range(0, out_features, SLAB_ROWS):
+        end = min(out_features, start + SLAB_ROWS)
+        torch.matmul(x, weight_rows(slice(start, end)).t(), out=y[:, start:end])
+    return y if bias is None else y.add_(bias)
+
+
 class UnpackScratch:
     """One buffer that `PanelLinear`s unpack a weight into for oneDNN, shared by a model's
     linears: a weight's plain rows are dead once its matmul returns. Grows to the largest."""
@@ -235,7 +290,10 @@ class DequantizingLinear:
         return _nbytes(self.q, self.scales, self.bias)
 
 
-WEIGHT_FORMATS = ("bf16", "int8")  # "bf16": as loaded, in the model dtype; "int8": see above
+# "bf16": as loaded, in the model dtype; "int8": see above; "gguf": a GGUF file's Q4_K matrices
+# on torch's int4 kernel (`int4.py`, built by `models/weights.py`), every other weight stored in
+# bf16 where the model computes in fp32 (`Bf16StoredLinear`), else as "bf16".
+WEIGHT_FORMATS = ("bf16", "int8", "gguf")
 
 
 def linear_factory(
@@ -244,6 +302,8 @@ def linear_factory(
     """How this runner's linears store and compute: see the module docstring."""
     if weights == "int8":
         return _int8_factory(device, dtype, kernels)
+    if weights == "gguf" and device.type == "cpu" and dtype == torch.float32:
+        return Bf16StoredLinear
     if device.type != "cpu" or dtype != torch.bfloat16:
         return DenseLinear
     if kernels is None:

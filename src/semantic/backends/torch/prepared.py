@@ -69,6 +69,7 @@ from semantic.cache.durable import move_to_quarantine
 from semantic.cache.private_folder import private_folder
 from semantic.errors import FolderNotPrivate
 from semantic.models.config import ModelConfig
+from semantic.models.q4k import Q4KBlocks
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ _PACKAGE = Path(semantic.__file__).parent
 _SHAPING_SOURCES = ("models", "backends/torch")
 QUARANTINE = "quarantine"  # the folder, beside the prepared files, of those that failed to load
 
-Arrays = Iterable[tuple[str, np.ndarray]]
+Arrays = Iterable[tuple[str, np.ndarray | Q4KBlocks]]
 
 
 def _global_name(value: Any) -> tuple[str, str]:

@@ -36,6 +36,7 @@ from semantic.engine.runner import step_tokens
 from semantic.errors import ModelLoadFailed
 from semantic.kv_budget import auto_budget_bytes, host_available_bytes
 from semantic.models.config import ModelConfig
+from semantic.models.q4k import Q4KBlocks
 from semantic.text.grammar import GrammarStates
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class TorchRunner:
     def __init__(
         self,
         config: ModelConfig,
-        weights: Iterable[tuple[str, np.ndarray]],
+        weights: Iterable[tuple[str, np.ndarray | Q4KBlocks]],
         *,
         block_tokens: int,
         cache_budget_mb: int | None,
@@ -98,7 +99,8 @@ class TorchRunner:
         linear = linear_factory(self.device, self.dtype, cpu, weight_format)
         build = Build(config, self.dtype, self.device, linear, ours, weight_format)
         with torch.inference_mode():
-            if prepared_dir is None or not weights_fingerprint or cpu is None:
+            # A GGUF's blocks load without a conversion worth keeping: never prepared.
+            if not (prepared_dir and weights_fingerprint and cpu) or weight_format == "gguf":
                 self.model = build_model(build, weights)
             else:  # our kernels' layout, kept for the next start (prepared.py)
                 prepared = PreparedWeights.for_model(prepared_dir, weights_fingerprint, build)
@@ -470,6 +472,18 @@ def attention_kernels(
         config.head_dim, config.num_attention_heads, dtype
     )
     return kernels if reads else None
+
+
+def auto_weight_format(device: str, dtype: str, kernels: bool) -> str:
+    """How a GGUF model's linears store their weights when the settings say "auto": on its own
+    Q4_K blocks ("gguf") on a CPU where our kernels do not run (there the model computes in
+    fp32, and decode reads 4 bits a value instead of 32: docs/benchmarks.md); else "bf16",
+    as loaded (with our AVX-512 kernels their bf16 and int8 panels may well win; unmeasured)."""
+    where = pick_device(device)
+    if where.type != "cpu":
+        return "bf16"
+    ours = pick_cpu_kernels(kernels, where, pick_dtype(dtype, where))
+    return "gguf" if ours is None else "bf16"
 
 
 def pick_kv_dtype(kv_dtype: str, cpu_in_place: bool, dtype: torch.dtype) -> str | None:

@@ -16,8 +16,9 @@ import numpy as np
 
 from semantic.backends.torch.models.layers import Build, DecoderModel
 from semantic.errors import ModelLoadFailed
+from semantic.models.q4k import Q4KBlocks
 
-Builder = Callable[[Build, Iterable[tuple[str, np.ndarray]]], DecoderModel]
+Builder = Callable[[Build, Iterable[tuple[str, np.ndarray | Q4KBlocks]]], DecoderModel]
 
 # model_type → the family's module. Mistral is Llama's code: its sliding window (when its
 # config sets one) is a per-layer option every family has.
@@ -38,7 +39,9 @@ def supported_model_types() -> list[str]:
     return sorted(_FAMILIES)
 
 
-def build_model(build: Build, weights: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+def build_model(
+    build: Build, weights: Iterable[tuple[str, np.ndarray | Q4KBlocks]]
+) -> DecoderModel:
     """The model of `build.config.model_type`, its weights converted one tensor at a time."""
     model_type = build.config.model_type
     if model_type not in _FAMILIES:

@@ -27,6 +27,7 @@ from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
 from semantic.errors import ModelLoadFailed
 from semantic.models.names import gemma3_text_name
+from semantic.models.q4k import Q4KBlocks
 
 
 def gemma_norm(w: Weights, name: str) -> RMSNorm:
@@ -51,7 +52,7 @@ def block(w: Weights, index: int, local_rope: Rope, global_rope: Rope) -> Block:
     )
 
 
-def build(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+def build(b: Build, arrays: Iterable[tuple[str, np.ndarray | Q4KBlocks]]) -> DecoderModel:
     config = b.config
     if config.attn_logit_softcapping or config.final_logit_softcapping:
         raise ModelLoadFailed("Gemma logit soft-capping (Gemma 2) is not supported")

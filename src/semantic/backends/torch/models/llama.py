@@ -24,6 +24,7 @@ from semantic.backends.torch.models.layers import (
 from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
 from semantic.models.names import rotary_rows
+from semantic.models.q4k import Q4KBlocks
 
 
 def gated_mlp(w: Weights, index: int) -> FeedForward:
@@ -62,7 +63,7 @@ def block(w: Weights, index: int, rope: Rope, variant: Variant) -> Block:
 
 
 def build(
-    b: Build, arrays: Iterable[tuple[str, np.ndarray]], variant: Variant = Variant()
+    b: Build, arrays: Iterable[tuple[str, np.ndarray | Q4KBlocks]], variant: Variant = Variant()
 ) -> DecoderModel:
     config = b.config
     weights = Weights.load(rotary_rows(arrays, config), b)

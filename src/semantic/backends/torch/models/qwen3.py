@@ -10,9 +10,10 @@ import numpy as np
 
 from semantic.backends.torch.models import llama
 from semantic.backends.torch.models.layers import Build, DecoderModel
+from semantic.models.q4k import Q4KBlocks
 
 VARIANT = llama.Variant(qk_norms=True)
 
 
-def build(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+def build(b: Build, arrays: Iterable[tuple[str, np.ndarray | Q4KBlocks]]) -> DecoderModel:
     return llama.build(b, arrays, VARIANT)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
+from semantic.backends.torch.int4 import Int4Linear, runs_int4
 from semantic.backends.torch.linear import DenseLinear, Linear
 from semantic.backends.torch.models.layers import (
     Activation,
@@ -22,7 +23,9 @@ from semantic.backends.torch.models.layers import (
     RMSNorm,
 )
 from semantic.errors import ModelLoadFailed
+from semantic.models.q4k import Q4KBlocks
 
+Matrix = torch.Tensor | Q4KBlocks  # a linear's weight as loaded: converted, or Q4_K blocks
 Rename = Callable[[str], str | None]  # a checkpoint name → ours, or None to skip the tensor
 
 
@@ -30,7 +33,7 @@ class Weights:
     """The checkpoint's tensors, converted on arrival; `take` hands each out once. `layer(i)`
     is the same store seen from `model.layers.<i>.`, so a block names its weights relatively."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], build: Build, prefix: str = "") -> None:
+    def __init__(self, tensors: dict[str, Matrix], build: Build, prefix: str = "") -> None:
         self._tensors = tensors
         self.build = build
         self.prefix = prefix
@@ -38,26 +41,60 @@ class Weights:
     @classmethod
     def load(
         cls,
-        arrays: Iterable[tuple[str, np.ndarray | torch.Tensor]],
+        arrays: Iterable[tuple[str, np.ndarray | torch.Tensor | Q4KBlocks]],
         build: Build,
         rename: Rename | None = None,
     ) -> Weights:
-        tensors = {}
+        tensors: dict[str, Matrix] = {}
         for name, array in arrays:
             renamed = rename(name) if rename is not None else name
             if renamed is None or renamed.endswith("rotary_emb.inv_freq"):
                 continue
-            tensors[renamed] = build.tensor(_as_tensor(array))
+            if isinstance(array, Q4KBlocks):
+                tensors[renamed] = array
+            else:
+                tensors[renamed] = build.tensor(_as_tensor(array))
         return cls(tensors, build)
 
     def take(self, name: str) -> torch.Tensor:
-        try:
-            return self._tensors.pop(self.prefix + name)
-        except KeyError:
-            raise ModelLoadFailed(f"checkpoint lacks weight {self.prefix}{name}") from None
+        """A tensor in the model's dtype (a Q4_K matrix's blocks dequantized: a layer that does
+        not compute on blocks reads the values they hold)."""
+        return self._dense(self.take_matrix(name))
 
     def take_optional(self, name: str) -> torch.Tensor | None:
+        matrix = self.take_optional_matrix(name)
+        return None if matrix is None else self._dense(matrix)
+
+    def take_matrix(self, name: str) -> Matrix:
+        """A linear's weight as it arrived: a tensor, or a Q4_K matrix's blocks."""
+        matrix = self.take_optional_matrix(name)
+        if matrix is None:
+            raise ModelLoadFailed(f"checkpoint lacks weight {self.prefix}{name}")
+        return matrix
+
+    def take_optional_matrix(self, name: str) -> Matrix | None:
         return self._tensors.pop(self.prefix + name, None)
+
+    def linear(self, weight: Matrix, bias: torch.Tensor | None) -> Linear:
+        """y = x Wᵀ + b as the build stores it; a Q4_K matrix on the int4 kernel where it runs
+        (`int4.py`), else its values dequantized."""
+        if isinstance(weight, Q4KBlocks) and runs_int4(weight, self.build.device):
+            return Int4Linear(weight, bias, self.build.dtype)
+        return self.build.linear(self._dense(weight), bias)
+
+    def fused(self, names: list[str]) -> Matrix:
+        """Weights of one input width stacked by rows into one linear's: blocks stay blocks
+        where every part is one, else all are dequantized."""
+        parts = [self.take_matrix(name) for name in names]
+        blocks = [p for p in parts if isinstance(p, Q4KBlocks)]
+        if len(blocks) == len(parts):
+            return Q4KBlocks.concat(blocks)
+        return torch.cat([self._dense(p) for p in parts])
+
+    def _dense(self, matrix: Matrix) -> torch.Tensor:
+        if isinstance(matrix, Q4KBlocks):
+            return self.build.tensor(torch.from_numpy(matrix.dequantize()))
+        return matrix
 
     def layer(self, index: int) -> Weights:
         return Weights(self._tensors, self.build, f"{self.prefix}model.layers.{index}.")
@@ -74,18 +111,19 @@ class Weights:
     ) -> tuple[Linear, Linear]:
         """The Q, K and V projections fused into one linear, and the output projection; each
         with a bias where the family says so (Qwen2: Q/K/V; GPT-OSS: all four)."""
-        weight = torch.cat([self.take(f"{prefix}{p}_proj.weight") for p in "qkv"])
+        weight = self.fused([f"{prefix}{p}_proj.weight" for p in "qkv"])
         bias = torch.cat([self.take(f"{prefix}{p}_proj.bias") for p in "qkv"]) if qkv_bias else None
         o_b = self.take(f"{prefix}o_proj.bias") if o_bias else None
-        linear = self.build.linear
-        return linear(weight, bias), linear(self.take(f"{prefix}o_proj.weight"), o_b)
+        return self.linear(weight, bias), self.linear(
+            self.take_matrix(f"{prefix}o_proj.weight"), o_b
+        )
 
     def gated_mlp(self, act: Activation, prefix: str = "mlp.") -> GatedMLP:
-        gate, up = self.take(f"{prefix}gate_proj.weight"), self.take(f"{prefix}up_proj.weight")
-        down = self.take(f"{prefix}down_proj.weight")
-        linear = self.build.linear
-        gate_up = linear(torch.cat([gate, up]), None)
-        return GatedMLP(gate_up, linear(down, None), act, self.build.kernels)
+        gate_up = self.fused([f"{prefix}gate_proj.weight", f"{prefix}up_proj.weight"])
+        down = self.take_matrix(f"{prefix}down_proj.weight")
+        return GatedMLP(
+            self.linear(gate_up, None), self.linear(down, None), act, self.build.kernels
+        )
 
 
 def _as_tensor(array: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -106,14 +144,23 @@ def norm_from(build: Build, weight: torch.Tensor, offset: float, scale_in_fp32: 
 def embedding_and_head(weights: Weights) -> tuple[Linear, Linear]:
     """The embedding table and the LM head: one tensor, read both ways, when tied."""
     build = weights.build
-    table = weights.take("model.embed_tokens.weight")
-    untied = weights.take_optional("lm_head.weight")
+    table = weights.take_matrix("model.embed_tokens.weight")
+    untied = weights.take_optional_matrix("lm_head.weight")
     if build.config.tie_word_embeddings:  # a tied checkpoint may list the shared tensor twice
-        head = build.linear(table, None)
+        head = weights.linear(table, None)
         return head, head
     if untied is None:
         raise ModelLoadFailed("checkpoint lacks weight lm_head.weight")
-    return DenseLinear(table, None), build.linear(untied, None)
+    return _table(table, build), weights.linear(untied, None)
+
+
+def _table(table: Matrix, build: Build) -> Linear:
+    """An untied embedding table, only its rows read: a Q4_K table stays 4-bit (no copy for
+    the kernel), any other of a GGUF computed on its blocks as its other weights are stored,
+    else as loaded."""
+    if isinstance(table, Q4KBlocks):
+        return Int4Linear(table, None, build.dtype, kernel=False)
+    return build.linear(table, None) if build.weight_format == "gguf" else DenseLinear(table, None)
 
 
 def decoder(
