@@ -37,6 +37,8 @@ def create_runner(
     name = default_backend() if options.backend == "auto" else options.backend
     if name not in _RUNNERS:
         raise ModelLoadFailed(f"unknown backend {name!r}; known: {sorted(_RUNNERS)}")
+    if options.weights == "auto":  # not resolved for a checkpoint: tensors as loaded
+        options = replace(options, weights=weight_format(options, gguf=False))
     module_name, class_name = _RUNNERS[name]
     try:
         module = importlib.import_module(module_name)
