@@ -1,41 +1,40 @@
-"""The real Claude Code CLI finishes a task on a real coder model: asked to read a file and report
-the code word in it, on `qwen2.5-coder-0.5b`, it must call its Read tool (a call the server
-parsed and held to the tool's schema), get the file's text back, and print the word, which
-it cannot know otherwise.
+"""The real Claude Code CLI runs a read-and-report task on a real coder model, `qwen2.5-coder-0.5b`,
+and the server carries the agent's loop: the model's reply becomes a Read call the CLI runs
+(parsed from whatever shape the model wrote and held to the tool's schema), the file's text goes
+back in the next request, and that request reads at least 90% of its prompt from the cache. No
+answer is a 5xx.
+
+Whether the model then reports the code word is the model's part: the 0.5B reads the file and
+then calls Read or Edit again instead of answering (docs/clients.md keeps its task table), so
+this test does not ask for the word. It runs Claude Code's `--bare` mode, whose ~1,070-token
+first request a 2-core CPU prefills in seconds (the full prompt is ~19,000 tokens: minutes),
+and caps the session at two model turns.
 
 The CLI comes from npm (`@anthropic-ai/claude-code`, into a folder of this test session) unless
 `SEMANTIC_CLAUDE` names one; the test is skipped, saying why, where npm, the CLI or the model's
-packages are missing, and unless `SEMANTIC_CLAUDE_E2E=1` asks for it (see below). It runs the
-CLI with a throwaway HOME and nonessential traffic off, against the loopback server only. Its
-first request is ~19K tokens: minutes of prefill on a 2-core CPU.
+packages are missing. It runs the CLI with a throwaway HOME and nonessential traffic off,
+against the loopback server only.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import httpx
 import pytest
 
 from semantic.registry import QWEN25_CODER_05B
 from tests.e2e.conftest import Server
 
-# Opt-in until the model finishes the task: under Claude Code's real ~19K-token system prompt
-# the 0.5B answers in a few words of text and calls no tool (docs/clients.md, "Real tasks"),
-# so today this test could only fail, after ~15 minutes of a 2-core CI machine.
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        not os.environ.get("SEMANTIC_CLAUDE_E2E"),
-        reason="the 0.5B finishes no Claude Code task yet; SEMANTIC_CLAUDE_E2E=1 runs it",
-    ),
-]
+pytestmark = pytest.mark.e2e
 
 CODE_WORD = "PELICAN-7"
+TASK = "Read the file secret.txt and tell me the code word in it."
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +69,7 @@ def coder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         server.stop()
 
 
-def test_claude_code_reads_a_file_and_reports_what_it_says(
+def test_claude_code_reads_a_file_through_a_call_the_server_parsed(
     claude: str, coder: Server, tmp_path: Path
 ) -> None:
     work, home = tmp_path / "work", tmp_path / "home"
@@ -86,22 +85,47 @@ def test_claude_code_reads_a_file_and_reports_what_it_says(
         "DISABLE_AUTOUPDATER": "1",
         "ANTHROPIC_BASE_URL": coder.url,
         "ANTHROPIC_API_KEY": "sk-ant-dummy-for-a-local-server",
-        # A small model can ramble for thousands of tokens, at a few a second on a CPU.
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
+        # A call is ~35 tokens and the answer fewer; a small model can ramble far longer.
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "128",
     }
-    prompt = "Read the file secret.txt and tell me the code word in it."
+    command = [claude, "-p", "--bare", "--max-turns", "2", "--allowedTools=Read", TASK]
     done = subprocess.run(
-        [claude, "-p", "--allowedTools=Read", prompt],  # print mode cannot ask for permission
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2400,
+        command, cwd=work, env=env, capture_output=True, text=True, timeout=1200,
         stdin=subprocess.DEVNULL,
-    )
-    log = coder.log()
-    assert done.returncode == 0, (done.stdout[-1000:], done.stderr[-1000:], log)
-    assert CODE_WORD in done.stdout, (done.stdout[-1000:], log)
+    )  # fmt: skip
+    said = done.stdout[-1000:] + done.stderr[-1000:]
+    assert done.returncode == 0 or "max turns" in said, (said, coder.log())
     assert 'HTTP/1.1\\" 5' not in coder.log_path.read_text()  # no 5xx answer, in the access log
-    stats = httpx.get(f"{coder.url}/admin/cache", timeout=30).json()["totals"]
-    assert stats["hit_tokens_memory"] + stats["hit_tokens_disk"] > 10_000  # the turn after the tool
+
+    replies, results = _transcript(home)
+    first = replies[0]["content"]
+    read = next(block for block in first if block["type"] == "tool_use")
+    assert read["name"] == "Read", first
+    # The model's choice of path varies (the file, `secrets.txt`, the folder itself): a path
+    # in the working folder, which the CLI tells it.
+    assert read["input"]["file_path"].startswith(str(work)), read
+    result = next(block for block in results[0] if block["type"] == "tool_result")
+    assert result["tool_use_id"] == read["id"]  # the CLI ran the call and sent its result back
+    usage = replies[1]["usage"]
+    prompt = usage["input_tokens"] + usage["cache_creation_input_tokens"]
+    prompt += usage["cache_read_input_tokens"]
+    assert usage["cache_read_input_tokens"] >= 0.9 * prompt, usage
+
+
+def _transcript(home: Path) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """The session's model replies (each with its `usage` and all its blocks) and the tool
+    results sent back, in order, from the transcript Claude Code writes under HOME (one entry
+    per block of a reply, each carrying the reply's id)."""
+    (path,) = (home / ".claude" / "projects").glob("*/*.jsonl")
+    replies: dict[str, dict[str, Any]] = {}
+    results = []
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        message = entry.get("message") or {}
+        content = message.get("content")
+        if entry.get("type") == "assistant":
+            reply = replies.setdefault(message["id"], message | {"content": []})
+            reply["content"] += content
+        elif entry.get("type") == "user" and isinstance(content, list):
+            results.append(content)
+    return list(replies.values()), results
