@@ -239,6 +239,12 @@ class Tiering:
             self.traffic.restored += len(records)
         deliver(records)
 
+    def reads_done(self, timeout: float | None = None) -> None:
+        """Wait until every read queued so far has ended (restores delivered, history-end marks
+        handed to the writer), so that a caller stepping the engine itself (a seeded test) sees
+        them land at the same step however fast this thread runs."""
+        self._reader.submit(lambda: None).result(timeout)
+
     def _record(self, key: int) -> BlockRecord | None:
         """A page's record, queued or read from disk; None when it is neither, or going."""
         queued = self.writer.queued(key)
