@@ -11,6 +11,13 @@ memory or on disk; and when all is done, no block is held.
 Models: full attention, hybrid (one full-attention layer, three sliding) and sliding only.
 `SEMANTIC_STORM_SEEDS=N` runs N seeds instead of the few CI runs; `SEMANTIC_STORM_FORKS=N` lets
 up to N forks join (4 unless set).
+
+A seed replays the same storm however loaded the machine is: the scheduler's clock (its
+patience with one-offs, the queue timeout) and the agents' are the storm's own, moved a fixed
+step a tick and while a request waits for room with nothing else to do, and each engine step
+comes after the disk reader's work of the step before (restores, history-end marks) has
+landed. The disk writer's pace does not matter: a queued write counts as on disk, and a
+queued deletion as done.
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from semantic.cache import agents, block_manager
 from semantic.core import AgentKey, FinishReason, Request, SamplingParams, TokenEvent
+from semantic.engine import scheduler
 from semantic.engine.engine import Engine
 from semantic.errors import PinLimit
 from semantic.models.served import ServedModel
@@ -39,6 +49,23 @@ PLAIN: dict[str, Any] = {"num_blocks": 24}
 # One full-attention layer and three sliding ones: a block takes four pages, one per group.
 HYBRID: dict[str, Any] = {"layer_windows": (None, 12, 12, 12), "num_blocks": 48}
 SLIDING: dict[str, Any] = {"layer_windows": (12,), "num_blocks": 24}  # no page reads every block
+TICK_S = 0.02  # the storm's clock a tick: about what one takes on an idle machine
+WAIT_S = 0.1  # and a step that did nothing, waiting for room (ONE_OFF_PATIENCE_S is 1 s)
+
+
+class Clock:
+    """The storm's clock, standing in for `time` where the engine decides by it: it moves only
+    when the storm moves it."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()  # requests the storm does not date still compare sanely
+        self.epoch = time.time() - self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.epoch + self.now
 
 
 @dataclass
@@ -66,9 +93,12 @@ class Sent:
 class Storm:
     """The clients' side of the storm, and what it checks of each answer."""
 
-    def __init__(self, served: ServedModel, tmp_path: Path, model: dict[str, Any], seed: int):
+    def __init__(
+        self, served: ServedModel, tmp_path: Path, model: dict[str, Any], seed: int, clock: Clock
+    ):
         self.served, self.cache_dir, self.model = served, tmp_path / "cache", model
         self.rng = random.Random(seed)
+        self.clock = clock
         self.engine: Engine = make_engine(served, self.cache_dir, **model)[0]
         self.roomy: Engine = make_engine(
             served,
@@ -132,7 +162,8 @@ class Storm:
         sent = Sent(prompt, self.rng.randrange(1, 12), conversation)
         self.sent[request_id] = sent
         sampling = SamplingParams(temperature=0.0, max_tokens=sent.max_tokens)
-        self.engine.submit(Request(request_id, prompt, sampling, agent_id), sent.events.append)
+        request = Request(request_id, prompt, sampling, agent_id, arrival_time=self.clock.now)
+        self.engine.submit(request, sent.events.append)
         return request_id
 
     def restart(self) -> None:
@@ -172,18 +203,27 @@ class Storm:
     # -- the engine's side -------------------------------------------------------------------
 
     def step(self) -> None:
-        """One step that computes something (waiting out restores on the disk reader's thread,
-        so a seed replays the same storm), or none when there is nothing to do."""
-        deadline = time.monotonic() + 30
-        while not self.engine.step() and self.engine.scheduler.has_work:
-            assert time.monotonic() < deadline, "the engine has work it never does"
-            time.sleep(0.001)
+        """One step that computes something, or none when there is nothing to do. Each waits
+        for the disk reader's work of the one before, and one that did nothing while no restore
+        is in flight (a request waits for room) moves the clock on: a seed replays the same
+        storm."""
+        deadline = time.perf_counter() + 30
+        while True:
+            self.engine.tiering.reads_done(30)
+            if self.engine.step() or not self.engine.scheduler.has_work:
+                break
+            assert time.perf_counter() < deadline, "the engine has work it never does"
+            if not self.engine.scheduler.restoring:
+                self.clock.now += WAIT_S
+        self.clock.now += TICK_S
         self.engine.pool.check_integrity()
         self.engine.prefix.check_integrity()
         self.collect()
 
     def drain(self) -> None:
-        self.engine.run_until_idle()
+        self.step()
+        while self.engine.scheduler.has_work or self.engine.write_behind.pending:
+            self.step()
         self.collect()
         assert not self.sent, f"requests never ended: {sorted(self.sent)}"
         for agent in list(self.engine.agents.by_key.values()):
@@ -233,9 +273,9 @@ class Storm:
         if key not in self.answers:
             events: list[TokenEvent] = []
             sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-            self.roomy.submit(
-                Request(f"alone-{len(self.answers)}", prompt, sampling), events.append
-            )
+            request_id = f"alone-{len(self.answers)}"
+            request = Request(request_id, prompt, sampling, arrival_time=self.clock.now)
+            self.roomy.submit(request, events.append)
             self.roomy.run_until_idle()
             assert events[-1].error is None
             self.answers[key] = [t for e in events for t in e.token_ids]
@@ -245,9 +285,17 @@ class Storm:
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("model", [PLAIN, HYBRID, SLIDING], ids=["plain", "hybrid", "sliding"])
 def test_a_storm_of_turns_aborts_evictions_and_restarts_keeps_every_answer_and_every_cache(
-    served: ServedModel, tmp_path: Path, model: dict[str, Any], seed: int
+    served: ServedModel,
+    tmp_path: Path,
+    model: dict[str, Any],
+    seed: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    storm = Storm(served, tmp_path, model, seed)
+    clock = Clock()
+    for module in (scheduler, block_manager):  # patience with one-offs, the queue timeout
+        monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(agents, "time", SimpleNamespace(time=clock.time))  # idle agents
+    storm = Storm(served, tmp_path, model, seed, clock)
     for _ in range(TICKS):
         storm.act()
         storm.step()

@@ -532,6 +532,37 @@ def test_flush_returns_only_once_earlier_writes_are_fsynced(
     writer.close()
 
 
+def test_a_page_written_again_while_its_deletion_is_queued_survives_the_deletion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until a deletion queued behind the writes has run, the records queued before it count
+    as gone (and their files as going); a record queued after it is seen, and outlives it."""
+    tier = open_tier(tmp_path)
+    writer = DiskWriter(tier)
+    disk_free = threading.Event()
+    real_write = DiskTier.write
+
+    def held(self: DiskTier, record: BlockRecord) -> int:
+        disk_free.wait(10)
+        return real_write(self, record)
+
+    def delete(keys: list[int]) -> None:
+        for key in keys:
+            tier.delete(key)
+
+    monkeypatch.setattr(DiskTier, "write", held)
+    old, new = make_record(7, parent=5), make_record(7, parent=5)  # a partial block: a tail
+    writer.submit(old)
+    writer.delete_behind([7], delete)
+    assert writer.queued(7) is None and writer.deleting(7) and writer.queued_tails(5, 8) == []
+    writer.submit(new)
+    assert writer.queued(7) is new and writer.queued_tails(5, 8) == [(7, new.token_ids)]
+    disk_free.set()
+    assert writer.flush(timeout=10)
+    assert tier.contains(7) and not writer.deleting(7) and writer.queued(7) is None
+    writer.close()
+
+
 def test_a_closed_writer_refuses_jobs_and_a_callback_error_does_not_stop_it(
     tmp_path: Path,
 ) -> None:

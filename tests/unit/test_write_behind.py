@@ -223,3 +223,26 @@ def test_a_deleted_agents_blocks_stay_deleted_when_a_write_behind_lands_after(
     assert engine.tiering.writer.flush(10)
     assert not any(engine.tiering.disk.contains(page_key(h, 0)) for h in alice.hashes)
     assert not list(engine.tiering.disk.blocks_dir.glob("*.safetensors"))
+
+
+def test_a_history_computed_again_after_its_agent_was_deleted_is_kept_when_old_writes_land(
+    served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deleted agent's pages, whose writes are still queued, count as gone at once: the
+    same history computed again (the client sends its conversation to a new agent of the
+    same name) is written behind again and saved when the pool reclaims it, rather than
+    skipped as on disk, so the delete that runs behind the old writes cannot take it."""
+    engine, _ = make_engine(served, tmp_path)
+    disk_free = held_disk(monkeypatch)
+    prompt = [*SYSTEM, 11]
+    output, _ = turn(engine, "alice", prompt)  # its pages wait in the writer's queue
+    engine.agents.delete(AgentKey("alice"))
+    assert output == turn(engine, "alice", prompt)[0]  # the same history, a new agent
+    alice = engine.agents.by_key[AgentKey("alice")]
+    engine.pool.release(engine.pool.allocate(engine.pool.num_available()))  # memory pressure
+    disk_free.set()
+    assert engine.tiering.writer.flush(10)
+    keys = engine.prefix.history_keys(alice.hashes, alice.num_tokens)
+    assert all(engine.tiering.disk.contains(key) for key in keys)
+    _, usage = turn(engine, "alice", [*prompt, *output, 300])
+    assert usage.cached_tokens == len(prompt) + len(output) - 1

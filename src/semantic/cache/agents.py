@@ -553,7 +553,7 @@ class Agents:
         else:
             agents = [self.by_key[k] for k in keys if k in self.by_key]
             pages = [k for agent in agents for h in agent.hashes for k in self.prefix.keys(h)]
-        evicted = sum(self.prefix.discard(k) for k in pages if self.tiering.disk.contains(k))
+        evicted = sum(self.prefix.discard(k) for k in pages if self.tiering.on_disk(k))
         self.tiering.count_evicted_on_request(evicted)
         return evicted
 
@@ -577,9 +577,9 @@ class Agents:
         ]
         for page_key in gone:
             self.prefix.discard(page_key)
-            self.tiering.disk.delete(page_key)
-        # A write queued before now (behind its last turn, or an eviction) lands later.
-        self.tiering.writer.after(lambda: self.tiering.delete(gone))
+        # A write queued before now (behind its last turn, or an eviction) lands later: the
+        # files are deleted again behind it, and count as gone meanwhile.
+        self.tiering.delete_behind(gone)
         return True
 
     def withdraw(self, agent: Agent) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from semantic.cache.disk import BlockRecord, DiskTier, page_name
 from semantic.cache.prefix import split_key
@@ -34,7 +35,10 @@ class DiskWriter:
     the write runs. `submit` waits while more
     than `max_queued_bytes` of records are queued: a disk slower than the copies holds back
     whoever copies (the engine thread), rather than filling memory. Until its write ends, a
-    queued record can be read back (`queued`): a block evicted a moment ago is not a miss.
+    queued record can be read back (`queued`): a block evicted a moment ago is not a miss. A
+    deletion queued behind the writes (`delete_behind`) makes its pages' earlier records and
+    files count as gone at once (`queued`, `deleting`), so a page written again meanwhile is
+    queued behind the deletion rather than skipped as there already.
     """
 
     def __init__(self, tier: DiskTier, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
@@ -47,7 +51,10 @@ class DiskWriter:
         self._done = 0
         self._failed = 0
         self._closed = False
-        self._queued: dict[int, BlockRecord] = {}
+        # The newest record queued for each page key, with its job's sequence number.
+        self._queued: dict[int, tuple[int, BlockRecord]] = {}
+        # Page keys with a deletion queued (`delete_behind`), and that job's sequence number.
+        self._deleting: dict[int, int] = {}
         self._thread = threading.Thread(target=self._run, name="semantic-disk-writer", daemon=True)
         self._thread.start()
 
@@ -68,9 +75,16 @@ class DiskWriter:
             return self._failed
 
     def queued(self, key: int) -> BlockRecord | None:
-        """The record of a page whose write has not ended yet, if one is queued."""
+        """The record of a page whose write has not ended yet, if one is queued (and not
+        before a deletion of the page that is queued too: that record is as good as gone)."""
         with self._cond:
-            return self._queued.get(key)
+            return self._live(key)
+
+    def deleting(self, key: int) -> bool:
+        """Whether a deletion of the page is queued and has not run yet: its file, if there is
+        one, is on its way out."""
+        with self._cond:
+            return key in self._deleting
 
     def queued_tails(self, parent: int, block_tokens: int) -> list[tuple[int, tuple[int, ...]]]:
         """(hash, token ids) of the queued partial blocks that continue `parent`, known by
@@ -78,11 +92,19 @@ class DiskWriter:
         with self._cond:
             return [
                 (r.key, r.token_ids)
-                for r in self._queued.values()
-                if r.parent_hash == parent
+                for r in map(self._live, list(self._queued))
+                if r is not None
+                and r.parent_hash == parent
                 and len(r.token_ids) < block_tokens
                 and split_key(r.key)[1] == 0
             ]
+
+    def _live(self, key: int) -> BlockRecord | None:
+        """`queued`, under the lock."""
+        entry = self._queued.get(key)
+        if entry is None or entry[0] < self._deleting.get(key, 0):
+            return None
+        return entry[1]
 
     def submit(self, record: BlockRecord, on_done: WriteCallback | None = None) -> None:
         """Queue a write; `on_done(bytes_written, error)` runs on the writer thread after it.
@@ -96,18 +118,44 @@ class DiskWriter:
                 lambda: self._queued_bytes + size <= self._max or not self._queued_bytes
             )
             self._queued_bytes += size
-            self._queued[record.key] = record
             self._submitted += 1
+            self._queued[record.key] = (self._submitted, record)
             self._jobs.put((self._submitted, record, on_done))
 
     def after(self, function: Callable[[], None]) -> None:
         """Run `function` on the writer thread once every job submitted before it has ended:
         how a file that names blocks is written after them (`cache/write_behind.py`)."""
+        self._queue_call(lambda seq: function())
+
+    def delete_behind(self, keys: list[int], delete: Callable[[list[int]], None]) -> None:
+        """Run `delete(keys)` on the writer thread once every job submitted before it has
+        ended (so it deletes again what a write queued earlier lands after a first deletion).
+        Until it has run, those pages' earlier records and files count as gone: `queued`
+        ignores the records, `deleting` says the files are going. A page written again
+        meanwhile is queued after the deletion, and stays."""
+
+        def run(seq: int) -> None:
+            try:
+                delete(keys)
+            finally:
+                with self._cond:
+                    for key in keys:
+                        if self._deleting.get(key) == seq:
+                            del self._deleting[key]
+
+        self._queue_call(run, keys)
+
+    def _queue_call(self, function: Callable[[int], None], deleting: Sequence[int] = ()) -> None:
+        """Queue `function(seq)`, `seq` its sequence number, to run after every earlier job;
+        the pages `deleting` count as being deleted by it from now on."""
         with self._cond:
             if self._closed:
                 raise RuntimeError("the disk writer is closed")
             self._submitted += 1
-            self._jobs.put((self._submitted, function, None))
+            seq = self._submitted
+            for key in deleting:
+                self._deleting[key] = seq
+            self._jobs.put((seq, functools.partial(function, seq), None))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every job submitted before this call has finished (durable, or failed and
@@ -141,7 +189,7 @@ class DiskWriter:
                 self._done = seq
                 self._failed += error is not None
                 self._queued_bytes -= _size(work)
-                if self._queued.get(work.key) is work:
+                if self._queued.get(work.key, (0, None))[1] is work:
                     del self._queued[work.key]
                 self._cond.notify_all()
 

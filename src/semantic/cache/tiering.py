@@ -86,11 +86,16 @@ class Tiering:
     # -- what it holds ----------------------------------------------------------------------
 
     def contains(self, key: int) -> bool:
-        return self.writer.queued(key) is not None or self.disk.contains(key)
+        return self.writer.queued(key) is not None or self.on_disk(key)
+
+    def on_disk(self, key: int) -> bool:
+        """Whether the disk has the page written, and no deletion of it is queued."""
+        return not self.writer.deleting(key) and self.disk.contains(key)
 
     def tails(self, parent: int) -> list[tuple[int, tuple[int, ...]]]:
         queued = self.writer.queued_tails(parent, self.disk.spec.block_tokens)
-        return [*self.disk.tails(parent), *queued]
+        on_disk = [(h, t) for h, t in self.disk.tails(parent) if not self.writer.deleting(h)]
+        return [*on_disk, *queued]
 
     def why_gone(self, key: int) -> str | None:
         return self.disk.why_gone(key)
@@ -98,7 +103,9 @@ class Tiering:
     def ends_history(self, block_hash: int) -> bool:
         key = page_key(block_hash, 0)
         queued = self.writer.queued(key)
-        return (queued is not None and queued.ends_history) or self.disk.ends_history(key)
+        if queued is not None and queued.ends_history:
+            return True
+        return not self.writer.deleting(key) and self.disk.ends_history(key)
 
     def end_history(self, block_hash: int) -> None:
         """A history ended with a block whose first page is here: mark its file, read back
@@ -107,7 +114,7 @@ class Tiering:
             self._reader.submit(self._mark_history_end, page_key(block_hash, 0))
 
     def _mark_history_end(self, key: int) -> None:
-        record = self.writer.queued(key) or self.disk.read(key)
+        record = self._record(key)
         if record is not None and not record.ends_history:
             self.writer.submit(replace(record, ends_history=True))
 
@@ -131,7 +138,7 @@ class Tiering:
         durability on any thread."""
         pending = PendingWrites(self)
         for hot in blocks:
-            if self.disk.contains(hot[1]) and (not hot[4] or self.disk.ends_history(hot[1])):
+            if self.on_disk(hot[1]) and (not hot[4] or self.disk.ends_history(hot[1])):
                 continue
 
             def done(size: int, error: BaseException | None, key: int = hot[1]) -> None:
@@ -187,6 +194,15 @@ class Tiering:
         for key in keys:
             self.disk.delete(key)
 
+    def delete_behind(self, keys: list[int]) -> None:
+        """Delete pages from the disk now, and again once every write queued before now has
+        ended (one may land after the first deletion). Meanwhile they count as gone, their
+        queued copies too: the same content computed again (content-addressed, its keys are
+        the same) is written again behind the second deletion, never skipped as there already
+        and then deleted under the history that computed it again."""
+        self.delete(keys)
+        self.writer.delete_behind(keys, self.delete)
+
     def count_write_behind_dropped(self) -> None:
         with self.lock:
             self.traffic.write_behind_dropped += 1
@@ -213,7 +229,7 @@ class Tiering:
         records: list[BlockRecord] = []
         try:
             for key, tokens in wanted:
-                record = self.writer.queued(key) or self.disk.read(key)
+                record = self._record(key)
                 if record is None or record.token_ids[: len(tokens)] != tokens:
                     break
                 records.append(record)
@@ -222,6 +238,19 @@ class Tiering:
         with self.lock:
             self.traffic.restored += len(records)
         deliver(records)
+
+    def reads_done(self, timeout: float | None = None) -> None:
+        """Wait until every read queued so far has ended (restores delivered, history-end marks
+        handed to the writer), so that a caller stepping the engine itself (a seeded test) sees
+        them land at the same step however fast this thread runs."""
+        self._reader.submit(lambda: None).result(timeout)
+
+    def _record(self, key: int) -> BlockRecord | None:
+        """A page's record, queued or read from disk; None when it is neither, or going."""
+        queued = self.writer.queued(key)
+        if queued is not None or self.writer.deleting(key):
+            return queued
+        return self.disk.read(key)
 
     def close(self, timeout: float | None = None) -> None:
         self._reader.shutdown(wait=True, cancel_futures=False)

@@ -153,18 +153,24 @@ class WriteBehind:
     def _submitted(self, turn: _Turn) -> None:
         """Every page of the turn is on disk or queued: once every write queued so far has
         ended (its own, and an earlier turn's or an eviction's of a page it names), the turn is
-        durable."""
+        durable. The tails it replaced count as gone from now on (`DiskWriter.delete_behind`:
+        one computed again meanwhile is written again, after their deletion)."""
+        replaced = [key for tail in turn.replaced for key in self.agents.prefix.keys(tail)]
+        if replaced:
+            self.tiering.writer.delete_behind(replaced, lambda keys: self._drop_tails(turn, keys))
         self.tiering.writer.after(lambda: self._durable(turn))
+
+    def _drop_tails(self, turn: _Turn, keys: list[int]) -> None:
+        """Every page of the turn's history is on disk (on the writer thread): the tails it
+        replaced may go. Not after a failed write: the history is not all there."""
+        if not turn.failed:
+            self.tiering.delete(keys)
 
     def _durable(self, turn: _Turn) -> None:
         """Every page of the turn's history is on disk (on the writer thread): the agent's
-        manifest may name it now, and the tails it replaced may go. Not after a failed write:
-        the history is not all there."""
+        manifest may name it now. Not after a failed write: the history is not all there."""
         if turn.failed:
             return
-        for tail in turn.replaced:
-            for key in self.agents.prefix.keys(tail):
-                self.tiering.disk.delete(key)
         if turn.agent.conversation is None:
             with contextlib.suppress(PersistFailed):  # logged; its last manifest stays
                 self.agents.save_manifest(turn.agent, history=turn.history)
