@@ -7,10 +7,11 @@ import itertools
 from pathlib import Path
 
 from semantic.backends.fake import FakeRunner
-from semantic.cache.prefix import split_key
-from semantic.core import FinishReason, Request, SamplingParams, TokenEvent
+from semantic.cache.block_pool import BlockPool
+from semantic.cache.prefix import PrefixCache, root_hash, split_key
+from semantic.core import FinishReason, Request, SamplingParams, Sequence, TokenEvent
 from semantic.engine.engine import Engine
-from semantic.engine.scheduler import DRAFT_UP_TO_DECODES
+from semantic.engine.scheduler import DRAFT_UP_TO_DECODES, Scheduler
 from semantic.models.served import ServedModel
 from tests.unit.fakes import make_engine
 
@@ -187,31 +188,45 @@ def test_rows_with_a_penalty_or_min_tokens_do_not_draft(
 
 def test_a_draft_stops_short_of_max_tokens() -> None:
     for max_tokens in (2, 5, 9):
-        assert all(n < max_tokens for n in _draft_reach(max_tokens))
+        reach = [before + len(draft) for before, draft in _drafts(max_tokens)]
+        assert all(n < max_tokens for n in reach)
 
 
-def _draft_reach(max_tokens: int) -> list[int]:
-    """Output tokens before each step plus its draft's length, for one request alone: the
-    scheduler and the fake runner without the engine."""
-    from semantic.cache.block_pool import BlockPool
-    from semantic.cache.prefix import PrefixCache, root_hash
-    from semantic.core import Sequence
-    from semantic.engine.scheduler import Scheduler
+def test_drafts_stay_within_the_step_budget() -> None:
+    lengths = [len(draft) for _, draft in _drafts(40, max_batch_tokens=16)]
+    assert max(lengths) <= 16 // DRAFT_UP_TO_DECODES - 1
+    scheduler = _scheduler(max_batch_tokens=16)
+    req = request(0, max_tokens=100)
+    seq = Sequence(0, req, list(req.prompt_token_ids), len(req.prompt_token_ids))
+    assert scheduler._draft_room(seq) == 16 // DRAFT_UP_TO_DECODES - 1
+    assert _scheduler(max_batch_tokens=512)._draft_room(seq) == 20
 
+
+def _drafts(max_tokens: int, max_batch_tokens: int = 32) -> list[tuple[int, tuple[int, ...]]]:
+    """(output tokens before the step, the draft) of each step of one request alone, drafts of
+    up to 20 tokens: the scheduler and the fake runner without the engine."""
     runner = FakeRunner(num_blocks=32, block_tokens=4, ngram=1)
-    prefix = PrefixCache(BlockPool(32), 4, root_hash("t"))
-    scheduler = Scheduler(
-        prefix, block_tokens=4, max_running=4, max_batch_tokens=32, speculative_tokens=8
-    )
+    scheduler = _scheduler(max_batch_tokens)
     req = request(0, max_tokens=max_tokens)
     seq = Sequence(0, req, list(req.prompt_token_ids), len(req.prompt_token_ids))
     scheduler.add(seq)
-    reach = []
+    drafts = []
     while seq.num_output_tokens < max_tokens:
         batch = scheduler.schedule()
-        reach += [seq.num_output_tokens + len(i.draft_token_ids) for i in batch.items]
+        drafts += [(seq.num_output_tokens, item.draft_token_ids) for item in batch.items]
         for s, run in scheduler.update(batch, runner.run(batch)):
             for token in run[1:]:
                 scheduler.accept(s, token)
     assert seq.num_output_tokens == max_tokens
-    return reach
+    return drafts
+
+
+def _scheduler(max_batch_tokens: int) -> Scheduler:
+    prefix = PrefixCache(BlockPool(32), 4, root_hash("t"))
+    return Scheduler(
+        prefix,
+        block_tokens=4,
+        max_running=4,
+        max_batch_tokens=max_batch_tokens,
+        speculative_tokens=20,
+    )

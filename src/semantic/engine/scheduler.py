@@ -266,7 +266,7 @@ class Scheduler:
         budget = self.max_batch_tokens - decodes
         if decodes:
             budget = min(budget, int(self.max_batch_tokens * PREFILL_SHARE_WHILE_DECODING))
-        return budget
+        return max(0, budget)
 
     def _prefill_chunks(self, budget: int) -> list[BatchItem]:
         """Chunks of the running prompts, fewest tokens left first, until `budget` is spent —
@@ -348,7 +348,8 @@ class Scheduler:
         """The longest draft `seq` may have: none for a row whose sampling drafts do not cover
         (a grammar, a repetition penalty, end tokens still suppressed); else up to
         `speculative_tokens`, leaving room for the token after it within its max_tokens and
-        the longest a sequence may be."""
+        the longest a sequence may be, and the drafting decodes within `max_batch_tokens`
+        (a sliding group's pages are reserved for a window and a chunk of at most that)."""
         sampling = seq.request.sampling
         plain = sampling.grammar is None and sampling.repetition_penalty == 1
         if not plain or seq.num_output_tokens < sampling.min_tokens:
@@ -356,7 +357,8 @@ class Scheduler:
         left = _work_left(seq)
         if self.max_seq_tokens is not None:
             left = min(left, self.max_seq_tokens - len(seq.token_ids))
-        return min(self.speculative_tokens, left - 1)
+        in_step = self.max_batch_tokens // DRAFT_UP_TO_DECODES - 1
+        return min(self.speculative_tokens, in_step, left - 1)
 
     def _add_chunk(self, items: list[BatchItem], seq: Sequence, budget: int) -> int:
         """Add a chunk of `seq`'s prompt to the step; returns its tokens. Its sliding groups
