@@ -8,8 +8,10 @@ drafting costs when it has little to find.
         [--repeats 3] [--requests 1] [--tasks edit,chat]
 
 The engine is built as `semantic serve` builds it (its settings, weights and kernels), once;
-each run sets its draft length on the scheduler, so all share one copy of the weights. Decode
-only: the clock starts at each request's first token (its prompt's prefill is left out).
+each run sets its draft length on the scheduler, so all share one copy of the weights, and the
+draft lengths take turns, round by round, so a drift in the host's load hits each alike.
+Decode only: the clock starts at each request's first token (its prompt's prefill is left
+out).
 """
 
 from __future__ import annotations
@@ -120,17 +122,17 @@ def main() -> None:
             prompt = prompt_of(engine, texts[task])
             print(f"{task}: {len(prompt)} prompt tokens, {args.requests} request(s)")
             run(engine, prompt, 0, 1, 8)  # warm-up, and the prompt cached for every run
-            baseline, reference = None, None
+            # Round by round, each draft length in turn: the host's load drifts over minutes.
+            runs: dict[int, list[Run]] = {draft: [] for draft in drafts}
+            for _ in range(args.repeats):
+                for draft in drafts:
+                    runs[draft].append(run(engine, prompt, draft, args.requests, args.tokens))
+            reference = runs[drafts[0]][0].outputs
+            baseline = None
             for draft in drafts:
-                runs = [
-                    run(engine, prompt, draft, args.requests, args.tokens)
-                    for _ in range(args.repeats)
-                ]
-                reference = reference or runs[0].outputs
-                same = all(r.outputs == reference for r in runs)
-                rate = report(task, draft, runs, baseline)
+                rate = report(task, draft, runs[draft], baseline)
                 baseline = baseline or rate
-                if not same:
+                if any(r.outputs != reference for r in runs[draft]):
                     print(f"  draft {draft}: OUTPUT DIFFERS from draft {drafts[0]}")
         engine.stop()
 

@@ -283,12 +283,12 @@ class Settings(BaseSettings):
         512, ge=16, description="Most tokens computed per step (prefill chunk budget)."
     )
     speculative_tokens: int = Field(
-        0,
+        8,
         ge=0,
         le=32,
         description="Speculative decoding: the longest draft a decode verifies in its step, "
         "taken from its own context (the tokens that followed the last earlier occurrence of "
-        "its last tokens), while at most 2 sequences decode; 0 turns it off. Greedy output is "
+        "its last 3 tokens), while at most 2 sequences decode; 0 turns it off. Greedy output is "
         "unchanged and sampled output keeps its distribution. The torch backend only; rows "
         "with a grammar or a repetition penalty never draft.",
     )

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# The longest and shortest tail matched. A longer match is likelier to continue the same way, so
-# the search tries the longest first; a single token (a newline, a space) recurs everywhere
-# and predicts little, so it is not tried.
+# The longest and shortest tail matched, the longest tried first: a longer match is likelier to
+# continue the same way. Shorter tails recur everywhere in prose (a newline, " the"), so their
+# drafts are mostly rejected: with 2-token tails a chat answer verified 4x the draft tokens for
+# about the same accepted, and ran slower than without drafts (docs/benchmarks.md).
 LONGEST_MATCH = 3
-SHORTEST_MATCH = 2
+SHORTEST_MATCH = 3
 # How far back a search looks: bounds its cost per step on a long context (a Python loop, about
 # a tenth of a millisecond per thousand tokens).
 SEARCH_TOKENS = 8192
@@ -24,9 +25,16 @@ def propose(token_ids: Sequence[int], max_tokens: int) -> list[int]:
     """Up to `max_tokens` tokens that followed the most recent earlier occurrence of the last
     `LONGEST_MATCH` tokens of `token_ids` (failing that, of fewer, down to `SHORTEST_MATCH`);
     empty when none recurs."""
+    return propose_matching(token_ids, max_tokens, LONGEST_MATCH, SHORTEST_MATCH)
+
+
+def propose_matching(
+    token_ids: Sequence[int], max_tokens: int, longest: int, shortest: int
+) -> list[int]:
+    """`propose`, matching tails of `longest` down to `shortest` tokens."""
     if max_tokens <= 0:
         return []
-    for length in range(LONGEST_MATCH, SHORTEST_MATCH - 1, -1):
+    for length in range(longest, shortest - 1, -1):
         start = _last_occurrence(token_ids, length)
         if start is not None:
             follows = start + length
