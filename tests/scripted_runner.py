@@ -16,6 +16,8 @@ from semantic.core import BatchItem
 
 
 class ScriptedRunner(FakeRunner):
+    verifies_drafts = False  # its script goes by output token, not by position: no drafts
+
     def __init__(self, *, end_token_id: int, **fake_runner_args: Any) -> None:
         super().__init__(**fake_runner_args)
         self.end_token_id = end_token_id

@@ -282,6 +282,16 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(
         512, ge=16, description="Most tokens computed per step (prefill chunk budget)."
     )
+    speculative_tokens: int = Field(
+        8,
+        ge=0,
+        le=32,
+        description="Speculative decoding: the longest draft a decode verifies in its step, "
+        "taken from its own context (the tokens that followed the last earlier occurrence of "
+        "its last 3 tokens), while at most 2 sequences decode; 0 turns it off. Greedy output is "
+        "unchanged and sampled output keeps its distribution. The torch backend only; rows "
+        "with a grammar or a repetition penalty never draft.",
+    )
     batch_window_ms: float = Field(
         2.0, ge=0, description="Wait this long to gather requests that arrive together."
     )
@@ -485,6 +495,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "agent_idle_s",
         "max_running",
         "max_batch_tokens",
+        "speculative_tokens",
         "batch_window_ms",
         "queue_timeout_s",
         "default_max_tokens",

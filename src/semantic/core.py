@@ -412,12 +412,14 @@ class Sequence:
 
 @dataclass(slots=True, frozen=True)
 class BatchItem:
-    """One sequence's share of a step: a prefill chunk or a single decode token.
+    """One sequence's share of a step: a prefill chunk, a single decode token, or a decode token
+    and a draft to verify (speculative decoding).
 
     `token_ids` sit at positions `start_pos ..`; their K/V go to the slots that `block_tables`
     (one per layer group, each indexed by block: `BlockTable.padded`) give those positions.
     `sample` says whether the step must return the next token (the last chunk of a prompt, or a
-    decode).
+    decode). A decode with a draft has `token_ids` = its last token, then `draft_token_ids`:
+    the runner returns the draft tokens it accepts and the token after them (`ModelRunner.run`).
     """
 
     seq_id: int
@@ -431,6 +433,7 @@ class BatchItem:
     # The whole context, prompt and output, for a row that samples with a repetition penalty
     # (the sequence's own list, read during the step; empty for every other row).
     context_token_ids: list[int] = field(default_factory=list)
+    draft_token_ids: tuple[int, ...] = ()  # the draft `token_ids` ends with (none: no draft)
 
 
 @dataclass(slots=True, frozen=True)

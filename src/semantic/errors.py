@@ -185,9 +185,10 @@ class EngineFailure(SemanticError):
 class RowsFailed(SemanticError):
     """The runner computed a step but could not sample some of its items (non-finite
     probabilities, a value the draw refuses). `errors` says why for each, by batch index;
-    `tokens` carries the other items' tokens, so their requests go on and only these fail."""
+    `tokens` carries the other items' tokens (a verified draft's as a list, as `run` gives
+    them), so their requests go on and only these fail."""
 
-    def __init__(self, tokens: list[int | None], errors: dict[int, Exception]) -> None:
+    def __init__(self, tokens: list[int | list[int] | None], errors: dict[int, Exception]) -> None:
         super().__init__(f"{len(errors)} of the step's {len(tokens)} items could not be sampled")
         self.tokens = tokens
         self.errors = errors

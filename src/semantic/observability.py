@@ -234,6 +234,17 @@ class EngineMetrics:
             "Tokens sampled; rate() of it is the server's tokens/s.",
             registry=None,
         )
+        # Speculative decoding: accepted / drafted is the acceptance rate.
+        self.draft_tokens = Counter(
+            "semantic_draft_tokens",
+            "Draft tokens verified (speculative decoding, drafts from the context).",
+            registry=None,
+        )
+        self.draft_accepted_tokens = Counter(
+            "semantic_draft_accepted_tokens",
+            "Draft tokens the model accepted: each one a token gained without a step of its own.",
+            registry=None,
+        )
         # Observed by the model host (engine/host.py) once per swap: from its start to the new
         # model serving, or the old one again when the new one failed to load.
         self.model_swap_duration = Histogram(
@@ -255,15 +266,24 @@ class EngineMetrics:
             self.step_sequences,
             self.step_tokens,
             self.generated_tokens,
+            self.draft_tokens,
+            self.draft_accepted_tokens,
             self.model_swap_duration,
             self.cache_persist_duration,
         ]
 
-    def stepped(self, batch: Batch, sampled: int) -> None:
-        """A step ran `batch` and sampled `sampled` tokens."""
+    def stepped(
+        self, batch: Batch, sampled: int, tokens: Iterable[int | list[int] | None] = ()
+    ) -> None:
+        """A step ran `batch`, the runner gave `tokens` (a verified draft's as a list: its
+        accepted tokens and one more), and `sampled` of them went to their requests."""
         self.step_sequences.observe(len(batch.items))
         self.step_tokens.observe(sum(len(item.token_ids) for item in batch.items))
         self.generated_tokens.inc(sampled)
+        drafted = sum(len(item.draft_token_ids) for item in batch.items)
+        if drafted:
+            self.draft_tokens.inc(drafted)
+            self.draft_accepted_tokens.inc(sum(len(t) - 1 for t in tokens if isinstance(t, list)))
 
     def first_token(self, request: Request) -> None:
         self.time_to_first_token.observe(time.monotonic() - request.arrival_time)

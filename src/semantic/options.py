@@ -40,6 +40,7 @@ class EngineOptions:
     agents: AgentOptions
     max_running: int  # sequences decoding at once
     max_batch_tokens: int  # tokens computed per step
+    speculative_tokens: int  # the longest draft a decode verifies (0: no speculative decoding)
     batch_window_s: float  # how long a message waits for others that arrive with it
     queue_timeout_s: float  # longest wait for pool room
 
@@ -97,6 +98,7 @@ def engine_options(settings: Settings) -> EngineOptions:
         ),
         max_running=settings.max_running,
         max_batch_tokens=settings.max_batch_tokens,
+        speculative_tokens=settings.speculative_tokens,
         batch_window_s=settings.batch_window_ms / 1000,
         queue_timeout_s=settings.queue_timeout_s,
     )

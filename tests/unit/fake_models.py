@@ -13,6 +13,7 @@ from semantic.config import Settings
 from semantic.core import Batch
 from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
+from semantic.engine.runner import StepToken
 from semantic.errors import ModelLoadFailed
 from semantic.options import engine_options
 from semantic.registry import ModelRegistry, ModelSource
@@ -27,7 +28,7 @@ class GatedRunner(FakeRunner):
         super().__init__(**options)
         self.go = go
 
-    def run(self, batch: Batch) -> list[int | None]:
+    def run(self, batch: Batch) -> list[StepToken]:
         self.go.wait(30)
         return super().run(batch)
 

@@ -16,6 +16,7 @@ from semantic.backends.fake import FakeRunner
 from semantic.config import Settings
 from semantic.core import Batch
 from semantic.engine.engine import Engine
+from semantic.engine.runner import StepToken
 from semantic.models.config import ModelConfig
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
@@ -79,6 +80,7 @@ def make_engine(
         "fail_on_token": None,
         "fail_row_on_token": None,
         "layer_windows": (),
+        "ngram": None,
     }
     runner_args |= {k: overrides.pop(k) for k in list(overrides) if k in runner_args}
     runner = FakeRunner(**runner_args)  # type: ignore[arg-type]
@@ -115,7 +117,7 @@ class SteppedRunner(FakeRunner):
         self._ran = threading.Semaphore(0)
         self._released = False
 
-    def run(self, batch: Batch) -> list[int | None]:
+    def run(self, batch: Batch) -> list[StepToken]:
         if not self._released:
             self._permits.acquire()
         tokens = super().run(batch)

@@ -15,6 +15,7 @@ from semantic.backends.torch.runner import TorchRunner
 from semantic.config import Settings
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.engine.engine import Engine
+from semantic.engine.runner import StepToken
 from semantic.errors import RowsFailed
 from semantic.options import engine_options
 from semantic.text.tokenizer import Tokenizer
@@ -29,7 +30,7 @@ class RecordingRunner(TorchRunner):
 
     sampled_per_step: list[int]
 
-    def run(self, batch: Batch) -> list[int | None]:
+    def run(self, batch: Batch) -> list[StepToken]:
         self.sampled_per_step.append(sum(item.sample for item in batch.items))
         return super().run(batch)
 

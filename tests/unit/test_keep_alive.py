@@ -22,6 +22,7 @@ from semantic.backends.fake import FakeRunner
 from semantic.config import Settings
 from semantic.core import Batch
 from semantic.engine.engine import Engine
+from semantic.engine.runner import StepToken
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
 from semantic.text.tokenizer import Tokenizer
@@ -34,7 +35,7 @@ PROMPT_TOKENS = 10_000
 class SlowPrefill(FakeRunner):
     """A step with prompt chunks in it takes a while, as a cold prefill does on a CPU."""
 
-    def run(self, batch: Batch) -> list[int | None]:
+    def run(self, batch: Batch) -> list[StepToken]:
         if any(len(item.token_ids) > 1 for item in batch.items):
             time.sleep(0.04)
         return super().run(batch)

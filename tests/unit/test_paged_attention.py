@@ -6,11 +6,13 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from semantic.backends.torch.attention import (
     GatherScratch,
     LayerAttention,
     LayerKV,
+    _folded_attention,
     paged_attention,
     write_kv,
 )
@@ -183,3 +185,21 @@ def test_stock_path_reads_a_sliding_layer_window_only(pool, free_blocks, window)
     for (seq, start, end), got in zip(parts, split(out, parts), strict=True):
         expected = windowed_dense(seq, start, end, window, sinks)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_short_chunk_folds_its_query_heads_and_attends_as_with_repeated_kv() -> None:
+    torch.manual_seed(0)
+    n, heads, kv_heads, dim, keys = 5, 9, 3, 16, 300
+    q = torch.randn(n, heads, dim)
+    k, v = torch.randn(1, kv_heads, keys, dim), torch.randn(1, kv_heads, keys, dim)
+    mask = torch.ones(n, keys, dtype=torch.bool).tril_(keys - n)
+    mask[:, :40] = False  # a sliding window's first keys
+    repeated = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k.repeat_interleave(3, 1),
+        v.repeat_interleave(3, 1),
+        attn_mask=mask,
+        scale=0.25,
+    )
+    expected = repeated[0].transpose(0, 1)
+    torch.testing.assert_close(_folded_attention(q, k, v, mask, 0.25), expected)

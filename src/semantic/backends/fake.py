@@ -3,7 +3,8 @@
 Its "KV cache" is the token id stored in each slot, and its next token is a hash of the context
 it reads back through the block tables: each layer group's, within the group's window. So a
 wrong block table, a slot written by the wrong sequence or a lost chunk changes the output,
-exactly as it would corrupt a real model's.
+exactly as it would corrupt a real model's. It verifies drafts (speculative decoding) as a
+greedy model does: a draft token is accepted when it is the token it would have given there.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import numpy as np
 
 from semantic.cache.page import PageKV
 from semantic.core import Batch, BatchItem, CacheSpec
-from semantic.engine.runner import step_tokens
+from semantic.engine.runner import StepToken, step_tokens
 from semantic.text.grammar import GrammarStates, allowed
 
 
 class FakeRunner:
+    verifies_drafts = True
+
     def __init__(
         self,
         *,
@@ -29,12 +32,16 @@ class FakeRunner:
         fail_on_token: int | None = None,
         fail_row_on_token: int | None = None,
         layer_windows: tuple[int | None, ...] = (),
+        ngram: int | None = None,
     ) -> None:
         """Tokens are drawn from `first_token_id .. vocab_size - 1` (keep special ids below it).
         To test failure paths: a step whose input contains `fail_on_token` raises; an item whose
         context contains `fail_row_on_token` cannot be sampled, while the rest of its step goes
         on (as a row with non-finite probabilities). `layer_windows` gives it layers with
-        sliding windows, as a hybrid model has (default: one layer of full attention)."""
+        sliding windows, as a hybrid model has (default: one layer of full attention).
+        `ngram` makes the next token a hash of the last `ngram` tokens read, not of all of them:
+        an n-gram model, whose output soon repeats itself, so drafts from its context are
+        accepted (as a model copying its context accepts them)."""
         layers = len(layer_windows) or 1
         self.cache_spec = CacheSpec(layers, 1, 1, "float32", block_tokens, layer_windows)
         self.num_blocks = num_blocks
@@ -42,11 +49,12 @@ class FakeRunner:
         self.first_token_id = first_token_id
         self.fail_on_token = fail_on_token
         self.fail_row_on_token = fail_row_on_token
+        self.ngram = ngram
         self.slots: list[int | None] = [None] * (num_blocks * block_tokens)
         self.steps: list[Batch] = []
         self.grammars = GrammarStates(vocab_size)
 
-    def run(self, batch: Batch) -> list[int | None]:
+    def run(self, batch: Batch) -> list[StepToken]:
         self.steps.append(batch)
         if self.fail_on_token is not None and any(
             self.fail_on_token in item.token_ids for item in batch.items
@@ -85,12 +93,26 @@ class FakeRunner:
         page = item.block_tables[group][position // block_tokens]
         return page * block_tokens + position % block_tokens
 
-    def _outcome(self, item: BatchItem) -> int | Exception:
+    def _outcome(self, item: BatchItem) -> int | list[int] | Exception:
         if self.fail_row_on_token is not None and self.fail_row_on_token in self._context(item):
             return ValueError("injected sampling failure")
+        if item.draft_token_ids:
+            return self._verified(item)
         if item.sampling.grammar is not None:
             return self._constrained_token(item)
         return self._next_token(item)
+
+    def _verified(self, item: BatchItem) -> list[int]:
+        """The draft tokens that are the tokens it would give at their positions, then the one
+        it gives after them."""
+        first_draft = item.start_pos + len(item.token_ids) - len(item.draft_token_ids)
+        accepted: list[int] = []
+        for offset, drafted in enumerate(item.draft_token_ids):
+            token = self._next_token(item, first_draft + offset)
+            if token != drafted:
+                return [*accepted, token]
+            accepted.append(token)
+        return [*accepted, self._next_token(item, first_draft + len(accepted))]
 
     def _constrained_token(self, item: BatchItem) -> int | Exception:
         """The hashed token if the item's grammar allows it, else the next id up that it
@@ -112,18 +134,20 @@ class FakeRunner:
         error = self.grammars.accept(item.seq_id, token)
         return token if error is None else error
 
-    def _context(self, item: BatchItem) -> list[int | None]:
-        """The tokens its last position reads, group by group, through the block tables: all
-        of them, or a sliding group's window."""
-        end = item.start_pos + len(item.token_ids)
+    def _context(self, item: BatchItem, end: int | None = None) -> list[int | None]:
+        """The tokens the position before `end` (default: its last) reads, group by group,
+        through the block tables: all of them, or a sliding group's window."""
+        end = item.start_pos + len(item.token_ids) if end is None else end
         context: list[int | None] = []
         for group, layers in enumerate(self.cache_spec.groups):
             start = 0 if layers.window is None else max(0, end - layers.window)
             context += [self.slots[self._slot(item, group, p)] for p in range(start, end)]
         return context
 
-    def _next_token(self, item: BatchItem) -> int:
-        context = self._context(item)
+    def _next_token(self, item: BatchItem, end: int | None = None) -> int:
+        context = self._context(item, end)
+        if self.ngram is not None:
+            context = context[-self.ngram :]
         digest = hashlib.blake2b(repr(context).encode(), digest_size=8).digest()
         span = self.vocab_size - self.first_token_id
         token = self.first_token_id + int.from_bytes(digest, "little") % span

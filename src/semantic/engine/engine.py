@@ -38,7 +38,7 @@ from semantic.core import (
     Usage,
 )
 from semantic.engine.agent_door import AgentDoor
-from semantic.engine.runner import ModelRunner
+from semantic.engine.runner import ModelRunner, StepToken, drafting
 from semantic.engine.scheduler import Scheduler
 from semantic.errors import (
     ContextOverflow,
@@ -162,6 +162,9 @@ class Engine:
             max_batch_tokens=options.max_batch_tokens,
             end_token_ids=model.tokenizer.eos_token_ids,
             named=self.agents.names,
+            # Drafts only for a runner that verifies them (`ModelRunner`).
+            speculative_tokens=options.speculative_tokens if drafting(runner) else 0,
+            context_tokens=model.context_length,
         )
         # A sequence never outgrows the context, nor the whole pool (then it could not run).
         pool_tokens = self.scheduler.blocks.max_tokens(runner.num_blocks)
@@ -365,18 +368,32 @@ class Engine:
         if tokens is None:
             return True
         sampled = self.scheduler.update(batch, tokens)
-        self.metrics.stepped(batch, len(sampled))
         self.prefill_progress.stepped(self.scheduler.running)
-        for seq, token in sampled:
-            self._publish(self._active[seq.request.request_id], token)
+        published = sum(self._publish_run(seq, run) for seq, run in sampled)
+        self.metrics.stepped(batch, published, tokens)
         return True
 
-    def _run(self, batch: Batch) -> list[int | None] | None:
+    def _publish_run(self, seq: Sequence, run: list[int]) -> int:
+        """Publish a sequence's new tokens in order (more than one: a verified draft's), until
+        one ends it; returns how many it published. The scheduler appended the first; each
+        later one is appended as it is published, so none after a stop is ever recorded."""
+        active = self._active[seq.request.request_id]
+        self._publish(active, run[0])
+        published = 1
+        for token in run[1:]:
+            if seq.status is not SequenceStatus.RUNNING:  # it ended: the rest are dropped
+                break
+            self.scheduler.accept(seq, token)
+            self._publish(active, token)
+            published += 1
+        return published
+
+    def _run(self, batch: Batch) -> list[StepToken] | None:
         """The runner's tokens for `batch`. An item it could not sample fails alone, before the
         step is recorded, so none of its KV from this step is cached; when the whole step
         fails, every request in it has failed and this returns None."""
         try:
-            return self.runner.run(batch)
+            return list(self.runner.run(batch))
         except RowsFailed as exc:  # each failure is logged with its request as it ends
             for index, error in exc.errors.items():
                 self._fail([batch.items[index].seq_id], error)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from semantic.cache.page import PageKV
@@ -16,16 +16,22 @@ class ModelRunner(Protocol):
     The runner owns the tensors; the engine owns which pages are whose. `num_blocks` (pages: a
     layer group's K/V of one block, every layer's when the model has one group) is fixed when
     the runner is built (from the cache budget) and the engine sizes its `BlockPool` from it.
+
+    A runner that verifies drafts (speculative decoding) says so with a `verifies_drafts`
+    attribute set to True; the engine never hands a draft to one that does not (`drafting`).
     """
 
     cache_spec: CacheSpec
     num_blocks: int
     vocab_size: int
 
-    def run(self, batch: Batch) -> list[int | None]:
+    def run(self, batch: Batch) -> Sequence[StepToken]:
         """Compute every item of `batch`, writing K/V into the pool through the items' block
         tables (one per layer group), and return one sampled token per item with `sample=True`
         (None for the others), in the order of `batch.items`. `batch.copies` are done first.
+        An item with a draft gets a list instead: the draft tokens accepted, in order, then
+        the token sampled after them (so at least one token); the K/V written at the positions
+        of the rejected ones is garbage the engine overwrites later.
 
         An item that cannot be sampled fails alone: `run` raises `RowsFailed` naming it, with
         the other items' tokens (`step_tokens` builds either answer). Any other exception fails
@@ -46,12 +52,21 @@ class ModelRunner(Protocol):
         ...
 
 
+# What `run` gives an item: nothing (a chunk mid-prompt), its token, or a verified draft's tokens.
+StepToken = int | list[int] | None
+
+
+def drafting(runner: ModelRunner) -> bool:
+    """Whether `runner` verifies drafts (`ModelRunner`): off unless it says so."""
+    return getattr(runner, "verifies_drafts", False) is True
+
+
 def step_tokens(
-    num_items: int, outcomes: Iterable[tuple[int, int | Exception]]
-) -> list[int | None]:
-    """What `run` returns, from each sampled item's outcome: (batch index, its token or why it
+    num_items: int, outcomes: Iterable[tuple[int, int | list[int] | Exception]]
+) -> list[StepToken]:
+    """What `run` returns, from each sampled item's outcome: (batch index, its token(s) or why it
     has none). Raises `RowsFailed` when any item has none, carrying the others' tokens."""
-    tokens: list[int | None] = [None] * num_items
+    tokens: list[StepToken] = [None] * num_items
     errors: dict[int, Exception] = {}
     for index, outcome in outcomes:
         if isinstance(outcome, Exception):

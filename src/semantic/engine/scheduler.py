@@ -21,6 +21,8 @@ from semantic.core import (
     Sequence,
     SequenceStatus,
 )
+from semantic.engine.drafts import propose
+from semantic.engine.runner import StepToken
 
 # Tokens a sequence produces after it starts (or resumes) before a newcomer may preempt it:
 # bounds how often one sequence can be swapped out.
@@ -36,6 +38,10 @@ ONE_OFF_PASSED_S = 5.0
 # times its remaining length: then it goes first with half the budget or more, so a stream of
 # short prompts never starves it and it never holds them all back.
 OVERTAKE_LIMIT = 4
+# Speculative decoding drafts only while this few sequences decode: a draft costs a forward pass
+# over its tokens whether or not they are accepted, which a lone decode (reading every weight
+# for one token) gets almost free, and a busy batch pays for in full.
+DRAFT_UP_TO_DECODES = 2
 
 
 def _waiting_since(seq: Sequence) -> float:
@@ -94,6 +100,13 @@ class Scheduler:
     blocks and cached blocks of one-off requests and idle agents, so a burst of side requests
     never evicts a working agent's cache.
 
+    Speculative decoding (`speculative_tokens` > 0): while at most `DRAFT_UP_TO_DECODES`
+    sequences decode, each one whose sampling allows it gets a draft from its own context
+    (`engine/drafts.py`) appended to its decode token, with pages for the draft's positions
+    when the pool has them (else no draft: a draft never preempts). The runner returns the
+    draft tokens it accepts and one more; `update` counts K/V only for what was accepted, so a
+    rejected token's K/V is never hashed or cached, and is overwritten by a later step.
+
     Invariant: a running or restoring sequence holds pages for every token of its prompt's
     reused prefix and every token it has computed that its layer groups still read; a waiting
     one holds none.
@@ -108,6 +121,8 @@ class Scheduler:
         max_batch_tokens: int,
         end_token_ids: Iterable[int] = (),
         named: Callable[[int], bool] = _no_agent,
+        speculative_tokens: int = 0,
+        context_tokens: int | None = None,
     ) -> None:
         self.prefix = prefix
         # Whether an agent's history names a block: the agents store then keeps its pages as its
@@ -118,6 +133,11 @@ class Scheduler:
         self.max_running = max_running
         self.max_batch_tokens = max_batch_tokens
         self.end_token_ids = tuple(end_token_ids)
+        self.speculative_tokens = speculative_tokens  # the longest draft (0: none)
+        # The most tokens a sequence may have: a draft never reaches past it.
+        pool_tokens = self.blocks.max_tokens(self.pool.num_blocks)
+        limits = [n for n in (context_tokens, pool_tokens) if n is not None]
+        self.max_seq_tokens = min(limits, default=None)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.restoring: list[Sequence] = []
@@ -145,8 +165,10 @@ class Scheduler:
         self._admit_newcomers()
         while self._admit_next() is not None:
             pass
-        decodes = [self._item(seq, 1) for seq in self._grow_decodes()]
-        chunks = self._prefill_chunks(self._prefill_budget(len(decodes)))
+        decoding = self._grow_decodes()
+        drafts = self._drafts(decoding)
+        decodes = [self._item(seq, 1, drafts.get(seq.seq_id, [])) for seq in decoding]
+        chunks = self._prefill_chunks(self._prefill_budget(sum(len(i.token_ids) for i in decodes)))
         return Batch(decodes + chunks, self.blocks.take_copies())
 
     def blocked_by_held_pages(self) -> bool:
@@ -181,21 +203,33 @@ class Scheduler:
             seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(seq)
 
-    def update(self, batch: Batch, tokens: list[int | None]) -> list[tuple[Sequence, int]]:
-        """Record a finished step: mark its tokens computed and append the sampled ones.
-        Returns (sequence, new token) for every sequence that got one."""
+    def update(self, batch: Batch, tokens: Iterable[StepToken]) -> list[tuple[Sequence, list[int]]]:
+        """Record a finished step: mark its tokens computed and append the first sampled token of
+        each item. Returns (sequence, its new tokens) for every sequence that got some: one
+        token, or a verified draft's accepted tokens and the one after them, whose second and
+        later tokens the caller appends with `accept`, one by one, so that a stop inside the
+        run (an end token, a stop string, max_tokens) leaves nothing after it recorded."""
         by_id = {seq.seq_id: seq for seq in self.running}
-        sampled: list[tuple[Sequence, int]] = []
+        sampled: list[tuple[Sequence, list[int]]] = []
         for item, token in zip(batch.items, tokens, strict=True):
             seq = by_id.get(item.seq_id)
             if seq is None:  # aborted while the step ran
                 continue
-            seq.num_computed_tokens += len(item.token_ids)
+            # A draft's K/V counts once its tokens are accepted (`accept`).
+            seq.num_computed_tokens += len(item.token_ids) - len(item.draft_token_ids)
             self.blocks.hash_full_blocks(seq)
             if token is not None:
-                seq.token_ids.append(token)
-                sampled.append((seq, token))
+                run = token if isinstance(token, list) else [token]
+                seq.token_ids.append(run[0])
+                sampled.append((seq, run))
         return sampled
+
+    def accept(self, seq: Sequence, token: int) -> None:
+        """Append the next token of a verified draft's run (`update`): the token before it, a
+        draft token the runner accepted, was computed in the step that verified it."""
+        seq.num_computed_tokens = len(seq.token_ids)
+        self.blocks.hash_full_blocks(seq)
+        seq.token_ids.append(token)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> History:
         """End a sequence wherever it is; its blocks go back to the pool, its content stays
@@ -232,7 +266,7 @@ class Scheduler:
         budget = self.max_batch_tokens - decodes
         if decodes:
             budget = min(budget, int(self.max_batch_tokens * PREFILL_SHARE_WHILE_DECODING))
-        return budget
+        return max(0, budget)
 
     def _prefill_chunks(self, budget: int) -> list[BatchItem]:
         """Chunks of the running prompts, fewest tokens left first, until `budget` is spent —
@@ -297,6 +331,34 @@ class Scheduler:
             if seq.status is SequenceStatus.RUNNING:
                 decodes.append(seq)
         return decodes
+
+    def _drafts(self, decoding: list[Sequence]) -> dict[int, list[int]]:
+        """Each decoding sequence's draft this step, by seq id: while few decode, for those whose
+        draft found its room in the pool."""
+        if not self.speculative_tokens or len(decoding) > DRAFT_UP_TO_DECODES:
+            return {}
+        drafts = {}
+        for seq in decoding:
+            draft = propose(seq.token_ids, self._draft_room(seq))
+            if draft and self.blocks.grow(seq, len(seq.token_ids) + len(draft)):
+                drafts[seq.seq_id] = draft
+        return drafts
+
+    def _draft_room(self, seq: Sequence) -> int:
+        """The longest draft `seq` may have: none for a row whose sampling drafts do not cover
+        (a grammar, a repetition penalty, end tokens still suppressed); else up to
+        `speculative_tokens`, leaving room for the token after it within its max_tokens and
+        the longest a sequence may be, and the drafting decodes within `max_batch_tokens`
+        (a sliding group's pages are reserved for a window and a chunk of at most that)."""
+        sampling = seq.request.sampling
+        plain = sampling.grammar is None and sampling.repetition_penalty == 1
+        if not plain or seq.num_output_tokens < sampling.min_tokens:
+            return 0
+        left = _work_left(seq)
+        if self.max_seq_tokens is not None:
+            left = min(left, self.max_seq_tokens - len(seq.token_ids))
+        in_step = self.max_batch_tokens // DRAFT_UP_TO_DECODES - 1
+        return min(self.speculative_tokens, in_step, left - 1)
 
     def _add_chunk(self, items: list[BatchItem], seq: Sequence, budget: int) -> int:
         """Add a chunk of `seq`'s prompt to the step; returns its tokens. Its sliding groups
@@ -418,14 +480,15 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
-    def _item(self, seq: Sequence, count: int) -> BatchItem:
+    def _item(self, seq: Sequence, count: int, draft: list[int] | None = None) -> BatchItem:
         start = seq.num_computed_tokens
         sample = start + count == len(seq.token_ids)
+        draft = draft or []
         sampling = seq.request.sampling
         held_back = sample and seq.num_output_tokens < sampling.min_tokens
         return BatchItem(
             seq_id=seq.seq_id,
-            token_ids=seq.token_ids[start : start + count],
+            token_ids=seq.token_ids[start : start + count] + draft,
             start_pos=start,
             block_tables=[table.padded() for table in seq.block_tables],
             sample=sample,
@@ -433,6 +496,7 @@ class Scheduler:
             num_output_tokens=seq.num_output_tokens,
             suppress_token_ids=self._end_tokens(seq) if held_back else (),
             context_token_ids=seq.token_ids if sample and sampling.repetition_penalty != 1 else [],
+            draft_token_ids=tuple(draft),
         )
 
     def _end_tokens(self, seq: Sequence) -> tuple[int, ...]:

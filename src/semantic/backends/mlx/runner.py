@@ -16,7 +16,7 @@ from semantic.backends.mlx.pool import DTYPES, KVPool
 from semantic.backends.mlx.sampling import sample
 from semantic.cache.page import PageKV
 from semantic.core import KV_QUANTIZED, Batch, CacheSpec
-from semantic.engine.runner import step_tokens
+from semantic.engine.runner import StepToken, step_tokens
 from semantic.errors import ModelLoadFailed
 from semantic.kv_budget import auto_budget_bytes, host_available_bytes
 from semantic.models.config import ModelConfig
@@ -84,9 +84,10 @@ class MLXRunner:
         Apple Silicon the GPU's memory is the host's."""
         return auto_budget_bytes(host_available_bytes(), gpu=False)
 
-    def run(self, batch: Batch) -> list[int | None]:
+    def run(self, batch: Batch) -> list[StepToken]:
         """One step: K/V into the pool, one sampled token per item with sample=True (a row
-        that cannot be sampled fails alone: `ModelRunner.run`)."""
+        that cannot be sampled fails alone: `ModelRunner.run`). It verifies no drafts: the
+        engine gives it none (no `verifies_drafts`)."""
         with mx.stream(self.device):  # the engine's thread, not the load's
             self._copy_blocks(batch.copies)
             logits, step = self._logits(batch)

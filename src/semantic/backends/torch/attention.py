@@ -441,11 +441,33 @@ def prefill_attention(
         keys = chunk.context_len + chunk.length - chunk.first_key
         kt, vt = kv.gather(chunk.block_ids, 1, q.dtype)
         kt, vt = kt[:, :, :keys], vt[:, :, :keys]  # [1, KVH, S, D]
+        if chunk.length <= FOLDED_CHUNK_ROWS and how.sinks is None and chunk.mask is not None:
+            return _folded_attention(q, kt, vt, chunk.mask, how.scale)
     groups = heads // kt.shape[1]
     kt, vt = kt.repeat_interleave(groups, 1), vt.repeat_interleave(groups, 1)  # [1, H, S, D]
     sinks = None if how.sinks is None else how.sinks.view(1, heads, 1, 1)
     out = _attend(qt, kt, vt, chunk.mask, chunk.mask is None, how.scale, sinks)
     return out[0].transpose(0, 1)
+
+
+# A chunk of at most this many tokens after a long context (a draft's verification, a short
+# turn) attends as decodes do, its query heads folded per KV head, instead of repeating K/V for
+# every query head: at a few thousand keys the copy cost more than the attention itself.
+FOLDED_CHUNK_ROWS = 32
+
+
+def _folded_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q: [n, H, D]; k, v: [1, KVH, S, D]; mask: [n, S] → [n, H, D]. Each KV head's G query
+    heads times n queries form one query axis ([1, KVH, G · n, D]), each row masked as its
+    query is."""
+    n, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    groups = heads // kv_heads
+    qg = q.view(n, kv_heads, groups, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, -1, dim)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask.repeat(groups, 1), scale=scale)
+    return out.view(kv_heads, groups, n, dim).permute(2, 0, 1, 3).reshape(n, heads, dim)
 
 
 def _attend(

@@ -28,11 +28,11 @@ from semantic.backends.torch.models import build_model
 from semantic.backends.torch.models.experts import routes_on_host
 from semantic.backends.torch.models.layers import Build
 from semantic.backends.torch.prepared import PreparedWeights
-from semantic.backends.torch.sampling import sample
 from semantic.backends.torch.threads import ThreadGovernor
+from semantic.backends.torch.verification import sample_or_verify
 from semantic.cache.page import PageKV
 from semantic.core import KV_QUANTIZED, Batch, BatchItem, CacheSpec
-from semantic.engine.runner import step_tokens
+from semantic.engine.runner import StepToken, step_tokens
 from semantic.errors import ModelLoadFailed
 from semantic.kv_budget import auto_budget_bytes, host_available_bytes
 from semantic.models.config import ModelConfig
@@ -52,19 +52,23 @@ _DTYPE_NAMES = {torch_dtype: name for name, torch_dtype in DTYPES.items()}
 @dataclass(slots=True, frozen=True)
 class StepInputs:
     """One step's tensors. The layout puts the single-token items first (batched decode), then
-    each prefill chunk; the sampled rows say where each sampled item's last token landed."""
+    each prefill chunk (a decode with a draft is one); the sampled rows say where each sampled
+    item's last token landed (a draft's item: each of its tokens, the decode token's first)."""
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     meta: AttentionMetadata
-    sample_rows: torch.Tensor | None  # [N] rows of the hidden state to sample; None: all rows
+    sample_rows: torch.Tensor | None  # [R] rows of the hidden state to sample; None: all rows
     sampled_items: list[BatchItem]  # the N items with sample=True, in layout order
     sampled_index: list[int]  # their batch indices
 
 
 class TorchRunner:
     """The model bound to its block pool. Stateless between steps apart from the pool contents,
-    which the engine's block tables name."""
+    which the engine's block tables name. Verifies drafts (`verification.py`) on the eager
+    path: a step with one never replays a CUDA graph."""
+
+    verifies_drafts = True
 
     def __init__(
         self,
@@ -169,14 +173,14 @@ class TorchRunner:
             return auto_budget_bytes(free, gpu=True)
         return auto_budget_bytes(host_available_bytes(), gpu=False)
 
-    def run(self, batch: Batch) -> list[int | None]:
-        """One step: K/V into the pool, one sampled token per item with sample=True (a row
-        that cannot be sampled fails alone: `ModelRunner.run`)."""
+    def run(self, batch: Batch) -> list[StepToken]:
+        """One step: K/V into the pool, one sampled token per item with sample=True, or a
+        verified draft's tokens (a row that cannot be sampled fails alone: `ModelRunner.run`)."""
         if self.threads is not None:
             self.threads.adjust()
         self._copy_blocks(batch.copies)
         logits, items, index = self._sampled_logits(batch)
-        outcomes = sample(logits, items, self.grammars)
+        outcomes = sample_or_verify(logits, items, self.grammars)
         return step_tokens(len(batch.items), zip(index, outcomes, strict=True))
 
     def forget(self, seq_id: int) -> None:
@@ -294,7 +298,10 @@ class _StepBuilder:
         sampled = [
             (end, i) for end, i in zip(ends, decodes + chunks, strict=True) if items[i].sample
         ]
-        rows = [end for end, _ in sampled]
+        # A draft's item is verified at its decode token and every draft token.
+        rows = [
+            row for end, i in sampled for row in range(end - len(items[i].draft_token_ids), end + 1)
+        ]
         return StepInputs(
             input_ids=flat[0],
             positions=flat[1],

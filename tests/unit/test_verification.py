@@ -1,0 +1,138 @@
+"""Verifying drafts on torch logits: greedy rows accept exactly the argmax, sampled rows keep
+their distribution (the speculative sampling rule), and rows without a draft sample as ever."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from semantic.backends.torch.runner import TorchRunner
+from semantic.backends.torch.verification import sample_or_verify, verify
+from semantic.core import Batch, BatchItem, SamplingParams
+from tests.unit.tiny_llama import tiny_llama
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def item(draft: tuple[int, ...], sampling: SamplingParams = GREEDY, seq_id: int = 0) -> BatchItem:
+    tokens = [1, *draft] if draft else [1]
+    return BatchItem(seq_id, tokens, 10, [[0]], True, sampling, 5, draft_token_ids=draft)
+
+
+def one_hot_rows(best: list[int], vocab: int = 8) -> torch.Tensor:
+    logits = torch.zeros(len(best), vocab)
+    for row, token in enumerate(best):
+        logits[row, token] = 5.0
+    return logits
+
+
+def test_a_greedy_row_accepts_the_draft_up_to_its_first_miss_then_gives_the_argmax() -> None:
+    logits = one_hot_rows([3, 4, 6, 2])
+    assert verify(logits, item((3, 4, 5))) == [3, 4, 6]
+    assert verify(logits, item((2, 4, 6))) == [3]
+
+
+def test_a_greedy_row_that_accepts_the_whole_draft_gets_the_token_after_it() -> None:
+    assert verify(one_hot_rows([3, 4, 6, 2]), item((3, 4, 6))) == [3, 4, 6, 2]
+
+
+def test_a_row_with_no_finite_logit_where_it_is_read_fails_alone() -> None:
+    logits = one_hot_rows([3, 4, 6])
+    logits[1] = float("nan")
+    assert isinstance(verify(logits, item((3, 5))), ValueError)
+    assert verify(logits, item((2, 5))) == [3]  # the broken row comes after the miss
+
+
+def test_items_with_and_without_drafts_get_their_own_rows() -> None:
+    logits = one_hot_rows([7, 3, 4, 6, 5, 1, 2])
+    items = [item(()), item((3, 4), seq_id=1), item(()), item((1,), seq_id=3)]
+    assert sample_or_verify(logits, items) == [7, [3, 4, 6], 5, [1, 2]]
+
+
+def first_token_frequencies(
+    logits: torch.Tensor, draft: int, sampling: SamplingParams, draws: int
+) -> list[float]:
+    counts = [0] * logits.shape[-1]
+    rows = logits.expand(2, -1).clone()  # the draft's row, then the row after it
+    for _ in range(draws):
+        run = verify(rows, item((draft,), sampling))
+        assert isinstance(run, list)
+        counts[run[0]] += 1
+    return [c / draws for c in counts]
+
+
+def test_a_sampled_row_keeps_its_distribution_whichever_token_is_drafted() -> None:
+    torch.manual_seed(0)
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log()
+    sampling = SamplingParams(temperature=1.0)
+    for draft in (0, 1, 3):
+        seen = first_token_frequencies(logits, draft, sampling, 6000)
+        for p, f in zip(probs.tolist(), seen, strict=True):
+            assert abs(p - f) < 4 * math.sqrt(p * (1 - p) / 6000) + 1e-3, (draft, seen)
+
+
+def test_a_sampled_row_follows_temperature_and_top_k_and_never_accepts_a_token_they_drop() -> None:
+    torch.manual_seed(1)
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    sampling = SamplingParams(temperature=0.7, top_k=2)
+    kept = (logits[:2] / 0.7).softmax(-1).tolist()
+    for draft in (1, 3):
+        seen = first_token_frequencies(logits, draft, sampling, 4000)
+        assert seen[2] == seen[3] == 0
+        for p, f in zip(kept, seen[:2], strict=True):
+            assert abs(p - f) < 4 * math.sqrt(p * (1 - p) / 4000) + 1e-3, (draft, seen)
+
+
+def test_a_seeded_sampled_row_verifies_the_same_way_every_time() -> None:
+    logits = torch.randn(4, 50)
+    sampling = SamplingParams(temperature=1.0, seed=7)
+    runs = {tuple(verify(logits, item((3, 9, 4), sampling))) for _ in range(5)}  # type: ignore[arg-type]
+    assert len(runs) == 1
+
+
+def tiny_runner() -> TorchRunner:
+    config, weights = tiny_llama(tied=True, vocab_size=300)
+    return TorchRunner(
+        config, weights, block_tokens=4, cache_budget_mb=4, dtype="float32", kernels=False
+    )
+
+
+def greedy_decodes(runner: TorchRunner, seq_id: int, prompt: list[int], steps: int) -> list[int]:
+    """`steps` greedy tokens decoded one a step, in the pages of `seq_id`."""
+    table = list(range(seq_id * 16, (seq_id + 1) * 16))
+    [token] = runner.run(Batch([BatchItem(seq_id, prompt, 0, [table], True, GREEDY, 0)]))
+    assert isinstance(token, int)
+    tokens = [token]
+    while len(tokens) < steps:
+        position = len(prompt) + len(tokens) - 1
+        item = BatchItem(seq_id, [tokens[-1]], position, [table], True, GREEDY, len(tokens))
+        [token] = runner.run(Batch([item]))
+        assert isinstance(token, int)
+        tokens.append(token)
+    return tokens
+
+
+def test_the_torch_runner_verifies_a_draft_beside_a_plain_decode_as_decoding_one_by_one() -> None:
+    runner = tiny_runner()
+    prompts = [[5, 9, 14, 2, 7, 7], [11, 3, 40]]
+    truth = [greedy_decodes(runner, i, p, 8) for i, p in enumerate(prompts)]
+    # Fresh pages: the first prompt again, then its first token with a draft of the next five,
+    # the fourth of them wrong; the second sequence decodes its next token beside it.
+    table = list(range(2 * 16, 3 * 16))
+    runner.run(Batch([BatchItem(2, prompts[0], 0, [table], True, GREEDY, 0)]))
+    draft = (*truth[0][1:4], (truth[0][4] + 1) % 300, truth[0][5])
+    drafted = BatchItem(
+        2, [truth[0][0], *draft], len(prompts[0]), [table], True, GREEDY, 1, draft_token_ids=draft
+    )
+    other_table = list(range(16, 32))
+    position = len(prompts[1]) + 6
+    plain = BatchItem(1, [truth[1][6]], position, [other_table], True, GREEDY, 7)
+    assert runner.run(Batch([drafted, plain])) == [truth[0][1:5], truth[1][7]]
+    # Accepted whole: the token after the draft too, read through the K/V the draft wrote.
+    whole = tuple(truth[0][1:6])
+    drafted = BatchItem(
+        2, [truth[0][0], *whole], len(prompts[0]), [table], True, GREEDY, 1, draft_token_ids=whole
+    )
+    assert runner.run(Batch([drafted])) == [truth[0][1:7]]
