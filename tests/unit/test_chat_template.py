@@ -198,6 +198,19 @@ def test_a_tool_result_hint_follows_each_run_of_tool_results_as_a_user_turn() ->
     assert "Answer now." not in chat.render(messages)
 
 
+def test_no_tool_result_hint_follows_a_run_with_an_error() -> None:
+    chat = template(QWEN25_TEMPLATE)
+    chat.tool_result_hint = "Answer now."
+    failed = {"role": "tool", "content": "no such file", "is_error": True}
+    good = {"role": "tool", "content": "a result"}
+    call = {"role": "assistant", "content": "calling"}
+    messages = [{"role": "user", "content": "go"}, call, good, failed, call, good]
+    rendered = chat.render(messages)
+    assert rendered.count("Answer now.") == 1
+    hint = "<|im_start|>user\nAnswer now.<|im_end|>\n"
+    assert rendered.endswith(f"a result\n</tool_response><|im_end|>\n{hint}<|im_start|>assistant\n")
+
+
 def test_a_template_without_tools_gets_the_hint_in_the_turn_of_the_results() -> None:
     chat = template(CHATML_TEMPLATE)
     chat.tool_result_hint = "Answer now."
