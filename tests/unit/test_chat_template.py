@@ -9,6 +9,7 @@ import pytest
 
 from semantic.errors import InvalidRequest, ModelLoadFailed
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
+from tests.qwen25_template import QWEN25_TEMPLATE
 from tests.smollm3_template import SMOLLM3_TEMPLATE
 
 SMOLLM_LIKE = (
@@ -178,3 +179,42 @@ def test_a_template_that_does_not_compile_is_a_load_failure() -> None:
 def test_chatml_fallback_renders_im_start_blocks() -> None:
     rendered = template(CHATML_TEMPLATE).render([{"role": "user", "content": "hi"}])
     assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_tool_result_hint_follows_each_run_of_tool_results_as_a_user_turn() -> None:
+    chat = template(QWEN25_TEMPLATE)
+    chat.tool_result_hint = "Answer now."
+    call = {"role": "assistant", "content": "calling"}
+    result = {"role": "tool", "content": "a result"}
+    messages = [{"role": "user", "content": "go"}, call, result, result, call, result]
+    rendered = chat.render(messages)
+    hint = "<|im_start|>user\nAnswer now.<|im_end|>\n"
+    assert rendered.count(hint) == 2  # after each run, not after each result
+    assert rendered.endswith(f"</tool_response><|im_end|>\n{hint}<|im_start|>assistant\n")
+    # An earlier run renders the same in the next request: the cache keeps it.
+    following = chat.render([*messages, call, result])
+    assert following.startswith(rendered.removesuffix("<|im_start|>assistant\n"))
+    chat.tool_result_hint = ""
+    assert "Answer now." not in chat.render(messages)
+
+
+def test_no_tool_result_hint_follows_a_run_with_an_error() -> None:
+    chat = template(QWEN25_TEMPLATE)
+    chat.tool_result_hint = "Answer now."
+    failed = {"role": "tool", "content": "no such file", "is_error": True}
+    good = {"role": "tool", "content": "a result"}
+    call = {"role": "assistant", "content": "calling"}
+    messages = [{"role": "user", "content": "go"}, call, good, failed, call, good]
+    rendered = chat.render(messages)
+    assert rendered.count("Answer now.") == 1
+    hint = "<|im_start|>user\nAnswer now.<|im_end|>\n"
+    assert rendered.endswith(f"a result\n</tool_response><|im_end|>\n{hint}<|im_start|>assistant\n")
+
+
+def test_a_template_without_tools_gets_the_hint_in_the_turn_of_the_results() -> None:
+    chat = template(CHATML_TEMPLATE)
+    chat.tool_result_hint = "Answer now."
+    messages = [{"role": "user", "content": "go"}, {"role": "tool", "content": "a result"}]
+    assert chat.render(messages).endswith(
+        "a result\n</tool_response>\nAnswer now.<|im_end|>\n<|im_start|>assistant\n"
+    )

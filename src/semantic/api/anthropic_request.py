@@ -455,7 +455,8 @@ def _tool_choice(choice: ToolChoice | None, names: list[str]) -> tool_use.ToolCh
 
 
 def template_tool_result(block: ToolResultBlock) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)}
+    result = {"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)}
+    return result | {"is_error": True} if block.is_error else result
 
 
 def render_prompt(

@@ -44,10 +44,13 @@ class ChatTemplate:
     `xml_tools` (SmolLM3's, as its model was trained): the tools go there, and only the calls
     and results are written as the default tool prompt's text (the template renders each
     message's content alone). `later_system_turns`: a system message after the first reaches
-    the prompt in its place (a turn of its own in ChatML's and Qwen's templates)."""
+    the prompt in its place (a turn of its own in ChatML's and Qwen's templates).
+    `tool_result_hint`: a user line after each run of tool results (none when empty): a small
+    model that calls the same tool again, given its result, answers with it instead."""
 
     def __init__(self, source: str, *, bos_token: str | None, eos_token: str | None) -> None:
         self.source = source
+        self.tool_result_hint = ""
         self.bos_token = bos_token
         self.eos_token = eos_token
         env = _environment()
@@ -75,6 +78,7 @@ class ChatTemplate:
         `continue_final_message` leaves the last message open, so that the model goes on with
         it (a reply prefilled by the client), as transformers' option of that name does."""
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **template_vars}
+        messages = _hinted(messages, self.tool_result_hint)
         if not self.supports_tools and has_tool_content(messages, tools):
             if self.lists_xml_tools:
                 variables["xml_tools"], tools = tools, None
@@ -116,6 +120,29 @@ class ChatTemplate:
         except Exception:  # the template's own code: it may fail on the probe in any way
             return False
         return 0 <= text.find(first) < text.find(later) < text.find(user)
+
+
+def _hinted(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
+    """`messages` with a user message of `hint` after each run of tool results, unless one of
+    them is an error (`is_error`: then the model should try again, and told to answer it gives
+    up instead). Every run gets one, not only the newest, so that a conversation's earlier
+    turns render the same from request to request (the cache holds them). In the user's own
+    turn, after the results, it works where the same words inside the last result do not
+    (measured on Qwen2.5-Coder)."""
+    if not hint:
+        return messages
+    hinted, failed = [], False
+    for index, message in enumerate(messages):
+        hinted.append(message)
+        if message.get("role") != "tool":
+            continue
+        failed = failed or bool(message.get("is_error"))
+        following = messages[index + 1] if index + 1 < len(messages) else {}
+        if following.get("role") != "tool":
+            if not failed:
+                hinted.append({"role": "user", "content": hint})
+            failed = False
+    return hinted
 
 
 def _cut_after(text: str, content: str) -> str:
