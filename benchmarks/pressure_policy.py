@@ -29,6 +29,7 @@ from semantic.config import Settings
 from semantic.core import Batch, Request, SamplingParams, TokenEvent
 from semantic.engine import scheduler
 from semantic.engine.engine import Engine
+from semantic.engine.runner import StepToken
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
@@ -48,7 +49,7 @@ class _SlowRunner(FakeRunner):
         super().__init__(**args)
         self.step_s = step_s
 
-    def run(self, batch: Batch) -> list[int | None]:
+    def run(self, batch: Batch) -> list[StepToken]:
         time.sleep(self.step_s)
         return super().run(batch)
 

@@ -38,6 +38,7 @@ from semantic.backends.torch.linear import Linear
 from semantic.backends.torch.models.layers import DecoderModel, GatedMLP
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
+from semantic.engine.runner import StepToken
 from semantic.models.config import ModelConfig
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -232,19 +233,19 @@ class Sequences:
             for i, table in enumerate(self.tables)
         ]
         tokens = self.runner.run(Batch(items))
-        self.last = [t if t is not None else 0 for t in tokens]
+        self.last = [t if isinstance(t, int) else 0 for t in tokens]
         self.lengths = [n + 1 for n in self.lengths]
 
 
 def prefill(runner: TorchRunner, ids: list[int], table: list[int]) -> int:
     """Prefill `ids` in chunks of CHUNK tokens; the sampled next token."""
-    token: int | None = None
+    token: StepToken = None
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start : start + CHUNK]
         last = start + len(chunk) == len(ids)
         item = BatchItem(0, chunk, start, [table], last, GREEDY, 0)
         (token,) = runner.run(Batch([item]))
-    assert token is not None
+    assert isinstance(token, int)
     return token
 
 

@@ -43,7 +43,7 @@ from semantic.core import (
     TokenEvent,
 )
 from semantic.engine.engine import Engine
-from semantic.engine.runner import ModelRunner
+from semantic.engine.runner import ModelRunner, StepToken
 from semantic.engine.scheduler import Scheduler
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
@@ -96,7 +96,7 @@ class _TimedRunner(FakeRunner):
         self.cost = cost
         self.clock = clock
 
-    def run(self, batch: Batch) -> list[int | None]:
+    def run(self, batch: Batch) -> list[StepToken]:
         self.clock.now += self.cost.of(batch)
         return super().run(batch)
 

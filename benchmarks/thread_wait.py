@@ -56,7 +56,9 @@ def child(steps: int, governed: bool) -> None:
     for _ in range(3):
         start = time.perf_counter()
         for _ in range(steps):
-            item = BatchItem(0, [token or 0], length, table, True, greedy, 1)
+            item = BatchItem(
+                0, [token if isinstance(token, int) else 0], length, table, True, greedy, 1
+            )
             (token,) = runner.run(Batch([item]))
             length += 1
         rates.append(steps / (time.perf_counter() - start))

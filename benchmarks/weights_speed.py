@@ -30,6 +30,7 @@ from semantic.backends import create_runner, with_weights
 from semantic.backends.torch.runner import TorchRunner
 from semantic.config import Settings
 from semantic.core import Batch, BatchItem, SamplingParams
+from semantic.engine.runner import StepToken
 from semantic.models.checkpoint import load_checkpoint
 from semantic.options import runner_options
 from semantic.registry import ModelRegistry
@@ -82,7 +83,7 @@ def _one_run(
     """The prefill's seconds, and each decode step's."""
     table = list(range(-(-(len(ids) + decode + 1) // BLOCK_TOKENS)))
     started, length = time.perf_counter(), 0
-    token: int | None = None
+    token: StepToken = None
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
         last = start + chunk >= len(ids)
@@ -91,7 +92,7 @@ def _one_run(
     prefill_s = time.perf_counter() - started
     steps = []
     for _ in range(decode):
-        assert token is not None
+        assert isinstance(token, int)
         started = time.perf_counter()
         (token,) = runner.run(Batch([BatchItem(0, [token], length, [table], True, GREEDY, 0)]))
         steps.append(time.perf_counter() - started)

@@ -29,7 +29,7 @@ class ScriptedRunner(FakeRunner):
         """Queue the token ids the next requests answer with (the end token follows each)."""
         self.replies.extend(replies)
 
-    def _next_token(self, item: BatchItem) -> int:
+    def _next_token(self, item: BatchItem, end: int | None = None) -> int:
         script = self._scripts.get(item.seq_id)
         if script is None:
             prompt = self._context(item)

@@ -30,6 +30,7 @@ from semantic.cache.manifest import load_manifest
 from semantic.core import AgentKey, Batch, Caller
 from semantic.engine.agent_door import TurnHold
 from semantic.engine.engine import Engine
+from semantic.engine.runner import StepToken
 from semantic.errors import Conflict
 from semantic.models.served import ServedModel
 from tests.unit import fakes
@@ -108,10 +109,10 @@ def spy_on_steps(engine: Engine, runner: FakeRunner) -> list[tuple[Batch, list[i
     seen: list[tuple[Batch, list[int]]] = []
     run = runner.run
 
-    def recorded(batch: Batch) -> list[int | None]:
+    def recorded(batch: Batch) -> list[StepToken]:
         table = batch.items[0].block_tables[0] if batch.items else []
         seen.append((batch, [engine.pool.refcount(block) for block in table]))
-        return run(batch)
+        return list(run(batch))
 
     runner.run = recorded  # type: ignore[method-assign]
     return seen

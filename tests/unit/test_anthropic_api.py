@@ -11,7 +11,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from semantic.api.seal import SealKey, Seals
 from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.core import Batch, TokenEvent
 from semantic.engine.engine import ENGINE_FAILED
+from semantic.engine.runner import StepToken
 from semantic.models.served import ServedModel
 from tests.unit.fakes import running
 
@@ -302,7 +303,7 @@ def test_pings_keep_a_slow_prefill_alive(
     with running(chat_served, tmp_path, keep_alive_s=0.02) as (client, _, runner):
         run = runner.run
 
-        def slow(batch: Batch) -> list[int | None]:
+        def slow(batch: Batch) -> Sequence[StepToken]:
             time.sleep(0.2 if any(not item.sample for item in batch.items) else 0.0)
             return run(batch)
 

@@ -201,9 +201,9 @@ def test_a_tool_result_hint_follows_each_run_of_tool_results_as_a_user_turn() ->
 def test_no_tool_result_hint_follows_a_run_with_an_error() -> None:
     chat = template(QWEN25_TEMPLATE)
     chat.tool_result_hint = "Answer now."
-    failed = {"role": "tool", "content": "no such file", "is_error": True}
-    good = {"role": "tool", "content": "a result"}
-    call = {"role": "assistant", "content": "calling"}
+    failed: dict[str, Any] = {"role": "tool", "content": "no such file", "is_error": True}
+    good: dict[str, Any] = {"role": "tool", "content": "a result"}
+    call: dict[str, Any] = {"role": "assistant", "content": "calling"}
     messages = [{"role": "user", "content": "go"}, call, good, failed, call, good]
     rendered = chat.render(messages)
     assert rendered.count("Answer now.") == 1
