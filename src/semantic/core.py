@@ -436,6 +436,11 @@ class BatchItem:
     draft_token_ids: tuple[int, ...] = ()  # the draft `token_ids` ends with (none: no draft)
 
 
+# What a runner gives a batch item: nothing (a chunk mid-prompt), its token, or a verified draft's
+# tokens (`ModelRunner.run`).
+StepToken = int | list[int] | None
+
+
 @dataclass(slots=True, frozen=True)
 class Batch:
     """What the scheduler hands the runner: plain data, no tensors. `copies` are (source,

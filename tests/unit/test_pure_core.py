@@ -1,6 +1,6 @@
-"""The pure core — the domain nouns, the block pool, the prefix index, the block manager and the
-scheduler — imports only the standard library and itself, so it can be read, tested and reused
-without torch, numpy or a server."""
+"""The pure core — the domain nouns, the block pool, the prefix index, the block manager, the
+scheduler and its drafts — imports only the standard library and itself, so it can be read,
+tested and reused without torch, numpy or a server."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ CORE = {
     "semantic.cache.prefix": SRC / "cache" / "prefix.py",
     "semantic.cache.block_manager": SRC / "cache" / "block_manager.py",
     "semantic.engine.scheduler": SRC / "engine" / "scheduler.py",
+    "semantic.engine.drafts": SRC / "engine" / "drafts.py",
 }
 
 

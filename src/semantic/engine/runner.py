@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from semantic.cache.page import PageKV
-from semantic.core import Batch, CacheSpec
+from semantic.core import Batch, CacheSpec, StepToken
 from semantic.errors import RowsFailed
 
 
@@ -50,10 +50,6 @@ class ModelRunner(Protocol):
     def write_block(self, block: int, kv: PageKV) -> None:
         """Fill one page with K and V read back from disk (as `read_block` returns them)."""
         ...
-
-
-# What `run` gives an item: nothing (a chunk mid-prompt), its token, or a verified draft's tokens.
-StepToken = int | list[int] | None
 
 
 def drafting(runner: ModelRunner) -> bool:

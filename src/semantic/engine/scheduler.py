@@ -20,9 +20,9 @@ from semantic.core import (
     History,
     Sequence,
     SequenceStatus,
+    StepToken,
 )
 from semantic.engine.drafts import propose
-from semantic.engine.runner import StepToken
 
 # Tokens a sequence produces after it starts (or resumes) before a newcomer may preempt it:
 # bounds how often one sequence can be swapped out.
