@@ -206,18 +206,11 @@ def _run(
         logged = len(_logged(server, "request finished"))
         replied = len(_logged(server, "reply"))
         started = time.perf_counter()
-        done = subprocess.run(
-            _command(client, cli, prompt, later=i > 0, bare=args.bare),
-            cwd=folder,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=args.turn_timeout,
-            stdin=subprocess.DEVNULL,
+        exit_code, output = _cli_turn(
+            _command(client, cli, prompt, i > 0, args.bare), folder, env, args
         )
         seconds = round(time.perf_counter() - started, 1)
-        output = done.stdout.strip()
-        turn = Turn(client, task.name, i + 1, done.returncode, seconds, output[-2000:])
+        turn = Turn(client, task.name, i + 1, exit_code, seconds, output[-2000:])
         turn.requests = [_request(r) for r in _logged(server, "request finished")[logged:]]
         turn.replies = [(r["calls"], r["text"]) for r in _logged(server, "reply")[replied:]]
         turns.append(turn)
@@ -227,6 +220,28 @@ def _run(
         "summary": {"client": client, "task": task.name, "passed": passed},
         "turns": [asdict(t) | {"split": t.split()} for t in turns],
     }
+
+
+def _cli_turn(
+    command: list[str], folder: Path, env: dict[str, str], args: argparse.Namespace
+) -> tuple[int, str]:
+    """The CLI's exit code and what it printed; a turn past `--turn-timeout` is killed and
+    counts as failed (exit code -1), so that one slow turn does not lose the others."""
+    try:
+        done = subprocess.run(
+            command,
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=args.turn_timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as timed_out:
+        printed = timed_out.stdout or ""
+        text = printed.decode(errors="replace") if isinstance(printed, bytes) else printed
+        return -1, f"{text.strip()}\n[killed after {args.turn_timeout:g} s]".strip()
+    return done.returncode, done.stdout.strip()
 
 
 def _environment(client: str, home: Path, base_url: str) -> dict[str, str]:
