@@ -263,7 +263,8 @@ QWEN25_CODER_SAMPLING = DefaultSampling(
 )
 # Given a tool's result, these models call a tool again far more often than they answer with it
 # (the 1.5B: a call in 10 replies of 10, here and on llama.cpp alike); told this after the
-# results, in the user's turn, they answer (docs/clients.md, "A hint after tool results").
+# results, in the user's turn, they answer (docs/clients.md, "Checked against llama.cpp, and
+# a hint after tool results").
 QWEN25_CODER_TOOL_RESULT_HINT = "Answer my request now if the results above are enough."
 QWEN25_CODER_05B = ChunkedModel(
     alias="qwen2.5-coder-0.5b",

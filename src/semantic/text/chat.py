@@ -45,8 +45,9 @@ class ChatTemplate:
     and results are written as the default tool prompt's text (the template renders each
     message's content alone). `later_system_turns`: a system message after the first reaches
     the prompt in its place (a turn of its own in ChatML's and Qwen's templates).
-    `tool_result_hint`: a user line after each run of tool results (none when empty): a small
-    model that calls the same tool again, given its result, answers with it instead."""
+    `tool_result_hint`: a user line after each run of tool results that holds no error (none
+    when empty): a small model that calls the same tool again, given its result, answers with
+    it instead."""
 
     def __init__(self, source: str, *, bos_token: str | None, eos_token: str | None) -> None:
         self.source = source
