@@ -126,7 +126,7 @@ class StepClock:
         self._timed(runner, "run", grammar=False)
         self._timed(runner.grammars, "bitmask", grammar=True)
         self._timed(runner.grammars, "accept", grammar=True)
-        self._timed(sampling, "_masked_best", grammar=True)
+        self._timed(sampling, "masked_best", grammar=True)
 
     @property
     def step_ms(self) -> float:

@@ -297,8 +297,8 @@ class Settings(BaseSettings):
         description="Speculative decoding: the longest draft a decode verifies in its step, "
         "taken from its own context (the tokens that followed the last earlier occurrence of "
         "its last 3 tokens), while at most 2 sequences decode; 0 turns it off. Greedy output is "
-        "unchanged and sampled output keeps its distribution. The torch backend only; rows "
-        "with a grammar or a repetition penalty never draft.",
+        "unchanged and sampled output keeps its distribution, under a repetition penalty or a "
+        "grammar too. The torch backend only; a row before its min_tokens does not draft.",
     )
     batch_window_ms: float = Field(
         2.0, ge=0, description="Wait this long to gather requests that arrive together."

@@ -9,7 +9,7 @@ from pathlib import Path
 from semantic.backends.fake import FakeRunner
 from semantic.cache.block_pool import BlockPool
 from semantic.cache.prefix import PrefixCache, root_hash, split_key
-from semantic.core import FinishReason, Request, SamplingParams, Sequence, TokenEvent
+from semantic.core import BatchItem, FinishReason, Request, SamplingParams, Sequence, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.engine.scheduler import DRAFT_UP_TO_DECODES, Scheduler
 from semantic.models.served import ServedModel
@@ -178,12 +178,32 @@ def test_a_continuation_reuses_the_cache_a_speculative_turn_left(
     assert_cache_holds_its_tokens(engine, runner)
 
 
-def test_rows_with_a_penalty_or_min_tokens_do_not_draft(
+def drafted_items(runner: FakeRunner) -> list[BatchItem]:
+    return [item for batch in runner.steps for item in batch.items if item.draft_token_ids]
+
+
+def test_a_row_with_a_repetition_penalty_drafts_with_its_context_for_the_verifier(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    requests = [request(0, repetition_penalty=1.2), request(1, min_tokens=40, max_tokens=40)]
-    _, _, runner = outcomes(served, tmp_path, requests, 6, ngram=1)
-    assert drafted_steps(runner) == 0
+    _, _, runner = outcomes(served, tmp_path, [request(0, repetition_penalty=1.2)], 6, ngram=1)
+    assert drafted_items(runner)
+    assert all(item.context_token_ids for item in drafted_items(runner))
+
+
+def test_a_row_drafts_only_from_its_min_tokens_on_so_no_draft_position_is_suppressed(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """Before min_tokens its end tokens are suppressed; a draft starts at or after it, so
+    every position it covers samples as plain decoding there would, with nothing suppressed."""
+    for min_tokens in (40, 12):
+        req = request(min_tokens, min_tokens=min_tokens, max_tokens=40)
+        plain, _, _ = outcomes(served, tmp_path / f"plain{min_tokens}", [req], 0, ngram=1)
+        drafted, _, runner = outcomes(served, tmp_path / f"d{min_tokens}", [req], 6, ngram=1)
+        assert drafted == plain
+        items = drafted_items(runner)
+        assert all(item.num_output_tokens >= min_tokens for item in items)
+        assert not any(item.suppress_token_ids for item in items)
+        assert bool(items) == (min_tokens < 40)
 
 
 def test_a_draft_stops_short_of_max_tokens() -> None:

@@ -1,5 +1,7 @@
 """Verifying drafts on torch logits: greedy rows accept exactly the argmax, sampled rows keep
-their distribution (the speculative sampling rule), and rows without a draft sample as ever."""
+their distribution (the speculative sampling rule), a repetition penalty and a grammar apply
+at each draft position as plain decoding applies them there, and rows without a draft sample
+as ever."""
 
 from __future__ import annotations
 
@@ -8,16 +10,35 @@ import math
 import torch
 
 from semantic.backends.torch.runner import TorchRunner
+from semantic.backends.torch.sampling import sample
 from semantic.backends.torch.verification import sample_or_verify, verify
 from semantic.core import Batch, BatchItem, SamplingParams
+from semantic.models.served import ServedModel
+from semantic.text.grammar import GrammarStates
 from tests.unit.tiny_llama import tiny_llama
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def item(draft: tuple[int, ...], sampling: SamplingParams = GREEDY, seq_id: int = 0) -> BatchItem:
+def item(
+    draft: tuple[int, ...],
+    sampling: SamplingParams = GREEDY,
+    seq_id: int = 0,
+    context: list[int] | None = None,
+    num_output_tokens: int = 5,
+) -> BatchItem:
     tokens = [1, *draft] if draft else [1]
-    return BatchItem(seq_id, tokens, 10, [[0]], True, sampling, 5, draft_token_ids=draft)
+    return BatchItem(
+        seq_id,
+        tokens,
+        10,
+        [[0]],
+        True,
+        sampling,
+        num_output_tokens,
+        context_token_ids=context or [],
+        draft_token_ids=draft,
+    )
 
 
 def one_hot_rows(best: list[int], vocab: int = 8) -> torch.Tensor:
@@ -48,6 +69,114 @@ def test_items_with_and_without_drafts_get_their_own_rows() -> None:
     logits = one_hot_rows([7, 3, 4, 6, 5, 1, 2])
     items = [item(()), item((3, 4), seq_id=1), item(()), item((1,), seq_id=3)]
     assert sample_or_verify(logits, items) == [7, [3, 4, 6], 5, [1, 2]]
+
+
+PENALIZED = SamplingParams(temperature=0.0, repetition_penalty=1.1)
+
+
+def test_a_draft_token_accepted_counts_as_seen_at_the_positions_after_it() -> None:
+    """Row 1 prefers 3 (5.0) to 4 (4.8) until the penalty lowers 3, drafted just before: so
+    plain decoding gives 3 then 4, and the draft (3, 4) is accepted whole."""
+    logits = one_hot_rows([3, 3, 6])
+    logits[1, 4] = 4.8
+    assert verify(logits.clone(), item((3, 4), PENALIZED, context=[1, 2])) == [3, 4, 6]
+    assert verify(logits.clone(), item((3, 4), GREEDY, context=[1, 2])) == [3, 3]
+
+
+def test_a_token_of_the_context_is_penalized_at_every_draft_position() -> None:
+    """Token 3 is in the prompt: lowered from 5.0 to 4.55, below 5's 4.9, so the draft's 3 is
+    rejected for 5; and a negative logit seen is multiplied (further from zero)."""
+    logits = one_hot_rows([3, 2])
+    logits[0, 5] = 4.9
+    assert verify(logits.clone(), item((3,), PENALIZED, context=[3, 7])) == [5]
+    negative = torch.full((2, 8), -2.0)
+    negative[:, 6] = -1.0
+    negative[:, 1] = -1.05
+    assert verify(negative.clone(), item((6,), PENALIZED, context=[9])) == [6, 1]
+
+
+def one_at_a_time(
+    logits: torch.Tensor, drafted: BatchItem, grammars: GrammarStates | None
+) -> list[int]:
+    """What plain decoding gives from these rows, one token a step through `sample`: each step's
+    context (for its penalty and grammar) the draft tokens before it, up to the first it
+    does not give."""
+    run: list[int] = []
+    for row, token in enumerate((*drafted.draft_token_ids, None)):
+        step = BatchItem(
+            drafted.seq_id,
+            [1],
+            10 + row,
+            [[0]],
+            True,
+            drafted.sampling,
+            drafted.num_output_tokens + row,
+            context_token_ids=[*drafted.context_token_ids, *drafted.draft_token_ids[:row]],
+        )
+        [given] = sample(logits[row : row + 1].clone(), [step], grammars)
+        assert isinstance(given, int)
+        run.append(given)
+        if given != token:
+            break
+    return run
+
+
+def drafts_of(truth: list[int], vocab: int) -> list[tuple[int, ...]]:
+    """The whole of `truth` but its last token as a draft, and that draft wrong at each place."""
+    whole = tuple(truth[:-1])
+    wrong = [(*whole[:at], (whole[at] + 1) % vocab, *whole[at + 1 :]) for at in range(len(whole))]
+    return [whole, *wrong]
+
+
+def test_greedy_rows_under_a_penalty_accept_exactly_what_one_token_a_step_gives() -> None:
+    """Eight tokens, so the context and the draft repeat them and the penalty often decides."""
+    generator = torch.Generator().manual_seed(5)
+    for trial in range(200):
+        penalty = (1.1, 1.3)[trial % 2]
+        sampling = SamplingParams(temperature=0.0, repetition_penalty=penalty)
+        logits = torch.randn(6, 8, generator=generator) * 0.3 + 0.5 * (trial % 3 - 1)
+        context = torch.randint(0, 8, (3,), generator=generator).tolist()
+        truth = one_at_a_time(logits, item((9,) * 5, sampling, context=context), None)
+        truth += [0] * (6 - len(truth))  # any tail: the drafts below are cut at its first miss
+        for draft in drafts_of(truth, 8):
+            drafted = item(draft, sampling, context=context)
+            expected = one_at_a_time(logits, drafted, None)
+            assert verify(logits.clone(), drafted) == expected, (trial, draft)
+
+
+def test_rows_with_a_grammar_accept_exactly_what_one_token_a_step_gives(
+    served: ServedModel,
+) -> None:
+    """A JSON schema's grammar, the unmasked argmax often a token it forbids: each draft
+    position's mask is the grammar's state after the draft tokens before it, and its matcher
+    takes the run's tokens (and only those), as one token a step would."""
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}}
+    grammar = served.grammars.json_schema(schema)
+    vocab = served.config.vocab_size
+    generator = torch.Generator().manual_seed(9)
+    for trial in range(12):
+        penalty = (1.0, 1.3)[trial % 2]
+        sampling = SamplingParams(temperature=0.0, repetition_penalty=penalty, grammar=grammar)
+        logits = torch.randn(7, vocab, generator=generator)
+        probe = item((0,) * 6, sampling, seq_id=trial, context=[5, 6], num_output_tokens=0)
+        truth = one_at_a_time(logits, probe, GrammarStates(vocab))
+        assert len(truth) == 1  # (the probe's draft of 0s is refused at once)
+        truth = []
+        states = GrammarStates(vocab)
+        for row in range(7):  # the grammar's own path through these rows
+            step = item((), sampling, seq_id=trial, context=[5, 6, *truth], num_output_tokens=row)
+            [given] = sample(logits[row : row + 1].clone(), [step], states)
+            assert isinstance(given, int)
+            truth.append(given)
+        for draft in drafts_of(truth, vocab):
+            drafted = item(draft, sampling, seq_id=trial, context=[5, 6], num_output_tokens=0)
+            expected = one_at_a_time(logits, drafted, GrammarStates(vocab))
+            states = GrammarStates(vocab)
+            [run] = sample_or_verify(logits.clone(), [drafted], states)
+            assert run == expected, (trial, draft)
+            # The matcher took the run and nothing after it: the next step finds it in place.
+            _, errors = states.bitmask([(trial, grammar, len(expected))])
+            assert not errors
 
 
 def first_token_frequencies(

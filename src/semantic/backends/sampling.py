@@ -56,12 +56,15 @@ def suppressed_ids(item: BatchItem, vocab: int) -> list[int]:
     return [token for token in item.suppress_token_ids if 0 <= token < vocab]
 
 
-def penalized_ids(item: BatchItem, vocab: int) -> np.ndarray | None:
-    """The distinct ids a row's repetition penalty lowers this step (its context's, among the
-    `vocab` its logits hold), or None when it has no penalty."""
+def penalized_ids(item: BatchItem, vocab: int, drafted: int = 0) -> np.ndarray | None:
+    """The distinct ids a row's repetition penalty lowers this step (its context's, prompt and
+    output, among the `vocab` its logits hold), or None when it has no penalty. At a draft's
+    position `drafted` (0: its decode token's), the draft tokens before it count as seen too:
+    once accepted they are the context that plain decoding would have there."""
     if item.sampling.repetition_penalty == 1 or not item.context_token_ids:
         return None
-    ids = np.unique(np.asarray(item.context_token_ids, dtype=np.int64))
+    seen = [*item.context_token_ids, *item.draft_token_ids[:drafted]]
+    ids = np.unique(np.asarray(seen, dtype=np.int64))
     return ids[(ids >= 0) & (ids < vocab)]
 
 

@@ -101,7 +101,7 @@ class Scheduler:
     never evicts a working agent's cache.
 
     Speculative decoding (`speculative_tokens` > 0): while at most `DRAFT_UP_TO_DECODES`
-    sequences decode, each one whose sampling allows it gets a draft from its own context
+    sequences decode, each one past its min_tokens gets a draft from its own context
     (`engine/drafts.py`) appended to its decode token, with pages for the draft's positions
     when the pool has them (else no draft: a draft never preempts). The runner returns the
     draft tokens it accepts and one more; `update` counts K/V only for what was accepted, so a
@@ -345,14 +345,12 @@ class Scheduler:
         return drafts
 
     def _draft_room(self, seq: Sequence) -> int:
-        """The longest draft `seq` may have: none for a row whose sampling drafts do not cover
-        (a grammar, a repetition penalty, end tokens still suppressed); else up to
-        `speculative_tokens`, leaving room for the token after it within its max_tokens and
-        the longest a sequence may be, and the drafting decodes within `max_batch_tokens`
-        (a sliding group's pages are reserved for a window and a chunk of at most that)."""
-        sampling = seq.request.sampling
-        plain = sampling.grammar is None and sampling.repetition_penalty == 1
-        if not plain or seq.num_output_tokens < sampling.min_tokens:
+        """The longest draft `seq` may have: none while its end tokens are suppressed (before
+        min_tokens: so no draft position ever is); else up to `speculative_tokens`, leaving
+        room for the token after it within its max_tokens and the longest a sequence may be,
+        and the drafting decodes within `max_batch_tokens` (a sliding group's pages are
+        reserved for a window and a chunk of at most that)."""
+        if seq.num_output_tokens < seq.request.sampling.min_tokens:
             return 0
         left = _work_left(seq)
         if self.max_seq_tokens is not None:

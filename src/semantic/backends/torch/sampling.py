@@ -31,7 +31,7 @@ from semantic.backends.sampling import (
 from semantic.core import BatchItem, SamplingParams
 from semantic.text.grammar import GrammarStates
 
-__all__ = ["Unsampleable", "candidates", "draw", "sample"]
+__all__ = ["Unsampleable", "candidates", "draw", "masked_best", "penalize", "sample"]
 
 
 def sample(
@@ -53,13 +53,13 @@ def sample(
             mask = masks.get(row)
             if mask is not None and not (item.sampling.greedy and allows(mask, tokens[row])):
                 # A greedy row whose best token the grammar allows needs no mask at all.
-                tokens[row], usable[row] = _masked_best(logits[row], mask)
+                tokens[row], usable[row] = masked_best(logits[row], mask)
             drawn = partial(_draw_row, logits, row, item)  # indexes the row only if it draws
             outcomes.append(row_outcome(tokens[row], usable[row], item, drawn, failed.get(row)))
     return advance(grammars, items, outcomes) if masks else outcomes
 
 
-def _masked_best(logits: torch.Tensor, mask: np.ndarray) -> tuple[int, bool]:
+def masked_best(logits: torch.Tensor, mask: np.ndarray) -> tuple[int, bool]:
     """logits: [V] → every token the mask forbids set to -inf (in place: a draw reads them), and
     the best token left, with whether it is finite. On the CPU in numpy: for one row that is
     far quicker than a trip through torch's thread pool."""
@@ -119,11 +119,19 @@ def candidates(
 
 def _penalize(logits: torch.Tensor, items: Sequence[BatchItem]) -> None:
     for row, item in enumerate(items):
-        ids = penalized_ids(item, logits.shape[-1])
-        if ids is not None and len(ids):
-            index = torch.from_numpy(ids).to(logits.device)
-            seen, penalty = logits[row, index], item.sampling.repetition_penalty
-            logits[row, index] = torch.where(seen > 0, seen / penalty, seen * penalty)
+        penalize(
+            logits[row], penalized_ids(item, logits.shape[-1]), item.sampling.repetition_penalty
+        )
+
+
+def penalize(logits: torch.Tensor, ids: np.ndarray | None, penalty: float) -> None:
+    """logits: [V] → the logit of each id in `ids` (the tokens seen) lowered by `penalty`, in
+    place: divided where positive, multiplied where negative (transformers' rule)."""
+    if ids is None or not len(ids):
+        return
+    index = torch.from_numpy(ids).to(logits.device)
+    seen = logits[index]
+    logits[index] = torch.where(seen > 0, seen / penalty, seen * penalty)
 
 
 def _suppress(logits: torch.Tensor, items: Sequence[BatchItem]) -> None:

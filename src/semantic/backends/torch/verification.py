@@ -1,12 +1,14 @@
 """Verifying drafts (speculative decoding): which of a decode's draft tokens the model accepts,
 and the token it gives after them, from the logits at the draft's positions.
 
-A greedy row accepts a draft token exactly when it is the argmax there, so its output is token
-for token what decoding one token a step gives. A sampled row follows the speculative sampling
-rule for a draft that is one fixed token (no draft distribution): it accepts draft token d with
-probability p(d) under the row's distribution (temperature, top-k, top-p), and otherwise draws
-from p with d taken out (renormalized) — each token's probability stays p's. Rows that draft
-have no grammar, repetition penalty or suppressed tokens: the scheduler never drafts for them.
+Each position's logits are first what plain decoding would sample from there: its repetition
+penalty counts the draft tokens before it as seen, and its grammar's mask is the matcher's
+state after them. A greedy row then accepts a draft token exactly when it is the argmax there,
+so its output is token for token what decoding one token a step gives. A sampled row follows
+the speculative sampling rule for a draft that is one fixed token (no draft distribution): it
+accepts draft token d with probability p(d) under the row's distribution (temperature, top-k,
+top-p), and otherwise draws from p with d taken out (renormalized) — each token's probability
+stays p's. Rows that draft have no suppressed tokens: the scheduler drafts only past min_tokens.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
-from semantic.backends.sampling import Unsampleable, step_seed
-from semantic.backends.torch.sampling import candidates, sample
+from semantic.backends.sampling import Unsampleable, penalized_ids, step_seed
+from semantic.backends.torch.sampling import candidates, masked_best, penalize, sample
 from semantic.core import BatchItem, SamplingParams
 from semantic.text.grammar import GrammarStates
 
@@ -36,7 +38,7 @@ def sample_or_verify(
     for index, item in enumerate(items):
         rows = 1 + len(item.draft_token_ids)
         if item.draft_token_ids:
-            outcomes.append(verify(logits[row : row + rows], item))
+            outcomes.append(verify(logits[row : row + rows], item, grammars))
         else:
             outcomes.append(0)  # replaced below
             plain.append(index)
@@ -49,15 +51,28 @@ def sample_or_verify(
     return outcomes
 
 
-def verify(logits: torch.Tensor, item: BatchItem) -> list[int] | Exception:
+def verify(
+    logits: torch.Tensor, item: BatchItem, grammars: GrammarStates | None = None
+) -> list[int] | Exception:
     """logits: [1 + k, V] fp32, at a decode token and its k draft tokens → the draft tokens
     accepted, in order, and the token after them; or why the row has none."""
     try:
-        if item.sampling.greedy:
-            return _verify_greedy(logits, item.draft_token_ids)
-        return _verify_sampled(logits, item.draft_token_ids, item.sampling, item.num_output_tokens)
+        with torch.inference_mode():  # the logits are inference tensors; the penalty writes them
+            _penalize(logits, item)
+            constrained = grammars is not None and item.sampling.grammar is not None
+            if item.sampling.greedy and not constrained:
+                return _verify_greedy(logits, item.draft_token_ids)
+            return _verify_stepwise(logits, item, grammars if constrained else None)
     except Exception as exc:  # this row's alone, whatever its cause
         return exc
+
+
+def _penalize(logits: torch.Tensor, item: BatchItem) -> None:
+    """Each row's repetition penalty as plain decoding applies it at that position: the draft
+    tokens before the row count as seen. A row is read only when they were all accepted."""
+    for row in range(logits.shape[0]):
+        ids = penalized_ids(item, logits.shape[-1], drafted=row)
+        penalize(logits[row], ids, item.sampling.repetition_penalty)
 
 
 def _verify_greedy(logits: torch.Tensor, draft: tuple[int, ...]) -> list[int]:
@@ -75,26 +90,57 @@ def _verify_greedy(logits: torch.Tensor, draft: tuple[int, ...]) -> list[int]:
     return run
 
 
-def _verify_sampled(
-    logits: torch.Tensor, draft: tuple[int, ...], params: SamplingParams, num_output_tokens: int
+def _verify_stepwise(
+    logits: torch.Tensor, item: BatchItem, grammars: GrammarStates | None
 ) -> list[int]:
+    """A sampled row, or one with a grammar, one position at a time: a grammar's mask at a
+    position is its state after the draft tokens accepted before it, so its matcher takes
+    each token of the run as it is chosen (and only those)."""
     run: list[int] = []
-    for row, drafted in enumerate(draft):
-        probs, ids = _distribution(logits[row], params)
-        generator = _generator(logits.device, params.seed, num_output_tokens + row)
+    for row, drafted in enumerate((*item.draft_token_ids, None)):
+        position = item.num_output_tokens + row
+        if grammars is not None:
+            _constrain(logits[row], item, position, grammars)
+        token = _choose(logits[row], item.sampling, position, drafted)
+        if grammars is not None and (error := grammars.accept(item.seq_id, token)) is not None:
+            raise error
+        run.append(token)
+        if token != drafted:
+            break
+    return run
+
+
+def _constrain(
+    logits: torch.Tensor, item: BatchItem, position: int, grammars: GrammarStates
+) -> None:
+    """logits: [V] → every token the row's grammar forbids at `position` set to -inf, in place."""
+    mask, errors = grammars.bitmask([(item.seq_id, item.sampling.grammar, position)])
+    if errors:
+        raise errors[0]
+    masked_best(logits, mask[0])
+
+
+def _choose(
+    logits: torch.Tensor, params: SamplingParams, position: int, drafted: int | None
+) -> int:
+    """logits: [V] at output `position` → the draft token there (`drafted`) when accepted,
+    else the token given in its place; after the draft (`drafted` None), the next token."""
+    if params.greedy:
+        best = int(logits.argmax())
+        if not bool(logits[best].isfinite()):
+            raise Unsampleable("no token the model and its constraints allow")
+        return best
+    probs, ids = _distribution(logits, params)
+    generator = _generator(logits.device, params.seed, position)
+    if drafted is not None:
         at = _position(ids, drafted)
         chance = 0.0 if at is None else float(probs[at])
         if float(torch.rand(1, generator=generator, device=logits.device)) < chance:
-            run.append(drafted)
-            continue
+            return drafted
         if at is not None:  # the rest of p, without the rejected token
             probs = probs.clone()
             probs[at] = 0
-        return [*run, _draw(probs, ids, generator)]
-    # Every draft token accepted: the token after them, from the last row.
-    probs, ids = _distribution(logits[len(draft)], params)
-    generator = _generator(logits.device, params.seed, num_output_tokens + len(draft))
-    return [*run, _draw(probs, ids, generator)]
+    return _draw(probs, ids, generator)
 
 
 def _distribution(
