@@ -250,3 +250,19 @@ def _scheduler(max_batch_tokens: int) -> Scheduler:
         max_batch_tokens=max_batch_tokens,
         speculative_tokens=20,
     )
+
+
+def test_a_row_held_to_a_grammar_drafts_and_gives_the_tokens_of_no_drafts(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """JSON with a free string: the grammar moves most of the looping fake's tokens (to the
+    next id it allows), and inside the string the output loops, so drafts are accepted. Each
+    token, drafted or not, is the one the grammar leaves at its position, and the matcher
+    keeps step with the output."""
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    req = request(0, grammar=served.grammars.json_schema(schema))
+    plain, _, _ = outcomes(served, tmp_path / "plain", [req], 0, ngram=1)
+    drafted, engine, runner = outcomes(served, tmp_path / "drafts", [req], 6, ngram=1)
+    assert drafted == plain
+    assert drafted_items(runner)
+    assert engine.metrics.draft_accepted_tokens._value.get() > 0

@@ -282,10 +282,10 @@ def test_a_single_call_ends_generation_at_once(
     json_end = next(n for n in range(len(tokens)) if decode(tokens[:n]).endswith('"Paris"}}'))
     next_token = server.runner._next_token
 
-    def held_after_the_call(item: BatchItem) -> int:
+    def held_after_the_call(item: BatchItem, end: int | None = None) -> int:
         if item.num_output_tokens == json_end:
             assert aborted.wait(timeout=30)
-        return next_token(item)
+        return next_token(item, end)
 
     monkeypatch.setattr(server.engine, "abort", abort_and_tell)
     monkeypatch.setattr(server.runner, "_next_token", held_after_the_call)

@@ -4,7 +4,8 @@ Its "KV cache" is the token id stored in each slot, and its next token is a hash
 it reads back through the block tables: each layer group's, within the group's window. So a
 wrong block table, a slot written by the wrong sequence or a lost chunk changes the output,
 exactly as it would corrupt a real model's. It verifies drafts (speculative decoding) as a
-greedy model does: a draft token is accepted when it is the token it would have given there.
+greedy model does: a draft token is accepted when it is the token it would have given there
+(under a grammar, the token the grammar leaves it there).
 """
 
 from __future__ import annotations
@@ -102,30 +103,41 @@ class FakeRunner:
             return self._constrained_token(item)
         return self._next_token(item)
 
-    def _verified(self, item: BatchItem) -> list[int]:
+    def _verified(self, item: BatchItem) -> list[int] | Exception:
         """The draft tokens that are the tokens it would give at their positions, then the one
-        it gives after them."""
+        it gives after them (under a grammar, each as its matcher leaves it there)."""
         first_draft = item.start_pos + len(item.token_ids) - len(item.draft_token_ids)
-        accepted: list[int] = []
-        for offset, drafted in enumerate(item.draft_token_ids):
-            token = self._next_token(item, first_draft + offset)
+        run: list[int] = []
+        for offset, drafted in enumerate((*item.draft_token_ids, None)):
+            end, generated = first_draft + offset, item.num_output_tokens + offset
+            token = (
+                self._next_token(item, end)
+                if item.sampling.grammar is None
+                else self._constrained_token(item, end, generated)
+            )
+            if isinstance(token, Exception):
+                return token
+            run.append(token)
             if token != drafted:
-                return [*accepted, token]
-            accepted.append(token)
-        return [*accepted, self._next_token(item, first_draft + len(accepted))]
+                break
+        return run
 
-    def _constrained_token(self, item: BatchItem) -> int | Exception:
-        """The hashed token if the item's grammar allows it, else the next id up that it
-        allows (any id, end tokens included), as a real runner's mask would leave it."""
+    def _constrained_token(
+        self, item: BatchItem, end: int | None = None, generated: int | None = None
+    ) -> int | Exception:
+        """The hashed token (of the context before `end`, its `generated`-th output token) if
+        the item's grammar allows it, else the next id up that it allows (any id, end tokens
+        included), as a real runner's mask would leave it."""
         grammar = item.sampling.grammar
-        mask, errors = self.grammars.bitmask([(item.seq_id, grammar, item.num_output_tokens)])
+        generated = item.num_output_tokens if generated is None else generated
+        mask, errors = self.grammars.bitmask([(item.seq_id, grammar, generated)])
         if errors:
             return errors[0]
         permitted = allowed(mask[0], self.vocab_size)
         permitted[list(item.suppress_token_ids)] = False
         if not permitted.any():
             return ValueError("the grammar allows no token here")
-        start = self._next_token(item)
+        start = self._next_token(item, end)
         token = next(
             t % self.vocab_size
             for t in range(start, start + self.vocab_size)
