@@ -180,12 +180,16 @@ def test_rows_with_a_grammar_accept_exactly_what_one_token_a_step_gives(
 
 
 def first_token_frequencies(
-    logits: torch.Tensor, draft: int, sampling: SamplingParams, draws: int
+    logits: torch.Tensor,
+    draft: int,
+    sampling: SamplingParams,
+    draws: int,
+    context: list[int] | None = None,
 ) -> list[float]:
     counts = [0] * logits.shape[-1]
     rows = logits.expand(2, -1).clone()  # the draft's row, then the row after it
     for _ in range(draws):
-        run = verify(rows, item((draft,), sampling))
+        run = verify(rows.clone(), item((draft,), sampling, context=context))
         assert isinstance(run, list)
         counts[run[0]] += 1
     return [c / draws for c in counts]
@@ -212,6 +216,38 @@ def test_a_sampled_row_follows_temperature_and_top_k_and_never_accepts_a_token_t
         assert seen[2] == seen[3] == 0
         for p, f in zip(kept, seen[:2], strict=True):
             assert abs(p - f) < 4 * math.sqrt(p * (1 - p) / 4000) + 1e-3, (draft, seen)
+
+
+def test_a_sampled_row_under_a_penalty_keeps_the_penalized_distribution() -> None:
+    torch.manual_seed(2)
+    logits = torch.tensor([1.0, 0.8, -0.5, 0.2])
+    sampling = SamplingParams(temperature=1.0, repetition_penalty=1.3)
+    penalized = torch.tensor([1.0 / 1.3, 0.8, -0.5 * 1.3, 0.2]).softmax(-1).tolist()
+    for draft in (0, 1):
+        seen = first_token_frequencies(logits, draft, sampling, 4000, context=[0, 2])
+        for p, f in zip(penalized, seen, strict=True):
+            assert abs(p - f) < 4 * math.sqrt(p * (1 - p) / 4000) + 1e-3, (draft, seen)
+
+
+def test_a_sampled_row_with_a_grammar_gives_only_tokens_it_allows_and_keeps_its_matcher(
+    served: ServedModel,
+) -> None:
+    grammar = served.grammars.json_schema({"type": "object"})
+    vocab = served.config.vocab_size
+    sampling = SamplingParams(temperature=1.0, seed=11, grammar=grammar)
+    draft = (*served.tokenizer.encode("{"), 5, 6)  # its start allowed, then likely not
+    for trial in range(20):
+        rows = 1 + len(draft)
+        logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(trial))
+        states = GrammarStates(vocab)
+        run = verify(logits, item(draft, sampling, num_output_tokens=0), states)
+        assert isinstance(run, list), run
+        replay = GrammarStates(vocab)  # a fresh matcher takes the run: the grammar allows it
+        _, errors = replay.bitmask([(0, grammar, 0)])
+        assert not errors
+        assert all(replay.accept(0, token) is None for token in run)
+        _, errors = states.bitmask([(0, grammar, len(run))])  # the verifier's kept step
+        assert not errors
 
 
 def test_a_seeded_sampled_row_verifies_the_same_way_every_time() -> None:
