@@ -5,7 +5,7 @@ prefill policy against the alternatives, in simulated time.
     python benchmarks/scheduler_policy.py --calibrate    # time the real runner, fit the cost
     python benchmarks/scheduler_policy.py --admission --read-ms 10   # who is admitted, instead
     python benchmarks/scheduler_policy.py --admission --read-ms 10 --agents 32 --turns 3 \
-        --pool-mb 512
+        --pool-mb 512 [--trace]   # --trace: who was preempted, by what, and for how long
 
 The real engine, scheduler, block pool and disk tier run over the fake runner (each token a hash
 of the context it reads back through the block tables, so a wrong schedule changes the output);
@@ -22,6 +22,8 @@ gap, the answer time (arrival to last token) and the wall time, in seconds.
 from __future__ import annotations
 
 import argparse
+import inspect
+import math
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -268,9 +270,19 @@ class _SmallestJobFirst(Scheduler):
         return None
 
 
+class _NoNewcomerPreempts(Scheduler):
+    """No newcomer takes a streaming answer's place (tried 2026-11-29, not kept:
+    docs/design.md): a request that does not fit waits for room, and only a decode that finds
+    the pool dry preempts."""
+
+    def _preemptible(self) -> list[Sequence]:
+        return []
+
+
 ADMISSION_POLICIES: dict[str, type[Scheduler]] = {
     "**time to first token first (the policy)**": Scheduler,
     "smallest job first": _SmallestJobFirst,
+    "no newcomer takes a streaming answer's place": _NoNewcomerPreempts,
 }
 
 
@@ -334,9 +346,62 @@ def run(
             read(wanted, deliver)
 
         engine.tiering.read = timed_read  # type: ignore[method-assign]
+        waits = _trace_preemptions(engine.scheduler, clock) if args.trace else None
         done = _drive(engine, clock, scenario.stagger_s, args)
         engine.stop()
+    if waits is not None:
+        _print_waits(waits)
     return _figures(done, clock.now) | {"blocks read": blocks_read}
+
+
+@dataclass(slots=True)
+class _Wait:
+    """One preempted sequence's time out: when, after how many tokens, by which call, and how
+    many requests in line had not started when it left and when it came back."""
+
+    seq_id: int
+    out_s: float
+    tokens: int
+    by: str
+    unstarted_out: int
+    back_s: float | None = None
+    unstarted_back: int = 0
+
+
+def _trace_preemptions(scheduler: Scheduler, clock: Clock) -> list[_Wait]:
+    """Record every preemption and resume of `scheduler` on the virtual clock (`--trace`)."""
+    waits: list[_Wait] = []
+    preempt, start = scheduler._preempt, scheduler._start
+
+    def unstarted() -> int:
+        return sum(1 for seq in scheduler.waiting if not seq.started)
+
+    def traced_preempt(seq: Sequence) -> None:
+        by = inspect.stack()[1].function
+        waits.append(_Wait(seq.seq_id, clock.now, seq.num_output_tokens, by, unstarted()))
+        preempt(seq)
+
+    def traced_start(seq: Sequence, cached_tokens: int, disk_tokens: int) -> None:
+        wait = next((w for w in reversed(waits) if w.seq_id == seq.seq_id), None)
+        if seq.started and wait is not None and wait.back_s is None:
+            wait.back_s, wait.unstarted_back = clock.now, unstarted()
+        start(seq, cached_tokens, disk_tokens)
+
+    scheduler._preempt = traced_preempt  # type: ignore[method-assign]
+    scheduler._start = traced_start  # type: ignore[method-assign]
+    return waits
+
+
+def _print_waits(waits: list[_Wait]) -> None:
+    by = {name: sum(1 for w in waits if w.by == name) for name in {w.by for w in waits}}
+    print(f"preemptions: {len(waits)} ({', '.join(f'{n} by {f}' for f, n in by.items())})")
+    longest = sorted(waits, key=lambda w: (w.back_s or math.inf) - w.out_s, reverse=True)
+    for w in longest[:5]:
+        back = "never" if w.back_s is None else f"{w.back_s:.1f} s"
+        print(
+            f"  seq {w.seq_id}: out at {w.out_s:.1f} s after {w.tokens} tokens, back at {back}; "
+            f"requests in line not yet started: {w.unstarted_out} → {w.unstarted_back}"
+        )
 
 
 def _figures(done: list[_Turn], wall_s: float) -> dict[str, float]:
@@ -465,6 +530,9 @@ def main() -> None:
     )
     parser.add_argument("--read-ms", type=float, default=0.0, help="a block read from disk")
     parser.add_argument("--pool-mb", type=int, help="one scenario: everyone at once, this pool")
+    parser.add_argument(
+        "--trace", action="store_true", help="print each run's preemptions and longest waits"
+    )
     args = parser.parse_args()
     cost = calibrate() if args.calibrate else SMOLLM2_CPU
     print(
@@ -484,8 +552,12 @@ def main() -> None:
             f"\n{args.agents} agents × {args.turns} turns, {args.system_tokens:,}-token system "
             f"prompts, {args.answer_tokens}-token answers; {scenario.name} (seconds)\n"
         )
-        _print_rows({name: run(served, policy, scenario, args, cost)
-                     for name, policy in policies.items()})  # fmt: skip
+        results = {}
+        for name, policy in policies.items():
+            if args.trace:
+                print(f"{name}:")
+            results[name] = run(served, policy, scenario, args, cost)
+        _print_rows(results)
 
 
 def _print_rows(results: dict[str, dict[str, float]]) -> None:
