@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from openai import OpenAI
 
-from semantic.api import anthropic
+from semantic.api import anthropic, responses
 from semantic.api.app import create_app
 from semantic.api.seal import SealKey, Seals
 from semantic.backends.fake import FakeRunner
@@ -163,3 +164,33 @@ def test_responses_comments_come_before_the_first_token(api: TestClient, long_te
     frames = stream(api, "/v1/responses", body)
     first_item = next(i for i, f in enumerate(frames) if "response.output_item.added" in f)
     assert len([f for f in frames[:first_item] if f.startswith(":")]) >= 3
+
+
+def test_responses_a_long_silence_gets_in_progress_events_codex_counts(
+    api: TestClient, long_text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(responses, "IN_PROGRESS_AFTER_S", 0.1)  # the prefill takes ~0.8 s
+    body = {"model": "m", "max_output_tokens": 4, "stream": True, "input": long_text}
+    sent = events(stream(api, "/v1/responses", body))
+    kinds = [e["type"] for e in sent]
+    first_item = kinds.index("response.output_item.added")
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    # Events, not comments: Codex's idle timer counts only those.
+    assert kinds[2:first_item] == ["response.in_progress"] * (first_item - 2)
+    assert first_item - 2 >= 2
+    again = sent[2]["response"]
+    assert again["status"] == "in_progress" and again["id"] == sent[0]["response"]["id"]
+    assert [e["sequence_number"] for e in sent] == list(range(len(sent)))
+    assert kinds[-1] == "response.incomplete"  # its 4 tokens ran out
+
+
+def test_the_openai_sdk_reads_a_stream_with_in_progress_again(
+    api: TestClient, long_text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(responses, "IN_PROGRESS_AFTER_S", 0.1)
+    client = OpenAI(base_url=f"{api.base_url}/v1", api_key="unused", http_client=api)
+    with client.responses.stream(model="m", input=long_text, max_output_tokens=4) as stream:
+        sent = list(stream)
+    kinds = [event.type for event in sent]
+    assert kinds.count("response.in_progress") >= 3
+    assert "response.output_text.delta" in kinds and kinds[-1] == "response.incomplete"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -62,6 +62,13 @@ from semantic.text.reasoning import ThinkingSwitch
 from semantic.text.tokenizer import Tokenizer
 
 router = APIRouter(route_class=PromptRoute)
+
+# Codex drops a stream that sends no event for 300 s (`stream_idle_timeout_ms`) and asks again,
+# up to five times, each time prefilling the prompt anew; an SSE comment is no event to it. A
+# cold prefill of its ~8.7K-token first request on a small CPU can take longer (measured: each
+# of four tries cut at ~330 s). So while a stream is silent, its heartbeat carries
+# `response.in_progress` again every this long.
+IN_PROGRESS_AFTER_S = 30.0
 
 
 def store_of(request: Request) -> ResponseStore:
@@ -282,8 +289,10 @@ async def create_response(request: Request) -> Response:
     offered = body.offered_tools()
     record = _Record(store, reply, items, new_messages, agent, owner)
     if body.stream:
-        frames = after_the_200(_frames(reply, parsed, offered, record), events, _error_frame)
-        heartbeat = prefill_comments(partial(engine.progress, generation.request_id))
+        output = OutputItems(offered, reply.seals)
+        frames = after_the_200(_frames(reply, parsed, output, record), events, _error_frame)
+        progress = partial(engine.progress, generation.request_id)
+        heartbeat = _heartbeat(reply, output, prefill_comments(progress))
         return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat), headers)
     answer = await unless_disconnected(request, _collect(reply, parsed, offered, record))
     return JSONResponse(answer, headers=headers)
@@ -375,13 +384,12 @@ async def _collect(
 async def _frames(
     reply: _Response,
     parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
-    offered: list[tuple[Tool, str | None]],
+    output: OutputItems,
     record: _Record,
 ) -> AsyncIterator[str]:
     """The Responses event stream: created and in_progress at once (before the prompt is
     prefilled), each output item's events, then completed (or incomplete); an `error` event
     and `response.failed` if the engine fails after the 200."""
-    output = OutputItems(offered, reply.seals)
     start = reply.json("in_progress", [])
     for kind in ("response.created", "response.in_progress"):
         yield _frame(output.event({"type": kind, "response": start}))
@@ -402,6 +410,29 @@ async def _frames(
             kind = "response.completed" if status == "completed" else "response.incomplete"
             yield _frame(output.event({"type": kind, "response": response}))
             return
+
+
+def _heartbeat(
+    reply: _Response, output: OutputItems, comment: Callable[[], str]
+) -> Callable[[], str]:
+    """What goes out while nothing else does (a long prefill): a comment with the prefill's
+    progress, and every `IN_PROGRESS_AFTER_S` at most, `response.in_progress` again, the
+    response as it stands. (It runs while `_frames` waits on the engine, so `output` is between
+    two events and its sequence numbers stay in order.)"""
+    last_event = time.monotonic()  # in_progress went out with the 200
+
+    def beat() -> str:
+        nonlocal last_event
+        if time.monotonic() - last_event < IN_PROGRESS_AFTER_S:
+            return comment()
+        last_event = time.monotonic()
+        still = {
+            "type": "response.in_progress",
+            "response": reply.json("in_progress", output.items),
+        }
+        return comment() + _frame(output.event(still))
+
+    return beat
 
 
 def _failure(output: OutputItems, reply: _Response, exc: Exception) -> list[str]:
