@@ -319,6 +319,7 @@ class ReplicaEngine:
             log.info("vLLM replica %s is healthy: its agents route to it again", replica.url)
 
     def _take_out(self, replica: Replica, why: str) -> None:
+        replica.model_id = None  # read again when it is back: it may serve under another name
         if self.router.mark(replica, False):
             log.warning(
                 "vLLM replica %s is out of the routing (%s): its agents move to their next replica",
