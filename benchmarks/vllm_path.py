@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
@@ -39,9 +40,13 @@ def served_by(semantic: str, before: dict[str, dict[str, Any]]) -> str:
     return "+".join(url for url, r in after.items() if r["routed"] > before[url]["routed"])
 
 
-def prefix_cache(replica: str) -> dict[str, float]:
-    """A replica's prefix-cache counters, in tokens (vLLM's /metrics)."""
-    text = httpx.get(f"{replica}/metrics", timeout=10).text
+def prefix_cache(replica: str) -> dict[str, float] | None:
+    """A replica's prefix-cache counters, in tokens (vLLM's /metrics); None when it does not
+    answer (stopped mid-run)."""
+    try:
+        text = httpx.get(f"{replica}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
     totals = {"hits": 0.0, "queries": 0.0}
     for line in text.splitlines():
         for name in totals:
@@ -155,6 +160,7 @@ def agents_turns(semantic: str, agents: int, turns: int) -> dict[str, list[dict[
                 }
             )
             history.append({"role": "assistant", "content": reply.choices[0].message.content})
+            print(agent, turn, seen[agent][-1], file=sys.stderr, flush=True)  # as it goes
     return seen
 
 
@@ -178,7 +184,9 @@ def main() -> None:
         }
     after = {url: prefix_cache(url) for url in urls}
     report["prefix_cache_tokens"] = {
-        url: {name: after[url][name] - before[url][name] for name in after[url]} for url in urls
+        url: {name: now[name] - was[name] for name in now}
+        for url in urls
+        if (now := after[url]) is not None and (was := before[url]) is not None
     }
     report["replicas"] = replicas(args.semantic)
     print(json.dumps(report, indent=2))

@@ -155,9 +155,12 @@ def test_the_answers_text_stops_at_a_stop_string_as_on_our_engine(
     chat_served: ServedModel, tmp_path: Path
 ) -> None:
     with replicas_app(chat_served, tmp_path, count=1) as (client, _, _):
+        chat(client, stop=[" there"])
         answer = chat(client, stop=[" there"])
     assert answer["choices"][0]["message"]["content"] == "Hello"
     assert answer["choices"][0]["finish_reason"] == "stop"
+    # the replica's usage still arrives after the stop string: the prompt was cached
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
 def test_a_replicas_refusal_is_the_clients_error_in_its_protocols_shape(

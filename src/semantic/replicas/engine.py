@@ -227,15 +227,19 @@ class ReplicaEngine:
         if replica.model_id is None:
             replica.model_id = await client.model_id(replica)
         body = completion_body(request, replica.model_id, self._salt(request), self._ends)
+        stop_string: str | None = None
         async with client.completions(replica, body) as chunks:
             async for chunk in chunks:
                 if chunk.get("usage"):
                     output.usage = chunk["usage"]
                 for choice in chunk.get("choices") or []:
-                    stop_string = self._tokens(request, output, choice.get("token_ids") or [], sink)
-                    if stop_string is not None:
-                        return FinishReason.STOP, stop_string
                     output.finish = choice.get("finish_reason") or output.finish
+                    # Past our stop string, read on (vLLM stops on it too) for the usage.
+                    if stop_string is None:
+                        token_ids = choice.get("token_ids") or []
+                        stop_string = self._tokens(request, output, token_ids, sink)
+        if stop_string is not None:
+            return FinishReason.STOP, stop_string
         return _FINISH.get(output.finish or "stop", FinishReason.STOP), None
 
     def _tokens(
