@@ -25,13 +25,15 @@ from starlette.routing import Route
 @dataclass
 class FakeReplica:
     """One replica at `url`. `reply` is every answer's token ids (the last an end token);
-    `healthy` False makes `/health` fail; `refuse` answers completions with that status."""
+    `healthy` False makes `/health` fail; `refuse` answers completions with that status;
+    `cut_after` drops a streamed answer's connection after that many of its events."""
 
     url: str
     reply: list[int]
     model_id: str = "served-by-vllm"
     healthy: bool = True
     refuse: int | None = None
+    cut_after: int | None = None
     received: list[dict[str, Any]] = field(default_factory=list)
     seen: dict[str | None, list[list[int]]] = field(default_factory=dict)  # salt → prompts
 
@@ -111,4 +113,21 @@ class FakeNetwork(httpx.AsyncBaseTransport):
         url = f"{request.url.scheme}://{request.url.netloc.decode()}"
         if url in self.dead or url not in self._transports:
             raise httpx.ConnectError(f"connection refused: {url}", request=request)
-        return await self._transports[url].handle_async_request(request)
+        response = await self._transports[url].handle_async_request(request)
+        cut_after = self.replicas[url].cut_after
+        if cut_after is None or request.url.path != "/v1/completions":
+            return response
+        events = (await response.aread()).split(b"\n\n")[:cut_after]
+        return httpx.Response(200, stream=_Cut([event + b"\n\n" for event in events]))
+
+
+class _Cut(httpx.AsyncByteStream):
+    """A response body that breaks off after `parts`, as a killed server's does."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
+        raise httpx.ReadError("connection reset by peer")

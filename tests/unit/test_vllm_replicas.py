@@ -252,6 +252,19 @@ def served_where(served: ServedModel, network: FakeNetwork) -> dict[str, list[st
     return {agent: [url for _, url in sorted(turns)] for agent, turns in homes.items()}
 
 
+def test_an_answer_cut_off_mid_stream_fails_alone(chat_served: ServedModel, tmp_path: Path) -> None:
+    with replicas_app(chat_served, tmp_path, count=2) as (client, engine, network):
+        home = _home(engine, "cut")
+        network.replicas[home].cut_after = 2  # two tokens, then the connection drops
+        request = {"model": "m", "max_tokens": 8, "messages": USER, "session_id": "cut"}
+        cut = client.post("/v1/chat/completions", json=request)
+        network.replicas[home].cut_after = None
+        others = [chat(client, f"other-{i}") for i in range(4)]
+    assert cut.status_code == 503 and cut.json()["error"]["code"] == "unavailable"
+    assert "mid-answer" in cut.json()["error"]["message"]
+    assert all(answer["choices"][0]["message"]["content"] == ANSWER for answer in others)
+
+
 def test_a_replica_that_comes_back_gets_its_agents_back(
     chat_served: ServedModel, tmp_path: Path
 ) -> None:
