@@ -28,9 +28,13 @@ if TYPE_CHECKING:
     from semantic.core import DefaultSampling
     from semantic.engine.engine import Engine
     from semantic.engine.host import EngineHost
+    from semantic.models.checkpoint import Checkpoint
+    from semantic.models.config import ModelConfig
     from semantic.models.q4k import Q4KBlocks
+    from semantic.models.served import ServedModel
     from semantic.preflight import Checked
     from semantic.registry import ModelRegistry, ModelSource
+    from semantic.replicas.engine import ReplicaEngine
 
 log = logging.getLogger("semantic")
 
@@ -232,7 +236,16 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _ready_line(checked: Checked, host: EngineHost, started: float) -> str:
-    runner = host.engine.runner
+    from semantic.engine.engine import Engine
+
+    engine = host.engine
+    if not isinstance(engine, Engine):
+        urls = ", ".join(replica["url"] for replica in engine.state()["replicas"])
+        return (
+            f"ready on {checked.url} ({time.perf_counter() - started:.1f} s to start) — "
+            f"vLLM replicas {urls}; API at {checked.url}/docs"
+        )
+    runner = engine.runner
     blocks = runner.cache_spec.whole_blocks(runner.num_blocks)  # of every layer
     tokens = blocks * runner.cache_spec.block_tokens
     return (
@@ -253,6 +266,9 @@ def build_host(
 
     registry = registry or ModelRegistry.from_settings(settings)
     source = source or registry.resolve(settings.model)
+    if settings.engine == "vllm":
+        engine = build_replica_engine(settings, source)
+        return EngineHost(engine, settings, source=source, registry=registry)
 
     def load(source: ModelSource) -> Engine:
         return _build_engine_off_the_main_thread(settings, source)
@@ -290,7 +306,6 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     from semantic.kv_budget import short_pool_warning
     from semantic.memory import own_mappings
     from semantic.models.checkpoint import load_checkpoint
-    from semantic.models.served import ServedModel
     from semantic.options import engine_options, runner_options
     from semantic.registry import ModelRegistry
 
@@ -307,22 +322,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         options, tensors = with_weights(runner_options(settings), checkpoint)
         weights = _logged_weights(tensors)
         runner = create_runner(options, config, weights, checkpoint.fingerprint)
-    hint = (
-        source.tool_result_hint if settings.tool_result_hint is None else settings.tool_result_hint
-    )
-    checkpoint.chat_template.tool_result_hint = hint
-    if hint:
-        log.info("each run of tool results ends with the hint %r", hint)
-    served = ServedModel(
-        name=_served_name(settings, source),
-        config=config,
-        tokenizer=checkpoint.tokenizer,
-        chat_template=checkpoint.chat_template,
-        context_length=context,
-        weights_fingerprint=checkpoint.fingerprint,
-        aliases=(source.name, *source.aliases),
-        sampling=_default_sampling(settings, checkpoint.sampling or source.sampling),
-    )
+    served = _served_model(settings, source, checkpoint, config, context)
     spec = runner.cache_spec
     log.info(
         "KV pool: %d pages of %d tokens × %d layers, %s tokens of every layer in %d MiB (%s; %s)",
@@ -342,6 +342,55 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         log.warning(short)
     log.info("loaded %s in %.1f s", source.name, time.perf_counter() - started)
     return engine
+
+
+def build_replica_engine(settings: Settings, source: ModelSource) -> ReplicaEngine:
+    """The engine over the vLLM replicas at `vllm_url`: `source`'s tokenizer and chat template
+    render the prompts (its weights are not read; the replicas serve the same model)."""
+    from semantic.models.checkpoint import load_checkpoint
+    from semantic.replicas.engine import ReplicaEngine
+    from semantic.replicas.router import Router
+
+    checkpoint = load_checkpoint(source.path, progress=False)
+    context = checkpoint.config.max_position_embeddings
+    context = min(context, settings.max_model_len or context)
+    config = checkpoint.config.within_context(context)
+    served = _served_model(settings, source, checkpoint, config, context)
+    log.info("vLLM replicas %s serve %s", ", ".join(settings.vllm_url), served.name)
+    return ReplicaEngine(
+        served,
+        Router(settings.vllm_url, settings.vllm_spill_in_flight),
+        share_across_keys=settings.share_cache_across_keys,
+        health_interval_s=settings.vllm_health_interval_s,
+    )
+
+
+def _served_model(
+    settings: Settings,
+    source: ModelSource,
+    checkpoint: Checkpoint,
+    config: ModelConfig,
+    context: int,
+) -> ServedModel:
+    """What the API sees of the model: its names, tokenizer, template and default sampling."""
+    from semantic.models.served import ServedModel
+
+    hint = (
+        source.tool_result_hint if settings.tool_result_hint is None else settings.tool_result_hint
+    )
+    checkpoint.chat_template.tool_result_hint = hint
+    if hint:
+        log.info("each run of tool results ends with the hint %r", hint)
+    return ServedModel(
+        name=_served_name(settings, source),
+        config=config,
+        tokenizer=checkpoint.tokenizer,
+        chat_template=checkpoint.chat_template,
+        context_length=context,
+        weights_fingerprint=checkpoint.fingerprint,
+        aliases=(source.name, *source.aliases),
+        sampling=_default_sampling(settings, checkpoint.sampling or source.sampling),
+    )
 
 
 def _default_sampling(settings: Settings, recommended: DefaultSampling | None) -> DefaultSampling:

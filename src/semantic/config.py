@@ -131,7 +131,10 @@ class Settings(BaseSettings):
 
     # model
     model: str = Field(
-        "smollm2-135m", description="Model alias or local path (GGUF file or HF dir)."
+        "smollm2-135m",
+        description="Model alias or local path (GGUF file or HF dir). With --engine vllm, the "
+        "model whose tokenizer and chat template render prompts for the replicas (its weights "
+        "are not loaded here): the same model the replicas serve.",
     )
     served_model_name: str | None = Field(None, description="Model id shown to clients.")
     strict_model_names: bool = Field(
@@ -348,6 +351,32 @@ class Settings(BaseSettings):
         "key still passes).",
     )
 
+    # scale-out (replicas/): the engine over vLLM replicas
+    engine: Literal["semantic", "vllm"] = Field(
+        "semantic",
+        description="semantic: our engine, on this machine (agents' caches in memory and on "
+        "disk). vllm: vLLM OpenAI-compatible servers (--vllm-url), each agent routed to one "
+        "of them; prompts are rendered here by --model's tokenizer and template and sent as "
+        "token ids. The agent API, pin, evict and model swaps answer 501 there.",
+    )
+    vllm_url: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="A vLLM replica's base URL (http://host:port), for --engine vllm; repeat "
+        "the flag or separate with commas.",
+    )
+    vllm_spill_in_flight: int = Field(
+        16,
+        ge=1,
+        description="Requests in flight on an agent's replica past which its next request "
+        "goes to the least-loaded healthy replica instead (a cold prefix there).",
+    )
+    vllm_health_interval_s: float = Field(
+        5.0,
+        gt=0,
+        description="How often each vLLM replica's /health is checked; a replica that fails "
+        "is taken out of the routing (its agents move) until it answers again.",
+    )
+
     # The key file's keys, read once when the settings are built.
     _file_keys: list[str] = PrivateAttr(default_factory=list)
 
@@ -358,7 +387,13 @@ class Settings(BaseSettings):
         return path.expanduser() if path is not None else None
 
     @field_validator(
-        "api_key", "admin_api_key", "model_alias", "allowed_origins", "allowed_hosts", mode="before"
+        "api_key",
+        "admin_api_key",
+        "model_alias",
+        "allowed_origins",
+        "allowed_hosts",
+        "vllm_url",
+        mode="before",
     )
     @classmethod
     def _split_lists(cls, value: Any) -> Any:
@@ -398,6 +433,24 @@ class Settings(BaseSettings):
         """`model_alias` as {name: path}."""
         pairs = (alias.partition("=") for alias in self.model_alias)
         return {name.strip(): path.strip() for name, _, path in pairs}
+
+    @field_validator("vllm_url")
+    @classmethod
+    def _check_vllm_urls(cls, urls: list[str]) -> list[str]:
+        urls = [url.strip().rstrip("/") for url in urls]
+        for url in urls:
+            scheme, separator, rest = url.partition("://")
+            if not separator or not rest or scheme not in ("http", "https"):
+                raise ValueError(f"vllm_url entries are http(s)://host:port, not {url!r}")
+        if len(set(urls)) != len(urls):
+            raise ValueError("vllm_url names a replica twice")
+        return urls
+
+    @model_validator(mode="after")
+    def _vllm_needs_urls(self) -> Settings:
+        if self.engine == "vllm" and not self.vllm_url:
+            raise ValueError("engine vllm needs at least one vllm_url (--vllm-url URL)")
+        return self
 
     @model_validator(mode="after")
     def _read_key_file(self) -> Settings:
@@ -525,6 +578,12 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "max_retention_ttl_s",
     ),
     "rate limits (off unless set)": ("rate_limit_key_rpm", "rate_limit_agent_rpm"),
+    "scale-out (vLLM replicas)": (
+        "engine",
+        "vllm_url",
+        "vllm_spill_in_flight",
+        "vllm_health_interval_s",
+    ),
 }
 
 

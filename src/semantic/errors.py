@@ -135,6 +135,11 @@ class Unavailable(SemanticError):
     (503 in every protocol; a request that outlasts the shutdown timeout ends with this too)."""
 
 
+class NotSupported(SemanticError):
+    """The engine serving this server cannot do what the request asks (501): the direct agent
+    API, pin, evict or a model swap on the engine over vLLM replicas (`engine/port.py`)."""
+
+
 class RateLimited(SemanticError):
     """An API key or an agent is over its requests per minute (429, with `retry-after`)."""
 

@@ -89,6 +89,8 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # httpx logs every request at info: the vLLM engine's health checks, every few seconds.
+    logging.getLogger("httpx").setLevel(max(root.level, logging.WARNING))
     logging.captureWarnings(True)  # `warnings` too, as lines of the `py.warnings` logger
     return handler
 

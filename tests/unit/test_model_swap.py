@@ -15,6 +15,7 @@ from semantic.config import Settings
 from semantic.core import FinishReason, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
+from semantic.engine.port import EnginePort
 from semantic.errors import (
     InvalidRequest,
     ModelLoadFailed,
@@ -47,7 +48,7 @@ def request(i: int, prompt_len: int = 10, **sampling: Any) -> Request:
     return Request(f"r{i}", prompt, params)
 
 
-async def generate(engine: Engine, req: Request) -> list[TokenEvent]:
+async def generate(engine: EnginePort, req: Request) -> list[TokenEvent]:
     return [event async for event in engine.stream(req)]
 
 
@@ -99,6 +100,7 @@ def test_requests_still_running_at_the_swap_timeout_are_cancelled_as_overloaded(
     loader.go = threading.Event()  # model a's steps wait until the test lets them
     host = make_host(loader, models, tmp_path, swap_timeout_s=0)
     old = host.engine
+    assert isinstance(old, Engine)
     cancelling = asyncio.Event()
     cancel_all = old.cancel_all
 

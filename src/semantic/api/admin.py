@@ -21,7 +21,7 @@ from semantic.cache.manifest import OWNER_PATTERN, UNOWNED
 from semantic.core import AGENT_ID_PATTERN
 from semantic.engine.host import EngineHost
 from semantic.errors import SemanticError
-from semantic.observability import EngineReading, Metrics, read_engine
+from semantic.observability import EngineReading, Metrics
 
 router = APIRouter(route_class=LimitedBodyRoute)  # bodies under `max_body_mb`, as everywhere
 
@@ -51,7 +51,7 @@ async def ready(request: Request) -> Response:
     engine, reason = lifecycle.engine, lifecycle.not_ready()
     body: dict[str, Any] = {"phase": lifecycle.phase}
     if engine is not None:
-        body |= {"model": engine.model.name, **asdict(engine.stats())}
+        body |= {"model": engine.model.name, **engine.state()}
     if reason is not None:
         return JSONResponse({"status": "not ready", "reason": reason, **body}, status_code=503)
     return JSONResponse({"status": "ready", **body})
@@ -80,7 +80,7 @@ async def _reading(request: Request) -> EngineReading | None:
     try:
         # An engine a swap stops right now refuses the call (Unavailable); the timeout is for a
         # thread that stopped answering.
-        return await asyncio.wait_for(engine.call(lambda: read_engine(engine)), READ_TIMEOUT_S)
+        return await asyncio.wait_for(engine.reading(), READ_TIMEOUT_S)
     except (TimeoutError, SemanticError):
         return None
 
@@ -91,7 +91,7 @@ async def cache_stats(request: Request) -> dict[str, Any]:
     may see (an admin key: all)."""
     engine = engine_of(request)
     snapshot = await engine.agent_door.snapshot(caller_of(request))
-    return {"pool": asdict(engine.stats()), **snapshot}
+    return {"pool": engine.state(), **snapshot}
 
 
 class AgentsBody(BaseModel):
@@ -181,5 +181,5 @@ def _loaded_model(host: EngineHost) -> dict[str, Any]:
         "aliases": list(engine.model.aliases),
         "path": None if source is None else str(source.path),
         "context_length": engine.model.context_length,
-        "cache_spec": engine.runner.cache_spec.tag(),
+        "cache_spec": engine.cache_spec_tag(),
     }

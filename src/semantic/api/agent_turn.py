@@ -26,7 +26,7 @@ from semantic.config import Settings
 from semantic.core import DefaultSampling, FinishReason, SamplingParams, TokenEvent
 from semantic.core import Request as GenerationRequest
 from semantic.engine.agent_door import TurnHold
-from semantic.engine.engine import Engine
+from semantic.engine.port import EnginePort
 from semantic.errors import Overloaded
 from semantic.models.served import ServedModel
 
@@ -92,14 +92,14 @@ class Turn:
     that never ran or was dropped, this object's garbage collection, so a hold never outlives
     its call. The hold is keyed by its turn id, so a late release never frees a later turn."""
 
-    def __init__(self, engine: Engine, hold: TurnHold) -> None:
+    def __init__(self, engine: EnginePort, hold: TurnHold) -> None:
         self.engine, self.hold = engine, hold
         self.conversation = Conversation()
         self.message = ""
         self._release = weakref.finalize(self, engine.agent_door.release_turn, hold)
 
     @classmethod
-    async def begin(cls, engine: Engine, hold: TurnHold, message: str) -> Turn:
+    async def begin(cls, engine: EnginePort, hold: TurnHold, message: str) -> Turn:
         """Take the hold for a turn of `message` (NotFound, Conflict when another call holds
         the agent, ConversationTooLarge past the limit). The release is armed first: a call
         cancelled while the hold is taken still lets it go."""

@@ -36,15 +36,15 @@ from semantic.api.responses_store import ResponseStore
 from semantic.api.seal import SealKey
 from semantic.api.slow_clients import SendTimeout
 from semantic.config import Settings
-from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
+from semantic.engine.port import EnginePort
 from semantic.errors import SemanticError
 from semantic.observability import Metrics, bind_request
 
 
-def create_app(engine: Engine | EngineHost, settings: Settings) -> FastAPI:
-    """The app serves `engine` (one engine, or an `EngineHost`, which can swap models); it
-    starts the engine thread on startup and stops it on shutdown."""
+def create_app(engine: EnginePort | EngineHost, settings: Settings) -> FastAPI:
+    """The app serves `engine` (one engine: ours, or one over vLLM replicas; or an `EngineHost`,
+    which can swap models); it starts the engine on startup and stops it on shutdown."""
     host = engine if isinstance(engine, EngineHost) else EngineHost(engine, settings)
 
     @asynccontextmanager

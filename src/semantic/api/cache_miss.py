@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from semantic.core import Request, TokenEvent
 
 if TYPE_CHECKING:
-    from semantic.engine.engine import Engine
+    from semantic.engine.port import EnginePort
 
 CACHE_MISS_HEADER = "x-semantic-cache-miss"
 # How /openapi.json declares it on the routes that send it.
@@ -24,7 +24,7 @@ CACHE_MISS_HEADER_DOC: dict[str, Any] = {
 
 
 async def stream(
-    engine: Engine, request: Request
+    engine: EnginePort, request: Request
 ) -> tuple[AsyncIterator[TokenEvent], dict[str, str]]:
     """Submit `request` as `Engine.stream` does, and wait for the engine to take it in (its
     first event, which comes before any token, so a stream's 200 waits at most a step for it):

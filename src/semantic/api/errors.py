@@ -50,6 +50,7 @@ _STATUS: list[tuple[type[Exception], int, str, str | None]] = [
     # A model swap to a model that does not load: the previous model serves again.
     (errors.ModelLoadFailed, 400, "invalid_request_error", "model_load_failed"),
     (errors.PersistFailed, 500, "server_error", "persist_failed"),
+    (errors.NotSupported, 501, "invalid_request_error", "not_supported"),
     (errors.Overloaded, 503, "server_error", "overloaded"),
     (errors.Unavailable, 503, "server_error", "unavailable"),
 ]

@@ -17,8 +17,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from semantic.api import errors
 from semantic.api.auth import may_administer
 from semantic.api.bodies import body_limit
-from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
+from semantic.engine.port import EnginePort
 from semantic.errors import SemanticError
 from semantic.text import client_json
 
@@ -73,10 +73,10 @@ def _may_not_swap(request: Request, model: str) -> Response:
     return errors.error_response(request, 403, message, "insufficient_permissions")
 
 
-def engine_of(request: Request) -> Engine:
+def engine_of(request: Request) -> EnginePort:
     """The engine serving this request: the one its lease pinned, else (an ungated route, such
     as a health check) the one loaded now, or Overloaded while a swap has none loaded."""
-    pinned: Engine | None = getattr(request.state, "engine", None)
+    pinned: EnginePort | None = getattr(request.state, "engine", None)
     if pinned is not None:
         return pinned
     host: EngineHost = request.app.state.host

@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic.api.errors import semantic_error_response
-from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
+from semantic.engine.port import EnginePort
 from semantic.errors import SemanticError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class Lifecycle:
         return self.phase is not Phase.STARTING
 
     @property
-    def engine(self) -> Engine | None:
+    def engine(self) -> EnginePort | None:
         """The engine loaded now; None while a swap has none loaded."""
         try:
             return self.host.engine
@@ -83,8 +83,10 @@ class Lifecycle:
             return f"model {self.host.state}"
         # The pool is built with the engine, with at least one block: a running engine has it.
         engine = self.engine
-        if engine is None or not engine.alive:
-            return "the engine thread is not running"
+        if engine is None:
+            return "no engine is loaded"
+        if not engine.alive:
+            return engine.down_reason
         return None
 
     async def drain(self, timeout_s: float) -> None:

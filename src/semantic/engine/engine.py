@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from semantic.cache.agents import Agents, EvictResult, PersistResult
@@ -38,6 +38,7 @@ from semantic.core import (
     Usage,
 )
 from semantic.engine.agent_door import AgentDoor
+from semantic.engine.port import Capabilities
 from semantic.engine.runner import ModelRunner, StepToken, drafting
 from semantic.engine.scheduler import Scheduler
 from semantic.errors import (
@@ -51,7 +52,13 @@ from semantic.errors import (
     Unavailable,
 )
 from semantic.models.served import ServedModel
-from semantic.observability import EngineMetrics, PrefillProgress, request_fields
+from semantic.observability import (
+    EngineMetrics,
+    EngineReading,
+    PrefillProgress,
+    read_engine,
+    request_fields,
+)
 from semantic.options import EngineOptions
 from semantic.text.detokenizer import IncrementalDetokenizer, StopMatcher
 
@@ -115,7 +122,8 @@ class EngineStats:
 
 
 class Engine:
-    """Runs requests to completion, many at a time.
+    """Runs requests to completion, many at a time: the engine port's own implementation
+    (`engine/port.py`), with every capability.
 
     `stream()` is the asyncio entry point; `submit()` + `run_until_idle()` drive the engine
     without its thread (tests). Only the engine thread (or the caller of `run_until_idle`)
@@ -126,6 +134,8 @@ class Engine:
     read the disk tier, which locks inside. `metrics` is Prometheus objects, which lock inside:
     /metrics collects them from any thread.
     """
+
+    capabilities = Capabilities(agents=True, swap=True, cache_miss=True, structured_output=True)
 
     def __init__(self, runner: ModelRunner, model: ServedModel, options: EngineOptions) -> None:
         self.runner = runner
@@ -332,9 +342,22 @@ class Engine:
             blocks_free=self.pool.num_free,
         )
 
+    def state(self) -> dict[str, Any]:
+        """The pool and the queue, as `/health/ready` and `/admin/cache` show them."""
+        return asdict(self.stats())
+
+    def cache_spec_tag(self) -> str | None:
+        return self.runner.cache_spec.tag()
+
+    async def reading(self) -> EngineReading:
+        """The engine's state for a metrics scrape, read on the engine thread, which owns it."""
+        return await self.call(lambda: read_engine(self))
+
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    down_reason = "the engine thread is not running"
 
     # -- the engine thread -----------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The engine being served, and the one way to change it: a model swap.
 
-An `Engine` serves one model for its whole life (its pool, prefix hashes, disk tier and
+An engine serves one model for its whole life (ours: its pool, prefix hashes, disk tier and
 scheduler are all cut for that model), so a swap does not change an engine: it stops the old one
 (which persists its caches), reclaims its memory, and starts a new one. Every HTTP request holds
 a lease on the engine it started with (`api/gate.py`), so no request ever sees two models.
@@ -19,7 +19,7 @@ from typing import Any, Literal, NoReturn
 
 from semantic import memory
 from semantic.config import Settings
-from semantic.engine.engine import Engine
+from semantic.engine.port import EnginePort
 from semantic.errors import InvalidRequest, ModelLoadFailed, Overloaded, Unavailable
 from semantic.observability import EngineMetrics
 from semantic.registry import ModelRegistry, ModelSource
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # unloads anyway (a client that stopped reading can hold its response open for ever).
 CANCEL_GRACE_S = 10.0
 
-Loader = Callable[[ModelSource], Engine]
+Loader = Callable[[ModelSource], EnginePort]
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,7 +61,7 @@ class EngineHost:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: EnginePort,
         settings: Settings,
         *,
         source: ModelSource | None = None,
@@ -72,7 +72,7 @@ class EngineHost:
         self.registry = registry or ModelRegistry(settings.model_aliases)
         self.metrics: EngineMetrics = engine.metrics  # outlives every engine it is lent to
         self.last_swap: SwapReport | None = None
-        self._engine: Engine | None = engine
+        self._engine: EnginePort | None = engine
         self._source = source
         self._load = load
         self._failure: str | None = None  # why no model is loaded, when none is
@@ -93,7 +93,7 @@ class EngineHost:
             self._engine.stop()
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> EnginePort:
         """The engine loaded now: Overloaded while a swap has none loaded, Unavailable when no
         model could be loaded."""
         if self._failure is not None:
@@ -118,7 +118,7 @@ class EngineHost:
             return "swapping"
         return "failed" if self._engine is None else "serving"
 
-    async def acquire(self, model: str | None = None) -> Engine:
+    async def acquire(self, model: str | None = None) -> EnginePort:
         """A lease on the engine for one request; give it back with `release`. Waits while a
         swap runs, up to `swap_wait_s`. With `swap_on_request`, a `model` that is the alias of
         another model swaps to that model first."""
@@ -149,6 +149,8 @@ class EngineHost:
     async def swap_to(self, source: ModelSource) -> SwapReport:
         """Serve `source` from now on. Once begun, a swap runs to its end even if its caller goes
         away: stopped halfway, it would leave no model loaded and the gate closed."""
+        if self._engine is not None:
+            self._engine.capabilities.require("swap", "swapping models")
         if self._load is None:
             raise InvalidRequest("this server was built without a model loader: it cannot swap")
         swap = asyncio.ensure_future(self._swap(source))

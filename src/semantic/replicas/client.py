@@ -1,0 +1,146 @@
+"""The HTTP side of one vLLM replica: its `/health`, its model's name, and `/v1/completions`
+streamed, with our request mapped onto vLLM's fields and vLLM's errors onto ours.
+
+The prompt goes as token ids (`prompt: [int, …]`), never as text or chat messages: vLLM then
+computes exactly the tokens our chat template rendered, so a conversation's next turn begins
+with the same ids as its last one, which is what vLLM's prefix cache matches on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from semantic.core import Request
+from semantic.errors import EngineFailure, InvalidRequest, Overloaded, SemanticError, Unavailable
+from semantic.replicas.router import Replica
+
+HEALTH_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 3.0
+# A prefill can take minutes on a CPU replica: between two chunks a stream may be silent long.
+READ_TIMEOUT_S = 600.0
+
+
+class ReplicaDown(Exception):
+    """The replica could not be reached, or dropped the connection before answering: the
+    request never started there, so another replica may take it."""
+
+
+def completion_body(
+    request: Request, model_id: str, cache_salt: str | None, end_token_ids: frozenset[int]
+) -> dict[str, Any]:
+    """vLLM's `/v1/completions` body for `request`: streamed, with token ids back (so our own
+    detokenizer and stop matcher make the text, as on our engine) and usage at the end. Our
+    tokenizer's end tokens are sent as stop tokens, since vLLM's list may be shorter."""
+    sampling = request.sampling
+    body: dict[str, Any] = {
+        "model": model_id,
+        "prompt": list(request.prompt_token_ids),
+        "max_tokens": sampling.max_tokens,
+        "temperature": 0.0 if sampling.greedy else sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k or -1,  # vLLM's "off" is -1, ours 0
+        "repetition_penalty": sampling.repetition_penalty,
+        "min_tokens": sampling.min_tokens,
+        "ignore_eos": sampling.ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else end_token_ids)
+    if stop_ids:
+        body["stop_token_ids"] = sorted(stop_ids)
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
+    return body
+
+
+class ReplicaClient:
+    """Talks to the replicas over one pooled HTTP client. `transport` stands in for the
+    network in tests (an ASGI app)."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        self._http = httpx.AsyncClient(transport=transport, timeout=timeout)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def healthy(self, replica: Replica) -> bool:
+        """Whether `/health` answers 200 within `HEALTH_TIMEOUT_S`."""
+        try:
+            response = await self._http.get(f"{replica.url}/health", timeout=HEALTH_TIMEOUT_S)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def model_id(self, replica: Replica) -> str:
+        """The name the replica serves its model under (vLLM refuses any other)."""
+        try:
+            response = await self._http.get(f"{replica.url}/v1/models", timeout=HEALTH_TIMEOUT_S)
+            models = (response.json().get("data") or []) if response.status_code == 200 else []
+            return str(models[0]["id"])
+        except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError) as exc:
+            raise ReplicaDown(f"{replica.url}/v1/models names no model: {exc!r}") from exc
+
+    @asynccontextmanager
+    async def completions(
+        self, replica: Replica, body: dict[str, Any]
+    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        """Start a streamed completion on `replica`: its chunks, parsed. `ReplicaDown` when the
+        connection fails (before the answer, or during it); a `SemanticError` for a refusal
+        (4xx/5xx) or an error the replica reports mid-stream."""
+        url = f"{replica.url}/v1/completions"
+        try:
+            async with self._http.stream("POST", url, json=body) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise refusal(response.status_code, _message(response.content))
+                yield _chunks(response)
+        except httpx.TransportError as exc:
+            raise ReplicaDown(f"{replica.url}: {exc}") from exc
+
+
+async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The SSE `data:` payloads of a completion stream, up to `[DONE]`."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        chunk = json.loads(data)
+        if "error" in chunk or chunk.get("object") == "error":
+            raise EngineFailure(f"the vLLM replica failed the request: {_message(data)}")
+        yield chunk
+
+
+def refusal(status: int, message: str) -> SemanticError:
+    """Our error for a replica's HTTP refusal, so a client gets its protocol's shape."""
+    text = f"the vLLM replica refused the request: {message}"
+    if status in (400, 422):
+        return InvalidRequest(text)
+    if status in (429, 503):
+        return Overloaded(text)
+    if status == 404:  # the model name it serves changed under us (a restart with another)
+        return Unavailable(text)
+    return EngineFailure(text)
+
+
+def _message(raw: bytes | str) -> str:
+    """The message of vLLM's error body (`{"error": {"message"}}`, or older `{"message"}`)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return str(raw[:200])
+    error = body.get("error", body) if isinstance(body, dict) else body
+    message = error.get("message") if isinstance(error, dict) else error
+    return str(message)[:500]

@@ -1,0 +1,133 @@
+"""Fake vLLM replicas for the engine over vLLM: the few routes of vLLM's OpenAI-compatible
+server that engine uses (`/health`, `/v1/models`, `/v1/completions` with token-id prompts,
+streamed and not), each replica recording what it received, and a network of them that a test
+can cut a replica out of (its connections are refused, as a dead server's are).
+
+The answer is a fixed list of token ids; `cached_tokens` is the prompt's longest prefix the
+replica has seen before under the same `cache_salt`, as vLLM's prefix cache reports it (by
+token, where vLLM counts whole blocks: enough to tell a hit from a miss).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class FakeReplica:
+    """One replica at `url`. `reply` is every answer's token ids (the last an end token);
+    `healthy` False makes `/health` fail; `refuse` answers completions with that status;
+    `cut_after` drops a streamed answer's connection after that many of its events."""
+
+    url: str
+    reply: list[int]
+    model_id: str = "served-by-vllm"
+    healthy: bool = True
+    refuse: int | None = None
+    cut_after: int | None = None
+    received: list[dict[str, Any]] = field(default_factory=list)
+    seen: dict[str | None, list[list[int]]] = field(default_factory=dict)  # salt → prompts
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/health", self._health),
+                Route("/v1/models", self._models),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+            ]
+        )
+
+    async def _health(self, request: Request) -> Response:
+        return Response(status_code=200 if self.healthy else 503)
+
+    async def _models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model"}]})
+
+    async def _completions(self, request: Request) -> Response:
+        body = await request.json()
+        self.received.append(body)
+        if self.refuse is not None:
+            error = {"message": "the replica says no", "type": "BadRequestError", "code": 400}
+            return JSONResponse({"error": error}, status_code=self.refuse)
+        if body.get("model") != self.model_id:
+            return JSONResponse({"error": {"message": "no such model"}}, status_code=404)
+        prompt, salt = body["prompt"], body.get("cache_salt")
+        assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+        cached = max((_shared(prompt, old) for old in self.seen.get(salt, [])), default=0)
+        self.seen.setdefault(salt, []).append(prompt)
+        reply = self.reply[: body.get("max_tokens", len(self.reply))]
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(reply),
+            "total_tokens": len(prompt) + len(reply),
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        finish = "stop" if len(reply) == len(self.reply) else "length"
+        if not body.get("stream"):
+            choice = {"index": 0, "text": "", "token_ids": reply, "finish_reason": finish}
+            return JSONResponse({"object": "text_completion", "choices": [choice], "usage": usage})
+        return StreamingResponse(_sse(reply, finish, usage), media_type="text/event-stream")
+
+
+async def _sse(reply: list[int], finish: str, usage: dict[str, Any]) -> AsyncIterator[str]:
+    for i, token in enumerate(reply):
+        last = i == len(reply) - 1
+        choice = {
+            "index": 0,
+            "text": "",
+            "token_ids": [token],
+            "finish_reason": finish if last else None,
+        }
+        yield f"data: {json.dumps({'choices': [choice], 'usage': None})}\n\n"
+    yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class FakeNetwork(httpx.AsyncBaseTransport):
+    """The replicas by URL; a replica in `dead` refuses connections (a killed server)."""
+
+    def __init__(self, replicas: list[FakeReplica]) -> None:
+        self.replicas = {replica.url: replica for replica in replicas}
+        self.dead: set[str] = set()
+        self._transports = {r.url: httpx.ASGITransport(app=r.app()) for r in replicas}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = f"{request.url.scheme}://{request.url.netloc.decode()}"
+        if url in self.dead or url not in self._transports:
+            raise httpx.ConnectError(f"connection refused: {url}", request=request)
+        response = await self._transports[url].handle_async_request(request)
+        cut_after = self.replicas[url].cut_after
+        if cut_after is None or request.url.path != "/v1/completions":
+            return response
+        events = (await response.aread()).split(b"\n\n")[:cut_after]
+        return httpx.Response(200, stream=_Cut([event + b"\n\n" for event in events]))
+
+
+class _Cut(httpx.AsyncByteStream):
+    """A response body that breaks off after `parts`, as a killed server's does."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
+        raise httpx.ReadError("connection reset by peer")

@@ -1,0 +1,379 @@
+"""The engine over vLLM replicas, through semantic's whole app, against fake replicas
+(`fake_vllm.py`): what a replica receives (our template's token ids, each key's `cache_salt`),
+what clients get back through both SDKs, each agent's turns staying on one replica, a replica
+that goes down taken out with only its own agents moving, and the routes the engine cannot
+serve answering 501 in their protocol's shape."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from semantic.api.app import create_app
+from semantic.config import Settings
+from semantic.core import Request, SamplingParams
+from semantic.models.served import ServedModel
+from semantic.replicas.client import completion_body
+from semantic.replicas.engine import ReplicaEngine
+from semantic.replicas.router import Router, routing_key
+from tests.unit.fake_vllm import FakeNetwork, FakeReplica
+from tests.unit.test_agent_owners import ALICE_KEY, BOB_KEY, as_
+
+pytestmark = pytest.mark.usefixtures("no_outside_settings")
+
+ANSWER = "Hello there"
+USER = [{"role": "user", "content": "Say hello."}]
+SDK_USER: Any = USER  # as the SDKs' typed parameters take it
+
+
+@contextmanager
+def replicas_app(
+    served: ServedModel, cache_dir: Path, count: int = 2, **settings: Any
+) -> Iterator[tuple[TestClient, ReplicaEngine, FakeNetwork]]:
+    """semantic's app over `count` fake replicas, each answering `ANSWER`."""
+    reply = [*served.tokenizer.encode(ANSWER), min(served.tokenizer.eos_token_ids)]
+    network = FakeNetwork([FakeReplica(f"http://replica-{i}:8000", reply) for i in range(count)])
+    config = Settings(
+        engine="vllm", vllm_url=list(network.replicas), cache_dir=cache_dir, **settings
+    )
+    engine = ReplicaEngine(
+        served,
+        Router(config.vllm_url, config.vllm_spill_in_flight),
+        share_across_keys=config.share_cache_across_keys,
+        health_interval_s=0.02,
+        transport=network,
+    )
+    with TestClient(create_app(engine, config)) as client:
+        yield client, engine, network
+
+
+def rendered(served: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
+    return served.tokenizer.encode(served.chat_template.render(messages))
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def chat(client: TestClient, agent: str | None = None, key: str = ALICE_KEY, **body: Any) -> Any:
+    request: dict[str, Any] = {"model": "tiny", "max_tokens": 8, "messages": USER} | body
+    if agent is not None:
+        request["session_id"] = agent
+    response = client.post("/v1/chat/completions", json=request, headers=as_(key))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def only_received(network: FakeNetwork) -> dict[str, Any]:
+    bodies = [body for replica in network.replicas.values() for body in replica.received]
+    assert len(bodies) == 1
+    return bodies[0]
+
+
+# -- what a replica receives, and what comes back ------------------------------------------------
+
+
+def test_an_anthropic_sdk_request_reaches_a_replica_as_our_templates_token_ids(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    with replicas_app(chat_served, tmp_path) as (client, _, network):
+        sdk = anthropic.Anthropic(base_url=str(client.base_url), api_key="k", http_client=client)
+        message = sdk.messages.create(model="claude-x", max_tokens=8, messages=USER)  # type: ignore[arg-type]
+    assert message.content[0].text == ANSWER  # type: ignore[union-attr]
+    assert message.stop_reason == "end_turn"
+    body = only_received(network)
+    assert body["prompt"] == rendered(chat_served, USER)
+    assert body["model"] == "served-by-vllm" and body["stream"] and body["return_token_ids"]
+    assert body["max_tokens"] == 8
+    assert "cache_salt" not in body  # a server without keys is one tenant
+
+
+def test_an_openai_sdk_stream_gets_the_replicas_answer_and_usage(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    with replicas_app(chat_served, tmp_path) as (client, _, network):
+        sdk = openai.OpenAI(base_url=f"{client.base_url}/v1", api_key="k", http_client=client)
+        chunks = list(
+            sdk.chat.completions.create(
+                model="gpt-x",
+                messages=SDK_USER,
+                max_tokens=8,
+                temperature=0.5,
+                top_p=0.9,
+                stop=["never"],
+                seed=7,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ANSWER
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens == len(rendered(chat_served, USER))
+    body = only_received(network)
+    assert body["prompt"] == rendered(chat_served, USER)
+    assert (body["temperature"], body["top_p"], body["seed"]) == (0.5, 0.9, 7)
+    assert body["stop"] == ["never"]
+    assert set(chat_served.tokenizer.eos_token_ids) <= set(body["stop_token_ids"])
+
+
+def test_each_key_gets_its_own_cache_salt_and_its_own_cached_tokens(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    keys = {"api_key": [ALICE_KEY, BOB_KEY]}
+    with replicas_app(chat_served, tmp_path, count=1, **keys) as (client, _, network):
+        assert chat(client)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        warm = chat(client)["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert warm == len(rendered(chat_served, USER))  # the same key's prompt: a hit
+        other = chat(client, key=BOB_KEY)["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert other == 0  # the other key's namespace holds nothing of Alice's
+    salts = [body["cache_salt"] for body in network.replicas["http://replica-0:8000"].received]
+    assert salts[0] == salts[1] != salts[2]
+    assert ALICE_KEY not in salts[0]
+
+
+def test_keys_that_share_the_cache_send_no_salt(chat_served: ServedModel, tmp_path: Path) -> None:
+    settings = {"api_key": [ALICE_KEY, BOB_KEY], "share_cache_across_keys": True}
+    with replicas_app(chat_served, tmp_path, count=1, **settings) as (client, _, network):
+        chat(client)
+    assert "cache_salt" not in only_received(network)
+
+
+def test_the_answers_text_stops_at_a_stop_string_as_on_our_engine(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    with replicas_app(chat_served, tmp_path, count=1) as (client, _, _):
+        chat(client, stop=[" there"])
+        answer = chat(client, stop=[" there"])
+    assert answer["choices"][0]["message"]["content"] == "Hello"
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    # the replica's usage still arrives after the stop string: the prompt was cached
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_a_replicas_refusal_is_the_clients_error_in_its_protocols_shape(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    with replicas_app(chat_served, tmp_path, count=1) as (client, _, network):
+        network.replicas["http://replica-0:8000"].refuse = 400
+        response = client.post(
+            "/v1/messages", json={"model": "m", "max_tokens": 8, "messages": USER}
+        )
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert "the replica says no" in response.json()["error"]["message"]
+
+
+# -- routing -------------------------------------------------------------------------------------
+
+
+def test_each_agents_turns_land_on_one_replica(chat_served: ServedModel, tmp_path: Path) -> None:
+    agents = [f"agent-{i}" for i in range(8)]
+    with replicas_app(chat_served, tmp_path, count=3) as (client, _, network):
+        for turn in range(3):
+            for agent in agents:
+                chat(client, agent, messages=conversation(agent, turn))
+    homes = served_where(chat_served, network)
+    assert sorted(homes) == agents
+    assert all(len(urls) == 3 and len(set(urls)) == 1 for urls in homes.values())
+    assert len({urls[0] for urls in homes.values()}) > 1  # spread over the replicas
+
+
+def test_branches_of_a_responses_chain_go_where_the_chain_is(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    with replicas_app(chat_served, tmp_path, count=3) as (client, _, network):
+        first = client.post("/v1/responses", json=responses_turn("Hi.")).json()
+        before = {url: len(r.received) for url, r in network.replicas.items()}
+        for question in ("Left?", "Right?", "Up?", "Down?"):  # four forks of the first turn
+            branch = responses_turn(question, previous_response_id=first["id"])
+            assert client.post("/v1/responses", json=branch).status_code == 200
+    forks = {url: len(r.received) - before[url] for url, r in network.replicas.items()}
+    assert sorted(forks.values()) == [0, 0, 4]
+
+
+def responses_turn(text: str, **body: Any) -> dict[str, Any]:
+    return {"model": "m", "input": text, "max_output_tokens": 8} | body
+
+
+def test_a_replica_that_goes_down_mid_run_moves_only_its_own_agents(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    agents = [f"agent-{i}" for i in range(8)]
+    with replicas_app(chat_served, tmp_path, count=3) as (client, engine, network):
+        for agent in agents:
+            chat(client, agent, messages=conversation(agent, 0))
+        first = {agent: urls[0] for agent, urls in served_where(chat_served, network).items()}
+        victim = first[agents[0]]
+        network.dead.add(victim)  # killed: connections refused, /health unanswered
+        for turn in (1, 2):  # the first request to it is retried on the next replica
+            for agent in agents:
+                chat(client, agent, messages=conversation(agent, turn))
+        wait_until(lambda: not _replica(engine, victim).healthy)
+        ready = client.get("/health/ready")
+    homes = served_where(chat_served, network)
+    for agent in agents:
+        later = homes[agent][1:]
+        if first[agent] == victim:
+            assert len(set(later)) == 1 and later[0] != victim  # re-homed, and sticky there
+        else:
+            assert later == [first[agent]] * 2  # the others stay where their cache is
+    assert ready.status_code == 200
+    assert {r["url"]: r["healthy"] for r in ready.json()["replicas"]}[victim] is False
+
+
+def conversation(agent: str, turns: int) -> list[dict[str, Any]]:
+    """An agent's prompt after `turns` earlier turns: its first message names it."""
+    later = [{"role": "assistant", "content": ANSWER}, {"role": "user", "content": "More."}]
+    return [{"role": "user", "content": f"I am {agent}."}, *later * turns]
+
+
+def served_where(served: ServedModel, network: FakeNetwork) -> dict[str, list[str]]:
+    """Each agent's requests' replicas, in the order each replica received them (by agent:
+    its turns, in order)."""
+    homes: dict[str, list[tuple[int, str]]] = {}
+    for url, replica in network.replicas.items():
+        for body in replica.received:
+            agent = re.search(r"agent-\d+", served.tokenizer.decode(body["prompt"]))
+            assert agent is not None
+            homes.setdefault(agent.group(), []).append((len(body["prompt"]), url))
+    return {agent: [url for _, url in sorted(turns)] for agent, turns in homes.items()}
+
+
+def test_an_answer_cut_off_mid_stream_fails_alone(chat_served: ServedModel, tmp_path: Path) -> None:
+    with replicas_app(chat_served, tmp_path, count=2) as (client, engine, network):
+        home = _home(engine, "cut")
+        network.replicas[home].cut_after = 2  # two tokens, then the connection drops
+        request = {"model": "m", "max_tokens": 8, "messages": USER, "session_id": "cut"}
+        cut = client.post("/v1/chat/completions", json=request)
+        network.replicas[home].cut_after = None
+        others = [chat(client, f"other-{i}") for i in range(4)]
+    assert cut.status_code == 503 and cut.json()["error"]["code"] == "unavailable"
+    assert "mid-answer" in cut.json()["error"]["message"]
+    assert all(answer["choices"][0]["message"]["content"] == ANSWER for answer in others)
+
+
+def test_a_replica_that_comes_back_gets_its_agents_back(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    with replicas_app(chat_served, tmp_path, count=2) as (client, engine, network):
+        home = _home(engine, "returner")
+        network.replicas[home].healthy = False
+        wait_until(lambda: _home(engine, "returner") != home)
+        network.replicas[home].healthy = True
+        wait_until(lambda: _home(engine, "returner") == home)
+        chat(client, "returner")
+    assert len(network.replicas[home].received) == 1
+
+
+def test_health_is_503_when_every_replica_is_down(chat_served: ServedModel, tmp_path: Path) -> None:
+    with replicas_app(chat_served, tmp_path, count=2) as (client, engine, network):
+        assert client.get("/health/ready").status_code == 200
+        for replica in network.replicas.values():
+            replica.healthy = False
+        wait_until(lambda: not engine.alive)
+        ready = client.get("/health/ready")
+        refused = client.post(
+            "/v1/chat/completions", json={"model": "m", "max_tokens": 4, "messages": USER}
+        )
+    assert ready.status_code == 503 and ready.json()["reason"] == "no vLLM replica is healthy"
+    assert refused.status_code == 503
+
+
+def test_load_spills_to_the_least_loaded_replica_past_the_threshold() -> None:
+    router = Router(["http://a", "http://b", "http://c"], spill_in_flight=2)
+    home = router.route("k")
+    router.route("k")
+    spilled = router.route("k")  # the home has 2 in flight: the next goes elsewhere
+    assert spilled is not home and spilled.spilled == 1
+    router.done(spilled)
+    assert home.in_flight == 2
+
+
+def test_an_anonymous_conversation_is_routed_by_its_opening_tokens() -> None:
+    sampling = SamplingParams()
+    first = Request("r1", list(range(300)), sampling, owner="o")
+    later = Request("r2", [*range(300), 7, 7, 7], sampling, owner="o")
+    other_owner = Request("r3", list(range(300)), sampling, owner="p")
+    assert routing_key(first) == routing_key(later) != routing_key(other_owner)
+    named = Request("r4", [1], sampling, agent_id="a", owner="o")
+    assert routing_key(named) == routing_key(
+        Request("r5", [2, 3], sampling, agent_id="a", owner="o")
+    )
+
+
+def test_the_body_maps_our_sampling_onto_vllms_fields() -> None:
+    sampling = SamplingParams(temperature=0.0, top_k=0, max_tokens=5, min_tokens=2, ignore_eos=True)
+    body = completion_body(Request("r", [5, 6], sampling), "m", "salt", frozenset({9}))
+    assert body["prompt"] == [5, 6] and body["cache_salt"] == "salt"
+    assert (body["temperature"], body["top_k"], body["min_tokens"]) == (0.0, -1, 2)
+    assert "stop_token_ids" not in body  # ignore_eos: the end tokens do not stop it
+
+
+# -- what the engine cannot serve ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/agents", {}),
+        ("GET", "/v1/agents", None),
+        ("PATCH", "/v1/agents/a1", {"pinned": True}),
+        ("POST", "/v1/agents/a1/generate", {"message": "hi"}),
+        ("POST", "/v1/agents/a1/fork", {}),
+        ("DELETE", "/v1/agents/a1", None),
+        ("GET", "/admin/cache", None),
+        ("POST", "/admin/cache/evict", {}),
+        ("POST", "/admin/cache/persist", {}),
+        ("POST", "/admin/models/swap", {"model": "smollm2-135m"}),
+    ],
+)
+def test_routes_the_vllm_engine_cannot_serve_answer_501(
+    chat_served: ServedModel, tmp_path: Path, method: str, path: str, body: Any
+) -> None:
+    with replicas_app(chat_served, tmp_path, count=1) as (client, _, _):
+        response = client.request(method, path, json=body)
+    assert response.status_code == 501, response.text
+    error = response.json()["error"]
+    assert "not available" in error["message"]
+    assert error.get("code", "not_supported") == "not_supported"
+
+
+def test_structured_output_answers_501_before_any_replica_is_asked(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    response_format = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    with replicas_app(chat_served, tmp_path, count=1) as (client, _, network):
+        response = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "m",
+                "max_tokens": 8,
+                "messages": USER,
+                "response_format": response_format,
+            },
+        )
+    assert response.status_code == 501
+    assert response.json()["error"]["code"] == "not_supported"
+    assert network.replicas["http://replica-0:8000"].received == []
+
+
+def _home(engine: ReplicaEngine, agent: str) -> str:
+    return engine.router.home(routing_key(Request("r", [1], SamplingParams(), agent_id=agent))).url
+
+
+def _replica(engine: ReplicaEngine, url: str) -> Any:
+    return next(r for r in engine.router.replicas if r.url == url)
