@@ -180,10 +180,13 @@ def _layer_groups(num_layers: int, layer_windows: tuple[int | None, ...]) -> tup
 class OutputGrammar(Protocol):
     """What a request's output must follow (structured output): a grammar compiled by
     text/grammar.py. The engine passes it through untouched; the runner makes one matcher of
-    it per sequence."""
+    it per sequence. `lazy`: it holds only the tool calls the model starts, free text aside."""
 
     @property
     def description(self) -> str: ...
+
+    @property
+    def lazy(self) -> bool: ...
 
     def matcher(self) -> Any: ...
 

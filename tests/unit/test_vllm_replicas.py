@@ -10,6 +10,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from fastapi.testclient import TestClient
 from semantic.api.app import create_app
 from semantic.config import Settings
 from semantic.core import Request, SamplingParams
+from semantic.errors import NotSupported
 from semantic.models.served import ServedModel
 from semantic.replicas.client import completion_body
 from semantic.replicas.engine import ReplicaEngine
@@ -60,7 +62,7 @@ def rendered(served: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
     return served.tokenizer.encode(served.chat_template.render(messages))
 
 
-def wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+def wait_until(condition: Callable[[], bool], seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -377,3 +379,27 @@ def _home(engine: ReplicaEngine, agent: str) -> str:
 
 def _replica(engine: ReplicaEngine, url: str) -> Any:
     return next(r for r in engine.router.replicas if r.url == url)
+
+
+@dataclass(frozen=True)
+class _StubGrammar:
+    lazy: bool
+    description: str = "a stub"
+
+    def matcher(self) -> Any:
+        raise AssertionError("the vLLM engine makes no matcher")
+
+
+def test_a_lazy_tool_grammar_is_left_out_where_forced_output_is_refused(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    with replicas_app(chat_served, tmp_path, count=1) as (_, engine, network):
+        prompt = rendered(chat_served, USER)
+
+        def ask(lazy: bool) -> Any:
+            return engine.stream(Request("r", prompt, SamplingParams(grammar=_StubGrammar(lazy))))
+
+        with pytest.raises(NotSupported):
+            ask(lazy=False)
+        assert network.replicas["http://replica-0:8000"].received == []
+        ask(lazy=True)  # the tools' calls are read from the text without it

@@ -120,7 +120,10 @@ class ReplicaEngine:
             raise InvalidRequest("the prompt is empty")
         if prompt_tokens >= self.max_seq_tokens:
             raise ContextOverflow(prompt_tokens, 0, self.model.context_length)
-        if request.sampling.grammar is not None:
+        grammar = request.sampling.grammar
+        # A lazy grammar only holds a started tool call to its schema: the calls are still read
+        # from the text without it (`text/tools.py`), so tools work; forced output does not.
+        if grammar is not None and not grammar.lazy:
             self.capabilities.require("structured_output", "structured output")
         return self._events(request, announce)
 
