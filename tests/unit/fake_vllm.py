@@ -21,6 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from semantic.cache.prefix import common_prefix
+
 
 @dataclass
 class FakeReplica:
@@ -62,7 +64,7 @@ class FakeReplica:
             return JSONResponse({"error": {"message": "no such model"}}, status_code=404)
         prompt, salt = body["prompt"], body.get("cache_salt")
         assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
-        cached = max((_shared(prompt, old) for old in self.seen.get(salt, [])), default=0)
+        cached = max((common_prefix(prompt, old) for old in self.seen.get(salt, [])), default=0)
         self.seen.setdefault(salt, []).append(prompt)
         reply = self.reply[: body.get("max_tokens", len(self.reply))]
         usage = {
@@ -90,15 +92,6 @@ async def _sse(reply: list[int], finish: str, usage: dict[str, Any]) -> AsyncIte
         yield f"data: {json.dumps({'choices': [choice], 'usage': None})}\n\n"
     yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
     yield "data: [DONE]\n\n"
-
-
-def _shared(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class FakeNetwork(httpx.AsyncBaseTransport):

@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from semantic.bench.server import free_port
 from semantic.bench.workload import chat_body, stream_chat
+from semantic.cache.prefix import common_prefix
 
 COLD_DELAY_S = 0.15  # the fake "prefills" a prompt with nothing cached this long
 WARM_DELAY_S = 0.01
@@ -38,15 +39,6 @@ Word = tuple[str, str]  # (role, word): a prompt as the fake compares prefixes
 
 def prompt_words(messages: list[dict[str, str]]) -> list[Word]:
     return [(m["role"], word) for m in messages for word in m["content"].split()]
-
-
-def common_prefix(a: list[Word], b: list[Word]) -> int:
-    length = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        length += 1
-    return length
 
 
 def fresh_totals() -> dict[str, Any]:
