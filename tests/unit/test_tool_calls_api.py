@@ -214,6 +214,39 @@ def test_with_tool_choice_none_a_call_is_text_as_the_model_wrote_it(server: Serv
     assert answer["content"] == [{"type": "text", "text": CALL.replace("get_weather", "rm_rf")}]
 
 
+READ_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "file_path": {"type": "string"},
+        "pages": {"type": "string"},  # optional: "" is a placeholder
+        "note": {"type": "string"},
+        "limit": {"type": "integer"},
+    },
+    "required": ["file_path", "note"],
+}
+READ_TOOLS = [{"name": "Read", "description": "Read a file", "input_schema": READ_SCHEMA}]
+PLACEHOLDER_CALL = (
+    '<tool_call>\n{"name": "Read", "arguments": '
+    '{"file_path": "/w/a.txt", "pages": "", "note": "", "limit": 0}}\n</tool_call>'
+)
+
+
+def test_an_optional_string_given_as_empty_is_left_out_of_the_call(server: Server) -> None:
+    """A small model fills every property, and Claude Code refuses `pages: ""` for a text file;
+    a required empty string, and any other value, is the model's."""
+    expected = {"file_path": "/w/a.txt", "note": "", "limit": 0}
+    server.say(PLACEHOLDER_CALL)
+    answer = server.client.post("/v1/messages", json=MESSAGES | {"tools": READ_TOOLS}).json()
+    [block] = answer["content"]
+    assert (block["name"], block["input"]) == ("Read", expected)
+
+    server.say(PLACEHOLDER_CALL)
+    body = MESSAGES | {"tools": READ_TOOLS, "stream": True}
+    events = events_of(server.client.post("/v1/messages", json=body).text)
+    deltas = [e["delta"]["partial_json"] for name, e in events if name == "content_block_delta"]
+    assert [json.loads(d) for d in deltas if d] == [expected]  # at once, as the call ends
+
+
 def test_a_call_cut_short_by_max_tokens_ends_with_max_tokens_and_the_input_so_far(
     server: Server,
 ) -> None:

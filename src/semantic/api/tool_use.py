@@ -8,6 +8,7 @@ a `ToolUse`, append its `prefill` to the prompt, and frame the events `parse` yi
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -104,6 +105,7 @@ class ToolUse:
         self._cut_short = False  # the output ended inside a call
         self._reasoning: ReasoningParser | None = None
         self._free_text_grammar = _free_text_grammar(self._format, model)
+        self._placeholders = _Placeholders(self.schemas)
 
     def think(self, parser: ReasoningParser | None, hidden: Mapping[int, str]) -> None:
         """Tell the reply's reasoning from its answer with `parser` (a thinking model's), the
@@ -195,7 +197,7 @@ class ToolUse:
                         stop()
             if event.final:
                 self._log_reply("".join(written))
-            yield parsed, event
+            yield self._placeholders.dropped(parsed), event
             parsed = []
 
     def _log_reply(self, written: str) -> None:
@@ -243,6 +245,65 @@ class ToolUse:
             return event.text
         markers = [self._hidden[token] for token in event.token_ids if token in self._hidden]
         return event.text + "".join(markers)
+
+
+class _Placeholders:
+    """Optional string arguments a call gives as `""`, left out. A small model fills every
+    property its tool's schema names, and an optional string it has nothing for becomes `""`,
+    which a client may refuse where it would take the property left out: Claude Code answers a
+    Read with `pages: ""` that pages are for PDF files only, and the Qwen2.5-Coder models then
+    failed the task (docs/clients.md). So the arguments of a call to a tool that has such
+    properties are held until the call ends and then sent at once, without them; a call cut
+    short goes as it came. Required properties, and every other value, are the model's."""
+
+    def __init__(self, schemas: Mapping[str, dict[str, Any]]) -> None:
+        self._optional = {name: _optional_strings(schema) for name, schema in schemas.items()}
+        self._held: dict[int, tuple[frozenset[str], list[str]]] = {}  # by call index
+
+    def dropped(self, events: list[ReplyEvent]) -> list[ReplyEvent]:
+        out: list[ReplyEvent] = []
+        for event in events:
+            if isinstance(event, CallStart) and self._optional.get(event.name):
+                self._held[event.index] = (self._optional[event.name], [])
+            elif isinstance(event, ArgumentsDelta) and event.index in self._held:
+                self._held[event.index][1].append(event.json)
+                continue
+            elif isinstance(event, CallEnd) and event.index in self._held:
+                optional, pieces = self._held.pop(event.index)
+                arguments = _without_empty(optional, "".join(pieces))
+                if arguments:
+                    out.append(ArgumentsDelta(event.index, arguments))
+            out.append(event)
+        return out
+
+
+def _optional_strings(schema: object) -> frozenset[str]:
+    """The top-level properties of `schema` (a client's: anything at all) that are strings and
+    not required."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
+        return frozenset()
+    listed = schema.get("required")
+    required = (
+        [name for name in listed if isinstance(name, str)] if isinstance(listed, list) else []
+    )
+    return frozenset(
+        name
+        for name, spec in schema["properties"].items()
+        if name not in required and isinstance(spec, dict) and spec.get("type") == "string"
+    )
+
+
+def _without_empty(optional: frozenset[str], arguments: str) -> str:
+    """`arguments` (a call's JSON text) without the `optional` properties given as `""`; as it
+    came when it is no whole object or has none of them."""
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments  # cut short (or nested past reading): the client gets what there is
+    if not isinstance(value, dict):
+        return arguments
+    kept = {key: item for key, item in value.items() if not (key in optional and item == "")}
+    return arguments if len(kept) == len(value) else json.dumps(kept, ensure_ascii=False)
 
 
 def _free_text_grammar(fmt: type[ToolCallParser], model: ServedModel) -> bool:
