@@ -10,11 +10,24 @@ import pytest
 import torch
 
 from semantic.models.checkpoint import Checkpoint, load_checkpoint
+from semantic.models.served import ServedModel
 
 
 @pytest.fixture(scope="module")
 def checkpoint(smollm2_path: Path) -> Checkpoint:
     return load_checkpoint(smollm2_path, progress=False)
+
+
+def served_smollm2(checkpoint: Checkpoint) -> ServedModel:
+    """The checkpoint as the server serves it: its tokenizer, template and full context."""
+    return ServedModel(
+        "smollm2-135m",
+        checkpoint.config,
+        checkpoint.tokenizer,
+        checkpoint.chat_template,
+        checkpoint.config.max_position_embeddings,
+        checkpoint.fingerprint,
+    )
 
 
 # One per session, not per module: transformers takes ~20 s to read a GGUF (most of it parsing

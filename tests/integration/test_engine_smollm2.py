@@ -16,8 +16,8 @@ from semantic.core import Batch, BatchItem, FinishReason, Request, SamplingParam
 from semantic.engine.engine import Engine
 from semantic.engine.runner import ModelRunner
 from semantic.models.checkpoint import Checkpoint
-from semantic.models.served import ServedModel
 from semantic.options import engine_options
+from tests.integration.conftest import served_smollm2
 
 pytestmark = pytest.mark.integration
 
@@ -56,14 +56,7 @@ def make_engine(
 
 def engine_over(runner: ModelRunner, checkpoint: Checkpoint, cache_dir: Path) -> Engine:
     """An engine of small steps (64 tokens, no batch window) over `runner`."""
-    served = ServedModel(
-        "smollm2-135m",
-        checkpoint.config,
-        checkpoint.tokenizer,
-        checkpoint.chat_template,
-        checkpoint.config.max_position_embeddings,
-        checkpoint.fingerprint,
-    )
+    served = served_smollm2(checkpoint)
     settings = Settings(max_batch_tokens=64, batch_window_ms=0, cache_dir=cache_dir)
     return Engine(runner, served, engine_options(settings))
 

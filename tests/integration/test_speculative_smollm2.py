@@ -12,8 +12,8 @@ from semantic.config import Settings
 from semantic.core import Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.models.checkpoint import Checkpoint
-from semantic.models.served import ServedModel
 from semantic.options import engine_options
+from tests.integration.conftest import served_smollm2
 
 pytestmark = pytest.mark.integration
 
@@ -46,14 +46,7 @@ def engine_for(checkpoint: Checkpoint, cache_dir: Path, draft: int) -> Engine:
         dtype="float32",
         device="cpu",
     )
-    served = ServedModel(
-        "smollm2-135m",
-        checkpoint.config,
-        checkpoint.tokenizer,
-        checkpoint.chat_template,
-        checkpoint.config.max_position_embeddings,
-        checkpoint.fingerprint,
-    )
+    served = served_smollm2(checkpoint)
     settings = Settings(
         max_batch_tokens=256, batch_window_ms=0, cache_dir=cache_dir, speculative_tokens=draft
     )

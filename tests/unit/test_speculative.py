@@ -14,6 +14,7 @@ from semantic.engine.engine import Engine
 from semantic.engine.scheduler import DRAFT_UP_TO_DECODES, Scheduler
 from semantic.models.served import ServedModel
 from tests.unit.fakes import make_engine
+from tests.unit.test_engine import collect
 
 # A prompt that repeats itself, so drafts are found from the start.
 LOOP = [40, 41, 42, 43, 44, 45, 46]
@@ -23,14 +24,6 @@ def request(i: int, prompt: list[int] | None = None, **sampling: object) -> Requ
     prompt = prompt or [3 + (i * 13 + k) % 390 for k in range(5)] + LOOP * 3
     params = SamplingParams(**{"temperature": 0.0, "max_tokens": 40, **sampling})  # type: ignore[arg-type]
     return Request(f"r{i}", list(prompt), params)
-
-
-def collect(engine: Engine, requests: list[Request]) -> dict[str, list[TokenEvent]]:
-    events: dict[str, list[TokenEvent]] = {r.request_id: [] for r in requests}
-    for r in requests:
-        engine.submit(r, events[r.request_id].append)
-    engine.run_until_idle()
-    return events
 
 
 Answer = tuple[list[int], str, FinishReason | None, int]
