@@ -20,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api import anthropic as messages_api
+from semantic.api.reply_stream import ReplyStream
 from semantic.api.seal import SealKey, Seals
 from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.core import Batch, TokenEvent
@@ -329,7 +330,7 @@ def test_message_start_and_a_ping_go_out_before_the_engine_says_anything(
     async def first_two() -> list[str]:
         reply = messages_api._Reply(MODEL, 42, 10, Seals(SealKey(tmp_path), None, 0))
         tools = ToolUse(served, [], ToolChoice())
-        stream = reply.events(tools.parse(silent_engine(), lambda: None), tools)
+        stream = reply.events(tools.parse(ReplyStream(silent_engine())), tools)
         head = [await anext(stream), await anext(stream)]
         await stream.aclose()
         return head

@@ -10,12 +10,14 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import jsonschema
 import pytest
 import tokenizers
 from fastapi.testclient import TestClient
 
+from semantic.api.reply_stream import MAX_REWINDS
 from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
@@ -28,7 +30,7 @@ from semantic.text.schema_annotations import without_annotations
 from semantic.text.tokenizer import Tokenizer
 from tests.qwen3_coder_template import QWEN3_CODER_TEMPLATE
 from tests.unit.fakes import fake_served, running, with_chatml
-from tests.unit.test_tool_calls_api import Server, serving
+from tests.unit.test_tool_calls_api import Server, chunks_of, serving
 from tests.unit.tiny_llama import tiny_llama
 
 # Few choices: the fake runner's walk through it ends in a handful of tokens.
@@ -182,6 +184,10 @@ def test_a_required_strict_anthropic_tool_call_names_a_tool_and_has_valid_input(
 # -- tool calls held to their schemas, over a scripted model that writes a bad call ----------
 
 FORECAST = {"name": "forecast", "description": "The forecast", "input_schema": WEATHER}
+OPENAI_FORECAST = {
+    "type": "function",
+    "function": {"name": "forecast", "description": "The forecast", "parameters": WEATHER},
+}
 BAD_ARGUMENTS = '{"unit": "K", "days": 7}}\n</tool_call>'  # neither value is in its enum
 BAD_CALL = 'I\'ll check.\n<tool_call>\n{"name": "forecast", "arguments": ' + BAD_ARGUMENTS
 
@@ -223,10 +229,62 @@ def test_every_call_the_model_opens_follows_its_tools_schema_strict_or_not(
         jsonschema.validate(arguments, WEATHER)
 
 
-def test_json_that_names_no_tool_is_left_as_the_model_wrote_it(server: Server) -> None:
-    """The bare openers hold the tool's name: an answer's own JSON is not forced into a call."""
-    reply = '```json\n{"name": "Alice", "arguments": {"unit": "K"}}\n```'
-    assert scripted_reply(server, reply) == [{"type": "text", "text": reply}]
+def test_json_that_is_no_call_is_left_as_the_model_wrote_it(server: Server) -> None:
+    """An answer's own JSON is not forced into a call: a name that no tool has, followed by
+    anything but arguments."""
+    for reply in ('```json\n{"name": "Alice", "age": 30}\n```', 'Here: {"name": "Alice"}'):
+        assert scripted_reply(server, reply) == [{"type": "text", "text": reply}]
+
+
+MADE_UP = 'Checking.\n```json\n{"name": "weather", "arguments": {"city": "Paris"}}\n```'
+RENAMED = 'forecast", "arguments": {"unit": "C", "days": 2}}\n```'  # from the name on
+
+
+def test_a_call_of_a_tool_not_offered_is_written_again_as_a_call_of_an_offered_one(
+    server: Server,
+) -> None:
+    """The reply goes back to where the made-up name began (a new request: the prompt and the
+    output kept) and goes on held to the offered tools; the client sees one reply, its text
+    once, and usage counting the output kept and the output after it."""
+    server.say(MADE_UP, RENAMED)
+    body = {"model": "m", "max_tokens": 200, "messages": ASK, "tools": [FORECAST]}
+    answer = server.client.post("/v1/messages", json=body).json()
+    assert answer["content"] == [
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": ANY, "name": "forecast", "input": {"unit": "C", "days": 2}},
+    ]
+    assert answer["stop_reason"] == "tool_use"
+    first, again = server.runner.prompts[-2:]
+    assert again[: len(first)] == first
+    kept = server.served.tokenizer.decode(again[len(first) :], skip_special_tokens=False)
+    assert kept == 'Checking.\n```json\n{"name": "'  # this tokenizer ends a token there
+    written_again = len(server.served.tokenizer.encode(RENAMED)) + 1  # and the end token
+    assert answer["usage"]["input_tokens"] == len(first)
+    assert answer["usage"]["output_tokens"] == len(again) - len(first) + written_again
+
+
+def test_a_streamed_renamed_call_sends_its_text_once(server: Server) -> None:
+    server.say(MADE_UP, RENAMED)
+    body = {"model": "m", "messages": ASK, "tools": [OPENAI_FORECAST], "stream": True}
+    chunks = chunks_of(server.client.post("/v1/chat/completions", json=body).text)
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks]
+    assert "".join(d.get("content") or "" for d in deltas) == "Checking."
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert calls[0]["function"]["name"] == "forecast"
+    arguments = "".join(call["function"]["arguments"] for call in calls)
+    assert json.loads(arguments) == {"unit": "C", "days": 2}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_reply_is_taken_back_a_bounded_number_of_times(server: Server) -> None:
+    """A model that makes up another call after each renamed one gets at most `MAX_REWINDS`
+    new requests; the made-up call after the last one is text."""
+    made_up = '```json\n{"name": "weather", "arguments": {"city": "Paris"}}\n```'
+    server.say(MADE_UP, *[f"{RENAMED}\n{made_up}"] * MAX_REWINDS)
+    content = scripted_reply(server, MADE_UP, max_tokens=800)
+    assert len(server.runner.prompts) == 1 + MAX_REWINDS
+    assert tool_inputs(content) == [{"unit": "C", "days": 2}] * MAX_REWINDS
+    assert content[-1] == {"type": "text", "text": made_up}
 
 
 def test_a_tool_whose_schema_the_engine_cannot_take_gets_the_arguments_the_model_wrote(

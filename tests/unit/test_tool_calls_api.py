@@ -24,6 +24,7 @@ import tokenizers
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
+from semantic.api.reply_stream import ReplyStream
 from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.config import Settings
 from semantic.core import BatchItem, FinishReason, TokenEvent, Usage
@@ -527,9 +528,7 @@ def test_a_marker_the_detokenizer_hides_is_put_back_for_the_parser(
         yield TokenEvent("r", [7], "", FinishReason.STOP, Usage(3, 4))
 
     async def parse(tools: ToolUse) -> list[Any]:
-        return [
-            event async for events, _ in tools.parse(engine(), lambda: None) for event in events
-        ]
+        return [event async for events, _ in tools.parse(ReplyStream(engine())) for event in events]
 
     assert asyncio.run(parse(ToolUse(mistral, ["get_time"], ToolChoice()))) == [
         TextDelta("Sure."),

@@ -539,6 +539,49 @@ def test_arguments_stream_in_fragments_as_they_are_written() -> None:
     assert parser.finish() == []
 
 
+MADE_UP = '{"name": "read_file", "arguments": {"path": "a.txt"}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "before"),
+    [(MADE_UP, ""), (f"Reading.\n```json\n{MADE_UP}\n```", "Reading."), (f"Now {MADE_UP}", "Now")],
+)
+def test_renaming_holds_a_call_of_a_tool_not_offered_once_its_arguments_open(
+    text: str, before: str
+) -> None:
+    """It is told where the name begins, what followed the name, and where the text held
+    back begins; everything from there on is held, and is text when the output ends."""
+    parser = HermesParser(TOOLS)
+    parser.renaming = True
+    events = [event for char in text for event in parser.feed(char)]
+    assert outcome(events) == ([("text", before)] if before else [])
+    misnamed = parser.misnamed
+    assert misnamed is not None and misnamed.name == "read_file"
+    assert text[misnamed.at :].startswith('read_file", "arguments": {')
+    assert misnamed.after_name == '", "arguments": '
+    assert text[: misnamed.held_from].rstrip() == before
+    assert outcome(parser.finish()) == [("text", text[len(before) :])]
+
+
+def test_renaming_leaves_json_that_is_no_call_as_text() -> None:
+    """A name no tool has, followed by another key or by the object's end, is an answer's."""
+    for text in ('{"name": "Alice", "age": 30} ok', 'x {"name": "Alice"} ok'):
+        parser = HermesParser(TOOLS)
+        parser.renaming = True
+        events = [*parser.feed(text), *parser.finish()]
+        assert parser.misnamed is None and outcome(events) == [("text", text)]
+
+
+def test_a_released_misnamed_call_is_text_and_parsing_goes_on() -> None:
+    parser = HermesParser(TOOLS)
+    parser.renaming = True
+    events = parser.feed(MADE_UP[:40])
+    assert parser.misnamed is not None
+    events += parser.release()
+    events += parser.feed(MADE_UP[40:] + " " + WEATHER) + parser.finish()
+    assert outcome(events) == [("text", MADE_UP), call("get_weather", PARIS)]
+
+
 def test_text_is_held_back_only_while_it_may_start_a_marker() -> None:
     parser = HermesParser(TOOLS)
     assert parser.feed("Let me see <tool") == [TextDelta("Let me see")]

@@ -37,6 +37,7 @@ from semantic.api.errors import anthropic_error_event
 from semantic.api.git_snapshots import GitSnapshots
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
 from semantic.api.prompt_bounds import PromptRoute
+from semantic.api.reply_stream import ReplyStream
 from semantic.api.seal import Seals
 from semantic.api.streaming import (
     PING,
@@ -413,11 +414,12 @@ async def create_message(request: Request) -> Response:
         breakpoints=render.breakpoints,
     )
     events, headers = await cache_miss.stream(engine, generation)
-    parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
+    reply_stream = ReplyStream(events, engine, generation)
+    parsed = tools.parse(reply_stream)
     # Any model name is served by the loaded model, and echoed back as asked.
     reply = _Reply(body.model, len(prompt_ids), requested, seals, thinking.shown, render.labels)
     if body.stream:
-        frames = after_the_200(reply.events(parsed, tools), events, _error_event)
+        frames = after_the_200(reply.events(parsed, tools), reply_stream, _error_event)
         stream = with_keep_alive(frames, settings.keep_alive_s, reply.heartbeat)
         return sse_response(stream, headers)
     answer = await unless_disconnected(request, reply.collect(parsed, tools))

@@ -33,6 +33,7 @@ from semantic.api.openai_tools import (
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses
 from semantic.api.prompt_bounds import PromptRoute
 from semantic.api.prompt_cache import PromptCacheRetention, prompt_cache_agent, retention_of
+from semantic.api.reply_stream import ReplyStream
 from semantic.api.streaming import (
     DONE,
     after_the_200,
@@ -271,12 +272,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         ),
     )
     events, headers = await cache_miss.stream(engine, generation)
-    parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
+    reply_stream = ReplyStream(events, engine, generation)
+    parsed = tools.parse(reply_stream)
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = completion.chunks(parsed, tools, include_usage)
-        frames = after_the_200(chunks, events, lambda exc: data_event(error_payload(exc)))
+        frames = after_the_200(chunks, reply_stream, lambda exc: data_event(error_payload(exc)))
         heartbeat = prefill_comments(partial(engine.progress, generation.request_id))
         return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat), headers)
     answer = await unless_disconnected(request, completion.collect(parsed, tools))

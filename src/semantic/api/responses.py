@@ -34,6 +34,7 @@ from semantic.api.openai_tools import (
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
 from semantic.api.prompt_bounds import PromptRoute
 from semantic.api.prompt_cache import prompt_cache_agent, retention_of
+from semantic.api.reply_stream import ReplyStream
 from semantic.api.responses_output import OutputItems, item_id, public
 from semantic.api.responses_request import (
     ResponsesBody,
@@ -284,13 +285,14 @@ async def create_response(request: Request) -> Response:
         ),
     )
     events, headers = await cache_miss.stream(engine, generation)
-    parsed = tools.parse(events, lambda: engine.abort(generation.request_id))
+    reply_stream = ReplyStream(events, engine, generation)
+    parsed = tools.parse(reply_stream)
     reply = _Response(body, response_id, engine.model.tokenizer, seals, generation.sampling)
     offered = body.offered_tools()
     record = _Record(store, reply, items, new_messages, agent, owner)
     if body.stream:
         output = OutputItems(offered, reply.seals)
-        frames = after_the_200(_frames(reply, parsed, output, record), events, _error_frame)
+        frames = after_the_200(_frames(reply, parsed, output, record), reply_stream, _error_frame)
         progress = partial(engine.progress, generation.request_id)
         heartbeat = _heartbeat(reply, output, prefill_comments(progress))
         return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat), headers)

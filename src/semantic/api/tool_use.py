@@ -8,6 +8,7 @@ a `ToolUse`, append its `prefill` to the prompt, and frame the events `parse` yi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
@@ -16,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic_core import from_json
 
+from semantic.api.reply_stream import ReplyStream
 from semantic.core import FinishReason, TokenEvent
 from semantic.models.served import ServedModel
 from semantic.text.grammar import CallShape, Opening, ToolCallForm
@@ -26,6 +28,7 @@ from semantic.text.tools import (
     ArgumentsDelta,
     CallEnd,
     CallStart,
+    MisnamedCall,
     PlainText,
     TextDelta,
     ToolCallParser,
@@ -94,6 +97,7 @@ class ToolUse:
         schemas: Mapping[str, dict[str, Any]] | None = None,
         strict: Collection[str] = (),
     ) -> None:
+        self._model = model
         self.tools = tuple(tools)
         self.choice = choice
         self.schemas = dict(schemas or {})
@@ -166,39 +170,106 @@ class ToolUse:
 
     def _shapes(self, names: Sequence[str], written: str) -> tuple[CallShape, ...]:
         """Each tool as a call of it is written after `written` (the prefill, or a trigger)."""
+        return self._leading(names, lambda name: self._format.opener(name).removeprefix(written))
+
+    def _leading(self, names: Sequence[str], lead: Callable[[str], str]) -> tuple[CallShape, ...]:
+        """Each tool as a call of it, `lead(name)` written before its arguments."""
         return tuple(
-            CallShape(
-                self._format.opener(name).removeprefix(written),
-                self.schemas.get(name) or {"type": "object"},
-                name in self.strict,
-            )
+            CallShape(lead(name), self.schemas.get(name) or {"type": "object"}, name in self.strict)
             for name in names
         )
 
-    async def parse(
-        self, events: AsyncIterator[TokenEvent], stop: Callable[[], None]
-    ) -> AsyncIterator[tuple[list[ReplyEvent], TokenEvent]]:
+    async def parse(self, reply: ReplyStream) -> AsyncIterator[tuple[list[ReplyEvent], TokenEvent]]:
         """Each engine event with the reasoning, text and call events its text makes (the
-        prefill's come with the first). Without `parallel`, after the first call `stop` ends
-        generation, and the text that still arrives is dropped."""
-        self._parser = self._format(self.tools, self.schemas) if self.active else PlainText()
+        prefill's come with the first). Without `parallel`, after the first call the reply is
+        stopped, and the text that still arrives is dropped. A call of a tool that was not
+        offered is written again, held to the offered ones, where the reply can be taken back
+        (`_renamed`)."""
+        self._parser = self._new_parser(reply)
         parsed: list[ReplyEvent] = list(self._parser.feed(self.prefill))
-        written = [self.prefill]
+        self._written = [(self.prefill, 0)]
         done = False
-        async for event in events:
+        async for event in reply:
             if not done:
-                written.append(self._text_of(event))
-                parsed += self._feed(written[-1])
+                self._written.append((self._text_of(event), len(event.token_ids)))
+                parsed += self._feed(self._written[-1][0])
+                misnamed = self._parser.misnamed
+                if misnamed is not None and await self._renamed(reply, misnamed):
+                    yield self._placeholders.dropped(parsed), _tokenless(event)
+                    parsed = []
+                    continue
+                if misnamed is not None:
+                    parsed += self._parser.release()
                 if event.final:
                     parsed += self._finish()
                 if not self.choice.parallel and self._parser.calls:
                     parsed, done = _through_first_call(parsed), True
                     if not event.final:
-                        stop()
+                        reply.stop()
             if event.final:
-                self._log_reply("".join(written))
+                self._log_reply("".join(text for text, _ in self._written))
             yield self._placeholders.dropped(parsed), event
             parsed = []
+
+    def _new_parser(self, reply: ReplyStream) -> ToolCallParser | PlainText:
+        """A parser for this reply's format, which holds a call of a tool not offered for
+        renaming where the reply can be taken back and a grammar can hold the call again: the
+        reply is free text, its calls found by the lazy grammar (no forced start, no reasoning
+        between the parser and the text)."""
+        if not self.active:
+            return PlainText()
+        parser = self._format(self.tools, self.schemas)
+        parser.renaming = (
+            reply.can_rewind
+            and not self.prefill
+            and self._reasoning is None
+            and self.call_form() is not None
+        )
+        return parser
+
+    async def _renamed(self, reply: ReplyStream, misnamed: MisnamedCall) -> bool:
+        """Take the reply back to where `misnamed`'s name begins and go on from there, the name
+        and arguments held to the offered tools; False where it cannot be: the output kept
+        must end where the text the parser held back begins, or after (what went out is never
+        written again). The output kept is the tokens whose text ends there or before; the rest
+        of the text up to the name (part of a token, or more) is written again, as the
+        grammar's start."""
+        text = "".join(text for text, _ in self._written)[: misnamed.at]
+        kept, kept_text = self._kept_tokens(reply.output, text, misnamed.held_from)
+        if kept < 0:
+            return False
+        again = text[len(kept_text) :]  # written again, before the name
+        shapes = self._leading(
+            self.tools, lambda name: again + json.dumps(name)[1:-1] + misnamed.after_name
+        )
+        openings = self._openings() if self.choice.parallel else ()
+        form = ToolCallForm(r"\s*\}", forced=shapes, openings=openings, forced_bare=True)
+        grammar = await asyncio.to_thread(self._model.grammars.tool_calls, form)
+        log.info("call renamed", extra={"tool": misnamed.name[:64], "kept": kept})
+        await reply.rewind(kept, grammar)
+        self._parser = self._new_parser(reply)
+        self._parser.feed(kept_text)  # its events went out from the parser before
+        self._written = [(kept_text, kept)]
+        return True
+
+    def _kept_tokens(self, output: list[int], text: str, since: int) -> tuple[int, str]:
+        """The most tokens of `output` whose text (as events gave it) is a prefix of `text` at
+        least `since` characters long, checked by decoding them (a detokenizer may hold back a
+        token's bytes), and that text; (-1, "") when none is."""
+        bounds = [(0, "")]
+        tokens, written = 0, ""
+        for piece, count in self._written:
+            tokens, written = tokens + count, written + piece
+            if not text.startswith(written):
+                break
+            bounds.append((tokens, written))
+        decode = self._model.tokenizer.decode
+        for tokens, written in reversed(bounds):
+            if len(written) < since:
+                break
+            if decode(output[:tokens], skip_special_tokens=False) == written:
+                return tokens, written
+        return -1, ""
 
     def _log_reply(self, written: str) -> None:
         """At debug level, what the model wrote (its markers put back) and how many calls were
@@ -314,6 +385,12 @@ def _free_text_grammar(fmt: type[ToolCallParser], model: ServedModel) -> bool:
         return False
     reasoning = reasoning_format(model.chat_template)
     return reasoning is None or not reasoning_markers(reasoning, model.tokenizer)
+
+
+def _tokenless(event: TokenEvent) -> TokenEvent:
+    """An event of the request a rename ended, as a reply's: it goes on, and these tokens are
+    not its own."""
+    return replace(event, token_ids=[], text="", finish_reason=None, usage=None, error=None)
 
 
 def _through_first_call(events: list[ReplyEvent]) -> list[ReplyEvent]:

@@ -257,11 +257,13 @@ class ToolCallForm:
     """How a reply's tool calls must be written. `forced`: the reply starts inside a call of
     one of these tools (after its prefilled opener), ended by `closer`; empty when it starts as
     text. `openings`: how a call opens anywhere after that, in free text; none: nothing follows
-    a forced call."""
+    a forced call. `forced_bare`: the forced call is bare JSON, as an opening's can be (its
+    arguments in the model's spacing, `closer` a regular expression)."""
 
     closer: str
     forced: tuple[CallShape, ...] = ()
     openings: tuple[Opening, ...] = ()
+    forced_bare: bool = False
 
     def without_annotations(self) -> ToolCallForm:
         """The form with its schemas' descriptions left out: the grammar is the same."""
@@ -279,7 +281,7 @@ class ToolCallForm:
             return [[s.lead, s.schema, s.strict] for s in group]
 
         openings = [[o.trigger, shapes(o.shapes), o.closer, o.bare] for o in self.openings]
-        return [self.closer, shapes(self.forced), openings]
+        return [self.closer, shapes(self.forced), openings, self.forced_bare]
 
 
 def _tool_grammar(
@@ -291,9 +293,12 @@ def _tool_grammar(
     special token, to that token."""
     rules: list[str] = []
     start: list[str] = []
+    bare = form.forced_bare or any(opening.bare for opening in form.openings)
     if form.forced:
-        closer = _symbols(form.closer, specials)
-        first = _alternatives(rules, "first", form.forced, closer, vocabulary, specials, False)
+        closer = f"/{form.closer}/" if form.forced_bare else _symbols(form.closer, specials)
+        first = _alternatives(
+            rules, "first", form.forced, closer, vocabulary, specials, form.forced_bare
+        )
         start.append(first)
     if form.openings:
         calls = []
@@ -308,9 +313,9 @@ def _tool_grammar(
                 rules.append(f"opened{k}[lazy]: TEXT {trigger}")
                 calls.append(f"opened{k} {called}")
         rules += ["TEXT: /(.|\\n)*/", "call: " + " | ".join(calls)]
-        if any(opening.bare for opening in form.openings):
-            rules.append("SPACE: /[ \\t\\r\\n]+/")
         start.append("call* TEXT")
+    if bare:
+        rules.append("SPACE: /[ \\t\\r\\n]+/")
     lark = f"start: {' '.join(start)}\n" + "\n".join(rules)
     return llguidance.LLMatcher.grammar_from_lark(lark)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from semantic.text.json_prefix import JsonPrefix
@@ -60,7 +60,23 @@ class Read(enum.Enum):
     MORE = enum.auto()  # the character belongs to the call, which goes on
     DONE = enum.auto()  # the character ended the call
     REJECTED = enum.auto()  # not a call after all: its text is plain text (not this character)
+    MISNAMED = enum.auto()  # a call of a tool not offered: its arguments open at this character
     BROKEN = enum.auto()  # a streaming call ended before this character, which is not its own
+
+
+@dataclass(slots=True, frozen=True)
+class MisnamedCall:
+    """A call the model began of a tool that was not offered: `{"name": "made_up",
+    "arguments": {`, the arguments just opened. `at`: where the name's text begins in what the
+    parser was fed; `after_name`: what came between the name's text and the arguments, as the
+    model spaced it (the closing quote, the key, the colon); `held_from`: where the text the
+    parser holds back begins (the call's `{`, or a fence or whitespace before it): none of it
+    has been given out."""
+
+    name: str
+    at: int
+    after_name: str
+    held_from: int = 0
 
 
 class CallReader(Protocol):
@@ -89,6 +105,7 @@ class _CallReader:
         offered: frozenset[str],
         name: str | None = None,
         needs_arguments: bool = False,
+        renaming: bool = False,
     ) -> None:
         self.index = index
         self.text: list[str] = []  # the characters read
@@ -101,6 +118,12 @@ class _CallReader:
         # an object that merely has a tool's name is an answer's JSON, not a call.
         self._needs_arguments = needs_arguments
         self._name = name
+        # Whether a call of a tool not offered is told from text (`MISNAMED`) rather than
+        # rejected at its name: it is, once its arguments open as an object.
+        self._renaming = renaming
+        self.misnamed: MisnamedCall | None = None  # its name (`at` counts from the `{`)
+        self._unknown: str | None = None  # a name not offered, while its arguments may follow
+        self._name_end = 0  # where that name's closing quote is in `text`
         self._name_start: int | None = None
         self._args_start: int | None = None
         self._args_end: int | None = None
@@ -109,6 +132,8 @@ class _CallReader:
     def push(self, char: str) -> Read:
         if not self._json.push(char):
             return self._break()
+        if self._unknown is not None:
+            return self._misnamed(char)
         if not self._keeps_a_call(char):
             return Read.REJECTED
         self.text.append(char)
@@ -141,13 +166,29 @@ class _CallReader:
             assert self._name_start is not None
             name = json.loads("".join(self.text[self._name_start :]) + char)
             if name not in self._offered:
-                return False
+                self._unknown = name if self._renaming else None
+                self._name_end = len(self.text)  # where this character, its closing quote, goes
+                return self._renaming
             self._name = name
         if not self._json.complete:
             return True
         return self._name is not None and (
             self._args_start is not None or not self._needs_arguments
         )
+
+    def _misnamed(self, char: str) -> Read:
+        """After the name of a tool not offered: a call of it once its arguments open as an
+        object; another key, or the object's end, makes it an answer's JSON."""
+        started = self._json.started
+        if started is None and not self._json.complete:
+            self.text.append(char)
+            return Read.MORE
+        if started not in _ARGUMENT_KEYS or char != "{":
+            return Read.REJECTED
+        assert self._unknown is not None and self._name_start is not None
+        after_name = "".join(self.text[self._name_end :])
+        self.misnamed = MisnamedCall(self._unknown, self._name_start + 1, after_name)
+        return Read.MISNAMED
 
     def _note(self, char: str, offset: int) -> bool:
         """Where the name and the arguments begin; False when either is of the wrong type."""
@@ -198,7 +239,12 @@ class ToolCallParser:
     call anywhere in a reply (None where a call is told from text by its place): the grammar
     of a call held to its tool's schema is built from them, where `JSON_ARGUMENTS` says the
     arguments are a JSON object. `schemas` holds the offered tools' argument schemas by name,
-    for a format that writes values as text and types them by the schema."""
+    for a format that writes values as text and types them by the schema.
+
+    With `renaming` set, a JSON call of a tool that was not offered is not turned back into
+    text at its name: once its arguments open, the parser stops there, holding it, and says so
+    in `misnamed` (the reply can then be written again from the name on, held to the offered
+    tools: api/tool_use.py). Fed nothing more, `finish` makes it text after all."""
 
     MARKERS: tuple[str, ...] = ()
     CLOSER = ""
@@ -223,6 +269,9 @@ class ToolCallParser:
         self.calls = 0  # calls ended so far
         self._after_call = False  # nothing but separators since the last call
         self._spoke = False  # some text was emitted
+        self.renaming = False
+        self.misnamed: MisnamedCall | None = None
+        self._fed = 0  # characters fed so far
 
     @classmethod
     def opener(cls, name: str | None) -> str:
@@ -238,6 +287,7 @@ class ToolCallParser:
 
     def feed(self, text: str) -> list[ToolEvent]:
         for char in text:
+            self._fed += 1
             self._step(char)
         return self._drain()
 
@@ -311,7 +361,8 @@ class ToolCallParser:
 
     def _read_call(self, char: str, name: str | None = None, bare: bool = False) -> None:
         """A call's JSON from `char` on; `bare`: written without the family's marker."""
-        self._read_with(_CallReader(self.calls, self._offered, name, needs_arguments=bare), char)
+        reader = _CallReader(self.calls, self._offered, name, bare, self.renaming)
+        self._read_with(reader, char)
 
     def _read_with(self, reader: CallReader, char: str | None = None) -> None:
         """Hand the call to `reader`, from `char` on (from the next one when None)."""
@@ -330,6 +381,15 @@ class ToolCallParser:
         self._reader.events.clear()
         if read is Read.REJECTED:
             self._reject(char)
+        elif read is Read.MISNAMED:
+            assert isinstance(self._reader, _CallReader) and self._reader.misnamed is not None
+            misnamed, reader = self._reader.misnamed, self._reader
+            # `at` counted from the call's `{`, which is `len(reader.text)` characters back
+            start = self._fed - 1 - len(reader.text)
+            held_from = start - len("".join(self._call_text))
+            self.misnamed = replace(misnamed, at=start + misnamed.at, held_from=held_from)
+            reader.text.append(char)
+            self._step = reader.text.append  # held until `release`, or `finish` (as text)
         elif read is not Read.MORE:
             self._reader = None
             self._call_text = []
@@ -338,6 +398,12 @@ class ToolCallParser:
             self._step = self._after_call_step()
             if read is Read.BROKEN:
                 self._step(char)
+
+    def release(self) -> list[ToolEvent]:
+        """Read the call `misnamed` names as text after all, and go on."""
+        self.misnamed = None
+        self._reject(None)
+        return self._drain()
 
     def _after_call_step(self) -> Callable[[str], None]:
         """Where a finished call leaves the parser (a Mistral list goes on to its next item)."""
@@ -390,9 +456,13 @@ class PlainText:
     """The parser for output that is not searched for calls (`tool_choice` none, no tools)."""
 
     calls = 0
+    misnamed: MisnamedCall | None = None  # never: no call is read
 
     def feed(self, text: str) -> list[ToolEvent]:
         return [TextDelta(text)] if text else []
+
+    def release(self) -> list[ToolEvent]:
+        return []
 
     def finish(self) -> list[ToolEvent]:
         return []

@@ -1,0 +1,117 @@
+"""One reply's stream of engine events, which the reply can stop, and take back to a point of its
+own output to go on from there under another grammar.
+
+A small model sometimes begins a call of a tool that was not offered, `{"name": "write_file",
+"arguments": {…}}`, where the request offers `Write`; as text, the agent never sees a call. A
+grammar holds a call to the offered tools from where it can tell a call begins, but this one
+showed it was a call only at its `arguments`, after its name was written. So the reply is taken
+back to where the name began and written again from there, the name and arguments held to the
+offered tools by a grammar: the model picks the offered tool it finds likeliest and writes
+its arguments (api/tool_use.py decides when; this module does it).
+
+Going back is a new engine request: the prompt and the output kept, as one prompt, which the
+prefix cache serves but for the tokens since the last whole block. The client sees one reply:
+the text the parser held back from the call's `{` on was never sent, and the usage counts the
+first request's prompt and cache, and the output kept plus what came after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from semantic.core import OutputGrammar, Request, TokenEvent, Usage
+from semantic.engine.port import EnginePort
+
+# Times one reply may be taken back: each costs a request, and a model that names a tool not
+# offered again under the grammar cannot (the grammar holds it), so a few cover a reply's calls.
+MAX_REWINDS = 4
+
+
+class ReplyStream:
+    """The events of `request` on `engine` (`events`, already submitted). Without an engine (a
+    test's canned events), `stop` does nothing and the stream cannot be taken back."""
+
+    def __init__(
+        self,
+        events: AsyncIterator[TokenEvent],
+        engine: EnginePort | None = None,
+        request: Request | None = None,
+    ) -> None:
+        self._events = events
+        self._engine, self._request = engine, request
+        self._current = request  # the request whose events come now
+        self.output: list[int] = []  # the reply's tokens so far, those taken back left out
+        self.rewinds = 0
+        self._first: Usage | None = None  # the first request's usage, once a rewind ended it
+
+    def __aiter__(self) -> ReplyStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        event = await anext(self._events)
+        self.output += event.token_ids
+        if event.usage is not None and self._first is not None and self._request is not None:
+            event = replace(event, usage=self._as_one(event.usage))
+        return event
+
+    async def aclose(self) -> None:
+        """Close the events (the engine aborts a request whose stream is closed)."""
+        aclose = getattr(self._events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    def stop(self) -> None:
+        """End generation early: the events finish with `FinishReason.ABORT`."""
+        if self._engine is not None and self._current is not None:
+            self._engine.abort(self._current.request_id)
+
+    @property
+    def can_rewind(self) -> bool:
+        """Whether `rewind` may be called: the engine constrains output, and the reply has not
+        been taken back `MAX_REWINDS` times."""
+        return (
+            self._engine is not None
+            and self._engine.capabilities.structured_output
+            and self.rewinds < MAX_REWINDS
+        )
+
+    async def rewind(self, kept: int, grammar: OutputGrammar) -> None:
+        """Keep the output's first `kept` tokens, drop the rest, and go on from there under
+        `grammar`: the request in flight is stopped and its events read to the end (so the
+        engine holds nothing of it), and the next events are the new request's."""
+        assert self._engine is not None and self._request is not None
+        assert self._current is not None and 0 <= kept <= len(self.output)
+        self.stop()
+        async for event in self._events:
+            if event.final:
+                self._first = self._first or event.usage or Usage(0, 0)
+                break
+        await self.aclose()
+        self.rewinds += 1
+        self.output = self.output[:kept]
+        sampling = self._request.sampling
+        self._current = replace(
+            self._request,
+            request_id=f"{self._request.request_id}-{self.rewinds}",
+            prompt_token_ids=[*self._request.prompt_token_ids, *self.output],
+            sampling=replace(
+                sampling,
+                grammar=grammar,
+                max_tokens=sampling.max_tokens - kept,
+                min_tokens=max(0, sampling.min_tokens - kept),
+            ),
+        )
+        self._events = self._engine.stream(self._current)
+
+    def _as_one(self, usage: Usage) -> Usage:
+        """A later request's usage as the reply's: the first request's prompt and cache, and
+        the output kept before this request's prompt ends plus this request's own."""
+        assert self._request is not None and self._first is not None
+        prompt = len(self._request.prompt_token_ids)
+        kept = usage.prompt_tokens - prompt
+        return replace(
+            self._first,
+            prompt_tokens=prompt,
+            completion_tokens=kept + usage.completion_tokens,
+        )
