@@ -9,8 +9,8 @@ from pathlib import Path
 from semantic.bench.charts import HistoryTTFT, ttft_by_history_svg
 
 DOCS = Path(__file__).parents[2] / "docs"
-# The full run of 2026-11-26 (docs/benchmarks.md, "History scaling"): history tokens, cold and
-# warm TTFT medians.
+# The full run of 2026-11-26 (docs/benchmark-history.md, "History scaling"): history tokens,
+# cold and warm TTFT medians.
 FULL_RUN = [
     HistoryTTFT(1005, 1.208, 0.143),
     HistoryTTFT(2012, 2.297, 0.224),

@@ -42,6 +42,7 @@ def test_the_home_page_has_the_navigation(site: Path) -> None:
         ("The cache", "cache/"),
         ("Deployment", "deployment/"),
         ("Settings", "reference/settings/"),
+        ("Benchmark history", "benchmark-history/"),
     ]:
         assert f'href="{href}"' in nav, title
         assert title in nav

@@ -1,7 +1,7 @@
 """The record of one bench run and its three renderings: a rich table for the terminal, JSON for
-machines, and a Markdown section for docs/benchmarks.md. Every figure sits beside its ratio to
-the `transformers` baseline, so no number is read without its reference; the cache phases,
-which the baseline cannot run, carry their own ratios (`cache_report.py`)."""
+machines, and a Markdown section for docs/benchmark-history.md. Every figure sits beside its
+ratio to the `transformers` baseline, so no number is read without its reference; the cache
+phases, which the baseline cannot run, carry their own ratios (`cache_report.py`)."""
 
 from __future__ import annotations
 
@@ -250,7 +250,7 @@ def write_json(result: BenchResult, path: Path) -> None:
 
 
 def to_markdown(result: BenchResult) -> str:
-    """A self-contained section for docs/benchmarks.md: setup line, table, how to read it."""
+    """A self-contained section for docs/benchmark-history.md: setup line, table, how to read it."""
     base = result.baseline
     lines = [f"### {_title(result)} ({result.started_at[:10]})", "", _setup(result), ""]
     lines += ["```", result.command, "```", ""]
