@@ -272,14 +272,13 @@ def to_markdown(result: BenchResult) -> str:
 
 
 def write_markdown(result: BenchResult, path: Path) -> None:
-    """The Markdown section, and beside it the run's figures as SVG, which it shows."""
+    """The Markdown section, and beside it the run's charts as SVG, which it shows."""
     text = to_markdown(result)
-    if result.history is not None and result.history.points:
-        figure = path.with_name(f"{path.stem}-ttft-by-history.svg")
-        title = f"Cold and warm time to first token by history, {result.started_at[:10]}"
-        points = charts.history_points(result.history)
-        figure.write_text(charts.ttft_by_history_svg(points, title), encoding="utf-8")
-        text += f"\n![{title}]({figure.name})\n"
+    for chart in charts.of_run(result):
+        svg = path.with_name(f"{path.stem}-{chart.slug}.svg")
+        svg.write_text(chart.svg, encoding="utf-8")
+        text += f"\n![{chart.title}]({svg.name})\n"
+        text += f"\n{chart.note}\n" if chart.note else ""
     path.write_text(text, encoding="utf-8")
 
 
