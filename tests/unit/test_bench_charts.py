@@ -19,6 +19,7 @@ from semantic.bench.crowd import CrowdResult, CrowdRun, CrowdTurn
 from semantic.bench.options import Clients, Phase
 from semantic.bench.plan import WorkloadSpec
 from semantic.bench.report import write_markdown
+from semantic.bench.svg import round_ticks
 from semantic.bench.workload import ConcurrentDecodeResult, DecodeResult
 from tests.benchmark_script import load_benchmark
 from tests.unit.bench_records import bench_result
@@ -112,3 +113,9 @@ def test_the_docs_show_the_committed_charts_as_the_code_draws_them() -> None:
     for name, svg in committed_charts.committed().items():
         assert (DOCS / "figures" / name).read_text() == svg
         assert f"figures/{name}" in page
+
+
+def test_the_ticks_fall_on_round_steps_up_to_the_axis_top() -> None:
+    assert [text for _, text in round_ticks(391.2)] == ["0", "100", "200", "300"]
+    assert [text for _, text in round_ticks(6.2)] == ["0", "2", "4", "6"]
+    assert [text for _, text in round_ticks(0.57)] == ["0.0", "0.2", "0.4"]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from semantic.bench.crowd import CrowdResult, CrowdRun, CrowdTurn
 from semantic.bench.history import HistoryResult
-from semantic.bench.svg import Axis, Series, chart_svg, even_ticks
+from semantic.bench.svg import Axis, Series, chart_svg, round_ticks
 
 if TYPE_CHECKING:
     from semantic.bench.report import BenchResult
@@ -69,7 +69,7 @@ def ttft_by_history_svg(points: Sequence[HistoryTTFT], title: str) -> str:
         max(p.tokens for p in points) * 1.05,
         tuple((p.tokens, f"{p.tokens:,}") for p in points),
     )
-    y_axis = Axis("time to first token (s)", top_s, even_ticks(top_s, lambda s: f"{s:.1f}"))
+    y_axis = Axis("time to first token (s)", top_s, round_ticks(top_s))
     series = [
         Series("cold turns", tuple((p.tokens, p.cold_s) for p in points), label=_seconds),
         Series("warm turns", tuple((p.tokens, p.warm_s) for p in points), label=_seconds),
@@ -114,7 +114,7 @@ def tok_s_by_agents(points: Sequence[AgentsTokS], title: str) -> Chart:
     agents = sorted({p.agents for p in points})
     top = max(p.tok_s for p in points) * 1.15 or 1.0
     x_axis = Axis("agents at once", max(agents) * 1.1 + 1, tuple((a, str(a)) for a in agents))
-    y_axis = Axis("tokens a second", top, even_ticks(top, _whole))
+    y_axis = Axis("tokens a second", top, round_ticks(top))
     measures = list(dict.fromkeys(p.measure for p in points))  # in the order first measured
     series = [
         Series(m, tuple((p.agents, p.tok_s) for p in points if p.measure == m), label=_tok_s)
@@ -132,12 +132,12 @@ def crowd_over_time(crowd: CrowdResult, date: str) -> list[Chart]:
     time axis. No hit rate chart when the server does not report cached tokens."""
     runs = [run for run in crowd.runs if run.turns]
     end = max(t.sent_s + t.ttft_s for run in runs for t in run.turns) * 1.05 or 1.0
-    time_axis = Axis("seconds into the run", end, even_ticks(end, lambda s: f"{s:.0f}"))
+    time_axis = Axis("seconds into the run", end, round_ticks(end))
     charts = [_crowd_ttft(runs, time_axis, date)]
     hits = [Series(f"{run.clients} clients", _hit_points(run.turns), False) for run in runs]
     if any(series.points for series in hits):
         # Room above 100% for the legend: the warm turns' points mostly sit at the top.
-        y_axis = Axis("warm turn's history from the cache (%)", 125.0, even_ticks(100.0, _whole))
+        y_axis = Axis("warm turn's history from the cache (%)", 125.0, round_ticks(100.0))
         title = f"The crowd's warm hit rate over the run, {date}"
         svg = chart_svg(title, hits, time_axis, y_axis)
         charts.append(Chart("crowd-hit-rate-over-time", title, svg))
@@ -150,7 +150,7 @@ def _crowd_ttft(runs: Sequence[CrowdRun], time_axis: Axis, date: str) -> Chart:
         for run in runs
     ]
     top_s = max(t.ttft_s for run in runs for t in run.turns) * 1.15 or 1.0
-    y_axis = Axis("time to first token (s)", top_s, even_ticks(top_s, lambda s: f"{s:.1f}"))
+    y_axis = Axis("time to first token (s)", top_s, round_ticks(top_s))
     title = f"The crowd's time to first token over the run, {date}"
     return Chart("crowd-ttft-over-time", title, chart_svg(title, ttft, time_axis, y_axis))
 
@@ -170,7 +170,3 @@ def _seconds(value: float) -> str:
 
 def _tok_s(value: float) -> str:
     return f"{value:.1f}"
-
-
-def _whole(value: float) -> str:
-    return f"{value:.0f}"

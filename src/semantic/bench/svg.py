@@ -4,6 +4,7 @@ bench's charts (`charts.py`) are drawn with it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -36,11 +37,15 @@ class Axis:
     ticks: tuple[tuple[float, str], ...]
 
 
-def even_ticks(
-    top: float, text: Callable[[float], str], count: int = 5
-) -> tuple[tuple[float, str], ...]:
-    """`count` equal steps from 0 to `top`, each tick written by `text`."""
-    return tuple((top * i / count, text(top * i / count)) for i in range(count + 1))
+def round_ticks(top: float) -> tuple[tuple[float, str], ...]:
+    """Ticks from 0 up to `top` (> 0) at a round step, 1, 2 or 5 times a power of ten, that
+    gives about five of them, each written with the decimals its step needs."""
+    least = top / 5
+    power = 10 ** math.floor(math.log10(least))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= least)
+    decimals = max(0, -math.floor(math.log10(step)))
+    count = int(top / step + 1e-9)
+    return tuple((i * step, f"{i * step:.{decimals}f}") for i in range(count + 1))
 
 
 def chart_svg(title: str, series: Sequence[Series], x_axis: Axis, y_axis: Axis) -> str:
