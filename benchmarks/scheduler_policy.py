@@ -74,10 +74,10 @@ class StepCost:
         return self.fixed_s + prompt * self.prompt_token_s + decodes * self.decode_s
 
 
-# SmolLM2-135M, bf16, our CPU kernels, one 2-core AMD EPYC (Zen 4), quiet (docs/benchmarks.md,
-# "The runner alone"): one sequence decodes in 13.8 ms a step and eight in 30.5 ms at 1,000
-# tokens of context, so 2.4 ms a sequence on 11.4 ms; 1,000 prompt tokens in chunks of 512 take
-# 0.949 s, so 0.93 ms a token. `--calibrate` measures them again.
+# SmolLM2-135M, bf16, our CPU kernels, one 2-core AMD EPYC (Zen 4), quiet
+# (docs/benchmark-history.md, "The runner alone"): one sequence decodes in 13.8 ms a step and
+# eight in 30.5 ms at 1,000 tokens of context, so 2.4 ms a sequence on 11.4 ms; 1,000 prompt
+# tokens in chunks of 512 take 0.949 s, so 0.93 ms a token. `--calibrate` measures them again.
 SMOLLM2_CPU = StepCost(fixed_s=0.0114, prompt_token_s=0.00093, decode_s=0.0024)
 
 

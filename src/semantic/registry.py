@@ -261,7 +261,7 @@ def _published_pieces(package: str, version: str, digests: str) -> tuple[Piece, 
 # (transformers' and vLLM's rule) it lowers the very tokens an agent must copy, the offered
 # tools' names and the file it edits. With it, the 0.5B's valid calls with Claude Code's tools
 # fell from 19 of 31 to 10, and asked to return a file with one change it wrote a short snippet
-# (docs/benchmarks.md). llama.cpp applies none by default either.
+# (docs/benchmark-history.md). llama.cpp applies none by default either.
 QWEN25_CODER_SAMPLING = DefaultSampling(temperature=0.7, top_p=0.8, top_k=20)
 # Given a tool's result, these models call a tool again far more often than they answer with it
 # (the 1.5B: a call in 10 replies of 10, here and on llama.cpp alike); told this after the

@@ -2,7 +2,7 @@
 dequantized (fp32 weights) on chat prompts: its Q4_K matrices run on torch's int4 kernel (its
 other tensors stored in bf16), its logits stay within the error measured, and its greedy tokens
 agree at the rate measured (benchmarks/quant_accuracy.py gives the full table:
-docs/benchmarks.md)."""
+docs/benchmark-history.md)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ GREEDY = SamplingParams(temperature=0.0)
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 # Measured on our kernels: the int8 cache's greedy answer to this prompt equals the bf16
 # cache's for all 64 tokens asked; other prompts part at a near-tie after 1-30 tokens
-# (docs/benchmarks.md), so the test holds this one, to half of what was measured.
+# (docs/benchmark-history.md), so the test holds this one, to half of what was measured.
 AGREED_TOKENS = 32
 
 

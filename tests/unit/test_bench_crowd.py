@@ -72,6 +72,9 @@ def test_every_agent_is_in_flight_at_once_and_sends_its_turns_in_order(fake: Fak
     assert [(t.agent, t.turn) for t in run.turns] == [
         (a, t) for a in range(SPEC.agents) for t in range(SPEC.turns)
     ]
+    for agent in range(SPEC.agents):  # each turn is sent after the previous answer came
+        sent = [t.sent_s for t in run.turns if t.agent == agent]
+        assert sent == sorted(sent) and sent[0] >= 0
 
 
 def test_anonymous_clients_send_no_session_id_yet_warm_turns_find_their_history(

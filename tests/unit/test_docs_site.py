@@ -1,5 +1,6 @@
 """The documentation site: it builds strictly, its pages carry the navigation and rendered
-Mermaid diagrams, and its settings page lists every setting once, from the settings object."""
+Mermaid diagrams, it loads nothing from another host, and its settings page lists every setting
+once, from the settings object."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from semantic.config import Settings
 from semantic.settings_reference import settings_markdown
 
 ROOT = Path(__file__).parents[2]
+SCRIPT = re.compile(r'<script\b[^>]*\bsrc="([^"]+)"')
+STYLESHEET = re.compile(r'<link\b[^>]*\brel="stylesheet"[^>]*\bhref="([^"]+)"')
+ELSEWHERE = re.compile(r"^(https?:)?//")  # an address on another host
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +46,7 @@ def test_the_home_page_has_the_navigation(site: Path) -> None:
         ("The cache", "cache/"),
         ("Deployment", "deployment/"),
         ("Settings", "reference/settings/"),
+        ("Benchmark history", "benchmark-history/"),
     ]:
         assert f'href="{href}"' in nav, title
         assert title in nav
@@ -60,3 +65,24 @@ def test_the_api_reference_is_drawn_from_the_docstrings(site: Path) -> None:
     assert "The runner owns the tensors" in page  # from the class's docstring
     settings = (site / "reference" / "settings" / "index.html").read_text()
     assert "SEMANTIC_CACHE_BUDGET_MB" in settings
+
+
+def test_the_site_loads_its_scripts_and_styles_from_itself(site: Path) -> None:
+    pages = list(site.rglob("*.html"))
+    assert len(pages) > 10
+    for page in pages:
+        html = page.read_text()
+        outside = [s for s in SCRIPT.findall(html) + STYLESHEET.findall(html) if ELSEWHERE.match(s)]
+        assert outside == [], page
+
+
+def test_every_page_with_a_diagram_brings_its_own_mermaid(site: Path) -> None:
+    """Material fetches Mermaid from unpkg.com unless the page has defined `mermaid` first: the
+    site carries its own copy, so its diagrams draw offline."""
+    pages = [p for p in site.rglob("*.html") if '<pre class="mermaid">' in p.read_text()]
+    assert pages
+    for page in pages:
+        scripts = [s for s in SCRIPT.findall(page.read_text()) if "mermaid" in s]
+        assert len(scripts) == 1, page
+        mermaid = (page.parent / scripts[0]).resolve()
+        assert 'globalThis["mermaid"] =' in mermaid.read_text(), page

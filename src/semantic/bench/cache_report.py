@@ -1,6 +1,7 @@
 """The cache phases in the report: history scaling, after a restart, pressure and crowd, each built
 once as a `Section` (title, columns, rows, caption) and rendered as a rich table or as Markdown,
-so the terminal and docs/benchmarks.md never drift apart; plus their derived figures for JSON."""
+so the terminal and docs/benchmark-history.md never drift apart; plus their derived figures for
+JSON."""
 
 from __future__ import annotations
 

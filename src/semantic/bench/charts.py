@@ -1,19 +1,48 @@
-"""The bench's charts as SVG, drawn by hand (no plotting library): cold and warm time to first
-token by history length, written beside the run's Markdown and shown by the docs."""
+"""The bench's charts, drawn from a run's results as SVG and written beside its Markdown: cold
+and warm time to first token by history length, tokens a second by number of agents, and the
+crowd's warm hit rate and time to first token over the run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from html import escape
+from typing import TYPE_CHECKING
 
+from semantic.bench.crowd import CrowdResult, CrowdRun, CrowdTurn
 from semantic.bench.history import HistoryResult
+from semantic.bench.svg import Axis, Series, chart_svg, round_ticks
 
-WIDTH, HEIGHT = 640, 360
-LEFT, RIGHT, TOP, BOTTOM = 64, 24, 48, 48  # margins around the plot area
-COLD, WARM = "#d9480f", "#1971c2"
+if TYPE_CHECKING:
+    from semantic.bench.report import BenchResult
 
-Scale = Callable[[float], float]  # a value to its coordinate in the picture
+DECODE = "decode, one stream per agent"
+OUTPUT = "output of the workload's turns"
+
+
+@dataclass(slots=True, frozen=True)
+class Chart:
+    """One chart of a run: its file is `<the Markdown's stem>-<slug>.svg`, its title the
+    image's alt text; `note` is a line for the Markdown under it, when the chart needs one."""
+
+    slug: str
+    title: str
+    svg: str
+    note: str | None = None
+
+
+def of_run(result: BenchResult) -> list[Chart]:
+    """Every chart the run has data for, in the order the Markdown shows them."""
+    date = result.started_at[:10]
+    found: list[Chart] = []
+    if result.history is not None and result.history.points:
+        title = f"Cold and warm time to first token by history, {date}"
+        svg = ttft_by_history_svg(history_points(result.history), title)
+        found.append(Chart("ttft-by-history", title, svg))
+    if points := throughput_points(result):
+        found.append(tok_s_by_agents(points, f"Tokens a second by number of agents, {date}"))
+    if result.crowd is not None and any(run.turns for run in result.crowd.runs):
+        found += crowd_over_time(result.crowd, date)
+    return found
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,71 +64,109 @@ def history_points(history: HistoryResult) -> list[HistoryTTFT]:
 def ttft_by_history_svg(points: Sequence[HistoryTTFT], title: str) -> str:
     """Two lines over history length, cold and warm, each point labelled with its seconds."""
     top_s = max(p.cold_s for p in points) * 1.15 or 1.0
-    top_tokens = max(p.tokens for p in points) * 1.05
-
-    def x(tokens: float) -> float:
-        return LEFT + tokens / top_tokens * (WIDTH - LEFT - RIGHT)
-
-    def y(seconds: float) -> float:
-        return HEIGHT - BOTTOM - seconds / top_s * (HEIGHT - TOP - BOTTOM)
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" font-size="12">',
-        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-        f'<text x="{WIDTH / 2}" y="24" text-anchor="middle" font-size="14">{escape(title)}</text>',
-        *_axes(points, top_s, x, y),
+    x_axis = Axis(
+        "history (tokens)",
+        max(p.tokens for p in points) * 1.05,
+        tuple((p.tokens, f"{p.tokens:,}") for p in points),
+    )
+    y_axis = Axis("time to first token (s)", top_s, round_ticks(top_s))
+    series = [
+        Series("cold turns", tuple((p.tokens, p.cold_s) for p in points), label=_seconds),
+        Series("warm turns", tuple((p.tokens, p.warm_s) for p in points), label=_seconds),
     ]
-    for name, color, value in (("cold", COLD, _cold), ("warm", WARM, _warm)):
-        line = " ".join(f"{x(p.tokens):.1f},{y(value(p)):.1f}" for p in points)
-        parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="2"/>')
-        for p in points:
-            cx, cy = x(p.tokens), y(value(p))
-            parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3.5" fill="{color}"/>')
-            # Cold labels to the upper left, clear of their rising line; warm ones above.
-            dx, anchor = (-6, "end") if name == "cold" else (6, "start")
-            parts.append(
-                f'<text x="{cx + dx:.1f}" y="{cy - 8:.1f}" text-anchor="{anchor}" '
-                f'fill="{color}">{value(p):.3f} s</text>'
+    return chart_svg(title, series, x_axis, y_axis)
+
+
+@dataclass(slots=True, frozen=True)
+class AgentsTokS:
+    """Tokens a second with `agents` agents at once, by one way of measuring them (`measure`,
+    the series it is drawn in)."""
+
+    measure: str
+    agents: int
+    tok_s: float
+
+
+def throughput_points(result: BenchResult) -> list[AgentsTokS]:
+    """What the run measured at each number of agents: decode with one stream and with one per
+    agent at once; the workload's output; each crowd run's output."""
+    points = []
+    if result.decode is not None:
+        points.append(AgentsTokS(DECODE, 1, result.decode.tok_s))
+    if result.concurrent is not None:
+        points.append(AgentsTokS(DECODE, result.concurrent.streams, result.concurrent.tok_s))
+    if result.workload is not None:
+        points.append(AgentsTokS(OUTPUT, result.spec.agents, result.workload.output_tok_s))
+    if result.crowd is not None:
+        crowd = result.crowd
+        points += [
+            AgentsTokS(
+                f"output of the crowd, {run.clients} clients", crowd.spec.agents, run.output_tok_s
             )
-        legend_y = TOP + (0 if name == "cold" else 18)
-        parts.append(
-            f'<text x="{LEFT + 12}" y="{legend_y + 4}" fill="{color}">— {name} turns</text>'
-        )
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+            for run in crowd.runs
+        ]
+    return points
 
 
-def _cold(point: HistoryTTFT) -> float:
-    return point.cold_s
-
-
-def _warm(point: HistoryTTFT) -> float:
-    return point.warm_s
-
-
-def _axes(points: Sequence[HistoryTTFT], top_s: float, x: Scale, y: Scale) -> list[str]:
-    """The axes, a tick at each history length, five on the seconds, and the axes' names."""
-    x0, y0 = x(0), y(0)
-    lines = [
-        f'<line x1="{x0}" y1="{y0}" x2="{WIDTH - RIGHT}" y2="{y0}" stroke="#444"/>',
-        f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{TOP - 8}" stroke="#444"/>',
+def tok_s_by_agents(points: Sequence[AgentsTokS], title: str) -> Chart:
+    """A line per way of measuring, over the number of agents, each point labelled. A run that
+    measured one number of agents gets its points in one column, and a note that says so."""
+    agents = sorted({p.agents for p in points})
+    top = max(p.tok_s for p in points) * 1.15 or 1.0
+    x_axis = Axis("agents at once", max(agents) * 1.1 + 1, tuple((a, str(a)) for a in agents))
+    y_axis = Axis("tokens a second", top, round_ticks(top))
+    measures = list(dict.fromkeys(p.measure for p in points))  # in the order first measured
+    series = [
+        Series(m, tuple((p.agents, p.tok_s) for p in points if p.measure == m), label=_tok_s)
+        for m in measures
     ]
-    for p in points:
-        lines.append(
-            f'<text x="{x(p.tokens):.1f}" y="{y0 + 16}" text-anchor="middle">{p.tokens:,}</text>'
-        )
-    for i in range(6):
-        seconds = top_s * i / 5
-        lines.append(
-            f'<text x="{x0 - 6}" y="{y(seconds) + 4:.1f}" text-anchor="end">{seconds:.1f}</text>'
-        )
-    lines.append(
-        f'<text x="{(x0 + WIDTH - RIGHT) / 2}" y="{HEIGHT - 8}" text-anchor="middle">'
-        "history (tokens)</text>"
+    note = None
+    if len(agents) == 1:
+        note = f"This run measured one number of agents ({agents[0]}): the chart has one column."
+    return Chart("tok-s-by-agents", title, chart_svg(title, series, x_axis, y_axis), note)
+
+
+def crowd_over_time(crowd: CrowdResult, date: str) -> list[Chart]:
+    """Each turn's time to first token, and each warm turn's share of its history read from
+    the cache, at the time it was sent: a point per turn, a series per kind of client, on one
+    time axis. No hit rate chart when the server does not report cached tokens."""
+    runs = [run for run in crowd.runs if run.turns]
+    end = max(t.sent_s + t.ttft_s for run in runs for t in run.turns) * 1.05 or 1.0
+    time_axis = Axis("seconds into the run", end, round_ticks(end))
+    charts = [_crowd_ttft(runs, time_axis, date)]
+    hits = [Series(f"{run.clients} clients", _hit_points(run.turns), False) for run in runs]
+    if any(series.points for series in hits):
+        # Room above 100% for the legend: the warm turns' points mostly sit at the top.
+        y_axis = Axis("warm turn's history from the cache (%)", 125.0, round_ticks(100.0))
+        title = f"The crowd's warm hit rate over the run, {date}"
+        svg = chart_svg(title, hits, time_axis, y_axis)
+        charts.append(Chart("crowd-hit-rate-over-time", title, svg))
+    return charts
+
+
+def _crowd_ttft(runs: Sequence[CrowdRun], time_axis: Axis, date: str) -> Chart:
+    ttft = [
+        Series(f"{run.clients} clients", tuple((t.sent_s, t.ttft_s) for t in run.turns), False)
+        for run in runs
+    ]
+    top_s = max(t.ttft_s for run in runs for t in run.turns) * 1.15 or 1.0
+    y_axis = Axis("time to first token (s)", top_s, round_ticks(top_s))
+    title = f"The crowd's time to first token over the run, {date}"
+    return Chart("crowd-ttft-over-time", title, chart_svg(title, ttft, time_axis, y_axis))
+
+
+def _hit_points(turns: Sequence[CrowdTurn]) -> tuple[tuple[float, float], ...]:
+    """(sent, % of its history cached) for each warm turn whose server said what it cached."""
+    return tuple(
+        (t.sent_s, 100 * min(t.cached_tokens, t.history_tokens) / t.history_tokens)
+        for t in turns
+        if t.warm and t.cached_tokens is not None and t.history_tokens > 0
     )
-    lines.append(
-        f'<text x="16" y="{(TOP + y0) / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 16 {(TOP + y0) / 2})">time to first token (s)</text>'
-    )
-    return lines
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3f} s"
+
+
+def _tok_s(value: float) -> str:
+    return f"{value:.1f}"

@@ -66,7 +66,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "removed afterwards, so no run reuses an old cache unless asked)")  # fmt: skip
     add("--json", dest="json_out", type=Path, help="write the full result as JSON here")
     add("--markdown", dest="markdown_out", type=Path,
-        help="write a Markdown section for docs/benchmarks.md here")  # fmt: skip
+        help="write a Markdown section for docs/benchmark-history.md here, and its charts "
+        "beside it as FILE-<chart>.svg")  # fmt: skip
     add("server_args", nargs="*", metavar="-- SERVER_ARGS",
         help="after --: flags for the spawned server, e.g. -- --cache-budget-mb 1024")  # fmt: skip
 

@@ -34,7 +34,8 @@ ERROR_CHARS = 300  # of an error's text kept in the record
 class CrowdTurn:
     """One turn of one agent. `history_tokens` is what the agent sent and received before it
     (its previous prompt and answer): all of it could have come from cache. `gaps_s`: the time
-    between each streamed token of its answer and the next."""
+    between each streamed token of its answer and the next. `sent_s`: when its request went,
+    in seconds from the start of the run."""
 
     agent: int
     turn: int
@@ -44,6 +45,7 @@ class CrowdTurn:
     completion_tokens: int
     cached_tokens: int | None  # None: the server does not report it
     gaps_s: tuple[float, ...] = ()
+    sent_s: float = 0.0
 
     @property
     def warm(self) -> bool:
@@ -137,7 +139,7 @@ async def run_crowd(
     scripts = agent_scripts(spec, chat.plan.run_tag, chat.plan.text, group=f"crowd-{clients}")
     before = await read_cache_counters(chat.client)
     started = time.perf_counter()
-    agents = [_Agent(chat, script, spec.max_tokens, clients, step) for script in scripts]
+    agents = [_Agent(chat, script, spec.max_tokens, clients, step, started) for script in scripts]
     await asyncio.gather(*(agent.run() for agent in agents))
     wall_s = time.perf_counter() - started
     cache = counters_over(before, await read_cache_counters(chat.client))
@@ -156,6 +158,7 @@ class _Agent:
     answer_tokens: int
     clients: Clients
     step: Callable[[str], None]
+    started: float  # the run's start, on `time.perf_counter()`'s clock
     turns: list[CrowdTurn] = field(default_factory=list)
     error: str | None = None
 
@@ -179,6 +182,7 @@ class _Agent:
             self.chat.model, self.script.messages(answers), self.answer_tokens, session
         )
         where = f"agent {self.script.index} turn {turn}"
+        sent_s = time.perf_counter() - self.started
         try:
             reply = await stream_chat(self.chat.client, body)
         except (BenchError, httpx.HTTPError, ValueError) as exc:
@@ -197,6 +201,7 @@ class _Agent:
                 reply.completion_tokens,
                 reply.cached_tokens,
                 tuple(reply.gaps_s),
+                sent_s,
             )
         )
         return reply

@@ -1,7 +1,7 @@
 """The record of one bench run and its three renderings: a rich table for the terminal, JSON for
-machines, and a Markdown section for docs/benchmarks.md. Every figure sits beside its ratio to
-the `transformers` baseline, so no number is read without its reference; the cache phases,
-which the baseline cannot run, carry their own ratios (`cache_report.py`)."""
+machines, and a Markdown section for docs/benchmark-history.md. Every figure sits beside its
+ratio to the `transformers` baseline, so no number is read without its reference; the cache
+phases, which the baseline cannot run, carry their own ratios (`cache_report.py`)."""
 
 from __future__ import annotations
 
@@ -250,7 +250,7 @@ def write_json(result: BenchResult, path: Path) -> None:
 
 
 def to_markdown(result: BenchResult) -> str:
-    """A self-contained section for docs/benchmarks.md: setup line, table, how to read it."""
+    """A self-contained section for docs/benchmark-history.md: setup line, table, how to read it."""
     base = result.baseline
     lines = [f"### {_title(result)} ({result.started_at[:10]})", "", _setup(result), ""]
     lines += ["```", result.command, "```", ""]
@@ -272,14 +272,13 @@ def to_markdown(result: BenchResult) -> str:
 
 
 def write_markdown(result: BenchResult, path: Path) -> None:
-    """The Markdown section, and beside it the run's figures as SVG, which it shows."""
+    """The Markdown section, and beside it the run's charts as SVG, which it shows."""
     text = to_markdown(result)
-    if result.history is not None and result.history.points:
-        figure = path.with_name(f"{path.stem}-ttft-by-history.svg")
-        title = f"Cold and warm time to first token by history, {result.started_at[:10]}"
-        points = charts.history_points(result.history)
-        figure.write_text(charts.ttft_by_history_svg(points, title), encoding="utf-8")
-        text += f"\n![{title}]({figure.name})\n"
+    for chart in charts.of_run(result):
+        svg = path.with_name(f"{path.stem}-{chart.slug}.svg")
+        svg.write_text(chart.svg, encoding="utf-8")
+        text += f"\n![{chart.title}]({svg.name})\n"
+        text += f"\n{chart.note}\n" if chart.note else ""
     path.write_text(text, encoding="utf-8")
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 # The longest and shortest tail matched, the longest tried first: a longer match is likelier to
 # continue the same way. Shorter tails recur everywhere in prose (a newline, " the"), so their
 # drafts are mostly rejected: with 2-token tails a chat answer verified 4x the draft tokens for
-# about the same accepted, and ran slower than without drafts (docs/benchmarks.md).
+# about the same accepted, and ran slower than without drafts (docs/benchmark-history.md).
 LONGEST_MATCH = 3
 SHORTEST_MATCH = 3
 # How far back a search looks: bounds its cost per step on a long context (a Python loop, about

@@ -12,7 +12,7 @@ and head (K rows differ in magnitude by 10x and more across heads). The cost is 
 head_dim bytes: 3% at head_dim 64. The scale is rounded to bf16 before the values are divided by
 it, so storing it in bf16 loses nothing: the values are exact multiples of the scale that is
 stored, and a value at most half a step (0.4% of the largest) from the row's own. Measured
-accuracy on SmolLM2-135M: docs/benchmarks.md (`benchmarks/quant_accuracy.py --setting
+accuracy on SmolLM2-135M: docs/benchmark-history.md (`benchmarks/quant_accuracy.py --setting
 kv_dtype=int8`).
 """
 

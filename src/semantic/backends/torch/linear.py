@@ -40,7 +40,7 @@ the quiet host, `benchmarks/runner_microbench.py --weights both --linear-rows 1,
 
 So 1.6-1.9x bf16's speed at every size. The price is accuracy: the logit error against bf16
 weights is ~0.33 (9% of the logits' spread) where int8 weights with bf16 x gave ~0.26
-(docs/benchmarks.md).
+(docs/benchmark-history.md).
 
 Without our kernels (CUDA, fp32, no AVX-512 BF16 or VNNI), int8 is `DequantizingLinear`: the
 int8 rows and scales kept, the weight dequantized at every call; the memory saved, not the time.
@@ -48,7 +48,7 @@ int8 rows and scales kept, the weight dequantized at every call; the memory save
 oneDNN builds a kernel for each row count it sees and keeps it (its primitive cache, and
 ideep's beside it): about 0.5 MB per weight shape per row count, so a server that prefilled
 chunks of every length up to 512 rows kept growing, ~2.4 MB a request at first
-(docs/benchmarks.md, the soak). Rows are therefore padded to a multiple of `_ONEDNN_ROW_STEP`
+(docs/benchmark-history.md, the soak). Rows are therefore padded to a multiple of `_ONEDNN_ROW_STEP`
 before oneDNN sees them: 24 row counts past our kernel's 128, seen within minutes of serving. The
 padding costs what its rows cost, since the time is about linear in rows here (four of a
 layer's weights: 0.34 ms at 17 rows, 0.50 at 32): by that rate ~0.5 ms a padded row over

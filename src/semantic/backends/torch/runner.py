@@ -484,7 +484,7 @@ def attention_kernels(
 def auto_weight_format(device: str, dtype: str, kernels: bool) -> str:
     """How a GGUF model's linears store their weights when the settings say "auto": on its own
     Q4_K blocks ("gguf") on a CPU where our kernels do not run (there the model computes in
-    fp32, and decode reads 4 bits a value instead of 32: docs/benchmarks.md); else "bf16",
+    fp32, and decode reads 4 bits a value instead of 32: docs/benchmark-history.md); else "bf16",
     as loaded (with our AVX-512 kernels their bf16 and int8 panels may well win; unmeasured)."""
     where = pick_device(device)
     if where.type != "cpu":

@@ -5,8 +5,8 @@ An OpenMP thread that finishes its share of an op spins for the next one (GNU Op
 Linux, for ~3 ms) before it sleeps. On an idle machine that is what makes small ops fast, but
 when another program holds a core the spinning thread keeps the one it waits for off its core:
 single-stream decode fell from ~88 to 12-19 tok/s on the 2-core test machine beside one other
-busy program, and following the load keeps 42-55 (docs/benchmarks.md, "Threads that wait"). A
-shorter spin everywhere (GOMP_SPINCOUNT) lost 15-30% on the idle machine, so the count of
+busy program, and following the load keeps 42-55 (docs/benchmark-history.md, "Threads that
+wait"). A shorter spin everywhere (GOMP_SPINCOUNT) lost 15-30% on the idle machine, so the count of
 threads follows the load instead: once a second, from what the other programs used of the CPUs
 meanwhile (`/proc/stat` less this process's own time; programs at a lower priority than ours,
 which yield to us, do not count). Elsewhere than Linux the count stays as configured.
