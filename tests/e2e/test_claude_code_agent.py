@@ -23,13 +23,11 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from semantic.registry import QWEN25_CODER_05B
 from tests.e2e.conftest import Server
 
 pytestmark = pytest.mark.e2e
@@ -53,21 +51,6 @@ def claude(tmp_path_factory: pytest.TempPathFactory) -> str:
     if done.returncode != 0 or not cli.exists():
         pytest.skip(f"npm could not install the Claude Code CLI: {done.stderr[-300:]}")
     return str(cli)
-
-
-@pytest.fixture(scope="module")
-def coder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if QWEN25_CODER_05B.locate() is None:
-        pytest.skip(f"needs the model's packages: pip install 'semantic[{QWEN25_CODER_05B.extra}]'")
-    root = tmp_path_factory.mktemp("coder")
-    server = Server(
-        ["--model", QWEN25_CODER_05B.alias, "--cache-dir", str(root / "cache")], root / "server.log"
-    )
-    try:
-        server.wait_ready(timeout_s=600)
-        yield server
-    finally:
-        server.stop()
 
 
 def test_claude_code_reads_a_file_through_a_call_the_server_parsed(
