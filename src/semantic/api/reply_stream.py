@@ -10,7 +10,7 @@ offered tools by a grammar: the model picks the offered tool it finds likeliest 
 its arguments (api/tool_use.py decides when; this module does it).
 
 Going back is a new engine request: the prompt and the output kept, as one prompt, which the
-prefix cache serves but for the tokens since the last whole block. The client sees one reply:
+cache serves (the stopped request's output included: its KV stays). The client sees one reply:
 the text the parser held back from the call's `{` on was never sent, and the usage counts the
 first request's prompt and cache, and the output kept plus what came after it.
 """
