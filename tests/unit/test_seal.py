@@ -17,9 +17,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api import anthropic_request, responses_request
-from semantic.api.seal import MAX_SEALED_BYTES, SealKey, Seals
+from semantic.api.seal import MAX_SEALED_BYTES, Seals
 from semantic.errors import RequestTooLarge
 from semantic.models.served import ServedModel
+from semantic.server_key import ServerKey
 from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from tests.qwen3_template import QWEN3_TEMPLATE
@@ -31,7 +32,7 @@ BOB_KEY = "sk-semantic-bob-8e2a"
 
 
 def seals_of(cache_dir: Path, owner: str | None = None, budget: int = BODY_LIMIT) -> Seals:
-    return Seals(SealKey(cache_dir), owner, budget)
+    return Seals(ServerKey(cache_dir), owner, budget)
 
 
 def owner_of(key: str) -> str:

@@ -6,6 +6,7 @@ serve answering 501 in their protocol's shape."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from semantic.models.served import ServedModel
 from semantic.replicas.client import completion_body
 from semantic.replicas.engine import ReplicaEngine
 from semantic.replicas.router import Router, routing_key
+from semantic.server_key import ServerKey
 from tests.unit.fake_vllm import FakeNetwork, FakeReplica
 from tests.unit.test_agent_owners import ALICE_KEY, BOB_KEY, as_
 
@@ -50,6 +52,7 @@ def replicas_app(
     engine = ReplicaEngine(
         served,
         Router(config.vllm_url, config.vllm_spill_in_flight),
+        ServerKey(cache_dir),
         share_across_keys=config.share_cache_across_keys,
         health_interval_s=0.02,
         transport=network,
@@ -144,6 +147,31 @@ def test_each_key_gets_its_own_cache_salt_and_its_own_cached_tokens(
     salts = [body["cache_salt"] for body in network.replicas["http://replica-0:8000"].received]
     assert salts[0] == salts[1] != salts[2]
     assert ALICE_KEY not in salts[0]
+
+
+def test_a_keys_salt_is_keyed_by_the_servers_secret_and_outlives_a_restart(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    keys = {"api_key": [ALICE_KEY, BOB_KEY]}
+
+    def salts(cache_dir: Path) -> tuple[str, str]:
+        with replicas_app(chat_served, cache_dir, count=1, **keys) as (client, _, network):
+            chat(client)
+            chat(client, key=BOB_KEY)
+        alice, bob = (b["cache_salt"] for b in network.replicas["http://replica-0:8000"].received)
+        return alice, bob
+
+    alice, bob = salts(tmp_path / "server")
+    assert alice != bob
+    assert salts(tmp_path / "server") == (alice, bob)  # the same secret, read again: same salts
+    assert salts(tmp_path / "another")[0] != alice  # another server's secret: another salt
+    owner = hashlib.sha256(ALICE_KEY.encode()).hexdigest()[:32]  # Alice's owner digest
+    plain = {
+        owner,
+        hashlib.sha256(owner.encode()).hexdigest()[:32],
+        hashlib.blake2b(f"semantic\0{owner}".encode(), digest_size=16).hexdigest(),
+    }
+    assert alice not in plain  # nobody without the secret computes it from the owner
 
 
 def test_keys_that_share_the_cache_send_no_salt(chat_served: ServedModel, tmp_path: Path) -> None:

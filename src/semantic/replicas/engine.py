@@ -3,8 +3,9 @@ this side keeps what the API layer needs of an engine (`engine/port.py`).
 
 A request's prompt arrives as token ids rendered by our chat template; it goes to the replica
 its agent is routed to (`router.py`), under its key's `cache_salt` (vLLM's per-tenant prefix
-cache namespace), and the replica's token ids come back through our own detokenizer and stop
-matcher, so the text, stop strings and finish reasons read as they do on our engine. A
+cache namespace, keyed by the server's secret), and the replica's token ids come back through
+our own detokenizer and stop matcher, so the text, stop strings and finish reasons read as
+they do on our engine. A
 replica that cannot be reached is taken out and the request retried on the next one; one that
 fails `/health` is taken out until it answers again, its agents moving to their next replica.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -28,6 +28,7 @@ from semantic.models.served import ServedModel
 from semantic.observability import EngineMetrics, EngineReading
 from semantic.replicas.client import ReplicaClient, ReplicaDown, completion_body
 from semantic.replicas.router import NoReplica, Replica, Router, routing_key
+from semantic.server_key import ServerKey
 from semantic.text.detokenizer import IncrementalDetokenizer, StopMatcher
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 Sink = Callable[[TokenEvent], None]
 
+_SALT_DOMAIN = b"semantic vllm cache salt 1\0"  # a tag made for this and nothing else
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
@@ -53,9 +55,11 @@ class _Output:
 
 class ReplicaEngine:
     """Serves `model` on the replicas `router` knows. Used on the event loop's thread only.
+    `server_key` keys each API key's `cache_salt` (the same key makes the same salts, so vLLM's
+    prefix cache stays warm across our restarts).
 
-    Each request runs as a task that feeds its events to a queue (`stream` reads it); aborting
-    a request cancels its task, which closes the HTTP stream, and vLLM aborts on that.
+        Each request runs as a task that feeds its events to a queue (`stream` reads it); aborting
+        a request cancels its task, which closes the HTTP stream, and vLLM aborts on that.
     """
 
     capabilities = Capabilities(agents=False, swap=False, cache_miss=False, structured_output=False)
@@ -65,6 +69,7 @@ class ReplicaEngine:
         self,
         model: ServedModel,
         router: Router,
+        server_key: ServerKey,
         *,
         share_across_keys: bool = False,
         health_interval_s: float = 5.0,
@@ -74,6 +79,7 @@ class ReplicaEngine:
         self.router = router
         self.max_seq_tokens = model.context_length
         self.metrics = EngineMetrics()
+        self._server_key = server_key
         self._share_across_keys = share_across_keys
         self._health_interval_s = health_interval_s
         self._transport = transport
@@ -296,10 +302,12 @@ class ReplicaEngine:
     def _salt(self, request: Request) -> str | None:
         """The key's prefix-cache namespace on vLLM: a key's cached prompts hit only for that
         key, as on our engine, unless the keys share (`share_cache_across_keys`). A server
-        without keys has one tenant, and no salt."""
+        without keys has one tenant, and no salt. Keyed by the server's secret: whoever
+        reaches a replica directly cannot compute a key's salt from its owner digest, and so
+        cannot probe that key's cached prompts."""
         if self._share_across_keys or request.owner is None:
             return None
-        return hashlib.blake2b(f"semantic\0{request.owner}".encode(), digest_size=16).hexdigest()
+        return self._server_key.tag(_SALT_DOMAIN, request.owner.encode())[:16].hex()
 
     # -- replica health ---------------------------------------------------------------------
 
