@@ -3,9 +3,11 @@ server that engine uses (`/health`, `/v1/models`, `/v1/completions` with token-i
 streamed and not), each replica recording what it received, and a network of them that a test
 can cut a replica out of (its connections are refused, as a dead server's are).
 
-The answer is a fixed list of token ids; `cached_tokens` is the prompt's longest prefix the
-replica has seen before under the same `cache_salt`, as vLLM's prefix cache reports it (by
-token, where vLLM counts whole blocks: enough to tell a hit from a miss).
+The answer is a fixed list of token ids, whatever `structured_outputs` asks (the replica only
+checks that it names one constraint, as vLLM does, and records it with the body);
+`cached_tokens` is the prompt's longest prefix the replica has seen before under the same
+`cache_salt`, as vLLM's prefix cache reports it (by token, where vLLM counts whole blocks:
+enough to tell a hit from a miss).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class FakeReplica:
             return JSONResponse({"error": error}, status_code=self.refuse)
         if body.get("model") != self.model_id:
             return JSONResponse({"error": {"message": "no such model"}}, status_code=404)
+        if not _one_constraint(body.get("structured_outputs")):
+            error = {"message": "You must use one kind of structured outputs constraint"}
+            return JSONResponse({"error": error}, status_code=400)
         prompt, salt = body["prompt"], body.get("cache_salt")
         assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
         cached = max((common_prefix(prompt, old) for old in self.seen.get(salt, [])), default=0)
@@ -78,6 +83,19 @@ class FakeReplica:
             choice = {"index": 0, "text": "", "token_ids": reply, "finish_reason": finish}
             return JSONResponse({"object": "text_completion", "choices": [choice], "usage": usage})
         return StreamingResponse(_sse(reply, finish, usage), media_type="text/event-stream")
+
+
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def _one_constraint(structured: Any) -> bool:
+    """Whether a request's `structured_outputs` is absent or names exactly one constraint."""
+    if structured is None:
+        return True
+    return (
+        isinstance(structured, dict)
+        and sum(structured.get(k) is not None for k in _CONSTRAINTS) == 1
+    )
 
 
 async def _sse(reply: list[int], finish: str, usage: dict[str, Any]) -> AsyncIterator[str]:

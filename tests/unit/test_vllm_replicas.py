@@ -6,24 +6,25 @@ serve answering 501 in their protocol's shape."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from anthropic.types import ToolUseBlock
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
 from semantic.config import Settings
 from semantic.core import Request, SamplingParams
-from semantic.errors import NotSupported
 from semantic.models.served import ServedModel
 from semantic.replicas.client import completion_body
 from semantic.replicas.engine import ReplicaEngine
@@ -381,26 +382,6 @@ def test_routes_the_vllm_engine_cannot_serve_answer_501(
     assert error.get("code", "not_supported") == "not_supported"
 
 
-def test_structured_output_answers_501_before_any_replica_is_asked(
-    chat_served: ServedModel, tmp_path: Path
-) -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
-    response_format = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
-    with replicas_app(chat_served, tmp_path, count=1) as (client, _, network):
-        response = client.post(
-            "/v1/chat/completions",
-            json={
-                "model": "m",
-                "max_tokens": 8,
-                "messages": USER,
-                "response_format": response_format,
-            },
-        )
-    assert response.status_code == 501
-    assert response.json()["error"]["code"] == "not_supported"
-    assert network.replicas["http://replica-0:8000"].received == []
-
-
 def _home(engine: ReplicaEngine, agent: str) -> str:
     return engine.router.home(routing_key(Request("r", [1], SamplingParams(), agent_id=agent))).url
 
@@ -409,25 +390,97 @@ def _replica(engine: ReplicaEngine, url: str) -> Any:
     return next(r for r in engine.router.replicas if r.url == url)
 
 
-@dataclass(frozen=True)
-class _StubGrammar:
-    lazy: bool
-    description: str = "a stub"
+# -- structured output ---------------------------------------------------------------------------
 
-    def matcher(self) -> Any:
-        raise AssertionError("the vLLM engine makes no matcher")
+SCHEMA: Any = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS: Any = [
+    {"name": "get_weather", "description": "Current weather", "input_schema": SCHEMA},
+    {"name": "get_time", "description": "Current time", "input_schema": {"type": "object"}},
+]
+ASK: Any = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-def test_a_lazy_tool_grammar_is_left_out_where_forced_output_is_refused(
+def answering(network: FakeNetwork, served: ServedModel, text: str) -> None:
+    """Every replica answers `text` (then the end token) from now on."""
+    for replica in network.replicas.values():
+        replica.reply = [*served.tokenizer.encode(text), min(served.tokenizer.eos_token_ids)]
+
+
+@pytest.fixture
+def tool_served(chat_served: ServedModel) -> ServedModel:
+    """`chat_served` with room for the default tool prompt (~450 of its tokens)."""
+    return dataclasses.replace(chat_served, context_length=2048)
+
+
+def test_a_json_schema_response_format_reaches_the_replica_as_its_schema(
     chat_served: ServedModel, tmp_path: Path
 ) -> None:
-    with replicas_app(chat_served, tmp_path, count=1) as (_, engine, network):
-        prompt = rendered(chat_served, USER)
+    with replicas_app(chat_served, tmp_path, count=1) as (client, _, network):
+        answering(network, chat_served, '{"city": "Paris"}')
+        sdk = openai.OpenAI(base_url=f"{client.base_url}/v1", api_key="k", http_client=client)
+        answer = sdk.chat.completions.create(
+            model="gpt-x",
+            messages=SDK_USER,
+            max_tokens=30,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "place", "schema": SCHEMA, "strict": True},
+            },
+        )
+        chat(client, response_format={"type": "json_object"})
+    assert json.loads(answer.choices[0].message.content or "") == {"city": "Paris"}
+    schema_body, object_body = network.replicas["http://replica-0:8000"].received
+    assert schema_body["structured_outputs"] == {"json": SCHEMA, "disable_any_whitespace": True}
+    assert object_body["structured_outputs"]["json"] == {"type": "object"}
 
-        def ask(lazy: bool) -> Any:
-            return engine.stream(Request("r", prompt, SamplingParams(grammar=_StubGrammar(lazy))))
 
-        with pytest.raises(NotSupported):
-            ask(lazy=False)
-        assert network.replicas["http://replica-0:8000"].received == []
-        ask(lazy=True)  # the tools' calls are read from the text without it
+def test_a_forced_tool_call_goes_as_our_grammar_and_is_parsed_from_the_returned_ids(
+    tool_served: ServedModel, tmp_path: Path
+) -> None:
+    named: Any = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+    with replicas_app(tool_served, tmp_path, count=1) as (client, _, network):
+        answering(network, tool_served, '{"city": "Paris"}}\n</tool_call>')
+        sdk = anthropic.Anthropic(base_url=str(client.base_url), api_key="k", http_client=client)
+        message = sdk.messages.create(
+            model="claude-x",
+            max_tokens=60,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice=named,
+        )
+    assert message.stop_reason == "tool_use"
+    calls = [(b.name, b.input) for b in message.content if isinstance(b, ToolUseBlock)]
+    assert calls == [("get_weather", {"city": "Paris"})]
+    assert len(message.content) == 1
+    body = only_received(network)
+    prompt = tool_served.tokenizer.decode(body["prompt"], skip_special_tokens=False)
+    assert prompt.endswith('<tool_call>\n{"name": "get_weather", "arguments": ')  # prefilled
+    grammar = body["structured_outputs"]["grammar"]
+    assert grammar.startswith("start: ") and "%json" in grammar and '"city"' in grammar
+    assert "get_time" not in grammar  # the named tool's arguments, and nothing after the call
+
+
+def test_tools_without_a_forced_call_send_no_grammar(
+    tool_served: ServedModel, tmp_path: Path
+) -> None:
+    body = {"model": "claude-x", "max_tokens": 60, "messages": ASK, "tools": TOOLS}
+    with replicas_app(tool_served, tmp_path, count=1) as (client, _, network):
+        answering(
+            network, tool_served, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+        )
+        answer = client.post("/v1/messages", json=body).json()
+    assert [b["name"] for b in answer["content"] if b["type"] == "tool_use"] == ["get_time"]
+    assert "structured_outputs" not in only_received(network)  # the calls are read from the text
+
+
+def test_a_replica_that_cannot_take_the_grammar_is_a_400_in_the_protocols_shape(
+    tool_served: ServedModel, tmp_path: Path
+) -> None:
+    body = {"model": "gpt-x", "max_tokens": 60, "messages": ASK, "tool_choice": "required"}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]
+    with replicas_app(tool_served, tmp_path, count=1) as (client, _, network):
+        network.replicas["http://replica-0:8000"].refuse = 400  # a backend pinned to xgrammar
+        response = client.post("/v1/chat/completions", json=body | {"tools": tools})
+    assert response.status_code == 400, response.text
+    assert "refused" in response.json()["error"]["message"]
+    assert "grammar" in only_received(network)["structured_outputs"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from semantic.core import Request
+from semantic.core import GrammarSource, Request
 from semantic.errors import EngineFailure, InvalidRequest, Overloaded, SemanticError, Unavailable
 from semantic.replicas.router import Replica
 
@@ -60,7 +60,24 @@ def completion_body(
         body["stop_token_ids"] = sorted(stop_ids)
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
+    # A lazy grammar (tools offered, no call forced) is left out: it holds a started call to
+    # its schema, and our parsers read the calls from the text without it.
+    if sampling.grammar is not None and not sampling.grammar.lazy:
+        body["structured_outputs"] = structured_outputs(sampling.grammar.source)
     return body
+
+
+def structured_outputs(source: GrammarSource) -> dict[str, Any]:
+    """vLLM's `structured_outputs` for a grammar. A JSON schema goes as a schema, which every
+    vLLM grammar backend takes, without free whitespace (compact, as our engine writes JSON: a
+    small model held to it cannot loop on blank lines). Tool calls go as our Lark grammar, in
+    llguidance's dialect (`%json`, special tokens by id, lazy lexemes): vLLM's `guidance`
+    backend is llguidance, and xgrammar (what `auto` tries first) reads that dialect too, but
+    not its `x-guidance` options (its JSON may be spaced). A backend that takes neither
+    (outlines, lm-format-enforcer) refuses the request: a 400."""
+    if source.kind == "json_schema":
+        return {"json": json.loads(source.text), "disable_any_whitespace": True}
+    return {"grammar": source.text}
 
 
 class ReplicaClient:

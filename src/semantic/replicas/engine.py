@@ -62,7 +62,7 @@ class ReplicaEngine:
         a request cancels its task, which closes the HTTP stream, and vLLM aborts on that.
     """
 
-    capabilities = Capabilities(agents=False, swap=False, cache_miss=False, structured_output=False)
+    capabilities = Capabilities(agents=False, swap=False, cache_miss=False, structured_output=True)
     down_reason = "no vLLM replica is healthy"
 
     def __init__(
@@ -126,11 +126,6 @@ class ReplicaEngine:
             raise InvalidRequest("the prompt is empty")
         if prompt_tokens >= self.max_seq_tokens:
             raise ContextOverflow(prompt_tokens, 0, self.model.context_length)
-        grammar = request.sampling.grammar
-        # A lazy grammar only holds a started tool call to its schema: the calls are still read
-        # from the text without it (`text/tools.py`), so tools work; forced output does not.
-        if grammar is not None and not grammar.lazy:
-            self.capabilities.require("structured_output", "structured output")
         return self._events(request, announce)
 
     async def _events(self, request: Request, announce: bool) -> AsyncIterator[TokenEvent]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import llguidance
 import numpy as np
 
-from semantic.core import OutputGrammar
+from semantic.core import GrammarSource, OutputGrammar
 from semantic.errors import InvalidRequest
 from semantic.text.schema_annotations import without_annotations
 from semantic.text.tokenizer import Tokenizer
@@ -75,10 +75,14 @@ class Grammar:
     `start` is a matcher at the grammar's start, built when the grammar is compiled (on a
     worker thread) and never advanced: each sequence's matcher is a copy of it, tens of
     microseconds on the engine thread where building one anew takes up to tens of
-    milliseconds for many tools' schemas, a stall of every sequence in the step."""
+    milliseconds for many tools' schemas, a stall of every sequence in the step.
+
+    `source` is what it was compiled from, for an engine whose grammar engine is not this one
+    (a vLLM replica's): the JSON schema, or the Lark grammar of tool calls."""
 
     description: str
     start: llguidance.LLMatcher = field(repr=False)
+    source: GrammarSource = field(repr=False)
     lazy: bool = False
 
     def matcher(self) -> GrammarMatcher:
@@ -130,7 +134,8 @@ class GrammarCompiler:
     def json_schema(self, schema: dict[str, Any] | None, name: str = "the JSON schema") -> Grammar:
         """Output that is one JSON value valid under `schema` (None: any JSON object)."""
         text = _canonical(without_annotations(_ANY_JSON_OBJECT if schema is None else schema))
-        return self._compiled(f"json:{text}", name, lambda _: _json_grammar(text))
+        source = GrammarSource("json_schema", text)
+        return self._compiled(f"json:{text}", name, lambda _: (_json_grammar(text), source))
 
     def tool_calls(self, form: ToolCallForm) -> Grammar:
         """A reply whose tool calls follow their tools' schemas (`ToolCallForm`)."""
@@ -146,11 +151,12 @@ class GrammarCompiler:
         self,
         text: str,
         description: str,
-        build: Callable[[llguidance.LLTokenizer], str],
+        build: Callable[[llguidance.LLTokenizer], tuple[str, GrammarSource]],
         lazy: bool = False,
     ) -> Grammar:
         """The grammar of `text` (what it is compiled from, as canonical JSON), from the cache
-        or built; an InvalidRequest past MAX_SCHEMA_CHARS or for what the engine cannot take."""
+        or built (`build`: llguidance's grammar and its source); an InvalidRequest past
+        MAX_SCHEMA_CHARS or for what the engine cannot take."""
         if len(text) > MAX_SCHEMA_CHARS:
             raise InvalidRequest(
                 f"{description} is too large: {len(text):,} characters as compact JSON "
@@ -163,13 +169,13 @@ class GrammarCompiler:
                 self._cache.move_to_end(key)
                 return cached[0]
             vocabulary = self._vocabulary_locked()
-        source = build(vocabulary)
-        error = llguidance.LLMatcher.validate_grammar(source, vocabulary)
+        compiled, source = build(vocabulary)
+        error = llguidance.LLMatcher.validate_grammar(compiled, vocabulary)
         if error:
             raise InvalidRequest(f"{description} is not supported: {error[:500]}")
-        start = llguidance.LLMatcher(vocabulary, source, log_level=0)
-        grammar = Grammar(description, start, lazy)
-        self._keep(key, grammar, len(source))
+        start = llguidance.LLMatcher(vocabulary, compiled, log_level=0)
+        grammar = Grammar(description, start, source, lazy)
+        self._keep(key, grammar, len(compiled) + len(source.text))
         return grammar
 
     def _keep(self, key: bytes, grammar: Grammar, size: int) -> None:
@@ -286,7 +292,7 @@ class ToolCallForm:
 
 def _tool_grammar(
     form: ToolCallForm, vocabulary: llguidance.LLTokenizer, specials: dict[str, int]
-) -> str:
+) -> tuple[str, GrammarSource]:
     """A Lark grammar: a forced call (one alternative per tool: its lead, `%json{schema}`, the
     closer), then calls anywhere in free text, each opened by one of the openings' triggers.
     Free text runs to a trigger's first appearance (a lazy lexeme), or, where the trigger is a
@@ -317,7 +323,7 @@ def _tool_grammar(
     if bare:
         rules.append("SPACE: /[ \\t\\r\\n]+/")
     lark = f"start: {' '.join(start)}\n" + "\n".join(rules)
-    return llguidance.LLMatcher.grammar_from_lark(lark)
+    return llguidance.LLMatcher.grammar_from_lark(lark), GrammarSource("lark", lark)
 
 
 def _alternatives(
