@@ -1,7 +1,7 @@
 """Fake vLLM replicas for the engine over vLLM: the few routes of vLLM's OpenAI-compatible
-server that engine uses (`/health`, `/v1/models`, `/v1/completions` with token-id prompts,
-streamed and not), each replica recording what it received, and a network of them that a test
-can cut a replica out of (its connections are refused, as a dead server's are).
+server that engine uses (`/health`, `/v1/models`, `/metrics`, `/v1/completions` with token-id
+prompts, streamed and not), each replica recording what it received, and a network of them
+that a test can cut a replica out of (its connections are refused, as a dead server's are).
 
 The answer is a fixed list of token ids, whatever `structured_outputs` asks (the replica only
 checks that it names one constraint, as vLLM does, and records it with the body);
@@ -38,14 +38,17 @@ class FakeReplica:
     healthy: bool = True
     refuse: int | None = None
     cut_after: int | None = None
+    waiting: int = 0  # what its /metrics says vLLM's queue holds
     received: list[dict[str, Any]] = field(default_factory=list)
     seen: dict[str | None, list[list[int]]] = field(default_factory=dict)  # salt → prompts
+    hits: list[int] = field(default_factory=list)  # each prompt's cached tokens
 
     def app(self) -> Starlette:
         return Starlette(
             routes=[
                 Route("/health", self._health),
                 Route("/v1/models", self._models),
+                Route("/metrics", self._metrics),
                 Route("/v1/completions", self._completions, methods=["POST"]),
             ]
         )
@@ -55,6 +58,24 @@ class FakeReplica:
 
     async def _models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model"}]})
+
+    async def _metrics(self, request: Request) -> Response:
+        """vLLM's own counters, in its names and labels: the prefix cache's queried and hit
+        prompt tokens (by token here), the requests running and waiting."""
+        prompts = [p for seen in self.seen.values() for p in seen]
+        hits = sum(self.hits)
+        labels = f'{{engine="0",model_name="{self.model_id}"}}'
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{labels} 0.0",
+            f"vllm:num_requests_waiting{labels} {float(self.waiting)}",
+            f"vllm:kv_cache_usage_perc{labels} 0.25",
+            "# TYPE vllm:prefix_cache_queries counter",
+            f"vllm:prefix_cache_queries_total{labels} {float(sum(map(len, prompts)))}",
+            f"vllm:prefix_cache_queries_created{labels} 1.7e9",
+            f"vllm:prefix_cache_hits_total{labels} {float(hits)}",
+        ]
+        return Response("\n".join(lines) + "\n", media_type="text/plain")
 
     async def _completions(self, request: Request) -> Response:
         body = await request.json()
@@ -71,6 +92,7 @@ class FakeReplica:
         assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
         cached = max((common_prefix(prompt, old) for old in self.seen.get(salt, [])), default=0)
         self.seen.setdefault(salt, []).append(prompt)
+        self.hits.append(cached)
         reply = self.reply[: body.get("max_tokens", len(self.reply))]
         usage = {
             "prompt_tokens": len(prompt),

@@ -26,12 +26,14 @@ from semantic.api.app import create_app
 from semantic.config import Settings
 from semantic.core import Request, SamplingParams
 from semantic.models.served import ServedModel
-from semantic.replicas.client import completion_body
+from semantic.observability import VLLM_METRICS
+from semantic.replicas.client import _samples, completion_body
 from semantic.replicas.engine import ReplicaEngine
 from semantic.replicas.router import Router, routing_key
 from semantic.server_key import ServerKey
 from tests.unit.fake_vllm import FakeNetwork, FakeReplica
 from tests.unit.test_agent_owners import ALICE_KEY, BOB_KEY, as_
+from tests.unit.test_metrics import family_names, scrape, value
 
 pytestmark = pytest.mark.usefixtures("no_outside_settings")
 
@@ -484,3 +486,76 @@ def test_a_replica_that_cannot_take_the_grammar_is_a_400_in_the_protocols_shape(
     assert response.status_code == 400, response.text
     assert "refused" in response.json()["error"]["message"]
     assert "grammar" in only_received(network)["structured_outputs"]
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+DOCS = Path(__file__).parents[2] / "docs"
+
+
+def test_metrics_count_requests_tokens_and_each_replicas_health_and_load(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    prompt = rendered(chat_served, USER)
+    reply = len(chat_served.tokenizer.encode(ANSWER)) + 1  # and the end token
+    with replicas_app(chat_served, tmp_path) as (client, engine, network):
+        chat(client, "a1")
+        chat(client, "a1")
+        home, other = (
+            _home(engine, "a1"),
+            next(u for u in network.replicas if u != _home(engine, "a1")),
+        )
+        network.replicas[home].waiting = 3
+        samples = scrape(client)
+        network.dead.add(other)
+        wait_until(lambda: not _replica(engine, other).healthy)
+        after = scrape(client)
+    assert (
+        value(samples, "semantic_requests_total", route="/v1/chat/completions", status="200") == 2
+    )
+    assert value(samples, "semantic_time_to_first_token_seconds_count") == 2
+    assert value(samples, "semantic_generated_tokens_total") == 2 * reply
+    assert value(samples, "semantic_cache_hit_tokens_total", tier="memory") == len(prompt)
+    assert value(samples, "semantic_cache_miss_tokens_total") == len(prompt)
+    assert value(samples, "semantic_model_info", model=chat_served.name) == 1
+    assert value(samples, "semantic_requests_running") == 0
+    assert value(samples, "semantic_requests_waiting") == 3  # the replicas' own queues
+    for url in network.replicas:
+        assert value(samples, "semantic_replica_healthy", replica=url) == 1
+        assert value(samples, "semantic_replica_in_flight", replica=url) == 0
+        routed = 2 if url == home else 0
+        assert value(samples, "semantic_replica_routed_requests_total", replica=url) == routed
+        assert value(samples, "semantic_replica_spilled_requests_total", replica=url) == 0
+    # what the home replica's own /metrics said
+    hit = value(samples, "semantic_replica_prefix_cache_tokens_total", replica=home, outcome="hit")
+    queried = value(
+        samples, "semantic_replica_prefix_cache_tokens_total", replica=home, outcome="queried"
+    )
+    assert (hit, queried) == (len(prompt), 2 * len(prompt))
+    assert value(samples, "semantic_replica_requests", replica=home, state="waiting") == 3
+    assert value(samples, "semantic_replica_kv_cache_usage_ratio", replica=home) == 0.25
+    # a replica out of the routing: unhealthy, and not asked for its /metrics
+    assert value(after, "semantic_replica_healthy", replica=other) == 0
+    assert ("semantic_replica_kv_cache_usage_ratio", frozenset({("replica", other)})) not in after
+    documented = [
+        *re.findall(r"`(semantic_\w+)`", (DOCS / "operations.md").read_text()),
+        *re.findall(r"`(semantic_\w+)`", (DOCS / "scale-out.md").read_text()),
+    ]
+    exposed = family_names(name for name, _ in samples if name.startswith("semantic_"))
+    assert exposed <= family_names(documented)
+
+
+def test_a_replicas_metrics_are_read_by_name_summed_over_their_labels() -> None:
+    text = "\n".join(
+        [
+            "# HELP vllm:num_requests_waiting Number of requests waiting.",
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0',
+            'vllm:num_requests_waiting{engine="1",model_name="m x}"} 3.0 1700000000',
+            'vllm:prefix_cache_hits_created{engine="0"} 1.7e9',
+            "vllm:prefix_cache_hits_total 40",
+            "vllm:num_requests_running{broken",
+            "vllm:num_requests_running not-a-number",
+        ]
+    )
+    names = {n: n.split(":")[1] for n in VLLM_METRICS}
+    assert _samples(text, names) == {"num_requests_waiting": 5.0, "prefix_cache_hits_total": 40.0}

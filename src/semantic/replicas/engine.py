@@ -25,7 +25,12 @@ from semantic.core import FinishReason, Request, TokenEvent, Usage
 from semantic.engine.port import Capabilities
 from semantic.errors import ContextOverflow, InvalidRequest, NotSupported, Unavailable
 from semantic.models.served import ServedModel
-from semantic.observability import EngineMetrics, EngineReading
+from semantic.observability import (
+    VLLM_METRICS,
+    EngineMetrics,
+    ReplicaReading,
+    ReplicasReading,
+)
 from semantic.replicas.client import ReplicaClient, ReplicaDown, completion_body
 from semantic.replicas.router import NoReplica, Replica, Router, routing_key
 from semantic.server_key import ServerKey
@@ -87,6 +92,8 @@ class ReplicaEngine:
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._refusal: Exception | None = None  # set by `cancel_all`: every request fails so
+        self._hit_tokens = 0  # prompt tokens the replicas' usage reported cached
+        self._miss_tokens = 0  # and computed
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -182,8 +189,25 @@ class ReplicaEngine:
     def cache_spec_tag(self) -> str | None:
         return None  # the KV cache is vLLM's
 
-    async def reading(self) -> EngineReading | None:
-        return None  # the pool and cache metrics are the replicas' own (their /metrics)
+    async def reading(self) -> ReplicasReading | None:
+        """Each replica's routing and health, with what its own /metrics says (the healthy
+        ones', read at once); the prompt tokens the replicas reported cached and computed."""
+        client = self._client
+        if client is None:
+            return None
+        replicas = self.router.replicas
+        scraped = await asyncio.gather(
+            *(client.scraped(r, VLLM_METRICS) if r.healthy else _nothing() for r in replicas)
+        )
+        return ReplicasReading(
+            model=self.model.name,
+            hit_tokens=self._hit_tokens,
+            miss_tokens=self._miss_tokens,
+            replicas=[
+                ReplicaReading(r.url, r.healthy, r.in_flight, r.routed, r.spilled, values)
+                for r, values in zip(replicas, scraped, strict=True)
+            ],
+        )
 
     # -- one request ------------------------------------------------------------------------
 
@@ -195,7 +219,11 @@ class ReplicaEngine:
             if self._refusal is not None:
                 raise self._refusal
             finish, stop_string = await self._generate(request, output, sink)
-            sink(self._final(request, output, finish, stop_string=stop_string))
+            final = self._final(request, output, finish, stop_string=stop_string)
+            if final.usage is not None and output.usage is not None:  # the replica's own count
+                self._hit_tokens += final.usage.cached_tokens
+                self._miss_tokens += final.usage.prompt_tokens - final.usage.cached_tokens
+            sink(final)
         except asyncio.CancelledError:
             sink(self._final(request, output, FinishReason.ABORT, error=self._refusal))
             raise
@@ -336,6 +364,10 @@ class ReplicaEngine:
                 replica.url,
                 why,
             )
+
+
+async def _nothing() -> dict[str, float]:
+    return {}  # a replica out of the routing is not asked
 
 
 def _rest(output: _Output) -> str:
