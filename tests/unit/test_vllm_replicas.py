@@ -432,7 +432,7 @@ def test_a_json_schema_response_format_reaches_the_replica_as_its_schema(
         chat(client, response_format={"type": "json_object"})
     assert json.loads(answer.choices[0].message.content or "") == {"city": "Paris"}
     schema_body, object_body = network.replicas["http://replica-0:8000"].received
-    assert schema_body["structured_outputs"] == {"json": SCHEMA, "disable_any_whitespace": True}
+    assert schema_body["structured_outputs"] == {"json": SCHEMA}
     assert object_body["structured_outputs"]["json"] == {"type": "object"}
 
 
@@ -460,6 +460,26 @@ def test_a_forced_tool_call_goes_as_our_grammar_and_is_parsed_from_the_returned_
     grammar = body["structured_outputs"]["grammar"]
     assert grammar.startswith("start: ") and "%json" in grammar and '"city"' in grammar
     assert "get_time" not in grammar  # the named tool's arguments, and nothing after the call
+
+
+def test_a_forced_call_that_more_calls_may_follow_is_held_up_to_its_end_then_free(
+    tool_served: ServedModel, tmp_path: Path
+) -> None:
+    body = {"model": "gpt-x", "max_tokens": 60, "messages": ASK, "tool_choice": "required"}
+    tools = [
+        {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
+        for t in TOOLS
+    ]
+    with replicas_app(tool_served, tmp_path, count=1) as (client, _, network):
+        answering(
+            network, tool_served, 'get_time", "arguments": {}}\n</tool_call>'
+        )  # after the opener
+        answer = chat(client, **body | {"tools": tools})
+    assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_time"
+    grammar = only_received(network)["structured_outputs"]["grammar"]
+    # either tool, then free text: the later calls are read from it, as without a forced call
+    assert grammar.startswith("start: first TEXT\n") and "get_time" in grammar
+    assert "[lazy]" not in grammar and "later" not in grammar  # what xgrammar cannot compile
 
 
 def test_tools_without_a_forced_call_send_no_grammar(

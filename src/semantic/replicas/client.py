@@ -70,14 +70,14 @@ def completion_body(
 
 def structured_outputs(source: GrammarSource) -> dict[str, Any]:
     """vLLM's `structured_outputs` for a grammar. A JSON schema goes as a schema, which every
-    vLLM grammar backend takes, without free whitespace (compact, as our engine writes JSON: a
-    small model held to it cannot loop on blank lines). Tool calls go as our Lark grammar, in
-    llguidance's dialect (`%json`, special tokens by id, lazy lexemes): vLLM's `guidance`
-    backend is llguidance, and xgrammar (what `auto` tries first) reads that dialect too, but
-    not its `x-guidance` options (its JSON may be spaced). A backend that takes neither
-    (outlines, lm-format-enforcer) refuses the request: a 400."""
+    vLLM grammar backend takes. A forced tool call goes as our Lark grammar of it, in
+    llguidance's dialect (`%json`, special tokens by id): vLLM's `guidance` backend is
+    llguidance, and xgrammar (what `auto` tries first) reads that dialect too, without its
+    `x-guidance` options. A backend that takes neither (outlines, lm-format-enforcer) refuses
+    the request: a 400. Whether the JSON may be spaced is the replica's setting
+    (`--structured-outputs-config.disable_any_whitespace`): vLLM reads no request's."""
     if source.kind == "json_schema":
-        return {"json": json.loads(source.text), "disable_any_whitespace": True}
+        return {"json": json.loads(source.text)}
     return {"grammar": source.text}
 
 

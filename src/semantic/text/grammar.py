@@ -296,7 +296,8 @@ def _tool_grammar(
     """A Lark grammar: a forced call (one alternative per tool: its lead, `%json{schema}`, the
     closer), then calls anywhere in free text, each opened by one of the openings' triggers.
     Free text runs to a trigger's first appearance (a lazy lexeme), or, where the trigger is a
-    special token, to that token."""
+    special token, to that token. Its source for other grammar engines holds the forced call
+    only, then free text (`_forced_source`)."""
     rules: list[str] = []
     start: list[str] = []
     bare = form.forced_bare or any(opening.bare for opening in form.openings)
@@ -306,6 +307,7 @@ def _tool_grammar(
             rules, "first", form.forced, closer, vocabulary, specials, form.forced_bare
         )
         start.append(first)
+    source = _forced_source(rules, bool(form.openings))
     if form.openings:
         calls = []
         for k, opening in enumerate(form.openings):
@@ -323,7 +325,20 @@ def _tool_grammar(
     if bare:
         rules.append("SPACE: /[ \\t\\r\\n]+/")
     lark = f"start: {' '.join(start)}\n" + "\n".join(rules)
-    return llguidance.LLMatcher.grammar_from_lark(lark), GrammarSource("lark", lark)
+    return llguidance.LLMatcher.grammar_from_lark(lark), source
+
+
+def _forced_source(forced_rules: list[str], then_text: bool) -> GrammarSource:
+    """The forced call's rules as a grammar of their own, then free text where calls may
+    follow: what another grammar engine is given. The calls in that text are held by ours
+    alone, since xgrammar (vLLM's first choice) reads lazy rules but compiles only those whose
+    body is a single terminal; they are parsed from the text either way. Free text only (no
+    constraint at all) when nothing is forced."""
+    text = ["TEXT: /(.|\\n)*/"]
+    if not forced_rules:
+        return GrammarSource("lark", "\n".join(["start: TEXT", *text]))
+    start = "start: first TEXT" if then_text else "start: first"
+    return GrammarSource("lark", "\n".join([start, *forced_rules, *(text if then_text else [])]))
 
 
 def _alternatives(
