@@ -17,7 +17,7 @@ import secrets
 import threading
 from pathlib import Path
 
-from semantic.cache.durable import write_durably
+from semantic.cache.durable import fsync_dir, unlink_quietly, write_durably
 
 KEY_FILE = "seal.key"
 KEY_BYTES = 32
@@ -52,7 +52,21 @@ class ServerKey:
         return secret if len(secret) == KEY_BYTES else None
 
     def _make(self) -> bytes:
+        """A new key, put in place only where there is none: the seals and the engine over
+        vLLM each hold a `ServerKey`, and when both make one at once the first on disk is the
+        key for both. A file that is no key is replaced."""
         secret = secrets.token_bytes(KEY_BYTES)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_durably(self.path, secret)  # mode 0600
+        made = self.path.with_name(f".{KEY_FILE}.{secrets.token_hex(6)}")
+        write_durably(made, secret)  # mode 0600
+        try:
+            os.link(made, self.path)  # fails where a file is already
+        except FileExistsError:
+            first = self._read()
+            if first is not None:
+                return first
+            os.replace(made, self.path)
+        finally:
+            unlink_quietly(made)
+        fsync_dir(self.path.parent)
         return secret

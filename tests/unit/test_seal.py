@@ -86,6 +86,14 @@ def test_the_key_is_made_once_readable_by_its_owner_only_and_read_after_a_restar
     assert seals_of(tmp_path).open(sealed) == "Before the restart."
 
 
+def test_two_holders_of_the_key_making_it_at_once_agree_on_the_first(tmp_path: Path) -> None:
+    seals, salts = ServerKey(tmp_path), ServerKey(tmp_path)  # the seals' and the vLLM engine's
+    assert salts._read() is None  # both found no key ...
+    first = seals.secret()
+    assert salts._make() == first  # ... and the later maker takes the one on disk
+    assert [p.name for p in tmp_path.iterdir()] == ["seal.key"]
+
+
 def test_a_key_file_that_is_no_key_is_replaced(tmp_path: Path) -> None:
     (tmp_path / "seal.key").write_bytes(b"short")
     sealed = seals_of(tmp_path).seal("x")
