@@ -436,6 +436,36 @@ def test_a_json_schema_response_format_reaches_the_replica_as_its_schema(
     assert object_body["structured_outputs"]["json"] == {"type": "object"}
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/responses",
+            {
+                "input": "Where?",
+                "text": {"format": {"type": "json_schema", "name": "p", "schema": SCHEMA}},
+            },
+        ),
+        (
+            "/v1/messages",
+            {
+                "messages": USER,
+                "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+            },
+        ),
+    ],
+)
+def test_every_apis_json_schema_field_reaches_the_replica(
+    chat_served: ServedModel, tmp_path: Path, path: str, body: dict[str, Any]
+) -> None:
+    with replicas_app(chat_served, tmp_path, count=1) as (client, _, network):
+        answering(network, chat_served, '{"city": "Paris"}')
+        response = client.post(path, json={"model": "m", "max_tokens": 30} | body)
+    assert response.status_code == 200, response.text
+    assert json.dumps('{"city": "Paris"}')[1:-1] in response.text  # the answer, as a string
+    assert only_received(network)["structured_outputs"] == {"json": SCHEMA}
+
+
 def test_a_forced_tool_call_goes_as_our_grammar_and_is_parsed_from_the_returned_ids(
     tool_served: ServedModel, tmp_path: Path
 ) -> None:
