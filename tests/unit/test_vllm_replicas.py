@@ -560,6 +560,9 @@ def test_metrics_count_requests_tokens_and_each_replicas_health_and_load(
         network.dead.add(other)
         wait_until(lambda: not _replica(engine, other).healthy)
         after = scrape(client)
+        network.dead.add(home)
+        wait_until(lambda: not engine.alive)
+        down = scrape(client)
     assert (
         value(samples, "semantic_requests_total", route="/v1/chat/completions", status="200") == 2
     )
@@ -587,6 +590,11 @@ def test_metrics_count_requests_tokens_and_each_replicas_health_and_load(
     # a replica out of the routing: unhealthy, and not asked for its /metrics
     assert value(after, "semantic_replica_healthy", replica=other) == 0
     assert ("semantic_replica_kv_cache_usage_ratio", frozenset({("replica", other)})) not in after
+    # every replica down: still shown, as down
+    assert [value(down, "semantic_replica_healthy", replica=url) for url in network.replicas] == [
+        0,
+        0,
+    ]
     documented = [
         *re.findall(r"`(semantic_\w+)`", (DOCS / "operations.md").read_text()),
         *re.findall(r"`(semantic_\w+)`", (DOCS / "scale-out.md").read_text()),

@@ -75,8 +75,6 @@ async def _reading(request: Request) -> EngineReading | ReplicasReading | None:
         engine = engine_of(request)
     except SemanticError:  # no model loaded, mid-swap
         return None
-    if not engine.alive:
-        return None
     try:
         # An engine a swap stops right now refuses the call (Unavailable); the timeout is for a
         # thread that stopped answering.
