@@ -5,9 +5,9 @@ A request's prompt arrives as token ids rendered by our chat template; it goes t
 its agent is routed to (`router.py`), under its key's `cache_salt` (vLLM's per-tenant prefix
 cache namespace, keyed by the server's secret), and the replica's token ids come back through
 our own detokenizer and stop matcher, so the text, stop strings and finish reasons read as
-they do on our engine. A
-replica that cannot be reached is taken out and the request retried on the next one; one that
-fails `/health` is taken out until it answers again, its agents moving to their next replica.
+they do on our engine. A replica that cannot be reached is taken out and the request retried
+on the next one; one that fails `/health` is taken out until it answers again, its agents
+moving to their next replica.
 """
 
 from __future__ import annotations
@@ -25,12 +25,7 @@ from semantic.core import FinishReason, Request, TokenEvent, Usage
 from semantic.engine.port import Capabilities
 from semantic.errors import ContextOverflow, InvalidRequest, NotSupported, Unavailable
 from semantic.models.served import ServedModel
-from semantic.observability import (
-    VLLM_METRICS,
-    EngineMetrics,
-    ReplicaReading,
-    ReplicasReading,
-)
+from semantic.observability import VLLM_METRICS, EngineMetrics, ReplicaReading, ReplicasReading
 from semantic.replicas.client import ReplicaClient, ReplicaDown, completion_body
 from semantic.replicas.router import NoReplica, Replica, Router, routing_key
 from semantic.server_key import ServerKey
@@ -63,8 +58,8 @@ class ReplicaEngine:
     `server_key` keys each API key's `cache_salt` (the same key makes the same salts, so vLLM's
     prefix cache stays warm across our restarts).
 
-        Each request runs as a task that feeds its events to a queue (`stream` reads it); aborting
-        a request cancels its task, which closes the HTTP stream, and vLLM aborts on that.
+    Each request runs as a task that feeds its events to a queue (`stream` reads it); aborting
+    a request cancels its task, which closes the HTTP stream, and vLLM aborts on that.
     """
 
     capabilities = Capabilities(agents=False, swap=False, cache_miss=False, structured_output=True)
