@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import llguidance
 import openai
 import pytest
 from anthropic.types import ToolUseBlock
@@ -31,6 +32,7 @@ from semantic.replicas.client import _samples, completion_body
 from semantic.replicas.engine import ReplicaEngine
 from semantic.replicas.router import Router, routing_key
 from semantic.server_key import ServerKey
+from semantic.text.grammar import CallShape, Opening, ToolCallForm
 from tests.unit.fake_vllm import FakeNetwork, FakeReplica
 from tests.unit.test_agent_owners import ALICE_KEY, BOB_KEY, as_
 from tests.unit.test_metrics import family_names, scrape, value
@@ -510,6 +512,24 @@ def test_a_forced_call_that_more_calls_may_follow_is_held_up_to_its_end_then_fre
     # either tool, then free text: the later calls are read from it, as without a forced call
     assert grammar.startswith("start: first TEXT\n") and "get_time" in grammar
     assert "[lazy]" not in grammar and "later" not in grammar  # what xgrammar cannot compile
+
+
+@pytest.mark.parametrize("bare", [False, True])  # True: a renamed call, in the model's spacing
+def test_a_forced_calls_source_is_a_grammar_of_its_own_without_lazy_rules(
+    tool_served: ServedModel, bare: bool
+) -> None:
+    lead = '{"name": "get_weather", "arguments": '
+    opening = Opening("<tool_call>", (CallShape(lead, SCHEMA, True),), "}\n</tool_call>")
+    closer = r"\s*\}" if bare else "}\n</tool_call>"
+    form = ToolCallForm(closer, (CallShape(lead, SCHEMA, True),), (opening,), forced_bare=bare)
+    source = tool_served.grammars.tool_calls(form).source.text
+    assert "[lazy]" not in source and ("SPACE:" in source) == bare
+    grammars = tool_served.grammars
+    vocabulary = llguidance.LLTokenizer(
+        tool_served.tokenizer.backend_json(), n_vocab=grammars.vocab_size
+    )
+    lark = llguidance.LLMatcher.grammar_from_lark(source)
+    assert llguidance.LLMatcher.validate_grammar(lark, vocabulary) == ""
 
 
 def test_tools_without_a_forced_call_send_no_grammar(

@@ -307,7 +307,7 @@ def _tool_grammar(
             rules, "first", form.forced, closer, vocabulary, specials, form.forced_bare
         )
         start.append(first)
-    source = _forced_source(rules, bool(form.openings))
+    source = _forced_source(rules, bool(form.openings), form.forced_bare)
     if form.openings:
         calls = []
         for k, opening in enumerate(form.openings):
@@ -328,17 +328,21 @@ def _tool_grammar(
     return llguidance.LLMatcher.grammar_from_lark(lark), source
 
 
-def _forced_source(forced_rules: list[str], then_text: bool) -> GrammarSource:
+def _forced_source(forced_rules: list[str], then_text: bool, bare: bool) -> GrammarSource:
     """The forced call's rules as a grammar of their own, then free text where calls may
     follow: what another grammar engine is given. The calls in that text are held by ours
     alone, since xgrammar (vLLM's first choice) reads lazy rules but compiles only those whose
     body is a single terminal; they are parsed from the text either way. Free text only (no
-    constraint at all) when nothing is forced."""
+    constraint at all) when nothing is forced. `bare`: the forced call is in the model's
+    spacing (its rules name `SPACE`)."""
     text = ["TEXT: /(.|\\n)*/"]
     if not forced_rules:
         return GrammarSource("lark", "\n".join(["start: TEXT", *text]))
     start = "start: first TEXT" if then_text else "start: first"
-    return GrammarSource("lark", "\n".join([start, *forced_rules, *(text if then_text else [])]))
+    rules = [start, *forced_rules, *(text if then_text else [])]
+    if bare:
+        rules.append("SPACE: /[ \\t\\r\\n]+/")
+    return GrammarSource("lark", "\n".join(rules))
 
 
 def _alternatives(
