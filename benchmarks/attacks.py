@@ -86,9 +86,10 @@ def owner_of(key: str) -> str:
 def genuine_seal(cache_dir: Path, key: str, chars: int = SEALED_CHARS) -> str:
     """A seal of `chars` times "a" made with the server's key (`<cache_dir>/seal.key`) for the
     owner of `key`: what the server itself would make for a thinking model's reasoning."""
-    from semantic.api.seal import SealKey, Seals
+    from semantic.api.seal import Seals
+    from semantic.server_key import ServerKey
 
-    return Seals(SealKey(cache_dir), owner_of(key) if key else None, 0).seal("a" * chars)
+    return Seals(ServerKey(cache_dir), owner_of(key) if key else None, 0).seal("a" * chars)
 
 
 def thinking_blocks(signature: str, blocks: int = SEALED_BLOCKS) -> dict[str, Any]:

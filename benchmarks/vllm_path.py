@@ -3,7 +3,8 @@ real SDKs: one Anthropic and one OpenAI conversation of two turns each (the seco
 usage should report the first turn's prompt as cached), then named agents × turns, each
 request's replica read from semantic's `/health/ready` (every replica's `routed` count), and
 the replicas' own prefix-cache counters (`vllm:prefix_cache_hits` / `_queries`, in tokens)
-before and after.
+before and after; then answers held to a grammar (a JSON schema, a JSON object, forced tool
+calls) and semantic's own `/metrics` for the replicas. `--structured-only` runs just those.
 
     .venv/bin/python benchmarks/vllm_path.py --semantic http://127.0.0.1:8100 [--agents 8 --turns 3]
 
@@ -164,12 +165,106 @@ def agents_turns(semantic: str, agents: int, turns: int) -> dict[str, list[dict[
     return seen
 
 
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
+TOOLS: Any = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+]
+
+
+def structured(semantic: str) -> dict[str, Any]:
+    """Answers held to a grammar on the replicas (`structured_outputs`): a JSON schema, any
+    JSON object, a named forced tool call and a required one, through the OpenAI SDK, and a
+    forced call through the Anthropic SDK; each with what came back and whether it parses."""
+    sdk = openai.OpenAI(base_url=f"{semantic}/v1", api_key="unused", max_retries=0)
+    ask: Any = [{"role": "user", "content": "Invent a person: a name and an age."}]
+    weather: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+    person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    asks: dict[str, dict[str, Any]] = {
+        "json_schema": {"messages": ask, "response_format": person},
+        "json_object": {"messages": ask, "response_format": {"type": "json_object"}},
+        "tool_named": {
+            "messages": weather,
+            "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+        "tool_required": {"messages": weather, "tools": TOOLS, "tool_choice": "required"},
+    }
+    report: dict[str, Any] = {}
+    for name, body in asks.items():
+        started = time.perf_counter()
+        reply = sdk.chat.completions.create(model="gpt-any", max_tokens=60, temperature=0, **body)
+        message = reply.choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        text = calls[0][1] if calls else message.content or ""  # the call's arguments
+        report[name] = {
+            "seconds": round(time.perf_counter() - started, 2),
+            "finish_reason": reply.choices[0].finish_reason,
+            "content": message.content,
+            "tool_calls": calls,
+            "parses": _parses(text),
+        }
+        print(name, report[name], file=sys.stderr, flush=True)
+    claude = anthropic.Anthropic(base_url=semantic, api_key="unused", max_retries=0)
+    tools: Any = [{"name": "get_weather", "input_schema": WEATHER}]
+    answer = claude.messages.create(
+        model="claude-any",
+        max_tokens=60,
+        messages=weather,
+        tools=tools,
+        tool_choice={"type": "any"},
+    )
+    report["anthropic_tool_any"] = {
+        "stop_reason": answer.stop_reason,
+        "content": [block.model_dump() for block in answer.content],
+    }
+    return report
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def metrics(semantic: str) -> list[str]:
+    """semantic's /metrics lines for the replicas and the cache (the engine over vLLM's)."""
+    text = httpx.get(f"{semantic}/metrics", timeout=10).text
+    wanted = ("semantic_replica_", "semantic_cache_", "semantic_requests_running", "semantic_req")
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith(wanted) and "_created" not in line and "_bucket" not in line
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--semantic", default="http://127.0.0.1:8100")
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument(
+        "--structured-only",
+        action="store_true",
+        help="only the structured-output requests, then semantic's /metrics",
+    )
     args = parser.parse_args()
+    if args.structured_only:
+        only = {"structured": structured(args.semantic), "metrics": metrics(args.semantic)}
+        print(json.dumps(only, indent=2))
+        return
     urls = list(replicas(args.semantic))
     before = {url: prefix_cache(url) for url in urls}
     report: dict[str, Any] = {
@@ -188,7 +283,9 @@ def main() -> None:
         for url in urls
         if (now := after[url]) is not None and (was := before[url]) is not None
     }
+    report["structured"] = structured(args.semantic)
     report["replicas"] = replicas(args.semantic)
+    report["metrics"] = metrics(args.semantic)
     print(json.dumps(report, indent=2))
 
 

@@ -350,6 +350,7 @@ def build_replica_engine(settings: Settings, source: ModelSource) -> ReplicaEngi
     from semantic.models.checkpoint import load_checkpoint
     from semantic.replicas.engine import ReplicaEngine
     from semantic.replicas.router import Router
+    from semantic.server_key import ServerKey
 
     checkpoint = load_checkpoint(source.path, progress=False)
     context = checkpoint.config.max_position_embeddings
@@ -360,6 +361,7 @@ def build_replica_engine(settings: Settings, source: ModelSource) -> ReplicaEngi
     return ReplicaEngine(
         served,
         Router(settings.vllm_url, settings.vllm_spill_in_flight),
+        ServerKey(settings.cache_dir),
         share_across_keys=settings.share_cache_across_keys,
         health_interval_s=settings.vllm_health_interval_s,
     )

@@ -10,7 +10,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 # Agent ids name files on disk later: letters, digits, '-', '_', '.', never a leading dot.
 AGENT_ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
@@ -177,16 +177,30 @@ def _layer_groups(num_layers: int, layer_windows: tuple[int | None, ...]) -> tup
     )
 
 
+@dataclass(slots=True, frozen=True)
+class GrammarSource:
+    """What a grammar says, for a grammar engine other than ours (a vLLM replica's): `kind`
+    "json_schema", one JSON value valid under the schema in `text` (compact JSON); or "lark",
+    the Lark grammar in `text`, in llguidance's dialect (`%json`, special tokens by id)."""
+
+    kind: Literal["json_schema", "lark"]
+    text: str
+
+
 class OutputGrammar(Protocol):
     """What a request's output must follow (structured output): a grammar compiled by
     text/grammar.py. The engine passes it through untouched; the runner makes one matcher of
-    it per sequence. `lazy`: it holds only the tool calls the model starts, free text aside."""
+    it per sequence. `lazy`: it holds only the tool calls the model starts, free text aside.
+    `source`: the grammar as another engine's grammar engine takes it."""
 
     @property
     def description(self) -> str: ...
 
     @property
     def lazy(self) -> bool: ...
+
+    @property
+    def source(self) -> GrammarSource: ...
 
     def matcher(self) -> Any: ...
 

@@ -317,6 +317,9 @@ class EngineReading:
     agents_idle: int
     preemptions: int
 
+    def families(self) -> Iterable[Metric]:
+        return _reading_families(self)
+
 
 def read_engine(engine: Engine) -> EngineReading:
     """Run on the engine thread (`engine.call`), which owns everything read here."""
@@ -338,6 +341,119 @@ def read_engine(engine: Engine) -> EngineReading:
         agents_idle=idle,
         preemptions=engine.scheduler.preemptions,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReading:
+    """One vLLM replica as the engine over vLLM sees it (`replicas/router.py`), and what its
+    own /metrics said (`scraped`: vLLM's values by our name; empty when it did not answer)."""
+
+    url: str
+    healthy: bool
+    in_flight: int
+    routed: int
+    spilled: int
+    scraped: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicasReading:
+    """The engine over vLLM replicas as /metrics shows it: the prompt tokens the replicas'
+    usage reported cached (`hit_tokens`) and computed (`miss_tokens`), and each replica."""
+
+    model: str
+    hit_tokens: int
+    miss_tokens: int
+    replicas: list[ReplicaReading]
+
+    def families(self) -> Iterable[Metric]:
+        return _replicas_families(self)
+
+
+# What the engine over vLLM reads from each replica's /metrics: vLLM's name → ours. vLLM's
+# samples are summed over their labels (its model and engine index).
+VLLM_METRICS = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queried",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hit",
+}
+
+
+def _replicas_families(reading: ReplicasReading) -> Iterable[Metric]:
+    replicas = reading.replicas
+    yield _gauge("semantic_model_info", "The model served.", {reading.model: 1}, "model")
+    yield _gauge(
+        "semantic_requests_running",
+        "Requests sent to a replica and not yet ended.",
+        sum(r.in_flight for r in replicas),
+    )
+    scraped = [r.scraped for r in replicas if r.scraped]
+    if scraped:
+        waiting = sum(s.get("waiting", 0) for s in scraped)
+        yield _gauge("semantic_requests_waiting", "Requests the replicas queue.", waiting)
+    hits = {"memory": reading.hit_tokens}
+    yield _counter("semantic_cache_hit_tokens", "Prompt tokens from cache.", hits, "tier")
+    yield _counter("semantic_cache_miss_tokens", "Prompt tokens prefilled.", reading.miss_tokens)
+
+    def by_url(read: Callable[[ReplicaReading], float]) -> dict[str, float]:
+        return {r.url: read(r) for r in replicas}
+
+    yield _gauge(
+        "semantic_replica_healthy",
+        "1 while a vLLM replica is in the routing.",
+        by_url(lambda r: int(r.healthy)),
+        "replica",
+    )
+    yield _gauge(
+        "semantic_replica_in_flight",
+        "Requests sent to a vLLM replica and not yet ended.",
+        by_url(lambda r: r.in_flight),
+        "replica",
+    )
+    yield _counter(
+        "semantic_replica_routed_requests",
+        "Requests routed to a vLLM replica (spilled ones included).",
+        by_url(lambda r: r.routed),
+        "replica",
+    )
+    yield _counter(
+        "semantic_replica_spilled_requests",
+        "Requests sent to a vLLM replica because their own one was saturated.",
+        by_url(lambda r: r.spilled),
+        "replica",
+    )
+    yield from _scraped_families(replicas)
+
+
+def _scraped_families(replicas: list[ReplicaReading]) -> Iterable[Metric]:
+    """What each replica's own /metrics said, for the replicas that answered."""
+    answered = [r for r in replicas if r.scraped]
+    if not answered:
+        return
+    requests = GaugeMetricFamily(
+        "semantic_replica_requests",
+        "A vLLM replica's requests by state, from its /metrics.",
+        labels=["replica", "state"],
+    )
+    usage = GaugeMetricFamily(
+        "semantic_replica_kv_cache_usage_ratio",
+        "The share of a vLLM replica's KV cache in use, from its /metrics.",
+        labels=["replica"],
+    )
+    prefix = CounterMetricFamily(
+        "semantic_replica_prefix_cache_tokens",
+        "Prompt tokens a vLLM replica looked up in its prefix cache, and found, from its /metrics.",
+        labels=["replica", "outcome"],
+    )
+    for r in answered:
+        for state in ("running", "waiting"):
+            requests.add_metric([r.url, state], r.scraped.get(state, 0))
+        usage.add_metric([r.url], r.scraped.get("kv_cache_usage", 0))
+        prefix.add_metric([r.url, "queried"], r.scraped.get("prefix_cache_queried", 0))
+        prefix.add_metric([r.url, "hit"], r.scraped.get("prefix_cache_hit", 0))
+    yield from (requests, usage, prefix)
 
 
 def _reading_families(reading: EngineReading) -> Iterable[Metric]:
@@ -468,11 +584,11 @@ class Metrics:
         self.requests.labels(route, str(status)).inc()
         self.request_duration.labels(route).observe(seconds)
 
-    def exposition(self, reading: EngineReading | None) -> bytes:
+    def exposition(self, reading: EngineReading | ReplicasReading | None) -> bytes:
         """Every metric in Prometheus' text format; the engine's state from `reading` (None
         while the engine thread is not running)."""
         scrape = CollectorRegistry()
         scrape.register(_Collected(self.registry.collect))
         if reading is not None:
-            scrape.register(_Collected(lambda: _reading_families(reading)))
+            scrape.register(_Collected(reading.families))
         return generate_latest(scrape)

@@ -1,11 +1,13 @@
 """Fake vLLM replicas for the engine over vLLM: the few routes of vLLM's OpenAI-compatible
-server that engine uses (`/health`, `/v1/models`, `/v1/completions` with token-id prompts,
-streamed and not), each replica recording what it received, and a network of them that a test
-can cut a replica out of (its connections are refused, as a dead server's are).
+server that engine uses (`/health`, `/v1/models`, `/metrics`, `/v1/completions` with token-id
+prompts, streamed and not), each replica recording what it received, and a network of them
+that a test can cut a replica out of (its connections are refused, as a dead server's are).
 
-The answer is a fixed list of token ids; `cached_tokens` is the prompt's longest prefix the
-replica has seen before under the same `cache_salt`, as vLLM's prefix cache reports it (by
-token, where vLLM counts whole blocks: enough to tell a hit from a miss).
+The answer is a fixed list of token ids, whatever `structured_outputs` asks (the replica only
+checks that it names one constraint, as vLLM does, and records it with the body);
+`cached_tokens` is the prompt's longest prefix the replica has seen before under the same
+`cache_salt`, as vLLM's prefix cache reports it (by token, where vLLM counts whole blocks:
+enough to tell a hit from a miss).
 """
 
 from __future__ import annotations
@@ -36,14 +38,17 @@ class FakeReplica:
     healthy: bool = True
     refuse: int | None = None
     cut_after: int | None = None
+    waiting: int = 0  # what its /metrics says vLLM's queue holds
     received: list[dict[str, Any]] = field(default_factory=list)
     seen: dict[str | None, list[list[int]]] = field(default_factory=dict)  # salt → prompts
+    hits: list[int] = field(default_factory=list)  # each prompt's cached tokens
 
     def app(self) -> Starlette:
         return Starlette(
             routes=[
                 Route("/health", self._health),
                 Route("/v1/models", self._models),
+                Route("/metrics", self._metrics),
                 Route("/v1/completions", self._completions, methods=["POST"]),
             ]
         )
@@ -54,6 +59,24 @@ class FakeReplica:
     async def _models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model"}]})
 
+    async def _metrics(self, request: Request) -> Response:
+        """vLLM's own counters, in its names and labels: the prefix cache's queried and hit
+        prompt tokens (by token here), the requests running and waiting."""
+        prompts = [p for seen in self.seen.values() for p in seen]
+        hits = sum(self.hits)
+        labels = f'{{engine="0",model_name="{self.model_id}"}}'
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{labels} 0.0",
+            f"vllm:num_requests_waiting{labels} {float(self.waiting)}",
+            f"vllm:kv_cache_usage_perc{labels} 0.25",
+            "# TYPE vllm:prefix_cache_queries counter",
+            f"vllm:prefix_cache_queries_total{labels} {float(sum(map(len, prompts)))}",
+            f"vllm:prefix_cache_queries_created{labels} 1.7e9",
+            f"vllm:prefix_cache_hits_total{labels} {float(hits)}",
+        ]
+        return Response("\n".join(lines) + "\n", media_type="text/plain")
+
     async def _completions(self, request: Request) -> Response:
         body = await request.json()
         self.received.append(body)
@@ -62,10 +85,14 @@ class FakeReplica:
             return JSONResponse({"error": error}, status_code=self.refuse)
         if body.get("model") != self.model_id:
             return JSONResponse({"error": {"message": "no such model"}}, status_code=404)
+        if not _one_constraint(body.get("structured_outputs")):
+            error = {"message": "You must use one kind of structured outputs constraint"}
+            return JSONResponse({"error": error}, status_code=400)
         prompt, salt = body["prompt"], body.get("cache_salt")
         assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
         cached = max((common_prefix(prompt, old) for old in self.seen.get(salt, [])), default=0)
         self.seen.setdefault(salt, []).append(prompt)
+        self.hits.append(cached)
         reply = self.reply[: body.get("max_tokens", len(self.reply))]
         usage = {
             "prompt_tokens": len(prompt),
@@ -78,6 +105,19 @@ class FakeReplica:
             choice = {"index": 0, "text": "", "token_ids": reply, "finish_reason": finish}
             return JSONResponse({"object": "text_completion", "choices": [choice], "usage": usage})
         return StreamingResponse(_sse(reply, finish, usage), media_type="text/event-stream")
+
+
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def _one_constraint(structured: Any) -> bool:
+    """Whether a request's `structured_outputs` is absent or names exactly one constraint."""
+    if structured is None:
+        return True
+    return (
+        isinstance(structured, dict)
+        and sum(structured.get(k) is not None for k in _CONSTRAINTS) == 1
+    )
 
 
 async def _sse(reply: list[int], finish: str, usage: dict[str, Any]) -> AsyncIterator[str]:

@@ -21,12 +21,13 @@ from fastapi.testclient import TestClient
 
 from semantic.api import anthropic as messages_api
 from semantic.api.reply_stream import ReplyStream
-from semantic.api.seal import SealKey, Seals
+from semantic.api.seal import Seals
 from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.core import Batch, TokenEvent
 from semantic.engine.engine import ENGINE_FAILED
 from semantic.engine.runner import StepToken
 from semantic.models.served import ServedModel
+from semantic.server_key import ServerKey
 from tests.unit.fakes import running
 
 MODEL = "claude-semantic-test"
@@ -328,7 +329,7 @@ def test_message_start_and_a_ping_go_out_before_the_engine_says_anything(
         yield TokenEvent("r", [], "")
 
     async def first_two() -> list[str]:
-        reply = messages_api._Reply(MODEL, 42, 10, Seals(SealKey(tmp_path), None, 0))
+        reply = messages_api._Reply(MODEL, 42, 10, Seals(ServerKey(tmp_path), None, 0))
         tools = ToolUse(served, [], ToolChoice())
         stream = reply.events(tools.parse(ReplyStream(silent_engine())), tools)
         head = [await anext(stream), await anext(stream)]

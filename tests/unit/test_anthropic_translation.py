@@ -13,10 +13,11 @@ import pytest
 from semantic.api import anthropic as api
 from semantic.api import anthropic_request as request
 from semantic.api.anthropic_usage import usage_json
-from semantic.api.seal import SealKey, Seals
+from semantic.api.seal import Seals
 from semantic.core import DefaultSampling, FinishReason, TokenEvent, Usage
 from semantic.errors import ContextOverflow, InvalidRequest
 from semantic.models.served import ServedModel
+from semantic.server_key import ServerKey
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 
 
@@ -78,7 +79,7 @@ def test_thinking_in_history_is_its_turns_reasoning_and_redacted_thinking_is_dro
 
 def test_a_thinking_block_sealed_here_renders_the_text_its_seal_holds(tmp_path: Path) -> None:
     """The block's text was lost (or edited); the seal brings the reasoning back whole."""
-    seals = Seals(SealKey(tmp_path), None, 2**20)
+    seals = Seals(ServerKey(tmp_path), None, 2**20)
     sealed = {"type": "thinking", "thinking": "", "signature": seals.seal("Step one.\nStep two.")}
     turn = assistant([sealed, {"type": "text", "text": "Done."}])
     messages = request.template_messages(body(messages=[user("Go"), turn]), seals=seals)

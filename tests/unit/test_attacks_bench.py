@@ -10,7 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from semantic.api.seal import MAX_SEALED_BYTES, SealKey, Seals
+from semantic.api.seal import MAX_SEALED_BYTES, Seals
+from semantic.server_key import ServerKey
 from tests.benchmark_script import load_benchmark
 
 attacks = load_benchmark("attacks")
@@ -26,9 +27,9 @@ def test_an_unauthenticated_seal_inflates_to_the_most_a_seal_may_hold() -> None:
 
 def test_a_genuine_seal_opens_on_the_server_for_the_key_it_was_made_for(tmp_path: Path) -> None:
     sealed = attacks.genuine_seal(tmp_path, KEY, chars=1000)
-    seals = Seals(SealKey(tmp_path), attacks.owner_of(KEY), 10_000)
+    seals = Seals(ServerKey(tmp_path), attacks.owner_of(KEY), 10_000)
     assert seals.open(sealed) == "a" * 1000
-    assert Seals(SealKey(tmp_path), attacks.owner_of("another"), 10_000).open(sealed) is None
+    assert Seals(ServerKey(tmp_path), attacks.owner_of("another"), 10_000).open(sealed) is None
 
 
 def test_the_bodies_carry_the_seal_in_every_block() -> None:

@@ -18,7 +18,7 @@ from openai import OpenAI
 
 from semantic.api import anthropic, responses
 from semantic.api.app import create_app
-from semantic.api.seal import SealKey, Seals
+from semantic.api.seal import Seals
 from semantic.backends.fake import FakeRunner
 from semantic.config import Settings
 from semantic.core import Batch
@@ -26,6 +26,7 @@ from semantic.engine.engine import Engine
 from semantic.engine.runner import StepToken
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
+from semantic.server_key import ServerKey
 from semantic.text.tokenizer import Tokenizer
 from semantic.text.tools import CallEnd, CallStart, TextDelta
 from tests.unit.fakes import fake_served, with_chatml
@@ -117,7 +118,7 @@ def test_anthropic_a_long_silence_gets_an_event_that_is_not_a_ping(
 
 
 def test_a_call_that_comes_first_stops_the_kept_alive_text_block(tmp_path: Path) -> None:
-    blocks = anthropic._Blocks(Seals(SealKey(tmp_path), None, 0))
+    blocks = anthropic._Blocks(Seals(ServerKey(tmp_path), None, 0))
     opened = blocks.keep_alive()
     assert [e["type"] for e in opened] == ["content_block_start", "content_block_delta"]
     call = blocks.payloads(CallStart(0, "Bash"))

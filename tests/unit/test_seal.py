@@ -17,9 +17,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api import anthropic_request, responses_request
-from semantic.api.seal import MAX_SEALED_BYTES, SealKey, Seals
+from semantic.api.seal import MAX_SEALED_BYTES, Seals
 from semantic.errors import RequestTooLarge
 from semantic.models.served import ServedModel
+from semantic.server_key import ServerKey
 from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from tests.qwen3_template import QWEN3_TEMPLATE
@@ -31,7 +32,7 @@ BOB_KEY = "sk-semantic-bob-8e2a"
 
 
 def seals_of(cache_dir: Path, owner: str | None = None, budget: int = BODY_LIMIT) -> Seals:
-    return Seals(SealKey(cache_dir), owner, budget)
+    return Seals(ServerKey(cache_dir), owner, budget)
 
 
 def owner_of(key: str) -> str:
@@ -83,6 +84,14 @@ def test_the_key_is_made_once_readable_by_its_owner_only_and_read_after_a_restar
     sealed = seals_of(tmp_path).seal("Before the restart.")
     assert (tmp_path / "seal.key").stat().st_mode & 0o777 == 0o600
     assert seals_of(tmp_path).open(sealed) == "Before the restart."
+
+
+def test_two_holders_of_the_key_making_it_at_once_agree_on_the_first(tmp_path: Path) -> None:
+    seals, salts = ServerKey(tmp_path), ServerKey(tmp_path)  # the seals' and the vLLM engine's
+    assert salts._read() is None  # both found no key ...
+    first = seals.secret()
+    assert salts._make() == first  # ... and the later maker takes the one on disk
+    assert [p.name for p in tmp_path.iterdir()] == ["seal.key"]
 
 
 def test_a_key_file_that_is_no_key_is_replaced(tmp_path: Path) -> None:

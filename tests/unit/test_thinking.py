@@ -21,8 +21,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
-from semantic.api.seal import SealKey, Seals
+from semantic.api.seal import Seals
 from semantic.models.served import ServedModel
+from semantic.server_key import ServerKey
 from semantic.text.chat import ChatTemplate
 from semantic.text.reasoning import HARMONY, THINK_TAGS, ReasoningParser
 from semantic.text.tokenizer import Tokenizer
@@ -73,7 +74,7 @@ def scripted_client(
 
 def opened(cache_dir: Path, sealed: object) -> str | None:
     """What a seal the app made (with the key in `cache_dir`, on a server without keys) holds."""
-    return Seals(SealKey(cache_dir), None, 2**30).open(sealed)
+    return Seals(ServerKey(cache_dir), None, 2**30).open(sealed)
 
 
 def say(runner: ScriptedRunner, served: ServedModel, *texts: str) -> None:

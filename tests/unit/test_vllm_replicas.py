@@ -6,29 +6,36 @@ serve answering 501 in their protocol's shape."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import llguidance
 import openai
 import pytest
+from anthropic.types import ToolUseBlock
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
 from semantic.config import Settings
 from semantic.core import Request, SamplingParams
-from semantic.errors import NotSupported
 from semantic.models.served import ServedModel
-from semantic.replicas.client import completion_body
+from semantic.observability import VLLM_METRICS
+from semantic.replicas.client import _samples, completion_body
 from semantic.replicas.engine import ReplicaEngine
 from semantic.replicas.router import Router, routing_key
+from semantic.server_key import ServerKey
+from semantic.text.grammar import CallShape, Opening, ToolCallForm
 from tests.unit.fake_vllm import FakeNetwork, FakeReplica
 from tests.unit.test_agent_owners import ALICE_KEY, BOB_KEY, as_
+from tests.unit.test_metrics import family_names, scrape, value
 
 pytestmark = pytest.mark.usefixtures("no_outside_settings")
 
@@ -50,6 +57,7 @@ def replicas_app(
     engine = ReplicaEngine(
         served,
         Router(config.vllm_url, config.vllm_spill_in_flight),
+        ServerKey(cache_dir),
         share_across_keys=config.share_cache_across_keys,
         health_interval_s=0.02,
         transport=network,
@@ -144,6 +152,31 @@ def test_each_key_gets_its_own_cache_salt_and_its_own_cached_tokens(
     salts = [body["cache_salt"] for body in network.replicas["http://replica-0:8000"].received]
     assert salts[0] == salts[1] != salts[2]
     assert ALICE_KEY not in salts[0]
+
+
+def test_a_keys_salt_is_keyed_by_the_servers_secret_and_outlives_a_restart(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    keys = {"api_key": [ALICE_KEY, BOB_KEY]}
+
+    def salts(cache_dir: Path) -> tuple[str, str]:
+        with replicas_app(chat_served, cache_dir, count=1, **keys) as (client, _, network):
+            chat(client)
+            chat(client, key=BOB_KEY)
+        alice, bob = (b["cache_salt"] for b in network.replicas["http://replica-0:8000"].received)
+        return alice, bob
+
+    alice, bob = salts(tmp_path / "server")
+    assert alice != bob
+    assert salts(tmp_path / "server") == (alice, bob)  # the same secret, read again: same salts
+    assert salts(tmp_path / "another")[0] != alice  # another server's secret: another salt
+    owner = hashlib.sha256(ALICE_KEY.encode()).hexdigest()[:32]  # Alice's owner digest
+    plain = {
+        owner,
+        hashlib.sha256(owner.encode()).hexdigest()[:32],
+        hashlib.blake2b(f"semantic\0{owner}".encode(), digest_size=16).hexdigest(),
+    }
+    assert alice not in plain  # nobody without the secret computes it from the owner
 
 
 def test_keys_that_share_the_cache_send_no_salt(chat_served: ServedModel, tmp_path: Path) -> None:
@@ -353,26 +386,6 @@ def test_routes_the_vllm_engine_cannot_serve_answer_501(
     assert error.get("code", "not_supported") == "not_supported"
 
 
-def test_structured_output_answers_501_before_any_replica_is_asked(
-    chat_served: ServedModel, tmp_path: Path
-) -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
-    response_format = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
-    with replicas_app(chat_served, tmp_path, count=1) as (client, _, network):
-        response = client.post(
-            "/v1/chat/completions",
-            json={
-                "model": "m",
-                "max_tokens": 8,
-                "messages": USER,
-                "response_format": response_format,
-            },
-        )
-    assert response.status_code == 501
-    assert response.json()["error"]["code"] == "not_supported"
-    assert network.replicas["http://replica-0:8000"].received == []
-
-
 def _home(engine: ReplicaEngine, agent: str) -> str:
     return engine.router.home(routing_key(Request("r", [1], SamplingParams(), agent_id=agent))).url
 
@@ -381,25 +394,246 @@ def _replica(engine: ReplicaEngine, url: str) -> Any:
     return next(r for r in engine.router.replicas if r.url == url)
 
 
-@dataclass(frozen=True)
-class _StubGrammar:
-    lazy: bool
-    description: str = "a stub"
+# -- structured output ---------------------------------------------------------------------------
 
-    def matcher(self) -> Any:
-        raise AssertionError("the vLLM engine makes no matcher")
+SCHEMA: Any = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS: Any = [
+    {"name": "get_weather", "description": "Current weather", "input_schema": SCHEMA},
+    {"name": "get_time", "description": "Current time", "input_schema": {"type": "object"}},
+]
+ASK: Any = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-def test_a_lazy_tool_grammar_is_left_out_where_forced_output_is_refused(
+def answering(network: FakeNetwork, served: ServedModel, text: str) -> None:
+    """Every replica answers `text` (then the end token) from now on."""
+    for replica in network.replicas.values():
+        replica.reply = [*served.tokenizer.encode(text), min(served.tokenizer.eos_token_ids)]
+
+
+@pytest.fixture
+def tool_served(chat_served: ServedModel) -> ServedModel:
+    """`chat_served` with room for the default tool prompt (~450 of its tokens)."""
+    return dataclasses.replace(chat_served, context_length=2048)
+
+
+def test_a_json_schema_response_format_reaches_the_replica_as_its_schema(
     chat_served: ServedModel, tmp_path: Path
 ) -> None:
-    with replicas_app(chat_served, tmp_path, count=1) as (_, engine, network):
-        prompt = rendered(chat_served, USER)
+    with replicas_app(chat_served, tmp_path, count=1) as (client, _, network):
+        answering(network, chat_served, '{"city": "Paris"}')
+        sdk = openai.OpenAI(base_url=f"{client.base_url}/v1", api_key="k", http_client=client)
+        answer = sdk.chat.completions.create(
+            model="gpt-x",
+            messages=SDK_USER,
+            max_tokens=30,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "place", "schema": SCHEMA, "strict": True},
+            },
+        )
+        chat(client, response_format={"type": "json_object"})
+    assert json.loads(answer.choices[0].message.content or "") == {"city": "Paris"}
+    schema_body, object_body = network.replicas["http://replica-0:8000"].received
+    assert schema_body["structured_outputs"] == {"json": SCHEMA}
+    assert object_body["structured_outputs"]["json"] == {"type": "object"}
 
-        def ask(lazy: bool) -> Any:
-            return engine.stream(Request("r", prompt, SamplingParams(grammar=_StubGrammar(lazy))))
 
-        with pytest.raises(NotSupported):
-            ask(lazy=False)
-        assert network.replicas["http://replica-0:8000"].received == []
-        ask(lazy=True)  # the tools' calls are read from the text without it
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/responses",
+            {
+                "input": "Where?",
+                "text": {"format": {"type": "json_schema", "name": "p", "schema": SCHEMA}},
+            },
+        ),
+        (
+            "/v1/messages",
+            {
+                "messages": USER,
+                "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+            },
+        ),
+    ],
+)
+def test_every_apis_json_schema_field_reaches_the_replica(
+    chat_served: ServedModel, tmp_path: Path, path: str, body: dict[str, Any]
+) -> None:
+    with replicas_app(chat_served, tmp_path, count=1) as (client, _, network):
+        answering(network, chat_served, '{"city": "Paris"}')
+        response = client.post(path, json={"model": "m", "max_tokens": 30} | body)
+    assert response.status_code == 200, response.text
+    assert json.dumps('{"city": "Paris"}')[1:-1] in response.text  # the answer, as a string
+    assert only_received(network)["structured_outputs"] == {"json": SCHEMA}
+
+
+def test_a_forced_tool_call_goes_as_our_grammar_and_is_parsed_from_the_returned_ids(
+    tool_served: ServedModel, tmp_path: Path
+) -> None:
+    named: Any = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+    with replicas_app(tool_served, tmp_path, count=1) as (client, _, network):
+        answering(network, tool_served, '{"city": "Paris"}}\n</tool_call>')
+        sdk = anthropic.Anthropic(base_url=str(client.base_url), api_key="k", http_client=client)
+        message = sdk.messages.create(
+            model="claude-x",
+            max_tokens=60,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice=named,
+        )
+    assert message.stop_reason == "tool_use"
+    calls = [(b.name, b.input) for b in message.content if isinstance(b, ToolUseBlock)]
+    assert calls == [("get_weather", {"city": "Paris"})]
+    assert len(message.content) == 1
+    body = only_received(network)
+    prompt = tool_served.tokenizer.decode(body["prompt"], skip_special_tokens=False)
+    assert prompt.endswith('<tool_call>\n{"name": "get_weather", "arguments": ')  # prefilled
+    grammar = body["structured_outputs"]["grammar"]
+    assert grammar.startswith("start: ") and "%json" in grammar and '"city"' in grammar
+    assert "get_time" not in grammar  # the named tool's arguments, and nothing after the call
+
+
+def test_a_forced_call_that_more_calls_may_follow_is_held_up_to_its_end_then_free(
+    tool_served: ServedModel, tmp_path: Path
+) -> None:
+    body = {"model": "gpt-x", "max_tokens": 60, "messages": ASK, "tool_choice": "required"}
+    tools = [
+        {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
+        for t in TOOLS
+    ]
+    with replicas_app(tool_served, tmp_path, count=1) as (client, _, network):
+        answering(
+            network, tool_served, 'get_time", "arguments": {}}\n</tool_call>'
+        )  # after the opener
+        answer = chat(client, **body | {"tools": tools})
+    assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_time"
+    grammar = only_received(network)["structured_outputs"]["grammar"]
+    # either tool, then free text: the later calls are read from it, as without a forced call
+    assert grammar.startswith("start: first TEXT\n") and "get_time" in grammar
+    assert "[lazy]" not in grammar and "later" not in grammar  # what xgrammar cannot compile
+
+
+@pytest.mark.parametrize("bare", [False, True])  # True: a renamed call, in the model's spacing
+def test_a_forced_calls_source_is_a_grammar_of_its_own_without_lazy_rules(
+    tool_served: ServedModel, bare: bool
+) -> None:
+    lead = '{"name": "get_weather", "arguments": '
+    opening = Opening("<tool_call>", (CallShape(lead, SCHEMA, True),), "}\n</tool_call>")
+    closer = r"\s*\}" if bare else "}\n</tool_call>"
+    form = ToolCallForm(closer, (CallShape(lead, SCHEMA, True),), (opening,), forced_bare=bare)
+    source = tool_served.grammars.tool_calls(form).source.text
+    assert "[lazy]" not in source and ("SPACE:" in source) == bare
+    grammars = tool_served.grammars
+    vocabulary = llguidance.LLTokenizer(
+        tool_served.tokenizer.backend_json(), n_vocab=grammars.vocab_size
+    )
+    lark = llguidance.LLMatcher.grammar_from_lark(source)
+    assert llguidance.LLMatcher.validate_grammar(lark, vocabulary) == ""
+
+
+def test_tools_without_a_forced_call_send_no_grammar(
+    tool_served: ServedModel, tmp_path: Path
+) -> None:
+    body = {"model": "claude-x", "max_tokens": 60, "messages": ASK, "tools": TOOLS}
+    with replicas_app(tool_served, tmp_path, count=1) as (client, _, network):
+        answering(
+            network, tool_served, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+        )
+        answer = client.post("/v1/messages", json=body).json()
+    assert [b["name"] for b in answer["content"] if b["type"] == "tool_use"] == ["get_time"]
+    assert "structured_outputs" not in only_received(network)  # the calls are read from the text
+
+
+def test_a_replica_that_cannot_take_the_grammar_is_a_400_in_the_protocols_shape(
+    tool_served: ServedModel, tmp_path: Path
+) -> None:
+    body = {"model": "gpt-x", "max_tokens": 60, "messages": ASK, "tool_choice": "required"}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]
+    with replicas_app(tool_served, tmp_path, count=1) as (client, _, network):
+        network.replicas["http://replica-0:8000"].refuse = 400  # a backend pinned to xgrammar
+        response = client.post("/v1/chat/completions", json=body | {"tools": tools})
+    assert response.status_code == 400, response.text
+    assert "refused" in response.json()["error"]["message"]
+    assert "grammar" in only_received(network)["structured_outputs"]
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+DOCS = Path(__file__).parents[2] / "docs"
+
+
+def test_metrics_count_requests_tokens_and_each_replicas_health_and_load(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    prompt = rendered(chat_served, USER)
+    reply = len(chat_served.tokenizer.encode(ANSWER)) + 1  # and the end token
+    with replicas_app(chat_served, tmp_path) as (client, engine, network):
+        chat(client, "a1")
+        chat(client, "a1")
+        home, other = (
+            _home(engine, "a1"),
+            next(u for u in network.replicas if u != _home(engine, "a1")),
+        )
+        network.replicas[home].waiting = 3
+        samples = scrape(client)
+        network.dead.add(other)
+        wait_until(lambda: not _replica(engine, other).healthy)
+        after = scrape(client)
+        network.dead.add(home)
+        wait_until(lambda: not engine.alive)
+        down = scrape(client)
+    assert (
+        value(samples, "semantic_requests_total", route="/v1/chat/completions", status="200") == 2
+    )
+    assert value(samples, "semantic_time_to_first_token_seconds_count") == 2
+    assert value(samples, "semantic_generated_tokens_total") == 2 * reply
+    assert value(samples, "semantic_cache_hit_tokens_total", tier="memory") == len(prompt)
+    assert value(samples, "semantic_cache_miss_tokens_total") == len(prompt)
+    assert value(samples, "semantic_model_info", model=chat_served.name) == 1
+    assert value(samples, "semantic_requests_running") == 0
+    assert value(samples, "semantic_requests_waiting") == 3  # the replicas' own queues
+    for url in network.replicas:
+        assert value(samples, "semantic_replica_healthy", replica=url) == 1
+        assert value(samples, "semantic_replica_in_flight", replica=url) == 0
+        routed = 2 if url == home else 0
+        assert value(samples, "semantic_replica_routed_requests_total", replica=url) == routed
+        assert value(samples, "semantic_replica_spilled_requests_total", replica=url) == 0
+    # what the home replica's own /metrics said
+    hit = value(samples, "semantic_replica_prefix_cache_tokens_total", replica=home, outcome="hit")
+    queried = value(
+        samples, "semantic_replica_prefix_cache_tokens_total", replica=home, outcome="queried"
+    )
+    assert (hit, queried) == (len(prompt), 2 * len(prompt))
+    assert value(samples, "semantic_replica_requests", replica=home, state="waiting") == 3
+    assert value(samples, "semantic_replica_kv_cache_usage_ratio", replica=home) == 0.25
+    # a replica out of the routing: unhealthy, and not asked for its /metrics
+    assert value(after, "semantic_replica_healthy", replica=other) == 0
+    assert ("semantic_replica_kv_cache_usage_ratio", frozenset({("replica", other)})) not in after
+    # every replica down: still shown, as down
+    assert [value(down, "semantic_replica_healthy", replica=url) for url in network.replicas] == [
+        0,
+        0,
+    ]
+    documented = [
+        *re.findall(r"`(semantic_\w+)`", (DOCS / "operations.md").read_text()),
+        *re.findall(r"`(semantic_\w+)`", (DOCS / "scale-out.md").read_text()),
+    ]
+    exposed = family_names(name for name, _ in samples if name.startswith("semantic_"))
+    assert exposed <= family_names(documented)
+
+
+def test_a_replicas_metrics_are_read_by_name_summed_over_their_labels() -> None:
+    text = "\n".join(
+        [
+            "# HELP vllm:num_requests_waiting Number of requests waiting.",
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0',
+            'vllm:num_requests_waiting{engine="1",model_name="m x}"} 3.0 1700000000',
+            'vllm:prefix_cache_hits_created{engine="0"} 1.7e9',
+            "vllm:prefix_cache_hits_total 40",
+            "vllm:num_requests_running{broken",
+            "vllm:num_requests_running not-a-number",
+        ]
+    )
+    names = {n: n.split(":")[1] for n in VLLM_METRICS}
+    assert _samples(text, names) == {"num_requests_waiting": 5.0, "prefix_cache_hits_total": 40.0}

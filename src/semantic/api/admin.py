@@ -21,7 +21,7 @@ from semantic.cache.manifest import OWNER_PATTERN, UNOWNED
 from semantic.core import AGENT_ID_PATTERN
 from semantic.engine.host import EngineHost
 from semantic.errors import SemanticError
-from semantic.observability import EngineReading, Metrics
+from semantic.observability import EngineReading, Metrics, ReplicasReading
 
 router = APIRouter(route_class=LimitedBodyRoute)  # bodies under `max_body_mb`, as everywhere
 
@@ -70,12 +70,10 @@ async def metrics(request: Request) -> Response:
     return Response(catalog.exposition(await _reading(request)), media_type=CONTENT_TYPE_LATEST)
 
 
-async def _reading(request: Request) -> EngineReading | None:
+async def _reading(request: Request) -> EngineReading | ReplicasReading | None:
     try:
         engine = engine_of(request)
     except SemanticError:  # no model loaded, mid-swap
-        return None
-    if not engine.alive:
         return None
     try:
         # An engine a swap stops right now refuses the call (Unavailable); the timeout is for a

@@ -33,13 +33,13 @@ from semantic.api.lifecycle import Lifecycle, LifecycleGate
 from semantic.api.rate_limits import LimitByKey, RateLimits
 from semantic.api.request_metrics import RequestMetrics
 from semantic.api.responses_store import ResponseStore
-from semantic.api.seal import SealKey
 from semantic.api.slow_clients import SendTimeout
 from semantic.config import Settings
 from semantic.engine.host import EngineHost
 from semantic.engine.port import EnginePort
 from semantic.errors import SemanticError
 from semantic.observability import Metrics, bind_request
+from semantic.server_key import ServerKey
 
 
 def create_app(engine: EnginePort | EngineHost, settings: Settings) -> FastAPI:
@@ -65,7 +65,7 @@ def create_app(engine: EnginePort | EngineHost, settings: Settings) -> FastAPI:
     app.state.rate_limits = RateLimits(settings)
     app.state.started_at = time.time()
     app.state.responses = ResponseStore(settings.cache_dir / "responses")
-    app.state.seal_key = SealKey(settings.cache_dir)  # what thinking blocks are sealed with
+    app.state.seal_key = ServerKey(settings.cache_dir)  # what thinking blocks are sealed with
     app.state.git_snapshots = GitSnapshots()  # each Claude Code session's first git status
     # The engine's own metrics: the host lends one set to every engine it loads.
     app.state.metrics = Metrics(lambda: host.metrics)

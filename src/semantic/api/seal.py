@@ -4,13 +4,12 @@ owner, and the per-request budget on what seals unpack to.
 
 Why it is built so:
 - Authenticated, not encrypted. A seal is `sem2.<payload>.<tag>`: the payload is the reasoning,
-  zlib-compressed; the tag is an HMAC-SHA256, under the server's key, of the owner (the API key's
-  owner digest; none without keys) and the payload. The key is 32 random bytes in the cache
-  folder (`seal.key`, mode 0600), made at first use and read after, so a conversation goes on
-  across restarts. Only a seal made here for the same owner opens; anything else (another
-  server's signature, a forged or tampered seal, another key's, the unauthenticated `sem1.` of
-  earlier versions) is not ours, and its block counts as the client wrote it (its visible text),
-  never as the model's own reasoning.
+  zlib-compressed; the tag is an HMAC-SHA256, under the server's key (`server_key.py`), of the
+  owner (the API key's owner digest; none without keys) and the payload. The key is kept in the
+  cache folder across restarts, so a conversation goes on. Only a seal made here for the same
+  owner opens; anything else (another server's signature, a forged or tampered seal, another
+  key's, the unauthenticated `sem1.` of earlier versions) is not ours, and its block counts as
+  the client wrote it (its visible text), never as the model's own reasoning.
 - A seal holds exactly what its block shows. Reasoning the client is not shown
   (`display: "omitted"`) is sealed as empty: a compressed copy would be readable, no cipher is
   among this server's dependencies, and keeping the text server-side would be one more store to
@@ -27,53 +26,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
-import os
-import secrets
-import threading
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
-from semantic.cache.durable import write_durably
 from semantic.errors import RequestTooLarge
+from semantic.server_key import ServerKey
 
 PREFIX = "sem2."
-KEY_FILE = "seal.key"
-KEY_BYTES = 32
 MAX_SEALED_BYTES = 4 * 2**20  # what one seal may unpack to
 _DOMAIN = b"semantic reasoning seal 2\0"  # a tag made for this and nothing else
-
-
-class SealKey:
-    """The server's seal key, `<folder>/seal.key`: read on first use, made then if absent (or
-    not a key), whole or not at all. Lazy, so a server that never seals writes nothing."""
-
-    def __init__(self, folder: Path) -> None:
-        self.path = folder / KEY_FILE
-        self._secret: bytes | None = None
-        self._lock = threading.Lock()  # requests render on worker threads
-
-    def secret(self) -> bytes:
-        with self._lock:
-            if self._secret is None:
-                self._secret = self._read() or self._make()
-            return self._secret
-
-    def _read(self) -> bytes | None:
-        try:
-            secret = self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-        os.chmod(self.path, 0o600)  # a key copied in with looser rights is kept to its owner
-        return secret if len(secret) == KEY_BYTES else None
-
-    def _make(self) -> bytes:
-        secret = secrets.token_bytes(KEY_BYTES)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_durably(self.path, secret)  # mode 0600
-        return secret
 
 
 @dataclass(slots=True)
@@ -81,7 +43,7 @@ class Seals:
     """One request's seals: made and opened with `key` for `owner`. What they unpack to, all
     together, may not pass `budget` bytes; `unsealed` counts it as it inflates."""
 
-    key: SealKey
+    key: ServerKey
     owner: str | None
     budget: int
     unsealed: int = 0
@@ -107,7 +69,7 @@ class Seals:
 
     def _tag(self, payload: bytes) -> bytes:
         owner = (self.owner or "").encode() + b"\0"
-        return hmac.new(self.key.secret(), _DOMAIN + owner + payload, hashlib.sha256).digest()
+        return self.key.tag(_DOMAIN, owner + payload)
 
     def _inflate(self, payload: bytes) -> str | None:
         """The payload unpacked, stopping at one byte past what the budget (or one seal) may

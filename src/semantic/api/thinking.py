@@ -16,10 +16,11 @@ from fastapi import Request
 
 from semantic.api.auth import caller_of
 from semantic.api.bodies import body_limit
-from semantic.api.seal import SealKey, Seals
+from semantic.api.seal import Seals
 from semantic.api.structured_output import OutputFormat, output_grammar
 from semantic.api.tool_use import ToolUse
 from semantic.models.served import ServedModel
+from semantic.server_key import ServerKey
 from semantic.text.grammar import Grammar
 from semantic.text.reasoning import (
     ReasoningFormat,
@@ -78,7 +79,7 @@ class Thinking:
 def seals_of(request: Request) -> Seals:
     """The request's seals: the server's key, the caller's owner, and the body limit as the
     most its seals may unpack to, all together."""
-    key: SealKey = request.app.state.seal_key
+    key: ServerKey = request.app.state.seal_key
     return Seals(key, caller_of(request).owner, body_limit(request.app))
 
 

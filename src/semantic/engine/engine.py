@@ -350,7 +350,10 @@ class Engine:
         return self.runner.cache_spec.tag()
 
     async def reading(self) -> EngineReading:
-        """The engine's state for a metrics scrape, read on the engine thread, which owns it."""
+        """The engine's state for a metrics scrape, read on the engine thread, which owns it;
+        `Unavailable` while that thread does not run (nothing would answer the call)."""
+        if not self.alive:
+            raise Unavailable(self.down_reason)
         return await self.call(lambda: read_engine(self))
 
     @property

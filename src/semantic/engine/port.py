@@ -19,7 +19,7 @@ from semantic.errors import NotSupported
 if TYPE_CHECKING:
     from semantic.engine.agent_door import AgentDoor
     from semantic.models.served import ServedModel
-    from semantic.observability import EngineMetrics, EngineReading
+    from semantic.observability import EngineMetrics, EngineReading, ReplicasReading
 
 
 @dataclass(slots=True, frozen=True)
@@ -117,7 +117,7 @@ class EnginePort(Protocol):
         the cache is not ours."""
         ...
 
-    async def reading(self) -> EngineReading | None:
+    async def reading(self) -> EngineReading | ReplicasReading | None:
         """The engine's state for a metrics scrape (`observability.py`), or None when it has
         none to give now."""
         ...

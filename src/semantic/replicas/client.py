@@ -15,11 +15,12 @@ from typing import Any
 
 import httpx
 
-from semantic.core import Request
+from semantic.core import GrammarSource, Request
 from semantic.errors import EngineFailure, InvalidRequest, Overloaded, SemanticError, Unavailable
 from semantic.replicas.router import Replica
 
 HEALTH_TIMEOUT_S = 2.0
+SCRAPE_TIMEOUT_S = 2.0  # within the 5 s /metrics gives the engine's reading
 CONNECT_TIMEOUT_S = 3.0
 # A prefill can take minutes on a CPU replica: between two chunks a stream may be silent long.
 READ_TIMEOUT_S = 600.0
@@ -60,7 +61,24 @@ def completion_body(
         body["stop_token_ids"] = sorted(stop_ids)
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
+    # A lazy grammar (tools offered, no call forced) is left out: it holds a started call to
+    # its schema, and our parsers read the calls from the text without it.
+    if sampling.grammar is not None and not sampling.grammar.lazy:
+        body["structured_outputs"] = structured_outputs(sampling.grammar.source)
     return body
+
+
+def structured_outputs(source: GrammarSource) -> dict[str, Any]:
+    """vLLM's `structured_outputs` for a grammar. A JSON schema goes as a schema, which every
+    vLLM grammar backend takes. A forced tool call goes as our Lark grammar of it, in
+    llguidance's dialect (`%json`, special tokens by id): vLLM's `guidance` backend is
+    llguidance, and xgrammar (what `auto` tries first) reads that dialect too, without its
+    `x-guidance` options. A backend that takes neither (outlines, lm-format-enforcer) refuses
+    the request: a 400. Whether the JSON may be spaced is the replica's setting
+    (`--structured-outputs-config.disable_any_whitespace`): vLLM reads no request's."""
+    if source.kind == "json_schema":
+        return {"json": json.loads(source.text)}
+    return {"grammar": source.text}
 
 
 class ReplicaClient:
@@ -90,6 +108,17 @@ class ReplicaClient:
             return str(models[0]["id"])
         except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError) as exc:
             raise ReplicaDown(f"{replica.url}/v1/models names no model: {exc!r}") from exc
+
+    async def scraped(self, replica: Replica, names: dict[str, str]) -> dict[str, float]:
+        """The replica's own /metrics samples named in `names` (vLLM's name → ours), each
+        summed over its labels; empty when it does not answer within `SCRAPE_TIMEOUT_S`."""
+        try:
+            response = await self._http.get(f"{replica.url}/metrics", timeout=SCRAPE_TIMEOUT_S)
+        except httpx.HTTPError:
+            return {}
+        if response.status_code != 200:
+            return {}
+        return _samples(response.text, names)
 
     @asynccontextmanager
     async def completions(
@@ -121,6 +150,23 @@ async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
         if "error" in chunk or chunk.get("object") == "error":
             raise EngineFailure(f"the vLLM replica failed the request: {_message(data)}")
         yield chunk
+
+
+def _samples(text: str, names: dict[str, str]) -> dict[str, float]:
+    """From Prometheus' text format, the samples of `names`, by our name, summed over labels
+    (a line is `name{labels} value [timestamp]`; a line that does not parse is skipped)."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.partition("{")[0].partition(" ")[0]
+        ours = names.get(name)
+        if ours is None:
+            continue
+        fields = line.rpartition("}")[2].split() if "{" in line else line.split()[1:]
+        try:
+            found[ours] = found.get(ours, 0.0) + float(fields[0])
+        except (IndexError, ValueError):
+            continue
+    return found
 
 
 def refusal(status: int, message: str) -> SemanticError:

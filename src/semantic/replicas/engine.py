@@ -3,17 +3,17 @@ this side keeps what the API layer needs of an engine (`engine/port.py`).
 
 A request's prompt arrives as token ids rendered by our chat template; it goes to the replica
 its agent is routed to (`router.py`), under its key's `cache_salt` (vLLM's per-tenant prefix
-cache namespace), and the replica's token ids come back through our own detokenizer and stop
-matcher, so the text, stop strings and finish reasons read as they do on our engine. A
-replica that cannot be reached is taken out and the request retried on the next one; one that
-fails `/health` is taken out until it answers again, its agents moving to their next replica.
+cache namespace, keyed by the server's secret), and the replica's token ids come back through
+our own detokenizer and stop matcher, so the text, stop strings and finish reasons read as
+they do on our engine. A replica that cannot be reached is taken out and the request retried
+on the next one; one that fails `/health` is taken out until it answers again, its agents
+moving to their next replica.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -25,9 +25,10 @@ from semantic.core import FinishReason, Request, TokenEvent, Usage
 from semantic.engine.port import Capabilities
 from semantic.errors import ContextOverflow, InvalidRequest, NotSupported, Unavailable
 from semantic.models.served import ServedModel
-from semantic.observability import EngineMetrics, EngineReading
+from semantic.observability import VLLM_METRICS, EngineMetrics, ReplicaReading, ReplicasReading
 from semantic.replicas.client import ReplicaClient, ReplicaDown, completion_body
 from semantic.replicas.router import NoReplica, Replica, Router, routing_key
+from semantic.server_key import ServerKey
 from semantic.text.detokenizer import IncrementalDetokenizer, StopMatcher
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 Sink = Callable[[TokenEvent], None]
 
+_SALT_DOMAIN = b"semantic vllm cache salt 1\0"  # a tag made for this and nothing else
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
@@ -53,18 +55,21 @@ class _Output:
 
 class ReplicaEngine:
     """Serves `model` on the replicas `router` knows. Used on the event loop's thread only.
+    `server_key` keys each API key's `cache_salt` (the same key makes the same salts, so vLLM's
+    prefix cache stays warm across our restarts).
 
     Each request runs as a task that feeds its events to a queue (`stream` reads it); aborting
     a request cancels its task, which closes the HTTP stream, and vLLM aborts on that.
     """
 
-    capabilities = Capabilities(agents=False, swap=False, cache_miss=False, structured_output=False)
+    capabilities = Capabilities(agents=False, swap=False, cache_miss=False, structured_output=True)
     down_reason = "no vLLM replica is healthy"
 
     def __init__(
         self,
         model: ServedModel,
         router: Router,
+        server_key: ServerKey,
         *,
         share_across_keys: bool = False,
         health_interval_s: float = 5.0,
@@ -74,6 +79,7 @@ class ReplicaEngine:
         self.router = router
         self.max_seq_tokens = model.context_length
         self.metrics = EngineMetrics()
+        self._server_key = server_key
         self._share_across_keys = share_across_keys
         self._health_interval_s = health_interval_s
         self._transport = transport
@@ -81,6 +87,8 @@ class ReplicaEngine:
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._refusal: Exception | None = None  # set by `cancel_all`: every request fails so
+        self._hit_tokens = 0  # prompt tokens the replicas' usage reported cached
+        self._miss_tokens = 0  # and computed
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -120,11 +128,6 @@ class ReplicaEngine:
             raise InvalidRequest("the prompt is empty")
         if prompt_tokens >= self.max_seq_tokens:
             raise ContextOverflow(prompt_tokens, 0, self.model.context_length)
-        grammar = request.sampling.grammar
-        # A lazy grammar only holds a started tool call to its schema: the calls are still read
-        # from the text without it (`text/tools.py`), so tools work; forced output does not.
-        if grammar is not None and not grammar.lazy:
-            self.capabilities.require("structured_output", "structured output")
         return self._events(request, announce)
 
     async def _events(self, request: Request, announce: bool) -> AsyncIterator[TokenEvent]:
@@ -181,8 +184,25 @@ class ReplicaEngine:
     def cache_spec_tag(self) -> str | None:
         return None  # the KV cache is vLLM's
 
-    async def reading(self) -> EngineReading | None:
-        return None  # the pool and cache metrics are the replicas' own (their /metrics)
+    async def reading(self) -> ReplicasReading | None:
+        """Each replica's routing and health, with what its own /metrics says (the healthy
+        ones', read at once); the prompt tokens the replicas reported cached and computed."""
+        client = self._client
+        if client is None:
+            return None
+        replicas = self.router.replicas
+        scraped = await asyncio.gather(
+            *(client.scraped(r, VLLM_METRICS) if r.healthy else _nothing() for r in replicas)
+        )
+        return ReplicasReading(
+            model=self.model.name,
+            hit_tokens=self._hit_tokens,
+            miss_tokens=self._miss_tokens,
+            replicas=[
+                ReplicaReading(r.url, r.healthy, r.in_flight, r.routed, r.spilled, values)
+                for r, values in zip(replicas, scraped, strict=True)
+            ],
+        )
 
     # -- one request ------------------------------------------------------------------------
 
@@ -194,7 +214,11 @@ class ReplicaEngine:
             if self._refusal is not None:
                 raise self._refusal
             finish, stop_string = await self._generate(request, output, sink)
-            sink(self._final(request, output, finish, stop_string=stop_string))
+            final = self._final(request, output, finish, stop_string=stop_string)
+            if final.usage is not None and output.usage is not None:  # the replica's own count
+                self._hit_tokens += final.usage.cached_tokens
+                self._miss_tokens += final.usage.prompt_tokens - final.usage.cached_tokens
+            sink(final)
         except asyncio.CancelledError:
             sink(self._final(request, output, FinishReason.ABORT, error=self._refusal))
             raise
@@ -296,10 +320,12 @@ class ReplicaEngine:
     def _salt(self, request: Request) -> str | None:
         """The key's prefix-cache namespace on vLLM: a key's cached prompts hit only for that
         key, as on our engine, unless the keys share (`share_cache_across_keys`). A server
-        without keys has one tenant, and no salt."""
+        without keys has one tenant, and no salt. Keyed by the server's secret: whoever
+        reaches a replica directly cannot compute a key's salt from its owner digest, and so
+        cannot probe that key's cached prompts."""
         if self._share_across_keys or request.owner is None:
             return None
-        return hashlib.blake2b(f"semantic\0{request.owner}".encode(), digest_size=16).hexdigest()
+        return self._server_key.tag(_SALT_DOMAIN, request.owner.encode())[:16].hex()
 
     # -- replica health ---------------------------------------------------------------------
 
@@ -333,6 +359,10 @@ class ReplicaEngine:
                 replica.url,
                 why,
             )
+
+
+async def _nothing() -> dict[str, float]:
+    return {}  # a replica out of the routing is not asked
 
 
 def _rest(output: _Output) -> str:

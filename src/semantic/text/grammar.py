@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import llguidance
 import numpy as np
 
-from semantic.core import OutputGrammar
+from semantic.core import GrammarSource, OutputGrammar
 from semantic.errors import InvalidRequest
 from semantic.text.schema_annotations import without_annotations
 from semantic.text.tokenizer import Tokenizer
@@ -75,10 +75,14 @@ class Grammar:
     `start` is a matcher at the grammar's start, built when the grammar is compiled (on a
     worker thread) and never advanced: each sequence's matcher is a copy of it, tens of
     microseconds on the engine thread where building one anew takes up to tens of
-    milliseconds for many tools' schemas, a stall of every sequence in the step."""
+    milliseconds for many tools' schemas, a stall of every sequence in the step.
+
+    `source` is what it was compiled from, for an engine whose grammar engine is not this one
+    (a vLLM replica's): the JSON schema, or the Lark grammar of tool calls."""
 
     description: str
     start: llguidance.LLMatcher = field(repr=False)
+    source: GrammarSource = field(repr=False)
     lazy: bool = False
 
     def matcher(self) -> GrammarMatcher:
@@ -130,7 +134,8 @@ class GrammarCompiler:
     def json_schema(self, schema: dict[str, Any] | None, name: str = "the JSON schema") -> Grammar:
         """Output that is one JSON value valid under `schema` (None: any JSON object)."""
         text = _canonical(without_annotations(_ANY_JSON_OBJECT if schema is None else schema))
-        return self._compiled(f"json:{text}", name, lambda _: _json_grammar(text))
+        source = GrammarSource("json_schema", text)
+        return self._compiled(f"json:{text}", name, lambda _: (_json_grammar(text), source))
 
     def tool_calls(self, form: ToolCallForm) -> Grammar:
         """A reply whose tool calls follow their tools' schemas (`ToolCallForm`)."""
@@ -146,11 +151,12 @@ class GrammarCompiler:
         self,
         text: str,
         description: str,
-        build: Callable[[llguidance.LLTokenizer], str],
+        build: Callable[[llguidance.LLTokenizer], tuple[str, GrammarSource]],
         lazy: bool = False,
     ) -> Grammar:
         """The grammar of `text` (what it is compiled from, as canonical JSON), from the cache
-        or built; an InvalidRequest past MAX_SCHEMA_CHARS or for what the engine cannot take."""
+        or built (`build`: llguidance's grammar and its source); an InvalidRequest past
+        MAX_SCHEMA_CHARS or for what the engine cannot take."""
         if len(text) > MAX_SCHEMA_CHARS:
             raise InvalidRequest(
                 f"{description} is too large: {len(text):,} characters as compact JSON "
@@ -163,13 +169,13 @@ class GrammarCompiler:
                 self._cache.move_to_end(key)
                 return cached[0]
             vocabulary = self._vocabulary_locked()
-        source = build(vocabulary)
-        error = llguidance.LLMatcher.validate_grammar(source, vocabulary)
+        compiled, source = build(vocabulary)
+        error = llguidance.LLMatcher.validate_grammar(compiled, vocabulary)
         if error:
             raise InvalidRequest(f"{description} is not supported: {error[:500]}")
-        start = llguidance.LLMatcher(vocabulary, source, log_level=0)
-        grammar = Grammar(description, start, lazy)
-        self._keep(key, grammar, len(source))
+        start = llguidance.LLMatcher(vocabulary, compiled, log_level=0)
+        grammar = Grammar(description, start, source, lazy)
+        self._keep(key, grammar, len(compiled) + len(source.text))
         return grammar
 
     def _keep(self, key: bytes, grammar: Grammar, size: int) -> None:
@@ -286,11 +292,12 @@ class ToolCallForm:
 
 def _tool_grammar(
     form: ToolCallForm, vocabulary: llguidance.LLTokenizer, specials: dict[str, int]
-) -> str:
+) -> tuple[str, GrammarSource]:
     """A Lark grammar: a forced call (one alternative per tool: its lead, `%json{schema}`, the
     closer), then calls anywhere in free text, each opened by one of the openings' triggers.
     Free text runs to a trigger's first appearance (a lazy lexeme), or, where the trigger is a
-    special token, to that token."""
+    special token, to that token. Its source for other grammar engines holds the forced call
+    only, then free text (`_forced_source`)."""
     rules: list[str] = []
     start: list[str] = []
     bare = form.forced_bare or any(opening.bare for opening in form.openings)
@@ -300,6 +307,7 @@ def _tool_grammar(
             rules, "first", form.forced, closer, vocabulary, specials, form.forced_bare
         )
         start.append(first)
+    source = _forced_source(rules, bool(form.openings), form.forced_bare)
     if form.openings:
         calls = []
         for k, opening in enumerate(form.openings):
@@ -317,7 +325,24 @@ def _tool_grammar(
     if bare:
         rules.append("SPACE: /[ \\t\\r\\n]+/")
     lark = f"start: {' '.join(start)}\n" + "\n".join(rules)
-    return llguidance.LLMatcher.grammar_from_lark(lark)
+    return llguidance.LLMatcher.grammar_from_lark(lark), source
+
+
+def _forced_source(forced_rules: list[str], then_text: bool, bare: bool) -> GrammarSource:
+    """The forced call's rules as a grammar of their own, then free text where calls may
+    follow: what another grammar engine is given. The calls in that text are held by ours
+    alone, since xgrammar (vLLM's first choice) reads lazy rules but compiles only those whose
+    body is a single terminal; they are parsed from the text either way. Free text only (no
+    constraint at all) when nothing is forced. `bare`: the forced call is in the model's
+    spacing (its rules name `SPACE`)."""
+    text = ["TEXT: /(.|\\n)*/"]
+    if not forced_rules:
+        return GrammarSource("lark", "\n".join(["start: TEXT", *text]))
+    start = "start: first TEXT" if then_text else "start: first"
+    rules = [start, *forced_rules, *(text if then_text else [])]
+    if bare:
+        rules.append("SPACE: /[ \\t\\r\\n]+/")
+    return GrammarSource("lark", "\n".join(rules))
 
 
 def _alternatives(
