@@ -229,10 +229,17 @@ class Settings(BaseSettings):
         ge=1,
         description="Memory for the KV block pool, in MiB (default: 25% of the memory free "
         "once the model is loaded, 256 MiB to 16 GiB; 80% of a GPU's free memory). A pool "
-        "smaller than one context is warned about at start, with the tokens it holds.",
+        "smaller than one context is warned about at start, with the tokens it holds and the "
+        "budget that holds a context; a budget too small for one page is refused.",
     )
     block_tokens: int = Field(256, ge=1, le=4096, description="Tokens per KV block.")
-    cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache directory.")
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="Where the server writes: the KV caches and agents, stored responses, the "
+        "seal key, the built-in models joined from their pieces. The compiled CPU kernels and "
+        "prepared weights go under the user cache folder whatever this says: every server and "
+        "cache folder on the machine shares them.",
+    )
     disk_budget_mb: int = Field(
         10240,
         ge=1,

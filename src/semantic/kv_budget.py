@@ -1,11 +1,14 @@
 """How much memory the KV pool gets when `cache_budget_mb` is not set: a share of the memory free
 once the weights are loaded, between a floor and a cap, so the default fits the machine; and
-the warning for a pool too small to hold one whole context."""
+what a budget too small for one whole context is told: a warning, or with no page at all a
+refusal."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from semantic.core import CacheSpec
 
 CPU_SHARE = 0.25  # of the host memory available to new allocations
 GPU_SHARE = 0.80  # of the GPU memory free once the weights are in: the GPU serves nothing else
@@ -33,19 +36,35 @@ def host_available_bytes() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
 
 
+def whole_context_budget_mb(context: int, block_tokens: int, block_bytes: int) -> int:
+    """The `cache_budget_mb` whose pool holds one whole context: `block_bytes` is one block's K
+    and V for every layer."""
+    blocks = -(-context // block_tokens)
+    return -(-blocks * block_bytes // 2**20)
+
+
 def short_pool_warning(
     pool_tokens: int, context: int, block_tokens: int, block_bytes: int
 ) -> str | None:
     """What to tell the user when the pool holds fewer tokens (`pool_tokens`, of every layer)
     than one context: such a server starts, but refuses every longer prompt, and all its
-    agents share those few tokens. None when a whole context fits. `block_bytes` is one
-    block's K and V for every layer, so the budget named holds a whole context."""
+    agents share those few tokens. None when a whole context fits."""
     if pool_tokens >= context:
         return None
-    blocks = -(-context // block_tokens)
-    budget_mb = -(-blocks * block_bytes // 2**20)
     return (
         f"the KV pool holds {pool_tokens:,} tokens, less than one context of {context:,}: "
         f"a longer prompt is refused, and every agent shares those tokens; "
-        f"--cache-budget-mb {budget_mb:,} holds a whole context"
+        f"--cache-budget-mb {whole_context_budget_mb(context, block_tokens, block_bytes):,} "
+        "holds a whole context"
+    )
+
+
+def no_page_refusal(budget_mb: int, spec: CacheSpec, context: int) -> str:
+    """Why a budget smaller than one page of the pool stops the server: its pool would hold no
+    token at all. Says what a page takes and the budget that holds a whole context."""
+    budget = whole_context_budget_mb(context, spec.block_tokens, spec.bytes_per_block)
+    return (
+        f"cache_budget_mb={budget_mb} holds no page of the KV pool, so not one token: a page "
+        f"of {spec.block_tokens} tokens takes {spec.bytes_per_page / 2**20:.1f} MiB; "
+        f"--cache-budget-mb {budget:,} holds a whole context of {context:,}"
     )

@@ -44,10 +44,11 @@ class Checked:
         return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-# backend → how to install it.
+# backend → how to install what its extra holds. Not `pip install 'semantic[torch]'`: semantic
+# is not on PyPI, and that would fetch whatever package goes by the name there.
 _BACKEND_INSTALLS = {
-    "torch": "pip install 'semantic[torch]' (or `make install` in a clone)",
-    "mlx": "pip install 'semantic[mlx]' (on Linux, pip install 'mlx[cpu]')",
+    "torch": "pip install torch ninja (or `make install` in a clone)",
+    "mlx": "pip install mlx (on Linux, pip install 'mlx[cpu]')",
 }
 
 
@@ -68,8 +69,7 @@ def check_backend(settings: Settings) -> None:
     backend = default_backend() if settings.backend == "auto" else settings.backend
     if backend in _BACKEND_INSTALLS and importlib.util.find_spec(backend) is None:
         raise SemanticError(
-            f"{backend} is not installed: install semantic with its {backend} extra, "
-            f"{_BACKEND_INSTALLS[backend]}"
+            f"{backend} is not installed (semantic's {backend} extra): {_BACKEND_INSTALLS[backend]}"
         )
 
 

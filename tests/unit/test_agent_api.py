@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 
 from semantic.api import agent_turn
 from semantic.api.agent_turn import Turn
+from semantic.api.agents import AgentInfo
 from semantic.api.app import create_app
 from semantic.backends.fake import FakeRunner
 from semantic.cache.block_pool import TIER_SHARED
@@ -554,3 +555,12 @@ def test_a_pin_past_the_keys_share_of_the_pool_is_403_and_pins_nothing(
         assert error["code"] == "pin_limit_reached" and "1%" in error["message"]
         assert client.get("/v1/agents/big").json()["pinned"] is False
         assert engine.pool.num_held == 0
+
+
+def test_every_field_of_an_agents_description_is_explained_in_the_docs() -> None:
+    """docs/clients.md's table of an agent's fields names each one `GET /v1/agents/{id}` answers
+    (a newcomer met `working` beside `generating` with neither explained)."""
+    page = (Path(__file__).parents[2] / "docs" / "clients.md").read_text()
+    table = page[page.index("What an agent's description") :].split("\n\n")[1]
+    for field in AgentInfo.model_fields:
+        assert f"`{field}`" in table, field

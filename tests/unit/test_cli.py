@@ -1,6 +1,7 @@
 """The `semantic` command as a user meets it: help that is grouped and names each flag's default
-and environment variable, commands that take only their own flags, no abbreviations, guesses for
-mistyped flags and config keys, and settings errors that name the setting and its source."""
+and environment variable, commands that take only their own flags, a listing that writes
+nothing, no abbreviations, guesses for mistyped flags and config keys, and settings errors that
+name the setting and its source."""
 
 from __future__ import annotations
 
@@ -78,6 +79,19 @@ def test_models_and_agents_take_only_their_own_flags(capsys: pytest.CaptureFixtu
     status, _, err = run(capsys, "agents", "--max-running", "3")
     assert status == 2 and "unrecognized arguments: --max-running" in err
     assert "usage: semantic agents" in err
+
+
+def test_listing_the_models_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`semantic models` lists the built-in models, those in pieces too, and writes no file: not
+    the joined pieces (their first load does that), not a cache folder."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    status, out, _ = run(capsys, "models")
+    assert status == 0
+    assert re.search(r"^\* smollm2-135m ", out, flags=re.MULTILINE)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_abbreviated_flag_is_refused_with_the_flag_it_meant(

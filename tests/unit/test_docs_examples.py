@@ -1,9 +1,10 @@
 """The docs' curl examples run as written, in the order a reader meets them, against one
 server: none fails, and none collides with another (an agent one creates is not one an earlier
-example already made)."""
+example already made); nor does an agent the SDK examples name."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Iterator
@@ -75,6 +76,36 @@ def test_the_sections_hold_the_examples_they_should() -> None:
     examples = [str(c) for page, h in SECTIONS for b in shell_blocks(page, h) for c in curls(b)]
     assert "POST /v1/agents" in examples and "DELETE /v1/agents/alice" in examples
     assert "POST /v1/agents/planner/generate" in examples
+
+
+# The pages whose Python examples name agents (`metadata.user_id`, `session_id`).
+SDK_PAGES = ["getting-started.md", "first-agent.md", "clients.md"]
+NAMED_AGENT = re.compile(r'"(?:user_id|session_id)":\s*"([^"]+)"')
+
+
+def test_the_sdk_examples_name_no_agent_a_curl_example_creates() -> None:
+    """The SDK examples run against the same server as the curl ones (they are not run here):
+    an agent one of them names would make a later create of that id a 409, as the Anthropic
+    example's `alice` once did."""
+    named = {
+        name
+        for page in SDK_PAGES
+        for block in re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), re.DOTALL)
+        for name in NAMED_AGENT.findall(block)
+    }
+    assert {"sdk-anthropic", "sdk-openai", "haiku-writer"} <= named
+    created = {
+        json.loads(curl.body)["agent_id"]
+        for page, heading in SECTIONS
+        for block in shell_blocks(page, heading)
+        for curl in curls(block)
+        if curl.method == "POST"
+        and re.fullmatch(r"/v1/agents(/[^/]+/fork)?", curl.path)
+        and curl.body is not None
+        and "agent_id" in json.loads(curl.body)
+    }
+    assert {"alice", "alice-what-if"} <= created
+    assert named.isdisjoint(created)
 
 
 def test_the_curl_examples_run_in_order_without_colliding(

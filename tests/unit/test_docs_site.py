@@ -1,16 +1,23 @@
 """The documentation site: it builds strictly, its pages carry the navigation and rendered
-Mermaid diagrams, it loads nothing from another host, and its settings page lists every setting
-once, from the settings object."""
+Mermaid diagrams (drawn by a browser that reaches no other host, where Chromium is installed),
+it loads nothing from another host, and its settings page lists every setting once, from the
+settings object."""
 
 from __future__ import annotations
 
+import functools
 import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from semantic.config import Settings
 from semantic.settings_reference import settings_markdown
+from tests.headless_chromium import offline_dom
 
 ROOT = Path(__file__).parents[2]
 SCRIPT = re.compile(r'<script\b[^>]*\bsrc="([^"]+)"')
@@ -86,3 +93,34 @@ def test_every_page_with_a_diagram_brings_its_own_mermaid(site: Path) -> None:
         assert len(scripts) == 1, page
         mermaid = (page.parent / scripts[0]).resolve()
         assert 'globalThis["mermaid"] =' in mermaid.read_text(), page
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def served(folder: Path) -> Iterator[str]:
+    """`folder` over HTTP on a free loopback port, as `mkdocs serve` would show it."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}"
+        finally:
+            server.shutdown()
+
+
+@pytest.mark.parametrize(("page", "diagrams"), [("", 1), ("cache/", 2)])
+def test_a_browser_with_no_other_host_draws_the_pages_diagrams(
+    site: Path, page: str, diagrams: int
+) -> None:
+    """Material replaces each `<pre class="mermaid">` with the drawn diagram (in a `div` of that
+    class) once Mermaid has drawn it: here Mermaid can only be the site's own copy."""
+    with served(site) as url:
+        dom = offline_dom(f"{url}/{page}")
+    assert '<nav class="md-nav md-nav--primary"' in dom
+    assert '<pre class="mermaid">' not in dom
+    assert dom.count('<div class="mermaid">') == diagrams

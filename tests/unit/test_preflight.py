@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import socket
+import tomllib
 from collections.abc import Iterator
 from importlib.machinery import ModuleSpec
 from pathlib import Path
@@ -103,7 +105,18 @@ def test_without_torch_the_message_names_the_torch_extra(
 
     monkeypatch.setattr(importlib.util, "find_spec", no_torch)
     error = serve(capsys, tmp_path, "--port", "0")
-    assert "torch is not installed" in error and "pip install 'semantic[torch]'" in error
+    assert "torch is not installed (semantic's torch extra): pip install torch ninja" in error
+
+
+def test_the_backend_installs_name_what_each_extra_holds_never_semantic_itself() -> None:
+    """semantic is not on PyPI: `pip install 'semantic[torch]'` would fetch another package."""
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
+    for backend, install in preflight._BACKEND_INSTALLS.items():
+        for requirement in extras[backend]:
+            name = re.split(r"[<>=~!\[;]", requirement)[0]
+            assert f"pip install {name}" in install or f" {name} " in install, backend
+        assert "semantic" not in install
 
 
 def test_without_mlx_the_message_names_the_mlx_install(

@@ -18,7 +18,7 @@ from semantic.cache.page import PageKV
 from semantic.core import KV_QUANTIZED, Batch, CacheSpec
 from semantic.engine.runner import StepToken, step_tokens
 from semantic.errors import ModelLoadFailed
-from semantic.kv_budget import auto_budget_bytes, host_available_bytes
+from semantic.kv_budget import auto_budget_bytes, host_available_bytes, no_page_refusal
 from semantic.models.config import ModelConfig
 from semantic.text.grammar import GrammarStates
 
@@ -71,8 +71,7 @@ class MLXRunner:
         self.num_blocks = budget // self.cache_spec.bytes_per_page
         if self.num_blocks < 1:
             raise ModelLoadFailed(
-                f"cache_budget_mb={budget // 2**20} holds no page of "
-                f"{self.cache_spec.bytes_per_page} bytes"
+                no_page_refusal(budget // 2**20, self.cache_spec, config.max_position_embeddings)
             )
         self.pool = KVPool(self.cache_spec, self.num_blocks)
         self.vocab_size = config.vocab_size

@@ -34,7 +34,7 @@ from semantic.cache.page import PageKV
 from semantic.core import KV_QUANTIZED, Batch, BatchItem, CacheSpec
 from semantic.engine.runner import StepToken, step_tokens
 from semantic.errors import ModelLoadFailed
-from semantic.kv_budget import auto_budget_bytes, host_available_bytes
+from semantic.kv_budget import auto_budget_bytes, host_available_bytes, no_page_refusal
 from semantic.models.config import ModelConfig
 from semantic.models.q4k import Q4KBlocks
 from semantic.text.grammar import GrammarStates
@@ -126,10 +126,9 @@ class TorchRunner:
         budget = self._auto_budget_bytes() if cache_budget_mb is None else cache_budget_mb * 2**20
         self.num_blocks = budget // self.cache_spec.bytes_per_page  # pages, one size for all
         if self.num_blocks < 1:
-            raise ModelLoadFailed(
-                f"cache_budget_mb={budget // 2**20} holds no page of "
-                f"{self.cache_spec.bytes_per_page} bytes"
-            )
+            context = config.max_position_embeddings
+            seq_len = min(context, max_seq_len or context)
+            raise ModelLoadFailed(no_page_refusal(budget // 2**20, self.cache_spec, seq_len))
         graphs = cuda_graphs and self.device.type == "cuda" and in_place is not None
         graphs = graphs and not routes_on_host(self.model)
         # With graphs, one page past the engine's holds the padding rows' K/V (cuda/graphs.py).
