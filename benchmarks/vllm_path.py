@@ -27,6 +27,9 @@ checks, each alone:
   two agents on one replica (one per SDK) stream long answers, that replica's process group
   gets SIGKILL, and each client's ending is reported (an error in its protocol's shape, and
   how long after the kill), then each agent's next turn (on the other replica).
+- `--kill-in-prefill --replica-pid URL=PID …`: the same kill while a long prompt is still being
+  computed, before any text: semantic retries the turn on the other replica, and the client
+  gets a whole answer.
 """
 
 from __future__ import annotations
@@ -364,9 +367,12 @@ class Stream(threading.Thread):
     """One agent's streamed turn, read on its own thread: the text chunks as they come, then
     how it ended (finished, or the exception the SDK raised, its type and message)."""
 
-    def __init__(self, semantic: Gateway, sdk: str, agent: str) -> None:
+    def __init__(
+        self, semantic: Gateway, sdk: str, agent: str, system: str = SYSTEM, max_tokens: int = 400
+    ) -> None:
         super().__init__(daemon=True)
         self.semantic, self.sdk, self.agent = semantic, sdk, agent
+        self.system, self.max_tokens = system, max_tokens
         self.chunks: list[str] = []
         self.ended: dict[str, Any] | None = None
         self.ended_at = 0.0
@@ -384,8 +390,8 @@ class Stream(threading.Thread):
         if self.sdk == "openai":
             stream = self.semantic.openai().chat.completions.create(
                 model="gpt-any",
-                messages=[{"role": "system", "content": SYSTEM}, *messages],
-                max_tokens=400,
+                messages=[{"role": "system", "content": self.system}, *messages],
+                max_tokens=self.max_tokens,
                 temperature=0,
                 stream=True,
                 extra_body={"session_id": self.agent, "ignore_eos": True},
@@ -393,19 +399,21 @@ class Stream(threading.Thread):
             finish = None
             for chunk in stream:
                 for choice in chunk.choices:
-                    self.chunks.append(choice.delta.content or "")
+                    if choice.delta.content:
+                        self.chunks.append(choice.delta.content)
                     finish = choice.finish_reason or finish
             return finish
         with self.semantic.anthropic().messages.stream(
             model="claude-any",
-            system=SYSTEM,
+            system=self.system,
             messages=messages,
-            max_tokens=400,
+            max_tokens=self.max_tokens,
             metadata={"user_id": self.agent},
             extra_body={"temperature": 0},
         ) as answer:
             for text in answer.text_stream:
-                self.chunks.append(text)
+                if text:
+                    self.chunks.append(text)
             return answer.get_final_message().stop_reason
 
 
@@ -457,6 +465,37 @@ def kill_mid_answer(semantic: Gateway, pids: dict[str, int]) -> dict[str, Any]:
     ]
     report["replicas"] = replicas(semantic)
     return report
+
+
+def kill_in_prefill(semantic: Gateway, pids: dict[str, int]) -> dict[str, Any]:
+    """An agent streams a turn whose long prompt (~1,700 tokens, never cached) its replica is
+    still computing when that replica's process group gets SIGKILL (0.2 s after semantic
+    routed it, before any text): the answer had not begun, so semantic retries it on the
+    other replica, and the client should get the whole answer."""
+    probe = turn(semantic, "openai", "kill-prefill", "Hi.", 2)
+    home = probe["replica"]
+    before = replicas(semantic)
+    system = f"Run {time.time_ns()}. " + SYSTEM * 7
+    stream = Stream(semantic, "openai", "kill-prefill", system=system, max_tokens=16)
+    stream.start()
+    deadline = time.monotonic() + 60
+    while replicas(semantic)[home]["in_flight"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+    chunks_at_kill = len(stream.chunks)
+    os.killpg(os.getpgid(pids[home]), signal.SIGKILL)
+    killed_at = time.monotonic()
+    stream.join(timeout=300)
+    ended = stream.ended is not None
+    return {
+        "replica_killed": home,
+        "text_chunks_at_kill": chunks_at_kill,
+        "ended": stream.ended if ended else "still running (hang)",
+        "seconds_after_kill": round(stream.ended_at - killed_at, 2) if ended else None,
+        "text": "".join(stream.chunks),
+        "routed_to": served_by(semantic, before),
+        "replicas": replicas(semantic),
+    }
 
 
 def spill(semantic: Gateway, agents: int) -> dict[str, Any]:
@@ -545,6 +584,12 @@ def main() -> None:
         help="only two streamed answers on one replica, that replica killed (SIGKILL to the "
         "process group of its --replica-pid), then the agents' next turns",
     )
+    only.add_argument(
+        "--kill-in-prefill",
+        action="store_true",
+        help="only a streamed turn whose replica is killed while it computes the prompt (the "
+        "turn retried on the other replica)",
+    )
     parser.add_argument(
         "--replica-pid",
         action="append",
@@ -568,10 +613,10 @@ def main() -> None:
                 {"spill": spill(semantic, args.agents), "metrics": metrics(semantic)}, indent=2
             )
         )
-    elif args.kill_mid_answer:
+    elif args.kill_mid_answer or args.kill_in_prefill:
         pids = {url: int(pid) for url, _, pid in (p.rpartition("=") for p in args.replica_pid)}
-        report = kill_mid_answer(semantic, pids) | {"metrics": metrics(semantic)}
-        print(json.dumps(report, indent=2))
+        kill = kill_mid_answer if args.kill_mid_answer else kill_in_prefill
+        print(json.dumps(kill(semantic, pids) | {"metrics": metrics(semantic)}, indent=2))
     else:
         print(json.dumps(whole_run(semantic, args.agents, args.turns), indent=2))
 
