@@ -300,6 +300,33 @@ def test_an_answer_cut_off_mid_stream_fails_alone(chat_served: ServedModel, tmp_
     assert all(answer["choices"][0]["message"]["content"] == ANSWER for answer in others)
 
 
+@pytest.mark.parametrize(
+    ("route", "agent_field"),
+    [
+        ("/v1/chat/completions", {"session_id": "cut"}),
+        ("/v1/messages", {"metadata": {"user_id": "cut"}}),
+    ],
+)
+def test_a_stream_cut_off_by_a_killed_replica_ends_in_its_protocols_error_and_the_agent_moves(
+    chat_served: ServedModel, tmp_path: Path, route: str, agent_field: dict[str, Any]
+) -> None:
+    with replicas_app(chat_served, tmp_path, count=2) as (client, engine, network):
+        home = _home(engine, "cut")
+        network.replicas[home].cut_after = 2  # two tokens, then the replica is killed
+        request = {"model": "m", "max_tokens": 8, "messages": USER} | agent_field
+        cut = client.post(route, json=request | {"stream": True})
+        network.dead.add(home)
+        next_turn = client.post(route, json=request)
+    assert cut.status_code == 200  # the 200 went with the first bytes: the error is an event
+    last = json.loads(cut.text.strip().split("\n")[-1].removeprefix("data:"))
+    error = last["error"]
+    assert "mid-answer" in error["message"] and "Traceback" not in cut.text
+    assert error.get("code") == "unavailable" or last["type"] == "error"  # OpenAI's, Anthropic's
+    assert next_turn.status_code == 200
+    (other,) = set(network.replicas) - {home}
+    assert len(network.replicas[other].received) == 1  # the agent's next turn, on the other
+
+
 def test_a_replica_that_comes_back_gets_its_agents_back(
     chat_served: ServedModel, tmp_path: Path
 ) -> None:
