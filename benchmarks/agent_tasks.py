@@ -10,7 +10,8 @@ report its output; and a session of three turns (`--continue` / `codex exec resu
 With `--bare`, Claude Code runs in its minimal mode (`claude --bare`: a one-line system prompt,
 the working folder and date, and three tools, Bash, Edit and Read: ~1K tokens where the full
 prompt is ~19K). The server logs at debug level, so each turn also records what the model
-wrote (`replies`) and how many calls were read from it.
+wrote (`replies`) and how many calls were read from it, and the made-up tool names it wrote
+again as calls of offered tools (`renamed`).
 Each turn reports its wall time split into the first request's time to its first token (a
 long prefill: the CLIs' system prompts and tools are ~9K–19K tokens), the later requests' time
 to first token, their decoding, and the rest (the CLI running tools and itself); and each
@@ -114,6 +115,7 @@ class Turn:
     output: str
     requests: list[dict[str, Any]] = field(default_factory=list)
     replies: list[tuple[int, str]] = field(default_factory=list)  # (calls read, text) each
+    renamed: list[str] = field(default_factory=list)  # made-up tool names written again
 
     def split(self) -> dict[str, float]:
         """Where the turn's wall time went (seconds)."""
@@ -205,6 +207,7 @@ def _run(
     for i, prompt in enumerate(task.turns):
         logged = len(_logged(server, "request finished"))
         replied = len(_logged(server, "reply"))
+        renamed = len(_logged(server, "call renamed"))
         started = time.perf_counter()
         exit_code, output = _cli_turn(
             _command(client, cli, prompt, i > 0, args.bare), folder, env, args
@@ -213,6 +216,7 @@ def _run(
         turn = Turn(client, task.name, i + 1, exit_code, seconds, output[-2000:])
         turn.requests = [_request(r) for r in _logged(server, "request finished")[logged:]]
         turn.replies = [(r["calls"], r["text"]) for r in _logged(server, "reply")[replied:]]
+        turn.renamed = [r["tool"] for r in _logged(server, "call renamed")[renamed:]]
         turns.append(turn)
     outputs = "\n".join(t.output for t in turns)
     passed = all(t.exit_code == 0 for t in turns) and task.check(folder, outputs)

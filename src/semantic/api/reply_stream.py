@@ -23,8 +23,8 @@ from dataclasses import replace
 from semantic.core import OutputGrammar, Request, TokenEvent, Usage
 from semantic.engine.port import EnginePort
 
-# Times one reply may be taken back: each costs a request, and a model that names a tool not
-# offered again under the grammar cannot (the grammar holds it), so a few cover a reply's calls.
+# Times one reply may be taken back, each a request. A call written again is held to the offered
+# tools, so only a later call can be taken back: a few cover a reply's calls.
 MAX_REWINDS = 4
 
 
