@@ -245,7 +245,8 @@ class ToolUse:
         openings = self._openings() if self.choice.parallel else ()
         form = ToolCallForm(r"\s*\}", forced=shapes, openings=openings, forced_bare=True)
         grammar = await asyncio.to_thread(self._model.grammars.tool_calls, form)
-        log.info("call renamed", extra={"tool": misnamed.name[:64], "kept": kept})
+        # The name is the model's text, which may carry the user's: debug level, as replies.
+        log.debug("call renamed", extra={"tool": misnamed.name[:64], "kept": kept})
         await reply.rewind(kept, grammar)
         self._parser = self._new_parser(reply)
         self._parser.feed(kept_text)  # its events went out from the parser before
