@@ -276,6 +276,24 @@ def test_a_streamed_renamed_call_sends_its_text_once(server: Server) -> None:
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_a_made_up_call_in_the_requests_last_event_is_written_again_too(server: Server) -> None:
+    """max_tokens ends the first request on the very token that opens the made-up call's
+    arguments, so its final event is read before the reply goes back: the reply still goes
+    on, within what is left of max_tokens (here too little to finish the call, which is then
+    text), and its usage is still the reply's."""
+    tokenizer = server.served.tokenizer
+    tokens = tokenizer.encode(MADE_UP)
+    opened = next(n for n in range(len(tokens)) if '"arguments": {' in tokenizer.decode(tokens[:n]))
+    server.say(MADE_UP, RENAMED)
+    body = {"model": "m", "max_tokens": opened, "messages": ASK, "tools": [FORECAST]}
+    answer = server.client.post("/v1/messages", json=body).json()
+    (text,) = [block["text"] for block in answer["content"]]
+    assert text.startswith('Checking.\n```json\n{"name": "forecast"') and "weather" not in text
+    assert answer["stop_reason"] == "max_tokens"
+    assert answer["usage"]["input_tokens"] == len(server.runner.prompts[-2])
+    assert answer["usage"]["output_tokens"] == opened
+
+
 def test_a_reply_is_taken_back_a_bounded_number_of_times(server: Server) -> None:
     """A model that makes up another call after each renamed one gets at most `MAX_REWINDS`
     new requests; the made-up call after the last one is text."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from semantic.api.streaming import close_iterator
 from semantic.core import OutputGrammar, Request, TokenEvent, Usage
 from semantic.engine.port import EnginePort
 
@@ -43,6 +44,7 @@ class ReplyStream:
         self._current = request  # the request whose events come now
         self.output: list[int] = []  # the reply's tokens so far, those taken back left out
         self.rewinds = 0
+        self._ended: TokenEvent | None = None  # the current request's final event, once read
         self._first: Usage | None = None  # the first request's usage, once a rewind ended it
 
     def __aiter__(self) -> ReplyStream:
@@ -51,15 +53,15 @@ class ReplyStream:
     async def __anext__(self) -> TokenEvent:
         event = await anext(self._events)
         self.output += event.token_ids
+        if event.final:
+            self._ended = event
         if event.usage is not None and self._first is not None and self._request is not None:
             event = replace(event, usage=self._as_one(event.usage))
         return event
 
     async def aclose(self) -> None:
         """Close the events (the engine aborts a request whose stream is closed)."""
-        aclose = getattr(self._events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await close_iterator(self._events)
 
     def stop(self) -> None:
         """End generation early: the events finish with `FinishReason.ABORT`."""
@@ -79,14 +81,15 @@ class ReplyStream:
     async def rewind(self, kept: int, grammar: OutputGrammar) -> None:
         """Keep the output's first `kept` tokens, drop the rest, and go on from there under
         `grammar`: the request in flight is stopped and its events read to the end (so the
-        engine holds nothing of it), and the next events are the new request's."""
+        engine holds nothing of it; its final event may have been read already), and the next
+        events are the new request's."""
         assert self._engine is not None and self._request is not None
         assert self._current is not None and 0 <= kept <= len(self.output)
         self.stop()
-        async for event in self._events:
-            if event.final:
-                self._first = self._first or event.usage or Usage(0, 0)
-                break
+        while self._ended is None:
+            await anext(self)
+        self._first = self._first or self._ended.usage or Usage(0, 0)
+        self._ended = None
         await self.aclose()
         self.rewinds += 1
         self.output = self.output[:kept]

@@ -78,11 +78,13 @@ async def after_the_200(
         log.exception("a stream failed after its 200")
         yield error_frame(exc)
     finally:
-        await _close(frames)
-        await _close(events)
+        await close_iterator(frames)
+        await close_iterator(events)
 
 
-async def _close(iterator: AsyncIterator[Any]) -> None:
+async def close_iterator(iterator: AsyncIterator[Any]) -> None:
+    """Close `iterator` where it can be closed (an async generator: the engine's stream, whose
+    closing aborts its request)."""
     aclose = getattr(iterator, "aclose", None)
     if aclose is not None:
         await aclose()
@@ -131,7 +133,7 @@ async def with_keep_alive(
             pending.cancel()
             with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                 await pending
-        await _close(events)
+        await close_iterator(events)
 
 
 def sse_response(
