@@ -218,6 +218,17 @@ def test_a_sampled_row_follows_temperature_and_top_k_and_never_accepts_a_token_t
             assert abs(p - f) < 4 * math.sqrt(p * (1 - p) / 4000) + 1e-3, (draft, seen)
 
 
+def test_a_draft_that_top_p_keeps_alone_is_always_accepted() -> None:
+    """Top-p keeps token 0 alone (61% of the mass before the cut): the draft's chance is its
+    share of what top-p keeps, 1, not 0.61; rejected with no other candidate left, the
+    draw had nothing to draw from (a sampled agent's request failed on it)."""
+    torch.manual_seed(3)
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    sampling = SamplingParams(temperature=1.0, top_p=0.5)
+    for draft in (0, 1):
+        assert first_token_frequencies(logits, draft, sampling, 300) == [1.0, 0.0, 0.0, 0.0]
+
+
 def test_a_sampled_row_under_a_penalty_keeps_the_penalized_distribution() -> None:
     torch.manual_seed(2)
     logits = torch.tensor([1.0, 0.8, -0.5, 0.2])

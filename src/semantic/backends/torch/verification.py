@@ -134,7 +134,9 @@ def _choose(
     generator = _generator(logits.device, params.seed, position)
     if drafted is not None:
         at = _position(ids, drafted)
-        chance = 0.0 if at is None else float(probs[at])
+        # Its share of what top-p kept (`candidates` does not renormalise after the cut, and
+        # `multinomial` needs no sum of 1): a draft top-p keeps alone is always accepted.
+        chance = 0.0 if at is None else float(probs[at] / probs.sum())
         if float(torch.rand(1, generator=generator, device=logits.device)) < chance:
             return drafted
         if at is not None:  # the rest of p, without the rejected token
