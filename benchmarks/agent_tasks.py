@@ -9,9 +9,11 @@ The tasks: read a file and report a word in it; create a file; edit one line; ru
 report its output; and a session of three turns (`--continue` / `codex exec resume --last`).
 With `--bare`, Claude Code runs in its minimal mode (`claude --bare`: a one-line system prompt,
 the working folder and date, and three tools, Bash, Edit and Read: ~1K tokens where the full
-prompt is ~19K). The server logs at debug level, so each turn also records what the model
-wrote (`replies`) and how many calls were read from it, and the made-up tool names it wrote
-again as calls of offered tools (`renamed`).
+prompt is ~19K). With `--claude-tools Bash,Read,Edit,Write`, Claude Code keeps its full system
+prompt but offers only those tools (`claude --tools`): ~3.3K tokens, most of the ~19K being
+the definitions of the tools a small model does not need. The server logs at debug level, so
+each turn also records what the model wrote (`replies`) and how many calls were read from it,
+and the made-up tool names it wrote again as calls of offered tools (`renamed`).
 Each turn reports its wall time split into the first request's time to its first token (a
 long prefill: the CLIs' system prompts and tools are ~9K–19K tokens), the later requests' time
 to first token, their decoding, and the rest (the CLI running tools and itself); and each
@@ -133,7 +135,12 @@ class Turn:
 def main() -> int:
     args = _parser().parse_args()
     tasks = [task for task in TASKS if not args.task or task.name in args.task]
-    results: dict[str, Any] = {"model": args.model, "bare": args.bare, "tasks": []}
+    results: dict[str, Any] = {
+        "model": args.model,
+        "bare": args.bare,
+        "claude_tools": args.claude_tools,
+        "tasks": [],
+    }
     with tempfile.TemporaryDirectory(prefix="agent-tasks-") as scratch:
         root = Path(scratch)
         cache = Path(args.cache_dir) if args.cache_dir else root / "cache"
@@ -169,6 +176,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--claude", help="the claude executable (default: npm install one)")
     parser.add_argument("--codex", help="the codex executable (default: npm install one)")
     parser.add_argument("--bare", action="store_true", help="run Claude Code with --bare")
+    parser.add_argument("--claude-tools", help="the tools Claude Code offers (its --tools)")
     parser.add_argument("--turn-timeout", type=float, default=3600.0)
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     parser.add_argument("--server-arg", action="append", default=[], help="passed to serve")
@@ -209,9 +217,7 @@ def _run(
         replied = len(_logged(server, "reply"))
         renamed = len(_logged(server, "call renamed"))
         started = time.perf_counter()
-        exit_code, output = _cli_turn(
-            _command(client, cli, prompt, i > 0, args.bare), folder, env, args
-        )
+        exit_code, output = _cli_turn(_command(client, cli, prompt, i > 0, args), folder, env, args)
         seconds = round(time.perf_counter() - started, 1)
         turn = Turn(client, task.name, i + 1, exit_code, seconds, output[-2000:])
         turn.requests = [_request(r) for r in _logged(server, "request finished")[logged:]]
@@ -274,13 +280,16 @@ def _environment(client: str, home: Path, base_url: str) -> dict[str, str]:
     return env | {"CODEX_HOME": str(codex_home)}
 
 
-def _command(client: str, cli: str, prompt: str, later: bool, bare: bool) -> list[str]:
+def _command(
+    client: str, cli: str, prompt: str, later: bool, args: argparse.Namespace
+) -> list[str]:
     if client == "claude":
         return [
             cli,
             "-p",
             *(["--continue"] if later else []),
-            *(["--bare"] if bare else []),
+            *(["--bare"] if args.bare else []),
+            *([f"--tools={args.claude_tools}"] if args.claude_tools else []),
             CLAUDE_TOOLS,
             prompt,
         ]
@@ -304,8 +313,12 @@ def _request(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _table(results: dict[str, Any]) -> str:
+    modes = ["--bare"] if results["bare"] else []
+    if results.get("claude_tools"):
+        modes.append(f"--tools={results['claude_tools']}")
+    claude = f" (Claude Code with {' and '.join(modes)})" if modes else ""
     lines = [
-        f"Model: `{results['model']}`{' (Claude Code with --bare)' if results['bare'] else ''}.",
+        f"Model: `{results['model']}`{claude}.",
         "",
         "| client | task | turn | done | wall s | first prefill s | later prefills s | decode s "
         "| client and tools s | requests | prompt read from cache |",

@@ -563,6 +563,28 @@ def test_renaming_holds_a_call_of_a_tool_not_offered_once_its_arguments_open(
     assert outcome(parser.finish()) == [("text", text[len(before) :])]
 
 
+@pytest.mark.parametrize("arguments", ['"42"', '["ls", "-la"]', "7", "null"])
+def test_renaming_holds_a_made_up_call_whose_arguments_are_no_object(arguments: str) -> None:
+    """`{"name": "out.txt", "arguments": "42"}`: still a call the model meant, written again as
+    an object of an offered tool's."""
+    parser = HermesParser(TOOLS)
+    parser.renaming = True
+    text = f'{{"name": "out.txt", "arguments": {arguments}}}'
+    assert parser.feed(text) == []
+    misnamed = parser.misnamed
+    assert misnamed is not None and misnamed.name == "out.txt"
+    assert text[misnamed.at :].startswith(f'out.txt", "arguments": {arguments[0]}')
+    assert misnamed.after_name == '", "arguments": '
+
+
+def test_without_renaming_a_made_up_call_is_text_whatever_its_arguments() -> None:
+    for arguments in ('"42"', '{"path": "a"}'):
+        text = f'{{"name": "out.txt", "arguments": {arguments}}}'
+        parser = HermesParser(TOOLS)
+        events = [*parser.feed(text), *parser.finish()]
+        assert parser.misnamed is None and outcome(events) == [("text", text)]
+
+
 def test_renaming_leaves_json_that_is_no_call_as_text() -> None:
     """A name no tool has, followed by another key or by the object's end, is an answer's."""
     for text in ('{"name": "Alice", "age": 30} ok', 'x {"name": "Alice"} ok'):

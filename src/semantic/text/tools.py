@@ -60,14 +60,14 @@ class Read(enum.Enum):
     MORE = enum.auto()  # the character belongs to the call, which goes on
     DONE = enum.auto()  # the character ended the call
     REJECTED = enum.auto()  # not a call after all: its text is plain text (not this character)
-    MISNAMED = enum.auto()  # a call of a tool not offered: its arguments open at this character
+    MISNAMED = enum.auto()  # a call of a tool not offered: its arguments begin at this character
     BROKEN = enum.auto()  # a streaming call ended before this character, which is not its own
 
 
 @dataclass(slots=True, frozen=True)
 class MisnamedCall:
     """A call the model began of a tool that was not offered: `{"name": "made_up",
-    "arguments": {`, the arguments just opened. `at`: where the name's text begins in what the
+    "arguments": {` (or any other value), the arguments just begun. `at`: where the name's text begins in what the
     parser was fed; `after_name`: what came between the name's text and the arguments, as the
     model spaced it (the closing quote, the key, the colon); `held_from`: where the text the
     parser holds back begins (the call's `{`, or a fence or whitespace before it): none of it
@@ -119,7 +119,7 @@ class _CallReader:
         self._needs_arguments = needs_arguments
         self._name = name
         # Whether a call of a tool not offered is told from text (`MISNAMED`) rather than
-        # rejected at its name: it is, once its arguments open as an object.
+        # rejected at its name: it is, once its arguments begin.
         self._renaming = renaming
         self.misnamed: MisnamedCall | None = None  # its name (`at` counts from the `{`)
         self._unknown: str | None = None  # a name not offered, while its arguments may follow
@@ -177,13 +177,15 @@ class _CallReader:
         )
 
     def _misnamed(self, char: str) -> Read:
-        """After the name of a tool not offered: a call of it once its arguments open as an
-        object; another key, or the object's end, makes it an answer's JSON."""
+        """After the name of a tool not offered: a call of it once its arguments begin, of
+        whatever type (small models write `"arguments": "42"` or `["ls"]` for a tool they made
+        up as readily as an object: written again, they become an object); another key, or
+        the object's end, makes it an answer's JSON."""
         started = self._json.started
         if started is None and not self._json.complete:
             self.text.append(char)
             return Read.MORE
-        if started not in _ARGUMENT_KEYS or char != "{":
+        if started not in _ARGUMENT_KEYS:
             return Read.REJECTED
         assert self._unknown is not None and self._name_start is not None
         after_name = "".join(self.text[self._name_end :])
