@@ -11,9 +11,12 @@ prompt asks for); one that needs none scores a *false call* when the answer call
 prompts go out `--concurrency` at a time, greedy: the server decodes them in one batch, which on
 a CPU costs about what one does, and a batched answer is the one it gets alone.
 
-The tool sets carry the clients' real tool names and argument schemas (Claude Code 2.1, Codex
-0.171) with short descriptions of our own; `tool_call_prompts.json` beside this file holds the
-system prompts and the prompts.
+The tool sets carry the clients' real tool names and argument schemas (Claude Code 2.1; Codex
+0.171 as it sends them for a model it does not know: `exec_command` and `write_stdin` for the
+shell and no `apply_patch` tool, files being changed through the shell) with short descriptions
+of our own; `tool_call_prompts.json` beside this file holds the system prompts and the prompts.
+The answers get 256 tokens: room for a whole call, pretty-printed with every optional argument
+(at 96, the 1.5B's well-begun TodoWrite and plan calls were cut off in their lists).
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--base-url", help="ask this server instead of starting one")
     parser.add_argument("--server-arg", action="append", default=[], help="passed to serve")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--only", choices=("claude", "codex"), help="one client's prompts")
     parser.add_argument("--limit", type=int, help="the first N prompts of each kind")
     parser.add_argument("--label", help="the table's heading")
@@ -121,7 +124,8 @@ async def _ask(
     max_tokens: int,
 ) -> Answer:
     tools = suite[client]["tools"]
-    schemas = {tool["name"]: tool.get("input_schema") or tool.get("parameters") for tool in tools}
+    functions = [inner for tool in tools for inner in tool.get("tools", [tool])]  # namespaces
+    schemas = {f["name"]: f.get("input_schema") or f.get("parameters") for f in functions}
     started = time.perf_counter()
     if client == "claude":
         body = {
