@@ -67,11 +67,11 @@ class Read(enum.Enum):
 @dataclass(slots=True, frozen=True)
 class MisnamedCall:
     """A call the model began of a tool that was not offered: `{"name": "made_up",
-    "arguments": {` (or any other value), the arguments just begun. `at`: where the name's text begins in what the
-    parser was fed; `after_name`: what came between the name's text and the arguments, as the
-    model spaced it (the closing quote, the key, the colon); `held_from`: where the text the
-    parser holds back begins (the call's `{`, or a fence or whitespace before it): none of it
-    has been given out."""
+    "arguments": {` (or any other value), the arguments just begun. `at`: where the name's text
+    begins in what the parser was fed; `after_name`: what came between the name's text and the
+    arguments, as the model spaced it (the closing quote, the key, the colon); `held_from`:
+    where the text the parser holds back begins (the call's `{`, or a fence or whitespace
+    before it): none of it has been given out."""
 
     name: str
     at: int
