@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from semantic.backends.fake import FakeRunner
 from semantic.bench.workload import percentile
-from semantic.cache.block_manager import Fit
-from semantic.cache.prefix import PrefixCache, PrefixMatch
+from semantic.cache.pages.block_manager import Fit
+from semantic.cache.pages.prefix import PrefixCache, PrefixMatch
 from semantic.config import Settings
 from semantic.core import (
     Batch,

@@ -29,7 +29,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from structlog.typing import EventDict
 
-from semantic.cache.block_pool import (
+from semantic.cache.pages.block_pool import (
     TIER_IDLE_AGENT,
     TIER_ONE_OFF,
     TIER_OUT_OF_WINDOW,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from semantic.cache.block_pool import TIER_OUT_OF_WINDOW
+from semantic.cache.pages.block_pool import TIER_OUT_OF_WINDOW
 from semantic.config import Settings
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage, first_read_block
 from semantic.engine.engine import Engine

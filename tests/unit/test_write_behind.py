@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from semantic.cache.disk import DiskTier
-from semantic.cache.page import PageKV
-from semantic.cache.prefix import page_key
+from semantic.cache.disk.tier import DiskTier
+from semantic.cache.pages.page import PageKV
+from semantic.cache.pages.prefix import page_key
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel

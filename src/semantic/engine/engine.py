@@ -19,13 +19,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from semantic.cache.agents import Agents, EvictResult, PersistResult
-from semantic.cache.block_pool import BlockPool
-from semantic.cache.disk import BlockRecord, DiskTier, cache_root, model_tag
-from semantic.cache.manifest import ManifestFiles
-from semantic.cache.prefix import PrefixCache, root_hash
-from semantic.cache.tiering import Tiering
-from semantic.cache.write_behind import WriteBehind
+from semantic.cache.agents.manifest import ManifestFiles
+from semantic.cache.agents.store import Agents, EvictResult, PersistResult
+from semantic.cache.agents.write_behind import WriteBehind
+from semantic.cache.disk.tier import BlockRecord, DiskTier, cache_root, model_tag
+from semantic.cache.disk.tiering import Tiering
+from semantic.cache.pages.block_pool import BlockPool
+from semantic.cache.pages.prefix import PrefixCache, root_hash
 from semantic.core import (
     AgentKey,
     Batch,

@@ -21,21 +21,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semantic.cache.block_pool import (
+from semantic.cache.agents.conversation import Conversation
+from semantic.cache.agents.conversation_quota import ConversationQuota
+from semantic.cache.agents.manifest import AgentManifest, ManifestFiles
+from semantic.cache.agents.misses import Lookup, MissRecord, RecentMisses, diagnose
+from semantic.cache.agents.retention import Retentions
+from semantic.cache.agents.stats import AgentStats, CacheStats, Served
+from semantic.cache.disk.tiering import PendingWrites, Tiering
+from semantic.cache.pages.block_pool import (
     TIER_IDLE_AGENT,
     TIER_OUT_OF_WINDOW,
     TIER_SHARED,
     TIER_WORKING_AGENT,
     BlockPool,
 )
-from semantic.cache.cache_stats import AgentStats, CacheStats, Served
-from semantic.cache.conversation import Conversation
-from semantic.cache.conversation_quota import ConversationQuota
-from semantic.cache.manifest import AgentManifest, ManifestFiles
-from semantic.cache.misses import Lookup, MissRecord, RecentMisses, diagnose
-from semantic.cache.prefix import PrefixCache, PrefixMatch, split_key
-from semantic.cache.retention import Retentions
-from semantic.cache.tiering import PendingWrites, Tiering
+from semantic.cache.pages.prefix import PrefixCache, PrefixMatch, split_key
 from semantic.core import AgentKey, CacheMiss, History, Request
 from semantic.errors import (
     Conflict,
@@ -139,11 +139,11 @@ class Agents:
     agent was deleted meanwhile never brings it back; `quota` counts the conversation text each
     owner's agents hold, at most `options.max_conversation_bytes_per_key`, a value that forks
     share counted once. Manifests are written on `persist`, at shutdown, and behind each turn
-    once the blocks it names are on disk (`cache/write_behind.py`); an agent with a
+    once the blocks it names are on disk (`cache/agents/write_behind.py`); an agent with a
     conversation (the agent API) has its own written at each turn too, a few bytes that cannot
     be computed again. Blocks need no
     manifest to be found: a prompt walks its chain in memory and on disk alike
-    (`cache/prefix.py`).
+    (`cache/pages/prefix.py`).
     """
 
     def __init__(
