@@ -151,7 +151,7 @@ class Engine:
             budget_bytes=options.cache.disk_budget_bytes,
             other_bytes=manifests.num_bytes,
         )
-        self.tiering = Tiering(disk, runner)
+        self.tiering = Tiering(disk, runner.read_block)
         self.pool = BlockPool(runner.num_blocks)
         self.prefix = PrefixCache(
             self.pool,

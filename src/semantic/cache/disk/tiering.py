@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 
 from semantic.cache.disk.tier import BlockRecord, DiskTier
 from semantic.cache.disk.writer import DiskWriter, WriteCallback
+from semantic.cache.pages.page import PageKV
 from semantic.cache.pages.prefix import page_key, split_key
-from semantic.engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 HotBlock = tuple[int, int, int, tuple[int, ...], bool]
 # One page to restore: its key and the token ids it must hold (a prefix, for a partial one).
 Wanted = tuple[int, tuple[int, ...]]
+# A host copy of one pool page (the runner's `read_block`): what a write takes from the pool.
+ReadPage = Callable[[int], PageKV]
 
 
 @dataclass(slots=True)
@@ -75,9 +77,9 @@ class Tiering:
     least recently used files first, never those of `protected` block hashes (pinned agents').
     """
 
-    def __init__(self, disk: DiskTier, runner: ModelRunner) -> None:
+    def __init__(self, disk: DiskTier, read_page: ReadPage) -> None:
         self.disk = disk
-        self.runner = runner
+        self.read_page = read_page
         self.writer = DiskWriter(disk)
         self.traffic = DiskTraffic()
         self.lock = threading.Lock()
@@ -168,7 +170,7 @@ class Tiering:
 
     def _submit(self, hot: HotBlock, done: WriteCallback) -> None:
         page, key, parent, tokens, ends_history = hot
-        kv = self.runner.read_block(page)
+        kv = self.read_page(page)
         self.writer.submit(BlockRecord(key, parent, tokens, kv, ends_history), done)
 
     def _evicted_written(self, size: int, error: BaseException | None) -> None:
