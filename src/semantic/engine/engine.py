@@ -40,6 +40,7 @@ from semantic.engine.agent_door import AgentDoor
 from semantic.engine.port import Capabilities
 from semantic.engine.runner import ModelRunner, StepToken
 from semantic.engine.scheduler import Scheduler
+from semantic.engine.snapshot import EngineSnapshot, EngineStats
 from semantic.errors import (
     ContextOverflow,
     EngineFailure,
@@ -108,16 +109,6 @@ class _Active:
     sink: EventSink
     detokenizer: IncrementalDetokenizer
     stops: StopMatcher
-
-
-@dataclass(slots=True, frozen=True)
-class EngineStats:
-    running: int
-    waiting: int
-    blocks_total: int
-    blocks_held: int
-    blocks_cached: int
-    blocks_free: int
 
 
 @dataclass(slots=True, frozen=True)
@@ -341,7 +332,21 @@ class Engine:
         `Unavailable` while that thread does not run (nothing would answer the call)."""
         if not self.alive:
             raise Unavailable(self.down_reason)
-        return await self.call(lambda: read_engine(self))
+        return read_engine(await self.call(self.snapshot))
+
+    def snapshot(self) -> EngineSnapshot:
+        """What the metrics read of the engine, taken on the engine thread, which owns it."""
+        active, idle = self.agents.census()
+        return EngineSnapshot(
+            model=self.model.name,
+            stats=self.stats(),
+            bytes_per_page=self.runner.cache_spec.bytes_per_page,
+            reclaimed=dict(enumerate(self.pool.reclaimed)),
+            preemptions=self.scheduler.preemptions,
+            agents_active=active,
+            agents_idle=idle,
+            cache=self.agents.stats.totals(),
+        )
 
     @property
     def alive(self) -> bool:
