@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from semantic.cache.agents.agent import Agent
 from semantic.cache.agents.conversation import Conversation
 from semantic.cache.agents.manifest import UNOWNED
-from semantic.cache.agents.store import Agent, EvictResult, PersistResult
+from semantic.cache.agents.persist import EvictResult, PersistResult
 from semantic.core import AgentKey, Caller
 from semantic.errors import Conflict, NotFound, PersistFailed
 

@@ -19,7 +19,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from semantic.cache.agents.store import Agents, EvictResult, PersistResult
+from semantic.cache.agents.persist import EvictResult, PersistResult
+from semantic.cache.agents.store import Agents
 from semantic.cache.agents.write_behind import WriteBehind
 from semantic.cache.disk.tier import BlockRecord
 from semantic.cache.disk.tiering import Tiering

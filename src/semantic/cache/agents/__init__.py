@@ -1,3 +1,4 @@
-"""The agents store: named agents and the blocks their histories hold (`store`), their
-conversations and manifests, what clients asked to keep (`retention`), the persistence behind
-each turn (`write_behind`), and the cache's statistics and misses."""
+"""The agents store: named agents (`agent`) and the blocks their histories hold (`store`), the
+pages their pins hold (`pins`), their persistence (`persist`, `manifest`, `write_behind` behind
+each turn), their conversations, what clients asked to keep (`retention`), and the cache's
+statistics (`stats`, `misses`)."""

@@ -12,7 +12,8 @@ import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from semantic.cache.agents.store import Agent, Agents
+from semantic.cache.agents.agent import Agent
+from semantic.cache.agents.store import Agents
 from semantic.cache.disk.tiering import HotBlock, Tiering
 from semantic.cache.pages.prefix import split_key
 from semantic.core import AgentKey, History
