@@ -30,6 +30,7 @@ from semantic.core import Batch, Request, SamplingParams, TokenEvent
 from semantic.engine import scheduler
 from semantic.engine.engine import Engine
 from semantic.engine.runner import StepToken
+from semantic.engine.wiring import build_engine
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
@@ -73,7 +74,7 @@ def run(
                          first_token_id=100)  # fmt: skip
     with tempfile.TemporaryDirectory() as cache:
         settings = Settings(cache_dir=Path(cache), max_batch_tokens=64, batch_window_ms=0)
-        engine = Engine(runner, served, engine_options(settings))
+        engine = build_engine(runner, served, engine_options(settings))
         done = _drive(engine, agents, turns)
         restored, preemptions = engine.tiering.traffic.restored, engine.scheduler.preemptions
         engine.stop()

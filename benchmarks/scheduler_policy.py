@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from semantic.backends.fake import FakeRunner
 from semantic.bench.workload import percentile
-from semantic.cache.block_manager import Fit
-from semantic.cache.prefix import PrefixCache, PrefixMatch
+from semantic.cache.pages.block_manager import Fit
+from semantic.cache.pages.prefix import PrefixCache, PrefixMatch
 from semantic.config import Settings
 from semantic.core import (
     Batch,
@@ -47,6 +47,7 @@ from semantic.core import (
 from semantic.engine.engine import Engine
 from semantic.engine.runner import ModelRunner, StepToken
 from semantic.engine.scheduler import Scheduler
+from semantic.engine.wiring import build_engine
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
@@ -325,7 +326,7 @@ def run(
     runner = _TimedRunner(cost, clock, num_blocks=blocks, block_tokens=BLOCK_TOKENS)
     with tempfile.TemporaryDirectory() as cache:
         settings = Settings(cache_dir=Path(cache), batch_window_ms=0)
-        engine = Engine(runner, served, engine_options(settings))
+        engine = build_engine(runner, served, engine_options(settings))
         old = engine.scheduler
         engine.scheduler = policy(
             old.prefix,

@@ -34,7 +34,7 @@ from semantic.engine.engine import Engine
 from semantic.text.grammar import Grammar
 
 # The file to edit: one of ours, 228 lines of Python.
-SOURCE = Path(__file__).resolve().parent.parent / "src/semantic/cache/block_pool.py"
+SOURCE = Path(__file__).resolve().parent.parent / "src/semantic/cache/pages/block_pool.py"
 EDIT = (
     "Here is a Python file:\n\n```python\n{source}```\n\nRename the method `num_available` to "
     "`available_pages` everywhere in it. Reply with the whole changed file in one ```python "

@@ -20,8 +20,8 @@ from collections.abc import Callable
 import torch
 
 from semantic.backends.torch.runner import build_step
-from semantic.cache.block_pool import BlockPool
-from semantic.cache.prefix import PrefixCache, root_hash
+from semantic.cache.pages.block_pool import BlockPool
+from semantic.cache.pages.prefix import PrefixCache, root_hash
 from semantic.core import Batch, CacheSpec, Request, SamplingParams, Sequence
 from semantic.engine.scheduler import Scheduler
 

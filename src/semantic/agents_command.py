@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx
 
-from semantic.cache.conversation_files import delete_conversation
-from semantic.cache.disk import block_files, cache_root
-from semantic.cache.folder_lock import FolderLock
-from semantic.cache.manifest import UNOWNED, AgentManifest, delete_manifest, list_manifests
+from semantic.cache.agents.conversation_files import delete_conversation
+from semantic.cache.agents.manifest import UNOWNED, AgentManifest, delete_manifest, list_manifests
+from semantic.cache.disk.folder_lock import FolderLock
+from semantic.cache.disk.tier import block_files, cache_root
 from semantic.config import Settings
 from semantic.errors import CacheFolderBusy, NotFound, SemanticError
 

@@ -1,4 +1,5 @@
-"""The `semantic` command, and the only wiring: settings → model → runner → engine → app.
+"""The `semantic` command: settings → model → runner → engine (`engine/wiring.py` builds its
+parts) → app.
 
 Each command takes its own flags: `serve` and `config` every setting's (settings_flags.py),
 `models` and `agents` the few they use. Only flags given on the command line are passed on, so
@@ -302,7 +303,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     """Load the model (`source`, else the configured one), build its runner over a fresh block
     pool, wrap an engine."""
     from semantic.backends import create_runner, with_weights
-    from semantic.engine.engine import Engine
+    from semantic.engine import wiring
     from semantic.kv_budget import short_pool_warning
     from semantic.memory import own_mappings
     from semantic.models.checkpoint import load_checkpoint
@@ -334,7 +335,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
         spec.tag(),
         "cache_budget_mb" if settings.cache_budget_mb else "sized from the free memory",
     )
-    engine = Engine(runner, served, engine_options(settings))
+    engine = wiring.build_engine(runner, served, engine_options(settings))
     short = short_pool_warning(
         engine.max_seq_tokens, context, spec.block_tokens, spec.bytes_per_block
     )

@@ -313,7 +313,7 @@ class FinishReason(enum.StrEnum):
 class Breakpoint:
     """A prefix of a request's prompt its client will send again (an Anthropic `cache_control`
     breakpoint, an OpenAI `prompt_cache_retention`): its first `num_tokens` tokens are kept at
-    least `ttl_s` seconds (`cache/retention.py`)."""
+    least `ttl_s` seconds (`cache/agents/retention.py`)."""
 
     num_tokens: int
     ttl_s: float
@@ -488,7 +488,7 @@ class History:
 class CacheMiss:
     """Why a prompt was not served from the cache further than it was: `position` is its first
     token the cache did not serve, where it parted from the nearest cached chain, and `reason`
-    why (`cache/misses.py` names the reasons)."""
+    why (`cache/agents/misses.py` names the reasons)."""
 
     position: int
     reason: str

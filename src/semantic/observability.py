@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -29,7 +29,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from structlog.typing import EventDict
 
-from semantic.cache.block_pool import (
+from semantic.cache.pages.block_pool import (
     TIER_IDLE_AGENT,
     TIER_ONE_OFF,
     TIER_OUT_OF_WINDOW,
@@ -37,9 +37,7 @@ from semantic.cache.block_pool import (
     TIER_WORKING_AGENT,
 )
 from semantic.core import Batch, Request, Sequence
-
-if TYPE_CHECKING:
-    from semantic.engine.engine import Engine
+from semantic.engine.snapshot import EngineSnapshot
 
 # -- logs ------------------------------------------------------------------------------------
 
@@ -321,12 +319,11 @@ class EngineReading:
         return _reading_families(self)
 
 
-def read_engine(engine: Engine) -> EngineReading:
-    """Run on the engine thread (`engine.call`), which owns everything read here."""
-    stats, pool = engine.stats(), engine.pool
-    active, idle = engine.agent_door.census()
+def read_engine(snapshot: EngineSnapshot) -> EngineReading:
+    """The reading /metrics shows, from what the engine published (`Engine.snapshot`)."""
+    stats = snapshot.stats
     return EngineReading(
-        model=engine.model.name,
+        model=snapshot.model,
         running=stats.running,
         waiting=stats.waiting,
         blocks={
@@ -334,12 +331,12 @@ def read_engine(engine: Engine) -> EngineReading:
             "cached": stats.blocks_cached,
             "free": stats.blocks_free,
         },
-        kv_pool_bytes=pool.num_blocks * engine.runner.cache_spec.bytes_per_page,
-        reclaimed={name: pool.reclaimed[tier] for tier, name in EVICTION_TIERS.items()},
-        cache=engine.agent_door.cache_totals(),
-        agents_active=active,
-        agents_idle=idle,
-        preemptions=engine.scheduler.preemptions,
+        kv_pool_bytes=stats.blocks_total * snapshot.bytes_per_page,
+        reclaimed={name: snapshot.reclaimed[tier] for tier, name in EVICTION_TIERS.items()},
+        cache=dict(snapshot.cache),
+        agents_active=snapshot.agents_active,
+        agents_idle=snapshot.agents_idle,
+        preemptions=snapshot.preemptions,
     )
 
 

@@ -13,7 +13,7 @@ from semantic.config import Settings, default_cache_dir
 
 @dataclass(slots=True, frozen=True)
 class AgentOptions:
-    """The agents of one model's cache (`cache/agents.py`)."""
+    """The agents of one model's cache (`cache/agents/store.py`)."""
 
     idle_s: float  # silent this long, an agent's blocks leave memory first
     max_per_key: int  # agents one API key (or, without keys, the server) keeps

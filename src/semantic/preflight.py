@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from semantic.backends import default_backend
-from semantic.cache.disk import cache_root
-from semantic.cache.folder_lock import FolderLock
-from semantic.cache.private_folder import private_folder
+from semantic.cache.disk.folder_lock import FolderLock
+from semantic.cache.disk.private_folder import private_folder
+from semantic.cache.disk.tier import cache_root
 from semantic.config import Settings
 from semantic.errors import SemanticError
 from semantic.registry import ModelRegistry, ModelSource

@@ -17,7 +17,7 @@ import secrets
 import threading
 from pathlib import Path
 
-from semantic.cache.durable import fsync_dir, unlink_quietly, write_durably
+from semantic.cache.disk.durable import fsync_dir, unlink_quietly, write_durably
 
 KEY_FILE = "seal.key"
 KEY_BYTES = 32

@@ -20,7 +20,7 @@ import openai
 import pytest
 from gguf import GGUFReader
 
-from semantic.cache.disk import DiskTier
+from semantic.cache.disk.tier import DiskTier
 from semantic.core import CacheSpec
 from tests.e2e.conftest import Server, Start
 

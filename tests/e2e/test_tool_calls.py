@@ -25,7 +25,7 @@ import uvicorn
 
 from semantic.api.app import create_app
 from semantic.config import Settings
-from semantic.engine.engine import Engine
+from semantic.engine.wiring import build_engine
 from semantic.models.gguf import GGUFFile
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
@@ -94,7 +94,7 @@ def scripted(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         end_token_id=end, num_blocks=256, block_tokens=16, vocab_size=tokenizer.vocab_size
     )
     settings = Settings(batch_window_ms=0, cache_dir=tmp_path_factory.mktemp("tool-cache"))
-    app = create_app(Engine(runner, served, engine_options(settings)), settings)
+    app = create_app(build_engine(runner, served, engine_options(settings)), settings)
     # Bound and listening before uvicorn starts: clients connect at once and wait in the
     # backlog until it accepts, so nothing polls for readiness.
     sock = socket.socket()

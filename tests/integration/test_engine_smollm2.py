@@ -15,6 +15,7 @@ from semantic.config import Settings
 from semantic.core import Batch, BatchItem, FinishReason, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.engine.runner import ModelRunner
+from semantic.engine.wiring import build_engine
 from semantic.models.checkpoint import Checkpoint
 from semantic.options import engine_options
 from tests.integration.conftest import served_smollm2
@@ -58,7 +59,7 @@ def engine_over(runner: ModelRunner, checkpoint: Checkpoint, cache_dir: Path) ->
     """An engine of small steps (64 tokens, no batch window) over `runner`."""
     served = served_smollm2(checkpoint)
     settings = Settings(max_batch_tokens=64, batch_window_ms=0, cache_dir=cache_dir)
-    return Engine(runner, served, engine_options(settings))
+    return build_engine(runner, served, engine_options(settings))
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import torch
 from semantic.backends.torch.kernels import cpu_kernels
 from semantic.backends.torch.models.experts import routes_on_host
 from semantic.backends.torch.runner import TorchRunner
-from semantic.cache.page import PageKV
+from semantic.cache.pages.page import PageKV
 from semantic.core import Batch, BatchItem
 from tests.integration.reference_models import (
     BLOCK_TOKENS,

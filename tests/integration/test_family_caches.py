@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from semantic.cache.block_pool import TIER_OUT_OF_WINDOW
+from semantic.cache.pages.block_pool import TIER_OUT_OF_WINDOW
 from semantic.config import Settings
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage, first_read_block
 from semantic.engine.engine import Engine
+from semantic.engine.wiring import build_engine
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
@@ -58,7 +59,7 @@ def engine(model: Model, tiny_tokenizer: Tokenizer, cache_dir: Path) -> Engine:
     template = ChatTemplate(CHATML_TEMPLATE, bos_token=None, eos_token=None)
     served = ServedModel("tiny", model.config, tiny_tokenizer, template, 512, "random-weights")
     settings = Settings(max_batch_tokens=24, batch_window_ms=0, cache_dir=cache_dir)
-    return Engine(model.make_runner("float32"), served, engine_options(settings))
+    return build_engine(model.make_runner("float32"), served, engine_options(settings))
 
 
 def turn(engine: Engine, agent: str | None, prompt: list[int]) -> tuple[list[int], Usage]:

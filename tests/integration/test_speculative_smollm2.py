@@ -11,6 +11,7 @@ from semantic.backends.torch.runner import TorchRunner
 from semantic.config import Settings
 from semantic.core import Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
+from semantic.engine.wiring import build_engine
 from semantic.models.checkpoint import Checkpoint
 from semantic.options import engine_options
 from tests.integration.conftest import served_smollm2
@@ -50,7 +51,7 @@ def engine_for(checkpoint: Checkpoint, cache_dir: Path, draft: int) -> Engine:
     settings = Settings(
         max_batch_tokens=256, batch_window_ms=0, cache_dir=cache_dir, speculative_tokens=draft
     )
-    return Engine(runner, served, engine_options(settings))
+    return build_engine(runner, served, engine_options(settings))
 
 
 def generate(engine: Engine, checkpoint: Checkpoint, **sampling: object) -> list[list[int]]:

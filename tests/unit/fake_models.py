@@ -14,6 +14,7 @@ from semantic.core import Batch
 from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
 from semantic.engine.runner import StepToken
+from semantic.engine.wiring import build_engine
 from semantic.errors import ModelLoadFailed
 from semantic.options import engine_options
 from semantic.registry import ModelRegistry, ModelSource
@@ -55,7 +56,9 @@ class FakeLoader:
         if self.go is not None:
             runner = GatedRunner(self.go, vocab_size=400, **options)
         settings = Settings(max_batch_tokens=32, batch_window_ms=0, cache_dir=self.cache_dir)
-        return Engine(runner, fake_served(self.tokenizer, source.name), engine_options(settings))
+        return build_engine(
+            runner, fake_served(self.tokenizer, source.name), engine_options(settings)
+        )
 
 
 def model_folders(root: Path) -> dict[str, Path]:

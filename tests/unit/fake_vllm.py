@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from semantic.cache.prefix import common_prefix
+from semantic.cache.pages.prefix import common_prefix
 
 
 @dataclass

@@ -17,6 +17,7 @@ from semantic.config import Settings
 from semantic.core import Batch
 from semantic.engine.engine import Engine
 from semantic.engine.runner import StepToken
+from semantic.engine.wiring import build_parts
 from semantic.models.config import ModelConfig
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
@@ -92,7 +93,8 @@ class SettledEngine(Engine):
     around it (`create_app(engine, engine.settings)`)."""
 
     def __init__(self, runner: FakeRunner, served: ServedModel, settings: Settings) -> None:
-        super().__init__(runner, served, engine_options(settings))
+        options = engine_options(settings)
+        super().__init__(runner, served, options, build_parts(runner, served, options))
         self.settings = settings
 
 

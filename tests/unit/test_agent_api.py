@@ -24,10 +24,10 @@ from semantic.api.agent_turn import Turn
 from semantic.api.agents import AgentInfo
 from semantic.api.app import create_app
 from semantic.backends.fake import FakeRunner
-from semantic.cache.block_pool import TIER_SHARED
-from semantic.cache.conversation import Conversation
-from semantic.cache.disk import DiskTier
-from semantic.cache.manifest import load_manifest
+from semantic.cache.agents.conversation import Conversation
+from semantic.cache.agents.manifest import load_manifest
+from semantic.cache.disk.tier import DiskTier
+from semantic.cache.pages.block_pool import TIER_SHARED
 from semantic.core import AgentKey, Batch, Caller
 from semantic.engine.agent_door import TurnHold
 from semantic.engine.engine import Engine

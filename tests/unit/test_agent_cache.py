@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from semantic.cache.cache_stats import MISS_CORRUPT, MISS_EVICTED, MISS_OTHER_MODEL
-from semantic.cache.disk import DiskTier
+from semantic.cache.agents.stats import MISS_CORRUPT, MISS_EVICTED, MISS_OTHER_MODEL
+from semantic.cache.disk.tier import DiskTier
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
 from semantic.errors import PinLimit

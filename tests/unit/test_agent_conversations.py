@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from semantic.cache.conversation import Conversation, Message, SamplingDefaults
-from semantic.cache.manifest import (
+from semantic.cache.agents.conversation import Conversation, Message, SamplingDefaults
+from semantic.cache.agents.manifest import (
     MANIFEST_FORMAT_VERSION,
     AgentManifest,
     load_manifest,

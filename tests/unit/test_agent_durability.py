@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from semantic.cache import manifest
-from semantic.cache.manifest import manifest_path
+from semantic.cache.agents import manifest
+from semantic.cache.agents.manifest import manifest_path
 from semantic.core import AgentKey, Caller, Request, SamplingParams, TokenEvent
 from semantic.models.served import ServedModel
 from tests.unit.fakes import SteppedRunner, engine_on, running

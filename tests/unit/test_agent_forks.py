@@ -11,9 +11,14 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from semantic.cache.conversation import Conversation
-from semantic.cache.conversation_files import ConversationFiles, conversation_path
-from semantic.cache.manifest import AgentManifest, ManifestFiles, manifest_path, save_manifest
+from semantic.cache.agents.conversation import Conversation
+from semantic.cache.agents.conversation_files import ConversationFiles, conversation_path
+from semantic.cache.agents.manifest import (
+    AgentManifest,
+    ManifestFiles,
+    manifest_path,
+    save_manifest,
+)
 from semantic.core import AgentKey
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from semantic.cache.conversation_files import conversation_path
-from semantic.cache.disk import DiskTier
-from semantic.cache.manifest import manifest_path
+from semantic.cache.agents.conversation_files import conversation_path
+from semantic.cache.agents.manifest import manifest_path
+from semantic.cache.disk.tier import DiskTier
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from semantic.cache.manifest import UNOWNED, load_manifest
+from semantic.cache.agents.manifest import UNOWNED, load_manifest
 from semantic.core import AgentKey
 from semantic.models.served import ServedModel
 from tests.unit.fakes import SettledEngine, running

@@ -16,8 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic import agents_command, cli
-from semantic.cache.disk import block_path, cache_root
-from semantic.cache.manifest import AgentManifest, save_manifest
+from semantic.cache.agents.manifest import AgentManifest, save_manifest
+from semantic.cache.disk.tier import block_path, cache_root
 from semantic.config import Settings
 from semantic.models.served import ServedModel
 from tests.unit.fakes import chat_app

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from semantic.bench.server import free_port
 from semantic.bench.workload import chat_body, stream_chat
-from semantic.cache.prefix import common_prefix
+from semantic.cache.pages.prefix import common_prefix
 
 COLD_DELAY_S = 0.15  # the fake "prefills" a prompt with nothing cached this long
 WARM_DELAY_S = 0.01

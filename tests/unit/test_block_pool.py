@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from semantic.cache.block_pool import (
+from semantic.cache.pages.block_pool import (
     TIER_ONE_OFF,
     TIER_OUT_OF_WINDOW,
     TIER_WORKING_AGENT,

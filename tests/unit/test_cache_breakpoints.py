@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from semantic.api.anthropic_request import MessagesBody, render_prompt
 from semantic.api.anthropic_usage import usage_json
-from semantic.cache.prefix import PrefixCache
+from semantic.cache.pages.prefix import PrefixCache
 from semantic.models.served import ServedModel
 from tests.unit.fakes import SettledEngine, running
 

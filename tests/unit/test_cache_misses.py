@@ -15,9 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api.cache_miss import CACHE_MISS_HEADER
-from semantic.cache.block_pool import BlockPool
-from semantic.cache.cache_stats import MISS_CORRUPT, MISS_EVICTED, MISS_OTHER_MODEL
-from semantic.cache.misses import (
+from semantic.cache.agents.misses import (
     MISS_NEVER_SEEN,
     MISS_PROMPT_CHANGED,
     MISS_WINDOW_PASSED,
@@ -26,7 +24,9 @@ from semantic.cache.misses import (
     RecentMisses,
     diagnose,
 )
-from semantic.cache.prefix import PrefixCache, chain_hash, root_hash
+from semantic.cache.agents.stats import MISS_CORRUPT, MISS_EVICTED, MISS_OTHER_MODEL
+from semantic.cache.pages.block_pool import BlockPool
+from semantic.cache.pages.prefix import PrefixCache, chain_hash, root_hash
 from semantic.core import AgentKey, CacheMiss, History, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from semantic.cache.block_pool import BlockPool
-from semantic.cache.prefix import PrefixCache, chain_hash, owner_root, root_hash
+from semantic.cache.pages.block_pool import BlockPool
+from semantic.cache.pages.prefix import PrefixCache, chain_hash, owner_root, root_hash
 from semantic.core import AgentKey
 from semantic.models.served import ServedModel
 from tests.unit.test_agent_owners import ADMIN_KEY, ALICE_KEY, BOB_KEY, as_, keyed, owner_of

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from semantic.cache.block_pool import (
+from semantic.cache.agents.stats import MISS_EVICTED
+from semantic.cache.pages.block_pool import (
     TIER_IDLE_AGENT,
     TIER_ONE_OFF,
     TIER_OUT_OF_WINDOW,
     TIER_WORKING_AGENT,
 )
-from semantic.cache.cache_stats import MISS_EVICTED
-from semantic.cache.prefix import page_key
+from semantic.cache.pages.prefix import page_key
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
 from semantic.engine.scheduler import ONE_OFF_PASSED_S, PREEMPT_QUANTUM

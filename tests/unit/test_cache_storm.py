@@ -32,7 +32,8 @@ from typing import Any
 
 import pytest
 
-from semantic.cache import agents, block_manager
+from semantic.cache.agents import store
+from semantic.cache.pages import block_manager
 from semantic.core import AgentKey, FinishReason, Request, SamplingParams, TokenEvent
 from semantic.engine import scheduler
 from semantic.engine.engine import Engine
@@ -294,7 +295,7 @@ def test_a_storm_of_turns_aborts_evictions_and_restarts_keeps_every_answer_and_e
     clock = Clock()
     for module in (scheduler, block_manager):  # patience with one-offs, the queue timeout
         monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=clock.monotonic))
-    monkeypatch.setattr(agents, "time", SimpleNamespace(time=clock.time))  # idle agents
+    monkeypatch.setattr(store, "time", SimpleNamespace(time=clock.time))  # idle agents
     storm = Storm(served, tmp_path, model, seed, clock)
     for _ in range(TICKS):
         storm.act()

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from semantic.cache.disk import DiskTier
-from semantic.cache.manifest import (
+from semantic.cache.agents.manifest import (
     MAX_MANIFEST_BYTES,
     ManifestFiles,
     manifest_path,
     save_manifest,
 )
+from semantic.cache.disk.tier import DiskTier
 from semantic.core import AgentKey
 from semantic.models.served import ServedModel
 from tests.unit.fakes import running

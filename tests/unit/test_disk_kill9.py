@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semantic.cache.disk import BlockRecord, DiskTier, model_tag
-from semantic.cache.page import PageKV
+from semantic.cache.disk.tier import BlockRecord, DiskTier, model_tag
+from semantic.cache.pages.page import PageKV
 from semantic.core import CacheSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,8 +30,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from semantic.cache.disk import DiskTier
-from semantic.cache.disk_writer import DiskWriter
+from semantic.cache.disk.tier import DiskTier
+from semantic.cache.disk.writer import DiskWriter
 from tests.unit.test_disk_kill9 import CHUNK, SPEC, TAG, expected_record
 
 root, block_hash = Path(sys.argv[1]), int(sys.argv[2])

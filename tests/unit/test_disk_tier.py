@@ -16,10 +16,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from semantic.cache import durable
-from semantic.cache.disk import BlockRecord, DiskTier, model_tag
-from semantic.cache.disk_writer import DiskWriter
-from semantic.cache.manifest import (
+from semantic.cache.agents.manifest import (
     AgentManifest,
     delete_manifest,
     list_manifests,
@@ -27,8 +24,11 @@ from semantic.cache.manifest import (
     manifest_path,
     save_manifest,
 )
-from semantic.cache.page import PageKV
-from semantic.cache.prefix import page_key
+from semantic.cache.disk import durable
+from semantic.cache.disk.tier import BlockRecord, DiskTier, model_tag
+from semantic.cache.disk.writer import DiskWriter
+from semantic.cache.pages.page import PageKV
+from semantic.cache.pages.prefix import page_key
 from semantic.core import AgentKey, CacheSpec
 from semantic.errors import InvalidRequest
 
@@ -195,7 +195,7 @@ def test_a_delete_that_lands_while_a_write_renames_leaves_no_file_the_index_name
         renamed(path, data)
         tier.delete(3)  # the engine thread, between the rename and the index
 
-    monkeypatch.setattr("semantic.cache.disk.write_durably", rename_then_delete)
+    monkeypatch.setattr("semantic.cache.disk.tier.write_durably", rename_then_delete)
     tier.write(make_record(3))
     path = tier.blocks_dir / f"{3:016x}.safetensors"
     assert tier.contains(3) == path.exists()

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from semantic import cli
-from semantic.cache.disk import cache_root
-from semantic.cache.folder_lock import FolderLock
-from semantic.cache.manifest import AgentManifest, load_manifest, save_manifest
+from semantic.cache.agents.manifest import AgentManifest, load_manifest, save_manifest
+from semantic.cache.disk.folder_lock import FolderLock
+from semantic.cache.disk.tier import cache_root
 from semantic.core import AgentKey
 from semantic.errors import CacheFolderBusy
 
 HOLD = (
-    "import sys; from pathlib import Path; from semantic.cache.folder_lock import FolderLock; "
+    "import sys; from pathlib import Path; from semantic.cache.disk.folder_lock import FolderLock; "
     "lock = FolderLock.acquire(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()"
 )
 

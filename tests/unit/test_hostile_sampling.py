@@ -14,8 +14,8 @@ from semantic.api.app import create_app
 from semantic.backends.torch.runner import TorchRunner
 from semantic.config import Settings
 from semantic.core import Batch, BatchItem, SamplingParams
-from semantic.engine.engine import Engine
 from semantic.engine.runner import StepToken
+from semantic.engine.wiring import build_engine
 from semantic.errors import RowsFailed
 from semantic.options import engine_options
 from semantic.text.tokenizer import Tokenizer
@@ -71,7 +71,9 @@ def test_requests_sharing_a_step_with_hostile_sampling_values_all_complete(
     others for other extremes. Every one gets its whole answer."""
     runner = tiny_runner(vocab_size=tiny_tokenizer.vocab_size)
     settings = Settings(cache_dir=tmp_path, batch_window_ms=1000, cpu_kernels=False)
-    engine = Engine(runner, with_chatml(fake_served(tiny_tokenizer)), engine_options(settings))
+    engine = build_engine(
+        runner, with_chatml(fake_served(tiny_tokenizer)), engine_options(settings)
+    )
     app = create_app(engine, settings)
     hostile: list[dict[str, Any]] = [
         {"temperature": 1e-300},

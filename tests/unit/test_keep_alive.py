@@ -22,8 +22,8 @@ from semantic.api.seal import Seals
 from semantic.backends.fake import FakeRunner
 from semantic.config import Settings
 from semantic.core import Batch
-from semantic.engine.engine import Engine
 from semantic.engine.runner import StepToken
+from semantic.engine.wiring import build_engine
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
 from semantic.server_key import ServerKey
@@ -50,7 +50,7 @@ def api(tiny_tokenizer: Tokenizer, tmp_path: Path) -> Iterator[TestClient]:
     settings = Settings(
         cache_dir=tmp_path, batch_window_ms=0, max_batch_tokens=512, keep_alive_s=0.05
     )
-    engine = Engine(runner, served, engine_options(settings))
+    engine = build_engine(runner, served, engine_options(settings))
     with TestClient(create_app(engine, settings)) as client:
         yield client
 

@@ -22,7 +22,7 @@ from semantic.backends.torch.attention import (
 )
 from semantic.backends.torch.int8 import dequantize_rows, quantize_rows
 from semantic.backends.torch.runner import TorchRunner, pick_kv_dtype
-from semantic.cache.disk import BlockRecord, DiskTier, model_tag
+from semantic.cache.disk.tier import BlockRecord, DiskTier, model_tag
 from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams
 from semantic.errors import ModelLoadFailed
 from tests.unit.attention_reference import windowed_reference

@@ -1,6 +1,7 @@
 """The boundaries the code keeps: the API reaches agents through the engine's agent door only
-(so who may see an agent is decided in one place), and the engine, the cache and the backends
-take options cut for them, never the whole settings object."""
+(so who may see an agent is decided in one place), the metrics read the snapshot the engine
+publishes, the cache's rooms import one way, and the engine, the cache and the backends take
+options cut for them, never the whole settings object."""
 
 from __future__ import annotations
 
@@ -26,14 +27,32 @@ def test_the_api_and_the_metrics_reach_agents_only_through_the_door() -> None:
     readers = [*sorted((PACKAGE / "api").glob("*.py")), PACKAGE / "observability.py"]
     reaching = [p.name for p in readers if "engine.agents" in p.read_text()]
     assert reaching == []
-    assert not any("semantic.cache.agents" in imported_modules(p) for p in readers)
+    assert not any("semantic.cache.agents.store" in imported_modules(p) for p in readers)
 
 
 def test_the_engine_the_cache_and_the_backends_take_options_not_settings() -> None:
     # The engine host swaps models: it keeps the settings for the swap's timeouts and registry.
     parts = [
         *(p for p in (PACKAGE / "engine").glob("*.py") if p.name != "host.py"),
-        *(PACKAGE / "cache").glob("*.py"),
+        *(PACKAGE / "cache").rglob("*.py"),
         PACKAGE / "backends" / "__init__.py",
     ]
     assert [p.name for p in parts if "semantic.config" in imported_modules(p)] == []
+
+
+def test_the_metrics_read_only_the_snapshot_the_engine_publishes() -> None:
+    imported = imported_modules(PACKAGE / "observability.py")
+    assert "semantic.engine.engine" not in imported
+    assert not any(module.startswith("semantic.cache.agents") for module in imported)
+
+
+def test_the_cache_rooms_import_one_way_agents_then_disk_then_pages() -> None:
+    # pages/ is the pool in memory, disk/ the tier below it, agents/ what uses both; none of
+    # them imports the engine.
+    above = {"pages": ("disk", "agents"), "disk": ("agents",), "agents": ()}
+    for room, higher in above.items():
+        for path in (PACKAGE / "cache" / room).glob("*.py"):
+            for module in imported_modules(path):
+                assert not module.startswith("semantic.engine"), (path.name, module)
+                for other in higher:
+                    assert not module.startswith(f"semantic.cache.{other}"), (path.name, module)

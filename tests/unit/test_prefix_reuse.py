@@ -4,8 +4,8 @@ changes no output (the fake runner reads its context back through the block tabl
 from __future__ import annotations
 
 from semantic.backends.fake import FakeRunner
-from semantic.cache.block_pool import TIER_ONE_OFF, TIER_WORKING_AGENT, BlockPool
-from semantic.cache.prefix import PrefixCache, chain_hash, root_hash
+from semantic.cache.pages.block_pool import TIER_ONE_OFF, TIER_WORKING_AGENT, BlockPool
+from semantic.cache.pages.prefix import PrefixCache, chain_hash, root_hash
 from semantic.core import FinishReason, Request, SamplingParams, Sequence
 from semantic.engine.scheduler import Scheduler
 

@@ -18,8 +18,8 @@ import pytest
 import structlog
 
 from semantic import cli, preflight
-from semantic.cache.disk import cache_root
-from semantic.cache.folder_lock import FolderLock
+from semantic.cache.disk.folder_lock import FolderLock
+from semantic.cache.disk.tier import cache_root
 from semantic.config import Settings
 from semantic.errors import CacheFolderBusy
 

@@ -15,8 +15,8 @@ import pytest
 from torch.utils import cpp_extension
 
 from semantic.backends.torch import kernels as kernels_module
-from semantic.cache import private_folder as private_folder_module
-from semantic.cache.private_folder import private_folder
+from semantic.cache.disk import private_folder as private_folder_module
+from semantic.cache.disk.private_folder import private_folder
 from semantic.config import Settings
 from semantic.errors import FolderNotPrivate
 from semantic.preflight import locked_cache_folder

@@ -11,9 +11,9 @@ from pathlib import Path
 SRC = Path(__file__).parents[2] / "src" / "semantic"
 CORE = {
     "semantic.core": SRC / "core.py",
-    "semantic.cache.block_pool": SRC / "cache" / "block_pool.py",
-    "semantic.cache.prefix": SRC / "cache" / "prefix.py",
-    "semantic.cache.block_manager": SRC / "cache" / "block_manager.py",
+    "semantic.cache.pages.block_pool": SRC / "cache" / "pages" / "block_pool.py",
+    "semantic.cache.pages.prefix": SRC / "cache" / "pages" / "prefix.py",
+    "semantic.cache.pages.block_manager": SRC / "cache" / "pages" / "block_manager.py",
     "semantic.engine.scheduler": SRC / "engine" / "scheduler.py",
     "semantic.engine.drafts": SRC / "engine" / "drafts.py",
 }

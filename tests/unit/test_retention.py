@@ -1,13 +1,14 @@
-"""Retention bookkeeping (`cache/retention.py`) over a real pool and prefix index, on a clock the
-test moves: what a kept prefix holds, for how long, how a hit renews it, and the key's quota."""
+"""Retention bookkeeping (`cache/agents/retention.py`) over a real pool and prefix index, on a
+clock the test moves: what a kept prefix holds, for how long, how a hit renews it, and the key's
+quota."""
 
 from __future__ import annotations
 
 import pytest
 
-from semantic.cache.block_pool import BlockPool
-from semantic.cache.prefix import PrefixCache, root_hash
-from semantic.cache.retention import Retentions
+from semantic.cache.agents.retention import Retentions
+from semantic.cache.pages.block_pool import BlockPool
+from semantic.cache.pages.prefix import PrefixCache, root_hash
 from semantic.errors import RetentionLimit
 
 BLOCK = 4

@@ -4,8 +4,8 @@ admission, preemption."""
 from __future__ import annotations
 
 from semantic.backends.fake import FakeRunner
-from semantic.cache.block_pool import BlockPool
-from semantic.cache.prefix import PrefixCache, root_hash
+from semantic.cache.pages.block_pool import BlockPool
+from semantic.cache.pages.prefix import PrefixCache, root_hash
 from semantic.core import FinishReason, Request, SamplingParams, Sequence, SequenceStatus
 from semantic.engine.scheduler import PREFILL_SHARE_WHILE_DECODING, Scheduler
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from semantic.cache.block_pool import TIER_OUT_OF_WINDOW
-from semantic.cache.prefix import page_key, split_key
+from semantic.cache.pages.block_pool import TIER_OUT_OF_WINDOW
+from semantic.cache.pages.prefix import page_key, split_key
 from semantic.core import (
     AgentKey,
     FinishReason,

@@ -7,8 +7,8 @@ import itertools
 from pathlib import Path
 
 from semantic.backends.fake import FakeRunner
-from semantic.cache.block_pool import BlockPool
-from semantic.cache.prefix import PrefixCache, root_hash, split_key
+from semantic.cache.pages.block_pool import BlockPool
+from semantic.cache.pages.prefix import PrefixCache, root_hash, split_key
 from semantic.core import BatchItem, FinishReason, Request, SamplingParams, Sequence, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.engine.scheduler import DRAFT_UP_TO_DECODES, Scheduler

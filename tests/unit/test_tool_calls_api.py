@@ -29,6 +29,7 @@ from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.config import Settings
 from semantic.core import BatchItem, FinishReason, TokenEvent, Usage
 from semantic.engine.engine import Engine
+from semantic.engine.wiring import build_engine
 from semantic.models.served import ServedModel
 from semantic.options import engine_options
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
@@ -82,7 +83,7 @@ def serving(
         end_token_id=end, num_blocks=CONTEXT // 8, block_tokens=8, vocab_size=400
     )
     settings = Settings(max_batch_tokens=256, batch_window_ms=0, cache_dir=cache_dir)
-    engine = Engine(runner, served, engine_options(settings))
+    engine = build_engine(runner, served, engine_options(settings))
     with TestClient(create_app(engine, settings)) as client:
         yield Server(client, runner, engine, served)
 

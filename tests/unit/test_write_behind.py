@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from semantic.cache.disk import DiskTier
-from semantic.cache.page import PageKV
-from semantic.cache.prefix import page_key
+from semantic.cache.disk.tier import DiskTier
+from semantic.cache.pages.page import PageKV
+from semantic.cache.pages.prefix import page_key
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.models.served import ServedModel
@@ -133,15 +133,15 @@ def test_an_anonymous_request_is_not_written_behind(served: ServedModel, tmp_pat
 
 
 def test_the_answer_goes_out_before_any_page_is_copied(served: ServedModel, tmp_path: Path) -> None:
-    engine, runner = make_engine(served, tmp_path)
+    engine, _ = make_engine(served, tmp_path)
     order: list[str] = []
-    read_block = runner.read_block
+    read_page = engine.tiering.read_page  # the runner's, copying a page out of the pool
 
     def reading(block: int) -> PageKV:
         order.append("copy")
-        return read_block(block)
+        return read_page(block)
 
-    runner.read_block = reading  # type: ignore[method-assign]
+    engine.tiering.read_page = reading
     request = Request("r", [*SYSTEM, 11], SamplingParams(temperature=0.0, max_tokens=6), "alice")
     engine.submit(request, lambda event: order.append("final" if event.final else "token"))
     engine.run_until_idle()

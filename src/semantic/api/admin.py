@@ -17,7 +17,7 @@ from semantic.api.bodies import LimitedBodyRoute
 from semantic.api.errors import AnthropicError, OpenAIError
 from semantic.api.gate import engine_of
 from semantic.api.lifecycle import Lifecycle
-from semantic.cache.manifest import OWNER_PATTERN, UNOWNED
+from semantic.cache.agents.manifest import OWNER_PATTERN, UNOWNED
 from semantic.core import AGENT_ID_PATTERN
 from semantic.engine.host import EngineHost
 from semantic.errors import SemanticError

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from semantic.api import limits
 from semantic.api.errors import error_payload
 from semantic.api.streaming import named_event, whole_answer
-from semantic.cache.conversation import Conversation, SamplingDefaults
+from semantic.cache.agents.conversation import Conversation, SamplingDefaults
 from semantic.config import Settings
 from semantic.core import DefaultSampling, FinishReason, SamplingParams, TokenEvent
 from semantic.core import Request as GenerationRequest

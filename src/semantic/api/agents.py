@@ -30,8 +30,8 @@ from semantic.api.cache_miss import CACHE_MISS_HEADER_DOC
 from semantic.api.errors import OpenAIError
 from semantic.api.openapi import SSE_EVENT
 from semantic.api.streaming import after_the_200, sse_response, unless_disconnected, with_keep_alive
-from semantic.cache.conversation import Conversation
-from semantic.cache.manifest import OWNER_PATTERN, UNOWNED
+from semantic.cache.agents.conversation import Conversation
+from semantic.cache.agents.manifest import OWNER_PATTERN, UNOWNED
 from semantic.core import AGENT_ID_PATTERN, is_valid_agent_id
 from semantic.errors import InvalidRequest, PersistFailed
 from semantic.observability import bind_agent

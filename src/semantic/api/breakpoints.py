@@ -32,7 +32,7 @@ from semantic.api.anthropic_request import (
     render_text,
 )
 from semantic.api.seal import Seals
-from semantic.cache.prefix import common_prefix
+from semantic.cache.pages.prefix import common_prefix
 from semantic.core import Breakpoint
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel

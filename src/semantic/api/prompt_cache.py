@@ -2,7 +2,7 @@
 `prompt_cache_key` names the conversation (an agent, where nothing more specific does), and
 `prompt_cache_retention` says how long its prompt is kept: `in_memory` is the cache's own way
 (its blocks leave when the pool needs them, to disk first), `24h` keeps the whole prompt's
-blocks a day (`cache/retention.py`), cut to the server's longest time to live."""
+blocks a day (`cache/agents/retention.py`), cut to the server's longest time to live."""
 
 from __future__ import annotations
 

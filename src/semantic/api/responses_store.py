@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semantic.cache.durable import unlink_quietly, write_durably
+from semantic.cache.disk.durable import unlink_quietly, write_durably
 from semantic.errors import InvalidRequest, NotFound
 
 _ID = re.compile(r"resp_[0-9a-f]{32}")

@@ -14,7 +14,7 @@ import hashlib
 
 import numpy as np
 
-from semantic.cache.page import PageKV
+from semantic.cache.pages.page import PageKV
 from semantic.core import Batch, BatchItem, CacheSpec
 from semantic.engine.runner import StepToken, step_tokens
 from semantic.text.grammar import GrammarStates, allowed

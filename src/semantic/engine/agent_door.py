@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from semantic.cache.agents import Agent, EvictResult, PersistResult
-from semantic.cache.conversation import Conversation
-from semantic.cache.manifest import UNOWNED
+from semantic.cache.agents.agent import Agent
+from semantic.cache.agents.conversation import Conversation
+from semantic.cache.agents.manifest import UNOWNED
+from semantic.cache.agents.persist import EvictResult, PersistResult
 from semantic.core import AgentKey, Caller
 from semantic.errors import Conflict, NotFound, PersistFailed
 
@@ -110,23 +111,13 @@ class AgentDoor:
             misses = self._agents.misses.seen_by(lambda owner: _reaches(caller, owner))
             kept = self._agents.retentions.summary(lambda owner: _reaches(caller, owner))
             return {
-                "totals": self.cache_totals(),
+                "totals": self._agents.stats.totals(),
                 "agents": agents,
                 "recent_misses": misses,
                 "breakpoints": kept,
             }
 
         return await self._engine.call(read)
-
-    # For the metrics' reading, which runs on the engine thread: every owner's, in total.
-
-    def census(self) -> tuple[int, int]:
-        """(agents active within `agent_idle_s`, agents idle)."""
-        return self._agents.census()
-
-    def cache_totals(self) -> dict[str, Any]:
-        """The cache statistics' totals, as `/admin/cache` shows them."""
-        return self._agents.stats.totals()
 
     # -- creating and changing --------------------------------------------------------------
 

@@ -19,13 +19,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from semantic.cache.agents import Agents, EvictResult, PersistResult
-from semantic.cache.block_pool import BlockPool
-from semantic.cache.disk import BlockRecord, DiskTier, cache_root, model_tag
-from semantic.cache.manifest import ManifestFiles
-from semantic.cache.prefix import PrefixCache, root_hash
-from semantic.cache.tiering import Tiering
-from semantic.cache.write_behind import WriteBehind
+from semantic.cache.agents.persist import EvictResult, PersistResult
+from semantic.cache.agents.store import Agents
+from semantic.cache.agents.write_behind import WriteBehind
+from semantic.cache.disk.tier import BlockRecord
+from semantic.cache.disk.tiering import Tiering
+from semantic.cache.pages.block_pool import BlockPool
+from semantic.cache.pages.prefix import PrefixCache
 from semantic.core import (
     AgentKey,
     Batch,
@@ -39,8 +39,9 @@ from semantic.core import (
 )
 from semantic.engine.agent_door import AgentDoor
 from semantic.engine.port import Capabilities
-from semantic.engine.runner import ModelRunner, StepToken, drafting
+from semantic.engine.runner import ModelRunner, StepToken
 from semantic.engine.scheduler import Scheduler
+from semantic.engine.snapshot import EngineSnapshot, EngineStats
 from semantic.errors import (
     ContextOverflow,
     EngineFailure,
@@ -112,13 +113,16 @@ class _Active:
 
 
 @dataclass(slots=True, frozen=True)
-class EngineStats:
-    running: int
-    waiting: int
-    blocks_total: int
-    blocks_held: int
-    blocks_cached: int
-    blocks_free: int
+class EngineParts:
+    """What an engine runs besides its runner, built for one runner and model
+    (`engine/wiring.py: build_parts`)."""
+
+    pool: BlockPool  # the runner's pages, by number: free, held or cached
+    prefix: PrefixCache  # cached prefixes by chained hash, in the pool and on disk
+    tiering: Tiering  # the disk tier below the pool, and the traffic to and from it
+    agents: Agents  # named agents, their histories and conversations, the cache's statistics
+    write_behind: WriteBehind  # an agent's new pages, written to disk behind each turn
+    scheduler: Scheduler
 
 
 class Engine:
@@ -137,45 +141,20 @@ class Engine:
 
     capabilities = Capabilities(agents=True, swap=True, cache_miss=True, structured_output=True)
 
-    def __init__(self, runner: ModelRunner, model: ServedModel, options: EngineOptions) -> None:
+    def __init__(
+        self, runner: ModelRunner, model: ServedModel, options: EngineOptions, parts: EngineParts
+    ) -> None:
+        """`parts` are built for `runner` and `model` (`engine/wiring.py: build_parts`)."""
         self.runner = runner
         self.model = model
         self.options = options
-        spec = runner.cache_spec
-        tag = model_tag(model.name, spec, model.weights_fingerprint)
-        manifests = ManifestFiles(cache_root(options.cache.cache_dir) / tag)
-        disk = DiskTier(
-            cache_root(options.cache.cache_dir),
-            model_tag=tag,
-            spec=spec,
-            budget_bytes=options.cache.disk_budget_bytes,
-            other_bytes=manifests.num_bytes,
-        )
-        self.tiering = Tiering(disk, runner)
-        self.pool = BlockPool(runner.num_blocks)
-        self.prefix = PrefixCache(
-            self.pool,
-            spec.block_tokens,
-            root_hash(tag),
-            group_windows=spec.group_windows,
-            lower=self.tiering,
-            on_evict=self.tiering.save_evicted,
-            share_across_owners=options.cache.share_across_keys,
-        )
-        self.agents = Agents(self.prefix, self.tiering, manifests, options.agents)
-        self.write_behind = WriteBehind(self.agents, self.tiering)
+        self.pool = parts.pool
+        self.prefix = parts.prefix
+        self.tiering = parts.tiering
+        self.agents = parts.agents
+        self.write_behind = parts.write_behind
+        self.scheduler = parts.scheduler
         self.agent_door = AgentDoor(self)
-        self.scheduler = Scheduler(
-            self.prefix,
-            block_tokens=runner.cache_spec.block_tokens,
-            max_running=options.max_running,
-            max_batch_tokens=options.max_batch_tokens,
-            end_token_ids=model.tokenizer.eos_token_ids,
-            named=self.agents.names,
-            # Drafts only for a runner that verifies them (`ModelRunner`).
-            speculative_tokens=options.speculative_tokens if drafting(runner) else 0,
-            context_tokens=model.context_length,
-        )
         # A sequence never outgrows the context, nor the whole pool (then it could not run).
         pool_tokens = self.scheduler.blocks.max_tokens(runner.num_blocks)
         limit = model.context_length if pool_tokens is None else pool_tokens
@@ -354,7 +333,21 @@ class Engine:
         `Unavailable` while that thread does not run (nothing would answer the call)."""
         if not self.alive:
             raise Unavailable(self.down_reason)
-        return await self.call(lambda: read_engine(self))
+        return read_engine(await self.call(self.snapshot))
+
+    def snapshot(self) -> EngineSnapshot:
+        """What the metrics read of the engine, taken on the engine thread, which owns it."""
+        active, idle = self.agents.census()
+        return EngineSnapshot(
+            model=self.model.name,
+            stats=self.stats(),
+            bytes_per_page=self.runner.cache_spec.bytes_per_page,
+            reclaimed=dict(enumerate(self.pool.reclaimed)),
+            preemptions=self.scheduler.preemptions,
+            agents_active=active,
+            agents_idle=idle,
+            cache=self.agents.stats.totals(),
+        )
 
     @property
     def alive(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from semantic.cache.page import PageKV
+from semantic.cache.pages.page import PageKV
 from semantic.core import Batch, CacheSpec, StepToken
 from semantic.errors import RowsFailed
 
@@ -43,7 +43,7 @@ class ModelRunner(Protocol):
         ...
 
     def read_block(self, block: int) -> PageKV:
-        """A host copy of one page's K and V as the pool stores them (`cache/page.py`), for
+        """A host copy of one page's K and V as the pool stores them (`cache/pages/page.py`), for
         the disk tier."""
         ...
 

@@ -1,7 +1,7 @@
 """The scheduler: which sequences run this step, with how many tokens, and which wait.
 
 Pure bookkeeping (standard library and the cache's bookkeeping): it hands the runner a plain
-`Batch`. Which blocks a sequence holds is `cache/block_manager.py`'s business.
+`Batch`. Which blocks a sequence holds is `cache/pages/block_manager.py`'s business.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from semantic.cache.block_manager import BlockManager, Fit, tier_of
-from semantic.cache.prefix import PrefixCache, PrefixMatch
+from semantic.cache.pages.block_manager import BlockManager, Fit, tier_of
+from semantic.cache.pages.prefix import PrefixCache, PrefixMatch
 from semantic.core import (
     Batch,
     BatchItem,
@@ -78,10 +78,10 @@ class Scheduler:
     lets the requests behind it pass for `ONE_OFF_PASSED_S`), each once pages for its whole
     prompt are available (then prefill chunks never need room: a sliding layer group's pages are
     reserved for its window and a chunk, and each chunk trades the pages its window left for new
-    ones, `cache/block_manager.py`), keeping one block of headroom per running sequence so
+    ones, `cache/pages/block_manager.py`), keeping one block of headroom per running sequence so
     admitting does not force the next decode to preempt. All that fit are admitted before the
     step's chunks are chosen, so a short prompt can go first. Admission reuses the longest
-    cached prefix of the prompt (`cache/prefix.py`), wherever it is: pool blocks are shared (a
+    cached prefix of the prompt (`cache/pages/prefix.py`), wherever it is: pool blocks are shared (a
     partial one copied), and blocks only the disk has are restored into the sequence's fresh
     blocks — the sequence waits RESTORING (holding its blocks, so the restore can never fail for
     room) while the engine reads them, then runs as if they had never left. A restore that

@@ -8,7 +8,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from semantic.cache.page import PageKV
+from semantic.cache.pages.page import PageKV
 from semantic.core import CacheSpec
 
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
@@ -88,7 +88,7 @@ class KVPool:
             array[self._rows(destination)] = array[self._rows(source)]
 
     def read_page(self, page: int) -> PageKV:
-        """A host copy of one page (`cache/page.py`): 16-bit values and scales as raw bits."""
+        """A host copy of one page (`cache/pages/page.py`): 16-bit values and scales as raw bits."""
         rows = self._rows(page)
         named = self._named().items()
         return PageKV.from_arrays(

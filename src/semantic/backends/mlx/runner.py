@@ -14,7 +14,7 @@ from semantic.backends.mlx.layers import WEIGHT_FORMATS
 from semantic.backends.mlx.models import Build, build_model
 from semantic.backends.mlx.pool import DTYPES, KVPool
 from semantic.backends.mlx.sampling import sample
-from semantic.cache.page import PageKV
+from semantic.cache.pages.page import PageKV
 from semantic.core import KV_QUANTIZED, Batch, CacheSpec
 from semantic.engine.runner import StepToken, step_tokens
 from semantic.errors import ModelLoadFailed

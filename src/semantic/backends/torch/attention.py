@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 
 from semantic.backends.torch.int8 import SCALE_DTYPE, dequantize_rows, quantize_rows
-from semantic.cache.page import PageKV
+from semantic.cache.pages.page import PageKV
 from semantic.core import CacheSpec
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -166,7 +166,7 @@ class KVPool:
             tensor[:, :, destination].copy_(tensor[:, :, source])
 
     def read_page(self, page: int) -> PageKV:
-        """A host copy of one page (`cache/page.py`): 16-bit values and scales as raw bits."""
+        """A host copy of one page (`cache/pages/page.py`): 16-bit values and scales as raw bits."""
         arrays = [_host_array(t[which, :, page]) for t in self._page_tensors() for which in (0, 1)]
         return PageKV(*arrays)
 

@@ -15,7 +15,7 @@ name) pairs of `_ALLOWED`, the classes a built model is made of and the activati
 so a file that names anything else (`os.system`, or a dotted name that reaches it through an
 allowed module) runs nothing. A file that fails any check is moved to `quarantine/` beside it,
 named in the log, and the checkpoint is converted again. The folder must be this user's alone
-(`cache/private_folder.py`), else nothing is mapped from it or written to it. Only our CPU
+(`cache/disk/private_folder.py`), else nothing is mapped from it or written to it. Only our CPU
 kernels' layout is prepared: on a GPU the conversion is the cheap part of a load. The file is
 written once, whole (a temporary file renamed), and past `KEEP` files the least recently used
 go, in the folder and in its quarantine alike: each is about the model's bf16 size.
@@ -65,8 +65,8 @@ from semantic.backends.torch.models.layers import (
     gelu_tanh,
 )
 from semantic.backends.torch.models.rope import Rope
-from semantic.cache.durable import move_to_quarantine
-from semantic.cache.private_folder import private_folder
+from semantic.cache.disk.durable import move_to_quarantine
+from semantic.cache.disk.private_folder import private_folder
 from semantic.errors import FolderNotPrivate
 from semantic.models.config import ModelConfig
 from semantic.models.q4k import Q4KBlocks

@@ -30,7 +30,7 @@ from semantic.backends.torch.models.layers import Build
 from semantic.backends.torch.prepared import PreparedWeights
 from semantic.backends.torch.threads import ThreadGovernor
 from semantic.backends.torch.verification import sample_or_verify
-from semantic.cache.page import PageKV
+from semantic.cache.pages.page import PageKV
 from semantic.core import KV_QUANTIZED, Batch, BatchItem, CacheSpec
 from semantic.engine.runner import StepToken, step_tokens
 from semantic.errors import ModelLoadFailed

@@ -7,7 +7,7 @@ A C++ extension (AVX-512 with BF16 and VNNI dot products), built once per source
 flags, torch build and Python into a folder of the user cache named by their digest, never by a
 checkout's path: every checkout and venv with the same ones loads that build in well under a
 second. A build says that it is building and how long it took. The library runs as this user,
-so it is loaded only from folders that are this user's alone (`cache/private_folder.py`),
+so it is loaded only from folders that are this user's alone (`cache/disk/private_folder.py`),
 made with mode 0700.
 `cpu_kernels()` returns None, logged once, where it cannot run: another architecture, a CPU
 without AVX-512 BF16 or VNNI, no working compiler, or a build folder others could write; callers
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from semantic.backends.torch.int8 import quantize_rows
-from semantic.cache.private_folder import check_private, private_folder
+from semantic.cache.disk.private_folder import check_private, private_folder
 from semantic.config import default_cache_dir
 from semantic.errors import FolderNotPrivate
 

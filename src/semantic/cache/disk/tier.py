@@ -2,12 +2,12 @@
 group's K/V of one block), named by page key.
 
 Owns the layout under `<cache_dir>/<model_tag>/` (`blocks/`, `quarantine/`; manifests live in
-`cache/manifest.py`), the checks every file takes (its name, size and header when the tier
-opens, `cache/block_header.py`; all of it on read), quarantine of bad files and LRU eviction to a
-byte budget. Backend-neutral: KV arrives as numpy (bf16/fp16 as `np.uint16` raw bits), and
-nothing is ever unpickled. A file holds the page's arrays as the pool stores them
-(`cache/page.py`): an 8-bit cache's int8 K/V and their scales, about half a bf16 file. Writes
-are atomic (`cache/durable.py`) and run on the writer thread (`cache/disk_writer.py`).
+`cache/agents/manifest.py`), the checks every file takes (its name, size and header when the
+tier opens, `cache/disk/block_header.py`; all of it on read), quarantine of bad files and LRU
+eviction to a byte budget. Backend-neutral: KV arrives as numpy (bf16/fp16 as `np.uint16` raw
+bits), and nothing is ever unpickled. A file holds the page's arrays as the pool stores them
+(`cache/pages/page.py`): an 8-bit cache's int8 K/V and their scales, about half a bf16 file.
+Writes are atomic (`cache/disk/durable.py`) and run on the writer thread (`cache/disk/writer.py`).
 """
 
 from __future__ import annotations
@@ -29,15 +29,14 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 
-from semantic.cache.block_header import (
+from semantic.cache.disk.block_header import (
     MAX_HEADER_BYTES,
     BlockHeader,
     TensorEntry,
     header_of,
     read_header,
 )
-from semantic.cache.disk_index import GONE_CORRUPT, GONE_EVICTED, DiskIndex
-from semantic.cache.durable import (
+from semantic.cache.disk.durable import (
     HEX_HASH,
     QuarantineReason,
     Rejected,
@@ -46,9 +45,10 @@ from semantic.cache.durable import (
     remove_temp_files,
     write_durably,
 )
-from semantic.cache.page import SCALE_NAMES, PageKV, page_layout
-from semantic.cache.prefix import page_key, split_key
-from semantic.cache.private_folder import check_private, private_folder
+from semantic.cache.disk.index import GONE_CORRUPT, GONE_EVICTED, DiskIndex
+from semantic.cache.disk.private_folder import check_private, private_folder
+from semantic.cache.pages.page import SCALE_NAMES, PageKV, page_layout
+from semantic.cache.pages.prefix import page_key, split_key
 from semantic.core import CacheSpec
 
 log = logging.getLogger(__name__)
@@ -108,11 +108,11 @@ def model_tag(model_id: str, spec: CacheSpec, weights: str) -> str:
 
 @dataclass(slots=True, frozen=True)
 class BlockRecord:
-    """One page's content: K and V of its layer group's layers (`cache/page.py: PageKV`), and
+    """One page's content: K and V of its layer group's layers (`cache/pages/page.py: PageKV`), and
     the `token_ids` its block holds (fewer than `block_tokens` for a partial tail). `key` is the
-    page key (`cache/prefix.py: page_key`: the block's hash, with the group above it).
+    page key (`cache/pages/prefix.py: page_key`: the block's hash, with the group above it).
     `ends_history`: a history ended exactly with this full block (set on its first group's
-    page: `cache/prefix.py: PrefixCache.end_history`)."""
+    page: `cache/pages/prefix.py: PrefixCache.end_history`)."""
 
     key: int
     parent_hash: int | None
@@ -144,12 +144,12 @@ class DiskTier:
     Invariants: a file under its final name is complete — it was written under a temp name,
     fsynced and renamed — so a crash leaves the whole page or nothing; an existing page is never
     rewritten (same key, same content), but to add the mark of a history that ended with its
-    block, once (the same atomic write). The index (`cache/disk_index.py`: sizes least recently
+    block, once (the same atomic write). The index (`cache/disk/index.py`: sizes least recently
     used first, partial tails by parent, known by their first group's page) mirrors `blocks/`.
     A file is indexed only after its name, size and header pass their checks, and its content
     trusted only after all its checks pass on read; a file that fails either is moved to
     `quarantine/` and counted, never loaded, and the tier opens without it. The folders are
-    this user's alone (`cache/private_folder.py`): FolderNotPrivate otherwise.
+    this user's alone (`cache/disk/private_folder.py`): FolderNotPrivate otherwise.
     Thread-safe: the writer thread writes while the reader thread reads and the engine side
     evicts; one lock guards the index and counters, I/O runs outside it.
     Eviction and reads race benignly: a block deleted mid-read is a miss.
@@ -530,11 +530,11 @@ def block_checksum(
     ends_history: bool = False,
 ) -> str:
     """CRC-32 over k, v and token_ids (little-endian raw bytes, in that order), an 8-bit page's
-    scales after them (`cache/page.py: SCALE_NAMES`), then the page's name (`page_name`) and the
-    parent hash string, so a flipped parent link is caught like flipped KV, and `:history-end`
-    after them on a page marked so (an unmarked page's checksum is a version 2 file's). It
-    guards against damage (torn writes, bit rot), not against whoever can write the cache
-    folder: they could write a matching checksum whatever the algorithm."""
+    scales after them (`cache/pages/page.py: SCALE_NAMES`), then the page's name (`page_name`)
+    and the parent hash string, so a flipped parent link is caught like flipped KV, and
+    `:history-end` after them on a page marked so (an unmarked page's checksum is a version 2
+    file's). It guards against damage (torn writes, bit rot), not against whoever can write the
+    cache folder: they could write a matching checksum whatever the algorithm."""
     crc = 0
     scales = [arrays[name] for name in SCALE_NAMES if name in arrays]
     for array in (arrays["k"], arrays["v"], tokens, *scales):

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from semantic.cache.block_pool import TIER_ONE_OFF
-from semantic.cache.prefix import PrefixCache
+from semantic.cache.pages.block_pool import TIER_ONE_OFF
+from semantic.cache.pages.prefix import PrefixCache
 from semantic.errors import RetentionLimit
 
 

@@ -2,7 +2,7 @@
 needs are read back, hot blocks are persisted on request, and the disk keeps to its budget.
 
 Threads: `save_evicted` and `start_persist` run on the engine thread, since they copy blocks out
-of the pool; the writes run on the writer thread (`cache/disk_writer.py`) and the reads on the
+of the pool; the writes run on the writer thread (`cache/disk/writer.py`) and the reads on the
 reader thread, which hands its records back through the callback it is given. Counters are
 guarded by `Tiering.lock`, since all three threads update them.
 """
@@ -16,18 +16,20 @@ from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from semantic.cache.disk import BlockRecord, DiskTier
-from semantic.cache.disk_writer import DiskWriter, WriteCallback
-from semantic.cache.prefix import page_key, split_key
-from semantic.engine.runner import ModelRunner
+from semantic.cache.disk.tier import BlockRecord, DiskTier
+from semantic.cache.disk.writer import DiskWriter, WriteCallback
+from semantic.cache.pages.page import PageKV
+from semantic.cache.pages.prefix import page_key, split_key
 
 log = logging.getLogger(__name__)
 
 # One page to persist: (pool page, page key, parent hash, token ids, whether it carries its
-# block's history-end mark: `cache/prefix.py: PrefixCache.marks_history_end`).
+# block's history-end mark: `cache/pages/prefix.py: PrefixCache.marks_history_end`).
 HotBlock = tuple[int, int, int, tuple[int, ...], bool]
 # One page to restore: its key and the token ids it must hold (a prefix, for a partial one).
 Wanted = tuple[int, tuple[int, ...]]
+# A host copy of one pool page (the runner's `read_block`): what a write takes from the pool.
+ReadPage = Callable[[int], PageKV]
 
 
 @dataclass(slots=True)
@@ -38,7 +40,7 @@ class DiskTraffic:
     restored: int = 0  # read back into the pool for a prompt
     evicted_from_disk: int = 0  # dropped by the disk budget (gone)
     persisted: int = 0  # written by an explicit persist or at shutdown
-    written_behind: int = 0  # written behind a named agent's turn (`cache/write_behind.py`)
+    written_behind: int = 0  # written behind a named agent's turn (`cache/agents/write_behind.py`)
     write_behind_dropped: int = 0  # turns not written behind: too many waiting, or too large
     evicted_on_request: int = 0  # dropped from memory by `evict` (on disk already)
     write_errors: int = 0
@@ -63,9 +65,10 @@ class PendingWrites:
 
 
 class Tiering:
-    """The pool's lower tier (`cache/prefix.py: LowerTier`): the disk, and the writes on their way
-    to it, which count as there — a page evicted a moment ago is read back from its queued copy,
-    never recomputed. Pages are known by their page keys (a block's hash and layer group).
+    """The pool's lower tier (`cache/pages/prefix.py: LowerTier`): the disk, and the writes on
+    their way to it, which count as there — a page evicted a moment ago is read back from its
+    queued copy, never recomputed. Pages are known by their page keys (a block's hash and layer
+    group).
 
     A page goes to disk when the pool reclaims it (unless the disk has it: content-addressed
     files are never rewritten; nor a page out of its window, which nothing reads), on persist,
@@ -74,9 +77,9 @@ class Tiering:
     least recently used files first, never those of `protected` block hashes (pinned agents').
     """
 
-    def __init__(self, disk: DiskTier, runner: ModelRunner) -> None:
+    def __init__(self, disk: DiskTier, read_page: ReadPage) -> None:
         self.disk = disk
-        self.runner = runner
+        self.read_page = read_page
         self.writer = DiskWriter(disk)
         self.traffic = DiskTraffic()
         self.lock = threading.Lock()
@@ -151,8 +154,8 @@ class Tiering:
         return pending
 
     def write_behind(self, hot: HotBlock, done: WriteCallback) -> None:
-        """Queue the write of a page a turn left (`cache/write_behind.py`); `done` runs on the
-        writer thread once it is durable or failed."""
+        """Queue the write of a page a turn left (`cache/agents/write_behind.py`); `done` runs
+        on the writer thread once it is durable or failed."""
 
         def written(size: int, error: BaseException | None) -> None:
             if error is not None:
@@ -167,7 +170,7 @@ class Tiering:
 
     def _submit(self, hot: HotBlock, done: WriteCallback) -> None:
         page, key, parent, tokens, ends_history = hot
-        kv = self.runner.read_block(page)
+        kv = self.read_page(page)
         self.writer.submit(BlockRecord(key, parent, tokens, kv, ends_history), done)
 
     def _evicted_written(self, size: int, error: BaseException | None) -> None:

@@ -11,7 +11,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-# Eviction tiers of cached blocks, lowest leaves memory first (see `cache/prefix.py`).
+# Eviction tiers of cached blocks, lowest leaves memory first (see `cache/pages/prefix.py`).
 TIER_OUT_OF_WINDOW = 0  # a sliding layer group's page its sequence moved past: never to disk
 TIER_ONE_OFF = 1  # a request with no agent: a title, a summary, a one-off prompt
 TIER_IDLE_AGENT = 2  # an agent that has not been heard from for a while

@@ -1,6 +1,7 @@
 """Agents: whose history is which blocks, what that means for eviction (shared, working, idle,
 pinned), the direct agent API's conversations and turns, how many agents an owner keeps, and
-persistence of agents.
+persistence of agents. The agent itself is `agent.py`; the pages pins hold, `pins.py`; waiting
+for a persist and its result, `persist.py`.
 
 Agents are keyed by `AgentKey`: an id within its owner's scope. Who may see which agent is not
 decided here but in `engine/agent_door.py`, the API's one way in.
@@ -17,25 +18,27 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semantic.cache.block_pool import (
+from semantic.cache.agents.agent import Agent
+from semantic.cache.agents.conversation import Conversation
+from semantic.cache.agents.conversation_quota import ConversationQuota
+from semantic.cache.agents.manifest import AgentManifest, ManifestFiles
+from semantic.cache.agents.misses import Lookup, MissRecord, RecentMisses, diagnose
+from semantic.cache.agents.persist import PendingPersist, PersistResult
+from semantic.cache.agents.pins import Pins
+from semantic.cache.agents.retention import Retentions
+from semantic.cache.agents.stats import CacheStats, Served
+from semantic.cache.disk.tiering import Tiering
+from semantic.cache.pages.block_pool import (
     TIER_IDLE_AGENT,
     TIER_OUT_OF_WINDOW,
     TIER_SHARED,
     TIER_WORKING_AGENT,
     BlockPool,
 )
-from semantic.cache.cache_stats import AgentStats, CacheStats, Served
-from semantic.cache.conversation import Conversation
-from semantic.cache.conversation_quota import ConversationQuota
-from semantic.cache.manifest import AgentManifest, ManifestFiles
-from semantic.cache.misses import Lookup, MissRecord, RecentMisses, diagnose
-from semantic.cache.prefix import PrefixCache, PrefixMatch, split_key
-from semantic.cache.retention import Retentions
-from semantic.cache.tiering import PendingWrites, Tiering
+from semantic.cache.pages.prefix import PrefixCache, PrefixMatch, split_key
 from semantic.core import AgentKey, CacheMiss, History, Request
 from semantic.errors import (
     Conflict,
@@ -48,82 +51,6 @@ from semantic.errors import (
 from semantic.options import AgentOptions
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Agent:
-    key: AgentKey
-    block_hashes: list[int] = field(default_factory=list)
-    tail_hash: int | None = None
-    num_tokens: int = 0
-    pinned: bool = False
-    working: bool = False  # heard from within `idle_s`: its blocks sit in the working tier
-    stats: AgentStats = field(default_factory=AgentStats)
-    # The dialogue the direct agent API keeps (None for agents only chat requests named), and
-    # the id of the generate call holding it, if one is: one turn at a time, never interleaved.
-    conversation: Conversation | None = None
-    turn: str | None = None
-    # How many of `block_hashes`, from the first, it found cached rather than computed (another
-    # conversation's, a system prompt others use): `Agents.delete` leaves them to their users.
-    found_blocks: int = 0
-
-    @property
-    def agent_id(self) -> str:
-        return self.key.agent_id
-
-    @property
-    def owner(self) -> str | None:
-        return self.key.owner
-
-    @property
-    def hashes(self) -> list[int]:
-        return [*self.block_hashes, *([self.tail_hash] if self.tail_hash is not None else [])]
-
-    @property
-    def computed(self) -> list[int]:
-        """The blocks of its history it computed itself: all but those it found cached."""
-        return self.hashes[self.found_blocks :]
-
-
-@dataclass(slots=True, frozen=True)
-class PersistResult:
-    blocks_written: int
-    failed: int  # block writes
-    agents_saved: int
-    agents_failed: int = 0  # agents left as they were on disk: a block or the manifest failed
-
-
-@dataclass(slots=True, frozen=True)
-class EvictResult:
-    persisted: PersistResult  # what was written first
-    blocks_evicted: int  # freed from memory; the rest are held by running requests or pins
-
-
-class PendingPersist:
-    """Writes queued by `Agents.start_persist`; `wait` returns once they are durable (or failed)
-    and the manifests of the agents whose blocks all made it are written."""
-
-    def __init__(self, store: Agents, agents: list[Agent], writes: PendingWrites) -> None:
-        self.store = store
-        self.agents = agents
-        self.writes = writes
-
-    def wait(self, timeout: float | None = None) -> PersistResult:
-        writes = self.writes
-        if not writes.wait(timeout):
-            return PersistResult(0, writes.submitted, 0, len(self.agents))
-        # An agent with nothing cached and no conversation has nothing to keep.
-        worth = [a for a in self.agents if a.hashes or a.conversation is not None]
-        complete = [a for a in worth if not writes.failed & set(a.hashes)]
-        saved = sum(self._saved(agent) for agent in complete)
-        written = writes.submitted - len(writes.failed)
-        return PersistResult(written, len(writes.failed), saved, len(worth) - saved)
-
-    def _saved(self, agent: Agent) -> bool:
-        try:
-            return self.store.save_manifest(agent)
-        except PersistFailed:
-            return False  # logged; the agent counts as not durable
 
 
 class Agents:
@@ -139,11 +66,11 @@ class Agents:
     agent was deleted meanwhile never brings it back; `quota` counts the conversation text each
     owner's agents hold, at most `options.max_conversation_bytes_per_key`, a value that forks
     share counted once. Manifests are written on `persist`, at shutdown, and behind each turn
-    once the blocks it names are on disk (`cache/write_behind.py`); an agent with a
+    once the blocks it names are on disk (`cache/agents/write_behind.py`); an agent with a
     conversation (the agent API) has its own written at each turn too, a few bytes that cannot
     be computed again. Blocks need no
     manifest to be found: a prompt walks its chain in memory and on disk alike
-    (`cache/prefix.py`).
+    (`cache/pages/prefix.py`).
     """
 
     def __init__(
@@ -163,7 +90,7 @@ class Agents:
         self.by_key: dict[AgentKey, Agent] = {}
         self._per_owner: Counter[str | None] = Counter()
         self._sharers: Counter[int] = Counter()
-        self._pins: dict[AgentKey, list[int]] = {}
+        self.pins = Pins(self.pool, options.max_pinned_share)
         self._began: dict[str, Agent] = {}
         self.quota = ConversationQuota(options.max_conversation_bytes_per_key)
         # Prefixes clients marked to be sent again; they hold pages within the pins' share.
@@ -366,7 +293,7 @@ class Agents:
         if pinned:
             self._pin(agent)
         else:
-            self.pool.release(self._pins.pop(key, []), TIER_WORKING_AGENT)
+            self.pins.drop(key)
         self._protect_pinned()
         return agent
 
@@ -381,32 +308,19 @@ class Agents:
         `_let_go_of_passed`). A history grown past its owner's share is held by its files
         alone, until the agent is pinned again."""
         pages = [page for _, page in self._history_pages(agent)] if self._pin_fits(agent) else []
-        for page in pages:
-            self.pool.acquire(page)
-        self.pool.release(self._pins.pop(agent.key, []), TIER_WORKING_AGENT)
-        self._pins[agent.key] = pages
+        self.pins.hold(agent.key, pages)
 
     def _pin_fits(self, agent: Agent) -> bool:
         """Whether the owner's pins, this agent's history in place of what it holds now, stay
         within `max_pinned_share` of the pool."""
-        others = sum(
-            len(pages)
-            for key, pages in self._pins.items()
-            if key.owner == agent.key.owner and key != agent.key
-        )
-        wanted = len(self._history_pages(agent))
-        return others + wanted <= self.options.max_pinned_share * self.pool.num_blocks
+        return self.pins.fits(agent.key, len(self._history_pages(agent)))
 
     def let_go_of_pins(self) -> int:
         """Release every pin's pages to the working agents' tier, and every retention's (their
         files stay on disk, where pins and retentions keep them): a request that nothing else
         stands in the way of must run, and a pin takes its pages back at its agent's next turn
         (a retention at its next use). Returns how many were held."""
-        held = sum(len(pages) for pages in self._pins.values())
-        for pages in self._pins.values():
-            self.pool.release(pages, TIER_WORKING_AGENT)
-        self._pins = {key: [] for key in self._pins}
-        held += self.retentions.let_go()
+        held = self.pins.let_go() + self.retentions.let_go()
         if held:
             log.info("pins let go of %d pages for a request that could not run beside them", held)
         return held
@@ -536,7 +450,7 @@ class Agents:
             content = self.prefix.content(split_key(key)[0])
             if content is not None:
                 hot.append((page, key, *content, self.prefix.marks_history_end(key)))
-        return PendingPersist(self, agents, self.tiering.start_persist(hot))
+        return PendingPersist(agents, self.tiering.start_persist(hot), self.save_manifest)
 
     def persist(
         self, keys: Iterable[AgentKey] | None = None, timeout: float | None = None
@@ -600,7 +514,7 @@ class Agents:
             del self.by_key[agent.key]
         self._per_owner[agent.owner] -= 1
         self.quota.swap(agent.owner, agent.conversation, None)
-        self.pool.release(self._pins.pop(agent.key, []), TIER_WORKING_AGENT)
+        self.pins.drop(agent.key)
         if agent.pinned:
             self._protect_pinned()
         self._sharers -= Counter(agent.hashes)

@@ -15,8 +15,8 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from semantic.cache.conversation import Conversation, digest_of
-from semantic.cache.durable import (
+from semantic.cache.agents.conversation import Conversation, digest_of
+from semantic.cache.disk.durable import (
     QuarantineReason,
     Rejected,
     fsync_dir,

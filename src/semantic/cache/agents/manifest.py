@@ -1,8 +1,9 @@
 """Agent manifests: which blocks make up an agent's cache on disk, which stored conversation the
 direct agent API keeps for it, and whose it is; one JSON file per agent, under
 `agents/<owner>/<agent id>.<digest>.json` (`ManifestFiles` keeps them for a running server).
-The conversation itself lies in a file of its own, by its digest (`cache/conversation_files.py`),
-which forks name too: a manifest stays a few hundred bytes however long the conversation.
+The conversation itself lies in a file of its own, by its digest
+(`cache/agents/conversation_files.py`), which forks name too: a manifest stays a few hundred bytes
+however long the conversation.
 
 A manifest is checked before it is used: its size before it is read (`MAX_MANIFEST_BYTES`), then
 every field's type and range; one that fails is moved to `quarantine/` and named in the log, and
@@ -26,14 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from semantic.cache.conversation import Conversation
-from semantic.cache.conversation_files import (
+from semantic.cache.agents.conversation import Conversation
+from semantic.cache.agents.conversation_files import (
     DIGEST_PATTERN,
     ConversationFiles,
     ConversationReader,
     store_conversation,
 )
-from semantic.cache.durable import (
+from semantic.cache.disk.durable import (
     QuarantineReason,
     Rejected,
     fsync_dir,

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from semantic.cache.cache_stats import MISS_EVICTED, MISS_OTHER_MODEL
-from semantic.cache.prefix import PrefixMatch, chain_hash
+from semantic.cache.agents.stats import MISS_EVICTED, MISS_OTHER_MODEL
+from semantic.cache.pages.prefix import PrefixMatch, chain_hash
 from semantic.core import CacheMiss, History, Request
 
 # Why the cache served a prompt no further than `CacheMiss.position`: these, and cache_stats.py's

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeGuard
 
-from semantic.cache.durable import QuarantineReason, Rejected
+from semantic.cache.disk.durable import QuarantineReason, Rejected
 
 MAX_HEADER_BYTES = 1 << 20
 

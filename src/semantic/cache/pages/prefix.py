@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from semantic.cache.block_pool import TIER_OUT_OF_WINDOW, BlockPool
+from semantic.cache.pages.block_pool import TIER_OUT_OF_WINDOW, BlockPool
 from semantic.core import first_read_block
 
 HASH_VERSION = 1

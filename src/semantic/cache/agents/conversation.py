@@ -2,7 +2,7 @@
 sampling defaults and its messages, their JSON form on disk, and the digest that names it there.
 
 Plain values only: the API renders a conversation through the model's chat template, the agent
-store keeps the current one per agent, and `cache/conversation_files.py` writes it to disk.
+store keeps the current one per agent, and `cache/agents/conversation_files.py` writes it to disk.
 """
 
 from __future__ import annotations

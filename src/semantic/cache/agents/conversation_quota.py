@@ -3,7 +3,7 @@
 agents or forks it makes.
 
 A conversation counts once per key however many of the key's agents hold it: forks that have
-not diverged share one value (`cache/conversation.py`), in memory and on disk alike, so they
+not diverged share one value (`cache/agents/conversation.py`), in memory and on disk alike, so they
 cost the key nothing more. A fork another key makes of an agent counts for that key too.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from semantic.cache.conversation import Conversation
+from semantic.cache.agents.conversation import Conversation
 from semantic.errors import ConversationQuotaExceeded
 
 

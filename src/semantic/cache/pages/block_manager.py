@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from semantic.cache.block_pool import (
+from semantic.cache.pages.block_pool import (
     TIER_IDLE_AGENT,
     TIER_ONE_OFF,
     TIER_OUT_OF_WINDOW,
     TIER_WORKING_AGENT,
     TOP_TIER,
 )
-from semantic.cache.prefix import PrefixCache, PrefixMatch, page_key
+from semantic.cache.pages.prefix import PrefixCache, PrefixMatch, page_key
 from semantic.core import BlockTable, Restore, Sequence, first_read_block
 
 # How long a one-off request waits, while nothing runs, before it may take agents' cached pages.

@@ -3,7 +3,7 @@
 written in the background, so a crash (kill -9, a power cut) costs at most the turn in flight.
 
 The copies run on the engine thread (they read the pool), after the step's tokens went out, a
-bounded number of bytes a step; the writes run on the writer thread (`cache/disk_writer.py`).
+bounded number of bytes a step; the writes run on the writer thread (`cache/disk/writer.py`).
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from semantic.cache.agents import Agent, Agents
-from semantic.cache.prefix import split_key
-from semantic.cache.tiering import HotBlock, Tiering
+from semantic.cache.agents.agent import Agent
+from semantic.cache.agents.store import Agents
+from semantic.cache.disk.tiering import HotBlock, Tiering
+from semantic.cache.pages.prefix import split_key
 from semantic.core import AgentKey, History
 from semantic.errors import PersistFailed
 
 # Write-behind copies wait while the writer has this much queued (a quarter of its own bound,
-# `cache/disk_writer.py`, so eviction, which waits for room there, always finds it): a disk
+# `cache/disk/writer.py`, so eviction, which waits for room there, always finds it): a disk
 # slower than the turns holds back the write-behind, never the engine loop.
 MAX_QUEUED_BYTES = 32 * 2**20
 # Bytes copied out of the pool in one engine step (at least one page): the copy delays the

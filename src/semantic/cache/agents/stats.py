@@ -9,9 +9,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from semantic.cache.disk_index import GONE_CORRUPT, GONE_EVICTED
-from semantic.cache.manifest import has_manifest
-from semantic.cache.tiering import DiskTraffic, Tiering
+from semantic.cache.agents.manifest import has_manifest
+from semantic.cache.disk.index import GONE_CORRUPT, GONE_EVICTED
+from semantic.cache.disk.tiering import DiskTraffic, Tiering
 from semantic.core import AgentKey
 
 # Why a request's prompt was not all served from cache (besides its new tokens).

@@ -8,8 +8,8 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 
-from semantic.cache.disk import BlockRecord, DiskTier, page_name
-from semantic.cache.prefix import split_key
+from semantic.cache.disk.tier import BlockRecord, DiskTier, page_name
+from semantic.cache.pages.prefix import split_key
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class DiskWriter:
 
     def after(self, function: Callable[[], None]) -> None:
         """Run `function` on the writer thread once every job submitted before it has ended:
-        how a file that names blocks is written after them (`cache/write_behind.py`)."""
+        how a file that names blocks is written after them (`cache/agents/write_behind.py`)."""
         self._queue_call(lambda seq: function())
 
     def delete_behind(self, keys: list[int], delete: Callable[[list[int]], None]) -> None:
