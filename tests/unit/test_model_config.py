@@ -11,7 +11,8 @@ import pytest
 from semantic.core import CacheSpec
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
-from semantic.models.names import gemma3_text_name, qwen3_moe_experts_split
+from semantic.models.families.gemma3 import text_name as gemma3_text_name
+from semantic.models.families.qwen3_moe import experts_split as qwen3_moe_experts_split
 
 BASE: dict[str, Any] = {
     "vocab_size": 1000,
