@@ -8,6 +8,7 @@ from __future__ import annotations
 from semantic.models.families import (
     gemma3,
     gpt_oss,
+    granite,
     llama,
     phi3,
     qwen2,
@@ -26,6 +27,7 @@ FAMILIES: tuple[Family, ...] = (
     gpt_oss.FAMILY,
     phi3.FAMILY,
     smollm3.FAMILY,
+    granite.FAMILY,
 )
 
 _BY_MODEL_TYPE = {t: f for f in FAMILIES for t in (*f.model_types, *f.aliases)}
