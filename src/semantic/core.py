@@ -63,6 +63,19 @@ class Caller:
     admin: bool
 
 
+class KVGeometry(Protocol):
+    """What a model's config says of its KV cache (`models/config.py: ModelConfig` has it)."""
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+    @property
+    def num_key_value_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def rope_variant(self) -> str | None: ...
+
+
 @dataclass(slots=True, frozen=True)
 class CacheSpec:
     """The geometry of one model's KV cache: what a block holds and how big it is.
@@ -99,6 +112,30 @@ class CacheSpec:
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise ValueError("layer_windows must name every layer's attention, or none")
         object.__setattr__(self, "groups", _layer_groups(self.num_layers, self.layer_windows))
+
+    @classmethod
+    def of_model(
+        cls,
+        config: KVGeometry,
+        layer_windows: tuple[int | None, ...],
+        *,
+        dtype: str,
+        block_tokens: int,
+        kv_dtype: str | None,
+    ) -> CacheSpec:
+        """The cache of a model as a runner built it: the config's KV heads, head size and rope
+        variant, each layer's window as the built model reads it (none named where every
+        layer reads everything), K and V stored in `kv_dtype` (None: the model's `dtype`)."""
+        return cls(
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            dtype=dtype,
+            block_tokens=block_tokens,
+            layer_windows=layer_windows if any(w is not None for w in layer_windows) else (),
+            kv_dtype=kv_dtype,
+            rope_variant=config.rope_variant,
+        )
 
     @property
     def sliding_windows(self) -> tuple[int, ...]:

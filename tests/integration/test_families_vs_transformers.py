@@ -159,6 +159,26 @@ def phi3(**overrides: Any) -> torch.nn.Module:
     return Phi3ForCausalLM(Phi3Config(**{**BASE, "pad_token_id": 0, **overrides}))
 
 
+def granite(**overrides: Any) -> torch.nn.Module:
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    # Granite 3's multipliers, none of them 1 (the 2B's, but q·k's not head_dim^-0.5), each
+    # folded into a weight at load; weights five times the usual init, so that attention is
+    # far from uniform and q·k's multiplier counts.
+    config = GraniteConfig(
+        **{
+            **BASE,
+            "initializer_range": 0.1,
+            "embedding_multiplier": 12.0,
+            "residual_multiplier": 0.22,
+            "attention_multiplier": 0.1,
+            "logits_scaling": 8.0,
+            **overrides,
+        }
+    )
+    return GraniteForCausalLM(config)
+
+
 # Phi-4-mini's shape in small: rope over 3/4 of each 16-dim head (12 dims: 6 frequencies, each
 # with its own LongRoPE factor), 4 dims passed through. The original context is the model's: no
 # sequence here passes it, so transformers rotates by the short factors, as our rule does for a
@@ -216,6 +236,8 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
         use_sliding_window=True,
         sliding_window=WINDOW,
     ),
+    "granite": granite,
+    "granite_tied_with_biases": lambda: granite(tie_word_embeddings=True, attention_bias=True),
 }
 
 
@@ -471,3 +493,19 @@ def test_smollm3_with_rope_in_every_layer_misses_transformers(path: str):
     wrong = model.logits(Batch([prefill(0, ids, model.tables(29))]), roped)[0]
     with pytest.raises(AssertionError):  # off by ~3e-3 at this size: 30x the tolerance
         close(wrong, expected, model.reference_tolerance)
+
+
+def test_granite_with_each_multiplier_left_at_one_misses_transformers():
+    # Granite is Llama's blocks but for its four multipliers, folded into weights at load:
+    # with any one of them read as 1 the same weights give other logits, so the comparisons
+    # above could fail.
+    torch.manual_seed(0)
+    model = Model("cpu", FAMILIES["granite"](), vocab=VOCAB)
+    assert _reference_gap(model) < 1e-4
+    read = model.config
+    for name, _ in read.extras:
+        model.config = replace(
+            read, extras=tuple((k, 1.0 if k == name else v) for k, v in read.extras)
+        )
+        model.runner = model.make_runner("float32")
+        assert _reference_gap(model) > 1e-3, name

@@ -11,7 +11,8 @@ import pytest
 from semantic.core import CacheSpec
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
-from semantic.models.names import gemma3_text_name, qwen3_moe_experts_split
+from semantic.models.families.gemma3 import text_name as gemma3_text_name
+from semantic.models.families.qwen3_moe import experts_split as qwen3_moe_experts_split
 
 BASE: dict[str, Any] = {
     "vocab_size": 1000,
@@ -298,3 +299,15 @@ def test_phi3_mini_4k_slides_in_every_layer_and_older_longrope_names_mean_longro
         scaling = {**PHI4_MINI["rope_scaling"], "type": old_name}
         read = ModelConfig.from_hf({**PHI4_MINI, "rope_scaling": scaling}).rope_scaling
         assert read is not None and read["rope_type"] == "longrope"
+
+
+def test_granite_keeps_its_multipliers_and_serves_its_head_untied() -> None:
+    # Its embeddings and head are scaled by different numbers at load: one table cannot be both.
+    fields = {**BASE, "model_type": "granite", "tie_word_embeddings": True}
+    config = ModelConfig.from_hf({**fields, "embedding_multiplier": 12, "logits_scaling": 8.0})
+    assert not config.tie_word_embeddings
+    assert config.extra("embedding_multiplier", None) == 12.0
+    assert config.extra("logits_scaling", None) == 8.0
+    assert config.extra("residual_multiplier", None) == 1.0  # transformers' default
+    with pytest.raises(ModelLoadFailed, match="mlp_bias"):
+        ModelConfig.from_hf({**fields, "mlp_bias": True})

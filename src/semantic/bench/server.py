@@ -149,14 +149,8 @@ def kv_bytes_per_token(model: str, server_args: list[str]) -> int:
     settings = server_settings(server_args)
     config = load_checkpoint(ModelRegistry().resolve(model).path, progress=False).config
     dtype, kv_dtype = _kv_numerics(settings, config)
-    spec = CacheSpec(
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        dtype=dtype,
-        block_tokens=1,
-        kv_dtype=kv_dtype,
-    )
+    # Every layer's K and V, whichever window it reads: the windows do not change a block's size.
+    spec = CacheSpec.of_model(config, (), dtype=dtype, block_tokens=1, kv_dtype=kv_dtype)
     return spec.bytes_per_block
 
 

@@ -1,4 +1,6 @@
-"""The architecture of a checkpoint, in Hugging Face's terms, whatever file it came from."""
+"""The architecture of a checkpoint, in Hugging Face's terms, whatever file it came from. What
+is particular to a family (its defaults, derived layer types, rope-less layers) is read from
+its record (`models/families/`)."""
 
 from __future__ import annotations
 
@@ -6,18 +8,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from semantic.errors import ModelLoadFailed
+from semantic.models.families import family_of
+from semantic.models.families.family import FULL_ATTENTION, SLIDING_ATTENTION, ConfigRules
 
-FULL_ATTENTION = "full_attention"
-SLIDING_ATTENTION = "sliding_attention"
+__all__ = ["FULL_ATTENTION", "SLIDING_ATTENTION", "ModelConfig"]
 
-# Hugging Face model types that are one family to us: a multimodal checkpoint's text model is
-# the text family's.
-_MODEL_TYPE_ALIASES = {"gemma3_text": "gemma3"}
-# Families whose config.json may leave out `tie_word_embeddings` because their default is True.
-_TIED_BY_DEFAULT = frozenset({"gemma3", "smollm3"})
-# Families whose rope base, when their config leaves it out, is not 10000 (transformers'
-# `default_theta` of the family's config class).
-_DEFAULT_ROPE_THETA = {"smollm3": 2_000_000.0}
+# The rules of a model_type no family claims (the backends refuse to build it).
+_UNKNOWN_FAMILY = ConfigRules()
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,6 +66,9 @@ class ModelConfig:
     swiglu_alpha: float = 1.702
     attn_logit_softcapping: float | None = None  # Gemma 2 only: refused (Gemma 3 has none)
     final_logit_softcapping: float | None = None
+    # What one family reads from its config that no other has (config.json's name and value),
+    # for its own weight fix-ups (`ConfigRules.fields`).
+    extras: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_local_experts < 0 or self.decoder_sparse_step < 1:
@@ -124,6 +124,10 @@ class ModelConfig:
         # A window that holds the whole context is none (Phi-3-mini-128k's 262,144).
         return window if window is None or window < self.max_position_embeddings else None
 
+    def extra(self, name: str, default: Any) -> Any:
+        """A value of `extras`, or `default` where the config left it out."""
+        return dict(self.extras).get(name, default)
+
     def layer_has_rope(self, layer: int) -> bool:
         """Whether a layer rotates its queries and keys (else it attends by content alone)."""
         return not self.no_rope_layers or bool(self.no_rope_layers[layer])
@@ -134,14 +138,17 @@ class ModelConfig:
         if isinstance(config.get("text_config"), dict):
             config = {**_outer_defaults(config), **config["text_config"]}
         model_type = config.get("model_type", "llama")
-        model_type = _MODEL_TYPE_ALIASES.get(model_type, model_type)
+        family = family_of(model_type)
+        if family is not None and model_type in family.aliases:
+            model_type = family.name
+        rules = family.config if family is not None else _UNKNOWN_FAMILY
         heads = config["num_attention_heads"]
         layers = config["num_hidden_layers"]
         context = config.get("max_position_embeddings", 2048)
-        rope = _RopeSettings.read(config, model_type)
+        rope = _RopeSettings.read(config, rules)
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        return cls(
+        read = cls(
             model_type=model_type,
             vocab_size=config["vocab_size"],
             hidden_size=config["hidden_size"],
@@ -155,14 +162,13 @@ class ModelConfig:
             rope_theta=rope.theta,
             rope_scaling=complete_longrope(rope.scaling, context, config),
             partial_rotary_factor=rope.partial_rotary_factor,
-            tie_word_embeddings=config.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT),
-            # Qwen2's attention always has Q/K/V biases and its config has no flag for them.
-            attention_bias=config.get("attention_bias", model_type == "qwen2"),
+            tie_word_embeddings=config.get("tie_word_embeddings", rules.tied_embeddings),
+            attention_bias=config.get("attention_bias", rules.attention_bias),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            layer_types=_layer_types(config, model_type, layers),
+            layer_types=_layer_types(config, rules, layers),
             sliding_window=config.get("sliding_window"),
-            no_rope_layers=_no_rope_layers(config, model_type, layers),
+            no_rope_layers=rules.no_rope_layers(config, layers) if rules.no_rope_layers else (),
             hidden_act=config.get("hidden_activation") or config.get("hidden_act") or "silu",
             query_pre_attn_scalar=config.get("query_pre_attn_scalar"),
             rope_local_theta=rope.local_theta,
@@ -177,6 +183,8 @@ class ModelConfig:
             attn_logit_softcapping=config.get("attn_logit_softcapping"),
             final_logit_softcapping=config.get("final_logit_softcapping"),
         )
+        family_fields = rules.fields(config)
+        return replace(read, **family_fields) if family_fields else read
 
 
 def _outer_defaults(config: dict[str, Any]) -> dict[str, Any]:
@@ -193,7 +201,7 @@ class _RopeSettings:
     partial_rotary_factor: float
 
     @classmethod
-    def read(cls, config: dict[str, Any], model_type: str) -> _RopeSettings:
+    def read(cls, config: dict[str, Any], rules: ConfigRules) -> _RopeSettings:
         # transformers 5 writes RoPE settings as one `rope_parameters` object, or one per layer
         # type (Gemma 3); older configs have `rope_theta`, `rope_scaling` and Gemma 3's
         # `rope_local_base_freq` beside the rest.
@@ -202,15 +210,14 @@ class _RopeSettings:
         if FULL_ATTENTION in rope or SLIDING_ATTENTION in rope:
             local = (rope.get(SLIDING_ATTENTION) or {}).get("rope_theta", local)
             rope = dict(rope.get(FULL_ATTENTION) or {})
-        default_theta = _DEFAULT_ROPE_THETA.get(model_type, 10000.0)
-        theta = rope.pop("rope_theta", None) or config.get("rope_theta") or default_theta
+        theta = rope.pop("rope_theta", None) or config.get("rope_theta") or rules.rope_theta
         partial = rope.pop("partial_rotary_factor", None) or config.get("partial_rotary_factor")
         scaling = config.get("rope_scaling") or (
             rope if rope.get("rope_type", "default") != "default" else None
         )
         kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
-        # Phi-3's older configs name LongRoPE `su`, or `yarn`, as transformers still reads them.
-        if kind == "su" or (model_type == "phi3" and kind == "yarn"):
+        # Older configs name LongRoPE `su` (Phi-3's also `yarn`), as transformers still reads.
+        if kind == "su" or (rules.yarn_is_longrope and kind == "yarn"):
             scaling = {**(scaling or {}), "rope_type": "longrope"}
         return cls(theta, scaling, local, float(partial or 1.0))
 
@@ -237,48 +244,13 @@ def complete_longrope(
     return {**completed, "original_max_position_embeddings": original, "long": context > original}
 
 
-def _layer_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[str, ...]:
+def _layer_types(config: dict[str, Any], rules: ConfigRules, layers: int) -> tuple[str, ...]:
     """Each layer's attention, from `layer_types`, or as the family derives it in configs
     written before that field existed; () when every layer attends to everything."""
     types = config.get("layer_types")
     window = config.get("sliding_window")
     if types is None and window is not None:
-        types = [_derived_layer_type(config, model_type, i) for i in range(layers)]
+        types = [rules.layer_type(config, i) for i in range(layers)]
     if not types or window is None or SLIDING_ATTENTION not in types:
         return ()
     return tuple(types)
-
-
-def _no_rope_layers(config: dict[str, Any], model_type: str, layers: int) -> tuple[int, ...]:
-    """Which layers apply rope (1) and which do not (0), for SmolLM3: its list, or, in configs
-    without one, every `no_rope_layer_interval`-th layer (default 4) without; () elsewhere."""
-    if model_type != "smollm3":
-        return ()
-    listed = config.get("no_rope_layers")
-    if listed is not None:
-        return tuple(int(bool(flag)) for flag in listed)
-    interval = config.get("no_rope_layer_interval") or 4
-    return no_rope_every(interval, layers)
-
-
-def no_rope_every(interval: int, layers: int) -> tuple[int, ...]:
-    """`no_rope_layers` with every `interval`-th layer (counting from 1) rope-less."""
-    return tuple(int((i + 1) % interval != 0) for i in range(layers))
-
-
-def _derived_layer_type(config: dict[str, Any], model_type: str, layer: int) -> str:
-    if model_type == "gemma3":  # five sliding layers, then a global one
-        pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern", 6)
-        return FULL_ATTENTION if (layer + 1) % pattern == 0 else SLIDING_ATTENTION
-    if model_type == "gpt_oss":  # alternating, sliding first
-        return SLIDING_ATTENTION if layer % 2 == 0 else FULL_ATTENTION
-    if model_type in ("qwen2", "qwen3"):  # a window only when asked for, above max_window_layers
-        above = layer >= config.get("max_window_layers", 0)
-        return SLIDING_ATTENTION if config.get("use_sliding_window") and above else FULL_ATTENTION
-    if model_type == "qwen3_moe":  # a window only when asked for, then in every layer
-        return SLIDING_ATTENTION if config.get("use_sliding_window") else FULL_ATTENTION
-    if model_type == "smollm3":  # a window only when asked for, then in the layers without rope
-        flags = _no_rope_layers(config, model_type, layer + 1)
-        nope = layer < len(flags) and not flags[layer]
-        return SLIDING_ATTENTION if config.get("use_sliding_window") and nope else FULL_ATTENTION
-    return SLIDING_ATTENTION  # Mistral: a window in every layer when the config sets one

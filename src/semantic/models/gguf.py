@@ -6,14 +6,15 @@ Q6_K, Q8_0, MXFP4, …); llama.cpp's converter renames tensors (per architecture
 Llama's Q/K rows, stores Gemma's norms as `1 + w` and Phi-3's LongRoPE factors as tensors, and
 all of it is undone here so backends see one naming and layout. What a GGUF does not say (Gemma
 3's layer pattern and local rope base, GPT-OSS's alternation, Qwen3 MoE's renormalised routing,
-SmolLM3's rope-less layers) is what llama.cpp assumes for the architecture.
+SmolLM3's rope-less layers) is what llama.cpp assumes for the architecture. Each of these is a
+rule of the family's record (`models/families/`: `GGUFRules`); this file applies them.
 """
 
 from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -22,38 +23,13 @@ from gguf import GGMLQuantizationType, quants
 
 from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed
-from semantic.models.config import (
-    FULL_ATTENTION,
-    SLIDING_ATTENTION,
-    ModelConfig,
-    complete_longrope,
-    no_rope_every,
-)
+from semantic.models.config import ModelConfig, complete_longrope
+from semantic.models.families import family_of_gguf, supported_gguf_architectures
+from semantic.models.families.family import GGUFRules
 from semantic.models.fingerprint import WeightsFile, fingerprint
 from semantic.models.gguf_reader import GGUFLayout, TensorInfo
 from semantic.models.q4k import Q4KBlocks, read_q4k
 
-# GGUF architecture → Hugging Face model_type, for the families whose GGUF layout we undo.
-_ARCHITECTURES = {
-    "llama": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "qwen3moe": "qwen3_moe",
-    "smollm3": "smollm3",
-    "gemma3": "gemma3",
-    "gpt-oss": "gpt_oss",
-    "phi3": "phi3",
-}
-
-# llama.cpp permutes Q/K rows only for these (LlamaModel.modify_tensors in convert_hf_to_gguf,
-# which SmolLM3's converter inherits).
-_ROPE_PERMUTED = frozenset({"llama", "smollm3"})
-# llama.cpp stores these architectures' RMSNorm weights as 1 + w (Gemma's norm).
-_NORM_PLUS_ONE = frozenset({"gemma3"})
-# Layers of these that slide, as llama.cpp decides (`set_swa_pattern`): all but every n-th;
-# Phi-3's window, where its file has one, in every layer, as transformers applies it.
-_SLIDING_PATTERN = {"gemma3": 6, "gpt-oss": 2}
-_SLIDING_EVERYWHERE = frozenset({"phi3"})
 # Phi-3's LongRoPE factor lists, kept as tensors: read into the config, not weights.
 _LONGROPE_TENSORS = {
     "rope_factors_long.weight": "long_factor",
@@ -86,31 +62,6 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# A MoE layer's router and its experts stacked per projection, each [E, out, in].
-_EXPERT_TENSORS = {
-    "ffn_gate_exps": "mlp.experts.gate_proj",
-    "ffn_up_exps": "mlp.experts.up_proj",
-    "ffn_down_exps": "mlp.experts.down_proj",
-}
-# Where an architecture's names differ from the common ones (llama.cpp's tensor_mapping).
-_ARCHITECTURE_LAYER_TENSORS = {
-    "gemma3": {
-        "post_attention_norm": "post_attention_layernorm",
-        "ffn_norm": "pre_feedforward_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-    },
-    "gpt-oss": {
-        "post_attention_norm": "post_attention_layernorm",
-        "attn_sinks": "self_attn.sinks",
-        "ffn_gate_inp": "mlp.router",
-        **_EXPERT_TENSORS,
-    },
-    "qwen3moe": {"ffn_gate_inp": "mlp.gate", **_EXPERT_TENSORS},
-    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},  # fused
-}
-# Where `weights(blocks=True)` keeps Q4_K blocks: every linear of these is taken whole by the
-# backends (others split fused tensors or reorder a head's dims as arrays, Gemma folds 1 + w).
-_BLOCKS_KEPT = frozenset({"llama", "qwen2", "qwen3", "smollm3"})
 _UNSUFFIXED = frozenset({"self_attn.sinks"})  # a parameter of its own, not a module's weight
 
 
@@ -127,11 +78,18 @@ class GGUFFile:
         # Decoded once (gguf_reader.py): ~0.2 s for a 262K-token vocabulary, the rest is tiny.
         self.metadata: dict[str, Any] = self._reader.fields
         self.architecture = str(self.metadata.get("general.architecture"))
-        if self.architecture not in _ARCHITECTURES:
+        family = family_of_gguf(self.architecture)
+        if family is None or family.gguf is None:
             raise ModelLoadFailed(
                 f"{path}: GGUF architecture {self.architecture!r} is not supported "
-                f"(supported: {', '.join(sorted(_ARCHITECTURES))})"
+                f"(supported: {', '.join(supported_gguf_architectures())})"
             )
+        self.model_type = family.name
+        self.rules: GGUFRules = family.gguf
+
+    @property
+    def tensor_names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self._reader.tensors)
 
     @property
     def num_tensors(self) -> int:
@@ -156,105 +114,55 @@ class GGUFFile:
         )
 
     def config(self) -> ModelConfig:
-        """The architecture from `<arch>.*` metadata, named as in Hugging Face `config.json`."""
-        names = {t.name for t in self._reader.tensors}
-        heads = self._arch("attention.head_count")
-        hidden = self._arch("embedding_length")
-        layers = self._arch("block_count")
-        rotary_dim = self._arch("rope.dimension_count", None)
+        """The architecture from `<arch>.*` metadata, named as in Hugging Face `config.json`,
+        completed by the family's rules."""
+        names = self.tensor_names
+        heads = self.arch("attention.head_count")
+        hidden = self.arch("embedding_length")
+        layers = self.arch("block_count")
+        rotary_dim = self.arch("rope.dimension_count", None)
         head_dim = (
-            self._arch("attention.key_length", None)
-            or (None if self.architecture == "phi3" else rotary_dim)  # Phi-4-mini's: 3/4
+            self.arch("attention.key_length", None)
+            or (rotary_dim if self.rules.head_dim_from_rope else None)
             or hidden // heads
         )
-        return ModelConfig(
-            model_type=_ARCHITECTURES[self.architecture],
-            vocab_size=self._arch("vocab_size", None)
+        fields: dict[str, Any] = {
+            "model_type": self.model_type,
+            "vocab_size": self.arch("vocab_size", None)
             or len(self.metadata["tokenizer.ggml.tokens"]),
-            hidden_size=hidden,
-            intermediate_size=self._intermediate_size(),
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=self._arch("attention.head_count_kv", None) or heads,
-            head_dim=head_dim,
-            max_position_embeddings=self._arch("context_length"),
-            rms_norm_eps=self._arch("attention.layer_norm_rms_epsilon", 1e-6),
-            rope_theta=self._arch("rope.freq_base", 10000.0),
-            rope_scaling=self._rope_scaling(names),
-            partial_rotary_factor=(rotary_dim or head_dim) / head_dim,
-            tie_word_embeddings="output.weight" not in names,
-            attention_bias="blk.0.attn_q.bias" in names,
-            bos_token_id=self.metadata.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=self._end_token_ids(),
-            layer_types=self._layer_types(layers),
-            sliding_window=self._arch("attention.sliding_window", None),
-            **self._family_fields(head_dim, names),
-        )
+            "hidden_size": hidden,
+            "intermediate_size": self.arch("feed_forward_length", None),
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": self.arch("attention.head_count_kv", None) or heads,
+            "head_dim": head_dim,
+            "max_position_embeddings": self.arch("context_length"),
+            "rms_norm_eps": self.arch("attention.layer_norm_rms_epsilon", 1e-6),
+            "rope_theta": self.arch("rope.freq_base", 10000.0),
+            "rope_scaling": self._rope_scaling(names),
+            "partial_rotary_factor": (rotary_dim or head_dim) / head_dim,
+            "tie_word_embeddings": "output.weight" not in names,
+            "attention_bias": "blk.0.attn_q.bias" in names,
+            "bos_token_id": self.metadata.get("tokenizer.ggml.bos_token_id"),
+            "eos_token_ids": self._end_token_ids(),
+            "layer_types": self._layer_types(layers),
+            "sliding_window": self.arch("attention.sliding_window", None),
+        }
+        fields.update(self.rules.fields(self, fields))
+        if fields["intermediate_size"] is None:
+            raise ModelLoadFailed(
+                f"{self.path}: GGUF metadata lacks {self.architecture}.feed_forward_length"
+            )
+        return ModelConfig(**fields)
 
     def _end_token_ids(self) -> tuple[int, ...]:
         special = [self.metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-        if self.architecture == "gemma3":
-            # Gemma's chat turns end with <end_of_turn>, which llama.cpp also stops at.
-            tokens: list[str] = self.metadata.get("tokenizer.ggml.tokens", [])
-            special += [i for i, token in enumerate(tokens) if token == "<end_of_turn>"][:1]
         return tuple(dict.fromkeys(i for i in special if i is not None))
 
     def _layer_types(self, layers: int) -> tuple[str, ...]:
-        if self._arch("attention.sliding_window", None) is None:
+        if self.arch("attention.sliding_window", None) is None:
             return ()
-        if self.architecture in _SLIDING_EVERYWHERE:
-            return (SLIDING_ATTENTION,) * layers
-        pattern = _SLIDING_PATTERN.get(self.architecture)
-        if pattern is None:
-            return ()
-        return tuple(
-            SLIDING_ATTENTION if i % pattern < pattern - 1 else FULL_ATTENTION
-            for i in range(layers)
-        )
-
-    def _intermediate_size(self) -> int:
-        """The dense MLP's width; GPT-OSS has none, and its experts' width stands in for it."""
-        if self.architecture == "gpt-oss":
-            experts = self._arch("expert_feed_forward_length", None)
-            return int(experts or self._arch("feed_forward_length"))
-        return int(self._arch("feed_forward_length"))
-
-    def _family_fields(self, head_dim: int, names: set[str]) -> dict[str, Any]:
-        """What llama.cpp fixes for an architecture instead of writing it into the file."""
-        if self.architecture == "gemma3":
-            # llama.cpp scales queries by key_length^-0.5 (the 27B's n_embd / n_head aside).
-            return {
-                "hidden_act": "gelu_pytorch_tanh",
-                "query_pre_attn_scalar": float(head_dim),
-                "rope_local_theta": 10000.0,
-            }
-        if self.architecture == "gpt-oss":
-            return self._expert_counts()
-        if self.architecture == "smollm3":
-            # The file has no key for the NoPE layers: llama.cpp fixes its step at 4 (every 4th
-            # layer without rope, `n_no_rope_layer_step`), as the released configs' list says.
-            # Bounded by the tensor table, as below: a hostile block_count fails the load.
-            layers = min(self._arch("block_count"), len(names))
-            return {"no_rope_layers": no_rope_every(4, layers)}
-        if self.architecture == "qwen3moe":
-            # llama.cpp always renormalises Qwen3 MoE's chosen weights, as its configs ask; a
-            # layer without a router keeps its dense MLP. Every layer has tensors: a hostile
-            # block_count never makes this loop longer than the tensor table.
-            layers = range(min(self._arch("block_count"), len(names)))
-            return {
-                **self._expert_counts(),
-                "norm_topk_prob": bool(self._arch("expert_weights_norm", True)),
-                "mlp_only_layers": tuple(
-                    i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in names
-                ),
-            }
-        return {}
-
-    def _expert_counts(self) -> dict[str, Any]:
-        return {
-            "num_local_experts": self._arch("expert_count"),
-            "num_experts_per_tok": self._arch("expert_used_count"),
-        }
+        return self.rules.layer_types(layers)
 
     @overload
     def weights(
@@ -276,7 +184,7 @@ class GGUFFile:
         for tensor in self._reader.tensors:
             if tensor.name in _LONGROPE_TENSORS:
                 continue  # in the config's rope scaling
-            name = hf_tensor_name(tensor.name, self.architecture)
+            name = hf_tensor_name(tensor.name, self.rules.tensor_names)
             # GGUF lists dims innermost first; numpy wants them outermost first.
             shape = tuple(reversed(tensor.shape))
             if keep and _is_q4k_matrix(tensor):
@@ -287,7 +195,7 @@ class GGUFFile:
             array = quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
             # A copy we own: F32 tensors come back as read-only views of the memory map.
             array = np.require(array, dtype=np.float32, requirements=["C", "W"])
-            if self.architecture in _NORM_PLUS_ONE and name.endswith("norm.weight"):
+            if self.rules.norm_plus_one and name.endswith("norm.weight"):
                 array -= 1.0
             yield name, self._undo_rope_permute(name, array, config)
 
@@ -297,26 +205,26 @@ class GGUFFile:
 
     def _keeps_blocks(self, config: ModelConfig) -> bool:
         # Rope over whole heads: no head's dims are reordered (`names.rotary_rows`).
-        return self.architecture in _BLOCKS_KEPT and config.rotary_dim == config.head_dim
+        return self.rules.blocks_kept and config.rotary_dim == config.head_dim
 
-    def _arch(self, key: str, default: Any = ...) -> Any:
+    def arch(self, key: str, default: Any = ...) -> Any:
+        """The architecture's `<arch>.<key>` metadata; without a default, a load failure where
+        the file lacks it."""
         value = self.metadata.get(f"{self.architecture}.{key}", default)
         if value is ...:
             raise ModelLoadFailed(f"{self.path}: GGUF metadata lacks {self.architecture}.{key}")
         return value
 
-    def _rope_scaling(self, names: set[str]) -> dict[str, Any] | None:
+    def _rope_scaling(self, names: frozenset[str]) -> dict[str, Any] | None:
         if names & _LONGROPE_TENSORS.keys():
             return self._longrope()
-        kind = self._arch("rope.scaling.type", None)
+        kind = self.arch("rope.scaling.type", None)
         if kind in (None, "none"):
             return None
-        scaling: dict[str, Any] = {"rope_type": kind, "factor": self._arch("rope.scaling.factor")}
-        original = self._arch("rope.scaling.original_context_length", None)
+        scaling: dict[str, Any] = {"rope_type": kind, "factor": self.arch("rope.scaling.factor")}
+        original = self.arch("rope.scaling.original_context_length", None)
         if original is not None:
             scaling["original_max_position_embeddings"] = original
-        if self.architecture == "gpt-oss":
-            scaling["truncate"] = False  # as GPT-OSS's own config says
         return scaling
 
     def _longrope(self) -> dict[str, Any] | None:
@@ -329,15 +237,15 @@ class GGUFFile:
         for name, tensor in tensors.items():
             factors = quants.dequantize(tensor.data, tensor.tensor_type)
             scaling[_LONGROPE_TENSORS[name]] = [float(f) for f in factors.reshape(-1)]
-        attention_factor = self._arch("rope.scaling.attn_factor", None)
+        attention_factor = self.arch("rope.scaling.attn_factor", None)
         if attention_factor is not None:
             scaling["attention_factor"] = float(attention_factor)
-        original = self._arch("rope.scaling.original_context_length")
-        context = self._arch("context_length")
+        original = self.arch("rope.scaling.original_context_length")
+        context = self.arch("context_length")
         return complete_longrope(scaling, context, {"original_max_position_embeddings": original})
 
     def _undo_rope_permute(self, name: str, array: np.ndarray, config: ModelConfig) -> np.ndarray:
-        if self.architecture not in _ROPE_PERMUTED:
+        if not self.rules.q_k_permuted:
             return array
         if name.endswith("q_proj.weight"):
             return unpermute_rope_rows(array, config.num_attention_heads)
@@ -350,12 +258,12 @@ def _is_q4k_matrix(tensor: TensorInfo) -> bool:
     return tensor.tensor_type == GGMLQuantizationType.Q4_K and len(tensor.shape) == 2
 
 
-def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str:
-    """`blk.3.attn_q.weight` → `model.layers.3.self_attn.q_proj.weight`, and so on, as the
-    architecture names its tensors."""
+def hf_tensor_name(gguf_name: str, family_names: Mapping[str, str] | None = None) -> str:
+    """`blk.3.attn_q.weight` → `model.layers.3.self_attn.q_proj.weight`, and so on, with the
+    family's own names where they differ (`GGUFRules.tensor_names`)."""
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
-    names = {**_LAYER_TENSORS, **_ARCHITECTURE_LAYER_TENSORS.get(architecture, {})}
+    names = {**_LAYER_TENSORS, **(family_names or {})}
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
         hf_name = names[parts[2]]
         if hf_name in _UNSUFFIXED:

@@ -1,18 +1,16 @@
-"""The model families of the MLX backend, found by the checkpoint's `model_type`: how each one's
-checkpoint names map to the shared layers of `layers.py`, and with which options. The same
-families as the torch backend (`backends/torch/models/`), each said in a few lines here:
-Llama (SmolLM2, Llama 3.x, Mistral's window, SmolLM3's rope-less layers), Qwen2 (Q/K/V
-biases), Qwen3 (q/k norms), Qwen3 MoE (Qwen3's attention, experts in its sparse layers), Phi-3
-(Llama's blocks, fused projections split at load; LongRoPE, partial rotary), Gemma 3 (four
-norms a block, GeGLU, sliding and global layers with their own ropes) and GPT-OSS (sinks,
-biases, alternating windows, experts).
+"""The MLX backend's model builders, one per block skeleton a family's record names
+(`models/families/`: `BlockShape.skeleton`), as the torch backend's (`backends/torch/models/`),
+in MLX's layers (`layers.py`): Llama's (which Llama, SmolLM2, Mistral, SmolLM3, the Qwens and
+Phi-3 build, with the options of their `BlockShape`), Gemma 3's (four norms a block, GeGLU,
+sliding and global layers with their own ropes) and GPT-OSS's (sinks, biases, alternating
+windows, experts). The family's record applies its weight-name fix-ups first.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -33,13 +31,9 @@ from semantic.backends.mlx.layers import (
 )
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
-from semantic.models.names import (
-    gemma3_text_name,
-    gpt_oss_experts_split,
-    phi3_split,
-    qwen3_moe_experts_split,
-    rotary_rows,
-)
+from semantic.models.families import family_of, supported_model_types
+from semantic.models.families.family import BlockShape
+from semantic.models.names import rotary_rows
 
 
 @dataclass(slots=True, frozen=True)
@@ -147,68 +141,36 @@ def _gated_mlp(w: Weights, index: int) -> FeedForward:
     return w.gated_mlp(w.build.config.hidden_act)
 
 
-@dataclass(slots=True, frozen=True)
-class Variant:
-    """What the families on Llama's skeleton differ in: biases (None: as `attention_bias`
-    says), RMSNorms of each head's q and k, and each layer's feed-forward."""
-
-    qkv_bias: bool | None = None
-    o_bias: bool | None = None
-    qk_norms: bool = False
-    feed_forward: Callable[[Weights, int], FeedForward] = _gated_mlp
-
-
-def _llama(
-    b: Build, arrays: Iterable[tuple[str, np.ndarray]], variant: Variant = Variant()
-) -> DecoderModel:
+def _llama(b: Build, arrays: Iterable[tuple[str, np.ndarray]], shape: BlockShape) -> DecoderModel:
     """Llama, SmolLM2, Mistral, SmolLM3 (rope-less in the layers its config says); the Qwens
-    are its blocks with another `Variant`, Phi-3 with other names. Rope over each head's first
+    are its blocks with other options, Phi-3 under other names. Rope over each head's first
     `rotary_dim` dims, q and k reordered for it."""
     config = b.config
     weights = Weights.load(rotary_rows(arrays, config), b)
     rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, config.rotary_dim)
     layers = range(config.num_hidden_layers)
-    return decoder(weights, [_llama_block(weights.layer(i), i, rope, variant) for i in layers])
+    return decoder(weights, [_llama_block(weights.layer(i), i, rope, shape) for i in layers])
 
 
-def _llama_block(w: Weights, index: int, rope: Rope, variant: Variant) -> Block:
+def _llama_block(w: Weights, index: int, rope: Rope, shape: BlockShape) -> Block:
     config = w.build.config
-    qkv_bias = config.attention_bias if variant.qkv_bias is None else variant.qkv_bias
-    o_bias = config.attention_bias if variant.o_bias is None else variant.o_bias
+    qkv_bias = config.attention_bias if shape.qkv_bias is None else shape.qkv_bias
+    o_bias = config.attention_bias if shape.o_bias is None else shape.o_bias
     qk_norms = None
-    if variant.qk_norms:
+    if shape.qk_norms:
         qk_norms = (w.rms_norm("self_attn.q_norm"), w.rms_norm("self_attn.k_norm"))
     how = LayerAttention(config.head_dim**-0.5, config.layer_window(index))
     layer_rope = rope if config.layer_has_rope(index) else None
     attention = Attention(config, index, w.qkv_and_o(qkv_bias, o_bias), layer_rope, how, qk_norms)
     norms = (w.rms_norm("input_layernorm"), w.rms_norm("post_attention_layernorm"))
-    return Block(attention, variant.feed_forward(w, index), norms)
+    feed_forward = _experts_or_mlp if shape.experts else _gated_mlp
+    return Block(attention, feed_forward(w, index), norms)
 
 
-def _qwen2(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
-    return _llama(b, arrays, Variant(qkv_bias=True, o_bias=False))
-
-
-def _phi3(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
-    return _llama(b, phi3_split(arrays, b.config))
-
-
-_QWEN3 = Variant(qk_norms=True)
-
-
-def _qwen3(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
-    return _llama(b, arrays, _QWEN3)
-
-
-def _qwen3_moe(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
-    """Qwen3's blocks, experts in the sparse layers (names per expert: `models/names.py`)."""
-    variant = replace(_QWEN3, feed_forward=_qwen3_moe_feed_forward)
-    return _llama(b, qwen3_moe_experts_split(arrays), variant)
-
-
-def _qwen3_moe_feed_forward(w: Weights, index: int) -> FeedForward:
-    """The softmax over all experts, its top k (renormalised where `norm_topk_prob` says),
-    each expert a SwiGLU MLP; a dense MLP in the layers without experts."""
+def _experts_or_mlp(w: Weights, index: int) -> FeedForward:
+    """Qwen3 MoE's: the softmax over all experts, its top k (renormalised where
+    `norm_topk_prob` says), each expert a SwiGLU MLP; a dense MLP in the layers without
+    experts."""
     config = w.build.config
     if not config.layer_has_experts(index):
         return _gated_mlp(w, index)
@@ -219,11 +181,11 @@ def _qwen3_moe_feed_forward(w: Weights, index: int) -> FeedForward:
     return Experts(TopKOfSoftmax(gate, config.num_experts_per_tok, config.norm_topk_prob), experts)
 
 
-def _gemma3(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+def _gemma3(b: Build, arrays: Iterable[tuple[str, np.ndarray]], shape: BlockShape) -> DecoderModel:
     config = b.config
     if config.attn_logit_softcapping or config.final_logit_softcapping:
         raise ModelLoadFailed("Gemma logit soft-capping (Gemma 2) is not supported")
-    weights = Weights.load(arrays, b, gemma3_text_name)
+    weights = Weights.load(arrays, b)
     ropes = (
         Rope(config.head_dim, config.rope_local_theta or 10000.0, None),  # sliding layers'
         Rope(config.head_dim, config.rope_theta, config.rope_scaling),  # global layers'
@@ -254,9 +216,9 @@ def _gemma3_block(w: Weights, index: int, ropes: tuple[Rope, Rope]) -> Block:
     return Block(attention, w.gated_mlp(config.hidden_act), norms, post_norms)
 
 
-def _gpt_oss(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+def _gpt_oss(b: Build, arrays: Iterable[tuple[str, np.ndarray]], shape: BlockShape) -> DecoderModel:
     config = b.config
-    weights = Weights.load(gpt_oss_experts_split(arrays), b)
+    weights = Weights.load(arrays, b)
     rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling)
     blocks = []
     for i in range(config.num_hidden_layers):
@@ -288,29 +250,20 @@ def _experts(w: Weights) -> Experts:
     return Experts(SoftmaxOfTopK(router, config.num_experts_per_tok), experts)
 
 
-Builder = Callable[[Build, Iterable[tuple[str, np.ndarray]]], DecoderModel]
+Builder = Callable[[Build, Iterable[tuple[str, np.ndarray]], BlockShape], DecoderModel]
 
-# model_type → its builder. Mistral and SmolLM3 are Llama's code: a window and rope's absence
-# (SmolLM3's NoPE layers) are per-layer options of the config.
-_FAMILIES: dict[str, Builder] = {
-    "llama": _llama,
-    "mistral": _llama,
-    "smollm3": _llama,
-    "qwen2": _qwen2,
-    "qwen3": _qwen3,
-    "qwen3_moe": _qwen3_moe,
-    "gemma3": _gemma3,
-    "gpt_oss": _gpt_oss,
-    "phi3": _phi3,
-}
+# A family's `BlockShape.skeleton` → its builder.
+_SKELETONS: dict[str, Builder] = {"llama": _llama, "gemma3": _gemma3, "gpt_oss": _gpt_oss}
 
 
 def build_model(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
-    """The model of `b.config.model_type`, its weights converted as each layer takes them."""
-    builder = _FAMILIES.get(b.config.model_type)
-    if builder is None:
+    """The model of `b.config.model_type`'s family, its weights converted as each layer takes
+    them."""
+    family = family_of(b.config.model_type)
+    if family is None:
         raise ModelLoadFailed(
             f"the mlx backend cannot run model_type {b.config.model_type!r} "
-            f"(supported: {', '.join(sorted(_FAMILIES))})"
+            f"(supported: {', '.join(supported_model_types())})"
         )
-    return builder(b, arrays)
+    builder = _SKELETONS[family.block.skeleton]
+    return builder(b, family.weight_names(arrays, b.config), family.block)

@@ -56,15 +56,11 @@ class MLXRunner:
         # q/k/v and gate/up concatenations, quantizations) is computed here, on the load's
         # thread, never first on the engine's, which has no such stream.
         mx.eval(_arrays_in(self.model))
-        windows = self.model.layer_windows
-        self.cache_spec = CacheSpec(
-            num_layers=config.num_hidden_layers,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=config.head_dim,
+        self.cache_spec = CacheSpec.of_model(
+            config,
+            self.model.layer_windows,
             dtype=self.dtype,
             block_tokens=block_tokens,
-            layer_windows=windows if any(w is not None for w in windows) else (),
-            rope_variant=config.rope_variant,
             kv_dtype=pick_kv_dtype(kv_dtype),
         )
         budget = self._auto_budget() if cache_budget_mb is None else cache_budget_mb * 2**20

@@ -109,16 +109,12 @@ class TorchRunner:
             else:  # our kernels' layout, kept for the next start (prepared.py)
                 prepared = PreparedWeights.for_model(prepared_dir, weights_fingerprint, build)
                 self.model = prepared.build(build, weights)
-        windows = self.model.layer_windows
         in_place = attention_kernels(ours, config, self.dtype)
-        self.cache_spec = CacheSpec(
-            num_layers=config.num_hidden_layers,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=config.head_dim,
+        self.cache_spec = CacheSpec.of_model(
+            config,
+            self.model.layer_windows,
             dtype=_DTYPE_NAMES[self.dtype],
             block_tokens=block_tokens,
-            layer_windows=windows if any(w is not None for w in windows) else (),
-            rope_variant=config.rope_variant,
             kv_dtype=pick_kv_dtype(
                 kv_dtype, attention_kernels(cpu, config, self.dtype) is not None, self.dtype
             ),

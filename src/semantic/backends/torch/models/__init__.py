@@ -1,10 +1,9 @@
-"""The model families of the torch backend, found by the checkpoint's `model_type`.
-
-One file per family, each with the same skeleton (mlx-lm's): how its checkpoint names map to
-ours, how one decoder block is built, and `build`, which assembles the model from the shared
-layers in `layers.py`; families that are Llama's blocks with other options (Qwen2, Qwen3, Qwen3
-MoE, SmolLM3) name their `llama.Variant`; Phi-3 is Llama's blocks under other weight names.
-Families are imported only when a model of theirs loads.
+"""The torch backend's model builders, one per block skeleton a family's record names
+(`models/families/`: `BlockShape.skeleton`), each with the same shape (mlx-lm's): how one
+decoder block is built from the shared layers in `layers.py`, and `build`, which assembles the
+model. The family's record says everything else: its weight-name fix-ups, applied here before
+the skeleton reads the weights, and the options of its blocks. Skeletons are imported only
+when a model of theirs loads.
 """
 
 from __future__ import annotations
@@ -16,39 +15,24 @@ import numpy as np
 
 from semantic.backends.torch.models.layers import Build, DecoderModel
 from semantic.errors import ModelLoadFailed
+from semantic.models.families import family_of, supported_model_types
+from semantic.models.families.family import BlockShape
 from semantic.models.q4k import Q4KBlocks
 
-Builder = Callable[[Build, Iterable[tuple[str, np.ndarray | Q4KBlocks]]], DecoderModel]
-
-# model_type → the family's module. Mistral is Llama's code: its sliding window (when its
-# config sets one) is a per-layer option every family has.
-_FAMILIES = {
-    "llama": "llama",
-    "mistral": "llama",
-    "smollm3": "smollm3",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "qwen3_moe": "qwen3_moe",
-    "gemma3": "gemma3",
-    "gpt_oss": "gpt_oss",
-    "phi3": "phi3",
-}
-
-
-def supported_model_types() -> list[str]:
-    return sorted(_FAMILIES)
+Builder = Callable[[Build, Iterable[tuple[str, np.ndarray | Q4KBlocks]], BlockShape], DecoderModel]
 
 
 def build_model(
     build: Build, weights: Iterable[tuple[str, np.ndarray | Q4KBlocks]]
 ) -> DecoderModel:
-    """The model of `build.config.model_type`, its weights converted one tensor at a time."""
-    model_type = build.config.model_type
-    if model_type not in _FAMILIES:
+    """The model of `build.config.model_type`'s family, its weights converted one tensor at a
+    time."""
+    family = family_of(build.config.model_type)
+    if family is None:
         raise ModelLoadFailed(
-            f"the torch backend cannot run model_type {model_type!r} "
+            f"the torch backend cannot run model_type {build.config.model_type!r} "
             f"(supported: {', '.join(supported_model_types())})"
         )
-    module = importlib.import_module(f"{__name__}.{_FAMILIES[model_type]}")
+    module = importlib.import_module(f"{__name__}.{family.block.skeleton}")
     builder: Builder = module.build
-    return builder(build, weights)
+    return builder(build, family.weight_names(weights, build.config), family.block)

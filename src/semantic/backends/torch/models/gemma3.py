@@ -1,6 +1,6 @@
-"""Gemma 3 (the text model; a multimodal checkpoint's language model too): four RMSNorms per
-block, each `(1 + w)` and scaled in fp32 (around attention and around the MLP, the outputs
-normalised before the residual add); RMSNorms of each head's q and k; queries scaled by
+"""The Gemma 3 skeleton (the text model; a multimodal checkpoint's language model too): four
+RMSNorms per block, each `(1 + w)` and scaled in fp32 (around attention and around the MLP,
+the outputs normalised before the residual add); RMSNorms of each head's q and k; queries scaled by
 `query_pre_attn_scalar`; a GeGLU MLP (tanh GELU); embeddings times √hidden; tied LM head.
 Sliding layers (five in six) read a window and rotate with their own rope base
 (`rope_local_theta`, 10,000); global layers read everything, with `rope_theta` and its scaling.
@@ -26,7 +26,7 @@ from semantic.backends.torch.models.layers import (
 from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
 from semantic.errors import ModelLoadFailed
-from semantic.models.names import gemma3_text_name
+from semantic.models.families.family import BlockShape
 from semantic.models.q4k import Q4KBlocks
 
 
@@ -52,11 +52,13 @@ def block(w: Weights, index: int, local_rope: Rope, global_rope: Rope) -> Block:
     )
 
 
-def build(b: Build, arrays: Iterable[tuple[str, np.ndarray | Q4KBlocks]]) -> DecoderModel:
+def build(
+    b: Build, arrays: Iterable[tuple[str, np.ndarray | Q4KBlocks]], shape: BlockShape
+) -> DecoderModel:
     config = b.config
     if config.attn_logit_softcapping or config.final_logit_softcapping:
         raise ModelLoadFailed("Gemma logit soft-capping (Gemma 2) is not supported")
-    weights = Weights.load(arrays, b, gemma3_text_name)
+    weights = Weights.load(arrays, b)
     global_rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, b.device)
     local_rope = Rope(config.head_dim, config.rope_local_theta or 10000.0, None, b.device)
     blocks = [

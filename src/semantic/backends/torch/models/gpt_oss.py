@@ -1,16 +1,15 @@
-"""GPT-OSS: pre-norm blocks of attention with biases and a sink logit per head (sliding and
-global layers alternate, sliding first), YaRN rope, and a mixture of experts: a router picks
-the top k experts of each token, whose outputs are summed with the softmax of their router
-logits (`experts.py`). Each expert is a clamped SwiGLU variant, `(up + 1) · gate · σ(α · gate)`,
-with biases.
+"""The GPT-OSS skeleton: pre-norm blocks of attention with biases and a sink logit per head
+(sliding and global layers alternate, sliding first), YaRN rope, and a mixture of experts: a
+router picks the top k experts of each token, whose outputs are summed with the softmax of
+their router logits (`experts.py`). Each expert is a clamped SwiGLU variant,
+`(up + 1) · gate · σ(α · gate)`, with biases.
 
 Expert weights are kept as one `Linear` per expert and projection, in the model dtype: the
 MXFP4 weights of the released checkpoints are dequantized on load (`models/mxfp4.py`, or the
 `gguf` package for GGUF files). That costs memory (about 4x the packed size) and keeps every
 expert on the same kernels as the rest of the model; a packed MXFP4 kernel is future work.
-Our expert names are per projection, `[E, out, in]` (as GGUF stores them);
-`models/names.py` turns the Hugging Face layout (gate and up interleaved in one
-`[E, in, 2I]`) into it.
+Our expert names are per projection, `[E, out, in]` (as GGUF stores them); the family's record
+(`models/families/gpt_oss.py`) turns the Hugging Face layout into it.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from semantic.backends.torch.models.layers import (
 )
 from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
-from semantic.models.names import gpt_oss_experts_split
+from semantic.models.families.family import BlockShape
 
 
 class ClampedSwiGLU:
@@ -84,9 +83,9 @@ def block(w: Weights, index: int, rope: Rope) -> Block:
     )
 
 
-def build(b: Build, arrays: Iterable[tuple[str, np.ndarray]]) -> DecoderModel:
+def build(b: Build, arrays: Iterable[tuple[str, np.ndarray]], shape: BlockShape) -> DecoderModel:
     config = b.config
-    weights = Weights.load(gpt_oss_experts_split(arrays), b)
+    weights = Weights.load(arrays, b)
     rope = Rope(config.head_dim, config.rope_theta, config.rope_scaling, b.device)
     blocks = [block(weights.layer(i), i, rope) for i in range(config.num_hidden_layers)]
     return decoder(weights, blocks, scale_in_fp32=True)
