@@ -30,6 +30,16 @@ checks, each alone:
 - `--kill-in-prefill --replica-pid URL=PID …`: the same kill while a long prompt is still being
   computed, before any text: semantic retries the turn on the other replica, and the client
   gets a whole answer.
+- `--suites` (`--only-checks WORDS` for some): the API suites through semantic, each check a
+  pass or a failure with what came back: both SDKs' Messages, Chat Completions, Completions
+  and Responses, streamed and not, with tools; the agent API (501 `not_supported`); Claude
+  Code's recorded first request (tests/fixtures), whole and with three tools; a prompt past
+  the replica's context and a schema its grammar backend cannot compile (400s, never 500s).
+- `--gateway-cost VLLM_URL` (semantic over that one replica, started with
+  VLLM_SERVER_DEV_MODE=1): `semantic bench`'s multi-agent workload against the replica alone
+  and through semantic, `--rounds` times in swapped order, the replica's prefix cache reset
+  before each; then `--pairs` single requests to each, alternating: what semantic adds to a
+  request's time to first token and to its whole answer.
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ import argparse
 import json
 import os
 import signal
+import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -1007,6 +1019,148 @@ def _dump(usage: Any) -> Any:
     return usage.model_dump() if usage is not None else None
 
 
+# -- the gateway's cost ----------------------------------------------------------------------------
+
+
+def gateway_cost(
+    semantic: Gateway, vllm: str, rounds: int, pairs: int, out: Path
+) -> dict[str, Any]:
+    """What semantic in front of a replica adds to each request, measured against the same
+    replica alone in the same run. First `semantic bench`'s multi-agent workload (4 agents × 4
+    turns at once, ~1,000-token system prompts, 64 tokens per answer) against vLLM and against
+    semantic, `rounds` times, the order swapped each round, the replica's prefix cache reset
+    before each (so each starts cold and computes the same prompts: the seed is the round's);
+    then `pairs` single requests to each, one at a time, alternating (a cached ~300-token
+    prompt, 8 tokens): the median of the per-pair differences in time to first token and to
+    the whole answer. The replica must run with VLLM_SERVER_DEV_MODE=1 (`/reset_prefix_cache`)."""
+    served = httpx.get(f"{vllm}/v1/models", timeout=10).json()["data"][0]["id"]
+    targets = {"vllm": vllm, "semantic": semantic.url}
+    workloads: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+    for round_ in range(rounds):
+        order = list(targets) if round_ % 2 == 0 else list(reversed(targets))
+        for name in order:
+            _reset_prefix_cache(vllm)
+            result = out / f"bench-{name}-{round_}.json"
+            _bench(targets[name], served, semantic.key, round_, result)
+            workloads[name].append(_workload_figures(json.loads(result.read_text())["result"]))
+            print(name, round_, workloads[name][-1]["summary"], file=sys.stderr, flush=True)
+    paired = _paired(targets, served, semantic.key, pairs)
+    return {"served": served, "workload": _workload_difference(workloads), "paired": paired}
+
+
+def _reset_prefix_cache(vllm: str) -> None:
+    response = httpx.post(f"{vllm}/reset_prefix_cache", timeout=60)
+    if response.status_code != 200:
+        raise SystemExit(
+            f"{vllm}/reset_prefix_cache: {response.status_code} (VLLM_SERVER_DEV_MODE=1?)"
+        )
+
+
+def _bench(url: str, model: str, key: str, seed: int, result: Path) -> None:
+    command = [
+        sys.executable, "-m", "semantic", "bench", "--base-url", url, "--model", model,
+        "--api-key", key, "--no-baseline", "--phases", "workload", "--agents", "4",
+        "--turns", "4", "--system-tokens", "1000", "--max-tokens", "64", "--seed", str(seed),
+        "--json", str(result),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
+def _workload_figures(result: dict[str, Any]) -> dict[str, Any]:
+    """One run's TTFT by (agent, turn), its prompt tokens, and its wall time."""
+    turns = result["workload"]["turns"]
+    ttft = {(t["agent"], t["turn"]): t["ttft_s"] for t in turns}
+    cold = [t["ttft_s"] for t in turns if t["turn"] == 0]
+    warm = [t["ttft_s"] for t in turns if t["turn"] > 0]
+    return {
+        "ttft": ttft,
+        "prompt_tokens": sum(t["prompt_tokens"] for t in turns),
+        "summary": {
+            "wall_s": round(result["workload"]["wall_s"], 3),
+            "cold_ttft_p50_s": round(statistics.median(cold), 4),
+            "warm_ttft_p50_s": round(statistics.median(warm), 4),
+            "requests": len(turns),
+        },
+    }
+
+
+def _workload_difference(workloads: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each round's figures per target, and semantic − vLLM: the TTFT p50s, the wall time per
+    request (the workload's wall ÷ its requests) and the median per-turn TTFT difference."""
+    rounds = []
+    for ours, theirs in zip(workloads["semantic"], workloads["vllm"], strict=True):
+        a, b = ours["summary"], theirs["summary"]
+        per_turn = [ours["ttft"][k] - theirs["ttft"][k] for k in theirs["ttft"]]
+        rounds.append(
+            {
+                "semantic": a,
+                "vllm": b,
+                "prompt_tokens": {
+                    "semantic": ours["prompt_tokens"],
+                    "vllm": theirs["prompt_tokens"],
+                },
+                "added_ms": {
+                    "cold_ttft_p50": round(1000 * (a["cold_ttft_p50_s"] - b["cold_ttft_p50_s"]), 1),
+                    "warm_ttft_p50": round(1000 * (a["warm_ttft_p50_s"] - b["warm_ttft_p50_s"]), 1),
+                    "ttft_per_turn_median": round(1000 * statistics.median(per_turn), 1),
+                    "wall_per_request": round(
+                        1000 * (a["wall_s"] - b["wall_s"]) / a["requests"], 1
+                    ),
+                },
+            }
+        )
+    return {"rounds": rounds}
+
+
+def _paired(targets: dict[str, str], served: str, key: str, pairs: int) -> dict[str, Any]:
+    """`pairs` rounds of one request to each target, alternating which goes first; each
+    request's TTFT and whole time; the medians, and the median of semantic − vLLM per pair."""
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Count to ten."},
+    ]
+    body = {
+        "model": served, "messages": messages, "max_tokens": 8, "temperature": 0,
+        "ignore_eos": True, "stream": True,
+    }  # fmt: skip
+    seen: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.Client(timeout=120, headers=headers) as client:
+        for name in targets:  # each once first: the prompt cached, connections open
+            _timed(client, targets[name], body)
+        for i in range(pairs):
+            for name in list(targets) if i % 2 == 0 else list(reversed(targets)):
+                seen[name].append(_timed(client, targets[name], body))
+    report: dict[str, Any] = {"pairs": pairs}
+    for name, times in seen.items():
+        report[name] = {
+            "ttft_p50_ms": round(1000 * statistics.median(t for t, _ in times), 1),
+            "whole_p50_ms": round(1000 * statistics.median(w for _, w in times), 1),
+        }
+    differences = list(zip(seen["semantic"], seen["vllm"], strict=True))
+    report["added_ms"] = {
+        "ttft_median": round(1000 * statistics.median(a[0] - b[0] for a, b in differences), 1),
+        "whole_median": round(1000 * statistics.median(a[1] - b[1] for a, b in differences), 1),
+    }
+    return report
+
+
+def _timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float]:
+    """One streamed chat completion: seconds to its first content, and to its end."""
+    started = time.perf_counter()
+    first = None
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if first is not None or not line.startswith("data:") or "[DONE]" in line:
+                continue
+            chunk = json.loads(line[len("data:") :])
+            if any(c["delta"].get("content") for c in chunk.get("choices") or []):
+                first = time.perf_counter()
+    ended = time.perf_counter()
+    return (first or ended) - started, ended - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--semantic", default="http://127.0.0.1:8100")
@@ -1023,6 +1177,11 @@ def main() -> None:
         metavar="WORDS",
         help="--suites: the checks whose name has WORDS",
     )
+    parser.add_argument("--rounds", type=int, default=2, help="--gateway-cost: workload rounds")
+    parser.add_argument("--pairs", type=int, default=40, help="--gateway-cost: single requests")
+    parser.add_argument(
+        "--out", default="vllm-path-out", help="--gateway-cost: the bench results go here"
+    )
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
     only = parser.add_mutually_exclusive_group()
@@ -1036,6 +1195,12 @@ def main() -> None:
         action="store_true",
         help="only the API suites: both SDKs' APIs streamed and not with tools, the agent API, "
         "Claude Code's recorded request, and what the replica refuses",
+    )
+    only.add_argument(
+        "--gateway-cost",
+        metavar="VLLM_URL",
+        help="only the gateway's cost: the workload and single requests against this replica "
+        "alone and through semantic (over it alone), the replica run with VLLM_SERVER_DEV_MODE=1",
     )
     only.add_argument(
         "--keys-only",
@@ -1075,6 +1240,11 @@ def main() -> None:
         )
     elif args.suites:
         print(json.dumps(suites(semantic, args.only_checks), indent=2, default=str))
+    elif args.gateway_cost:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        cost = gateway_cost(semantic, args.gateway_cost, args.rounds, args.pairs, out)
+        print(json.dumps(cost, indent=2))
     elif args.keys_only:
         if len(args.api_key) < 2:
             parser.error("--keys-only needs two --api-key")

@@ -100,10 +100,10 @@ class ReplicaClient:
             return False
         return response.status_code == 200
 
-    async def read_model(self, replica: Replica) -> None:
+    async def read_model(self, replica: Replica) -> str:
         """Set the replica's `model_id`, the name it serves its model under (vLLM refuses any
         other), and its `max_model_len`, the longest sequence it takes (vLLM refuses a longer
-        one), from its /v1/models."""
+        one), from its /v1/models. Returns the name."""
         try:
             response = await self._http.get(f"{replica.url}/v1/models", timeout=HEALTH_TIMEOUT_S)
             models = (response.json().get("data") or []) if response.status_code == 200 else []
@@ -112,6 +112,7 @@ class ReplicaClient:
             raise ReplicaDown(f"{replica.url}/v1/models names no model: {exc!r}") from exc
         replica.model_id = model_id
         replica.max_model_len = length if isinstance(length, int) and length > 0 else None
+        return model_id
 
     async def scraped(self, replica: Replica, names: dict[str, str]) -> dict[str, float]:
         """The replica's own /metrics samples named in `names` (vLLM's name → ours), each

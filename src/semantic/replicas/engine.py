@@ -275,10 +275,8 @@ class ReplicaEngine:
         client = self._client
         if client is None:
             raise Unavailable("the engine is not running")
-        if replica.model_id is None:
-            await client.read_model(replica)
-        assert replica.model_id is not None
-        body = completion_body(request, replica.model_id, self._salt(request), self._ends)
+        model_id = replica.model_id or await client.read_model(replica)
+        body = completion_body(request, model_id, self._salt(request), self._ends)
         stop_string: str | None = None
         try:
             async with client.completions(replica, body) as chunks:
