@@ -1023,7 +1023,7 @@ def _dump(usage: Any) -> Any:
 
 
 def gateway_cost(
-    semantic: Gateway, vllm: str, rounds: int, pairs: int, out: Path
+    semantic: Gateway, vllm: str, rounds: int, pairs: int, out: Path, semantic_pid: int | None
 ) -> dict[str, Any]:
     """What semantic in front of a replica adds to each request, measured against the same
     replica alone in the same run. First `semantic bench`'s multi-agent workload (4 agents × 4
@@ -1032,7 +1032,8 @@ def gateway_cost(
     before each (so each starts cold and computes the same prompts: the seed is the round's);
     then `pairs` single requests to each, one at a time, alternating (a cached ~300-token
     prompt, 8 tokens): the median of the per-pair differences in time to first token and to
-    the whole answer. The replica must run with VLLM_SERVER_DEV_MODE=1 (`/reset_prefix_cache`)."""
+    the whole answer; with `semantic_pid` (semantic on this machine), semantic's own CPU time
+    per request. The replica must run with VLLM_SERVER_DEV_MODE=1 (`/reset_prefix_cache`)."""
     served = httpx.get(f"{vllm}/v1/models", timeout=10).json()["data"][0]["id"]
     targets = {"vllm": vllm, "semantic": semantic.url}
     workloads: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
@@ -1044,8 +1045,53 @@ def gateway_cost(
             _bench(targets[name], served, semantic.key, round_, result)
             workloads[name].append(_workload_figures(json.loads(result.read_text())["result"]))
             print(name, round_, workloads[name][-1]["summary"], file=sys.stderr, flush=True)
-    paired = _paired(targets, served, semantic.key, pairs)
-    return {"served": served, "workload": _workload_difference(workloads), "paired": paired}
+    report: dict[str, Any] = {"served": served, "workload": _workload_difference(workloads)}
+    if pairs:
+        report["paired"] = _paired(targets, served, semantic.key, pairs)
+    if semantic_pid is not None:
+        report["cpu"] = _gateway_cpu(semantic_pid, semantic.url, served, semantic.key)
+    return report
+
+
+def _gateway_cpu(pid: int, url: str, served: str, key: str, requests: int = 40) -> dict[str, Any]:
+    """semantic's own CPU time per request (its process's user and system time, every thread,
+    from /proc), over `requests` single requests one at a time, less what it spends idle (its
+    replicas' health checks) over as long: the work the gateway adds to a request, which a
+    loaded machine's scheduling does not inflate as it does the latency. Two prompts: the
+    paired one (~300 tokens) and one of the workload's size (~1,100)."""
+    report: dict[str, Any] = {"requests": requests}
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.Client(timeout=300, headers=headers) as client:
+        idle_rate = _cpu_rate_idle(pid, 20.0)
+        for label, system in (("prompt_300", SYSTEM), ("prompt_1100", SYSTEM * 4)):
+            body = {
+                "model": served, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                "stream": True, "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": "Count to ten."},
+                ],
+            }  # fmt: skip
+            _timed(client, url, body)  # the prompt cached on the replica
+            before, started = _cpu_seconds(pid), time.perf_counter()
+            for _ in range(requests):
+                _timed(client, url, body)
+            wall = time.perf_counter() - started
+            spent = _cpu_seconds(pid) - before - idle_rate * wall
+            report[label] = {"cpu_ms_per_request": round(1000 * spent / requests, 2)}
+    report["idle_cpu_ms_per_s"] = round(1000 * idle_rate, 2)
+    return report
+
+
+def _cpu_rate_idle(pid: int, seconds: float) -> float:
+    before = _cpu_seconds(pid)
+    time.sleep(seconds)
+    return (_cpu_seconds(pid) - before) / seconds
+
+
+def _cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU seconds so far (/proc/PID/stat's utime and stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _reset_prefix_cache(vllm: str) -> None:
@@ -1178,6 +1224,9 @@ def main() -> None:
         help="--suites: the checks whose name has WORDS",
     )
     parser.add_argument("--rounds", type=int, default=2, help="--gateway-cost: workload rounds")
+    parser.add_argument(
+        "--semantic-pid", type=int, help="--gateway-cost: semantic's process, for its CPU time"
+    )
     parser.add_argument("--pairs", type=int, default=40, help="--gateway-cost: single requests")
     parser.add_argument(
         "--out", default="vllm-path-out", help="--gateway-cost: the bench results go here"
@@ -1243,7 +1292,9 @@ def main() -> None:
     elif args.gateway_cost:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        cost = gateway_cost(semantic, args.gateway_cost, args.rounds, args.pairs, out)
+        cost = gateway_cost(
+            semantic, args.gateway_cost, args.rounds, args.pairs, out, args.semantic_pid
+        )
         print(json.dumps(cost, indent=2))
     elif args.keys_only:
         if len(args.api_key) < 2:
