@@ -30,6 +30,16 @@ checks, each alone:
 - `--kill-in-prefill --replica-pid URL=PID …`: the same kill while a long prompt is still being
   computed, before any text: semantic retries the turn on the other replica, and the client
   gets a whole answer.
+- `--suites` (`--only-checks WORDS` for some): the API suites through semantic, each check a
+  pass or a failure with what came back: both SDKs' Messages, Chat Completions, Completions
+  and Responses, streamed and not, with tools; the agent API (501 `not_supported`); Claude
+  Code's recorded first request (tests/fixtures), whole and with three tools; a prompt past
+  the replica's context and a schema its grammar backend cannot compile (400s, never 500s).
+- `--gateway-cost VLLM_URL` (semantic over that one replica, started with
+  VLLM_SERVER_DEV_MODE=1): `semantic bench`'s multi-agent workload against the replica alone
+  and through semantic, `--rounds` times in swapped order, the replica's prefix cache reset
+  before each; then `--pairs` single requests to each, alternating: what semantic adds to a
+  request's time to first token and to its whole answer.
 """
 
 from __future__ import annotations
@@ -38,12 +48,15 @@ import argparse
 import json
 import os
 import signal
+import statistics
+import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -549,6 +562,651 @@ def _counts(semantic: Gateway, before: dict[str, dict[str, Any]]) -> dict[str, d
     }
 
 
+# -- the API suites --------------------------------------------------------------------------------
+
+RECORDING = Path(__file__).parents[1] / "tests" / "fixtures" / "claude_code_2_1_first_request.json"
+# A pattern our grammar engine (llguidance) compiles and xgrammar, vLLM's default for JSON
+# schemas, does not (`\p{…}` classes): the request passes our checks and fails on the replica.
+UNCOMPILABLE: Any = {
+    "type": "object",
+    "properties": {"word": {"type": "string", "pattern": "^\\p{L}+$"}},
+    "required": ["word"],
+}
+
+
+class Checks:
+    """Named checks, each a function that returns what it saw or raises on what it should not
+    have: every outcome recorded (passed, or failed with the exception and any HTTP status and
+    body), none stopping the others."""
+
+    def __init__(self) -> None:
+        self.results: list[dict[str, Any]] = []
+
+    def run(self, name: str, check: Any) -> None:
+        started = time.perf_counter()
+        try:
+            seen = check()
+            outcome: dict[str, Any] = {"ok": True, "seen": seen}
+        except Exception as exc:  # a failed check is a result, not the end of the run
+            outcome = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+            for field in ("status_code", "body"):
+                if getattr(exc, field, None) is not None:
+                    outcome[field] = getattr(exc, field)
+        outcome["seconds"] = round(time.perf_counter() - started, 2)
+        self.results.append({"check": name} | outcome)
+        print(name, "ok" if outcome["ok"] else f"FAILED {outcome}", file=sys.stderr, flush=True)
+
+    def summary(self) -> dict[str, Any]:
+        failed = [r["check"] for r in self.results if not r["ok"]]
+        return {"passed": len(self.results) - len(failed), "failed": failed}
+
+
+def suites(semantic: Gateway, only: str = "") -> dict[str, Any]:
+    """The API suites through semantic over vLLM: both SDKs' Messages, Chat Completions,
+    Completions and Responses, streamed and not, with tools; the agent API (501 `not_supported`
+    in its shape, the vLLM engine keeps no agents); Claude Code's recorded first request; a
+    prompt past the replica's context and a grammar the replica cannot compile (each a 400 in
+    the protocol's shape, never a 500)."""
+    checks = Checks()
+    for name, check in [
+        *anthropic_suite(semantic),
+        *openai_suite(semantic),
+        *responses_suite(semantic),
+        *agent_api_suite(semantic),
+        *claude_code_suite(semantic),
+        *refusal_suite(semantic),
+    ]:
+        if only in name:
+            checks.run(name, check)
+    return {"summary": checks.summary(), "checks": checks.results}
+
+
+def _expect(condition: bool, what: str) -> None:
+    if not condition:
+        raise AssertionError(what)
+
+
+WEATHER_TOOL: Any = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": WEATHER,
+}
+
+
+def anthropic_suite(semantic: Gateway) -> list[tuple[str, Any]]:
+    sdk = semantic.anthropic()
+    ask: Any = [{"role": "user", "content": "Name a colour."}]
+
+    def whole() -> dict[str, Any]:
+        reply = sdk.messages.create(
+            model="claude-any", max_tokens=12, system=SYSTEM, messages=ask,
+            metadata={"user_id": "suite-anthropic"}, extra_body={"temperature": 0},
+        )  # fmt: skip
+        text = "".join(b.text for b in reply.content if b.type == "text")
+        _expect(bool(text) and reply.stop_reason in ("end_turn", "max_tokens"), "an answer")
+        _expect(reply.usage.input_tokens > 0, "input tokens counted")
+        return {"text": text, "stop_reason": reply.stop_reason, "usage": reply.usage.model_dump()}
+
+    def streamed() -> dict[str, Any]:
+        with sdk.messages.stream(
+            model="claude-any", max_tokens=12, system=SYSTEM, messages=ask,
+            metadata={"user_id": "suite-anthropic"}, extra_body={"temperature": 0},
+        ) as stream:  # fmt: skip
+            kinds = [event.type for event in stream]
+            final = stream.get_final_message()
+        _expect(kinds[0] == "message_start" and kinds[-1] == "message_stop", f"events {kinds}")
+        text = "".join(b.text for b in final.content if b.type == "text")
+        _expect(bool(text), "streamed text")
+        return {"text": text, "events": sorted(set(kinds)), "usage": final.usage.model_dump()}
+
+    def tool_round_trip() -> dict[str, Any]:
+        history: Any = [
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "get_weather",
+                        "input": {"city": "Paris", "unit": "celsius"},
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"}],
+            },
+        ]
+        reply = sdk.messages.create(
+            model="claude-any", max_tokens=16, messages=history, tools=[WEATHER_TOOL],
+            extra_body={"temperature": 0},
+        )  # fmt: skip
+        return {"stop_reason": reply.stop_reason, "content": [b.type for b in reply.content]}
+
+    def forced_tool_streamed() -> dict[str, Any]:
+        with sdk.messages.stream(
+            model="claude-any", max_tokens=60, tools=[WEATHER_TOOL], tool_choice={"type": "any"},
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        ) as stream:  # fmt: skip
+            final = stream.get_final_message()
+        calls = [b for b in final.content if b.type == "tool_use"]
+        _expect(final.stop_reason == "tool_use" and len(calls) >= 1, f"a call: {final}")
+        _expect(isinstance(calls[0].input, dict), "its input an object")
+        return {"name": calls[0].name, "input": calls[0].input}
+
+    def count_tokens() -> dict[str, Any]:
+        counted = sdk.messages.count_tokens(model="claude-any", system=SYSTEM, messages=ask)
+        _expect(counted.input_tokens > 0, "tokens counted")
+        return {"input_tokens": counted.input_tokens}
+
+    return [
+        ("anthropic messages", whole),
+        ("anthropic messages streamed", streamed),
+        ("anthropic tool result round trip", tool_round_trip),
+        ("anthropic forced tool call streamed", forced_tool_streamed),
+        ("anthropic count_tokens", count_tokens),
+    ]
+
+
+def openai_suite(semantic: Gateway) -> list[tuple[str, Any]]:
+    sdk = semantic.openai()
+    ask: Any = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a fruit."}]
+    weather: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+    def whole() -> dict[str, Any]:
+        reply = sdk.chat.completions.create(
+            model="gpt-any", messages=ask, max_tokens=12, temperature=0,
+            extra_body={"session_id": "suite-openai"},
+        )  # fmt: skip
+        _expect(bool(reply.choices[0].message.content), "an answer")
+        return {"text": reply.choices[0].message.content, "usage": _dump(reply.usage)}
+
+    def streamed() -> dict[str, Any]:
+        chunks = list(
+            sdk.chat.completions.create(
+                model="gpt-any", messages=ask, max_tokens=12, temperature=0, stream=True,
+                stream_options={"include_usage": True}, extra_body={"session_id": "suite-openai"},
+            )
+        )  # fmt: skip
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices]
+        _expect(bool(text) and finish[-1] in ("stop", "length"), f"text and finish {finish}")
+        _expect(chunks[-1].usage is not None, "usage in the last chunk")
+        return {"text": text, "chunks": len(chunks), "usage": _dump(chunks[-1].usage)}
+
+    def tools_streamed() -> dict[str, Any]:
+        chunks = list(
+            sdk.chat.completions.create(
+                model="gpt-any", messages=weather, tools=TOOLS, max_tokens=60, temperature=0,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                stream=True,
+            )
+        )  # fmt: skip
+        names, arguments = "", ""
+        for chunk in chunks:
+            for choice in chunk.choices:
+                for call in choice.delta.tool_calls or []:
+                    if call.function is not None:
+                        names += call.function.name or ""
+                        arguments += call.function.arguments or ""
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        _expect(names == "get_weather" and finish == "tool_calls", f"{names} {finish}")
+        return {"name": names, "arguments": json.loads(arguments)}
+
+    def tool_round_trip() -> dict[str, Any]:
+        history: Any = [
+            *weather,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    },
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+        ]
+        reply = sdk.chat.completions.create(
+            model="gpt-any", messages=history, tools=TOOLS, max_tokens=16, temperature=0
+        )
+        return {"finish_reason": reply.choices[0].finish_reason}
+
+    def completions() -> dict[str, Any]:
+        whole = sdk.completions.create(
+            model="gpt-any", prompt="One, two, three,", max_tokens=6, temperature=0
+        )
+        pieces = list(
+            sdk.completions.create(
+                model="gpt-any", prompt="One, two, three,", max_tokens=6, temperature=0,
+                stream=True,
+            )
+        )  # fmt: skip
+        streamed = "".join(c.choices[0].text for c in pieces if c.choices)
+        _expect(whole.choices[0].text == streamed, f"{whole.choices[0].text!r} {streamed!r}")
+        return {"text": streamed}
+
+    def models() -> dict[str, Any]:
+        listed = [model.id for model in sdk.models.list()]
+        _expect(bool(listed), "a model")
+        return {"models": listed}
+
+    return [
+        ("openai chat completions", whole),
+        ("openai chat completions streamed", streamed),
+        ("openai forced tool call streamed", tools_streamed),
+        ("openai tool result round trip", tool_round_trip),
+        ("openai completions, whole and streamed", completions),
+        ("openai models", models),
+    ]
+
+
+def responses_suite(semantic: Gateway) -> list[tuple[str, Any]]:
+    sdk = semantic.openai()
+    tools: Any = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+
+    def chain() -> dict[str, Any]:
+        first = sdk.responses.create(
+            model="gpt-any", instructions=SYSTEM, input="Name a colour.", max_output_tokens=12,
+            temperature=0,
+        )  # fmt: skip
+        _expect(first.status == "completed" and bool(first.output_text), "a first answer")
+        second = sdk.responses.create(
+            model="gpt-any", input="Name another one.", max_output_tokens=12, temperature=0,
+            previous_response_id=first.id,
+        )  # fmt: skip
+        _expect(bool(second.output_text), "a second answer")
+        assert second.usage is not None
+        cached = second.usage.input_tokens_details.cached_tokens
+        fetched = sdk.responses.retrieve(first.id)
+        _expect(fetched.id == first.id, "the first response retrieved")
+        return {"texts": [first.output_text, second.output_text], "second_cached": cached}
+
+    def streamed() -> dict[str, Any]:
+        events = list(
+            sdk.responses.create(
+                model="gpt-any", instructions=SYSTEM, input="Name a fruit.", max_output_tokens=12,
+                temperature=0, stream=True,
+            )
+        )  # fmt: skip
+        kinds = [event.type for event in events]
+        ended = kinds[-1] in ("response.completed", "response.incomplete")  # incomplete: cut
+        _expect(kinds[0] == "response.created" and ended, f"{kinds[:2]} … {kinds[-3:]}")
+        text = "".join(getattr(e, "delta", "") for e in events if e.type.endswith("text.delta"))
+        _expect(bool(text), "streamed text")
+        return {"text": text, "events": sorted(set(kinds))}
+
+    def tool_call() -> dict[str, Any]:
+        reply = sdk.responses.create(
+            model="gpt-any", input="What is the weather in Paris?", tools=tools,
+            tool_choice="required", max_output_tokens=60, temperature=0,
+        )  # fmt: skip
+        calls = [item for item in reply.output if item.type == "function_call"]
+        _expect(len(calls) >= 1, f"a function call: {reply.output}")
+        return {"name": calls[0].name, "arguments": json.loads(calls[0].arguments)}
+
+    def tool_call_streamed() -> dict[str, Any]:
+        events = list(
+            sdk.responses.create(
+                model="gpt-any", input="What is the weather in Paris?", tools=tools,
+                tool_choice="required", max_output_tokens=60, temperature=0, stream=True,
+            )
+        )  # fmt: skip
+        done = [e for e in events if e.type == "response.function_call_arguments.done"]
+        _expect(len(done) >= 1 and events[-1].type == "response.completed", "a streamed call")
+        return {"arguments": json.loads(done[0].arguments)}
+
+    return [
+        ("responses chain (previous_response_id) and retrieve", chain),
+        ("responses streamed", streamed),
+        ("responses forced tool call", tool_call),
+        ("responses forced tool call streamed", tool_call_streamed),
+    ]
+
+
+def agent_api_suite(semantic: Gateway) -> list[tuple[str, Any]]:
+    """The agent API keeps conversations and KV in our engine: over vLLM every route answers
+    501 `not_supported`, in the OpenAI-style shape the agent API uses."""
+    requests = [
+        ("POST", "/v1/agents", {"system": "You are terse."}),
+        ("GET", "/v1/agents", None),
+        ("GET", "/v1/agents/a1", None),
+        ("POST", "/v1/agents/a1/generate", {"message": "Hi.", "max_tokens": 4}),
+        ("POST", "/v1/agents/a1/generate", {"message": "Hi.", "max_tokens": 4, "stream": True}),
+        ("DELETE", "/v1/agents/a1", None),
+    ]
+
+    def refused(method: str, path: str, body: Any) -> Any:
+        def check() -> dict[str, Any]:
+            response = httpx.request(
+                method, f"{semantic.url}{path}", json=body, timeout=60,
+                headers={"authorization": f"Bearer {semantic.key}"},
+            )  # fmt: skip
+            error = response.json().get("error", {})
+            _expect(response.status_code == 501, f"{response.status_code} {response.text[:200]}")
+            _expect(error.get("code") == "not_supported", f"its code: {response.text[:200]}")
+            return {"status": response.status_code, "message": error.get("message")}
+
+        return check
+
+    return [
+        (f"agent api {method} {path}{' streamed' if body and body.get('stream') else ''}",
+         refused(method, path, body))
+        for method, path, body in requests
+    ]  # fmt: skip
+
+
+def claude_code_suite(semantic: Gateway) -> list[tuple[str, Any]]:
+    """Claude Code 2.1's recorded first request (its headers, `?beta=true`, every field), as
+    recorded (24 tools: longer than a small replica's context, so the wording the CLI compacts
+    on), and with its tools cut to three (the same request shape, which fits: a streamed
+    answer)."""
+    recorded = json.loads(RECORDING.read_text())
+    headers = {
+        k: v for k, v in recorded["headers"].items() if k.lower() not in ("content-type",)
+    } | {"x-api-key": semantic.key}
+
+    def send(body: dict[str, Any]) -> tuple[int, str]:
+        with httpx.stream(
+            "POST", f"{semantic.url}{recorded['path']}", json=body, headers=headers, timeout=600
+        ) as response:
+            return response.status_code, "".join(response.iter_text())
+
+    def as_recorded() -> dict[str, Any]:
+        status, text = send(recorded["body"] | {"max_tokens": 16})
+        if status == 200:
+            names = _event_names(text)
+            _expect("error" not in names and names[-1] == "message_stop", text[-400:])
+            return {"status": status, "events": sorted(set(names))}
+        error = json.loads(text)
+        _expect(status == 400 and error["error"]["type"] == "invalid_request_error", text[:300])
+        _expect(error["error"]["message"].startswith("prompt is too long"), text[:300])
+        return {"status": status, "message": error["error"]["message"]}
+
+    def trimmed() -> dict[str, Any]:
+        body = recorded["body"] | {"max_tokens": 16}
+        body["tools"] = [t for t in body["tools"] if t["name"] in ("Bash", "Read", "Edit")]
+        status, text = send(body)
+        _expect(status == 200, f"{status} {text[:300]}")
+        names = _event_names(text)
+        _expect(names[0] == "message_start" and names[-1] == "message_stop", str(names))
+        _expect("error" not in names, text[-300:])
+        return {"events": sorted(set(names))}
+
+    return [
+        ("claude code recorded first request", as_recorded),
+        ("claude code first request, three tools", trimmed),
+    ]
+
+
+def _event_names(sse: str) -> list[str]:
+    return [line[len("event: ") :] for line in sse.splitlines() if line.startswith("event: ")]
+
+
+def refusal_suite(semantic: Gateway) -> list[tuple[str, Any]]:
+    """What the replica refuses reaches the client as a 400 in its protocol's shape: a prompt
+    past the replica's context (our own context check, with the replica's length) and a JSON
+    schema that passes ours but that vLLM's grammar backend cannot compile; streamed too."""
+    long_text = "Count the words in this. " * 500  # ~3,000 tokens: past a 2,048-token replica
+    words: Any = [{"role": "user", "content": "One word, please."}]
+    schema = {"type": "json_schema", "json_schema": {"name": "word", "schema": UNCOMPILABLE}}
+    output_config = {"format": {"type": "json_schema", "schema": UNCOMPILABLE}}
+
+    def openai_refused(stream: bool, wording: str, **body: Any) -> Any:
+        def check() -> dict[str, Any]:
+            try:
+                reply = semantic.openai().chat.completions.create(
+                    model="gpt-any", max_tokens=8, stream=stream, **body
+                )
+                if stream:
+                    list(reply)
+            except openai.APIStatusError as exc:
+                _expect(exc.status_code == 400, f"{exc.status_code} {exc.body}")
+                seen = {"status": exc.status_code, "body": exc.body}
+            except openai.APIError as exc:  # an error event in a stream whose 200 was sent
+                _expect(exc.code not in (None, "server_error"), f"{exc.code} {exc.body}")
+                seen = {"stream_error": exc.body}
+            else:
+                raise AssertionError("no error")
+            _expect(wording in json.dumps(seen), f"no {wording!r} in {seen}")
+            return seen
+
+        return check
+
+    def anthropic_refused(stream: bool, wording: str, **body: Any) -> Any:
+        def check() -> dict[str, Any]:
+            sdk = semantic.anthropic()
+            try:
+                if stream:
+                    with sdk.messages.stream(model="claude-any", max_tokens=8, **body) as events:
+                        events.get_final_message()
+                else:
+                    sdk.messages.create(model="claude-any", max_tokens=8, **body)
+            except anthropic.APIStatusError as exc:  # streamed: the error event, under a 200
+                _expect(exc.status_code == (200 if stream else 400), f"{exc.status_code}")
+                error = exc.body.get("error", {}) if isinstance(exc.body, dict) else {}
+                _expect(error.get("type") == "invalid_request_error", f"{exc.body}")
+                _expect(wording in error.get("message", ""), f"no {wording!r} in {exc.body}")
+                return {"status": exc.status_code, "body": exc.body}
+            raise AssertionError("no error")
+
+        return check
+
+    long_ask: Any = [{"role": "user", "content": long_text}]
+    uncompiled = "could not compile the request's grammar"
+    return [
+        ("openai prompt past the replica's context",
+         openai_refused(False, "context_length_exceeded", messages=long_ask)),
+        ("anthropic prompt past the replica's context",
+         anthropic_refused(False, "prompt is too long", messages=long_ask)),
+        ("openai uncompilable schema",
+         openai_refused(False, uncompiled, messages=words, response_format=schema)),
+        ("openai uncompilable schema streamed",
+         openai_refused(True, uncompiled, messages=words, response_format=schema)),
+        ("anthropic uncompilable schema",
+         anthropic_refused(False, uncompiled, messages=words,
+                           extra_body={"output_config": output_config})),
+        ("anthropic uncompilable schema streamed",
+         anthropic_refused(True, uncompiled, messages=words,
+                           extra_body={"output_config": output_config})),
+    ]  # fmt: skip
+
+
+def _dump(usage: Any) -> Any:
+    return usage.model_dump() if usage is not None else None
+
+
+# -- the gateway's cost ----------------------------------------------------------------------------
+
+
+def gateway_cost(
+    semantic: Gateway, vllm: str, rounds: int, pairs: int, out: Path, semantic_pid: int | None
+) -> dict[str, Any]:
+    """What semantic in front of a replica adds to each request, measured against the same
+    replica alone in the same run. First `semantic bench`'s multi-agent workload (4 agents × 4
+    turns at once, ~1,000-token system prompts, 64 tokens per answer) against vLLM and against
+    semantic, `rounds` times, the order swapped each round, the replica's prefix cache reset
+    before each (so each starts cold and computes the same prompts: the seed is the round's);
+    then `pairs` single requests to each, one at a time, alternating (a cached ~300-token
+    prompt, 8 tokens): the median of the per-pair differences in time to first token and to
+    the whole answer; with `semantic_pid` (semantic on this machine), semantic's own CPU time
+    per request. The replica must run with VLLM_SERVER_DEV_MODE=1 (`/reset_prefix_cache`)."""
+    served = httpx.get(f"{vllm}/v1/models", timeout=10).json()["data"][0]["id"]
+    targets = {"vllm": vllm, "semantic": semantic.url}
+    workloads: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+    for round_ in range(rounds):
+        order = list(targets) if round_ % 2 == 0 else list(reversed(targets))
+        for name in order:
+            _reset_prefix_cache(vllm)
+            result = out / f"bench-{name}-{round_}.json"
+            _bench(targets[name], served, semantic.key, round_, result)
+            workloads[name].append(_workload_figures(json.loads(result.read_text())["result"]))
+            print(name, round_, workloads[name][-1]["summary"], file=sys.stderr, flush=True)
+    report: dict[str, Any] = {"served": served, "workload": _workload_difference(workloads)}
+    if pairs:
+        report["paired"] = _paired(targets, served, semantic.key, pairs)
+    if semantic_pid is not None:
+        report["cpu"] = _gateway_cpu(semantic_pid, semantic.url, served, semantic.key)
+    return report
+
+
+def _gateway_cpu(pid: int, url: str, served: str, key: str, requests: int = 40) -> dict[str, Any]:
+    """semantic's own CPU time per request (its process's user and system time, every thread,
+    from /proc), over `requests` single requests one at a time, less what it spends idle (its
+    replicas' health checks) over as long: the work the gateway adds to a request, which a
+    loaded machine's scheduling does not inflate as it does the latency. Two prompts: the
+    paired one (~300 tokens) and one of the workload's size (~1,100)."""
+    report: dict[str, Any] = {"requests": requests}
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.Client(timeout=300, headers=headers) as client:
+        idle_rate = _cpu_rate_idle(pid, 20.0)
+        for label, system in (("prompt_300", SYSTEM), ("prompt_1100", SYSTEM * 4)):
+            body = {
+                "model": served, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                "stream": True, "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": "Count to ten."},
+                ],
+            }  # fmt: skip
+            _timed(client, url, body)  # the prompt cached on the replica
+            before, started = _cpu_seconds(pid), time.perf_counter()
+            for _ in range(requests):
+                _timed(client, url, body)
+            wall = time.perf_counter() - started
+            spent = _cpu_seconds(pid) - before - idle_rate * wall
+            report[label] = {"cpu_ms_per_request": round(1000 * spent / requests, 2)}
+    report["idle_cpu_ms_per_s"] = round(1000 * idle_rate, 2)
+    return report
+
+
+def _cpu_rate_idle(pid: int, seconds: float) -> float:
+    before = _cpu_seconds(pid)
+    time.sleep(seconds)
+    return (_cpu_seconds(pid) - before) / seconds
+
+
+def _cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU seconds so far (/proc/PID/stat's utime and stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _reset_prefix_cache(vllm: str) -> None:
+    response = httpx.post(f"{vllm}/reset_prefix_cache", timeout=60)
+    if response.status_code != 200:
+        raise SystemExit(
+            f"{vllm}/reset_prefix_cache: {response.status_code} (VLLM_SERVER_DEV_MODE=1?)"
+        )
+
+
+def _bench(url: str, model: str, key: str, seed: int, result: Path) -> None:
+    command = [
+        sys.executable, "-m", "semantic", "bench", "--base-url", url, "--model", model,
+        "--api-key", key, "--no-baseline", "--phases", "workload", "--agents", "4",
+        "--turns", "4", "--system-tokens", "1000", "--max-tokens", "64", "--seed", str(seed),
+        "--json", str(result),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
+def _workload_figures(result: dict[str, Any]) -> dict[str, Any]:
+    """One run's TTFT by (agent, turn), its prompt tokens, and its wall time."""
+    turns = result["workload"]["turns"]
+    ttft = {(t["agent"], t["turn"]): t["ttft_s"] for t in turns}
+    cold = [t["ttft_s"] for t in turns if t["turn"] == 0]
+    warm = [t["ttft_s"] for t in turns if t["turn"] > 0]
+    return {
+        "ttft": ttft,
+        "prompt_tokens": sum(t["prompt_tokens"] for t in turns),
+        "summary": {
+            "wall_s": round(result["workload"]["wall_s"], 3),
+            "cold_ttft_p50_s": round(statistics.median(cold), 4),
+            "warm_ttft_p50_s": round(statistics.median(warm), 4),
+            "requests": len(turns),
+        },
+    }
+
+
+def _workload_difference(workloads: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each round's figures per target, and semantic − vLLM: the TTFT p50s, the wall time per
+    request (the workload's wall ÷ its requests) and the median per-turn TTFT difference."""
+    rounds = []
+    for ours, theirs in zip(workloads["semantic"], workloads["vllm"], strict=True):
+        a, b = ours["summary"], theirs["summary"]
+        per_turn = [ours["ttft"][k] - theirs["ttft"][k] for k in theirs["ttft"]]
+        rounds.append(
+            {
+                "semantic": a,
+                "vllm": b,
+                "prompt_tokens": {
+                    "semantic": ours["prompt_tokens"],
+                    "vllm": theirs["prompt_tokens"],
+                },
+                "added_ms": {
+                    "cold_ttft_p50": round(1000 * (a["cold_ttft_p50_s"] - b["cold_ttft_p50_s"]), 1),
+                    "warm_ttft_p50": round(1000 * (a["warm_ttft_p50_s"] - b["warm_ttft_p50_s"]), 1),
+                    "ttft_per_turn_median": round(1000 * statistics.median(per_turn), 1),
+                    "wall_per_request": round(
+                        1000 * (a["wall_s"] - b["wall_s"]) / a["requests"], 1
+                    ),
+                },
+            }
+        )
+    return {"rounds": rounds}
+
+
+def _paired(targets: dict[str, str], served: str, key: str, pairs: int) -> dict[str, Any]:
+    """`pairs` rounds of one request to each target, alternating which goes first; each
+    request's TTFT and whole time; the medians, and the median of semantic − vLLM per pair."""
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Count to ten."},
+    ]
+    body = {
+        "model": served, "messages": messages, "max_tokens": 8, "temperature": 0,
+        "ignore_eos": True, "stream": True,
+    }  # fmt: skip
+    seen: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.Client(timeout=120, headers=headers) as client:
+        for name in targets:  # each once first: the prompt cached, connections open
+            _timed(client, targets[name], body)
+        for i in range(pairs):
+            for name in list(targets) if i % 2 == 0 else list(reversed(targets)):
+                seen[name].append(_timed(client, targets[name], body))
+    report: dict[str, Any] = {"pairs": pairs}
+    for name, times in seen.items():
+        report[name] = {
+            "ttft_p50_ms": round(1000 * statistics.median(t for t, _ in times), 1),
+            "whole_p50_ms": round(1000 * statistics.median(w for _, w in times), 1),
+        }
+    differences = list(zip(seen["semantic"], seen["vllm"], strict=True))
+    report["added_ms"] = {
+        "ttft_median": round(1000 * statistics.median(a[0] - b[0] for a, b in differences), 1),
+        "whole_median": round(1000 * statistics.median(a[1] - b[1] for a, b in differences), 1),
+    }
+    return report
+
+
+def _timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float]:
+    """One streamed chat completion: seconds to its first content, and to its end."""
+    started = time.perf_counter()
+    first = None
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if first is not None or not line.startswith("data:") or "[DONE]" in line:
+                continue
+            chunk = json.loads(line[len("data:") :])
+            if any(c["delta"].get("content") for c in chunk.get("choices") or []):
+                first = time.perf_counter()
+    ended = time.perf_counter()
+    return (first or ended) - started, ended - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--semantic", default="http://127.0.0.1:8100")
@@ -559,6 +1217,20 @@ def main() -> None:
         help="a key semantic was started with (its clients send the first); give two for "
         "--keys-only",
     )
+    parser.add_argument(
+        "--only-checks",
+        default="",
+        metavar="WORDS",
+        help="--suites: the checks whose name has WORDS",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="--gateway-cost: workload rounds")
+    parser.add_argument(
+        "--semantic-pid", type=int, help="--gateway-cost: semantic's process, for its CPU time"
+    )
+    parser.add_argument("--pairs", type=int, default=40, help="--gateway-cost: single requests")
+    parser.add_argument(
+        "--out", default="vllm-path-out", help="--gateway-cost: the bench results go here"
+    )
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
     only = parser.add_mutually_exclusive_group()
@@ -566,6 +1238,18 @@ def main() -> None:
         "--structured-only",
         action="store_true",
         help="only the structured-output requests, then semantic's /metrics",
+    )
+    only.add_argument(
+        "--suites",
+        action="store_true",
+        help="only the API suites: both SDKs' APIs streamed and not with tools, the agent API, "
+        "Claude Code's recorded request, and what the replica refuses",
+    )
+    only.add_argument(
+        "--gateway-cost",
+        metavar="VLLM_URL",
+        help="only the gateway's cost: the workload and single requests against this replica "
+        "alone and through semantic (over it alone), the replica run with VLLM_SERVER_DEV_MODE=1",
     )
     only.add_argument(
         "--keys-only",
@@ -603,6 +1287,15 @@ def main() -> None:
         print(
             json.dumps({"structured": structured(semantic), "metrics": metrics(semantic)}, indent=2)
         )
+    elif args.suites:
+        print(json.dumps(suites(semantic, args.only_checks), indent=2, default=str))
+    elif args.gateway_cost:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        cost = gateway_cost(
+            semantic, args.gateway_cost, args.rounds, args.pairs, out, args.semantic_pid
+        )
+        print(json.dumps(cost, indent=2))
     elif args.keys_only:
         if len(args.api_key) < 2:
             parser.error("--keys-only needs two --api-key")

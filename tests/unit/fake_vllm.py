@@ -30,13 +30,19 @@ from semantic.cache.pages.prefix import common_prefix
 class FakeReplica:
     """One replica at `url`. `reply` is every answer's token ids (the last an end token);
     `healthy` False makes `/health` fail; `refuse` answers completions with that status;
-    `cut_after` drops a streamed answer's connection after that many of its events."""
+    `fail_first` (code, message) begins a streamed answer's 200 with an error event instead,
+    as vLLM does for a request it refuses or fails once it has streamed (a grammar its backend
+    rejects: 400; one it cannot compile: 500, "Internal server error"); `cut_after` drops a
+    streamed answer's connection after that many of its events. `max_model_len` is what its
+    /v1/models says, and the longest sequence it takes (a longer one is refused, 400)."""
 
     url: str
     reply: list[int]
     model_id: str = "served-by-vllm"
     healthy: bool = True
     refuse: int | None = None
+    fail_first: tuple[int, str] | None = None
+    max_model_len: int = 8192
     cut_after: int | None = None
     waiting: int = 0  # what its /metrics says vLLM's queue holds
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -57,7 +63,8 @@ class FakeReplica:
         return Response(status_code=200 if self.healthy else 503)
 
     async def _models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model"}]})
+        model = {"id": self.model_id, "object": "model", "max_model_len": self.max_model_len}
+        return JSONResponse({"object": "list", "data": [model]})
 
     async def _metrics(self, request: Request) -> Response:
         """vLLM's own counters, in its names and labels: the prefix cache's queried and hit
@@ -88,7 +95,12 @@ class FakeReplica:
         if not _one_constraint(body.get("structured_outputs")):
             error = {"message": "You must use one kind of structured outputs constraint"}
             return JSONResponse({"error": error}, status_code=400)
+        if body.get("stream") and self.fail_first is not None:
+            return StreamingResponse(_failed(*self.fail_first), media_type="text/event-stream")
         prompt, salt = body["prompt"], body.get("cache_salt")
+        if len(prompt) + body.get("max_tokens", 0) > self.max_model_len:
+            error = {"message": f"maximum context length is {self.max_model_len}", "code": 400}
+            return JSONResponse({"error": error}, status_code=400)
         assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
         cached = max((common_prefix(prompt, old) for old in self.seen.get(salt, [])), default=0)
         self.seen.setdefault(salt, []).append(prompt)
@@ -131,6 +143,13 @@ async def _sse(reply: list[int], finish: str, usage: dict[str, Any]) -> AsyncIte
         }
         yield f"data: {json.dumps({'choices': [choice], 'usage': None})}\n\n"
     yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _failed(code: int, message: str) -> AsyncIterator[str]:
+    """vLLM's stream of a request it fails once its 200 is sent: one error event, then done."""
+    error = {"message": message, "type": "BadRequestError", "param": None, "code": code}
+    yield f"data: {json.dumps({'error': error})}\n\n"
     yield "data: [DONE]\n\n"
 
 

@@ -585,6 +585,87 @@ def test_a_replica_that_cannot_take_the_grammar_is_a_400_in_the_protocols_shape(
     assert "grammar" in only_received(network)["structured_outputs"]
 
 
+WORD: Any = {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}
+ASKED_FOR_JSON: Any = {
+    "/v1/chat/completions": {
+        "messages": USER,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": WORD}},
+    },
+    "/v1/messages": {
+        "messages": USER,
+        "output_config": {"format": {"type": "json_schema", "schema": WORD}},
+    },
+    "/v1/responses": {
+        "input": "Say a word.",
+        "text": {"format": {"type": "json_schema", "name": "w", "schema": WORD}},
+    },
+}
+
+
+@pytest.mark.parametrize("route", list(ASKED_FOR_JSON))
+def test_a_refusal_that_begins_the_replicas_stream_is_a_400_in_the_protocols_shape(
+    chat_served: ServedModel, tmp_path: Path, route: str
+) -> None:
+    grammar_error = 'Grammar error: Unimplemented keys: ["contains"]'
+    with replicas_app(chat_served, tmp_path, count=1) as (client, _, network):
+        network.replicas["http://replica-0:8000"].fail_first = (400, grammar_error)
+        body = {"model": "m", "max_tokens": 30} | ASKED_FOR_JSON[route]
+        response = client.post(route, json=body)
+        streamed = client.post(route, json=body | {"stream": True})
+    assert response.status_code == 400, response.text  # vLLM's 200, then its 400 as an event
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert grammar_error in response.json()["error"]["message"]
+    assert streamed.status_code == 200  # the 200 went first: the refusal is the error event
+    assert grammar_error.replace('"', '\\"') in streamed.text
+    assert "server_error" not in streamed.text and "api_error" not in streamed.text
+
+
+@pytest.mark.parametrize("route", list(ASKED_FOR_JSON))
+def test_a_grammar_the_replica_cannot_compile_is_a_400_and_a_bare_failure_stays_a_500(
+    chat_served: ServedModel, tmp_path: Path, route: str
+) -> None:
+    with replicas_app(chat_served, tmp_path, count=1) as (client, _, network):
+        # vLLM 0.32's whole answer to a grammar its backend failed to compile
+        network.replicas["http://replica-0:8000"].fail_first = (500, "Internal server error")
+        body = {"model": "m", "max_tokens": 30} | ASKED_FOR_JSON[route]
+        constrained = client.post(route, json=body)
+        plain = client.post(
+            "/v1/chat/completions", json={"model": "m", "max_tokens": 8, "messages": USER}
+        )
+    assert constrained.status_code == 400, constrained.text
+    error = constrained.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "could not compile the request's grammar" in error["message"]
+    assert "Internal server error" in error["message"]
+    assert plain.status_code == 500  # no grammar: the replica's failure, not the request's
+    assert plain.json()["error"]["type"] == "server_error"
+
+
+def test_the_replicas_max_model_len_bounds_the_prompt_and_the_answer(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    long = [{"role": "user", "content": "word " * 120}]
+    with replicas_app(chat_served, tmp_path, count=2) as (client, engine, network):
+        network.replicas["http://replica-1:8000"].max_model_len = 100  # the shorter one bounds
+        for replica in engine.router.replicas:
+            replica.model_id = None  # read /v1/models again
+        wait_until(lambda: engine.router.replicas[1].max_model_len == 100)
+        models = client.get("/v1/models").json()["data"][0]
+        too_long = client.post(
+            "/v1/messages", json={"model": "m", "max_tokens": 8, "messages": long}
+        )
+        asked = {"model": "m", "max_tokens": 400, "messages": USER}
+        answered = client.post("/v1/messages", json=asked)
+        too_much = client.post("/v1/chat/completions", json=asked)
+    assert models["max_model_len"] == 100
+    assert too_long.status_code == 400  # ours, before any replica: the wording Claude Code
+    assert too_long.json()["error"]["message"].startswith("prompt is too long")  # compacts on
+    assert answered.status_code == 200, answered.text  # Anthropic's max_tokens is a ceiling:
+    body = only_received(network)
+    assert len(body["prompt"]) + body["max_tokens"] == 100  # cut to the room the replica has
+    assert too_much.json()["error"]["code"] == "context_length_exceeded"  # OpenAI's is not
+
+
 # -- metrics -------------------------------------------------------------------------------------
 
 DOCS = Path(__file__).parents[2] / "docs"

@@ -100,14 +100,19 @@ class ReplicaClient:
             return False
         return response.status_code == 200
 
-    async def model_id(self, replica: Replica) -> str:
-        """The name the replica serves its model under (vLLM refuses any other)."""
+    async def read_model(self, replica: Replica) -> str:
+        """Set the replica's `model_id`, the name it serves its model under (vLLM refuses any
+        other), and its `max_model_len`, the longest sequence it takes (vLLM refuses a longer
+        one), from its /v1/models. Returns the name."""
         try:
             response = await self._http.get(f"{replica.url}/v1/models", timeout=HEALTH_TIMEOUT_S)
             models = (response.json().get("data") or []) if response.status_code == 200 else []
-            return str(models[0]["id"])
+            model_id, length = str(models[0]["id"]), models[0].get("max_model_len")
         except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError) as exc:
             raise ReplicaDown(f"{replica.url}/v1/models names no model: {exc!r}") from exc
+        replica.model_id = model_id
+        replica.max_model_len = length if isinstance(length, int) and length > 0 else None
+        return model_id
 
     async def scraped(self, replica: Replica, names: dict[str, str]) -> dict[str, float]:
         """The replica's own /metrics samples named in `names` (vLLM's name → ours), each
@@ -148,7 +153,11 @@ async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
             return
         chunk = json.loads(data)
         if "error" in chunk or chunk.get("object") == "error":
-            raise EngineFailure(f"the vLLM replica failed the request: {_message(data)}")
+            # vLLM sends its 200 before it validates: a refusal (a grammar its backend rejects:
+            # code 400) comes as the stream's first event, with the status it would have had.
+            error = chunk.get("error", chunk)
+            code = error.get("code") if isinstance(error, dict) else None
+            raise refusal(code if isinstance(code, int) else 500, _message(data))
         yield chunk
 
 
@@ -170,8 +179,9 @@ def _samples(text: str, names: dict[str, str]) -> dict[str, float]:
 
 
 def refusal(status: int, message: str) -> SemanticError:
-    """Our error for a replica's HTTP refusal, so a client gets its protocol's shape."""
-    text = f"the vLLM replica refused the request: {message}"
+    """Our error for a replica's refusal or failure (its HTTP status, or the code of the error
+    event its stream began with), so a client gets its protocol's shape."""
+    text = f"the vLLM replica {'refused' if status < 500 else 'failed'} the request: {message}"
     if status in (400, 422):
         return InvalidRequest(text)
     if status in (429, 503):

@@ -23,7 +23,13 @@ import httpx
 
 from semantic.core import FinishReason, Request, TokenEvent, Usage
 from semantic.engine.port import Capabilities
-from semantic.errors import ContextOverflow, InvalidRequest, NotSupported, Unavailable
+from semantic.errors import (
+    ContextOverflow,
+    EngineFailure,
+    InvalidRequest,
+    NotSupported,
+    Unavailable,
+)
 from semantic.models.served import ServedModel
 from semantic.observability import VLLM_METRICS, EngineMetrics, ReplicaReading, ReplicasReading
 from semantic.replicas.client import ReplicaClient, ReplicaDown, completion_body
@@ -39,6 +45,16 @@ log = logging.getLogger(__name__)
 Sink = Callable[[TokenEvent], None]
 
 _SALT_DOMAIN = b"semantic vllm cache salt 1\0"  # a tag made for this and nothing else
+# A grammar our grammar engine (llguidance) compiled, and the replica's backend could not:
+# vLLM 0.32 fails such a request before its first token with a bare "Internal server error"
+# (xgrammar, its default, refuses some patterns llguidance takes, e.g. `\p{L}`). The request,
+# not the server, is what fails there: a 400, with the cure.
+_UNCOMPILED = (
+    "the vLLM replica could not compile the request's grammar (a JSON schema or a forced tool "
+    "call) and failed it before its first token ({}); its structured-output backend does not "
+    "take every grammar semantic does: simplify the schema (patterns, formats), or run the "
+    "replicas with `--structured-outputs-config.backend guidance`"
+)
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
@@ -77,7 +93,6 @@ class ReplicaEngine:
     ) -> None:
         self.model = model
         self.router = router
-        self.max_seq_tokens = model.context_length
         self.metrics = EngineMetrics()
         self._server_key = server_key
         self._share_across_keys = share_across_keys
@@ -109,6 +124,15 @@ class ReplicaEngine:
                 asyncio.get_running_loop().create_task(client.close())
 
     @property
+    def max_seq_tokens(self) -> int:
+        """Our model's context, or the shortest `--max-model-len` among the replicas that have
+        said theirs, if shorter: any of them may take a request, and vLLM refuses a sequence
+        longer than its own; checked here, a long prompt gets the protocol's context-overflow
+        answer (what Claude Code compacts on) and `max_tokens` is cut to the room left."""
+        lengths = [r.max_model_len for r in self.router.replicas if r.max_model_len is not None]
+        return min([self.model.context_length, *lengths])
+
+    @property
     def alive(self) -> bool:
         return self._client is not None and any(r.healthy for r in self.router.replicas)
 
@@ -127,7 +151,7 @@ class ReplicaEngine:
         if prompt_tokens == 0:
             raise InvalidRequest("the prompt is empty")
         if prompt_tokens >= self.max_seq_tokens:
-            raise ContextOverflow(prompt_tokens, 0, self.model.context_length)
+            raise ContextOverflow(prompt_tokens, 0, self.max_seq_tokens)
         return self._events(request, announce)
 
     async def _events(self, request: Request, announce: bool) -> AsyncIterator[TokenEvent]:
@@ -251,20 +275,24 @@ class ReplicaEngine:
         client = self._client
         if client is None:
             raise Unavailable("the engine is not running")
-        if replica.model_id is None:
-            replica.model_id = await client.model_id(replica)
-        body = completion_body(request, replica.model_id, self._salt(request), self._ends)
+        model_id = replica.model_id or await client.read_model(replica)
+        body = completion_body(request, model_id, self._salt(request), self._ends)
         stop_string: str | None = None
-        async with client.completions(replica, body) as chunks:
-            async for chunk in chunks:
-                if chunk.get("usage"):
-                    output.usage = chunk["usage"]
-                for choice in chunk.get("choices") or []:
-                    output.finish = choice.get("finish_reason") or output.finish
-                    # Past our stop string, read on (vLLM stops on it too) for the usage.
-                    if stop_string is None:
-                        token_ids = choice.get("token_ids") or []
-                        stop_string = self._tokens(request, output, token_ids, sink)
+        try:
+            async with client.completions(replica, body) as chunks:
+                async for chunk in chunks:
+                    if chunk.get("usage"):
+                        output.usage = chunk["usage"]
+                    for choice in chunk.get("choices") or []:
+                        output.finish = choice.get("finish_reason") or output.finish
+                        # Past our stop string, read on (vLLM stops on it too) for the usage.
+                        if stop_string is None:
+                            token_ids = choice.get("token_ids") or []
+                            stop_string = self._tokens(request, output, token_ids, sink)
+        except EngineFailure as exc:
+            if "structured_outputs" in body and not output.token_ids:
+                raise InvalidRequest(_UNCOMPILED.format(exc)) from exc
+            raise
         if stop_string is not None:
             return FinishReason.STOP, stop_string
         return _FINISH.get(output.finish or "stop", FinishReason.STOP), None
@@ -342,7 +370,7 @@ class ReplicaEngine:
         healthy = await client.healthy(replica)
         if healthy and replica.model_id is None:
             try:
-                replica.model_id = await client.model_id(replica)
+                await client.read_model(replica)
             except ReplicaDown as exc:
                 healthy = False
                 log.warning("vLLM replica %s: %s", replica.url, exc)

@@ -25,7 +25,8 @@ ROUTE_PREFIX_TOKENS = 256
 @dataclass(slots=True)
 class Replica:
     """One vLLM server. `in_flight` counts the requests routed to it that have not ended;
-    `model_id` is the name it serves the model under (its /v1/models), once it has answered."""
+    `model_id` is the name it serves the model under and `max_model_len` the longest sequence
+    it takes (its /v1/models, its `--max-model-len`), once it has answered."""
 
     url: str
     healthy: bool = True
@@ -33,6 +34,7 @@ class Replica:
     routed: int = 0  # requests ever routed here
     spilled: int = 0  # of those, requests whose home was saturated
     model_id: str | None = None
+    max_model_len: int | None = None
 
 
 class NoReplica(Exception):
