@@ -125,6 +125,44 @@ def test_a_request_that_waits_past_the_queue_timeout_is_overloaded(
     assert engine.pool.num_held == 0
 
 
+def test_a_request_whose_wait_ran_out_but_that_fits_now_runs(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """The timeout refuses only what is still waiting once admission has had its turn: a
+    request that arrives with its wait already past the timeout (a reply's later request
+    used to carry its first one's arrival) and finds room runs."""
+    engine, _ = make_engine(served, tmp_path, queue_timeout_s=1.0)
+    late = request(0)
+    late.arrival_time -= 10
+    events = collect(engine, [late])
+    assert events["r0"][-1].error is None
+    assert events["r0"][-1].finish_reason is FinishReason.LENGTH
+
+
+def test_a_preempted_request_not_resumed_in_time_says_it_was_preempted(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """A newcomer takes the place of an answer that has had its quantum, and holds the pool
+    past the timeout: the answer is refused as preempted, not as never let in."""
+    engine, _ = make_engine(served, tmp_path, num_blocks=8, queue_timeout_s=0.05)
+    answer = request(0, prompt_len=24, max_tokens=10_000, ignore_eos=True)
+    newcomer = request(1, prompt_len=40, max_tokens=10_000, ignore_eos=True)
+    events: dict[str, list[TokenEvent]] = {"r0": [], "r1": []}
+    engine.submit(answer, events["r0"].append)
+    while len(events["r0"]) < 10:  # past its quantum
+        engine.step()
+    engine.submit(newcomer, events["r1"].append)
+    engine.step()
+    assert engine.scheduler.preemptions == 1 and engine.scheduler.waiting
+    time.sleep(0.1)
+    engine.step()
+    error = events["r0"][-1].error
+    assert isinstance(error, Overloaded) and "preempted" in str(error)
+    engine.abort("r1")
+    engine.run_until_idle()
+    assert engine.pool.num_held == 0
+
+
 def test_requests_that_can_never_run_are_refused_up_front(
     served: ServedModel, tmp_path: Path
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -274,6 +275,30 @@ def test_a_streamed_renamed_call_sends_its_text_once(server: Server) -> None:
     arguments = "".join(call["function"]["arguments"] for call in calls)
     assert json.loads(arguments) == {"unit": "C", "days": 2}
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_reply_written_again_after_the_queue_timeout_is_not_refused_as_overloaded(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """The request that writes a call again arrives when it is sent, not when the reply's first
+    request did: a reply that took longer than `queue_timeout_s` to reach its made-up call was
+    refused as overloaded at once, the pool empty (the Codex benchmark's first request on the
+    1.5B, after 479 s)."""
+    with serving(served, tmp_path, queue_timeout_s=0.5) as server:
+        run = server.runner.run
+
+        def slow_first_step(batch: Batch) -> Any:
+            if not server.runner.prompts:  # the first request's first step
+                time.sleep(1.0)
+            return run(batch)
+
+        server.runner.run = slow_first_step  # type: ignore[method-assign]
+        server.say(MADE_UP, RENAMED)
+        body = {"model": "m", "max_tokens": 200, "messages": ASK, "tools": [FORECAST]}
+        response = server.client.post("/v1/messages", json=body)
+        assert response.status_code == 200, response.text
+        assert tool_inputs(response.json()["content"]) == [{"unit": "C", "days": 2}]
+        assert len(server.runner.prompts) == 2  # the reply went back once
 
 
 def test_a_made_up_call_in_the_requests_last_event_is_written_again_too(server: Server) -> None:

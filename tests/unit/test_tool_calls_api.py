@@ -73,7 +73,10 @@ class Server:
 
 @contextmanager
 def serving(
-    served: ServedModel, cache_dir: Path, template_source: str = CHATML_TEMPLATE
+    served: ServedModel,
+    cache_dir: Path,
+    template_source: str = CHATML_TEMPLATE,
+    **settings: Any,
 ) -> Iterator[Server]:
     template = ChatTemplate(template_source, bos_token=None, eos_token="<|im_end|>")
     served = dataclasses.replace(served, chat_template=template, context_length=CONTEXT)
@@ -82,9 +85,9 @@ def serving(
     runner = ScriptedRunner(
         end_token_id=end, num_blocks=CONTEXT // 8, block_tokens=8, vocab_size=400
     )
-    settings = Settings(max_batch_tokens=256, batch_window_ms=0, cache_dir=cache_dir)
-    engine = build_engine(runner, served, engine_options(settings))
-    with TestClient(create_app(engine, settings)) as client:
+    options = Settings(max_batch_tokens=256, batch_window_ms=0, cache_dir=cache_dir, **settings)
+    engine = build_engine(runner, served, engine_options(options))
+    with TestClient(create_app(engine, options)) as client:
         yield Server(client, runner, engine, served)
 
 

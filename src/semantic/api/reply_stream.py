@@ -17,6 +17,7 @@ first request's prompt and cache, and the output kept plus what came after it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -97,6 +98,10 @@ class ReplyStream:
         self._current = replace(
             self._request,
             request_id=f"{self._request.request_id}-{self.rewinds}",
+            # It arrives now: the engine's wait for room (`queue_timeout_s`) and a one-off's
+            # patience count from here, not from the first request's arrival (a reply that
+            # took longer than the timeout was refused as overloaded at once, pool empty).
+            arrival_time=time.monotonic(),
             prompt_token_ids=[*self._request.prompt_token_ids, *self.output],
             sampling=replace(
                 sampling,

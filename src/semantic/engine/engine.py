@@ -370,9 +370,9 @@ class Engine:
         finished turns out to be written behind. Returns whether it computed or copied
         anything."""
         self._handle_messages()
-        self._expire_waiting()
         self.agents.sweep()
         batch = self.scheduler.schedule()
+        self._expire_waiting()  # after admission: one that waited long but fits now runs
         self._start_restores()
         ran = self._compute(batch)
         return self.write_behind.step() or ran
@@ -670,9 +670,18 @@ class Engine:
                 active.sink(_refused(active.seq.request, error))
 
     def _expire_waiting(self) -> None:
+        """Refuse the sequences still waiting for room after `queue_timeout_s`, saying whether
+        they never started or were preempted and not let back in."""
         timeout = self.options.queue_timeout_s
         for seq in self.scheduler.expired(timeout):
-            error = Overloaded(f"no room in the KV pool within {timeout:g} s; try again later")
+            if seq.first_scheduled_time is None:
+                message = f"no room in the KV pool within {timeout:g} s; try again later"
+            else:
+                message = (
+                    "preempted to make room for other requests and not resumed within "
+                    f"{timeout:g} s; try again later"
+                )
+            error = Overloaded(message)
             self._finish(
                 self._active[seq.request.request_id], FinishReason.ERROR, [], "", None, error
             )
