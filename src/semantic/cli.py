@@ -26,7 +26,7 @@ from semantic.errors import SemanticError
 from semantic.settings_flags import Parser, add_settings_flags, given_settings
 
 if TYPE_CHECKING:
-    from semantic.core import DefaultSampling
+    from semantic.core import DefaultSampling, ToolArguments
     from semantic.engine.engine import Engine
     from semantic.engine.host import EngineHost
     from semantic.models.checkpoint import Checkpoint
@@ -393,7 +393,17 @@ def _served_model(
         weights_fingerprint=checkpoint.fingerprint,
         aliases=(source.name, *source.aliases),
         sampling=_default_sampling(settings, checkpoint.sampling or source.sampling),
+        tool_arguments=_tool_arguments(settings, source),
     )
+
+
+def _tool_arguments(settings: Settings, source: ModelSource) -> ToolArguments:
+    """What the model's calls may hold: the setting's, else the registry's for the model; said
+    in the log when calls hold only the required arguments."""
+    chosen = settings.tool_arguments or source.tool_arguments
+    if chosen == "required":
+        log.info("tool calls hold only their tools' required arguments")
+    return chosen
 
 
 def _default_sampling(settings: Settings, recommended: DefaultSampling | None) -> DefaultSampling:

@@ -164,6 +164,14 @@ class Settings(BaseSettings):
         "the registry knows for a built-in alias (the Qwen2.5-Coder models'), else none; empty, "
         "none.",
     )
+    tool_arguments: Literal["all", "required"] | None = Field(
+        None,
+        description="What the model's tool calls may hold: `all` of a tool's arguments, or "
+        "only the `required` ones, for a small model that fills every optional argument with "
+        "a placeholder the agent obeys (a read limit of 0, output cut to one token). Unset, "
+        "the registry's choice for a built-in alias (`required` for the Qwen2.5-Coder "
+        "models), else `all`.",
+    )
     swap_timeout_s: float = Field(
         30.0,
         ge=0,
@@ -543,6 +551,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
         "swap_on_request",
         "model_sampling",
         "tool_result_hint",
+        "tool_arguments",
         "swap_timeout_s",
         "swap_wait_s",
         "backend",

@@ -273,6 +273,10 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
 
 
+# What a tool call may hold: all of its tool's arguments, or only the required ones.
+ToolArguments = Literal["all", "required"]
+
+
 @dataclass(slots=True, frozen=True)
 class DefaultSampling:
     """The temperature, top_p, top_k and repetition penalty a request gets for each one it

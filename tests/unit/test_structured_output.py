@@ -19,7 +19,7 @@ import tokenizers
 from fastapi.testclient import TestClient
 
 from semantic.api.reply_stream import MAX_REWINDS
-from semantic.api.tool_use import ToolChoice, ToolUse
+from semantic.api.tool_use import ToolChoice, ToolUse, required_only
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.errors import InvalidRequest, RowsFailed
@@ -317,6 +317,86 @@ def test_a_made_up_call_in_the_requests_last_event_is_written_again_too(server: 
     assert answer["stop_reason"] == "max_tokens"
     assert answer["usage"]["input_tokens"] == len(server.runner.prompts[-2])
     assert answer["usage"]["output_tokens"] == opened
+
+
+MADE_UP_RESULT = "<tool_response>\nIt is 21 degrees in Paris.\n</tool_response>"
+CALLED = '<tool_call>\n{"name": "forecast", "arguments": {"unit": "C", "days": 2}}\n</tool_call>'
+
+
+def test_a_reply_that_opens_with_a_made_up_result_is_written_again_as_a_call(
+    server: Server,
+) -> None:
+    """The model answered for a call it never made; the reply goes back to its start and
+    becomes a call of an offered tool, which the client sees alone."""
+    server.say(MADE_UP_RESULT, CALLED)
+    body = {"model": "m", "max_tokens": 200, "messages": ASK, "tools": [FORECAST]}
+    answer = server.client.post("/v1/messages", json=body).json()
+    assert answer["content"] == [
+        {"type": "tool_use", "id": ANY, "name": "forecast", "input": {"unit": "C", "days": 2}}
+    ]
+    assert answer["stop_reason"] == "tool_use"
+    first, again = server.runner.prompts[-2:]
+    assert again == first  # nothing of the made-up result kept
+    assert answer["usage"]["input_tokens"] == len(first)
+
+
+def test_a_made_up_result_stays_text_where_no_tool_may_be_called(server: Server) -> None:
+    server.say(MADE_UP_RESULT)
+    body = {"model": "m", "max_tokens": 200, "messages": ASK, "tools": [FORECAST]}
+    answer = server.client.post("/v1/messages", json=body | {"tool_choice": {"type": "none"}})
+    assert answer.json()["content"] == [{"type": "text", "text": MADE_UP_RESULT}]
+    assert len(server.runner.prompts) == 1
+
+
+READ = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}},
+    "required": ["path"],
+    "additionalProperties": False,
+}
+READ_TOOL = {"name": "read", "description": "Read a file", "input_schema": READ}
+READ_CALL = (
+    '<tool_call>\n{"name": "read", "arguments": {"path": "a.txt", "limit": 0}}\n</tool_call>'
+)
+
+
+def read_call(server: Server) -> Any:
+    server.say(READ_CALL)
+    body = {"model": "m", "max_tokens": 200, "messages": ASK, "tools": [READ_TOOL]}
+    (arguments,) = tool_inputs(server.client.post("/v1/messages", json=body).json()["content"])
+    return arguments
+
+
+def test_a_model_whose_calls_hold_only_required_arguments_cannot_add_optional_ones(
+    served: ServedModel, tmp_path: Path
+) -> None:
+    """A small model's `"limit": 0` would read nothing: held to the required arguments, the
+    call ends where they do."""
+    required = dataclasses.replace(served, tool_arguments="required")
+    with serving(required, tmp_path) as server:
+        assert read_call(server) == {"path": "a.txt"}
+
+
+def test_by_default_a_call_keeps_the_optional_arguments_the_model_wrote(server: Server) -> None:
+    assert read_call(server) == {"path": "a.txt", "limit": 0}
+
+
+@pytest.mark.parametrize(
+    ("schema", "held"),
+    [
+        (READ, {**READ, "properties": {"path": {"type": "string"}}}),
+        (
+            {"type": "object", "properties": {"x": {}}},
+            {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+        ),
+        ({"anyOf": [READ]}, {"anyOf": [READ]}),
+        ({"type": "object"}, {"type": "object"}),
+    ],
+)
+def test_required_only_keeps_the_required_properties_and_no_others(
+    schema: dict[str, Any], held: dict[str, Any]
+) -> None:
+    assert required_only(schema) == held
 
 
 def test_a_reply_is_taken_back_a_bounded_number_of_times(server: Server) -> None:

@@ -604,6 +604,47 @@ def test_a_released_misnamed_call_is_text_and_parsing_goes_on() -> None:
     assert outcome(events) == [("text", MADE_UP), call("get_weather", PARIS)]
 
 
+MADE_UP_RESULT = "<tool_response>\nThe file copy.txt has been created.\n</tool_response>"
+
+
+@pytest.mark.parametrize("before", ["", "\n  "])
+def test_renaming_holds_a_reply_that_opens_with_a_made_up_result(before: str) -> None:
+    """The model wrote what a tool would have answered instead of calling it: held from the
+    reply's start (whitespace included), and text when the output ends."""
+    parser = HermesParser(TOOLS)
+    parser.renaming = True
+    text = before + MADE_UP_RESULT
+    assert [event for char in text for event in parser.feed(char)] == []
+    assert parser.skipped == 0
+    assert outcome(parser.finish()) == [("text", text)]
+
+
+@pytest.mark.parametrize("text", [f"Done. {MADE_UP_RESULT}", f"{WEATHER} {MADE_UP_RESULT}"])
+def test_a_result_after_text_or_a_call_is_not_held(text: str) -> None:
+    parser = HermesParser(TOOLS)
+    parser.renaming = True
+    events = [*parser.feed(text), *parser.finish()]
+    kind, last = outcome(events)[-1][:2]
+    assert parser.skipped is None and kind == "text" and last.endswith(MADE_UP_RESULT)
+
+
+def test_without_renaming_a_made_up_result_is_text() -> None:
+    parser = HermesParser(TOOLS)
+    events = [*parser.feed(MADE_UP_RESULT), *parser.finish()]
+    assert parser.skipped is None and outcome(events) == [("text", MADE_UP_RESULT)]
+
+
+def test_a_released_made_up_result_is_text_and_parsing_goes_on() -> None:
+    parser = HermesParser(TOOLS)
+    parser.renaming = True
+    events = parser.feed(MADE_UP_RESULT)
+    assert parser.skipped == 0
+    events += parser.release()
+    events += parser.feed(" " + WEATHER) + parser.finish()
+    assert parser.skipped is None
+    assert outcome(events) == [("text", MADE_UP_RESULT), call("get_weather", PARIS)]
+
+
 def test_text_is_held_back_only_while_it_may_start_a_marker() -> None:
     parser = HermesParser(TOOLS)
     assert parser.feed("Let me see <tool") == [TextDelta("Let me see")]

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic_core import from_json
 
 from semantic.api.reply_stream import ReplyStream
-from semantic.core import FinishReason, TokenEvent
+from semantic.core import FinishReason, OutputGrammar, TokenEvent
 from semantic.models.served import ServedModel
 from semantic.text.grammar import CallShape, Opening, ToolCallForm
 from semantic.text.reasoning import Piece, ReasoningParser, reasoning_format
@@ -162,9 +162,7 @@ class ToolUse:
         for name in self.tools:
             opener = self._format.bare_opener(name)
             if opener is not None:
-                shape = CallShape(
-                    "", self.schemas.get(name) or {"type": "object"}, name in self.strict
-                )
+                shape = CallShape("", self._held_to(name), name in self.strict)
                 bare.append(Opening(opener, (shape,), r"\s*\}", bare=True))
         return (marked, *bare)
 
@@ -175,16 +173,21 @@ class ToolUse:
     def _leading(self, names: Sequence[str], lead: Callable[[str], str]) -> tuple[CallShape, ...]:
         """Each tool as a call of it, `lead(name)` written before its arguments."""
         return tuple(
-            CallShape(lead(name), self.schemas.get(name) or {"type": "object"}, name in self.strict)
-            for name in names
+            CallShape(lead(name), self._held_to(name), name in self.strict) for name in names
         )
+
+    def _held_to(self, name: str) -> dict[str, Any]:
+        """The schema a call of `name` is held to: its tool's, or where the model's calls hold
+        only required arguments, its tool's without the optional ones."""
+        schema = self.schemas.get(name) or {"type": "object"}
+        return required_only(schema) if self._model.tool_arguments == "required" else schema
 
     async def parse(self, reply: ReplyStream) -> AsyncIterator[tuple[list[ReplyEvent], TokenEvent]]:
         """Each engine event with the reasoning, text and call events its text makes (the
         prefill's come with the first). Without `parallel`, after the first call the reply is
         stopped, and the text that still arrives is dropped. A call of a tool that was not
         offered is written again, held to the offered ones, where the reply can be taken back
-        (`_renamed`)."""
+        (`_renamed`); so is a reply that opens with a made-up result (`_called_instead`)."""
         self._parser = self._new_parser(reply)
         parsed: list[ReplyEvent] = list(self._parser.feed(self.prefill))
         self._written = [(self.prefill, 0)]
@@ -193,12 +196,11 @@ class ToolUse:
             if not done:
                 self._written.append((self._text_of(event), len(event.token_ids)))
                 parsed += self._feed(self._written[-1][0])
-                misnamed = self._parser.misnamed
-                if misnamed is not None and await self._renamed(reply, misnamed):
+                if await self._written_again(reply):
                     yield self._placeholders.dropped(parsed), _tokenless(event)
                     parsed = []
                     continue
-                if misnamed is not None:
+                if self._parser.misnamed is not None or self._parser.skipped is not None:
                     parsed += self._parser.release()
                 if event.final:
                     parsed += self._finish()
@@ -227,6 +229,44 @@ class ToolUse:
         )
         return parser
 
+    async def _written_again(self, reply: ReplyStream) -> bool:
+        """Whether the reply was taken back, for a call of a tool not offered or a made-up
+        result the parser holds."""
+        misnamed, skipped = self._parser.misnamed, self._parser.skipped
+        if misnamed is not None:
+            return await self._renamed(reply, misnamed)
+        if skipped is not None:
+            return await self._called_instead(reply, skipped)
+        return False
+
+    async def _called_instead(self, reply: ReplyStream, held_from: int) -> bool:
+        """The reply opened with the text a tool's result comes in (`<tool_response>`): the
+        model answered for a call it never made (a small model's "The file has been created"
+        with no file). Take it back to where that began and write a call there instead, of an
+        offered tool, held to its schema; False where it cannot be taken back."""
+        text = "".join(text for text, _ in self._written)[:held_from]
+        kept, kept_text = self._kept_tokens(reply.output, text, held_from)
+        if kept < 0:
+            return False
+        openings = self._openings() if self.choice.parallel else ()
+        form = ToolCallForm(
+            self._format.CLOSER, forced=self._shapes(self.tools, ""), openings=openings
+        )
+        grammar = await asyncio.to_thread(self._model.grammars.tool_calls, form)
+        log.debug("made-up result written again as a call", extra={"kept": kept})
+        await self._rewind(reply, kept, kept_text, grammar)
+        return True
+
+    async def _rewind(
+        self, reply: ReplyStream, kept: int, kept_text: str, grammar: OutputGrammar
+    ) -> None:
+        """Go on from the output's first `kept` tokens (`kept_text`) under `grammar`, with a
+        new parser that has read them (their events went out before)."""
+        await reply.rewind(kept, grammar)
+        self._parser = self._new_parser(reply)
+        self._parser.feed(kept_text)
+        self._written = [(kept_text, kept)]
+
     async def _renamed(self, reply: ReplyStream, misnamed: MisnamedCall) -> bool:
         """Take the reply back to where `misnamed`'s name begins and go on from there, the name
         and arguments held to the offered tools; False where it cannot be: the output kept
@@ -247,10 +287,7 @@ class ToolUse:
         grammar = await asyncio.to_thread(self._model.grammars.tool_calls, form)
         # The name is the model's text, which may carry the user's: debug level, as replies.
         log.debug("call renamed", extra={"tool": misnamed.name[:64], "kept": kept})
-        await reply.rewind(kept, grammar)
-        self._parser = self._new_parser(reply)
-        self._parser.feed(kept_text)  # its events went out from the parser before
-        self._written = [(kept_text, kept)]
+        await self._rewind(reply, kept, kept_text, grammar)
         return True
 
     def _kept_tokens(self, output: list[int], text: str, since: int) -> tuple[int, str]:
@@ -386,6 +423,21 @@ def _free_text_grammar(fmt: type[ToolCallParser], model: ServedModel) -> bool:
         return False
     reasoning = reasoning_format(model.chat_template)
     return reasoning is None or not reasoning_markers(reasoning, model.tokenizer)
+
+
+def required_only(schema: dict[str, Any]) -> dict[str, Any]:
+    """An object schema that takes only the `required` properties of `schema`, and no others;
+    `schema` itself where it names no properties (a union, any object)."""
+    properties = schema.get("properties")
+    if schema.get("type") != "object" or not isinstance(properties, dict):
+        return schema
+    required = [name for name in schema.get("required") or [] if name in properties]
+    return {
+        **schema,
+        "properties": {name: properties[name] for name in required},
+        "required": required,
+        "additionalProperties": False,
+    }
 
 
 def _tokenless(event: TokenEvent) -> TokenEvent:

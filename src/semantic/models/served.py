@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from semantic.core import PROTOCOL_SAMPLING, DefaultSampling
+from semantic.core import PROTOCOL_SAMPLING, DefaultSampling, ToolArguments
 from semantic.errors import ModelNotFound
 from semantic.models.config import ModelConfig
 from semantic.text.chat import ChatTemplate
@@ -19,7 +19,8 @@ class ServedModel:
     (their KV cache is tagged with it); `aliases` are the other names it answers to (the
     registry's names for it, when `name` is the served model name); `sampling` is what a
     request that leaves temperature, top_p or top_k out gets; `grammars` compiles the
-    structured-output grammars of requests over its vocabulary."""
+    structured-output grammars of requests over its vocabulary; `tool_arguments` what its
+    tool calls may hold (api/tool_use.py)."""
 
     name: str
     config: ModelConfig
@@ -29,6 +30,7 @@ class ServedModel:
     weights_fingerprint: str
     aliases: tuple[str, ...] = ()
     sampling: DefaultSampling = PROTOCOL_SAMPLING
+    tool_arguments: ToolArguments = "all"
     grammars: GrammarCompiler = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

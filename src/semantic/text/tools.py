@@ -246,11 +246,15 @@ class ToolCallParser:
     With `renaming` set, a JSON call of a tool that was not offered is not turned back into
     text at its name: once its arguments open, the parser stops there, holding it, and says so
     in `misnamed` (the reply can then be written again from the name on, held to the offered
-    tools: api/tool_use.py). Fed nothing more, `finish` makes it text after all."""
+    tools: api/tool_use.py). Likewise a reply that opens with `RESULT`, the text the family's
+    template puts a tool's result in: the model wrote what a call would have answered instead
+    of making it, and `skipped` says where the text held back begins (the reply can be written
+    again from there as a call). Fed nothing more, `finish` makes either text after all."""
 
     MARKERS: tuple[str, ...] = ()
     CLOSER = ""
     TRIGGER: str | None = None
+    RESULT: str | None = None
     JSON_ARGUMENTS = True
     SEPARATORS = WHITESPACE  # what may sit between calls, dropped
 
@@ -273,6 +277,7 @@ class ToolCallParser:
         self._spoke = False  # some text was emitted
         self.renaming = False
         self.misnamed: MisnamedCall | None = None
+        self.skipped: int | None = None  # where the held text of a made-up result begins
         self._fed = 0  # characters fed so far
 
     @classmethod
@@ -316,15 +321,31 @@ class ToolCallParser:
         # A marker holds no whitespace, so one that ends here, or starts and is not over yet,
         # lies within the held marker start and this character.
         tail = self._partial + char
-        marker = next((m for m in self._markers() if tail.endswith(m)), None)
+        markers = self._markers() + self._result_marker()
+        marker = next((m for m in markers if tail.endswith(m)), None)
         if marker is not None:
             self._hold(tail[: len(tail) - len(marker)])
             self._call_text, self._space, self._partial = self._space, [], ""
-            self._on_marker(marker)
+            if marker == self.RESULT:
+                self._skip_call(marker)
+            else:
+                self._on_marker(marker)
             return
-        keep = marker_start(tail, self._markers())
+        keep = marker_start(tail, markers)
         self._hold(tail[: len(tail) - keep])
         self._partial = tail[len(tail) - keep :]
+
+    def _result_marker(self) -> tuple[str, ...]:
+        """`RESULT`, where it would open the reply: nothing but whitespace before it."""
+        opens = self.renaming and not self._spoke and self.calls == 0
+        return (self.RESULT,) if self.RESULT is not None and opens else ()
+
+    def _skip_call(self, marker: str) -> None:
+        """The reply opened with a made-up result: hold it, and everything after it, until
+        `release` (or `finish`, as text)."""
+        self._call_text.append(marker)
+        self.skipped = self._fed - len("".join(self._call_text))
+        self._step = self._call_text.append
 
     def _hold(self, text: str) -> None:
         """Emit the held whitespace and `text`, but for the whitespace that ends it, which is
@@ -402,8 +423,9 @@ class ToolCallParser:
                 self._step(char)
 
     def release(self) -> list[ToolEvent]:
-        """Read the call `misnamed` names as text after all, and go on."""
-        self.misnamed = None
+        """Read the call `misnamed` names, or the result `skipped` begins, as text after all,
+        and go on."""
+        self.misnamed = self.skipped = None
         self._reject(None)
         return self._drain()
 
@@ -459,6 +481,7 @@ class PlainText:
 
     calls = 0
     misnamed: MisnamedCall | None = None  # never: no call is read
+    skipped: int | None = None
 
     def feed(self, text: str) -> list[ToolEvent]:
         return [TextDelta(text)] if text else []
