@@ -11,12 +11,14 @@ prompt asks for); one that needs none scores a *false call* when the answer call
 prompts go out `--concurrency` at a time, greedy: the server decodes them in one batch, which on
 a CPU costs about what one does, and a batched answer is the one it gets alone.
 
-The tool sets carry the clients' real tool names and argument schemas (Claude Code 2.1; Codex
-0.171 as it sends them for a model it does not know: `exec_command` and `write_stdin` for the
-shell and no `apply_patch` tool, files being changed through the shell) with short descriptions
-of our own; `tool_call_prompts.json` beside this file holds the system prompts and the prompts.
+The tool sets carry the clients' real tool names and argument schemas as captured from their
+first requests (Claude Code 2.1.197's 24 tools: `Agent` for subagents, `TaskCreate` for the task
+list, no `Glob` or `Grep`, searches going through Bash; Codex 0.171 as it sends them for a model
+it does not know: `exec_command` and `write_stdin` for the shell and no `apply_patch` tool,
+files being changed through the shell), the schemas' prose replaced by short descriptions of
+our own; `tool_call_prompts.json` beside this file holds the system prompts and the prompts.
 The answers get 256 tokens: room for a whole call, pretty-printed with every optional argument
-(at 96, the 1.5B's well-begun TodoWrite and plan calls were cut off in their lists).
+(at 96, the 1.5B's well-begun task-list and plan calls were cut off in their lists).
 """
 
 from __future__ import annotations
