@@ -198,14 +198,19 @@ def test_a_tool_result_hint_follows_each_run_of_tool_results_as_a_user_turn() ->
     assert "Answer now." not in chat.render(messages)
 
 
-def test_no_tool_result_hint_follows_a_run_with_an_error() -> None:
+def test_no_tool_result_hint_follows_a_run_with_an_error_until_the_user_speaks_again() -> None:
+    """After an error the model should try again: no hint after that run, nor after the call
+    it makes to get past the error (an Edit refused until the file is read: the Read's result
+    is no answer). The user's next message starts afresh."""
     chat = template(QWEN25_TEMPLATE)
     chat.tool_result_hint = "Answer now."
     failed: dict[str, Any] = {"role": "tool", "content": "no such file", "is_error": True}
     good: dict[str, Any] = {"role": "tool", "content": "a result"}
     call: dict[str, Any] = {"role": "assistant", "content": "calling"}
     messages = [{"role": "user", "content": "go"}, call, good, failed, call, good]
-    rendered = chat.render(messages)
+    assert "Answer now." not in chat.render(messages)
+    answered = [*messages, {"role": "assistant", "content": "done"}]
+    rendered = chat.render([*answered, {"role": "user", "content": "again"}, call, good])
     assert rendered.count("Answer now.") == 1
     hint = "<|im_start|>user\nAnswer now.<|im_end|>\n"
     assert rendered.endswith(f"a result\n</tool_response><|im_end|>\n{hint}<|im_start|>assistant\n")

@@ -125,24 +125,23 @@ class ChatTemplate:
 
 def _hinted(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
     """`messages` with a user message of `hint` after each run of tool results, unless one of
-    them is an error (`is_error`: then the model should try again, and told to answer it gives
-    up instead). Every run gets one, not only the newest, so that a conversation's earlier
-    turns render the same from request to request (the cache holds them). In the user's own
-    turn, after the results, it works where the same words inside the last result do not
-    (measured on Qwen2.5-Coder)."""
+    them, or of the runs before it since the user's last message, is an error (`is_error`):
+    then the model should try again, and told to answer it gives up instead, both at once and
+    after the call it made to get past the error (an Edit refused until the file is read: the
+    Read's result is no answer). Every run gets one, not only the newest, so that a
+    conversation's earlier turns render the same from request to request (the cache holds
+    them). In the user's own turn, after the results, it works where the same words inside the
+    last result do not (measured on Qwen2.5-Coder)."""
     if not hint:
         return messages
     hinted, failed = [], False
     for index, message in enumerate(messages):
         hinted.append(message)
-        if message.get("role") != "tool":
-            continue
-        failed = failed or bool(message.get("is_error"))
+        role = message.get("role")
+        failed = (failed and role != "user") or bool(message.get("is_error"))
         following = messages[index + 1] if index + 1 < len(messages) else {}
-        if following.get("role") != "tool":
-            if not failed:
-                hinted.append({"role": "user", "content": hint})
-            failed = False
+        if role == "tool" and following.get("role") != "tool" and not failed:
+            hinted.append({"role": "user", "content": hint})
     return hinted
 
 
