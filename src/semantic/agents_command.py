@@ -27,8 +27,8 @@ from semantic.cache.agents.conversation_files import delete_conversation
 from semantic.cache.agents.manifest import UNOWNED, AgentManifest, delete_manifest, list_manifests
 from semantic.cache.disk.folder_lock import FolderLock
 from semantic.cache.disk.tier import block_files, cache_root
-from semantic.config import Settings
 from semantic.errors import CacheFolderBusy, NotFound, SemanticError
+from semantic.settings.settings import Settings
 
 # A wildcard bind answers on loopback: ask there.
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}

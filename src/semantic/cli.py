@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from semantic import __version__
-from semantic.config import Settings
-from semantic.config_errors import load_settings, unknown_variables
 from semantic.errors import SemanticError
-from semantic.settings_flags import Parser, add_settings_flags, given_settings
+from semantic.settings.errors import load_settings, unknown_variables
+from semantic.settings.flags import Parser, add_settings_flags, given_settings
+from semantic.settings.settings import Settings
 
 if TYPE_CHECKING:
     from semantic.core import DefaultSampling
@@ -307,8 +307,8 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     from semantic.kv_budget import short_pool_warning
     from semantic.memory import own_mappings
     from semantic.models.checkpoint import load_checkpoint
-    from semantic.options import engine_options, runner_options
     from semantic.registry import ModelRegistry
+    from semantic.settings.options import engine_options, runner_options
 
     source = source or ModelRegistry.from_settings(settings).resolve(settings.model)
     log.info("loading %s from %s", source.name, source.path)

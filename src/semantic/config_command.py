@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from semantic.config import Settings, is_secret, value_sources
-from semantic.config_errors import load_settings
+from semantic.settings.errors import load_settings
+from semantic.settings.settings import Settings, is_secret, value_sources
 
 
 def run(flags: Mapping[str, Any], as_json: bool) -> int:

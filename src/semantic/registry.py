@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Literal, Protocol
 
-from semantic.config import Settings, default_cache_dir
 from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed, ModelNotFound
+from semantic.settings.settings import Settings, default_cache_dir
 
 log = logging.getLogger(__name__)
 

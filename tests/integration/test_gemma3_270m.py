@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
 from semantic.cli import build_engine
-from semantic.config import Settings
 from semantic.errors import ModelLoadFailed
 from semantic.registry import GEMMA3_270M, ModelRegistry, ModelSource
+from semantic.settings.settings import Settings
 
 pytestmark = pytest.mark.integration
 

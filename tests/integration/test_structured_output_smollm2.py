@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
 from semantic.cli import build_engine
-from semantic.config import Settings
+from semantic.settings.settings import Settings
 from tests.structured_schemas import SCHEMAS
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 from semantic import agents_command, cli
 from semantic.cache.agents.manifest import AgentManifest, save_manifest
 from semantic.cache.disk.tier import block_path, cache_root
-from semantic.config import Settings
 from semantic.models.served import ServedModel
+from semantic.settings.settings import Settings
 from tests.unit.fakes import chat_app
 
 COLUMNS = ["agent", "tokens cached", "in memory", "on disk", "pinned", "last used", "requests"]

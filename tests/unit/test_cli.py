@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from semantic import cli
-from semantic.config import SETTING_GROUPS, Settings, env_name, flag_name, user_env_file
 from semantic.core import DefaultSampling
+from semantic.settings.groups import SETTING_GROUPS
+from semantic.settings.names import env_name, flag_name
+from semantic.settings.settings import Settings, user_env_file
 
 
 @pytest.fixture(autouse=True)

@@ -37,7 +37,7 @@ def test_the_engine_the_cache_and_the_backends_take_options_not_settings() -> No
         *(PACKAGE / "cache").rglob("*.py"),
         PACKAGE / "backends" / "__init__.py",
     ]
-    assert [p.name for p in parts if "semantic.config" in imported_modules(p)] == []
+    assert [p.name for p in parts if "semantic.settings.settings" in imported_modules(p)] == []
 
 
 def test_the_metrics_read_only_the_snapshot_the_engine_publishes() -> None:

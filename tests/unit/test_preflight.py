@@ -20,8 +20,8 @@ import structlog
 from semantic import cli, preflight
 from semantic.cache.disk.folder_lock import FolderLock
 from semantic.cache.disk.tier import cache_root
-from semantic.config import Settings
 from semantic.errors import CacheFolderBusy
+from semantic.settings.settings import Settings
 
 
 @pytest.fixture(autouse=True)

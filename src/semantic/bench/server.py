@@ -18,12 +18,12 @@ from typing import IO
 import httpx
 
 from semantic.backends import default_backend
-from semantic.config import Settings
-from semantic.config_errors import load_settings
 from semantic.core import CacheSpec
 from semantic.errors import BenchError, InvalidSettings
 from semantic.models.config import ModelConfig
-from semantic.settings_flags import Parser, add_settings_flags, given_settings
+from semantic.settings.errors import load_settings
+from semantic.settings.flags import Parser, add_settings_flags, given_settings
+from semantic.settings.settings import Settings
 
 HOST = "127.0.0.1"
 

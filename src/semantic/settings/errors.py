@@ -12,15 +12,9 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 from pydantic_settings import SettingsError
 
-from semantic.config import (
-    Settings,
-    did_you_mean,
-    env_name,
-    flag_name,
-    is_secret,
-    value_sources,
-)
 from semantic.errors import InvalidSettings
+from semantic.settings.names import did_you_mean, env_name, flag_name
+from semantic.settings.settings import Settings, is_secret, value_sources
 
 # What a value must be, by the validation error's type; `{…}` are the error's context.
 _MUST_BE = {

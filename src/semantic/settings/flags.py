@@ -16,7 +16,9 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from semantic.config import SETTING_GROUPS, Settings, did_you_mean, env_name, flag_name
+from semantic.settings.groups import SETTING_GROUPS
+from semantic.settings.names import did_you_mean, env_name, flag_name
+from semantic.settings.settings import Settings
 
 
 class Parser(argparse.ArgumentParser):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from semantic.config import Settings, default_cache_dir
+from semantic.settings.settings import Settings, default_cache_dir
 
 
 @dataclass(slots=True, frozen=True)

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import html
 
-from semantic.config import Settings, env_name, flag_name
-from semantic.settings_flags import default_text, setting_groups
+from semantic.settings.flags import default_text, setting_groups
+from semantic.settings.names import env_name, flag_name
+from semantic.settings.settings import Settings
 
 INTRODUCTION = """\
 # Settings
 
-Every setting of `semantic serve`, generated from the settings object (`semantic.config.Settings`).
-Each one can be given five ways; the first that sets a value wins:
+Every setting of `semantic serve`, generated from the settings object
+(`semantic.settings.settings.Settings`). Each one can be given five ways; the first that sets a
+value wins:
 
 1. a command-line flag: `--cache-budget-mb 1024`
 2. an environment variable: `SEMANTIC_CACHE_BUDGET_MB=1024`

@@ -8,13 +8,12 @@ explicitly; nothing below the CLI reads the environment.
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import os
 import sys
 import tomllib
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -30,6 +29,8 @@ from pydantic_settings import (
     SettingsError,
     TomlConfigSettingsSource,
 )
+
+from semantic.settings.names import did_you_mean
 
 
 def default_cache_dir() -> Path:
@@ -512,98 +513,6 @@ class Settings(BaseSettings):
             return self.host == "localhost"
 
 
-# The groups `semantic serve --help` shows the settings in, in this order.
-SETTING_GROUPS: dict[str, tuple[str, ...]] = {
-    "server": (
-        "host",
-        "port",
-        "allow_remote",
-        "log_level",
-        "config",
-        "shutdown_timeout_s",
-        "send_timeout_s",
-        "receive_timeout_s",
-        "keep_alive_s",
-        "max_connections",
-    ),
-    "security": (
-        "api_key",
-        "api_key_file",
-        "admin_api_key",
-        "allowed_origins",
-        "allowed_hosts",
-        "auth_failures_per_minute",
-        "share_cache_across_keys",
-    ),
-    "model": (
-        "model",
-        "served_model_name",
-        "strict_model_names",
-        "model_alias",
-        "swap_on_request",
-        "model_sampling",
-        "tool_result_hint",
-        "swap_timeout_s",
-        "swap_wait_s",
-        "backend",
-        "device",
-        "dtype",
-        "kv_dtype",
-        "threads",
-        "weights",
-        "prepared_weights",
-        "cpu_kernels",
-        "cuda_graphs",
-        "max_model_len",
-    ),
-    "engine and cache": (
-        "cache_budget_mb",
-        "block_tokens",
-        "cache_dir",
-        "disk_budget_mb",
-        "agent_idle_s",
-        "max_running",
-        "max_batch_tokens",
-        "speculative_tokens",
-        "batch_window_ms",
-        "queue_timeout_s",
-        "default_max_tokens",
-    ),
-    "request limits": (
-        "max_body_mb",
-        "max_messages",
-        "max_tools",
-        "max_stop_sequences",
-        "max_stop_sequence_chars",
-        "max_prompt_tokens",
-        "max_output_tokens",
-        "max_agents_per_key",
-        "max_conversation_mb",
-        "max_conversations_mb_per_key",
-        "max_pinned_share",
-        "max_retained_tokens_per_key",
-        "max_retention_ttl_s",
-    ),
-    "rate limits (off unless set)": ("rate_limit_key_rpm", "rate_limit_agent_rpm"),
-    "scale-out (vLLM replicas)": (
-        "engine",
-        "vllm_url",
-        "vllm_spill_in_flight",
-        "vllm_health_interval_s",
-    ),
-}
-
-
-def env_name(setting: str) -> str:
-    """The environment variable of a setting: `cache_budget_mb` → `SEMANTIC_CACHE_BUDGET_MB`."""
-    return f"SEMANTIC_{setting.upper()}"
-
-
-def flag_name(setting: str) -> str:
-    """The command-line flag of a setting: `cache_budget_mb` → `--cache-budget-mb`."""
-    return "--" + setting.replace("_", "-")
-
-
 class SettingsFile(TomlConfigSettingsSource):
     """The TOML config file, read strictly: a missing file, bad TOML or a key that names no
     setting is an error, where the environment's unknown names are ignored, because a typo here
@@ -647,25 +556,6 @@ def is_secret(setting: str) -> bool:
     """Whether a setting holds keys, which are never shown."""
     annotation = Settings.model_fields[setting].annotation
     return annotation is SecretStr or SecretStr in typing.get_args(annotation)
-
-
-def did_you_mean(given: Iterable[str], known: Iterable[str]) -> str:
-    """`; did you mean port?` for the known names the given ones are likely typos of (`port
-    for prot, host for hots` when several are); empty when none is close enough."""
-    known = list(known)
-    guesses = {name: closest(name, known) for name in given}
-    found = [(name, guess) for name, guess in guesses.items() if guess is not None]
-    if not found:
-        return ""
-    if len(guesses) == 1:
-        return f"; did you mean {found[0][1]}?"
-    return f"; did you mean {', '.join(f'{guess} for {name}' for name, guess in found)}?"
-
-
-def closest(name: str, known: Iterable[str]) -> str | None:
-    """The known name `name` is most likely a typo of, if any is close enough."""
-    matches = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return matches[0] if matches else None
 
 
 def _comma_list(text: str) -> list[str]:
