@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from semantic.backends.fake import FakeRunner
-from semantic.bench.workload import percentile
 from semantic.cache.pages.block_manager import Fit
 from semantic.cache.pages.prefix import PrefixCache, PrefixMatch
 from semantic.core import (
@@ -52,6 +51,7 @@ from semantic.models.served import ServedModel
 from semantic.registry import ModelRegistry
 from semantic.settings.options import engine_options
 from semantic.settings.settings import Settings
+from semantic_bench.workload import percentile
 
 if TYPE_CHECKING:
     from runner_microbench import Gate

@@ -163,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     agents.set_defaults(handler=_agents)
 
     bench = verbs.add_parser("bench", help="benchmark an OpenAI-compatible server")
-    from semantic.bench.cli import add_bench_arguments
+    from semantic_bench.cli import add_bench_arguments
 
     add_bench_arguments(bench)
     bench.set_defaults(handler=_bench)
@@ -209,8 +209,8 @@ def _agents(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from semantic.bench.cli import options_from_args
-    from semantic.bench.run import run_bench
+    from semantic_bench.cli import options_from_args
+    from semantic_bench.run import run_bench
 
     run_bench(options_from_args(args))
     return 0

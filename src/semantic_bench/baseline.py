@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semantic.bench.plan import DECODE_TOKENS, BenchPlan, Message
-from semantic.bench.workload import (
+from semantic_bench.plan import DECODE_TOKENS, BenchPlan, Message
+from semantic_bench.workload import (
     ConcurrentDecodeResult,
     DecodeResult,
     PrefillResult,

@@ -11,13 +11,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from semantic.bench.cache_counters import CacheCounters
-from semantic.bench.crowd import CrowdResult, CrowdRun
-from semantic.bench.history import HistoryResult
-from semantic.bench.options import Clients
-from semantic.bench.pressure import MISS_SHARE, PressureResult
-from semantic.bench.restart import RestartResult
-from semantic.bench.workload import LatencySummary
+from semantic_bench.cache_counters import CacheCounters
+from semantic_bench.crowd import CrowdResult, CrowdRun
+from semantic_bench.history import HistoryResult
+from semantic_bench.options import Clients
+from semantic_bench.pressure import MISS_SHARE, PressureResult
+from semantic_bench.restart import RestartResult
+from semantic_bench.workload import LatencySummary
 
 
 @dataclass(slots=True)

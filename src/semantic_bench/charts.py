@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from semantic.bench.crowd import CrowdResult, CrowdRun, CrowdTurn
-from semantic.bench.history import HistoryResult
-from semantic.bench.svg import Axis, Series, chart_svg, round_ticks
+from semantic_bench.crowd import CrowdResult, CrowdRun, CrowdTurn
+from semantic_bench.history import HistoryResult
+from semantic_bench.svg import Axis, Series, chart_svg, round_ticks
 
 if TYPE_CHECKING:
-    from semantic.bench.report import BenchResult
+    from semantic_bench.report import BenchResult
 
 DECODE = "decode, one stream per agent"
 OUTPUT = "output of the workload's turns"

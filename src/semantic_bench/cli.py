@@ -9,8 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from semantic.bench.options import BenchOptions, Clients, Phase
-from semantic.errors import BenchError
+from semantic_bench.errors import BenchError
+from semantic_bench.options import BenchOptions, Clients, Phase
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:

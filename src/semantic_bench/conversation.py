@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from semantic.bench.plan import ANSWER_TOKENS, BenchPlan, Message
-from semantic.bench.workload import chat_body, stream_chat
+from semantic_bench.plan import ANSWER_TOKENS, BenchPlan, Message
+from semantic_bench.workload import chat_body, stream_chat
 
 # The chat template's tokens around one more user turn (role headers, end markers): a guess
 # that only steers the last user message's size; the history is then measured, not assumed.

@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from semantic.bench.cache_counters import CacheCounters, counters_over, read_cache_counters
-from semantic.bench.conversation import Chat
-from semantic.bench.options import Clients
-from semantic.bench.plan import AgentScript, WorkloadSpec, agent_scripts
-from semantic.bench.pressure import PoolBudget
-from semantic.bench.workload import (
+from semantic_bench.cache_counters import CacheCounters, counters_over, read_cache_counters
+from semantic_bench.conversation import Chat
+from semantic_bench.errors import BenchError
+from semantic_bench.options import Clients
+from semantic_bench.plan import AgentScript, WorkloadSpec, agent_scripts
+from semantic_bench.pressure import PoolBudget
+from semantic_bench.workload import (
     LatencySummary,
     StreamResult,
     chat_body,
     stream_chat,
 )
-from semantic.errors import BenchError
 
 ERROR_CHARS = 300  # of an error's text kept in the record
 

@@ -12,8 +12,8 @@ import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from semantic.bench.cache_counters import AgentKV, read_agent_kv
-from semantic.bench.conversation import (
+from semantic_bench.cache_counters import AgentKV, read_agent_kv
+from semantic_bench.conversation import (
     Chat,
     Conversation,
     Probe,
@@ -21,7 +21,7 @@ from semantic.bench.conversation import (
     new_conversation,
     send_probe,
 )
-from semantic.bench.workload import cached_share
+from semantic_bench.workload import cached_share
 
 HISTORY_TURNS = 3  # user/assistant turns after the system prompt
 

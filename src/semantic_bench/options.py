@@ -7,8 +7,8 @@ import enum
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from semantic.bench.plan import ANSWER_TOKENS, WorkloadSpec
-from semantic.errors import BenchError
+from semantic_bench.errors import BenchError
+from semantic_bench.plan import ANSWER_TOKENS, WorkloadSpec
 
 
 class Phase(enum.StrEnum):

@@ -11,15 +11,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from semantic.bench.conversation import Chat
-from semantic.bench.crowd import CrowdResult, CrowdRun, run_crowd
-from semantic.bench.options import BenchOptions, Clients
-from semantic.bench.plan import BenchPlan
-from semantic.bench.pressure import PoolBudget, PressureResult, pool_budget, run_pressure
-from semantic.bench.progress import PhaseProgress
-from semantic.bench.server import flag_value, kv_bytes_per_token, server_block_tokens
-from semantic.bench.target import given_url, open_client, start_server
-from semantic.errors import BenchError
+from semantic_bench.conversation import Chat
+from semantic_bench.crowd import CrowdResult, CrowdRun, run_crowd
+from semantic_bench.errors import BenchError
+from semantic_bench.options import BenchOptions, Clients
+from semantic_bench.plan import BenchPlan
+from semantic_bench.pressure import PoolBudget, PressureResult, pool_budget, run_pressure
+from semantic_bench.progress import PhaseProgress
+from semantic_bench.server import flag_value, kv_bytes_per_token, server_block_tokens
+from semantic_bench.target import given_url, open_client, start_server
 
 T = TypeVar("T")
 BUDGET_FLAG = "--cache-budget-mb"

@@ -8,9 +8,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from semantic.bench.conversation import TURN_OVERHEAD_TOKENS, Chat
-from semantic.bench.plan import WorkloadSpec, agent_scripts
-from semantic.bench.workload import LatencySummary, cached_share, chat_body, stream_chat
+from semantic_bench.conversation import TURN_OVERHEAD_TOKENS, Chat
+from semantic_bench.plan import WorkloadSpec, agent_scripts
+from semantic_bench.workload import LatencySummary, cached_share, chat_body, stream_chat
 
 POOL_SHARE = 0.4  # the pool the bench gives a spawned server, as a share of all histories
 MIN_POOL_AGENTS = 3  # but never so small that a few agents' turns cannot run side by side

@@ -14,16 +14,16 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.table import Table
 
-from semantic.bench import cache_report, charts
-from semantic.bench.baseline import BaselineResult
-from semantic.bench.crowd import CrowdResult
-from semantic.bench.history import HistoryResult
-from semantic.bench.machine import Machine
-from semantic.bench.options import BASELINE_PHASES, Phase
-from semantic.bench.plan import WorkloadSpec
-from semantic.bench.pressure import PressureResult
-from semantic.bench.restart import RestartResult
-from semantic.bench.workload import (
+from semantic_bench import cache_report, charts
+from semantic_bench.baseline import BaselineResult
+from semantic_bench.crowd import CrowdResult
+from semantic_bench.history import HistoryResult
+from semantic_bench.machine import Machine
+from semantic_bench.options import BASELINE_PHASES, Phase
+from semantic_bench.plan import WorkloadSpec
+from semantic_bench.pressure import PressureResult
+from semantic_bench.restart import RestartResult
+from semantic_bench.workload import (
     ConcurrentDecodeResult,
     DecodeResult,
     PrefillResult,

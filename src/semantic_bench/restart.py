@@ -9,9 +9,9 @@ import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from semantic.bench.conversation import Chat, Probe, grow_history, new_conversation, send_probe
-from semantic.bench.server import RestartTiming
-from semantic.bench.workload import cached_share
+from semantic_bench.conversation import Chat, Probe, grow_history, new_conversation, send_probe
+from semantic_bench.server import RestartTiming
+from semantic_bench.workload import cached_share
 
 RESTART_TURNS = 2  # turns each agent takes before the restart
 

@@ -22,25 +22,25 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
-from semantic.bench import baseline, report
-from semantic.bench.baseline import BaselineResult
-from semantic.bench.conversation import Chat, cold_markers
-from semantic.bench.history import HISTORY_TURNS, HistoryResult, run_history
-from semantic.bench.machine import Machine
-from semantic.bench.options import BenchOptions, Phase
-from semantic.bench.plan import BenchPlan, build_plan
-from semantic.bench.pool_phases import PoolPhases
-from semantic.bench.progress import PhaseProgress
-from semantic.bench.report import BenchResult
-from semantic.bench.restart import RESTART_TURNS, RestartResult, run_restart
-from semantic.bench.server import RestartTiming, peak_rss_bytes
-from semantic.bench.target import (
+from semantic_bench import baseline, report
+from semantic_bench.baseline import BaselineResult
+from semantic_bench.conversation import Chat, cold_markers
+from semantic_bench.history import HISTORY_TURNS, HistoryResult, run_history
+from semantic_bench.machine import Machine
+from semantic_bench.options import BenchOptions, Phase
+from semantic_bench.plan import BenchPlan, build_plan
+from semantic_bench.pool_phases import PoolPhases
+from semantic_bench.progress import PhaseProgress
+from semantic_bench.report import BenchResult
+from semantic_bench.restart import RESTART_TURNS, RestartResult, run_restart
+from semantic_bench.server import RestartTiming, peak_rss_bytes
+from semantic_bench.target import (
     READY_TIMEOUT_S,
     given_url,
     open_client,
     start_server,
 )
-from semantic.bench.workload import (
+from semantic_bench.workload import (
     ConcurrentDecodeResult,
     DecodeResult,
     PrefillResult,

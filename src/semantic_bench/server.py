@@ -19,11 +19,12 @@ import httpx
 
 from semantic.backends import default_backend
 from semantic.core import CacheSpec
-from semantic.errors import BenchError, InvalidSettings
+from semantic.errors import InvalidSettings
 from semantic.models.config import ModelConfig
 from semantic.settings.errors import load_settings
 from semantic.settings.flags import Parser, add_settings_flags, given_settings
 from semantic.settings.settings import Settings
+from semantic_bench.errors import BenchError
 
 HOST = "127.0.0.1"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import httpx
 
-from semantic.bench.options import BenchOptions
-from semantic.bench.progress import PhaseProgress
-from semantic.bench.server import SpawnedServer
+from semantic_bench.options import BenchOptions
+from semantic_bench.progress import PhaseProgress
+from semantic_bench.server import SpawnedServer
 
 READY_TIMEOUT_S = 600.0  # a cold start may load weights and warm caches from disk
 SPARE_CONNECTIONS = 4  # beyond one per stream: the cache counters' reads, a stray retry

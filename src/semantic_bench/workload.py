@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from semantic.bench.plan import DECODE_TOKENS, AgentScript, BenchPlan, Message, sentences
-from semantic.errors import BenchError
+from semantic_bench.errors import BenchError
+from semantic_bench.plan import DECODE_TOKENS, AgentScript, BenchPlan, Message, sentences
 
 CHAT_PATH = "/v1/chat/completions"
 CALIBRATION_WORDS = 300

@@ -205,7 +205,7 @@ def test_the_command_line_loads_no_bench_client_code_until_bench_runs() -> None:
     (httpx, and the rich console it pulls in) cost every server start ~0.1 s."""
     code = (
         "import sys; from semantic import cli; cli._parser(); "
-        "print(sorted(m for m in ('httpx', 'semantic.bench.crowd') if m in sys.modules))"
+        "print(sorted(m for m in ('httpx', 'semantic_bench.crowd') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
