@@ -31,8 +31,8 @@ from semantic.engine.engine import Engine
 from semantic.engine.runner import StepToken
 from semantic.engine.wiring import build_engine
 from semantic.models.checkpoint import load_checkpoint
+from semantic.models.registry import ModelRegistry
 from semantic.models.served import ServedModel
-from semantic.registry import ModelRegistry
 from semantic.settings.options import engine_options
 from semantic.settings.settings import Settings
 

@@ -35,7 +35,7 @@ import torch
 from semantic.backends import create_runner, with_weights
 from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams
 from semantic.models.checkpoint import Checkpoint, load_checkpoint
-from semantic.registry import ModelRegistry
+from semantic.models.registry import ModelRegistry
 from semantic.settings.options import runner_options
 from semantic.settings.settings import Settings
 from semantic_bench.plan import sentences

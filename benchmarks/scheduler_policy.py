@@ -47,8 +47,8 @@ from semantic.engine.runner import ModelRunner, StepToken
 from semantic.engine.scheduler import Scheduler
 from semantic.engine.wiring import build_engine
 from semantic.models.checkpoint import load_checkpoint
+from semantic.models.registry import ModelRegistry
 from semantic.models.served import ServedModel
-from semantic.registry import ModelRegistry
 from semantic.settings.options import engine_options
 from semantic.settings.settings import Settings
 from semantic_bench.workload import percentile

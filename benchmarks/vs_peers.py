@@ -70,7 +70,7 @@ from typing import Any
 
 import httpx
 
-from semantic.registry import SMOLLM2_135M
+from semantic.models.registry import SMOLLM2_135M
 from semantic.settings.settings import default_cache_dir
 from semantic_bench.machine import Machine
 from semantic_bench.server import HOST, free_port

@@ -31,7 +31,7 @@ from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.engine.runner import StepToken
 from semantic.models.checkpoint import load_checkpoint
-from semantic.registry import ModelRegistry
+from semantic.models.registry import ModelRegistry
 from semantic.settings.options import runner_options
 from semantic.settings.settings import Settings
 

@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from semantic.models.checkpoint import Checkpoint
     from semantic.models.config import ModelConfig
     from semantic.models.q4k import Q4KBlocks
+    from semantic.models.registry import ModelRegistry, ModelSource
     from semantic.models.served import ServedModel
     from semantic.preflight import Checked
-    from semantic.registry import ModelRegistry, ModelSource
     from semantic.replicas.engine import ReplicaEngine
 
 log = logging.getLogger("semantic")
@@ -182,7 +182,7 @@ def _config(args: argparse.Namespace) -> int:
 
 def _models(args: argparse.Namespace) -> int:
     from semantic.models.checkpoint import template_origin
-    from semantic.registry import ModelRegistry
+    from semantic.models.registry import ModelRegistry
 
     settings = settings_from(args)
     registry = ModelRegistry.from_settings(settings)
@@ -263,7 +263,7 @@ def build_host(
     """The configured model's engine (`source` of `registry`, when found already), in a host
     that can swap it for another model (each load on a short-lived thread, as the first)."""
     from semantic.engine.host import EngineHost
-    from semantic.registry import ModelRegistry
+    from semantic.models.registry import ModelRegistry
 
     registry = registry or ModelRegistry.from_settings(settings)
     source = source or registry.resolve(settings.model)
@@ -307,7 +307,7 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     from semantic.kv_budget import short_pool_warning
     from semantic.memory import own_mappings
     from semantic.models.checkpoint import load_checkpoint
-    from semantic.registry import ModelRegistry
+    from semantic.models.registry import ModelRegistry
     from semantic.settings.options import engine_options, runner_options
 
     source = source or ModelRegistry.from_settings(settings).resolve(settings.model)
@@ -431,7 +431,7 @@ def _logged_weights(
 def _served_name(settings: Settings, source: ModelSource) -> str:
     """The id clients see: `served_model_name` for the configured model, whenever it is loaded
     (the name tags its caches on disk), and a swapped-in model's own name."""
-    from semantic.registry import ModelRegistry
+    from semantic.models.registry import ModelRegistry
 
     if settings.served_model_name is None:
         return source.name

@@ -22,7 +22,7 @@ from semantic.cache.disk.folder_lock import FolderLock
 from semantic.cache.disk.private_folder import private_folder
 from semantic.cache.disk.tier import cache_root
 from semantic.errors import SemanticError
-from semantic.registry import ModelRegistry, ModelSource
+from semantic.models.registry import ModelRegistry, ModelSource
 from semantic.settings.settings import Settings
 
 _KEY_FLAGS = "--api-key, SEMANTIC_API_KEY, --api-key-file or --admin-api-key"

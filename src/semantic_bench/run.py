@@ -217,7 +217,7 @@ def _baseline_phase(
 ) -> BaselineResult:
     """The transformers baseline of the decode, prefill and workload phases that ran."""
     # Imported here so that only a run with a baseline needs the registry.
-    from semantic.registry import ModelRegistry
+    from semantic.models.registry import ModelRegistry
 
     path = ModelRegistry().resolve(options.model).path
     turns = len(plan.agents) * options.turns if Phase.WORKLOAD in phases else 0

@@ -145,7 +145,7 @@ def kv_bytes_per_token(model: str, server_args: list[str]) -> int:
     this machine, on its backend. SmolLM2-135M in bf16: 2 · 30 layers · 3 heads · 64 · 2 =
     23,040; in int8, 2 · 30 · 3 · (64 + a 2-byte scale) = 11,880."""
     from semantic.models.checkpoint import load_checkpoint
-    from semantic.registry import ModelRegistry
+    from semantic.models.registry import ModelRegistry
 
     settings = server_settings(server_args)
     config = load_checkpoint(ModelRegistry().resolve(model).path, progress=False).config

@@ -15,7 +15,7 @@ from semantic.engine.host import EngineHost
 from semantic.engine.runner import StepToken
 from semantic.engine.wiring import build_engine
 from semantic.errors import ModelLoadFailed
-from semantic.registry import ModelRegistry, ModelSource
+from semantic.models.registry import ModelRegistry, ModelSource
 from semantic.settings.options import engine_options
 from semantic.settings.settings import Settings
 from semantic.text.tokenizer import Tokenizer

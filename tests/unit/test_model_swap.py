@@ -22,7 +22,7 @@ from semantic.errors import (
     Overloaded,
     Unavailable,
 )
-from semantic.registry import ModelRegistry
+from semantic.models.registry import ModelRegistry
 from semantic.settings.settings import Settings
 from tests.unit.fake_models import FakeLoader, make_host
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed, NotFound
-from semantic.registry import (
+from semantic.models.registry import (
     BUILTIN_MODELS,
     QWEN25_CODER_05B,
     QWEN25_CODER_15B,
