@@ -303,8 +303,8 @@ def build_engine(settings: Settings, source: ModelSource | None = None) -> Engin
     """Load the model (`source`, else the configured one), build its runner over a fresh block
     pool, wrap an engine."""
     from semantic.backends import create_runner, with_weights
+    from semantic.backends.kv_budget import short_pool_warning
     from semantic.engine import wiring
-    from semantic.kv_budget import short_pool_warning
     from semantic.memory import own_mappings
     from semantic.models.checkpoint import load_checkpoint
     from semantic.models.registry import ModelRegistry
