@@ -15,7 +15,7 @@ import pstats
 import tempfile
 import time
 
-from semantic.cli import build_engine
+from semantic.commands.loader import build_engine
 from semantic.core import Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.settings.settings import Settings

@@ -476,7 +476,7 @@ def calibrate() -> StepCost:
     import numpy as np
 
     from runner_microbench import Gate
-    from semantic.cli import build_engine
+    from semantic.commands.loader import build_engine
 
     shapes = [(1, 0), (8, 0), (16, 0), (0, 128), (0, 256), (0, 512), (16, 128), (8, 256)]
     with tempfile.TemporaryDirectory() as cache:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from semantic.api.tool_use import ToolChoice, ToolUse
-from semantic.cli import build_engine
+from semantic.commands.loader import build_engine
 from semantic.core import Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.settings.settings import Settings

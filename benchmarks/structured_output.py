@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from semantic.backends.torch import sampling
-from semantic.cli import build_engine
+from semantic.commands.loader import build_engine
 from semantic.core import Request, SamplingParams
 from semantic.engine.engine import Engine
 from semantic.settings.settings import Settings

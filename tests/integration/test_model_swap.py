@@ -24,7 +24,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
-from semantic.cli import build_host
+from semantic.commands.loader import build_host
 from semantic.memory import reclaim
 from semantic.settings.settings import Settings
 

@@ -13,9 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.cli import main
+from semantic.commands.preflight import check_bind
 from semantic.errors import SemanticError
 from semantic.models.served import ServedModel
-from semantic.preflight import check_bind
 from semantic.settings.settings import Settings
 from tests.unit.fakes import chat_app
 

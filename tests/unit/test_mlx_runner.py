@@ -220,6 +220,7 @@ sys.meta_path.insert(0, NoTorch())
 import numpy as np
 import semantic.api.app  # the server's whole stack
 import semantic.cli
+import semantic.commands.loader
 from semantic.backends import create_runner
 from semantic.settings.settings import Settings
 from semantic.core import Batch, BatchItem, SamplingParams

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semantic.cli import build_engine
+from semantic.commands.loader import build_engine
 from semantic.core import Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.models.checkpoint import load_checkpoint

@@ -1,5 +1,6 @@
-"""`semantic agents`: list, show and delete agents, through the running server when one answers
-(it owns the cache), else straight from the cache folder's manifests, and then it says so.
+"""`semantic agents` answered: a `Query` to list, show or delete agents, through the running
+server when one answers (it owns the cache), else straight from the cache folder's manifests,
+and then it says so.
 
 Online or not, `list` prints one table of the same columns (or `--json`); what only a running
 server knows (memory, requests) shows as `-` when read from disk, and the time there is when

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -9,10 +10,28 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from semantic.settings.errors import load_settings
+from semantic.settings.flags import SETTINGS_USAGE, Parser, add_settings_flags, given_settings
 from semantic.settings.settings import Settings, is_secret, value_sources
 
 
-def run(flags: Mapping[str, Any], as_json: bool) -> int:
+def add_parser(verbs: argparse._SubParsersAction[Parser]) -> None:
+    config = verbs.add_parser(
+        "config",
+        help="print every effective setting and where it came from (secrets masked)",
+        description="Every setting's value with these flags over the environment, .env and "
+        "the config file, and where it came from (keys masked).",
+        usage=SETTINGS_USAGE,
+    )
+    config.add_argument("--json", action="store_true", help="print JSON")
+    add_settings_flags(config)
+    config.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return show(given_settings(args), as_json=args.json)
+
+
+def show(flags: Mapping[str, Any], as_json: bool) -> int:
     """Print the settings that `flags` over the environment, `.env` and the config file give."""
     settings = load_settings(flags)
     sources = value_sources(flags)

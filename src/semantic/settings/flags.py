@@ -1,4 +1,5 @@
-"""Settings as command-line flags, and the parser every `semantic` command uses.
+"""Settings as command-line flags, the parser every `semantic` command uses, and the settings a
+command's flags give (`settings_from`).
 
 Each setting is a flag (`--cache-budget-mb`; a list setting's flag may repeat), shown in its
 group with its default and its environment variable. A parser takes no abbreviated flag and
@@ -16,9 +17,13 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from semantic.settings.errors import load_settings
 from semantic.settings.groups import SETTING_GROUPS
 from semantic.settings.names import did_you_mean, env_name, flag_name
 from semantic.settings.settings import Settings
+
+# The usage line of a command that takes every setting's flag (`serve`, `config`).
+SETTINGS_USAGE = "%(prog)s [--SETTING VALUE ...]"
 
 
 class Parser(argparse.ArgumentParser):
@@ -172,3 +177,8 @@ def _literal_choices(annotation: Any) -> list[Any] | None:
 def given_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings given on the command line, and only those."""
     return {name: getattr(args, name) for name in Settings.model_fields if hasattr(args, name)}
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The settings a command's flags give, over the environment, `.env` and the config file."""
+    return load_settings(given_settings(args))

@@ -2,8 +2,8 @@
 
 The TOML file is named by `--config` or `SEMANTIC_CONFIG`. The `.env` file is the user's own
 (`user_env_file`), never one in the working folder: a repository or download the server is
-started in must not set its keys, host or cache folder. Built once by `cli.py` and passed down
-explicitly; nothing below the CLI reads the environment.
+started in must not set its keys, host or cache folder. Built once by the command that runs
+(`commands/`) and passed down explicitly; nothing below the CLI reads the environment.
 """
 
 from __future__ import annotations
