@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semantic.bench.server import SpawnedServer
+from semantic_bench.server import SpawnedServer
 
 Check = Callable[[Path, str], bool]  # (the task's folder, the CLI's output) -> done?
 # The tools Claude Code may use without asking (print mode cannot ask; its flag that skips

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from semantic.bench.charts import (
+from semantic_bench.charts import (
     DECODE,
     OUTPUT,
     AgentsTokS,

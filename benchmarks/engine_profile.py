@@ -15,10 +15,10 @@ import pstats
 import tempfile
 import time
 
-from semantic.cli import build_engine
-from semantic.config import Settings
+from semantic.commands.loader import build_engine
 from semantic.core import Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
+from semantic.settings.settings import Settings
 
 
 def decode(engine: Engine, requests: int, tokens: int, prompt: list[int]) -> float:

@@ -1082,7 +1082,7 @@ class _server:
     def __enter__(self) -> str:
         if self.args.base_url:
             return str(self.args.base_url)
-        from semantic.bench.server import SpawnedServer
+        from semantic_bench.server import SpawnedServer
 
         cache = Path(tempfile.mkdtemp(prefix="semantic-fuzz-"))
         self.spawned = SpawnedServer.start(self.args.model, ["--no-swap-on-request"], cache)

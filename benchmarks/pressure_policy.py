@@ -25,16 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from semantic.backends.fake import FakeRunner
-from semantic.config import Settings
 from semantic.core import Batch, Request, SamplingParams, TokenEvent
 from semantic.engine import scheduler
 from semantic.engine.engine import Engine
 from semantic.engine.runner import StepToken
 from semantic.engine.wiring import build_engine
 from semantic.models.checkpoint import load_checkpoint
+from semantic.models.registry import ModelRegistry
 from semantic.models.served import ServedModel
-from semantic.options import engine_options
-from semantic.registry import ModelRegistry
+from semantic.settings.options import engine_options
+from semantic.settings.settings import Settings
 
 BLOCK_TOKENS = 16
 SYSTEM_TOKENS = 128

@@ -33,12 +33,12 @@ from typing import Any, Protocol, cast
 import torch
 
 from semantic.backends import create_runner, with_weights
-from semantic.bench.plan import sentences
-from semantic.config import Settings
 from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams
 from semantic.models.checkpoint import Checkpoint, load_checkpoint
-from semantic.options import runner_options
-from semantic.registry import ModelRegistry
+from semantic.models.registry import ModelRegistry
+from semantic.settings.options import runner_options
+from semantic.settings.settings import Settings
+from semantic_bench.plan import sentences
 
 GREEDY = SamplingParams(temperature=0.0)
 CHUNK = 512

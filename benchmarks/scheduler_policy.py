@@ -31,10 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from semantic.backends.fake import FakeRunner
-from semantic.bench.workload import percentile
 from semantic.cache.pages.block_manager import Fit
 from semantic.cache.pages.prefix import PrefixCache, PrefixMatch
-from semantic.config import Settings
 from semantic.core import (
     Batch,
     BatchItem,
@@ -49,9 +47,11 @@ from semantic.engine.runner import ModelRunner, StepToken
 from semantic.engine.scheduler import Scheduler
 from semantic.engine.wiring import build_engine
 from semantic.models.checkpoint import load_checkpoint
+from semantic.models.registry import ModelRegistry
 from semantic.models.served import ServedModel
-from semantic.options import engine_options
-from semantic.registry import ModelRegistry
+from semantic.settings.options import engine_options
+from semantic.settings.settings import Settings
+from semantic_bench.workload import percentile
 
 if TYPE_CHECKING:
     from runner_microbench import Gate
@@ -476,7 +476,7 @@ def calibrate() -> StepCost:
     import numpy as np
 
     from runner_microbench import Gate
-    from semantic.cli import build_engine
+    from semantic.commands.loader import build_engine
 
     shapes = [(1, 0), (8, 0), (16, 0), (0, 128), (0, 256), (0, 512), (16, 128), (8, 256)]
     with tempfile.TemporaryDirectory() as cache:

@@ -6,7 +6,7 @@ KV blocks still held once the server is idle (a leak), and the server's memory o
     python benchmarks/soak.py --base-url http://127.0.0.1:8000 [--pid PID]
 
 Spawns `semantic serve` on a free loopback port with its own cache folder (as `semantic bench`
-does: `semantic.bench.server`) unless given `--base-url`, which must be a loopback address; the
+does: `semantic_bench.server`) unless given `--base-url`, which must be a loopback address; the
 server's memory is read from /proc (VmRSS), so only where the pid is known (spawned, or `--pid`).
 A server with API keys gets the first key of `SEMANTIC_API_KEY`.
 
@@ -41,7 +41,7 @@ import openai
 from rich.console import Console
 from rich.table import Table
 
-from semantic.bench.server import SpawnedServer
+from semantic_bench.server import SpawnedServer
 
 MODEL = "smollm2-135m"
 TOPICS = [

@@ -27,10 +27,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from semantic.api.tool_use import ToolChoice, ToolUse
-from semantic.cli import build_engine
-from semantic.config import Settings
+from semantic.commands.loader import build_engine
 from semantic.core import Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
+from semantic.settings.settings import Settings
 from semantic.text.grammar import Grammar
 
 # The file to edit: one of ours, 228 lines of Python.

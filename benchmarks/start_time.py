@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from semantic.config import default_cache_dir
+from semantic.settings.settings import default_cache_dir
 
 
 def start(model: str, user_cache: Path, kv: Path, port: int, *flags: str) -> tuple[float, int, int]:

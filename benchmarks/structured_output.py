@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from semantic.backends.torch import sampling
-from semantic.cli import build_engine
-from semantic.config import Settings
+from semantic.commands.loader import build_engine
 from semantic.core import Request, SamplingParams
 from semantic.engine.engine import Engine
+from semantic.settings.settings import Settings
 
 LONG_ANSWER = {
     "type": "object",

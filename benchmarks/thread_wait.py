@@ -39,7 +39,7 @@ def child(steps: int, governed: bool) -> None:
     from semantic.backends.torch.runner import TorchRunner
     from semantic.core import Batch, BatchItem, SamplingParams
     from semantic.models.checkpoint import load_checkpoint
-    from semantic.registry import ModelRegistry
+    from semantic.models.registry import ModelRegistry
 
     checkpoint = load_checkpoint(ModelRegistry().resolve("smollm2-135m").path, progress=False)
     runner = TorchRunner(

@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import jsonschema
 
-from semantic.bench.server import SpawnedServer
+from semantic_bench.server import SpawnedServer
 
 PROMPTS = Path(__file__).with_name("tool_call_prompts.json")
 

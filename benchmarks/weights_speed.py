@@ -28,12 +28,12 @@ import torch
 
 from semantic.backends import create_runner, with_weights
 from semantic.backends.torch.runner import TorchRunner
-from semantic.config import Settings
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.engine.runner import StepToken
 from semantic.models.checkpoint import load_checkpoint
-from semantic.options import runner_options
-from semantic.registry import ModelRegistry
+from semantic.models.registry import ModelRegistry
+from semantic.settings.options import runner_options
+from semantic.settings.settings import Settings
 
 GREEDY = SamplingParams(temperature=0.0)
 BLOCK_TOKENS = 256

@@ -18,7 +18,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from semantic.errors import ModelLoadFailed
-from semantic.registry import ModelRegistry
+from semantic.models.registry import ModelRegistry
 from semantic.text.tokenizer import Tokenizer
 
 # Under pytest-xdist each worker is a process of its own; torch's default of a thread per core

@@ -1,8 +1,8 @@
 """A mkdocs hook: the site's settings page, generated from the settings object.
 
 Every setting appears once, in the groups `semantic serve --help` shows, with its flag, its
-environment variable, its default and its description, all read from `semantic.config`, so
-the page cannot drift from the code.
+environment variable, its default and its description, all read from the `semantic.settings`
+package, so the page cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from mkdocs.structure.files import File, Files
 # The checkout's own sources, before any installed copy of the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from semantic.settings_reference import settings_markdown
+from semantic.settings.reference import settings_markdown
 
 PAGE = "reference/settings.md"
 

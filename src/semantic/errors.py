@@ -197,8 +197,3 @@ class RowsFailed(SemanticError):
         super().__init__(f"{len(errors)} of the step's {len(tokens)} items could not be sampled")
         self.tokens = tokens
         self.errors = errors
-
-
-class BenchError(SemanticError):
-    """`semantic bench`: the target server refused a request, broke its stream, or sent no
-    usable content; or the bench was asked for something it cannot do."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from semantic.registry import QWEN25_CODER_05B
+from semantic.models.registry import QWEN25_CODER_05B
 
 
 def free_port() -> int:

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from semantic.bench.conversation import Chat
-from semantic.bench.crowd import CrowdRun, run_crowd
-from semantic.bench.options import BenchOptions, Clients
-from semantic.bench.plan import build_plan
-from semantic.bench.pool_phases import crowd_budget
-from semantic.bench.pressure import PoolBudget
-from semantic.bench.target import open_client
+from semantic_bench.conversation import Chat
+from semantic_bench.crowd import CrowdRun, run_crowd
+from semantic_bench.options import BenchOptions, Clients
+from semantic_bench.plan import build_plan
+from semantic_bench.pool_phases import crowd_budget
+from semantic_bench.pressure import PoolBudget
+from semantic_bench.target import open_client
 from tests.e2e.conftest import Server
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from semantic.backends.torch.kernels import unavailable_reason
-from semantic.config import default_cache_dir
+from semantic.settings.settings import default_cache_dir
 from tests.e2e.conftest import Server
 
 pytestmark = pytest.mark.e2e

@@ -24,11 +24,11 @@ import pytest
 import uvicorn
 
 from semantic.api.app import create_app
-from semantic.config import Settings
 from semantic.engine.wiring import build_engine
 from semantic.models.gguf import GGUFFile
 from semantic.models.served import ServedModel
-from semantic.options import engine_options
+from semantic.settings.options import engine_options
+from semantic.settings.settings import Settings
 from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from tests.scripted_runner import ScriptedRunner

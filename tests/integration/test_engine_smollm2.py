@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from semantic.backends.torch.runner import TorchRunner
-from semantic.config import Settings
 from semantic.core import Batch, BatchItem, FinishReason, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.engine.runner import ModelRunner
 from semantic.engine.wiring import build_engine
 from semantic.models.checkpoint import Checkpoint
-from semantic.options import engine_options
+from semantic.settings.options import engine_options
+from semantic.settings.settings import Settings
 from tests.integration.conftest import served_smollm2
 
 pytestmark = pytest.mark.integration

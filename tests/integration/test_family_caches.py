@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from semantic.cache.pages.block_pool import TIER_OUT_OF_WINDOW
-from semantic.config import Settings
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage, first_read_block
 from semantic.engine.engine import Engine
 from semantic.engine.wiring import build_engine
 from semantic.models.served import ServedModel
-from semantic.options import engine_options
+from semantic.settings.options import engine_options
+from semantic.settings.settings import Settings
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from tests.integration.reference_models import BLOCK_TOKENS, NEEDS_MLX, Model

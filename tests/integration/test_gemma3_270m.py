@@ -13,10 +13,10 @@ import torch
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
-from semantic.cli import build_engine
-from semantic.config import Settings
+from semantic.commands.loader import build_engine
 from semantic.errors import ModelLoadFailed
-from semantic.registry import GEMMA3_270M, ModelRegistry, ModelSource
+from semantic.models.registry import GEMMA3_270M, ModelRegistry, ModelSource
+from semantic.settings.settings import Settings
 
 pytestmark = pytest.mark.integration
 

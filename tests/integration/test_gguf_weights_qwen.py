@@ -17,7 +17,7 @@ from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.errors import ModelLoadFailed
 from semantic.models.checkpoint import Checkpoint, load_checkpoint
-from semantic.registry import ModelRegistry
+from semantic.models.registry import ModelRegistry
 
 pytestmark = pytest.mark.integration
 

@@ -24,9 +24,9 @@ import torch
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
-from semantic.cli import build_host
-from semantic.config import Settings
+from semantic.commands.loader import build_host
 from semantic.memory import reclaim
+from semantic.settings.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
-from semantic.cli import build_engine
-from semantic.config import Settings
+from semantic.commands.loader import build_engine
+from semantic.settings.settings import Settings
 from tests.structured_schemas import SCHEMAS
 
 pytestmark = pytest.mark.integration

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from semantic.bench.machine import Machine
-from semantic.bench.options import Phase
-from semantic.bench.plan import WorkloadSpec
-from semantic.bench.report import BenchResult
+from semantic_bench.machine import Machine
+from semantic_bench.options import Phase
+from semantic_bench.plan import WorkloadSpec
+from semantic_bench.report import BenchResult
 
 MACHINE = Machine("AMD EPYC", 2, "Linux x86_64", "2.13.0+cpu")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from semantic.models.checkpoint import load_checkpoint
+from semantic.models.registry import QWEN25_CODER_05B
 from semantic.models.served import ServedModel
-from semantic.registry import QWEN25_CODER_05B
 from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from tests.qwen25_template import QWEN25_TEMPLATE

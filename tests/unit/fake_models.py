@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from semantic.backends.fake import FakeRunner
-from semantic.config import Settings
 from semantic.core import Batch
 from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
 from semantic.engine.runner import StepToken
 from semantic.engine.wiring import build_engine
 from semantic.errors import ModelLoadFailed
-from semantic.options import engine_options
-from semantic.registry import ModelRegistry, ModelSource
+from semantic.models.registry import ModelRegistry, ModelSource
+from semantic.settings.options import engine_options
+from semantic.settings.settings import Settings
 from semantic.text.tokenizer import Tokenizer
 from tests.unit.fakes import fake_served
 

@@ -13,14 +13,14 @@ from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
 from semantic.backends.fake import FakeRunner
-from semantic.config import Settings
 from semantic.core import Batch
 from semantic.engine.engine import Engine
 from semantic.engine.runner import StepToken
 from semantic.engine.wiring import build_parts
 from semantic.models.config import ModelConfig
 from semantic.models.served import ServedModel
-from semantic.options import engine_options
+from semantic.settings.options import engine_options
+from semantic.settings.settings import Settings
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 

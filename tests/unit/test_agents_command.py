@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from semantic import agents_command, cli
+from semantic import cli
 from semantic.cache.agents.manifest import AgentManifest, save_manifest
 from semantic.cache.disk.tier import block_path, cache_root
-from semantic.config import Settings
+from semantic.commands import agents_query
 from semantic.models.served import ServedModel
+from semantic.settings.settings import Settings
 from tests.unit.fakes import chat_app
 
 COLUMNS = ["agent", "tokens cached", "in memory", "on disk", "pinned", "last used", "requests"]
@@ -114,7 +115,7 @@ def test_the_server_gives_the_same_columns_with_memory_and_requests(
         def ask_the_app(settings: Settings) -> TestClient:
             return TestClient(client.app)  # the running app, as over the network
 
-        monkeypatch.setattr(agents_command, "_client", ask_the_app)
+        monkeypatch.setattr(agents_query, "_client", ask_the_app)
         assert cli.main(["agents"]) == 0
         out, err = capsys.readouterr()
         assert err == ""
@@ -138,8 +139,8 @@ def test_the_server_gives_the_same_columns_with_memory_and_requests(
 
 
 def test_a_wildcard_bind_is_asked_on_loopback() -> None:
-    assert agents_command.server_url(Settings(host="0.0.0.0", port=9)) == "http://127.0.0.1:9"
-    assert agents_command.server_url(Settings(host="::", port=9)) == "http://[::1]:9"
+    assert agents_query.server_url(Settings(host="0.0.0.0", port=9)) == "http://127.0.0.1:9"
+    assert agents_query.server_url(Settings(host="::", port=9)) == "http://[::1]:9"
 
 
 def test_with_keys_it_asks_as_the_admin_and_names_each_agents_owner(
@@ -151,7 +152,7 @@ def test_with_keys_it_asks_as_the_admin_and_names_each_agents_owner(
     alice, bob, admin = "sk-alice-1", "sk-bob-2", "sk-admin-3"
     keys = {"api_key": [alice, bob], "admin_api_key": [admin]}
     # Settings that name both kinds of key send the admin key: it sees every key's agents.
-    with agents_command._client(Settings(**keys)) as sent:  # type: ignore[arg-type]
+    with agents_query._client(Settings(**keys)) as sent:  # type: ignore[arg-type]
         assert sent.headers["authorization"] == f"Bearer {admin}"
     bobs = hashlib.sha256(bob.encode()).hexdigest()[:32]
     with chat_app(chat_served, tmp_path, **keys) as client:
@@ -165,7 +166,7 @@ def test_with_keys_it_asks_as_the_admin_and_names_each_agents_owner(
             as_admin = {"authorization": f"Bearer {admin}"}
             return TestClient(client.app, headers=as_admin)  # the running app, as over the network
 
-        monkeypatch.setattr(agents_command, "_client", ask_the_app)
+        monkeypatch.setattr(agents_query, "_client", ask_the_app)
         assert cli.main(["agents"]) == 0
         header, rows = header_and_rows(capsys.readouterr().out)
         assert header == [*COLUMNS, "owner"]
@@ -224,14 +225,14 @@ def test_a_key_goes_only_to_loopback_or_a_named_server_and_not_in_plain_http_off
     def no_client(settings: Settings) -> TestClient:
         raise AssertionError("a request was about to be sent")
 
-    monkeypatch.setattr(agents_command, "_client", no_client)
+    monkeypatch.setattr(agents_query, "_client", no_client)
     monkeypatch.setenv("SEMANTIC_ADMIN_API_KEY", "sk-admin-1")
     assert cli.main(["agents", "--host", "192.0.2.5"]) == 2
     assert "sent only to loopback or to a server named by --url" in capsys.readouterr().err
     assert cli.main(["agents", "--url", "http://192.0.2.5:8000"]) == 2
     assert "over plain http to 192.0.2.5" in capsys.readouterr().err
     assert cli.main(["agents", "--url", "ftp://192.0.2.5"]) == 2
-    check = agents_command.check_key_destination
+    check = agents_query.check_key_destination
     check("https://192.0.2.5:8000", named=True, plain_http=False)
     check("http://192.0.2.5:8000", named=True, plain_http=True)
     check("http://[::1]:8000", named=False, plain_http=False)

@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.cli import main
-from semantic.config import Settings
+from semantic.commands.preflight import check_bind
 from semantic.errors import SemanticError
 from semantic.models.served import ServedModel
-from semantic.preflight import check_bind
+from semantic.settings.settings import Settings
 from tests.unit.fakes import chat_app
 
 pytestmark = pytest.mark.usefixtures("no_outside_settings")

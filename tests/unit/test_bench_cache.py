@@ -14,9 +14,9 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from semantic.bench.cache_counters import AgentKV, read_agent_kv
-from semantic.bench.cli import add_bench_arguments, options_from_args
-from semantic.bench.conversation import (
+from semantic_bench.cache_counters import AgentKV, read_agent_kv
+from semantic_bench.cli import add_bench_arguments, options_from_args
+from semantic_bench.conversation import (
     ANSWER_TOKENS,
     WARM_MARKER,
     Chat,
@@ -24,22 +24,22 @@ from semantic.bench.conversation import (
     cold_marker,
     cold_markers,
 )
-from semantic.bench.history import HistoryPoint, HistoryResult, run_history
-from semantic.bench.machine import Machine, _cpu_model
-from semantic.bench.options import BenchOptions, Phase
-from semantic.bench.plan import BenchPlan, WorkloadSpec, build_plan
-from semantic.bench.pressure import (
+from semantic_bench.errors import BenchError
+from semantic_bench.history import HistoryPoint, HistoryResult, run_history
+from semantic_bench.machine import Machine, _cpu_model
+from semantic_bench.options import BenchOptions, Phase
+from semantic_bench.plan import BenchPlan, WorkloadSpec, build_plan
+from semantic_bench.pressure import (
     PoolBudget,
     PressureResult,
     PressureTurn,
     pool_budget,
     run_pressure,
 )
-from semantic.bench.report import BenchResult, to_json, to_markdown, write_markdown
-from semantic.bench.restart import RestartResult, RestartTurn, run_restart
-from semantic.bench.run import run_bench
-from semantic.bench.server import RestartTiming
-from semantic.errors import BenchError
+from semantic_bench.report import BenchResult, to_json, to_markdown, write_markdown
+from semantic_bench.restart import RestartResult, RestartTurn, run_restart
+from semantic_bench.run import run_bench
+from semantic_bench.server import RestartTiming
 from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import (
     COLD_DELAY_S,

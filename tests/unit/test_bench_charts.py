@@ -7,7 +7,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from semantic.bench.charts import (
+from semantic_bench.charts import (
     DECODE,
     OUTPUT,
     AgentsTokS,
@@ -15,12 +15,12 @@ from semantic.bench.charts import (
     tok_s_by_agents,
     ttft_by_history_svg,
 )
-from semantic.bench.crowd import CrowdResult, CrowdRun, CrowdTurn
-from semantic.bench.options import Clients, Phase
-from semantic.bench.plan import WorkloadSpec
-from semantic.bench.report import write_markdown
-from semantic.bench.svg import round_ticks
-from semantic.bench.workload import ConcurrentDecodeResult, DecodeResult
+from semantic_bench.crowd import CrowdResult, CrowdRun, CrowdTurn
+from semantic_bench.options import Clients, Phase
+from semantic_bench.plan import WorkloadSpec
+from semantic_bench.report import write_markdown
+from semantic_bench.svg import round_ticks
+from semantic_bench.workload import ConcurrentDecodeResult, DecodeResult
 from tests.benchmark_script import load_benchmark
 from tests.unit.bench_records import bench_result
 

@@ -15,18 +15,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from semantic.bench.cache_counters import CacheCounters, counters_over
-from semantic.bench.cli import add_bench_arguments, options_from_args
-from semantic.bench.conversation import Chat
-from semantic.bench.crowd import CrowdResult, CrowdRun, CrowdTurn, run_crowd
-from semantic.bench.options import BenchOptions, Clients, Phase
-from semantic.bench.plan import WorkloadSpec, build_plan
-from semantic.bench.pool_phases import crowd_budget
-from semantic.bench.pressure import PoolBudget, pool_budget
-from semantic.bench.report import BenchResult, to_json, to_markdown
-from semantic.bench.run import run_bench
-from semantic.bench.server import kv_bytes_per_token, server_block_tokens
-from semantic.errors import BenchError
+from semantic_bench.cache_counters import CacheCounters, counters_over
+from semantic_bench.cli import add_bench_arguments, options_from_args
+from semantic_bench.conversation import Chat
+from semantic_bench.crowd import CrowdResult, CrowdRun, CrowdTurn, run_crowd
+from semantic_bench.errors import BenchError
+from semantic_bench.options import BenchOptions, Clients, Phase
+from semantic_bench.plan import WorkloadSpec, build_plan
+from semantic_bench.pool_phases import crowd_budget
+from semantic_bench.pressure import PoolBudget, pool_budget
+from semantic_bench.report import BenchResult, to_json, to_markdown
+from semantic_bench.run import run_bench
+from semantic_bench.server import kv_bytes_per_token, server_block_tokens
 from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import (
     TOKEN_DELAY_S,
@@ -219,7 +219,7 @@ def test_a_spawned_servers_settings_are_read_as_serve_reads_them(
 def test_the_pool_is_the_final_histories_over_the_factor_unless_a_budget_is_given(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("semantic.bench.pool_phases.kv_bytes_per_token", lambda *_: 23_040)
+    monkeypatch.setattr("semantic_bench.pool_phases.kv_bytes_per_token", lambda *_: 23_040)
     tokens = 2000 + 4 * (50 + 64 + 10)  # 2,496: system prompt, then user, answer, template
     for block_tokens, held in ((16, tokens), (256, 2560)):  # a history fills whole blocks
         args = ["--block-tokens", str(block_tokens)]

@@ -23,9 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from semantic.bench.server import free_port
-from semantic.bench.workload import chat_body, stream_chat
 from semantic.cache.pages.prefix import common_prefix
+from semantic_bench.server import free_port
+from semantic_bench.workload import chat_body, stream_chat
 
 COLD_DELAY_S = 0.15  # the fake "prefills" a prompt with nothing cached this long
 WARM_DELAY_S = 0.01

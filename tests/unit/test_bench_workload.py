@@ -14,14 +14,15 @@ from typing import Any
 import httpx
 import pytest
 
-from semantic.bench.baseline import BaselineResult
-from semantic.bench.cli import add_bench_arguments, options_from_args
-from semantic.bench.options import BenchOptions, Phase
-from semantic.bench.plan import WorkloadSpec, build_plan
-from semantic.bench.report import BenchResult, figures, to_json, to_markdown
-from semantic.bench.run import run_bench
-from semantic.bench.server import free_port, peak_rss_bytes
-from semantic.bench.workload import (
+from semantic_bench.baseline import BaselineResult
+from semantic_bench.cli import add_bench_arguments, options_from_args
+from semantic_bench.errors import BenchError
+from semantic_bench.options import BenchOptions, Phase
+from semantic_bench.plan import WorkloadSpec, build_plan
+from semantic_bench.report import BenchResult, figures, to_json, to_markdown
+from semantic_bench.run import run_bench
+from semantic_bench.server import free_port, peak_rss_bytes
+from semantic_bench.workload import (
     DecodeResult,
     LatencySummary,
     PrefillResult,
@@ -36,7 +37,6 @@ from semantic.bench.workload import (
     run_workload,
     stream_chat,
 )
-from semantic.errors import BenchError
 from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import (
     COLD_DELAY_S,
@@ -96,7 +96,7 @@ def test_single_stream_decode_is_the_median_of_three_runs(monkeypatch: pytest.Mo
     async def one_run(client: httpx.AsyncClient, body: dict[str, Any]) -> StreamResult:
         return StreamResult(0.0, 1.0, 1.0 + next(seconds), "", 10, 128, None)
 
-    monkeypatch.setattr("semantic.bench.workload.stream_chat", one_run)
+    monkeypatch.setattr("semantic_bench.workload.stream_chat", one_run)
     result = asyncio.run(measure_decode(httpx.AsyncClient(), "m", _plan("median")))
     assert result.decode_s == 2.0 and result.tok_s == pytest.approx(63.5)
 

@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from semantic import cli
-from semantic.config import SETTING_GROUPS, Settings, env_name, flag_name, user_env_file
+from semantic.commands import loader
 from semantic.core import DefaultSampling
+from semantic.settings.groups import SETTING_GROUPS
+from semantic.settings.names import env_name, flag_name
+from semantic.settings.settings import Settings, user_env_file
 
 
 @pytest.fixture(autouse=True)
@@ -198,12 +201,20 @@ def test_a_variable_that_names_no_setting_is_a_warning_with_a_guess(
     )
 
 
-def test_the_command_line_loads_no_bench_client_code_until_bench_runs() -> None:
-    """`semantic serve` builds the same parser as `semantic bench`; the bench's HTTP client
-    (httpx, and the rich console it pulls in) cost every server start ~0.1 s."""
+def test_the_command_line_loads_no_verbs_machinery_until_the_verb_runs() -> None:
+    """Every start builds every verb's parser; the bench's HTTP client (httpx, and the rich
+    console it pulls in) cost every server start ~0.1 s, and `semantic config` needs no
+    server."""
+    machinery = (
+        "httpx",
+        "semantic_bench.crowd",
+        "semantic.commands.agents_query",
+        "semantic.commands.loader",
+        "semantic.api.app",
+    )
     code = (
         "import sys; from semantic import cli; cli._parser(); "
-        "print(sorted(m for m in ('httpx', 'semantic.bench.crowd') if m in sys.modules))"
+        f"print(sorted(m for m in {machinery!r} if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -212,6 +223,8 @@ def test_the_command_line_loads_no_bench_client_code_until_bench_runs() -> None:
 
 def test_requests_get_the_models_sampling_unless_the_setting_turns_it_off() -> None:
     recommended = DefaultSampling(0.7, 0.8, 20)
-    assert cli._default_sampling(Settings(), recommended) == recommended
-    assert cli._default_sampling(Settings(model_sampling=False), recommended) == DefaultSampling()
-    assert cli._default_sampling(Settings(), None) == DefaultSampling()
+    assert loader._default_sampling(Settings(), recommended) == recommended
+    assert (
+        loader._default_sampling(Settings(model_sampling=False), recommended) == DefaultSampling()
+    )
+    assert loader._default_sampling(Settings(), None) == DefaultSampling()

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from semantic.cli import main
-from semantic.config import Settings, user_env_file, value_sources
+from semantic.settings.settings import Settings, user_env_file, value_sources
 
 DOCS = Path(__file__).parents[2] / "docs" / "operations.md"
 SECRET = "sk-never-printed-4b3a"

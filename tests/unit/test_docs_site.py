@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from semantic.config import Settings
-from semantic.settings_reference import settings_markdown
+from semantic.settings.reference import settings_markdown
+from semantic.settings.settings import Settings
 from tests.headless_chromium import offline_dom
 
 ROOT = Path(__file__).parents[2]

@@ -16,6 +16,7 @@ from semantic import cli
 from semantic.cache.agents.manifest import AgentManifest, load_manifest, save_manifest
 from semantic.cache.disk.folder_lock import FolderLock
 from semantic.cache.disk.tier import cache_root
+from semantic.commands import loader
 from semantic.core import AgentKey
 from semantic.errors import CacheFolderBusy
 
@@ -67,7 +68,7 @@ def test_a_second_server_on_a_held_folder_exits_2_before_loading_its_model(
     def no_load(*args: object) -> None:
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(cli, "build_host", no_load)
+    monkeypatch.setattr(loader, "build_host", no_load)
     folder = cache_root(tmp_path)
     holder = hold_in_another_process(folder)
     try:

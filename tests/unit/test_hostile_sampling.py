@@ -12,12 +12,12 @@ import pytest
 
 from semantic.api.app import create_app
 from semantic.backends.torch.runner import TorchRunner
-from semantic.config import Settings
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.engine.runner import StepToken
 from semantic.engine.wiring import build_engine
 from semantic.errors import RowsFailed
-from semantic.options import engine_options
+from semantic.settings.options import engine_options
+from semantic.settings.settings import Settings
 from semantic.text.tokenizer import Tokenizer
 from tests.unit.fakes import fake_served, with_chatml
 from tests.unit.tiny_llama import tiny_llama

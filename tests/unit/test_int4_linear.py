@@ -17,10 +17,10 @@ from semantic.backends.torch.int4 import Int4Linear, runs_int4
 from semantic.backends.torch.linear import Bf16StoredLinear, linear_factory
 from semantic.backends.torch.models.layers import Build
 from semantic.backends.torch.models.weights import Weights
-from semantic.config import Settings
 from semantic.models.config import ModelConfig
 from semantic.models.q4k import Q4KBlocks, read_q4k
-from semantic.options import runner_options
+from semantic.settings.options import runner_options
+from semantic.settings.settings import Settings
 from tests.unit.test_q4k import random_q4k
 
 OUT, IN = 96, 512

@@ -20,13 +20,13 @@ from semantic.api import anthropic, responses
 from semantic.api.app import create_app
 from semantic.api.seal import Seals
 from semantic.backends.fake import FakeRunner
-from semantic.config import Settings
 from semantic.core import Batch
 from semantic.engine.runner import StepToken
 from semantic.engine.wiring import build_engine
 from semantic.models.served import ServedModel
-from semantic.options import engine_options
 from semantic.server_key import ServerKey
+from semantic.settings.options import engine_options
+from semantic.settings.settings import Settings
 from semantic.text.tokenizer import Tokenizer
 from semantic.text.tools import CallEnd, CallStart, TextDelta
 from tests.unit.fakes import fake_served, with_chatml

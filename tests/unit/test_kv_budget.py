@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from semantic.core import CacheSpec
-from semantic.errors import ModelLoadFailed
-from semantic.kv_budget import (
+from semantic.backends.kv_budget import (
     CPU_CAP_BYTES,
     FLOOR_BYTES,
     auto_budget_bytes,
@@ -15,6 +13,8 @@ from semantic.kv_budget import (
     no_page_refusal,
     short_pool_warning,
 )
+from semantic.core import CacheSpec
+from semantic.errors import ModelLoadFailed
 
 GIB = 2**30
 

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from semantic.backends import create_runner
-from semantic.config import Settings
 from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams
 from semantic.engine.runner import ModelRunner
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
-from semantic.options import runner_options
+from semantic.settings.options import runner_options
+from semantic.settings.settings import Settings
 from tests.unit.tiny_llama import tiny_llama
 
 if TYPE_CHECKING:
@@ -220,11 +220,12 @@ sys.meta_path.insert(0, NoTorch())
 import numpy as np
 import semantic.api.app  # the server's whole stack
 import semantic.cli
+import semantic.commands.loader
 from semantic.backends import create_runner
-from semantic.config import Settings
+from semantic.settings.settings import Settings
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.models.config import ModelConfig
-from semantic.options import runner_options
+from semantic.settings.options import runner_options
 
 config = ModelConfig("llama", 64, 32, 64, 1, 2, 1, 16, 128)
 rng = np.random.default_rng(0)

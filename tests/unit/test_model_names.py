@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
 from semantic.errors import ModelNotFound
+from semantic.models.registry import ModelRegistry
 from semantic.models.served import ServedModel
-from semantic.registry import ModelRegistry
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from tests.unit.fakes import make_engine
 

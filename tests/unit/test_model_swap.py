@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 
 import pytest
 
-from semantic.config import Settings
 from semantic.core import FinishReason, Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.engine.host import EngineHost
@@ -23,7 +22,8 @@ from semantic.errors import (
     Overloaded,
     Unavailable,
 )
-from semantic.registry import ModelRegistry
+from semantic.models.registry import ModelRegistry
+from semantic.settings.settings import Settings
 from tests.unit.fake_models import FakeLoader, make_host
 
 T = TypeVar("T")

@@ -17,11 +17,12 @@ import httpx
 import pytest
 import structlog
 
-from semantic import cli, preflight
+from semantic import cli
 from semantic.cache.disk.folder_lock import FolderLock
 from semantic.cache.disk.tier import cache_root
-from semantic.config import Settings
+from semantic.commands import loader, preflight
 from semantic.errors import CacheFolderBusy
+from semantic.settings.settings import Settings
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +30,7 @@ def _no_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     def load(*args: object) -> None:
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(cli, "build_host", load)
+    monkeypatch.setattr(loader, "build_host", load)
     monkeypatch.chdir(tmp_path)
     for name in [n for n in os.environ if n.startswith("SEMANTIC_")]:
         monkeypatch.delenv(name)

@@ -17,9 +17,9 @@ from torch.utils import cpp_extension
 from semantic.backends.torch import kernels as kernels_module
 from semantic.cache.disk import private_folder as private_folder_module
 from semantic.cache.disk.private_folder import private_folder
-from semantic.config import Settings
+from semantic.commands.preflight import locked_cache_folder
 from semantic.errors import FolderNotPrivate
-from semantic.preflight import locked_cache_folder
+from semantic.settings.settings import Settings
 from tests.unit.test_disk_tier import make_record, open_tier
 
 

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from semantic.config import Settings
 from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed, NotFound
-from semantic.registry import (
+from semantic.models.registry import (
     BUILTIN_MODELS,
     QWEN25_CODER_05B,
     QWEN25_CODER_15B,
@@ -22,6 +21,7 @@ from semantic.registry import (
     ModelRegistry,
     Piece,
 )
+from semantic.settings.settings import Settings
 
 MISSING_PACKAGE = BuiltinModel(
     alias="ghost-1b",

@@ -26,12 +26,12 @@ from fastapi.testclient import TestClient
 from semantic.api.app import create_app
 from semantic.api.reply_stream import ReplyStream
 from semantic.api.tool_use import ToolChoice, ToolUse
-from semantic.config import Settings
 from semantic.core import BatchItem, FinishReason, TokenEvent, Usage
 from semantic.engine.engine import Engine
 from semantic.engine.wiring import build_engine
 from semantic.models.served import ServedModel
-from semantic.options import engine_options
+from semantic.settings.options import engine_options
+from semantic.settings.settings import Settings
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta

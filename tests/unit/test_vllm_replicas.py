@@ -24,7 +24,6 @@ from anthropic.types import ToolUseBlock
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
-from semantic.config import Settings
 from semantic.core import Request, SamplingParams
 from semantic.models.served import ServedModel
 from semantic.observability import VLLM_METRICS
@@ -32,6 +31,7 @@ from semantic.replicas.client import _samples, completion_body
 from semantic.replicas.engine import ReplicaEngine
 from semantic.replicas.router import Router, routing_key
 from semantic.server_key import ServerKey
+from semantic.settings.settings import Settings
 from semantic.text.grammar import CallShape, Opening, ToolCallForm
 from tests.unit.fake_vllm import FakeNetwork, FakeReplica
 from tests.unit.test_agent_owners import ALICE_KEY, BOB_KEY, as_

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from semantic.bench.cli import add_bench_arguments, options_from_args
-from semantic.bench.options import Phase
-from semantic.bench.plan import WorkloadSpec
-from semantic.bench.report import to_json
-from semantic.bench.workload import DecodeResult, TurnResult, WorkloadResult
+from semantic_bench.cli import add_bench_arguments, options_from_args
+from semantic_bench.options import Phase
+from semantic_bench.plan import WorkloadSpec
+from semantic_bench.report import to_json
+from semantic_bench.workload import DecodeResult, TurnResult, WorkloadResult
 from tests.benchmark_script import load_benchmark
 from tests.unit.bench_records import bench_result
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semantic.cli import build_engine
-from semantic.config import Settings
+from semantic.commands.loader import build_engine
 from semantic.core import Request, SamplingParams, TokenEvent
 from semantic.engine.engine import Engine
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.fingerprint import WINDOW
+from semantic.settings.settings import Settings
 from tests.unit.test_gguf_loader import hf_weights, write_gguf
 from tests.unit.tiny_llama import write_hf_dir
 

@@ -22,13 +22,13 @@ from semantic.api import limits
 from semantic.api.errors import error_payload
 from semantic.api.streaming import named_event, whole_answer
 from semantic.cache.agents.conversation import Conversation, SamplingDefaults
-from semantic.config import Settings
 from semantic.core import DefaultSampling, FinishReason, SamplingParams, TokenEvent
 from semantic.core import Request as GenerationRequest
 from semantic.engine.agent_door import TurnHold
 from semantic.engine.port import EnginePort
 from semantic.errors import Overloaded
 from semantic.models.served import ServedModel
+from semantic.settings.settings import Settings
 
 StopString = Annotated[str, Field(min_length=1)]
 

@@ -34,12 +34,12 @@ from semantic.api.rate_limits import LimitByKey, RateLimits
 from semantic.api.request_metrics import RequestMetrics
 from semantic.api.responses_store import ResponseStore
 from semantic.api.slow_clients import SendTimeout
-from semantic.config import Settings
 from semantic.engine.host import EngineHost
 from semantic.engine.port import EnginePort
 from semantic.errors import SemanticError
 from semantic.observability import Metrics, bind_request
 from semantic.server_key import ServerKey
+from semantic.settings.settings import Settings
 
 
 def create_app(engine: EnginePort | EngineHost, settings: Settings) -> FastAPI:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from semantic.config import Settings
 from semantic.errors import ContextOverflow, InvalidRequest, PromptTooLong
+from semantic.settings.settings import Settings
 
 
 def check_counts(settings: Settings, messages: int, tools: int) -> None:

@@ -47,7 +47,6 @@ from semantic.api.streaming import (
 from semantic.api.structured_output import ResponseFormat
 from semantic.api.thinking import Thinking, shape_reply
 from semantic.api.tool_use import Reasoning, ReasoningDelta, ReplyEvent, ToolUse, whole_reply
-from semantic.config import Settings
 from semantic.core import (
     AGENT_ID_PATTERN,
     DefaultSampling,
@@ -59,6 +58,7 @@ from semantic.core import (
 from semantic.core import Request as GenerationRequest
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
+from semantic.settings.settings import Settings
 from semantic.text import client_json
 from semantic.text.chat import template_tool_call
 from semantic.text.grammar import Grammar

@@ -34,8 +34,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic.api import errors
 from semantic.api.auth import OPEN_PATHS, caller_of, key_id_of
-from semantic.config import Settings
 from semantic.errors import RateLimited
+from semantic.settings.settings import Settings
 
 log = logging.getLogger(__name__)
 

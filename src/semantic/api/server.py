@@ -25,7 +25,7 @@ from fastapi import FastAPI
 
 from semantic.api.lifecycle import RESPONSE_GRACE_S, Lifecycle
 from semantic.api.slow_clients import CutOffSlowSenders
-from semantic.config import Settings
+from semantic.settings.settings import Settings
 
 log = logging.getLogger("semantic")
 

@@ -16,7 +16,7 @@ from semantic.errors import ModelLoadFailed
 from semantic.models.checkpoint import Checkpoint
 from semantic.models.config import ModelConfig
 from semantic.models.q4k import Q4KBlocks
-from semantic.options import RunnerOptions
+from semantic.settings.options import RunnerOptions
 
 Tensors = Iterator[tuple[str, np.ndarray | Q4KBlocks]]
 

@@ -60,7 +60,7 @@ from semantic.observability import (
     read_engine,
     request_fields,
 )
-from semantic.options import EngineOptions
+from semantic.settings.options import EngineOptions
 from semantic.text.detokenizer import IncrementalDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)

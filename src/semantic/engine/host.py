@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 from semantic import memory
-from semantic.config import Settings
 from semantic.engine.port import EnginePort
 from semantic.errors import InvalidRequest, ModelLoadFailed, Overloaded, Unavailable
+from semantic.models.registry import ModelRegistry, ModelSource
 from semantic.observability import EngineMetrics
-from semantic.registry import ModelRegistry, ModelSource
+from semantic.settings.settings import Settings
 
 log = logging.getLogger(__name__)
 

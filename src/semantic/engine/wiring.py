@@ -19,7 +19,7 @@ from semantic.engine.engine import Engine, EngineParts
 from semantic.engine.runner import ModelRunner, drafting
 from semantic.engine.scheduler import Scheduler
 from semantic.models.served import ServedModel
-from semantic.options import EngineOptions
+from semantic.settings.options import EngineOptions
 
 
 def build_engine(runner: ModelRunner, model: ServedModel, options: EngineOptions) -> Engine:

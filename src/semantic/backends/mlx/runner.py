@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import mlx.core as mx
 import numpy as np
 
+from semantic.backends.kv_budget import auto_budget_bytes, host_available_bytes, no_page_refusal
 from semantic.backends.mlx.attention import StepInputs, build_step
 from semantic.backends.mlx.layers import WEIGHT_FORMATS
 from semantic.backends.mlx.models import Build, build_model
@@ -18,7 +19,6 @@ from semantic.cache.pages.page import PageKV
 from semantic.core import KV_QUANTIZED, Batch, CacheSpec
 from semantic.engine.runner import StepToken, step_tokens
 from semantic.errors import ModelLoadFailed
-from semantic.kv_budget import auto_budget_bytes, host_available_bytes, no_page_refusal
 from semantic.models.config import ModelConfig
 from semantic.text.grammar import GrammarStates
 

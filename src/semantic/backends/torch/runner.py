@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from semantic.backends.kv_budget import auto_budget_bytes, host_available_bytes, no_page_refusal
 from semantic.backends.torch.attention import (
     DTYPES,
     AttentionMetadata,
@@ -34,7 +35,6 @@ from semantic.cache.pages.page import PageKV
 from semantic.core import KV_QUANTIZED, Batch, BatchItem, CacheSpec
 from semantic.engine.runner import StepToken, step_tokens
 from semantic.errors import ModelLoadFailed
-from semantic.kv_budget import auto_budget_bytes, host_available_bytes, no_page_refusal
 from semantic.models.config import ModelConfig
 from semantic.models.q4k import Q4KBlocks
 from semantic.text.grammar import GrammarStates

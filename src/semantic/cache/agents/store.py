@@ -48,7 +48,7 @@ from semantic.errors import (
     PinLimit,
     TooManyAgents,
 )
-from semantic.options import AgentOptions
+from semantic.settings.options import AgentOptions
 
 log = logging.getLogger(__name__)
 

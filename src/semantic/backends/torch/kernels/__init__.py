@@ -37,8 +37,8 @@ import torch.nn.functional as F
 
 from semantic.backends.torch.int8 import quantize_rows
 from semantic.cache.disk.private_folder import check_private, private_folder
-from semantic.config import default_cache_dir
 from semantic.errors import FolderNotPrivate
+from semantic.settings.settings import default_cache_dir
 
 log = logging.getLogger(__name__)
 
