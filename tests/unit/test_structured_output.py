@@ -19,7 +19,7 @@ import tokenizers
 from fastapi.testclient import TestClient
 
 from semantic.api.reply_stream import MAX_REWINDS
-from semantic.api.tool_use import ToolChoice, ToolUse, required_only
+from semantic.api.tool_use import ToolChoice, ToolUse
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.errors import InvalidRequest, RowsFailed
@@ -367,11 +367,10 @@ def read_call(server: Server) -> Any:
     return arguments
 
 
-def test_a_model_whose_calls_hold_only_required_arguments_cannot_add_optional_ones(
+def test_a_model_whose_calls_hold_only_required_arguments_has_its_optional_ones_left_out(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    """A small model's `"limit": 0` would read nothing: held to the required arguments, the
-    call ends where they do."""
+    """A small model's `"limit": 0` would read nothing: the client gets the call without it."""
     required = dataclasses.replace(served, tool_arguments="required")
     with serving(required, tmp_path) as server:
         assert read_call(server) == {"path": "a.txt"}
@@ -379,24 +378,6 @@ def test_a_model_whose_calls_hold_only_required_arguments_cannot_add_optional_on
 
 def test_by_default_a_call_keeps_the_optional_arguments_the_model_wrote(server: Server) -> None:
     assert read_call(server) == {"path": "a.txt", "limit": 0}
-
-
-@pytest.mark.parametrize(
-    ("schema", "held"),
-    [
-        (READ, {**READ, "properties": {"path": {"type": "string"}}}),
-        (
-            {"type": "object", "properties": {"x": {}}},
-            {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
-        ),
-        ({"anyOf": [READ]}, {"anyOf": [READ]}),
-        ({"type": "object"}, {"type": "object"}),
-    ],
-)
-def test_required_only_keeps_the_required_properties_and_no_others(
-    schema: dict[str, Any], held: dict[str, Any]
-) -> None:
-    assert required_only(schema) == held
 
 
 def test_a_reply_is_taken_back_a_bounded_number_of_times(server: Server) -> None:

@@ -109,7 +109,7 @@ class ToolUse:
         self._cut_short = False  # the output ended inside a call
         self._reasoning: ReasoningParser | None = None
         self._free_text_grammar = _free_text_grammar(self._format, model)
-        self._placeholders = _Placeholders(self.schemas)
+        self._placeholders = _Placeholders(self.schemas, model.tool_arguments == "required")
 
     def think(self, parser: ReasoningParser | None, hidden: Mapping[int, str]) -> None:
         """Tell the reply's reasoning from its answer with `parser` (a thinking model's), the
@@ -177,10 +177,8 @@ class ToolUse:
         )
 
     def _held_to(self, name: str) -> dict[str, Any]:
-        """The schema a call of `name` is held to: its tool's, or where the model's calls hold
-        only required arguments, its tool's without the optional ones."""
-        schema = self.schemas.get(name) or {"type": "object"}
-        return required_only(schema) if self._model.tool_arguments == "required" else schema
+        """The schema a call of `name` is held to: its tool's."""
+        return self.schemas.get(name) or {"type": "object"}
 
     async def parse(self, reply: ReplyStream) -> AsyncIterator[tuple[list[ReplyEvent], TokenEvent]]:
         """Each engine event with the reasoning, text and call events its text makes (the
@@ -357,16 +355,25 @@ class ToolUse:
 
 
 class _Placeholders:
-    """Optional string arguments a call gives as `""`, left out. A small model fills every
-    property its tool's schema names, and an optional string it has nothing for becomes `""`,
-    which a client may refuse where it would take the property left out: Claude Code answers a
-    Read with `pages: ""` that pages are for PDF files only, and the Qwen2.5-Coder models then
-    failed the task (docs/clients.md). So the arguments of a call to a tool that has such
-    properties are held until the call ends and then sent at once, without them; a call cut
-    short goes as it came. Required properties, and every other value, are the model's."""
+    """Optional arguments a small model made up, left out of its calls. It fills every
+    property its tool's schema names, with what it has or a placeholder, which a client obeys
+    or refuses where it would take the property left out: Claude Code answers a Read with
+    `pages: ""` that pages are for PDF files only, and reads nothing at `limit: 0`; Codex cuts
+    a command's output at `max_output_tokens: 1`; the Qwen2.5-Coder models then fail the task
+    (docs/clients.md). So the arguments of a call to a tool that has optional properties are
+    held until the call ends and then sent at once, without the optional strings given as
+    `""`, or with `every_optional`, without any optional property (the model's calls then
+    hold only their tools' required arguments: `tool_arguments = "required"`). A grammar
+    cannot do this instead: held to the required properties, a model that means to go on to
+    the next one writes a number's digits until its tokens run out. A call cut short goes as
+    it came. Required properties, and every value kept, are the model's."""
 
-    def __init__(self, schemas: Mapping[str, dict[str, Any]]) -> None:
-        self._optional = {name: _optional_strings(schema) for name, schema in schemas.items()}
+    def __init__(self, schemas: Mapping[str, dict[str, Any]], every_optional: bool) -> None:
+        self._optional = {
+            name: _optional(schema, strings_only=not every_optional)
+            for name, schema in schemas.items()
+        }
+        self._every = every_optional
         self._held: dict[int, tuple[frozenset[str], list[str]]] = {}  # by call index
 
     def dropped(self, events: list[ReplyEvent]) -> list[ReplyEvent]:
@@ -379,16 +386,16 @@ class _Placeholders:
                 continue
             elif isinstance(event, CallEnd) and event.index in self._held:
                 optional, pieces = self._held.pop(event.index)
-                arguments = _without_empty(optional, "".join(pieces))
+                arguments = _without(optional, "".join(pieces), self._every)
                 if arguments:
                     out.append(ArgumentsDelta(event.index, arguments))
             out.append(event)
         return out
 
 
-def _optional_strings(schema: object) -> frozenset[str]:
-    """The top-level properties of `schema` (a client's: anything at all) that are strings and
-    not required."""
+def _optional(schema: object, strings_only: bool) -> frozenset[str]:
+    """The top-level properties of `schema` (a client's: anything at all) that are not
+    required (and are strings, with `strings_only`)."""
     if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
         return frozenset()
     listed = schema.get("required")
@@ -398,20 +405,23 @@ def _optional_strings(schema: object) -> frozenset[str]:
     return frozenset(
         name
         for name, spec in schema["properties"].items()
-        if name not in required and isinstance(spec, dict) and spec.get("type") == "string"
+        if name not in required
+        and (not strings_only or (isinstance(spec, dict) and spec.get("type") == "string"))
     )
 
 
-def _without_empty(optional: frozenset[str], arguments: str) -> str:
-    """`arguments` (a call's JSON text) without the `optional` properties given as `""`; as it
-    came when it is no whole object or has none of them."""
+def _without(optional: frozenset[str], arguments: str, every: bool) -> str:
+    """`arguments` (a call's JSON text) without the `optional` properties given as `""` (any
+    of them, with `every`); as it came when it is no whole object or has none of them."""
     try:
         value = json.loads(arguments)
     except (ValueError, RecursionError):
         return arguments  # cut short (or nested past reading): the client gets what there is
     if not isinstance(value, dict):
         return arguments
-    kept = {key: item for key, item in value.items() if not (key in optional and item == "")}
+    kept = {
+        key: item for key, item in value.items() if not (key in optional and (every or item == ""))
+    }
     return arguments if len(kept) == len(value) else json.dumps(kept, ensure_ascii=False)
 
 
@@ -423,21 +433,6 @@ def _free_text_grammar(fmt: type[ToolCallParser], model: ServedModel) -> bool:
         return False
     reasoning = reasoning_format(model.chat_template)
     return reasoning is None or not reasoning_markers(reasoning, model.tokenizer)
-
-
-def required_only(schema: dict[str, Any]) -> dict[str, Any]:
-    """An object schema that takes only the `required` properties of `schema`, and no others;
-    `schema` itself where it names no properties (a union, any object)."""
-    properties = schema.get("properties")
-    if schema.get("type") != "object" or not isinstance(properties, dict):
-        return schema
-    required = [name for name in schema.get("required") or [] if name in properties]
-    return {
-        **schema,
-        "properties": {name: properties[name] for name in required},
-        "required": required,
-        "additionalProperties": False,
-    }
 
 
 def _tokenless(event: TokenEvent) -> TokenEvent:

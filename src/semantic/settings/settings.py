@@ -167,11 +167,11 @@ class Settings(BaseSettings):
     )
     tool_arguments: Literal["all", "required"] | None = Field(
         None,
-        description="What the model's tool calls may hold: `all` of a tool's arguments, or "
-        "only the `required` ones, for a small model that fills every optional argument with "
-        "a placeholder the agent obeys (a read limit of 0, output cut to one token). Unset, "
-        "the registry's choice for a built-in alias (`required` for the Qwen2.5-Coder "
-        "models), else `all`.",
+        description="What the model's tool calls reach the client with: `all` of the arguments "
+        "it wrote, or only the `required` ones, for a small model that fills every optional "
+        "argument with a placeholder the agent obeys (a read limit of 0, output cut to one "
+        "token). Unset, the registry's choice for a built-in alias (`required` for the "
+        "Qwen2.5-Coder models), else `all`.",
     )
     swap_timeout_s: float = Field(
         30.0,
