@@ -22,6 +22,13 @@ from semantic.api.agents import named_agent
 from semantic.api.auth import caller_of
 from semantic.api.errors import error_payload, protocol_of
 from semantic.api.gate import engine_of
+from semantic.api.logprobs import (
+    MAX_LEGACY_LOGPROBS,
+    MAX_TOP_LOGPROBS,
+    Trail,
+    chat_logprobs,
+    legacy_json,
+)
 from semantic.api.openai_tools import (
     ToolChoiceField,
     ToolDefinition,
@@ -54,6 +61,7 @@ from semantic.core import (
     FinishReason,
     SamplingParams,
     TokenEvent,
+    TokenLogprob,
     Usage,
 )
 from semantic.core import Request as GenerationRequest
@@ -140,6 +148,8 @@ class ChatCompletionRequest(GenerationFields):
     # The conversation, named as in Responses (api/prompt_cache.py).
     prompt_cache_key: str | None = Field(None, max_length=256)
     prompt_cache_retention: PromptCacheRetention | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 def _text_of(message: ChatMessage) -> str:
@@ -190,6 +200,7 @@ def sampling_params(
     settings: Settings,
     defaults: DefaultSampling,
     grammar: Grammar | None = None,
+    logprobs: int | None = None,
 ) -> SamplingParams:
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not stop for stop in stops):
@@ -204,6 +215,7 @@ def sampling_params(
         stop=tuple(stops),
         ignore_eos=body.ignore_eos,
         grammar=grammar,
+        logprobs=logprobs,
     )
 
 
@@ -243,6 +255,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.n != 1:
         raise InvalidRequest("only n=1 is supported", param="n")
     limits.check_counts(settings, len(body.messages), len(body.tools or []))
+    logprobs = chat_logprobs(body.logprobs, body.top_logprobs)
     agent_id = prompt_cache_agent(request.headers, body.session_id, body.prompt_cache_key)
     rate_limits.check_agent(request, agent_id)
     tools = tool_use_of(engine.model, body.tools, body.tool_choice, body.parallel_tool_calls)
@@ -264,7 +277,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens, settings, engine.model.sampling, grammar),
+        sampling=sampling_params(
+            body, max_tokens, settings, engine.model.sampling, grammar, logprobs
+        ),
         agent_id=agent_id,
         owner=caller_of(request).owner,
         breakpoints=retention_of(
@@ -273,8 +288,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     )
     events, headers = await cache_miss.stream(engine, generation)
     reply_stream = ReplyStream(events, engine, generation)
-    parsed = tools.parse(reply_stream)
-    completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
+    trail = Trail(engine.model.tokenizer, logprobs is not None)
+    parsed = trail.follow(tools.parse(reply_stream))
+    completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, trail)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = completion.chunks(parsed, tools, include_usage)
@@ -286,10 +302,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 
 
 class _Completion:
-    """One response's identity, shared by its chunks or its single JSON body."""
+    """One response's identity, shared by its chunks or its single JSON body, and the log
+    probabilities of its tokens (`trail`): each chunk carries those that came since the last
+    one, the JSON body all of them."""
 
-    def __init__(self, completion_id: str, created: int, model: str) -> None:
+    def __init__(self, completion_id: str, created: int, model: str, trail: Trail) -> None:
         self.id, self.created, self.model = completion_id, created, model
+        self.trail = trail
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
@@ -302,8 +321,15 @@ class _Completion:
         }
 
     def _delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        new = self.trail.take()
+        logprobs = self._logprobs(new) if new else None
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return data_event(self._chunk([choice]))
+
+    def _logprobs(self, logprobs: list[TokenLogprob]) -> dict[str, Any] | None:
+        if not self.trail.asked:
+            return None
+        return {"content": self.trail.entries(logprobs), "refusal": None}
 
     async def chunks(
         self,
@@ -350,7 +376,7 @@ class _Completion:
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": None,
+                    "logprobs": self._logprobs(self.trail.all),
                     "finish_reason": _finish_reason(final, tools),
                 }
             ],
@@ -373,9 +399,9 @@ Prompt = str | list[int] | list[str] | list[list[int]]
 class CompletionRequest(GenerationFields):
     prompt: Prompt
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS)
     # Accepted at their neutral values only (`refuse_unsupported`).
     best_of: int | None = Field(None, ge=1)
-    logprobs: int | None = Field(None, ge=0)
     suffix: str | None = None
 
 
@@ -384,7 +410,11 @@ def refuse_unsupported(body: CompletionRequest) -> None:
     refused = [
         ("n", body.n != 1, "only n=1 is supported"),
         ("best_of", body.best_of not in (None, 1), "only best_of=1 is supported"),
-        ("logprobs", body.logprobs is not None, "logprobs are not supported"),
+        (
+            "logprobs",
+            body.logprobs is not None and body.echo,
+            "logprobs with echo (the prompt's log probabilities) are not supported",
+        ),
         ("suffix", bool(body.suffix), "suffix is not supported"),
     ]
     for param, asked, message in refused:
@@ -440,17 +470,22 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens, settings, engine.model.sampling),
+        sampling=sampling_params(
+            body, max_tokens, settings, engine.model.sampling, logprobs=body.logprobs
+        ),
         agent_id=agent_id,
         owner=caller_of(request).owner,
     )
     events, headers = await cache_miss.stream(engine, generation)
-    completion = _TextCompletion(int(time.time()), body.model, prompt_text if body.echo else "")
+    trail = Trail(engine.model.tokenizer, body.logprobs is not None)
+    echo = prompt_text if body.echo else ""
+    completion = _TextCompletion(int(time.time()), body.model, echo, trail)
+    followed = trail.follow(events)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        frames = after_the_200(completion.chunks(events, include_usage), events, _error_chunk)
+        frames = after_the_200(completion.chunks(followed, include_usage), events, _error_chunk)
         return sse_response(with_keep_alive(frames, settings.keep_alive_s), headers)
-    answer = await unless_disconnected(request, completion.collect(events))
+    answer = await unless_disconnected(request, completion.collect(followed))
     return JSONResponse(answer, headers=headers)
 
 
@@ -460,11 +495,13 @@ def _error_chunk(exc: Exception) -> str:
 
 class _TextCompletion:
     """One legacy completion's identity, shared by its chunks or its single JSON body. `echo`
-    is the text that goes before the answer: the prompt's, or "" without `echo`."""
+    is the text that goes before the answer: the prompt's, or "" without `echo`. `trail` holds
+    its tokens' log probabilities: each chunk carries those that came since the last one."""
 
-    def __init__(self, created: int, model: str, echo: str) -> None:
+    def __init__(self, created: int, model: str, echo: str, trail: Trail) -> None:
         self.id, self.created, self.model = f"cmpl-{uuid.uuid4().hex}", created, model
-        self.echo = echo
+        self.echo, self.trail = echo, trail
+        self._offset = len(echo)  # where the next token's text starts in the choice's text
 
     def _body(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
@@ -476,9 +513,17 @@ class _TextCompletion:
             **extra,
         }
 
-    @staticmethod
-    def _choice(text: str, finish_reason: str | None = None) -> dict[str, Any]:
-        return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    def _choice(
+        self,
+        text: str,
+        finish_reason: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> dict[str, Any]:
+        shown = None
+        if self.trail.asked and logprobs is not None:
+            shown = legacy_json(self.trail.tokenizer, logprobs, self._offset)
+            self._offset += sum(map(len, shown["tokens"]))
+        return {"text": text, "index": 0, "logprobs": shown, "finish_reason": finish_reason}
 
     async def chunks(
         self, events: AsyncIterator[TokenEvent], include_usage: bool
@@ -493,7 +538,8 @@ class _TextCompletion:
                 None if event.finish_reason is None else finish_reason_json(event.finish_reason)
             )
             if event.text or finish is not None:
-                yield data_event(self._body([self._choice(event.text, finish)]))
+                choice = self._choice(event.text, finish, self.trail.take())
+                yield data_event(self._body([choice]))
             if finish is not None and include_usage and event.usage is not None:
                 yield data_event(self._body([], usage=usage_json(event.usage)))
         yield DONE
@@ -501,7 +547,8 @@ class _TextCompletion:
     async def collect(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
         text, final = await whole_answer(events)
         assert final.usage is not None
-        choice = self._choice(self.echo + text, finish_reason_json(final.finish_reason))
+        reason = finish_reason_json(final.finish_reason)
+        choice = self._choice(self.echo + text, reason, self.trail.all)
         return self._body([choice], usage=usage_json(final.usage))
 
 

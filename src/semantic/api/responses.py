@@ -24,6 +24,7 @@ from semantic.api.anthropic_request import parse_body
 from semantic.api.auth import caller_of
 from semantic.api.errors import error_payload
 from semantic.api.gate import engine_of
+from semantic.api.logprobs import Trail
 from semantic.api.openai_tools import (
     FunctionName,
     NamedToolChoice,
@@ -38,7 +39,6 @@ from semantic.api.reply_stream import ReplyStream
 from semantic.api.responses_output import OutputItems, item_id, public
 from semantic.api.responses_request import (
     ResponsesBody,
-    Tool,
     input_items,
     template_messages,
 )
@@ -186,6 +186,7 @@ class _Response:
             "text": {"format": _format_json(body)},
             "tool_choice": _tool_choice_json(body),
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
+            "top_logprobs": body.top_logprobs,
             "top_p": self.sampling.top_p,
             "truncation": "disabled",
             "usage": None
@@ -262,6 +263,7 @@ async def create_response(request: Request) -> Response:
     output_format = body.text.format.output_format() if body.text and body.text.format else None
     effort = body.reasoning.effort if body.reasoning is not None else None
     thinking = Thinking.of(engine.model, ThinkingSwitch.from_effort(effort))
+    logprobs = body.logprobs()
     render = partial(render_prompt, engine.model, body, chain, new_messages)
     prompt_ids, grammar = await shape_reply(engine.model, output_format, tools, thinking, render)
     limits.check_prompt(settings, len(prompt_ids), "input")
@@ -277,7 +279,7 @@ async def create_response(request: Request) -> Response:
     generation = GenerationRequest(
         request_id=request.state.request_id,
         prompt_token_ids=prompt_ids,
-        sampling=_sampling(body, max_tokens, engine.model.sampling, grammar),
+        sampling=_sampling(body, max_tokens, engine.model.sampling, grammar, logprobs),
         agent_id=agent,
         owner=owner,  # the chain's agent is this key's, as its stored responses are
         breakpoints=retention_of(
@@ -286,17 +288,19 @@ async def create_response(request: Request) -> Response:
     )
     events, headers = await cache_miss.stream(engine, generation)
     reply_stream = ReplyStream(events, engine, generation)
-    parsed = tools.parse(reply_stream)
+    trail = Trail(engine.model.tokenizer, logprobs is not None)
+    parsed = trail.follow(tools.parse(reply_stream))
     reply = _Response(body, response_id, engine.model.tokenizer, seals, generation.sampling)
     offered = body.offered_tools()
     record = _Record(store, reply, items, new_messages, agent, owner)
     if body.stream:
-        output = OutputItems(offered, reply.seals)
+        output = OutputItems(offered, reply.seals, trail)
         frames = after_the_200(_frames(reply, parsed, output, record), reply_stream, _error_frame)
         progress = partial(engine.progress, generation.request_id)
         heartbeat = _heartbeat(reply, output, prefill_comments(progress))
         return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat), headers)
-    answer = await unless_disconnected(request, _collect(reply, parsed, offered, record))
+    output = OutputItems(offered, reply.seals, trail)
+    answer = await unless_disconnected(request, _collect(reply, parsed, output, record))
     return JSONResponse(answer, headers=headers)
 
 
@@ -310,12 +314,17 @@ async def _chain(store: ResponseStore, last_id: str, owner: str | None) -> list[
 
 
 def _sampling(
-    body: ResponsesBody, max_tokens: int, defaults: DefaultSampling, grammar: Grammar | None
+    body: ResponsesBody,
+    max_tokens: int,
+    defaults: DefaultSampling,
+    grammar: Grammar | None,
+    logprobs: int | None,
 ) -> SamplingParams:
     return SamplingParams(
         **defaults.fill(body.temperature, body.top_p, None),
         max_tokens=max_tokens,
         grammar=grammar,
+        logprobs=logprobs,
     )
 
 
@@ -366,10 +375,9 @@ def _with_id(item: dict[str, Any]) -> dict[str, Any]:
 async def _collect(
     reply: _Response,
     parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
-    offered: list[tuple[Tool, str | None]],
+    output: OutputItems,
     record: _Record,
 ) -> dict[str, Any]:
-    output = OutputItems(offered, reply.seals)
     async for tool_events, event in parsed:
         if event.error is not None:
             raise event.error
