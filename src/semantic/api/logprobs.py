@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
 from semantic.core import TokenEvent, TokenLogprob
+from semantic.engine.port import EnginePort
 from semantic.errors import InvalidRequest
 from semantic.text.tokenizer import Tokenizer
 
@@ -47,6 +48,14 @@ class Trail:
         self.tokenizer, self.asked = tokenizer, asked
         self.all: list[TokenLogprob] = []
         self._shown = 0
+
+    @classmethod
+    def of(cls, engine: EnginePort, logprobs: int | None) -> Trail:
+        """The trail of a request to `engine` that asks the sampler for `logprobs`; a 501 when
+        it asks and the engine cannot give them (vLLM replicas)."""
+        if logprobs is not None:
+            engine.capabilities.require("logprobs", "log probabilities")
+        return cls(engine.model.tokenizer, logprobs is not None)
 
     async def follow(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
         """`items` (engine events, or pairs ending with one) unchanged, their log probabilities

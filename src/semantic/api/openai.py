@@ -256,6 +256,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         raise InvalidRequest("only n=1 is supported", param="n")
     limits.check_counts(settings, len(body.messages), len(body.tools or []))
     logprobs = chat_logprobs(body.logprobs, body.top_logprobs)
+    trail = Trail.of(engine, logprobs)
     agent_id = prompt_cache_agent(request.headers, body.session_id, body.prompt_cache_key)
     rate_limits.check_agent(request, agent_id)
     tools = tool_use_of(engine.model, body.tools, body.tool_choice, body.parallel_tool_calls)
@@ -288,7 +289,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     )
     events, headers = await cache_miss.stream(engine, generation)
     reply_stream = ReplyStream(events, engine, generation)
-    trail = Trail(engine.model.tokenizer, logprobs is not None)
     parsed = trail.follow(tools.parse(reply_stream))
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, trail)
     if body.stream:
@@ -455,6 +455,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     engine, settings = engine_of(request), request.app.state.settings
     engine.model.check_requested_name(body.model, settings.strict_model_names)
     refuse_unsupported(body)
+    trail = Trail.of(engine, body.logprobs)
     agent_id = named_agent(request.headers, body.session_id, param="session_id")
     rate_limits.check_agent(request, agent_id)
     prompt_ids, prompt_text = await asyncio.to_thread(completion_prompt, engine.model, body.prompt)
@@ -477,7 +478,6 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         owner=caller_of(request).owner,
     )
     events, headers = await cache_miss.stream(engine, generation)
-    trail = Trail(engine.model.tokenizer, body.logprobs is not None)
     echo = prompt_text if body.echo else ""
     completion = _TextCompletion(int(time.time()), body.model, echo, trail)
     followed = trail.follow(events)

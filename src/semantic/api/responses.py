@@ -264,6 +264,7 @@ async def create_response(request: Request) -> Response:
     effort = body.reasoning.effort if body.reasoning is not None else None
     thinking = Thinking.of(engine.model, ThinkingSwitch.from_effort(effort))
     logprobs = body.logprobs()
+    trail = Trail.of(engine, logprobs)
     render = partial(render_prompt, engine.model, body, chain, new_messages)
     prompt_ids, grammar = await shape_reply(engine.model, output_format, tools, thinking, render)
     limits.check_prompt(settings, len(prompt_ids), "input")
@@ -288,7 +289,6 @@ async def create_response(request: Request) -> Response:
     )
     events, headers = await cache_miss.stream(engine, generation)
     reply_stream = ReplyStream(events, engine, generation)
-    trail = Trail(engine.model.tokenizer, logprobs is not None)
     parsed = trail.follow(tools.parse(reply_stream))
     reply = _Response(body, response_id, engine.model.tokenizer, seals, generation.sampling)
     offered = body.offered_tools()

@@ -140,7 +140,9 @@ class Engine:
     /metrics collects them from any thread.
     """
 
-    capabilities = Capabilities(agents=True, swap=True, cache_miss=True, structured_output=True)
+    capabilities = Capabilities(
+        agents=True, swap=True, cache_miss=True, structured_output=True, logprobs=True
+    )
 
     def __init__(
         self, runner: ModelRunner, model: ServedModel, options: EngineOptions, parts: EngineParts
