@@ -772,7 +772,7 @@ def test_a_fault_after_the_200_is_an_error_chunk_that_keeps_its_internals_to_the
     def bug(usage: object) -> None:
         raise RuntimeError("secret detail in /srv/semantic/internals.py")
 
-    monkeypatch.setattr(openai_api, "usage_json", bug)
+    monkeypatch.setattr(openai_api, "chat_usage", bug)
     good = GOOD if path == CHAT else GOOD_LEGACY
     body = {**good, "stream": True, "stream_options": {"include_usage": True}}
     with caplog.at_level(logging.ERROR):

@@ -14,14 +14,14 @@ from functools import partial
 from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from semantic.api import anthropic, cache_miss, limits, rate_limits
+from semantic.api import anthropic, pipeline
 from semantic.api.agents import named_agent
-from semantic.api.auth import caller_of
 from semantic.api.errors import error_payload, protocol_of
 from semantic.api.gate import engine_of
+from semantic.api.limits import OutputBudget
 from semantic.api.logprobs import (
     MAX_LEGACY_LOGPROBS,
     MAX_TOP_LOGPROBS,
@@ -38,38 +38,31 @@ from semantic.api.openai_tools import (
     tool_use_of,
 )
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses
+from semantic.api.pipeline import ChatRequest, Sampling, render_messages
 from semantic.api.prompt_bounds import PromptRoute
 from semantic.api.prompt_cache import PromptCacheRetention, prompt_cache_agent, retention_of
-from semantic.api.reply_stream import ReplyStream
 from semantic.api.streaming import (
     DONE,
-    after_the_200,
+    KEEP_ALIVE,
     data_event,
     prefill_comments,
-    sse_response,
-    unless_disconnected,
     whole_answer,
-    with_keep_alive,
 )
 from semantic.api.structured_output import ResponseFormat
-from semantic.api.thinking import Thinking, shape_reply
+from semantic.api.thinking import Thinking
 from semantic.api.tool_use import Reasoning, ReasoningDelta, ReplyEvent, ToolUse, whole_reply
+from semantic.api.usage import chat_usage
 from semantic.config import Settings
 from semantic.core import (
     AGENT_ID_PATTERN,
-    DefaultSampling,
     FinishReason,
-    SamplingParams,
     TokenEvent,
     TokenLogprob,
-    Usage,
 )
-from semantic.core import Request as GenerationRequest
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text import client_json
 from semantic.text.chat import template_tool_call
-from semantic.text.grammar import Grammar
 from semantic.text.reasoning import ThinkingSwitch
 from semantic.text.tools import TextDelta
 
@@ -167,7 +160,7 @@ def _text_of(message: ChatMessage) -> str:
     return "\n".join(parts)
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """OpenAI messages as chat templates expect them (Hugging Face conventions)."""
     rendered = []
     for message in messages:
@@ -194,54 +187,21 @@ def _template_tool_call(call: ToolCall) -> dict[str, Any]:
     return template_tool_call(call.id, call.function.name, arguments)
 
 
-def sampling_params(
-    body: GenerationFields,
-    max_tokens: int,
-    settings: Settings,
-    defaults: DefaultSampling,
-    grammar: Grammar | None = None,
-    logprobs: int | None = None,
-) -> SamplingParams:
+def sampling_of(body: GenerationFields) -> Sampling:
+    """The sampling fields both bodies share; an empty stop string is a 400."""
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not stop for stop in stops):
         raise InvalidRequest("stop: a stop sequence may not be empty", param="stop")
-    limits.check_stops(settings, stops, "stop")
-    top_k = None if body.top_k is None else max(body.top_k, 0)
-    return SamplingParams(
-        **defaults.fill(body.temperature, body.top_p, top_k, body.repetition_penalty),
-        seed=body.seed,
-        max_tokens=max_tokens,
-        min_tokens=body.min_tokens,
-        stop=tuple(stops),
-        ignore_eos=body.ignore_eos,
-        grammar=grammar,
-        logprobs=logprobs,
+    return Sampling(
+        body.temperature,
+        body.top_p,
+        None if body.top_k is None else max(body.top_k, 0),
+        body.repetition_penalty,
+        body.seed,
+        body.min_tokens,
+        tuple(stops),
+        body.ignore_eos,
     )
-
-
-def render_prompt(
-    model: ServedModel,
-    body: ChatCompletionRequest,
-    reply_start: str = "",
-    template_vars: Mapping[str, Any] | None = None,
-) -> list[int]:
-    """The prompt's token ids: templated, then tokenized (on a worker thread: a long prompt
-    must not stall the event loop). `reply_start` (a forced tool call's opener) ends it;
-    `template_vars` are the template's switches (thinking)."""
-    messages = template_messages(body.messages)
-    prompt = model.chat_template.render(
-        messages, tools=template_tools(body.tools), **(template_vars or {})
-    )
-    return model.tokenizer.encode(prompt + reply_start)
-
-
-def usage_json(usage: Usage) -> dict[str, Any]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
 
 
 def finish_reason_json(reason: FinishReason | None) -> str:
@@ -250,55 +210,64 @@ def finish_reason_json(reason: FinishReason | None) -> str:
 
 @router.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    engine, settings = engine_of(request), request.app.state.settings
-    engine.model.check_requested_name(body.model, settings.strict_model_names)
     if body.n != 1:
         raise InvalidRequest("only n=1 is supported", param="n")
-    limits.check_counts(settings, len(body.messages), len(body.tools or []))
+    agent = prompt_cache_agent(request.headers, body.session_id, body.prompt_cache_key)
+    sampling = sampling_of(body)
+    engine = pipeline.admit(
+        request, body.model, len(body.messages), len(body.tools or []), sampling, agent
+    )
+    chat = chat_request(body, engine.model, request.app.state.settings, sampling, agent)
+    reply = await pipeline.start(request, engine, chat)
+    completion = _Completion(
+        f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, reply.trail
+    )
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return await reply.submitted.respond(
+        request,
+        body.stream,
+        partial(completion.chunks, reply.parsed, chat.tools, include_usage),
+        partial(completion.collect, reply.parsed, chat.tools),
+        _error_chunk,
+        prefill_comments(reply.submitted.progress),
+    )
+
+
+def chat_request(
+    body: ChatCompletionRequest,
+    model: ServedModel,
+    settings: Settings,
+    sampling: Sampling,
+    agent: str | None,
+) -> ChatRequest:
+    """The body as the chat pipeline reads it."""
     logprobs = chat_logprobs(body.logprobs, body.top_logprobs)
-    trail = Trail.of(engine, logprobs)
-    agent_id = prompt_cache_agent(request.headers, body.session_id, body.prompt_cache_key)
-    rate_limits.check_agent(request, agent_id)
-    tools = tool_use_of(engine.model, body.tools, body.tool_choice, body.parallel_tool_calls)
-    output = body.response_format.output_format() if body.response_format else None
-    thinking = Thinking.of(engine.model, ThinkingSwitch.from_effort(body.reasoning_effort))
-    render = partial(render_prompt, engine.model, body)
-    prompt_ids, grammar = await shape_reply(engine.model, output, tools, thinking, render)
-    limits.check_prompt(settings, len(prompt_ids))
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     requested = body.max_completion_tokens or body.max_tokens
-    max_tokens = limits.output_budget(
-        settings,
-        requested,
-        len(prompt_ids),
-        engine.max_seq_tokens,
-        settings.default_max_tokens,
-        param=param,
+    retention, max_ttl_s = body.prompt_cache_retention, settings.max_retention_ttl_s
+    return ChatRequest(
+        tools=tool_use_of(model, body.tools, body.tool_choice, body.parallel_tool_calls),
+        thinking=Thinking.of(model, ThinkingSwitch.from_effort(body.reasoning_effort)),
+        render=partial(_prompt, model, body),
+        budget=OutputBudget(requested, settings.default_max_tokens, param=param),
+        sampling=sampling,
+        output=body.response_format.output_format() if body.response_format else None,
+        agent=agent,
+        logprobs=logprobs,
+        breakpoints=partial(retention_of, retention, max_ttl_s=max_ttl_s),
     )
-    generation = GenerationRequest(
-        request_id=request.state.request_id,
-        prompt_token_ids=prompt_ids,
-        sampling=sampling_params(
-            body, max_tokens, settings, engine.model.sampling, grammar, logprobs
-        ),
-        agent_id=agent_id,
-        owner=caller_of(request).owner,
-        breakpoints=retention_of(
-            body.prompt_cache_retention, len(prompt_ids), settings.max_retention_ttl_s
-        ),
-    )
-    events, headers = await cache_miss.stream(engine, generation)
-    reply_stream = ReplyStream(events, engine, generation)
-    parsed = trail.follow(tools.parse(reply_stream))
-    completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, trail)
-    if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = completion.chunks(parsed, tools, include_usage)
-        frames = after_the_200(chunks, reply_stream, lambda exc: data_event(error_payload(exc)))
-        heartbeat = prefill_comments(partial(engine.progress, generation.request_id))
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat), headers)
-    answer = await unless_disconnected(request, completion.collect(parsed, tools))
-    return JSONResponse(answer, headers=headers)
+
+
+def _prompt(
+    model: ServedModel,
+    body: ChatCompletionRequest,
+    reply_start: str = "",
+    template_vars: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """The prompt's token ids (`ChatRequest.render`), the messages translated on the worker
+    thread that renders them: a long history's tool-call arguments are parsed there too."""
+    messages, tools = chat_messages(body.messages), template_tools(body.tools)
+    return render_messages(model, messages, tools, reply_start, template_vars)
 
 
 class _Completion:
@@ -352,7 +321,7 @@ class _Completion:
             if event.finish_reason is not None:
                 yield self._delta({}, _finish_reason(event, tools))
                 if include_usage and event.usage is not None:
-                    yield data_event(self._chunk([], usage=usage_json(event.usage)))
+                    yield data_event(self._chunk([], usage=chat_usage(event.usage)))
         yield DONE
 
     async def collect(
@@ -380,7 +349,7 @@ class _Completion:
                     "finish_reason": _finish_reason(final, tools),
                 }
             ],
-            "usage": usage_json(final.usage),
+            "usage": chat_usage(final.usage),
         }
 
 
@@ -452,41 +421,27 @@ def _single_prompt(prompt: Prompt) -> str | list[int]:
 
 @router.post("/v1/completions", responses=GENERATION_RESPONSES)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    engine, settings = engine_of(request), request.app.state.settings
-    engine.model.check_requested_name(body.model, settings.strict_model_names)
     refuse_unsupported(body)
+    agent = named_agent(request.headers, body.session_id, param="session_id")
+    sampling = sampling_of(body)
+    engine = pipeline.admit(request, body.model, 0, 0, sampling, agent)
     trail = Trail.of(engine, body.logprobs)
-    agent_id = named_agent(request.headers, body.session_id, param="session_id")
-    rate_limits.check_agent(request, agent_id)
     prompt_ids, prompt_text = await asyncio.to_thread(completion_prompt, engine.model, body.prompt)
-    limits.check_prompt(settings, len(prompt_ids), "prompt")
-    max_tokens = limits.output_budget(
-        settings,
-        body.max_tokens,
-        len(prompt_ids),
-        engine.max_seq_tokens,
-        LEGACY_MAX_TOKENS,
-        prompt_param="prompt",
-    )
-    generation = GenerationRequest(
-        request_id=request.state.request_id,
-        prompt_token_ids=prompt_ids,
-        sampling=sampling_params(
-            body, max_tokens, settings, engine.model.sampling, logprobs=body.logprobs
-        ),
-        agent_id=agent_id,
-        owner=caller_of(request).owner,
-    )
-    events, headers = await cache_miss.stream(engine, generation)
+    budget = OutputBudget(body.max_tokens, LEGACY_MAX_TOKENS, prompt_param="prompt")
+    params = partial(sampling.params, engine.model.sampling, logprobs=body.logprobs)
+    submitted = await pipeline.submit(request, engine, prompt_ids, budget, params, agent)
     echo = prompt_text if body.echo else ""
     completion = _TextCompletion(int(time.time()), body.model, echo, trail)
-    followed = trail.follow(events)
-    if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        frames = after_the_200(completion.chunks(followed, include_usage), events, _error_chunk)
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s), headers)
-    answer = await unless_disconnected(request, completion.collect(followed))
-    return JSONResponse(answer, headers=headers)
+    followed = trail.follow(submitted.events)
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return await submitted.respond(
+        request,
+        body.stream,
+        partial(completion.chunks, followed, include_usage),
+        partial(completion.collect, followed),
+        _error_chunk,
+        KEEP_ALIVE,
+    )
 
 
 def _error_chunk(exc: Exception) -> str:
@@ -541,7 +496,7 @@ class _TextCompletion:
                 choice = self._choice(event.text, finish, self.trail.take())
                 yield data_event(self._body([choice]))
             if finish is not None and include_usage and event.usage is not None:
-                yield data_event(self._body([], usage=usage_json(event.usage)))
+                yield data_event(self._body([], usage=chat_usage(event.usage)))
         yield DONE
 
     async def collect(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
@@ -549,7 +504,7 @@ class _TextCompletion:
         assert final.usage is not None
         reason = finish_reason_json(final.finish_reason)
         choice = self._choice(self.echo + text, reason, self.trail.all)
-        return self._body([choice], usage=usage_json(final.usage))
+        return self._body([choice], usage=chat_usage(final.usage))
 
 
 # Both APIs list models here; a client speaking Anthropic gets Anthropic's shapes.

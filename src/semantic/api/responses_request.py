@@ -177,9 +177,7 @@ def input_items(body: ResponsesBody) -> list[dict[str, Any]]:
     return body.input
 
 
-def template_messages(
-    items: list[dict[str, Any]], seals: Seals | None = None
-) -> list[dict[str, Any]]:
+def item_messages(items: list[dict[str, Any]], seals: Seals | None = None) -> list[dict[str, Any]]:
     """Input items as chat-template messages (Hugging Face conventions): messages by role,
     calls on the assistant turn that made them, each output as a `tool` message, reasoning
     on the assistant turn it preceded. `seals` open reasoning items' `encrypted_content`
