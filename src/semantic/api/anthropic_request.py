@@ -97,7 +97,26 @@ class Message(_Body):
     content: str | list[ContentBlock]
 
 
+# A server tool's type: a versioned name, never "custom" (a client's own tool) nor null.
+_SERVER_TOOL_TYPE: dict[str, Any] = {"type": "string", "not": {"const": "custom"}}
+# A tool the model may call: one with a schema.
+_WITH_SCHEMA: dict[str, Any] = {
+    "required": ["input_schema"],
+    "properties": {"input_schema": {"type": "object"}},
+}
+
+
 class Tool(_Body):
+    # A client's own tool (no type, or "custom") needs its schema (`tool_use_of`).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                _WITH_SCHEMA,
+                {"required": ["type"], "properties": {"type": _SERVER_TOOL_TYPE}},
+            ]
+        }
+    )
+
     name: str
     type: str | None = None  # none or "custom" for a client's tool; versioned for server tools
     description: str | None = None
@@ -114,6 +133,14 @@ class Tool(_Body):
 
 class ToolChoiceParam(_Body):
     """Anthropic's `tool_choice` as sent (api/tool_use.py: `ToolChoice` is what it means)."""
+
+    # `type: tool` names its tool (one of `tools`: `_tool_choice`).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"type": {"const": "tool"}}, "required": ["type"]},
+            "then": {"required": ["name"], "properties": {"name": {"type": "string"}}},
+        }
+    )
 
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
@@ -139,6 +166,20 @@ class Metadata(_Body):
 
 class PromptBody(_Body):
     """What decides the prompt: all of /v1/messages/count_tokens, the start of /v1/messages."""
+
+    # A `tool_choice` that asks for a call needs tools (`_tool_choice`), in the schema too.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "properties": {"tool_choice": {"properties": {"type": {"enum": ["any", "tool"]}}}},
+                "required": ["tool_choice"],
+            },
+            "then": {
+                "required": ["tools"],
+                "properties": {"tools": {"type": "array", "contains": _WITH_SCHEMA}},
+            },
+        }
+    )
 
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)  # at most `max_messages` (api/limits.py)

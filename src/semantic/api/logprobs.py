@@ -39,6 +39,14 @@ def chat_logprobs(logprobs: bool, top_logprobs: int | None) -> int | None:
     return (top_logprobs or 0) if logprobs else None
 
 
+def requires_logprobs(field: str) -> dict[str, Any]:
+    """The JSON schema of "`field`, when set, needs `logprobs: true`" (`chat_logprobs`)."""
+    return {
+        "if": {"properties": {field: {"type": "integer"}}, "required": [field]},
+        "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+    }
+
+
 class Trail:
     """A reply's log probabilities (`asked`: its request asked for them), one per token in the
     order its events bring them: `follow` takes them from the events as they pass, `take` hands

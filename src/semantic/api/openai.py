@@ -11,11 +11,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from semantic.api import anthropic, pipeline
 from semantic.api.agents import named_agent
@@ -28,8 +28,10 @@ from semantic.api.logprobs import (
     Trail,
     chat_logprobs,
     legacy_json,
+    requires_logprobs,
 )
 from semantic.api.openai_tools import (
+    CHOICE_NEEDS_TOOLS,
     ToolChoiceField,
     ToolDefinition,
     template_tools,
@@ -108,6 +110,10 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+_STOP = {"type": "string", "minLength": 1}
+_STOPS = {"anyOf": [_STOP, {"type": "array", "items": _STOP}, {"type": "null"}], "default": None}
+
+
 class GenerationFields(_Body):
     """What the chat and the legacy completions bodies share: the model, streaming, the output
     budget, sampling, and the extensions."""
@@ -122,8 +128,9 @@ class GenerationFields(_Body):
     top_k: int | None = Field(None, ge=-1, description="0 or -1 is off.")
     repetition_penalty: float | None = Field(None, gt=0, le=2, description="1 is off.")
     seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int = Field(1, ge=1)
+    # An empty stop string would end every answer before its first token (`sampling_of`).
+    stop: Annotated[str | list[str] | None, WithJsonSchema(_STOPS)] = None
+    n: int = Field(1, ge=1, json_schema_extra={"maximum": 1})  # others: a 400 of our own
     # Extensions that benchmarks and agent clients rely on (vLLM spells them the same way).
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
@@ -143,6 +150,11 @@ class ChatCompletionRequest(GenerationFields):
     prompt_cache_retention: PromptCacheRetention | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    # What a field's type cannot say, said in the schema too (the server checks it by hand).
+    model_config = ConfigDict(
+        json_schema_extra={"allOf": [requires_logprobs("top_logprobs"), CHOICE_NEEDS_TOOLS]}
+    )
 
 
 def _text_of(message: ChatMessage) -> str:
@@ -361,8 +373,25 @@ def _finish_reason(final: TokenEvent, tools: ToolUse) -> str:
 
 LEGACY_MAX_TOKENS = 16  # the legacy API's default when a request gives no max_tokens
 
-# One prompt: text or token ids, alone or as a list of one.
-Prompt = str | list[int] | list[str] | list[list[int]]
+# One prompt: text or token ids, alone or as a list of one. What the document says of it is
+# what `completion_prompt` and the engine check by hand (with their own messages): not empty,
+# one prompt, ids from 0 (and within the served model's vocabulary, which no schema knows).
+_TEXT = {"type": "string", "minLength": 1}
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_ONE = {"minItems": 1, "maxItems": 1}
+Prompt = Annotated[
+    str | list[int] | list[str] | list[list[int]],
+    WithJsonSchema(
+        {
+            "anyOf": [
+                _TEXT,
+                _IDS,
+                {"type": "array", "items": _TEXT, **_ONE},
+                {"type": "array", "items": _IDS, **_ONE},
+            ]
+        }
+    ),
+]
 
 
 class CompletionRequest(GenerationFields):
@@ -370,8 +399,16 @@ class CompletionRequest(GenerationFields):
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS)
     # Accepted at their neutral values only (`refuse_unsupported`).
-    best_of: int | None = Field(None, ge=1)
-    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, json_schema_extra={"maximum": 1})
+    suffix: str | None = Field(None, json_schema_extra={"maxLength": 0})
+
+    # The prompt's log probabilities are not computed: no `logprobs` with `echo`.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"logprobs": {"type": "integer"}}, "required": ["logprobs"]},
+            "then": {"properties": {"echo": {"const": False}}},
+        }
+    )
 
 
 def refuse_unsupported(body: CompletionRequest) -> None:
