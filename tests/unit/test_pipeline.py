@@ -59,6 +59,7 @@ def _imports(module: str) -> set[str]:
     [
         ("responses", ("anthropic", "anthropic_request", "openai")),
         ("anthropic", ("openai", "responses", "responses_request")),
+        ("openai", ("anthropic", "anthropic_request", "responses", "responses_request")),
     ],
 )
 def test_an_api_adapter_imports_no_other_apis_dialect(

@@ -10,7 +10,6 @@ import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -57,7 +56,6 @@ from semantic.core import (
     TokenEvent,
     Usage,
 )
-from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.text import client_json
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
@@ -436,47 +434,3 @@ def thinking_of(model: ServedModel, body: PromptBody) -> Thinking:
 async def probe() -> Response:
     """Claude Code's connectivity check at startup."""
     return Response()
-
-
-# The model routes belong to both APIs; openai.py serves them and hands Anthropic clients here.
-
-
-def model_list(request: Request) -> dict[str, Any]:
-    """Anthropic's paginated list (`limit`, `after_id`, `before_id`) of the one loaded model."""
-    limit = _limit(request.query_params.get("limit"))
-    ids = [engine_of(request).model.name]
-    after, before = request.query_params.get("after_id"), request.query_params.get("before_id")
-    if after in ids:
-        ids = ids[ids.index(after) + 1 :]
-    if before in ids:
-        ids = ids[: ids.index(before)]
-    page = ids[:limit]
-    return {
-        "data": [model_card(request, model_id) for model_id in page],
-        "has_more": len(ids) > limit,
-        "first_id": page[0] if page else None,
-        "last_id": page[-1] if page else None,
-    }
-
-
-def model_card(request: Request, model_id: str) -> dict[str, Any]:
-    """The loaded model under `model_id`: any name a client asks for is an alias of it."""
-    engine = engine_of(request)
-    started = datetime.fromtimestamp(request.app.state.started_at, UTC)
-    return {
-        "type": "model",
-        "id": model_id,
-        "display_name": engine.model.name,
-        "created_at": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        # One sequence's limit: the context, or less when the KV pool is smaller.
-        "max_input_tokens": engine.max_seq_tokens - 1,
-        "max_tokens": engine.max_seq_tokens - 1,
-    }
-
-
-def _limit(value: str | None) -> int:
-    if value is None:
-        return 20
-    if not value.isdigit() or not 1 <= int(value) <= 1000:
-        raise InvalidRequest(f"limit: must be an integer from 1 to 1000, not {value[:20]!r}")
-    return int(value)

@@ -17,10 +17,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from semantic.api import anthropic, pipeline
+from semantic.api import pipeline
 from semantic.api.agents import named_agent
-from semantic.api.errors import error_payload, protocol_of
-from semantic.api.gate import engine_of
+from semantic.api.errors import error_payload
 from semantic.api.limits import OutputBudget
 from semantic.api.logprobs import (
     MAX_LEGACY_LOGPROBS,
@@ -542,33 +541,3 @@ class _TextCompletion:
         reason = finish_reason_json(final.finish_reason)
         choice = self._choice(self.echo + text, reason, self.trail.all)
         return self._body([choice], usage=chat_usage(final.usage))
-
-
-# Both APIs list models here; a client speaking Anthropic gets Anthropic's shapes.
-
-
-@router.get("/v1/models", responses=error_responses(None, 400, 500))
-async def list_models(request: Request) -> dict[str, Any]:
-    if protocol_of(request) == "anthropic":
-        return anthropic.model_list(request)
-    return {"object": "list", "data": [_model_card(request)]}
-
-
-@router.get("/v1/models/{model_id:path}", responses=error_responses(None, 404, 500))
-async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-    engine = engine_of(request)
-    engine.model.check_requested_name(model_id, request.app.state.settings.strict_model_names)
-    if protocol_of(request) == "anthropic":
-        return anthropic.model_card(request, model_id)
-    return _model_card(request) | {"id": model_id}
-
-
-def _model_card(request: Request) -> dict[str, Any]:
-    engine = engine_of(request)
-    return {
-        "id": engine.model.name,
-        "object": "model",
-        "created": int(request.app.state.started_at),
-        "owned_by": "semantic",
-        "max_model_len": engine.max_seq_tokens,
-    }
