@@ -75,13 +75,15 @@ def _tokens(
 
 
 class _Logprobs:
-    """The log-softmax of the rows that ask for log probabilities, taken from the logits as the
-    model gave them, and their `k` most likely tokens, kept on the device until the step's
-    tokens are known; then one copy of what they asked to the host."""
+    """The rows that ask for log probabilities, copied from the logits as the model gave them
+    (`raw`: [R, V]), their log-normaliser and their `k` likeliest tokens, kept on the device
+    until the step's tokens are known; then one copy of what they asked to the host. (A log
+    probability is the logit less the row's logsumexp: no [R, V] log-softmax is written.)"""
 
-    def __init__(self, rows: list[int], logprobs: torch.Tensor, k: int) -> None:
-        self.rows, self.logprobs = rows, logprobs  # logprobs: [R, V], one row per asking row
-        self.top = logprobs.topk(min(k, logprobs.shape[-1])) if k else None
+    def __init__(self, rows: list[int], raw: torch.Tensor, k: int) -> None:
+        self.rows, self.raw = rows, raw
+        self.norm = raw.logsumexp(-1, keepdim=True)  # [R, 1]
+        self.top = raw.topk(min(k, raw.shape[-1])) if k else None
 
     @classmethod
     def of(cls, logits: torch.Tensor, items: Sequence[BatchItem]) -> _Logprobs | None:
@@ -89,18 +91,18 @@ class _Logprobs:
         if not rows:
             return None
         index = torch.tensor(rows, device=logits.device)
-        return cls(rows, logits.index_select(0, index).log_softmax(-1), k)
+        return cls(rows, logits.index_select(0, index), k)
 
     def attach(
         self, outcomes: list[int | Exception], items: Sequence[BatchItem]
     ) -> list[int | TokenLogprob | Exception]:
         tokens = [o if isinstance(o, int) else 0 for o in (outcomes[r] for r in self.rows)]
-        index = torch.tensor(tokens, device=self.logprobs.device)[:, None]
-        chosen = self.logprobs.gather(-1, index).squeeze(-1).tolist()
+        index = torch.tensor(tokens, device=self.raw.device)[:, None]
+        chosen = (self.raw.gather(-1, index) - self.norm).squeeze(-1).tolist()
         top: list[list[tuple[int, float]]] = [[] for _ in self.rows]
         if self.top is not None:
             values, ids = self.top
-            rows = zip(ids.tolist(), values.tolist(), strict=True)
+            rows = zip(ids.tolist(), (values - self.norm).tolist(), strict=True)
             top = [list(zip(i, v, strict=True)) for i, v in rows]
         return with_logprobs(outcomes, items, self.rows, chosen, top)
 
