@@ -1,5 +1,5 @@
 """The chat pipeline: one chat request in no protocol's words (`ChatRequest`), and the steps
-every chat API runs for it, once and in this order (`start`):
+every chat API runs for it, once and in this order (`admit`, then `start`):
 
  1. the model's name (`ServedModel.check_requested_name`);
  2. the counts of messages and tools, and the stop strings (api/limits.py);
@@ -10,7 +10,7 @@ every chat API runs for it, once and in this order (`start`):
  6. the engine request, submitted (api/cache_miss.py: the miss header);
  7. its events, taken back when a call goes astray (api/reply_stream.py), parsed into text,
     reasoning and calls (api/tool_use.py), their log probabilities kept (api/logprobs.py);
- 8. the answer, streamed as server-sent events or whole (`Reply.respond`).
+ 8. the answer, streamed as server-sent events or whole (`Submitted.respond`).
 
 Chat Completions (api/openai.py), Messages (api/anthropic.py) and Responses
 (api/responses.py) each read their body into a `ChatRequest` and write the `Reply`'s events
