@@ -10,7 +10,7 @@ A token is shown as OpenAI shows it: `token` its text, `bytes` the UTF-8 bytes i
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from semantic.core import TokenEvent, TokenLogprob
@@ -65,13 +65,20 @@ class Trail:
             engine.capabilities.require("logprobs", "log probabilities")
         return cls(engine.model.tokenizer, logprobs is not None)
 
-    async def follow(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
+    async def follow(
+        self, items: AsyncIterator[T], kept: Callable[[], int] | None = None
+    ) -> AsyncIterator[T]:
         """`items` (engine events, or pairs ending with one) unchanged, their log probabilities
-        kept as they pass."""
+        kept as they pass. `kept` says how many tokens the reply keeps (`ReplyStream.output`):
+        when the reply is taken back, the log probabilities of the tokens it dropped go too
+        (one a token; those a stream has shown already stay shown)."""
         async for item in items:
             event = item[-1] if isinstance(item, tuple) else item
             assert isinstance(event, TokenEvent)
             self.all += event.logprobs or ()
+            if self.asked and kept is not None and kept() < len(self.all):
+                del self.all[kept() :]
+                self._shown = min(self._shown, len(self.all))
             yield item
 
     def take(self) -> list[TokenLogprob]:

@@ -214,7 +214,7 @@ async def start(request: Request, engine: EnginePort, chat: ChatRequest) -> Repl
     )
     events = ReplyStream(submitted.events, engine, submitted.generation)
     submitted.events = events  # closing it closes whichever request it reads now
-    parsed = trail.follow(chat.tools.parse(events))
+    parsed = trail.follow(chat.tools.parse(events), lambda: len(events.output))
     asked = chat.budget.asked(request.app.state.settings)
     return Reply(submitted, parsed, trail, len(prompt_ids), asked)
 
