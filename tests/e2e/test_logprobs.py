@@ -44,7 +44,7 @@ def test_chat_logprobs_are_the_models_for_every_token_of_the_answer(server: Serv
 def test_a_chat_stream_carries_the_logprobs_of_the_whole_answer(server: Server) -> None:
     sdk = client(server)
     whole = sdk.chat.completions.create(**PARIS, logprobs=True, top_logprobs=2)
-    streamed = []
+    streamed: list[Any] = []
     for chunk in sdk.chat.completions.create(**PARIS, logprobs=True, top_logprobs=2, stream=True):
         if chunk.choices and chunk.choices[0].logprobs is not None:
             streamed += chunk.choices[0].logprobs.content or []

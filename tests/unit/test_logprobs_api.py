@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -63,7 +64,7 @@ def test_chat_logprobs_cover_every_token_of_the_answer_with_the_alternatives_ask
 
 def test_a_chat_stream_carries_the_same_logprobs_as_the_whole_answer(sdk: openai.OpenAI) -> None:
     whole = sdk.chat.completions.create(**CHAT, logprobs=True, top_logprobs=1)  # type: ignore[call-overload]
-    streamed = []
+    streamed: list[Any] = []
     for chunk in sdk.chat.completions.create(**CHAT, logprobs=True, top_logprobs=1, stream=True):  # type: ignore[call-overload]
         if chunk.choices and chunk.choices[0].logprobs is not None:
             streamed += chunk.choices[0].logprobs.content or []
