@@ -254,7 +254,9 @@ class SamplingParams:
     `repetition_penalty` (1.0: off) lowers every token already in the context, prompt and
     output, before anything else: a positive logit is divided by it, a negative one multiplied
     (transformers' and vLLM's rule). `grammar`, when set,
-    is what the output must follow (structured output): the runner masks every other token."""
+    is what the output must follow (structured output): the runner masks every other token.
+    `logprobs`, when set, asks for each sampled token's log probability and the `logprobs`
+    most likely tokens' (0: the chosen token's alone; None: nothing, and nothing computed)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -267,6 +269,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     grammar: OutputGrammar | None = None
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -494,9 +497,22 @@ class BatchItem:
     draft_token_ids: tuple[int, ...] = ()  # the draft `token_ids` ends with (none: no draft)
 
 
-# What a runner gives a batch item: nothing (a chunk mid-prompt), its token, or a verified draft's
-# tokens (`ModelRunner.run`).
-StepToken = int | list[int] | None
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """A sampled token with its log probability under the model (the log-softmax of its logits
+    before the request's penalty, temperature, top-k/top-p or grammar change them, as vLLM
+    reports by default), and the `top` most likely tokens as (id, log probability), most
+    likely first: what a request asks for with `SamplingParams.logprobs`."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+# What a runner gives a batch item: nothing (a chunk mid-prompt), its token (with its log
+# probabilities when its request asked for them), or a verified draft's tokens
+# (`ModelRunner.run`).
+StepToken = int | TokenLogprob | list[int] | None
 
 
 @dataclass(slots=True, frozen=True)
@@ -563,6 +579,8 @@ class TokenEvent:
     error: Exception | None = None
     stop_string: str | None = None  # the stop sequence that ended the output, if one did
     cache_miss: CacheMiss | None = None
+    # One per token of `token_ids`, when the request asked for them (`SamplingParams.logprobs`).
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def final(self) -> bool:

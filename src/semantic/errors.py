@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from semantic.core import StepToken
 
 
 class SemanticError(Exception):
@@ -193,7 +197,7 @@ class RowsFailed(SemanticError):
     `tokens` carries the other items' tokens (a verified draft's as a list, as `run` gives
     them), so their requests go on and only these fail."""
 
-    def __init__(self, tokens: list[int | list[int] | None], errors: dict[int, Exception]) -> None:
+    def __init__(self, tokens: list[StepToken], errors: dict[int, Exception]) -> None:
         super().__init__(f"{len(errors)} of the step's {len(tokens)} items could not be sampled")
         self.tokens = tokens
         self.errors = errors

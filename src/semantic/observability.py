@@ -36,7 +36,7 @@ from semantic.cache.pages.block_pool import (
     TIER_SHARED,
     TIER_WORKING_AGENT,
 )
-from semantic.core import Batch, Request, Sequence
+from semantic.core import Batch, Request, Sequence, StepToken
 from semantic.engine.snapshot import EngineSnapshot
 
 # -- logs ------------------------------------------------------------------------------------
@@ -272,9 +272,7 @@ class EngineMetrics:
             self.cache_persist_duration,
         ]
 
-    def stepped(
-        self, batch: Batch, sampled: int, tokens: Iterable[int | list[int] | None] = ()
-    ) -> None:
+    def stepped(self, batch: Batch, sampled: int, tokens: Iterable[StepToken] = ()) -> None:
         """A step ran `batch`, the runner gave `tokens` (a verified draft's as a list: its
         accepted tokens and one more), and `sampled` of them went to their requests."""
         self.step_sequences.observe(len(batch.items))

@@ -286,7 +286,7 @@ def test_sdk_legacy_completion_stream_and_echo_agree_with_the_whole_answer(serve
 
 def test_sdk_legacy_completion_refuses_what_it_cannot_do_by_name(server: Server) -> None:
     sdk = client(server)
-    for refused in ({"n": 2}, {"best_of": 3}, {"logprobs": 2}, {"suffix": "."}):
+    for refused in ({"n": 2}, {"best_of": 3}, {"logprobs": 6}, {"suffix": "."}):
         with pytest.raises(openai.BadRequestError) as raised:
             complete(sdk, **refused)
         assert raised.value.param == next(iter(refused))

@@ -12,12 +12,14 @@ import pytest
 
 from semantic.api import anthropic as api
 from semantic.api import anthropic_request as request
-from semantic.api.anthropic_usage import usage_json
+from semantic.api.limits import OutputBudget, output_budget
 from semantic.api.seal import Seals
-from semantic.core import DefaultSampling, FinishReason, TokenEvent, Usage
+from semantic.api.usage import messages_usage
+from semantic.core import PROTOCOL_SAMPLING, DefaultSampling, FinishReason, TokenEvent, Usage
 from semantic.errors import ContextOverflow, InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.server_key import ServerKey
+from semantic.settings.settings import Settings
 from semantic.text.chat import CHATML_TEMPLATE, ChatTemplate
 
 
@@ -245,29 +247,33 @@ def test_a_lone_surrogate_from_a_javascript_client_does_not_fail_the_prompt(
 
 
 def test_sampling_fields_map_to_sampling_params_with_anthropic_defaults() -> None:
-    params = api.sampling_params(
-        body(temperature=0.2, top_p=0.9, top_k=40, stop_sequences=["\n\nHuman:"]), 100
-    )
+    params = api.sampling_of(
+        body(temperature=0.2, top_p=0.9, top_k=40, stop_sequences=["\n\nHuman:"])
+    ).params(PROTOCOL_SAMPLING, 100)
     assert (params.temperature, params.top_p, params.top_k) == (0.2, 0.9, 40)
     assert (params.max_tokens, params.stop) == (100, ("\n\nHuman:",))
-    default = api.sampling_params(body(), 7)
+    default = api.sampling_of(body()).params(PROTOCOL_SAMPLING, 7)
     assert (default.temperature, default.top_p, default.top_k, default.stop) == (1.0, 1.0, 0, ())
 
 
 def test_sampling_a_request_leaves_out_is_the_models_recommendation() -> None:
     recommended = DefaultSampling(temperature=0.7, top_p=0.8, top_k=20)
-    left_out = api.sampling_params(body(), 7, recommended)
+    left_out = api.sampling_of(body()).params(recommended, 7)
     assert (left_out.temperature, left_out.top_p, left_out.top_k) == (0.7, 0.8, 20)
-    some = api.sampling_params(body(temperature=0.0, top_k=0), 7, recommended)
+    some = api.sampling_of(body(temperature=0.0, top_k=0)).params(recommended, 7)
     assert (some.temperature, some.top_p, some.top_k) == (0.0, 0.8, 0)
 
 
 def test_max_tokens_is_clamped_to_the_room_left_and_a_full_context_overflows() -> None:
-    assert api.output_budget(32000, 1000, 8192) == 7192
-    assert api.output_budget(10, 1000, 8192) == 10
-    assert api.output_budget(0, 1000, 8192) == 1  # a pre-warm still runs one step
+    def clamped(asked: int, prompt_tokens: int, context: int = 8192) -> int:
+        budget = OutputBudget(asked, asked, clamp=True)
+        return output_budget(Settings(max_output_tokens=None), budget, prompt_tokens, context)
+
+    assert clamped(32000, 1000) == 7192
+    assert clamped(10, 1000) == 10
+    assert clamped(0, 1000) == 1  # a pre-warm still runs one step
     with pytest.raises(ContextOverflow):
-        api.output_budget(10, 8192, 8192)
+        clamped(10, 8192)
 
 
 def final(reason: FinishReason, completion: int, stop: str | None = None) -> TokenEvent:
@@ -283,7 +289,7 @@ def test_stop_reasons_tell_the_output_limit_from_the_context_limit() -> None:
 
 
 def test_usage_counts_only_the_uncached_prompt_as_input() -> None:
-    assert usage_json(100, 64, 5) == {
+    assert messages_usage(100, 64, 5) == {
         "input_tokens": 36,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 64,

@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api.anthropic_request import MessagesBody, render_prompt
-from semantic.api.anthropic_usage import usage_json
+from semantic.api.usage import messages_usage
 from semantic.cache.pages.prefix import PrefixCache
 from semantic.models.served import ServedModel
 from tests.unit.fakes import SettledEngine, running
@@ -203,7 +203,7 @@ def test_a_retention_goes_away_by_itself_once_its_ttl_has_passed(
 
 
 def test_usage_without_breakpoints_counts_cache_hits_as_reads_and_writes_nothing() -> None:
-    assert usage_json(100, 40, 3) == {
+    assert messages_usage(100, 40, 3) == {
         "input_tokens": 60,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 40,
@@ -213,7 +213,7 @@ def test_usage_without_breakpoints_counts_cache_hits_as_reads_and_writes_nothing
 
 
 def test_usage_writes_from_what_was_read_to_the_furthest_breakpoint_split_by_ttl() -> None:
-    usage = usage_json(100, 16, 1, retained=(32, 64), labels=("1h", "5m"))
+    usage = messages_usage(100, 16, 1, retained=(32, 64), labels=("1h", "5m"))
     assert usage["cache_read_input_tokens"] == 16
     assert usage["cache_creation_input_tokens"] == 48
     assert usage["input_tokens"] == 36
@@ -221,7 +221,7 @@ def test_usage_writes_from_what_was_read_to_the_furthest_breakpoint_split_by_ttl
         "ephemeral_5m_input_tokens": 32,
         "ephemeral_1h_input_tokens": 16,
     }
-    read_past = usage_json(100, 72, 1, retained=(32, 64), labels=("1h", "5m"))
+    read_past = messages_usage(100, 72, 1, retained=(32, 64), labels=("1h", "5m"))
     assert read_past["cache_creation_input_tokens"] == 0 and read_past["input_tokens"] == 28
 
 

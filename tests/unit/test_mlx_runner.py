@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from semantic.backends import create_runner
-from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams
+from semantic.core import Batch, BatchItem, CacheSpec, SamplingParams, TokenLogprob
 from semantic.engine.runner import ModelRunner
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
@@ -205,6 +205,23 @@ def test_a_sliding_layer_reads_its_window_and_no_key_before_it() -> None:
     mask = np.array(reads.mask)  # [30 queries, 41 keys]: causal, 12 keys each
     assert mask.shape == (30, 41) and (mask.sum(1) == 12).all()
     assert step.sampled_index == [1, 0]  # decodes first in the layout
+
+
+def test_a_step_gives_log_probabilities_to_the_row_that_asks_and_its_tokens_to_all() -> None:
+    mlx_runner = runner()
+    ids = [1, 5, 9, 13]
+    logits = prompt_logits(mlx_runner, ids).astype(np.float64)
+    expected = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+    asks = dataclasses.replace(GREEDY, logprobs=2)
+    tables = [[0]]
+    batch = Batch(
+        [BatchItem(0, ids, 0, tables, True, asks, 0), BatchItem(1, ids, 0, [[1]], True, GREEDY, 0)]
+    )
+    asked, plain = runner().run(batch)
+    assert plain == int(logits.argmax())
+    assert isinstance(asked, TokenLogprob) and asked.token_id == plain
+    assert asked.logprob == pytest.approx(expected.max(), abs=1e-4)
+    assert [t for t, _ in asked.top] == list(np.argsort(-expected)[:2])
 
 
 # Torch, and what needs it, cannot be imported: a Mac with only the mlx extra installed.

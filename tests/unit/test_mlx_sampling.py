@@ -15,7 +15,7 @@ import torch
 from semantic.backends.mlx import sampling as mlx
 from semantic.backends.sampling import Unsampleable
 from semantic.backends.torch import sampling as reference
-from semantic.core import BatchItem, SamplingParams
+from semantic.core import BatchItem, SamplingParams, TokenLogprob
 from semantic.models.served import ServedModel
 from semantic.text.grammar import Grammar, GrammarStates, allowed
 from tests.unit.test_sampling import HOSTILE
@@ -34,16 +34,19 @@ def random_logits(rows: int = 4, vocab: int = VOCAB, seed: int = 0) -> np.ndarra
     return (np.random.default_rng(seed).standard_normal((rows, vocab)) * 3).astype(np.float32)
 
 
+Outcomes = list[int | TokenLogprob | Exception]
+
+
 def both(
     logits: np.ndarray, items: list[BatchItem], grammars: tuple[GrammarStates, GrammarStates]
-) -> tuple[list[int | Exception], list[int | Exception]]:
+) -> tuple[Outcomes, Outcomes]:
     """The numpy sampler's outcomes and the torch sampler's, each on its own copy."""
     ours = mlx.sample(logits.copy(), items, grammars[0])
     theirs = reference.sample(torch.from_numpy(logits.copy()), items, grammars[1])
     return ours, theirs
 
 
-def same_outcomes(ours: list[int | Exception], theirs: list[int | Exception]) -> bool:
+def same_outcomes(ours: Outcomes, theirs: Outcomes) -> bool:
     return [o if isinstance(o, int) else type(o) for o in ours] == [
         t if isinstance(t, int) else type(t) for t in theirs
     ]

@@ -392,8 +392,20 @@ MALFORMED: list[tuple[str, str, Body, dict[str, str], int, str | None]] = [
     ("prompt is an empty list", LEGACY, legacy(prompt=[]), {}, 400, None),
     ("legacy n is 3", LEGACY, legacy(n=3), {}, 400, "n"),
     ("best_of is 2", LEGACY, legacy(best_of=2), {}, 400, "best_of"),
-    ("logprobs is 5", LEGACY, legacy(logprobs=5), {}, 400, "logprobs"),
-    ("logprobs is 0", LEGACY, legacy(logprobs=0), {}, 400, "logprobs"),
+    ("logprobs is 6", LEGACY, legacy(logprobs=6), {}, 400, "logprobs"),
+    ("logprobs is -1", LEGACY, legacy(logprobs=-1), {}, 400, "logprobs"),
+    ("logprobs with echo", LEGACY, legacy(logprobs=1, echo=True), {}, 400, "logprobs"),
+    ("top_logprobs is 21", CHAT, with_(logprobs=True, top_logprobs=21), {}, 400, "top_logprobs"),
+    ("top_logprobs without logprobs", CHAT, with_(top_logprobs=2), {}, 400, "top_logprobs"),
+    ("logprobs is a string", CHAT, with_(logprobs="yes"), {}, 400, "logprobs"),
+    (
+        "responses: top_logprobs is 21",
+        RESPONSES,
+        response(top_logprobs=21),
+        {},
+        400,
+        "top_logprobs",
+    ),
     ("suffix is set", LEGACY, legacy(suffix="}"), {}, 400, "suffix"),
     ("echo is a string", LEGACY, legacy(echo="yes"), {}, 400, "echo"),
     # the Responses API
@@ -760,7 +772,7 @@ def test_a_fault_after_the_200_is_an_error_chunk_that_keeps_its_internals_to_the
     def bug(usage: object) -> None:
         raise RuntimeError("secret detail in /srv/semantic/internals.py")
 
-    monkeypatch.setattr(openai_api, "usage_json", bug)
+    monkeypatch.setattr(openai_api, "chat_usage", bug)
     good = GOOD if path == CHAT else GOOD_LEGACY
     body = {**good, "stream": True, "stream_options": {"include_usage": True}}
     with caplog.at_level(logging.ERROR):

@@ -13,8 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from semantic.api.responses import render_prompt
-from semantic.api.responses_request import ResponsesBody, Tool, input_items, template_messages
+from semantic.api.openai_tools import template_tools
+from semantic.api.pipeline import render_messages
+from semantic.api.responses import prompt_messages
+from semantic.api.responses_request import ResponsesBody, Tool, input_items, item_messages
 from semantic.models.served import ServedModel
 from tests.unit.fakes import shared_prefix
 from tests.unit.test_responses_api import scripted
@@ -28,7 +30,8 @@ def _codex_body(session: str) -> ResponsesBody:
 
 
 def _prompt(model: ServedModel, body: ResponsesBody) -> list[int]:
-    return render_prompt(model, body, [], template_messages(input_items(body)))
+    messages = prompt_messages(body, [], item_messages(input_items(body)))
+    return render_messages(model, messages, template_tools(body.functions()))
 
 
 def test_a_second_sessions_first_request_shares_its_prefix_with_the_firsts(

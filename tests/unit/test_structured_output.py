@@ -277,6 +277,20 @@ def test_a_streamed_renamed_call_sends_its_text_once(server: Server) -> None:
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_a_renamed_calls_log_probabilities_are_those_of_the_tokens_the_reply_kept(
+    server: Server,
+) -> None:
+    """One log probability per token the reply counts: the dropped tokens' go with them."""
+    server.say(MADE_UP, RENAMED)
+    body = {"model": "m", "messages": ASK, "tools": [OPENAI_FORECAST], "logprobs": True}
+    answer = server.client.post("/v1/chat/completions", json=body).json()
+    assert answer["choices"][0]["finish_reason"] == "tool_calls"
+    content = answer["choices"][0]["logprobs"]["content"]
+    assert len(content) == answer["usage"]["completion_tokens"]
+    text = b"".join(bytes(entry["bytes"]) for entry in content).decode()
+    assert text.startswith('Checking.\n```json\n{"name": "forecast", "arguments"')
+
+
 def test_a_reply_written_again_after_the_queue_timeout_is_not_refused_as_overloaded(
     served: ServedModel, tmp_path: Path
 ) -> None:

@@ -52,7 +52,7 @@ def openai_prompt(messages: list[dict[str, Any]]) -> str:
             "tools": [FUNCTION],
         }
     )
-    messages = openai.template_messages(body.messages)
+    messages = openai.chat_messages(body.messages)
     return SMOLLM2.render(messages, tools=openai_tools.template_tools(body.tools))
 
 

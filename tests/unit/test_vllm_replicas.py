@@ -400,6 +400,13 @@ def test_the_body_maps_our_sampling_onto_vllms_fields() -> None:
         ("POST", "/admin/cache/evict", {}),
         ("POST", "/admin/cache/persist", {}),
         ("POST", "/admin/models/swap", {"model": "smollm2-135m"}),
+        ("POST", "/v1/chat/completions", {"model": "m", "messages": USER, "logprobs": True}),
+        ("POST", "/v1/completions", {"model": "m", "prompt": "Hi", "logprobs": 1}),
+        (
+            "POST",
+            "/v1/responses",
+            {"model": "m", "input": "Hi", "include": ["message.output_text.logprobs"]},
+        ),
     ],
 )
 def test_routes_the_vllm_engine_cannot_serve_answer_501(

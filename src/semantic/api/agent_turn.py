@@ -128,14 +128,10 @@ class Turn:
         chosen = defaults.overridden_by(overrides)
         limits.check_stops(settings, chosen.stop or (), "stop")
         default_max_tokens = defaults.max_tokens or settings.default_max_tokens
-        max_tokens = limits.output_budget(
-            settings,
-            overrides.max_tokens,
-            len(prompt),
-            engine.max_seq_tokens,
-            default_max_tokens,
-            prompt_param="message",
+        budget = limits.OutputBudget(
+            overrides.max_tokens, default_max_tokens, prompt_param="message"
         )
+        max_tokens = limits.output_budget(settings, budget, len(prompt), engine.max_seq_tokens)
         return GenerationRequest(
             request_id=self.hold.turn_id,
             prompt_token_ids=prompt,

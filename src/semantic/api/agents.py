@@ -7,6 +7,7 @@ caller (`auth.caller_of`): a key sees its own agents only, an admin key every ke
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Mapping
 from typing import Annotated, Any
@@ -54,6 +55,15 @@ def named_agent(
         raise InvalidRequest(f"{param} must match {AGENT_ID_PATTERN}", param=param)
     bind_agent(agent_id)
     return agent_id
+
+
+def agent_id_from(name: str) -> str:
+    """A valid agent id for `name`, the same every time: the name itself when it is one,
+    else a digest of it (a client's own session name: Claude Code's `metadata.user_id`,
+    OpenAI's `prompt_cache_key`)."""
+    if is_valid_agent_id(name):
+        return name
+    return "user-" + hashlib.blake2b(name.encode(errors="replace"), digest_size=12).hexdigest()
 
 
 def _checked(agent_id: str) -> str:

@@ -6,46 +6,40 @@ SSE bytes live in streaming.py, error shapes in errors.py.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from semantic.api import cache_miss, limits, rate_limits
+from semantic.api import limits, pipeline
 from semantic.api.admin import engine_of
-from semantic.api.agents import named_agent
+from semantic.api.agents import agent_id_from, named_agent
 from semantic.api.anthropic_request import (
     MessagesBody,
     PromptBody,
     git_status_of,
-    parse_body,
     refuse_images,
     render_prompt,
     tool_use_of,
 )
-from semantic.api.anthropic_usage import final_usage, usage_json
 from semantic.api.auth import caller_of
+from semantic.api.bodies import parse_body
 from semantic.api.breakpoints import BreakpointRender
 from semantic.api.errors import anthropic_error_event
 from semantic.api.git_snapshots import GitSnapshots
+from semantic.api.limits import OutputBudget
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
+from semantic.api.pipeline import ChatRequest, Sampling
 from semantic.api.prompt_bounds import PromptRoute
-from semantic.api.reply_stream import ReplyStream
 from semantic.api.seal import Seals
 from semantic.api.streaming import (
     PING,
-    after_the_200,
     anthropic_event,
-    sse_response,
-    unless_disconnected,
-    with_keep_alive,
 )
 from semantic.api.thinking import Thinking, anthropic_switch, seals_of, shape_reply
 from semantic.api.tool_use import (
@@ -56,21 +50,14 @@ from semantic.api.tool_use import (
     ToolUse,
     whole_reply,
 )
+from semantic.api.usage import final_usage, messages_usage
 from semantic.core import (
-    PROTOCOL_SAMPLING,
-    DefaultSampling,
     FinishReason,
-    SamplingParams,
     TokenEvent,
     Usage,
-    is_valid_agent_id,
 )
-from semantic.core import Request as GenerationRequest
-from semantic.errors import ContextOverflow, InvalidRequest
 from semantic.models.served import ServedModel
-from semantic.observability import bind_agent
 from semantic.text import client_json
-from semantic.text.grammar import Grammar
 from semantic.text.tools import ArgumentsDelta, CallEnd, CallStart, TextDelta
 
 router = APIRouter(route_class=PromptRoute)
@@ -80,29 +67,6 @@ router = APIRouter(route_class=PromptRoute)
 # of its ~19K-token first request on a small CPU takes longer. So once no other event has gone
 # out for this long, the heartbeat is an empty delta instead of a ping.
 EMPTY_DELTA_AFTER_S = 120.0
-
-
-def output_budget(requested: int, prompt_tokens: int, limit: int) -> int:
-    """max_tokens clamped to the room the context leaves: Claude Code asks for 32000 whatever
-    the model. A prompt with no room at all is refused in the words Claude Code compacts on.
-    0 (a cache pre-warm) still runs one step; its token is not returned."""
-    if prompt_tokens >= limit:
-        raise ContextOverflow(prompt_tokens, 0, limit)
-    return max(1, min(requested, limit - prompt_tokens))
-
-
-def sampling_params(
-    body: MessagesBody,
-    max_tokens: int,
-    defaults: DefaultSampling = PROTOCOL_SAMPLING,
-    grammar: Grammar | None = None,
-) -> SamplingParams:
-    return SamplingParams(
-        **defaults.fill(body.temperature, body.top_p, body.top_k),
-        max_tokens=max_tokens,
-        stop=tuple(body.stop_sequences or ()),
-        grammar=grammar,
-    )
 
 
 # -- the agent -----------------------------------------------------------------------------
@@ -136,14 +100,6 @@ def agent_id(body: MessagesBody, headers: Mapping[str, str]) -> str | None:
         return None
     subagent = headers.get(SUBAGENT_HEADER)
     return agent_id_from(f"{session}.{subagent}" if subagent else session)
-
-
-def agent_id_from(name: str) -> str:
-    """A valid agent id for `name`, the same every time: the name itself when it is one,
-    else a digest of it."""
-    if is_valid_agent_id(name):
-        return name
-    return "user-" + hashlib.blake2b(name.encode(errors="replace"), digest_size=12).hexdigest()
 
 
 def session_of(body: PromptBody, headers: Mapping[str, str]) -> str | None:
@@ -242,7 +198,7 @@ class _Reply:
         """Before the end, all of the prompt counts as input (the engine tells what it found
         cached only when it finishes); `message_delta` then carries the final split."""
         if usage is None:
-            return usage_json(self.prompt_tokens, 0, 0)
+            return messages_usage(self.prompt_tokens, 0, 0)
         output = 0 if self.silent else usage.completion_tokens
         return final_usage(usage, output, self.breakpoint_ttls)
 
@@ -388,42 +344,63 @@ def _error_event(exc: Exception) -> str:
 )
 async def create_message(request: Request) -> Response:
     body = await parse_body(request, MessagesBody)
-    engine, settings = engine_of(request), request.app.state.settings
-    engine.model.check_requested_name(body.model, settings.strict_model_names)
-    limits.check_counts(settings, len(body.messages), len(body.tools or []))
-    limits.check_stops(settings, body.stop_sequences or (), "stop_sequences")
     refuse_images(body)
     agent = agent_id(body, request.headers)
-    bind_agent(agent)
-    rate_limits.check_agent(request, agent)
-    tools, thinking = tool_use_of(engine.model, body), thinking_of(engine.model, body)
-    seals, git_status = seals_of(request), first_git_status(request, body)
-    render = BreakpointRender(
-        engine.model, body, settings.max_retention_ttl_s, seals=seals, git_status=git_status
+    sampling = sampling_of(body)
+    engine = pipeline.admit(
+        request, body.model, len(body.messages), len(body.tools or []), sampling, agent
     )
-    prompt_ids, grammar = await shape_reply(engine.model, body.output(), tools, thinking, render)
-    limits.check_prompt(settings, len(prompt_ids))
-    requested = limits.capped_max_tokens(settings, body.max_tokens)
-    max_tokens = output_budget(requested, len(prompt_ids), engine.max_seq_tokens)
-    generation = GenerationRequest(
-        request_id=request.state.request_id,
-        prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens, engine.model.sampling, grammar),
-        agent_id=agent,
-        owner=caller_of(request).owner,
-        breakpoints=render.breakpoints,
-    )
-    events, headers = await cache_miss.stream(engine, generation)
-    reply_stream = ReplyStream(events, engine, generation)
-    parsed = tools.parse(reply_stream)
+    seals = seals_of(request)
+    chat = _chat_request(request, body, engine.model, sampling, agent, seals)
+    assert isinstance(chat.render, BreakpointRender)
+    reply = await pipeline.start(request, engine, chat)
     # Any model name is served by the loaded model, and echoed back as asked.
-    reply = _Reply(body.model, len(prompt_ids), requested, seals, thinking.shown, render.labels)
-    if body.stream:
-        frames = after_the_200(reply.events(parsed, tools), reply_stream, _error_event)
-        stream = with_keep_alive(frames, settings.keep_alive_s, reply.heartbeat)
-        return sse_response(stream, headers)
-    answer = await unless_disconnected(request, reply.collect(parsed, tools))
-    return JSONResponse(answer, headers=headers)
+    assert reply.asked is not None  # Anthropic's budget clamps: there always is one
+    shown, labels = chat.thinking.shown, chat.render.labels
+    message = _Reply(body.model, reply.prompt_tokens, reply.asked, seals, shown, labels)
+    return await reply.submitted.respond(
+        request,
+        body.stream,
+        partial(message.events, reply.parsed, chat.tools),
+        partial(message.collect, reply.parsed, chat.tools),
+        _error_event,
+        message.heartbeat,
+    )
+
+
+def sampling_of(body: MessagesBody) -> Sampling:
+    """The sampling fields of a Messages body."""
+    stops = tuple(body.stop_sequences or ())
+    return Sampling(
+        body.temperature, body.top_p, body.top_k, stop=stops, stop_param="stop_sequences"
+    )
+
+
+def _chat_request(
+    request: Request,
+    body: MessagesBody,
+    model: ServedModel,
+    sampling: Sampling,
+    agent: str | None,
+    seals: Seals,
+) -> ChatRequest:
+    """The body as the chat pipeline reads it: its prompt rendered with its breakpoints found
+    (api/breakpoints.py), thinking blocks' seals opened, and the git status its Claude Code
+    session started with; its `max_tokens` clamped (`OutputBudget`)."""
+    tools, thinking = tool_use_of(model, body), thinking_of(model, body)
+    max_ttl_s = request.app.state.settings.max_retention_ttl_s
+    git_status = first_git_status(request, body)
+    render = BreakpointRender(model, body, max_ttl_s, seals=seals, git_status=git_status)
+    return ChatRequest(
+        tools=tools,
+        thinking=thinking,
+        render=render,
+        budget=OutputBudget(body.max_tokens, body.max_tokens, clamp=True),
+        sampling=sampling,
+        output=body.output(),
+        agent=agent,
+        breakpoints=lambda _: render.breakpoints,
+    )
 
 
 @router.post(
@@ -457,47 +434,3 @@ def thinking_of(model: ServedModel, body: PromptBody) -> Thinking:
 async def probe() -> Response:
     """Claude Code's connectivity check at startup."""
     return Response()
-
-
-# The model routes belong to both APIs; openai.py serves them and hands Anthropic clients here.
-
-
-def model_list(request: Request) -> dict[str, Any]:
-    """Anthropic's paginated list (`limit`, `after_id`, `before_id`) of the one loaded model."""
-    limit = _limit(request.query_params.get("limit"))
-    ids = [engine_of(request).model.name]
-    after, before = request.query_params.get("after_id"), request.query_params.get("before_id")
-    if after in ids:
-        ids = ids[ids.index(after) + 1 :]
-    if before in ids:
-        ids = ids[: ids.index(before)]
-    page = ids[:limit]
-    return {
-        "data": [model_card(request, model_id) for model_id in page],
-        "has_more": len(ids) > limit,
-        "first_id": page[0] if page else None,
-        "last_id": page[-1] if page else None,
-    }
-
-
-def model_card(request: Request, model_id: str) -> dict[str, Any]:
-    """The loaded model under `model_id`: any name a client asks for is an alias of it."""
-    engine = engine_of(request)
-    started = datetime.fromtimestamp(request.app.state.started_at, UTC)
-    return {
-        "type": "model",
-        "id": model_id,
-        "display_name": engine.model.name,
-        "created_at": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        # One sequence's limit: the context, or less when the KV pool is smaller.
-        "max_input_tokens": engine.max_seq_tokens - 1,
-        "max_tokens": engine.max_seq_tokens - 1,
-    }
-
-
-def _limit(value: str | None) -> int:
-    if value is None:
-        return 20
-    if not value.isdigit() or not 1 <= int(value) <= 1000:
-        raise InvalidRequest(f"limit: must be an integer from 1 to 1000, not {value[:20]!r}")
-    return int(value)

@@ -17,19 +17,16 @@ takes a new one: api/git_snapshots.py).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
-from fastapi import Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from semantic.api import tool_use
-from semantic.api.bodies import body_limit, read_body
 from semantic.api.seal import Seals
 from semantic.api.structured_output import AnthropicFormat, OutputFormat
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
-from semantic.text import claude_code, client_json
+from semantic.text import claude_code
 from semantic.text.chat import template_tool_call
 
 DOCUMENT_TEXT = "[document]"  # what a text-only model sees of a PDF
@@ -100,7 +97,26 @@ class Message(_Body):
     content: str | list[ContentBlock]
 
 
+# A server tool's type: a versioned name, never "custom" (a client's own tool) nor null.
+_SERVER_TOOL_TYPE: dict[str, Any] = {"type": "string", "not": {"const": "custom"}}
+# A tool the model may call: one with a schema.
+_WITH_SCHEMA: dict[str, Any] = {
+    "required": ["input_schema"],
+    "properties": {"input_schema": {"type": "object"}},
+}
+
+
 class Tool(_Body):
+    # A client's own tool (no type, or "custom") needs its schema (`tool_use_of`).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                _WITH_SCHEMA,
+                {"required": ["type"], "properties": {"type": _SERVER_TOOL_TYPE}},
+            ]
+        }
+    )
+
     name: str
     type: str | None = None  # none or "custom" for a client's tool; versioned for server tools
     description: str | None = None
@@ -115,13 +131,25 @@ class Tool(_Body):
         return self.type in (None, "custom")
 
 
-class ToolChoice(_Body):
+class ToolChoiceParam(_Body):
+    """Anthropic's `tool_choice` as sent (api/tool_use.py: `ToolChoice` is what it means)."""
+
+    # `type: tool` names its tool (one of `tools`: `_tool_choice`).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"type": {"const": "tool"}}, "required": ["type"]},
+            "then": {"required": ["name"], "properties": {"name": {"type": "string"}}},
+        }
+    )
+
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
 
 
-class Thinking(_Body):
+class ThinkingConfigParam(_Body):
+    """Anthropic's `thinking` as sent (api/thinking.py: `Thinking` is what it means)."""
+
     type: str  # enabled, disabled, adaptive; others (between_tools, newer ones) count as off
     budget_tokens: int | None = Field(None, ge=0)
     display: Literal["summarized", "omitted"] | None = None
@@ -139,12 +167,26 @@ class Metadata(_Body):
 class PromptBody(_Body):
     """What decides the prompt: all of /v1/messages/count_tokens, the start of /v1/messages."""
 
+    # A `tool_choice` that asks for a call needs tools (`_tool_choice`), in the schema too.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "properties": {"tool_choice": {"properties": {"type": {"enum": ["any", "tool"]}}}},
+                "required": ["tool_choice"],
+            },
+            "then": {
+                "required": ["tools"],
+                "properties": {"tools": {"type": "array", "contains": _WITH_SCHEMA}},
+            },
+        }
+    )
+
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)  # at most `max_messages` (api/limits.py)
     system: str | list[ContentBlock] | None = None
     tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
-    thinking: Thinking | None = None
+    tool_choice: ToolChoiceParam | None = None
+    thinking: ThinkingConfigParam | None = None
     output_config: OutputConfig | None = None
     output_format: AnthropicFormat | None = None  # the structured-outputs beta's spelling
 
@@ -168,25 +210,6 @@ class MessagesBody(PromptBody):
     top_k: int | None = Field(None, ge=0)
     metadata: Metadata | None = None
     cache_control: CacheControl | None = None  # automatic: a breakpoint at the last block
-
-
-B = TypeVar("B", bound=BaseModel)
-
-
-async def parse_body(request: Request, schema: type[B]) -> B:
-    """The body as `schema`: a 413 past the size limit, a 400 for anything that is not a JSON
-    object of the right shape (never a 500: deep nesting and invalid UTF-8 included)."""
-    raw = await read_body(request, body_limit(request.app))
-    try:
-        data = client_json.loads(raw)
-    except client_json.NotJson as exc:
-        raise InvalidRequest(f"the request body {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    try:
-        return schema.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False)) from exc
 
 
 # -- the prompt ----------------------------------------------------------------------------
@@ -435,7 +458,7 @@ def tool_use_of(model: ServedModel, body: PromptBody) -> tool_use.ToolUse:
     return tool_use.ToolUse(model, list(schemas), choice, schemas, strict)
 
 
-def _tool_choice(choice: ToolChoice | None, names: list[str]) -> tool_use.ToolChoice:
+def _tool_choice(choice: ToolChoiceParam | None, names: list[str]) -> tool_use.ToolChoice:
     if choice is None:
         return tool_use.ToolChoice()
     parallel = not choice.disable_parallel_tool_use

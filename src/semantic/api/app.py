@@ -21,6 +21,7 @@ from semantic.api import (
     docs_pages,
     errors,
     gate,
+    models,
     openai,
     openapi,
     responses,
@@ -112,6 +113,7 @@ def create_app(engine: EnginePort | EngineHost, settings: Settings) -> FastAPI:
     # Outermost: every message to the client goes through it, the others' included.
     app.add_middleware(SendTimeout, timeout_s=settings.send_timeout_s)
     app.include_router(openai.router)
+    app.include_router(models.router)
     app.include_router(anthropic.router)
     app.include_router(responses.router)
     app.include_router(agents.router)

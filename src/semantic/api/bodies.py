@@ -3,22 +3,25 @@ page; and under a size limit (the `max_body_mb` setting): a 413 past it (in the 
 through errors.py), never a server that reads whatever a client sends.
 
 FastAPI reads a route's declared body with no limit; routes built with `LimitedBodyRoute` read
-it through `read_body` instead.
+it through `read_body` instead, and routes that read their body by hand through `parse_body`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from semantic.api import errors
+from semantic.errors import InvalidRequest
 from semantic.text import client_json
 
 # The types a web page may send to another site without asking it first (a CORS "simple
@@ -124,3 +127,22 @@ class LimitedBodyRoute(APIRoute):
         """What a kind of route checks on its body before FastAPI validates it, raising what
         errors.py answers in the protocol's shape (inside FastAPI's own reading of the body,
         any error but an HTTPException becomes a bare 400). Nothing here."""
+
+
+B = TypeVar("B", bound=BaseModel)
+
+
+async def parse_body(request: Request, schema: type[B]) -> B:
+    """The body as `schema`: a 413 past the size limit, a 400 for anything that is not a JSON
+    object of the right shape (never a 500: deep nesting and invalid UTF-8 included)."""
+    raw = await read_body(request, body_limit(request.app))
+    try:
+        data = client_json.loads(raw)
+    except client_json.NotJson as exc:
+        raise InvalidRequest(f"the request body {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from exc

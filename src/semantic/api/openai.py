@@ -11,18 +11,26 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from semantic.api import anthropic, cache_miss, limits, rate_limits
+from semantic.api import pipeline
 from semantic.api.agents import named_agent
-from semantic.api.auth import caller_of
-from semantic.api.errors import error_payload, protocol_of
-from semantic.api.gate import engine_of
+from semantic.api.errors import error_payload
+from semantic.api.limits import OutputBudget
+from semantic.api.logprobs import (
+    MAX_LEGACY_LOGPROBS,
+    MAX_TOP_LOGPROBS,
+    Trail,
+    chat_logprobs,
+    legacy_json,
+    requires_logprobs,
+)
 from semantic.api.openai_tools import (
+    CHOICE_NEEDS_TOOLS,
     ToolChoiceField,
     ToolDefinition,
     template_tools,
@@ -31,37 +39,31 @@ from semantic.api.openai_tools import (
     tool_use_of,
 )
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses
+from semantic.api.pipeline import ChatRequest, Sampling, render_messages
 from semantic.api.prompt_bounds import PromptRoute
 from semantic.api.prompt_cache import PromptCacheRetention, prompt_cache_agent, retention_of
-from semantic.api.reply_stream import ReplyStream
 from semantic.api.streaming import (
     DONE,
-    after_the_200,
+    KEEP_ALIVE,
     data_event,
     prefill_comments,
-    sse_response,
-    unless_disconnected,
     whole_answer,
-    with_keep_alive,
 )
 from semantic.api.structured_output import ResponseFormat
-from semantic.api.thinking import Thinking, shape_reply
+from semantic.api.thinking import Thinking
 from semantic.api.tool_use import Reasoning, ReasoningDelta, ReplyEvent, ToolUse, whole_reply
+from semantic.api.usage import chat_usage
 from semantic.core import (
     AGENT_ID_PATTERN,
-    DefaultSampling,
     FinishReason,
-    SamplingParams,
     TokenEvent,
-    Usage,
+    TokenLogprob,
 )
-from semantic.core import Request as GenerationRequest
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.settings.settings import Settings
 from semantic.text import client_json
 from semantic.text.chat import template_tool_call
-from semantic.text.grammar import Grammar
 from semantic.text.reasoning import ThinkingSwitch
 from semantic.text.tools import TextDelta
 
@@ -107,6 +109,10 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+_STOP = {"type": "string", "minLength": 1}
+_STOPS = {"anyOf": [_STOP, {"type": "array", "items": _STOP}, {"type": "null"}], "default": None}
+
+
 class GenerationFields(_Body):
     """What the chat and the legacy completions bodies share: the model, streaming, the output
     budget, sampling, and the extensions."""
@@ -121,8 +127,9 @@ class GenerationFields(_Body):
     top_k: int | None = Field(None, ge=-1, description="0 or -1 is off.")
     repetition_penalty: float | None = Field(None, gt=0, le=2, description="1 is off.")
     seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int = Field(1, ge=1)
+    # An empty stop string would end every answer before its first token (`sampling_of`).
+    stop: Annotated[str | list[str] | None, WithJsonSchema(_STOPS)] = None
+    n: int = Field(1, ge=1, json_schema_extra={"maximum": 1})  # others: a 400 of our own
     # Extensions that benchmarks and agent clients rely on (vLLM spells them the same way).
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
@@ -140,6 +147,13 @@ class ChatCompletionRequest(GenerationFields):
     # The conversation, named as in Responses (api/prompt_cache.py).
     prompt_cache_key: str | None = Field(None, max_length=256)
     prompt_cache_retention: PromptCacheRetention | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    # What a field's type cannot say, said in the schema too (the server checks it by hand).
+    model_config = ConfigDict(
+        json_schema_extra={"allOf": [requires_logprobs("top_logprobs"), CHOICE_NEEDS_TOOLS]}
+    )
 
 
 def _text_of(message: ChatMessage) -> str:
@@ -157,7 +171,7 @@ def _text_of(message: ChatMessage) -> str:
     return "\n".join(parts)
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """OpenAI messages as chat templates expect them (Hugging Face conventions)."""
     rendered = []
     for message in messages:
@@ -184,52 +198,21 @@ def _template_tool_call(call: ToolCall) -> dict[str, Any]:
     return template_tool_call(call.id, call.function.name, arguments)
 
 
-def sampling_params(
-    body: GenerationFields,
-    max_tokens: int,
-    settings: Settings,
-    defaults: DefaultSampling,
-    grammar: Grammar | None = None,
-) -> SamplingParams:
+def sampling_of(body: GenerationFields) -> Sampling:
+    """The sampling fields both bodies share; an empty stop string is a 400."""
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not stop for stop in stops):
         raise InvalidRequest("stop: a stop sequence may not be empty", param="stop")
-    limits.check_stops(settings, stops, "stop")
-    top_k = None if body.top_k is None else max(body.top_k, 0)
-    return SamplingParams(
-        **defaults.fill(body.temperature, body.top_p, top_k, body.repetition_penalty),
-        seed=body.seed,
-        max_tokens=max_tokens,
-        min_tokens=body.min_tokens,
-        stop=tuple(stops),
-        ignore_eos=body.ignore_eos,
-        grammar=grammar,
+    return Sampling(
+        body.temperature,
+        body.top_p,
+        None if body.top_k is None else max(body.top_k, 0),
+        body.repetition_penalty,
+        body.seed,
+        body.min_tokens,
+        tuple(stops),
+        body.ignore_eos,
     )
-
-
-def render_prompt(
-    model: ServedModel,
-    body: ChatCompletionRequest,
-    reply_start: str = "",
-    template_vars: Mapping[str, Any] | None = None,
-) -> list[int]:
-    """The prompt's token ids: templated, then tokenized (on a worker thread: a long prompt
-    must not stall the event loop). `reply_start` (a forced tool call's opener) ends it;
-    `template_vars` are the template's switches (thinking)."""
-    messages = template_messages(body.messages)
-    prompt = model.chat_template.render(
-        messages, tools=template_tools(body.tools), **(template_vars or {})
-    )
-    return model.tokenizer.encode(prompt + reply_start)
-
-
-def usage_json(usage: Usage) -> dict[str, Any]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
 
 
 def finish_reason_json(reason: FinishReason | None) -> str:
@@ -238,58 +221,74 @@ def finish_reason_json(reason: FinishReason | None) -> str:
 
 @router.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    engine, settings = engine_of(request), request.app.state.settings
-    engine.model.check_requested_name(body.model, settings.strict_model_names)
     if body.n != 1:
         raise InvalidRequest("only n=1 is supported", param="n")
-    limits.check_counts(settings, len(body.messages), len(body.tools or []))
-    agent_id = prompt_cache_agent(request.headers, body.session_id, body.prompt_cache_key)
-    rate_limits.check_agent(request, agent_id)
-    tools = tool_use_of(engine.model, body.tools, body.tool_choice, body.parallel_tool_calls)
-    output = body.response_format.output_format() if body.response_format else None
-    thinking = Thinking.of(engine.model, ThinkingSwitch.from_effort(body.reasoning_effort))
-    render = partial(render_prompt, engine.model, body)
-    prompt_ids, grammar = await shape_reply(engine.model, output, tools, thinking, render)
-    limits.check_prompt(settings, len(prompt_ids))
+    agent = prompt_cache_agent(request.headers, body.session_id, body.prompt_cache_key)
+    sampling = sampling_of(body)
+    engine = pipeline.admit(
+        request, body.model, len(body.messages), len(body.tools or []), sampling, agent
+    )
+    chat = chat_request(body, engine.model, request.app.state.settings, sampling, agent)
+    reply = await pipeline.start(request, engine, chat)
+    completion = _Completion(
+        f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, reply.trail
+    )
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return await reply.submitted.respond(
+        request,
+        body.stream,
+        partial(completion.chunks, reply.parsed, chat.tools, include_usage),
+        partial(completion.collect, reply.parsed, chat.tools),
+        _error_chunk,
+        prefill_comments(reply.submitted.progress),
+    )
+
+
+def chat_request(
+    body: ChatCompletionRequest,
+    model: ServedModel,
+    settings: Settings,
+    sampling: Sampling,
+    agent: str | None,
+) -> ChatRequest:
+    """The body as the chat pipeline reads it."""
+    logprobs = chat_logprobs(body.logprobs, body.top_logprobs)
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     requested = body.max_completion_tokens or body.max_tokens
-    max_tokens = limits.output_budget(
-        settings,
-        requested,
-        len(prompt_ids),
-        engine.max_seq_tokens,
-        settings.default_max_tokens,
-        param=param,
+    retention, max_ttl_s = body.prompt_cache_retention, settings.max_retention_ttl_s
+    return ChatRequest(
+        tools=tool_use_of(model, body.tools, body.tool_choice, body.parallel_tool_calls),
+        thinking=Thinking.of(model, ThinkingSwitch.from_effort(body.reasoning_effort)),
+        render=partial(_prompt, model, body),
+        budget=OutputBudget(requested, settings.default_max_tokens, param=param),
+        sampling=sampling,
+        output=body.response_format.output_format() if body.response_format else None,
+        agent=agent,
+        logprobs=logprobs,
+        breakpoints=partial(retention_of, retention, max_ttl_s=max_ttl_s),
     )
-    generation = GenerationRequest(
-        request_id=request.state.request_id,
-        prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens, settings, engine.model.sampling, grammar),
-        agent_id=agent_id,
-        owner=caller_of(request).owner,
-        breakpoints=retention_of(
-            body.prompt_cache_retention, len(prompt_ids), settings.max_retention_ttl_s
-        ),
-    )
-    events, headers = await cache_miss.stream(engine, generation)
-    reply_stream = ReplyStream(events, engine, generation)
-    parsed = tools.parse(reply_stream)
-    completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
-    if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = completion.chunks(parsed, tools, include_usage)
-        frames = after_the_200(chunks, reply_stream, lambda exc: data_event(error_payload(exc)))
-        heartbeat = prefill_comments(partial(engine.progress, generation.request_id))
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat), headers)
-    answer = await unless_disconnected(request, completion.collect(parsed, tools))
-    return JSONResponse(answer, headers=headers)
+
+
+def _prompt(
+    model: ServedModel,
+    body: ChatCompletionRequest,
+    reply_start: str = "",
+    template_vars: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """The prompt's token ids (`ChatRequest.render`), the messages translated on the worker
+    thread that renders them: a long history's tool-call arguments are parsed there too."""
+    messages, tools = chat_messages(body.messages), template_tools(body.tools)
+    return render_messages(model, messages, tools, reply_start, template_vars)
 
 
 class _Completion:
-    """One response's identity, shared by its chunks or its single JSON body."""
+    """One response's identity, shared by its chunks or its single JSON body, and the log
+    probabilities of its tokens (`trail`): each chunk carries those that came since the last
+    one, the JSON body all of them."""
 
-    def __init__(self, completion_id: str, created: int, model: str) -> None:
+    def __init__(self, completion_id: str, created: int, model: str, trail: Trail) -> None:
         self.id, self.created, self.model = completion_id, created, model
+        self.trail = trail
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
@@ -302,8 +301,15 @@ class _Completion:
         }
 
     def _delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        new = self.trail.take()
+        logprobs = self._logprobs(new) if new else None
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return data_event(self._chunk([choice]))
+
+    def _logprobs(self, logprobs: list[TokenLogprob]) -> dict[str, Any] | None:
+        if not self.trail.asked:
+            return None
+        return {"content": self.trail.entries(logprobs), "refusal": None}
 
     async def chunks(
         self,
@@ -326,7 +332,7 @@ class _Completion:
             if event.finish_reason is not None:
                 yield self._delta({}, _finish_reason(event, tools))
                 if include_usage and event.usage is not None:
-                    yield data_event(self._chunk([], usage=usage_json(event.usage)))
+                    yield data_event(self._chunk([], usage=chat_usage(event.usage)))
         yield DONE
 
     async def collect(
@@ -350,11 +356,11 @@ class _Completion:
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": None,
+                    "logprobs": self._logprobs(self.trail.all),
                     "finish_reason": _finish_reason(final, tools),
                 }
             ],
-            "usage": usage_json(final.usage),
+            "usage": chat_usage(final.usage),
         }
 
 
@@ -366,17 +372,42 @@ def _finish_reason(final: TokenEvent, tools: ToolUse) -> str:
 
 LEGACY_MAX_TOKENS = 16  # the legacy API's default when a request gives no max_tokens
 
-# One prompt: text or token ids, alone or as a list of one.
-Prompt = str | list[int] | list[str] | list[list[int]]
+# One prompt: text or token ids, alone or as a list of one. What the document says of it is
+# what `completion_prompt` and the engine check by hand (with their own messages): not empty,
+# one prompt, ids from 0 (and within the served model's vocabulary, which no schema knows).
+_TEXT = {"type": "string", "minLength": 1}
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_ONE = {"minItems": 1, "maxItems": 1}
+Prompt = Annotated[
+    str | list[int] | list[str] | list[list[int]],
+    WithJsonSchema(
+        {
+            "anyOf": [
+                _TEXT,
+                _IDS,
+                {"type": "array", "items": _TEXT, **_ONE},
+                {"type": "array", "items": _IDS, **_ONE},
+            ]
+        }
+    ),
+]
 
 
 class CompletionRequest(GenerationFields):
     prompt: Prompt
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS)
     # Accepted at their neutral values only (`refuse_unsupported`).
-    best_of: int | None = Field(None, ge=1)
-    logprobs: int | None = Field(None, ge=0)
-    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, json_schema_extra={"maximum": 1})
+    suffix: str | None = Field(None, json_schema_extra={"maxLength": 0})
+
+    # The prompt's log probabilities are not computed: no `logprobs` with `echo`.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"logprobs": {"type": "integer"}}, "required": ["logprobs"]},
+            "then": {"properties": {"echo": {"const": False}}},
+        }
+    )
 
 
 def refuse_unsupported(body: CompletionRequest) -> None:
@@ -384,7 +415,11 @@ def refuse_unsupported(body: CompletionRequest) -> None:
     refused = [
         ("n", body.n != 1, "only n=1 is supported"),
         ("best_of", body.best_of not in (None, 1), "only best_of=1 is supported"),
-        ("logprobs", body.logprobs is not None, "logprobs are not supported"),
+        (
+            "logprobs",
+            body.logprobs is not None and body.echo,
+            "logprobs with echo (the prompt's log probabilities) are not supported",
+        ),
         ("suffix", bool(body.suffix), "suffix is not supported"),
     ]
     for param, asked, message in refused:
@@ -422,36 +457,27 @@ def _single_prompt(prompt: Prompt) -> str | list[int]:
 
 @router.post("/v1/completions", responses=GENERATION_RESPONSES)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    engine, settings = engine_of(request), request.app.state.settings
-    engine.model.check_requested_name(body.model, settings.strict_model_names)
     refuse_unsupported(body)
-    agent_id = named_agent(request.headers, body.session_id, param="session_id")
-    rate_limits.check_agent(request, agent_id)
+    agent = named_agent(request.headers, body.session_id, param="session_id")
+    sampling = sampling_of(body)
+    engine = pipeline.admit(request, body.model, 0, 0, sampling, agent)
+    trail = Trail.of(engine, body.logprobs)
     prompt_ids, prompt_text = await asyncio.to_thread(completion_prompt, engine.model, body.prompt)
-    limits.check_prompt(settings, len(prompt_ids), "prompt")
-    max_tokens = limits.output_budget(
-        settings,
-        body.max_tokens,
-        len(prompt_ids),
-        engine.max_seq_tokens,
-        LEGACY_MAX_TOKENS,
-        prompt_param="prompt",
+    budget = OutputBudget(body.max_tokens, LEGACY_MAX_TOKENS, prompt_param="prompt")
+    params = partial(sampling.params, engine.model.sampling, logprobs=body.logprobs)
+    submitted = await pipeline.submit(request, engine, prompt_ids, budget, params, agent)
+    echo = prompt_text if body.echo else ""
+    completion = _TextCompletion(int(time.time()), body.model, echo, trail)
+    followed = trail.follow(submitted.events)
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return await submitted.respond(
+        request,
+        body.stream,
+        partial(completion.chunks, followed, include_usage),
+        partial(completion.collect, followed),
+        _error_chunk,
+        KEEP_ALIVE,
     )
-    generation = GenerationRequest(
-        request_id=request.state.request_id,
-        prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, max_tokens, settings, engine.model.sampling),
-        agent_id=agent_id,
-        owner=caller_of(request).owner,
-    )
-    events, headers = await cache_miss.stream(engine, generation)
-    completion = _TextCompletion(int(time.time()), body.model, prompt_text if body.echo else "")
-    if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        frames = after_the_200(completion.chunks(events, include_usage), events, _error_chunk)
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s), headers)
-    answer = await unless_disconnected(request, completion.collect(events))
-    return JSONResponse(answer, headers=headers)
 
 
 def _error_chunk(exc: Exception) -> str:
@@ -460,11 +486,13 @@ def _error_chunk(exc: Exception) -> str:
 
 class _TextCompletion:
     """One legacy completion's identity, shared by its chunks or its single JSON body. `echo`
-    is the text that goes before the answer: the prompt's, or "" without `echo`."""
+    is the text that goes before the answer: the prompt's, or "" without `echo`. `trail` holds
+    its tokens' log probabilities: each chunk carries those that came since the last one."""
 
-    def __init__(self, created: int, model: str, echo: str) -> None:
+    def __init__(self, created: int, model: str, echo: str, trail: Trail) -> None:
         self.id, self.created, self.model = f"cmpl-{uuid.uuid4().hex}", created, model
-        self.echo = echo
+        self.echo, self.trail = echo, trail
+        self._offset = len(echo)  # where the next token's text starts in the choice's text
 
     def _body(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
@@ -476,9 +504,17 @@ class _TextCompletion:
             **extra,
         }
 
-    @staticmethod
-    def _choice(text: str, finish_reason: str | None = None) -> dict[str, Any]:
-        return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    def _choice(
+        self,
+        text: str,
+        finish_reason: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> dict[str, Any]:
+        shown = None
+        if self.trail.asked and logprobs is not None:
+            shown = legacy_json(self.trail.tokenizer, logprobs, self._offset)
+            self._offset += sum(map(len, shown["tokens"]))
+        return {"text": text, "index": 0, "logprobs": shown, "finish_reason": finish_reason}
 
     async def chunks(
         self, events: AsyncIterator[TokenEvent], include_usage: bool
@@ -493,43 +529,15 @@ class _TextCompletion:
                 None if event.finish_reason is None else finish_reason_json(event.finish_reason)
             )
             if event.text or finish is not None:
-                yield data_event(self._body([self._choice(event.text, finish)]))
+                choice = self._choice(event.text, finish, self.trail.take())
+                yield data_event(self._body([choice]))
             if finish is not None and include_usage and event.usage is not None:
-                yield data_event(self._body([], usage=usage_json(event.usage)))
+                yield data_event(self._body([], usage=chat_usage(event.usage)))
         yield DONE
 
     async def collect(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
         text, final = await whole_answer(events)
         assert final.usage is not None
-        choice = self._choice(self.echo + text, finish_reason_json(final.finish_reason))
-        return self._body([choice], usage=usage_json(final.usage))
-
-
-# Both APIs list models here; a client speaking Anthropic gets Anthropic's shapes.
-
-
-@router.get("/v1/models", responses=error_responses(None, 400, 500))
-async def list_models(request: Request) -> dict[str, Any]:
-    if protocol_of(request) == "anthropic":
-        return anthropic.model_list(request)
-    return {"object": "list", "data": [_model_card(request)]}
-
-
-@router.get("/v1/models/{model_id:path}", responses=error_responses(None, 404, 500))
-async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-    engine = engine_of(request)
-    engine.model.check_requested_name(model_id, request.app.state.settings.strict_model_names)
-    if protocol_of(request) == "anthropic":
-        return anthropic.model_card(request, model_id)
-    return _model_card(request) | {"id": model_id}
-
-
-def _model_card(request: Request) -> dict[str, Any]:
-    engine = engine_of(request)
-    return {
-        "id": engine.model.name,
-        "object": "model",
-        "created": int(request.app.state.started_at),
-        "owned_by": "semantic",
-        "max_model_len": engine.max_seq_tokens,
-    }
+        reason = finish_reason_json(final.finish_reason)
+        choice = self._choice(self.echo + text, reason, self.trail.all)
+        return self._body([choice], usage=chat_usage(final.usage))

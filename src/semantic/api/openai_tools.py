@@ -44,6 +44,15 @@ class NamedToolChoice(_Body):
 
 ToolChoiceField = Literal["none", "auto", "required"] | NamedToolChoice
 
+# The JSON schema of "a `tool_choice` that asks for a call needs `tools`" (`tool_use_of`).
+CHOICE_NEEDS_TOOLS: dict[str, Any] = {
+    "if": {
+        "properties": {"tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}},
+        "required": ["tool_choice"],
+    },
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+}
+
 
 def template_tools(tools: list[ToolDefinition] | None) -> list[dict[str, Any]] | None:
     """The tools in the function shape chat templates read (as sent, less unset fields)."""

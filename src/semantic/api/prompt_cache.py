@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from semantic.api.agents import named_agent
-from semantic.api.anthropic import agent_id_from
+from semantic.api.agents import agent_id_from, named_agent
 from semantic.core import Breakpoint
 
 PromptCacheRetention = Literal["in_memory", "24h"]

@@ -17,13 +17,13 @@ from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from semantic.api import cache_miss, limits, rate_limits
-from semantic.api.anthropic_request import parse_body
+from semantic.api import pipeline
 from semantic.api.auth import caller_of
+from semantic.api.bodies import parse_body
 from semantic.api.errors import error_payload
-from semantic.api.gate import engine_of
+from semantic.api.limits import OutputBudget
 from semantic.api.openai_tools import (
     FunctionName,
     NamedToolChoice,
@@ -32,33 +32,27 @@ from semantic.api.openai_tools import (
     tool_use_of,
 )
 from semantic.api.openapi import STREAMED_OR_JSON, error_responses, json_body
+from semantic.api.pipeline import ChatRequest, Sampling, render_messages
 from semantic.api.prompt_bounds import PromptRoute
 from semantic.api.prompt_cache import prompt_cache_agent, retention_of
-from semantic.api.reply_stream import ReplyStream
 from semantic.api.responses_output import OutputItems, item_id, public
 from semantic.api.responses_request import (
     ResponsesBody,
-    Tool,
     input_items,
-    template_messages,
+    item_messages,
 )
 from semantic.api.responses_store import ResponseStore, StoredResponse
 from semantic.api.seal import Seals
 from semantic.api.streaming import (
-    after_the_200,
     named_event,
     prefill_comments,
-    sse_response,
-    unless_disconnected,
-    with_keep_alive,
 )
-from semantic.api.thinking import Thinking, seals_of, shape_reply
+from semantic.api.thinking import Thinking, seals_of
 from semantic.api.tool_use import ReplyEvent, ToolUse
-from semantic.core import DefaultSampling, FinishReason, SamplingParams, TokenEvent, Usage
-from semantic.core import Request as GenerationRequest
+from semantic.api.usage import responses_usage
+from semantic.core import FinishReason, SamplingParams, TokenEvent
 from semantic.errors import InvalidRequest, NotFound, PreviousResponseNotFound
 from semantic.models.served import ServedModel
-from semantic.text.grammar import Grammar
 from semantic.text.reasoning import ThinkingSwitch
 from semantic.text.tokenizer import Tokenizer
 
@@ -98,23 +92,14 @@ def chain_agent(
 # -- the prompt ----------------------------------------------------------------------------
 
 
-def render_prompt(
-    model: ServedModel,
-    body: ResponsesBody,
-    chain: list[StoredResponse],
-    new_messages: list[dict[str, Any]],
-    reply_start: str = "",
-    template_vars: Mapping[str, Any] | None = None,
-) -> list[int]:
-    """The chain's messages (each response's input and output) then the new input, after
-    this request's `instructions` (instructions are not carried over a chain, as the API
-    says); `reply_start` ends it, `template_vars` are the template's switches (thinking)."""
+def prompt_messages(
+    body: ResponsesBody, chain: list[StoredResponse], new_messages: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The prompt's messages: the chain's (each response's input and output), then the new
+    input, after this request's `instructions` (they are not carried over a chain, as the API
+    says)."""
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    messages = system + [m for stored in chain for m in stored.messages] + new_messages
-    text = model.chat_template.render(
-        messages, tools=template_tools(body.functions()), **(template_vars or {})
-    )
-    return model.tokenizer.encode(text + reply_start)
+    return system + [m for stored in chain for m in stored.messages] + new_messages
 
 
 def _tool_use(model: ServedModel, body: ResponsesBody) -> ToolUse:
@@ -186,11 +171,12 @@ class _Response:
             "text": {"format": _format_json(body)},
             "tool_choice": _tool_choice_json(body),
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
+            "top_logprobs": body.top_logprobs,
             "top_p": self.sampling.top_p,
             "truncation": "disabled",
             "usage": None
             if final is None or final.usage is None
-            else usage_json(final.usage, self._reasoning_tokens(output)),
+            else responses_usage(final.usage, self._reasoning_tokens(output)),
             "user": None,
             "metadata": body.metadata or {},
         }
@@ -205,19 +191,6 @@ class _Response:
 
     def status_of(self, final: TokenEvent) -> str:
         return "incomplete" if final.finish_reason is FinishReason.LENGTH else "completed"
-
-
-def usage_json(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
-    """Responses usage: `input_tokens` is the whole prompt, of which `cached_tokens` came from
-    the cache. We never bill a cache write (every prefilled token is cached anyway), so
-    `cache_write_tokens`, which the SDK's type requires, is 0."""
-    return {
-        "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
-        "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-    }
 
 
 def _format_json(body: ResponsesBody) -> dict[str, Any]:
@@ -243,61 +216,69 @@ def _tool_choice_json(body: ResponsesBody) -> Any:
 )
 async def create_response(request: Request) -> Response:
     body = await parse_body(request, ResponsesBody)
-    engine, settings = engine_of(request), request.app.state.settings
-    engine.model.check_requested_name(body.model, settings.strict_model_names)
     owner, store = caller_of(request).owner, store_of(request)
     chain: list[StoredResponse] = []
     if body.previous_response_id is not None:
         chain = await _chain(store, body.previous_response_id, owner)
     items = input_items(body)
     seals = seals_of(request)
-    new_messages = template_messages(items, seals)
-    history = sum(len(stored.messages) for stored in chain)
-    limits.check_counts(settings, history + len(new_messages), body.tool_count())
+    new_messages = item_messages(items, seals)
     body.check_tool_names()
-    response_id = item_id("resp")
     agent = chain_agent(body, request.headers, chain)
-    rate_limits.check_agent(request, agent)
-    tools = _tool_use(engine.model, body)
-    output_format = body.text.format.output_format() if body.text and body.text.format else None
+    history = sum(len(stored.messages) for stored in chain)
+    sampling = Sampling(body.temperature, body.top_p)
+    messages = history + len(new_messages)
+    engine = pipeline.admit(request, body.model, messages, body.tool_count(), sampling, agent)
+    chat = _chat_request(request, body, engine.model, chain, new_messages, sampling, agent)
+    reply = await pipeline.start(request, engine, chat)
+    sampled = reply.submitted.generation.sampling  # what the response echoes: filled in
+    response = _Response(body, item_id("resp"), engine.model.tokenizer, seals, sampled)
+    record = _Record(store, response, items, new_messages, agent, owner)
+    output = OutputItems(body.offered_tools(), response.seals, reply.trail)
+    comment = prefill_comments(reply.submitted.progress)
+    return await reply.submitted.respond(
+        request,
+        body.stream,
+        partial(_frames, response, reply.parsed, output, record),
+        partial(_collect, response, reply.parsed, output, record),
+        _error_frame,
+        _heartbeat(response, output, comment),
+    )
+
+
+def _chat_request(
+    request: Request,
+    body: ResponsesBody,
+    model: ServedModel,
+    chain: list[StoredResponse],
+    new_messages: list[dict[str, Any]],
+    sampling: Sampling,
+    agent: str | None,
+) -> ChatRequest:
+    """The body as the chat pipeline reads it (its prompt: `prompt_messages`)."""
+    messages = prompt_messages(body, chain, new_messages)
+    settings = request.app.state.settings
     effort = body.reasoning.effort if body.reasoning is not None else None
-    thinking = Thinking.of(engine.model, ThinkingSwitch.from_effort(effort))
-    render = partial(render_prompt, engine.model, body, chain, new_messages)
-    prompt_ids, grammar = await shape_reply(engine.model, output_format, tools, thinking, render)
-    limits.check_prompt(settings, len(prompt_ids), "input")
-    max_tokens = limits.output_budget(
-        settings,
+    output_format = body.text.format.output_format() if body.text and body.text.format else None
+    budget = OutputBudget(
         body.max_output_tokens,
-        len(prompt_ids),
-        engine.max_seq_tokens,
         settings.default_max_tokens,
         param="max_output_tokens",
         prompt_param="input",
     )
-    generation = GenerationRequest(
-        request_id=request.state.request_id,
-        prompt_token_ids=prompt_ids,
-        sampling=_sampling(body, max_tokens, engine.model.sampling, grammar),
-        agent_id=agent,
-        owner=owner,  # the chain's agent is this key's, as its stored responses are
-        breakpoints=retention_of(
-            body.prompt_cache_retention, len(prompt_ids), settings.max_retention_ttl_s
+    return ChatRequest(
+        tools=_tool_use(model, body),
+        thinking=Thinking.of(model, ThinkingSwitch.from_effort(effort)),
+        render=partial(render_messages, model, messages, template_tools(body.functions())),
+        budget=budget,
+        sampling=sampling,
+        output=output_format,
+        agent=agent,
+        logprobs=body.logprobs(),
+        breakpoints=partial(
+            retention_of, body.prompt_cache_retention, max_ttl_s=settings.max_retention_ttl_s
         ),
     )
-    events, headers = await cache_miss.stream(engine, generation)
-    reply_stream = ReplyStream(events, engine, generation)
-    parsed = tools.parse(reply_stream)
-    reply = _Response(body, response_id, engine.model.tokenizer, seals, generation.sampling)
-    offered = body.offered_tools()
-    record = _Record(store, reply, items, new_messages, agent, owner)
-    if body.stream:
-        output = OutputItems(offered, reply.seals)
-        frames = after_the_200(_frames(reply, parsed, output, record), reply_stream, _error_frame)
-        progress = partial(engine.progress, generation.request_id)
-        heartbeat = _heartbeat(reply, output, prefill_comments(progress))
-        return sse_response(with_keep_alive(frames, settings.keep_alive_s, heartbeat), headers)
-    answer = await unless_disconnected(request, _collect(reply, parsed, offered, record))
-    return JSONResponse(answer, headers=headers)
 
 
 async def _chain(store: ResponseStore, last_id: str, owner: str | None) -> list[StoredResponse]:
@@ -307,16 +288,6 @@ async def _chain(store: ResponseStore, last_id: str, owner: str | None) -> list[
         return await asyncio.to_thread(store.chain, last_id, owner)
     except NotFound:
         raise PreviousResponseNotFound(last_id) from None
-
-
-def _sampling(
-    body: ResponsesBody, max_tokens: int, defaults: DefaultSampling, grammar: Grammar | None
-) -> SamplingParams:
-    return SamplingParams(
-        **defaults.fill(body.temperature, body.top_p, None),
-        max_tokens=max_tokens,
-        grammar=grammar,
-    )
 
 
 class _Record:
@@ -338,7 +309,7 @@ class _Record:
         if not self.reply.body.store:
             return
         # The output's own reasoning text is whole: no seal of it is opened (nor counted).
-        output_messages = template_messages(response["output"], seals=None)
+        output_messages = item_messages(response["output"], seals=None)
         stored = StoredResponse(
             response=response,
             input_items=[_with_id(item) for item in self.items if isinstance(item, dict)],
@@ -366,10 +337,9 @@ def _with_id(item: dict[str, Any]) -> dict[str, Any]:
 async def _collect(
     reply: _Response,
     parsed: AsyncIterator[tuple[list[ReplyEvent], TokenEvent]],
-    offered: list[tuple[Tool, str | None]],
+    output: OutputItems,
     record: _Record,
 ) -> dict[str, Any]:
-    output = OutputItems(offered, reply.seals)
     async for tool_events, event in parsed:
         if event.error is not None:
             raise event.error

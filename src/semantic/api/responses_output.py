@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from semantic.api.logprobs import Trail
 from semantic.api.openai_tools import tool_call_id
 from semantic.api.responses_request import Tool
 from semantic.api.seal import Seals
@@ -23,11 +24,19 @@ class OutputItems:
     one event list for a stream, the same items for a whole answer. Items open when their first
     content comes and are done before the next one opens."""
 
-    def __init__(self, tools: list[tuple[Tool, str | None]], seals: Seals | None = None) -> None:
+    def __init__(
+        self,
+        tools: list[tuple[Tool, str | None]],
+        seals: Seals | None = None,
+        trail: Trail | None = None,
+    ) -> None:
         """`tools`: the offered tools with their namespaces (a call of a freeform `custom` tool
         is a `custom_tool_call`, a namespaced one names its namespace). `seals`: reasoning items
-        carry `encrypted_content`, sealed with them (None: they carry none)."""
+        carry `encrypted_content`, sealed with them (None: they carry none). `trail`: the
+        reply's log probabilities, when its request asked: a text delta carries those of the
+        tokens that came with it, the reasoning's and the calls' are left out."""
         self.items: list[dict[str, Any]] = []
+        self.trail = trail
         self.custom_tools = {tool.name for tool, _ in tools if tool.type == "custom"}
         self.namespaces = {tool.name: space for tool, space in tools if space is not None}
         self.seals = seals
@@ -40,10 +49,11 @@ class OutputItems:
         return payload
 
     def feed(self, event: ReplyEvent) -> list[dict[str, Any]]:
+        logprobs = self._logprobs()  # the tokens that came with this event
+        if isinstance(event, TextDelta):
+            return self._text(event.text, logprobs)
         if isinstance(event, ReasoningDelta):
             return self._reasoning(event.text)
-        if isinstance(event, TextDelta):
-            return self._text(event.text)
         if isinstance(event, CallStart):
             return self._close() + self._start_call(event.name)
         if isinstance(event, ArgumentsDelta):
@@ -54,7 +64,12 @@ class OutputItems:
     def close(self) -> list[dict[str, Any]]:
         return self._close()
 
-    def _text(self, text: str) -> list[dict[str, Any]]:
+    def _logprobs(self) -> list[dict[str, Any]]:
+        if self.trail is None or not self.trail.asked:
+            return []
+        return self.trail.entries(self.trail.take())
+
+    def _text(self, text: str, logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         if self._open is None or self._open["type"] != "message":
             events += self._close()
@@ -73,8 +88,10 @@ class OutputItems:
         item = self._open
         assert item is not None
         item["content"][0]["text"] += text
+        item["content"][0]["logprobs"] += logprobs
         delta: dict[str, Any] = {"type": "response.output_text.delta", "item_id": item["id"]}
-        delta |= {"output_index": self._index, "content_index": 0, "delta": text, "logprobs": []}
+        delta |= {"output_index": self._index, "content_index": 0, "delta": text}
+        delta["logprobs"] = logprobs
         return [*events, self.event(delta)]
 
     def _reasoning(self, text: str) -> list[dict[str, Any]]:
@@ -132,7 +149,7 @@ class OutputItems:
             part = item["content"][0]
             done = {"type": "response.output_text.done", "item_id": item["id"]}
             done |= {"output_index": self._index, "content_index": 0}
-            events.append(self.event(done | {"text": part["text"], "logprobs": []}))
+            events.append(self.event(done | {"text": part["text"], "logprobs": part["logprobs"]}))
             events.append(self._part_event("response.content_part.done", item, dict(part)))
         elif item["type"] == "function_call":
             done = {"type": "response.function_call_arguments.done", "item_id": item["id"]}

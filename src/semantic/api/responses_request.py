@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from semantic.api.logprobs import MAX_TOP_LOGPROBS
 from semantic.api.openai_tools import FunctionDefinition, ToolDefinition
 from semantic.api.prompt_cache import PromptCacheRetention
 from semantic.api.seal import Seals
@@ -120,10 +121,18 @@ class ResponsesBody(_Body):
     reasoning: Reasoning | None = None
     metadata: dict[str, str] | None = None
     include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     # Codex names its conversation here; it names the agent when nothing more specific does.
     prompt_cache_key: str | None = Field(None, max_length=256)
     prompt_cache_retention: PromptCacheRetention | None = None
     session_id: str | None = Field(None, pattern=AGENT_ID_PATTERN)
+
+    def logprobs(self) -> int | None:
+        """What the request asks of the sampler (`SamplingParams.logprobs`): `top_logprobs`
+        alternatives when it includes `message.output_text.logprobs`, else nothing."""
+        if "message.output_text.logprobs" not in (self.include or []):
+            return None
+        return self.top_logprobs or 0
 
     def tool_count(self) -> int:
         """How many tools the request carries, each inside a namespace counted (`max_tools`)."""
@@ -168,9 +177,7 @@ def input_items(body: ResponsesBody) -> list[dict[str, Any]]:
     return body.input
 
 
-def template_messages(
-    items: list[dict[str, Any]], seals: Seals | None = None
-) -> list[dict[str, Any]]:
+def item_messages(items: list[dict[str, Any]], seals: Seals | None = None) -> list[dict[str, Any]]:
     """Input items as chat-template messages (Hugging Face conventions): messages by role,
     calls on the assistant turn that made them, each output as a `tool` message, reasoning
     on the assistant turn it preceded. `seals` open reasoning items' `encrypted_content`

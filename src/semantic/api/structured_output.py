@@ -46,8 +46,18 @@ class JsonSchemaSpec(_Body):
     strict: bool | None = None
 
 
+def _requires_when_json_schema(field: str) -> dict[str, Any]:
+    """The JSON schema of "`type: json_schema` needs `field`" (checked by hand too)."""
+    return {
+        "if": {"properties": {"type": {"const": "json_schema"}}, "required": ["type"]},
+        "then": {"required": [field], "properties": {field: {"type": "object"}}},
+    }
+
+
 class ResponseFormat(_Body):
     """Chat Completions' `response_format`."""
+
+    model_config = ConfigDict(json_schema_extra=_requires_when_json_schema("json_schema"))
 
     type: FormatKind
     json_schema: JsonSchemaSpec | None = None
@@ -65,6 +75,8 @@ class ResponseFormat(_Body):
 
 class TextFormat(_Body):
     """The Responses API's `text.format`: the json_schema fields sit beside `type`."""
+
+    model_config = ConfigDict(json_schema_extra=_requires_when_json_schema("schema"))
 
     type: FormatKind
     name: str = Field("response", max_length=64)

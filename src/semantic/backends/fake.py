@@ -5,7 +5,8 @@ it reads back through the block tables: each layer group's, within the group's w
 wrong block table, a slot written by the wrong sequence or a lost chunk changes the output,
 exactly as it would corrupt a real model's. It verifies drafts (speculative decoding) as a
 greedy model does: a draft token is accepted when it is the token it would have given there
-(under a grammar, the token the grammar leaves it there).
+(under a grammar, the token the grammar leaves it there). Asked for log probabilities, it makes
+up a distribution whose likeliest token is the one it gives (`_with_logprobs`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import hashlib
 import numpy as np
 
 from semantic.cache.pages.page import PageKV
-from semantic.core import Batch, BatchItem, CacheSpec
+from semantic.core import Batch, BatchItem, CacheSpec, TokenLogprob
 from semantic.engine.runner import StepToken, step_tokens
 from semantic.text.grammar import GrammarStates, allowed
 
@@ -94,14 +95,31 @@ class FakeRunner:
         page = item.block_tables[group][position // block_tokens]
         return page * block_tokens + position % block_tokens
 
-    def _outcome(self, item: BatchItem) -> int | list[int] | Exception:
+    def _outcome(self, item: BatchItem) -> int | TokenLogprob | list[int] | Exception:
         if self.fail_row_on_token is not None and self.fail_row_on_token in self._context(item):
             return ValueError("injected sampling failure")
         if item.draft_token_ids:
             return self._verified(item)
         if item.sampling.grammar is not None:
-            return self._constrained_token(item)
-        return self._next_token(item)
+            token = self._constrained_token(item)
+        else:
+            token = self._next_token(item)
+        return self._with_logprobs(item, token)
+
+    def _with_logprobs(
+        self, item: BatchItem, token: int | Exception
+    ) -> int | TokenLogprob | Exception:
+        """`token` with made-up log probabilities when its request asks for them: its own is
+        -(token % 8) / 8, and the j-th likeliest after it is the j-th id above it, j lower."""
+        if item.sampling.logprobs is None or isinstance(token, Exception):
+            return token
+        chosen = -(token % 8) / 8
+        span = self.vocab_size - self.first_token_id
+        top = [
+            (self.first_token_id + (token - self.first_token_id + j) % span, chosen - j)
+            for j in range(min(item.sampling.logprobs, span))
+        ]
+        return TokenLogprob(token, chosen, tuple(top))
 
     def _verified(self, item: BatchItem) -> list[int] | Exception:
         """The draft tokens that are the tokens it would give at their positions, then the one

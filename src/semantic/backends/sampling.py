@@ -1,6 +1,7 @@
 """The sampling rules every backend's sampler shares, whatever holds its logits: the error of a
-row with no token to give, the seed of each draw, which ids a row suppresses, and the grammar
-side of structured output (each constrained row's mask, and its matcher taking the row's token).
+row with no token to give, the seed of each draw, which ids a row suppresses, the grammar
+side of structured output (each constrained row's mask, and its matcher taking the row's token),
+and which rows ask for log probabilities and how their tokens carry them.
 
 No torch and no mlx here: the MLX backend samples over numpy on hosts without torch.
 """
@@ -12,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from semantic.core import BatchItem
+from semantic.core import BatchItem, TokenLogprob
 from semantic.text.grammar import GrammarStates
 
 # Top-p first looks among this many most likely tokens; a nucleus wider than them (rare: a flat
@@ -98,3 +99,29 @@ def advance(
             error = grammars.accept(item.seq_id, token)
             outcomes[row] = token if error is None else error
     return outcomes
+
+
+def logprob_rows(items: Sequence[BatchItem]) -> tuple[list[int], int]:
+    """The rows whose requests ask for log probabilities, and the most alternatives any of them
+    asks for. A step where none asks computes nothing more than it did before."""
+    rows = [row for row, item in enumerate(items) if item.sampling.logprobs is not None]
+    return rows, max((items[row].sampling.logprobs or 0 for row in rows), default=0)
+
+
+def with_logprobs(
+    outcomes: list[int | Exception],
+    items: Sequence[BatchItem],
+    rows: Sequence[int],
+    chosen: Sequence[float],
+    top: Sequence[Sequence[tuple[int, float]]],
+) -> list[int | TokenLogprob | Exception]:
+    """Each token of `rows` (the rows that asked) as a `TokenLogprob`: its own log probability
+    (`chosen`, by position in `rows`) and as many of the row's most likely tokens (`top`) as its
+    request asked for. A row without a token keeps its error."""
+    result: list[int | TokenLogprob | Exception] = list(outcomes)
+    for i, row in enumerate(rows):
+        token = outcomes[row]
+        if not isinstance(token, Exception):
+            wanted = items[row].sampling.logprobs or 0
+            result[row] = TokenLogprob(token, chosen[i], tuple(top[i][:wanted]))
+    return result

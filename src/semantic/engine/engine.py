@@ -35,6 +35,7 @@ from semantic.core import (
     Sequence,
     SequenceStatus,
     TokenEvent,
+    TokenLogprob,
     Usage,
 )
 from semantic.engine.agent_door import AgentDoor
@@ -139,7 +140,9 @@ class Engine:
     /metrics collects them from any thread.
     """
 
-    capabilities = Capabilities(agents=True, swap=True, cache_miss=True, structured_output=True)
+    capabilities = Capabilities(
+        agents=True, swap=True, cache_miss=True, structured_output=True, logprobs=True
+    )
 
     def __init__(
         self, runner: ModelRunner, model: ServedModel, options: EngineOptions, parts: EngineParts
@@ -386,18 +389,28 @@ class Engine:
         tokens = self._run(batch)
         if tokens is None:
             return True
+        logprobs = {
+            item.seq_id: token
+            for item, token in zip(batch.items, tokens, strict=True)
+            if isinstance(token, TokenLogprob)
+        }
         sampled = self.scheduler.update(batch, tokens)
         self.prefill_progress.stepped(self.scheduler.running)
-        published = sum(self._publish_run(seq, run) for seq, run in sampled)
+        published = sum(
+            self._publish_run(seq, run, logprobs.get(seq.seq_id)) for seq, run in sampled
+        )
         self.metrics.stepped(batch, published, tokens)
         return True
 
-    def _publish_run(self, seq: Sequence, run: list[int]) -> int:
+    def _publish_run(
+        self, seq: Sequence, run: list[int], logprob: TokenLogprob | None = None
+    ) -> int:
         """Publish a sequence's new tokens in order (more than one: a verified draft's), until
         one ends it; returns how many it published. The scheduler appended the first; each
-        later one is appended as it is published, so none after a stop is ever recorded."""
+        later one is appended as it is published, so none after a stop is ever recorded.
+        `logprob` is the first's, when its request asked (such a request never drafts)."""
         active = self._active[seq.request.request_id]
-        self._publish(active, run[0])
+        self._publish(active, run[0], logprob)
         published = 1
         for token in run[1:]:
             if seq.status is not SequenceStatus.RUNNING:  # it ended: the rest are dropped
@@ -422,11 +435,11 @@ class Engine:
             self._fail([item.seq_id for item in batch.items], exc)
             return None
 
-    def _publish(self, active: _Active, token: int) -> None:
+    def _publish(self, active: _Active, token: int, logprob: TokenLogprob | None = None) -> None:
         """Hand a request its new token. A failure here (decoding, a stop check, its sink) is
         that request's alone."""
         try:
-            self._on_token(active, token)
+            self._on_token(active, token, logprob)
         except Exception as exc:
             log.exception("publishing a token of request %s failed", active.seq.request.request_id)
             if active.seq.request.request_id in self._active:
@@ -584,8 +597,9 @@ class Engine:
             self.runner.write_block(page, record.kv)
         self.scheduler.restored(seq, len(message.records))
 
-    def _on_token(self, active: _Active, token: int) -> None:
+    def _on_token(self, active: _Active, token: int, logprob: TokenLogprob | None) -> None:
         seq, params = active.seq, active.seq.request.sampling
+        logprobs = None if logprob is None else (logprob,)
         if seq.num_output_tokens == 1:
             seq.first_token_time = time.monotonic()
             self.metrics.first_token(seq.request)
@@ -593,17 +607,19 @@ class Engine:
             token in self.scheduler.end_token_ids and not params.ignore_eos
         )
         if ends and seq.num_output_tokens > params.min_tokens:
-            self._finish(active, FinishReason.STOP, [token], self._rest_of_text(active))
+            rest = self._rest_of_text(active)
+            self._finish(active, FinishReason.STOP, [token], rest, logprobs=logprobs)
             return
         text, stop_string = active.stops.feed(active.detokenizer.push(token))
         if stop_string is not None:
-            self._finish(active, FinishReason.STOP, [token], text, stop_string)
+            self._finish(active, FinishReason.STOP, [token], text, stop_string, logprobs=logprobs)
         elif (
             seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.max_seq_tokens
         ):
-            self._finish(active, FinishReason.LENGTH, [token], text + self._rest_of_text(active))
+            text += self._rest_of_text(active)
+            self._finish(active, FinishReason.LENGTH, [token], text, logprobs=logprobs)
         else:
-            active.sink(TokenEvent(seq.request.request_id, [token], text))
+            active.sink(TokenEvent(seq.request.request_id, [token], text, logprobs=logprobs))
 
     @staticmethod
     def _rest_of_text(active: _Active) -> str:
@@ -620,6 +636,7 @@ class Engine:
         text: str,
         stop_string: str | None = None,
         error: Exception | None = None,
+        logprobs: tuple[TokenLogprob, ...] | None = None,
     ) -> None:
         seq = active.seq
         history = self.scheduler.finish(seq, reason)
@@ -637,7 +654,14 @@ class Engine:
         retained = self.agents.retain(seq.request, history, seq.num_cached_tokens)
         usage = Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens, retained)
         event = TokenEvent(
-            seq.request.request_id, token_ids, text, reason, usage, error, stop_string
+            seq.request.request_id,
+            token_ids,
+            text,
+            reason,
+            usage,
+            error,
+            stop_string,
+            logprobs=logprobs,
         )
         _log_finish(seq, reason, usage, error)  # logged before the client can see it
         active.sink(event)

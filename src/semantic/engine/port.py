@@ -31,12 +31,14 @@ class Capabilities:
     `swap`: loading another model in place (`/admin/models/swap`).
     `cache_miss`: saying where and why a prompt missed the cache (the miss header).
     `structured_output`: constraining the output to a grammar (JSON schema, strict tools).
+    `logprobs`: the sampled tokens' log probabilities (`SamplingParams.logprobs`).
     """
 
     agents: bool
     swap: bool
     cache_miss: bool
     structured_output: bool
+    logprobs: bool
 
     def require(self, capability: str, what: str) -> None:
         """Raise `NotSupported` naming `what` unless the engine has `capability`."""

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from semantic.cache.pages.page import PageKV
-from semantic.core import Batch, CacheSpec, StepToken
+from semantic.core import Batch, CacheSpec, StepToken, TokenLogprob
 from semantic.errors import RowsFailed
 
 
@@ -28,7 +28,8 @@ class ModelRunner(Protocol):
     def run(self, batch: Batch) -> Sequence[StepToken]:
         """Compute every item of `batch`, writing K/V into the pool through the items' block
         tables (one per layer group), and return one sampled token per item with `sample=True`
-        (None for the others), in the order of `batch.items`. `batch.copies` are done first.
+        (None for the others), in the order of `batch.items`; a `TokenLogprob` for an item whose
+        request asks for log probabilities. `batch.copies` are done first.
         An item with a draft gets a list instead: the draft tokens accepted, in order, then
         the token sampled after them (so at least one token); the K/V written at the positions
         of the rejected ones is garbage the engine overwrites later.
@@ -58,7 +59,7 @@ def drafting(runner: ModelRunner) -> bool:
 
 
 def step_tokens(
-    num_items: int, outcomes: Iterable[tuple[int, int | list[int] | Exception]]
+    num_items: int, outcomes: Iterable[tuple[int, int | TokenLogprob | list[int] | Exception]]
 ) -> list[StepToken]:
     """What `run` returns, from each sampled item's outcome: (batch index, its token(s) or why it
     has none). Raises `RowsFailed` when any item has none, carrying the others' tokens."""

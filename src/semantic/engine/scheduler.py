@@ -21,6 +21,7 @@ from semantic.core import (
     Sequence,
     SequenceStatus,
     StepToken,
+    TokenLogprob,
 )
 from semantic.engine.drafts import propose
 
@@ -219,7 +220,7 @@ class Scheduler:
             seq.num_computed_tokens += len(item.token_ids) - len(item.draft_token_ids)
             self.blocks.hash_full_blocks(seq)
             if token is not None:
-                run = token if isinstance(token, list) else [token]
+                run = token if isinstance(token, list) else [_token_id(token)]
                 seq.token_ids.append(run[0])
                 sampled.append((seq, run))
         return sampled
@@ -346,11 +347,14 @@ class Scheduler:
 
     def _draft_room(self, seq: Sequence) -> int:
         """The longest draft `seq` may have: none while its end tokens are suppressed (before
-        min_tokens: so no draft position ever is); else up to `speculative_tokens`, leaving
-        room for the token after it within its max_tokens and the longest a sequence may be,
-        and the drafting decodes within `max_batch_tokens` (a sliding group's pages are
-        reserved for a window and a chunk of at most that)."""
+        min_tokens: so no draft position ever is), nor while it asks for log probabilities;
+        else up to `speculative_tokens`, leaving room for the token after it within its
+        max_tokens and the longest a sequence may be, and the drafting decodes within
+        `max_batch_tokens` (a sliding group's pages are reserved for a window and a chunk of at
+        most that)."""
         if seq.num_output_tokens < seq.request.sampling.min_tokens:
+            return 0
+        if seq.request.sampling.logprobs is not None:  # a verified draft has no log probabilities
             return 0
         left = _work_left(seq)
         if self.max_seq_tokens is not None:
@@ -499,3 +503,7 @@ class Scheduler:
 
     def _end_tokens(self, seq: Sequence) -> tuple[int, ...]:
         return self.end_token_ids + seq.request.sampling.stop_token_ids
+
+
+def _token_id(token: int | TokenLogprob) -> int:
+    return token if isinstance(token, int) else token.token_id

@@ -78,7 +78,9 @@ class ReplicaEngine:
     a request cancels its task, which closes the HTTP stream, and vLLM aborts on that.
     """
 
-    capabilities = Capabilities(agents=False, swap=False, cache_miss=False, structured_output=True)
+    capabilities = Capabilities(
+        agents=False, swap=False, cache_miss=False, structured_output=True, logprobs=False
+    )
     down_reason = "no vLLM replica is healthy"
 
     def __init__(

@@ -66,6 +66,8 @@ class Tokenizer:
         self.add_bos = add_bos  # whether a raw (untemplated) prompt should start with BOS
         added = backend.get_added_tokens_decoder()
         self._special_ids = frozenset(i for i, token in added.items() if token.special)
+        self._added_ids = frozenset(added)
+        self._byte_level = isinstance(backend.decoder, decoders.ByteLevel)
 
     @classmethod
     def from_hf_dir(cls, path: Path, *, extra_eos_ids: Iterable[int] = ()) -> Tokenizer:
@@ -155,6 +157,22 @@ class Tokenizer:
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token puts in the text, as the OpenAI APIs' `bytes` show them: a
+        byte-level token's bytes (a piece of a character, maybe), a sentencepiece byte
+        token's one byte, an added token's own text; empty for an id outside the vocabulary."""
+        token = self._backend.id_to_token(token_id)
+        if token is None:
+            return b""
+        if token_id in self._added_ids:
+            return str(token).encode()
+        if self._byte_level and _in_byte_alphabet(token):
+            return bytes(_BYTE_OF_CHAR[char] for char in token)
+        byte = _SENTENCEPIECE_BYTE.fullmatch(token)
+        if byte is not None:
+            return bytes([int(byte.group(1), 16)])
+        return str(token).replace("\u2581", " ").encode()
+
 
 _GGUF_SPECIALS = ("bos", "eos", "unknown", "padding", "eot", "eom")
 # A character byte-level BPE cannot produce: one outside its 256-character byte alphabet (a
@@ -166,6 +184,20 @@ _OUTSIDE_BYTE_ALPHABET = re.compile(
 
 def _in_byte_alphabet(token: str) -> bool:
     return _OUTSIDE_BYTE_ALPHABET.search(token) is None
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte (printable bytes
+    stand for themselves, the others for 256 + n, in order)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    others = [b for b in range(256) if b not in printable]
+    chars = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(others)}
+    return {char: byte for byte, char in chars.items()}
+
+
+_BYTE_OF_CHAR = _byte_alphabet()
+# Sentencepiece's byte fallback: a byte no piece holds is a token of its own, `<0x0A>`.
+_SENTENCEPIECE_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str]) -> tokenizers.Tokenizer:

@@ -5,7 +5,8 @@ ids, grammar masks), so a request samples alike on either backend.
 A seeded request draws from `np.random.default_rng(step_seed(seed, tokens generated so far))`,
 so its output is reproducible whatever it is batched with. A row that cannot be sampled
 (non-finite logits or probabilities, a draw that raises, a grammar that fails) gets its error
-instead of a token, and fails its own request, never the batch.
+instead of a token, and fails its own request, never the batch. A row whose request asks for
+log probabilities gets them from its logits as the model gave them (`_logprobs`).
 """
 
 from __future__ import annotations
@@ -21,20 +22,55 @@ from semantic.backends.sampling import (
     advance,
     allows,
     grammar_masks,
+    logprob_rows,
     penalized_ids,
     row_outcome,
     step_seed,
     suppressed_ids,
+    with_logprobs,
 )
-from semantic.core import BatchItem, SamplingParams
+from semantic.core import BatchItem, SamplingParams, TokenLogprob
 from semantic.text.grammar import GrammarStates, allowed
 
 
 def sample(
     logits: np.ndarray, items: Sequence[BatchItem], grammars: GrammarStates | None = None
+) -> list[int | TokenLogprob | Exception]:
+    """logits: [N, V] float32, one row per item, written in place → per item, its token id (a
+    `TokenLogprob` where its request asks for log probabilities) or why it has none.
+    `grammars` holds the matchers of the items with a grammar."""
+    rows, k = logprob_rows(items)
+    logprobs = _log_softmax(logits[rows]) if rows else None  # a copy, before the writes below
+    outcomes = _tokens(logits, items, grammars)
+    if logprobs is None:
+        return list(outcomes)
+    return with_logprobs(outcomes, items, rows, *_chosen_and_top(logprobs, rows, outcomes, k))
+
+
+def _chosen_and_top(
+    logprobs: np.ndarray, rows: list[int], outcomes: list[int | Exception], k: int
+) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """logprobs: [R, V] of `rows` → each row's token's log probability, and its `k` most
+    likely tokens as (id, log probability)."""
+    tokens = [o if isinstance(o, int) else 0 for o in (outcomes[r] for r in rows)]
+    chosen = logprobs[np.arange(len(rows)), tokens].tolist()
+    top = []
+    for row in logprobs:
+        ids = _largest(row, min(k, row.shape[-1])) if k else np.empty(0, np.int64)
+        top.append(list(zip(ids.tolist(), row[ids].tolist(), strict=True)))
+    return chosen, top
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):  # a row that is not finite fails in `_tokens` anyway
+        shifted = logits - logits.max(-1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def _tokens(
+    logits: np.ndarray, items: Sequence[BatchItem], grammars: GrammarStates | None
 ) -> list[int | Exception]:
-    """logits: [N, V] float32, one row per item, written in place → per item, its token id or
-    why it has none. `grammars` holds the matchers of the items with a grammar."""
+    """Each row's token id or why it has none (`sample`, without log probabilities)."""
     _penalize(logits, items)
     _suppress(logits, items)
     masks, failed = grammar_masks(items, grammars)

@@ -6,7 +6,9 @@ A row that cannot be sampled (non-finite logits or probabilities, a value the dr
 its error instead of a token, so it fails its own request and never the batch. Probabilities are
 checked before `multinomial`, which on CUDA would stop the device instead of raising. A row with
 a grammar (structured output) has every token its grammar forbids masked first, and its matcher
-takes the token drawn; a row whose grammar fails fails alone too.
+takes the token drawn; a row whose grammar fails fails alone too. A row whose request asks for
+log probabilities gets them from its logits as the model gave them (`_Logprobs`), the others
+cost nothing more.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from semantic.backends.sampling import (
     advance,
     allows,
     grammar_masks,
+    logprob_rows,
     penalized_ids,
     row_outcome,
     step_seed,
     suppressed_ids,
+    with_logprobs,
 )
-from semantic.core import BatchItem, SamplingParams
+from semantic.core import BatchItem, SamplingParams, TokenLogprob
 from semantic.text.grammar import GrammarStates
 
 __all__ = ["Unsampleable", "candidates", "draw", "masked_best", "penalize", "sample"]
@@ -36,27 +40,71 @@ __all__ = ["Unsampleable", "candidates", "draw", "masked_best", "penalize", "sam
 
 def sample(
     logits: torch.Tensor, items: Sequence[BatchItem], grammars: GrammarStates | None = None
-) -> list[int | Exception]:
-    """logits: [N, V] fp32, one row per item → per item, its token id or why it has none.
-    `grammars` holds the matchers of the items with a grammar (none: no item has one)."""
+) -> list[int | TokenLogprob | Exception]:
+    """logits: [N, V] fp32, one row per item → per item, its token id (a `TokenLogprob` where
+    its request asks for log probabilities) or why it has none. `grammars` holds the matchers
+    of the items with a grammar (none: no item has one)."""
     with torch.inference_mode():  # the logits are inference tensors; suppression writes them
-        _penalize(logits, items)
-        _suppress(logits, items)
-        masks, failed = grammar_masks(items, grammars)
-        best = logits.argmax(-1)
-        # argmax picks a NaN or +inf where a row has one, and -inf only when all are: so the
-        # chosen logit is finite exactly when the row is usable.
-        finite = logits.gather(-1, best[:, None]).squeeze(-1).isfinite()
-        tokens, usable = torch.stack([best, finite.long()]).tolist()  # one copy to the host
-        outcomes: list[int | Exception] = []
-        for row, item in enumerate(items):
-            mask = masks.get(row)
-            if mask is not None and not (item.sampling.greedy and allows(mask, tokens[row])):
-                # A greedy row whose best token the grammar allows needs no mask at all.
-                tokens[row], usable[row] = masked_best(logits[row], mask)
-            drawn = partial(_draw_row, logits, row, item)  # indexes the row only if it draws
-            outcomes.append(row_outcome(tokens[row], usable[row], item, drawn, failed.get(row)))
+        logprobs = _Logprobs.of(logits, items)  # before anything below writes the logits
+        outcomes = _tokens(logits, items, grammars)
+        return list(outcomes) if logprobs is None else logprobs.attach(outcomes, items)
+
+
+def _tokens(
+    logits: torch.Tensor, items: Sequence[BatchItem], grammars: GrammarStates | None
+) -> list[int | Exception]:
+    """Each row's token id or why it has none (`sample`, without log probabilities; under its
+    inference mode)."""
+    _penalize(logits, items)
+    _suppress(logits, items)
+    masks, failed = grammar_masks(items, grammars)
+    best = logits.argmax(-1)
+    # argmax picks a NaN or +inf where a row has one, and -inf only when all are: so the
+    # chosen logit is finite exactly when the row is usable.
+    finite = logits.gather(-1, best[:, None]).squeeze(-1).isfinite()
+    tokens, usable = torch.stack([best, finite.long()]).tolist()  # one copy to the host
+    outcomes: list[int | Exception] = []
+    for row, item in enumerate(items):
+        mask = masks.get(row)
+        if mask is not None and not (item.sampling.greedy and allows(mask, tokens[row])):
+            # A greedy row whose best token the grammar allows needs no mask at all.
+            tokens[row], usable[row] = masked_best(logits[row], mask)
+        drawn = partial(_draw_row, logits, row, item)  # indexes the row only if it draws
+        outcomes.append(row_outcome(tokens[row], usable[row], item, drawn, failed.get(row)))
     return advance(grammars, items, outcomes) if masks else outcomes
+
+
+class _Logprobs:
+    """The rows that ask for log probabilities, copied from the logits as the model gave them
+    (`raw`: [R, V]), their log-normaliser and their `k` likeliest tokens, kept on the device
+    until the step's tokens are known; then one copy of what they asked to the host. (A log
+    probability is the logit less the row's logsumexp: no [R, V] log-softmax is written.)"""
+
+    def __init__(self, rows: list[int], raw: torch.Tensor, k: int) -> None:
+        self.rows, self.raw = rows, raw
+        self.norm = raw.logsumexp(-1, keepdim=True)  # [R, 1]
+        self.top = raw.topk(min(k, raw.shape[-1])) if k else None
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, items: Sequence[BatchItem]) -> _Logprobs | None:
+        rows, k = logprob_rows(items)
+        if not rows:
+            return None
+        index = torch.tensor(rows, device=logits.device)
+        return cls(rows, logits.index_select(0, index), k)
+
+    def attach(
+        self, outcomes: list[int | Exception], items: Sequence[BatchItem]
+    ) -> list[int | TokenLogprob | Exception]:
+        tokens = [o if isinstance(o, int) else 0 for o in (outcomes[r] for r in self.rows)]
+        index = torch.tensor(tokens, device=self.raw.device)[:, None]
+        chosen = (self.raw.gather(-1, index) - self.norm).squeeze(-1).tolist()
+        top: list[list[tuple[int, float]]] = [[] for _ in self.rows]
+        if self.top is not None:
+            values, ids = self.top
+            rows = zip(ids.tolist(), (values - self.norm).tolist(), strict=True)
+            top = [list(zip(i, v, strict=True)) for i, v in rows]
+        return with_logprobs(outcomes, items, self.rows, chosen, top)
 
 
 def masked_best(logits: torch.Tensor, mask: np.ndarray) -> tuple[int, bool]:

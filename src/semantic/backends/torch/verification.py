@@ -19,13 +19,13 @@ import torch
 
 from semantic.backends.sampling import Unsampleable, penalized_ids, step_seed
 from semantic.backends.torch.sampling import candidates, masked_best, penalize, sample
-from semantic.core import BatchItem, SamplingParams
+from semantic.core import BatchItem, SamplingParams, TokenLogprob
 from semantic.text.grammar import GrammarStates
 
 
 def sample_or_verify(
     logits: torch.Tensor, items: Sequence[BatchItem], grammars: GrammarStates | None = None
-) -> list[int | list[int] | Exception]:
+) -> list[int | TokenLogprob | list[int] | Exception]:
     """logits: [R, V] fp32, one row per item, but 1 + k rows for an item with a draft of k
     tokens → per item, its token (`sample`), a draft's accepted tokens and the one after them
     (`verify`), or why it has none."""
@@ -33,7 +33,7 @@ def sample_or_verify(
         return list(sample(logits, items, grammars))
     plain: list[int] = []  # the items that sample one token, and their rows
     plain_rows: list[int] = []
-    outcomes: list[int | list[int] | Exception] = []
+    outcomes: list[int | TokenLogprob | list[int] | Exception] = []
     row = 0
     for index, item in enumerate(items):
         rows = 1 + len(item.draft_token_ids)
