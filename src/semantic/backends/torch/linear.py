@@ -63,6 +63,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from semantic.backends.torch.blocks import GroupLinear, GroupWeight, takes
 from semantic.backends.torch.int8 import quantize_rows
 from semantic.backends.torch.kernels import CpuKernels, Int8PanelWeight, PanelWeight
 
@@ -291,8 +292,10 @@ class DequantizingLinear:
 
 
 # "bf16": as loaded, in the model dtype; "int8": see above; "gguf": a GGUF file's Q4_K matrices
-# on torch's int4 kernel (`int4.py`, built by `models/weights.py`), every other weight stored in
-# bf16 where the model computes in fp32 (`Bf16StoredLinear`), else as "bf16".
+# on their own blocks (built by `models/weights.py`): with our kernels in bf16, on our group
+# kernel, every other weight in its byte form (`blocks.py`); else on torch's int4 kernel
+# (`int4.py`), every other weight stored in bf16 where the model computes in fp32
+# (`Bf16StoredLinear`), else as "bf16".
 WEIGHT_FORMATS = ("bf16", "int8", "gguf")
 
 
@@ -304,6 +307,8 @@ def linear_factory(
         return _int8_factory(device, dtype, kernels)
     if weights == "gguf" and device.type == "cpu" and dtype == torch.float32:
         return Bf16StoredLinear
+    if weights == "gguf" and device.type == "cpu" and dtype == torch.bfloat16 and kernels:
+        return lambda weight, bias: _grouped(weight, bias, kernels)
     if device.type != "cpu" or dtype != torch.bfloat16:
         return DenseLinear
     if kernels is None:
@@ -320,6 +325,14 @@ def _int8_factory(
     if device.type != "cpu" or dtype != torch.bfloat16 or kernels is None:
         return DequantizingLinear
     return lambda weight, bias: Int8Linear(weight, bias, kernels)
+
+
+def _grouped(weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels) -> Linear:
+    """A GGUF's matrix that is not Q4_K (Q6_K, Q8_0, ... dequantized) beside its Q4_K ones: in
+    8-bit groups on the same kernel where its width allows (`blocks.py`), else in int8 rows."""
+    if takes(weight.shape):
+        return GroupLinear(GroupWeight.quantize(weight), bias, kernels)
+    return Int8Linear(weight, bias, kernels)
 
 
 def _padded_rows(x: torch.Tensor) -> torch.Tensor:

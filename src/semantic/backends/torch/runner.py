@@ -22,6 +22,7 @@ from semantic.backends.torch.attention import (
     KVPool,
     PrefillChunk,
 )
+from semantic.backends.torch.blocks import block_factory
 from semantic.backends.torch.kernels import CpuKernels, cpu_kernels
 from semantic.backends.torch.linear import WEIGHT_FORMATS, linear_factory
 from semantic.backends.torch.models import build_model
@@ -101,7 +102,8 @@ class TorchRunner:
                 f"weights {weight_format!r} are not the torch backend's; known: {known}"
             )
         linear = linear_factory(self.device, self.dtype, cpu, weight_format)
-        build = Build(config, self.dtype, self.device, linear, ours, weight_format)
+        blocks = block_factory(self.device, self.dtype, cpu, weight_format)
+        build = Build(config, self.dtype, self.device, linear, ours, weight_format, blocks)
         with torch.inference_mode():
             # A GGUF's blocks load without a conversion worth keeping: never prepared.
             if not (prepared_dir and weights_fingerprint and cpu) or weight_format == "gguf":

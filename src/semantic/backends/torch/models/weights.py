@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
+from semantic.backends.torch.blocks import takes
 from semantic.backends.torch.int4 import Int4Linear, runs_int4
 from semantic.backends.torch.linear import DenseLinear, Linear
 from semantic.backends.torch.models.layers import (
@@ -76,10 +77,13 @@ class Weights:
         return self._tensors.pop(self.prefix + name, None)
 
     def linear(self, weight: Matrix, bias: torch.Tensor | None) -> Linear:
-        """y = x Wᵀ + b as the build stores it; a Q4_K matrix on the int4 kernel where it runs
-        (`int4.py`), else its values dequantized."""
-        if isinstance(weight, Q4KBlocks) and runs_int4(weight, self.build.device):
-            return Int4Linear(weight, bias, self.build.dtype)
+        """y = x Wᵀ + b as the build stores it; a Q4_K matrix on our group kernel or torch's int4
+        kernel where either runs (`blocks.py`, `int4.py`), else its values dequantized."""
+        if isinstance(weight, Q4KBlocks):
+            if self.build.blocks is not None and takes(weight.shape):
+                return self.build.blocks(weight, bias)
+            if runs_int4(weight, self.build.device):
+                return Int4Linear(weight, bias, self.build.dtype)
         return self.build.linear(self._dense(weight), bias)
 
     def fused(self, names: list[str]) -> Matrix:

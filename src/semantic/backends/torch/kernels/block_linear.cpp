@@ -1,0 +1,193 @@
+// y = x·wᵀ over a weight kept in quantized groups, as a GGUF's Q4_K blocks hold it: each group of
+// 32 inputs of an output row is `scale · u − min` with u an unsigned integer (4 bits for Q4_K,
+// 8 for the byte form), scale = d · sc and min = dmin · m, d and dmin fp32 per 256 inputs of the
+// row, sc and m one byte each per group (Q4_K's 6-bit codes as the file has them).
+//
+// Layout, panels of 16 output rows as the other linears' (small_linear.cpp), per panel p and
+// group g of 32 inputs:
+//   values: nibbles [P][G][4][16][4], 64 bytes for 4 inputs of 16 outputs in their low nibbles
+//           (inputs 32g + 4v + 0..3) and 4 more in their high ones (inputs 32g + 16 + 4v + 0..3);
+//           or bytes [P][G][8][16][4], 64 bytes for inputs 32g + 4v + 0..3 of 16 outputs;
+//   codes:  [P][G][2][16] uint8, the group's sc then m of the 16 outputs;
+//   supers: [P][K/256][2][16] fp32, d then dmin of the 16 outputs.
+// Q4_K is then 4.75 bits a value (the file's 4.5, its fp16 d and dmin widened to fp32), the
+// byte form 8.75.
+//
+// x is quantized per row and group of 32 to int8 as it comes in (q = round(x · 127 / the
+// group's largest |x|), the scale s that largest / 127), as small_linear.cpp's int8 path does
+// and as llama.cpp computes its quantized weights. Per group and row, VNNI's byte dot product
+// (vpdpbusd: the weight's unsigned values against x's signed ones, 64 multiply-adds an
+// instruction) gives the exact integer Σ u·q for 16 outputs; then
+//     y += (Σ u·q) · (scale · s) − min · (s · Σq)
+// in fp32, group after group in the same order whatever the row count, so a row alone and in a
+// batch give the same bits. The nibbles are unpacked in registers (an and, a shift) once per
+// pass over the panel for up to `kMaxRows` rows.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels.h"
+
+namespace semantic {
+namespace {
+
+constexpr int64_t kPanel = 16;   // output rows per panel
+constexpr int64_t kGroup = 32;   // inputs per scale and min, of the weight and of x
+constexpr int64_t kGroupsPerSuper = kBlockSuper / kGroup;
+constexpr int64_t kMaxRows = 8;  // x rows per pass: their accumulators and dots stay in registers
+
+// x's rows quantized per group of 32 (see the top of the file).
+struct GroupQuantizedRows {
+  int64_t groups;
+  std::vector<int8_t> q;     // [M][K]
+  std::vector<float> scale;  // [M][groups]: the group's largest |x| / 127 (0 for all zeros)
+  std::vector<float> sum;    // [M][groups]: scale · Σq, what the min multiplies
+
+  GroupQuantizedRows(const bf16* x, int64_t ldx, int64_t m, int64_t k)
+      : groups(k / kGroup), q(m * k), scale(m * groups), sum(m * groups) {
+    // split among the threads only when there are rows enough to pay for it (prefill)
+    at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        for (int64_t g = 0; g < groups; ++g) quantize_group(x + r * ldx, r, g);
+      }
+    });
+  }
+
+  void quantize_group(const bf16* row, int64_t r, int64_t g) {
+    const __m512 x0 = load_bf16x16(row + g * kGroup);
+    const __m512 x1 = load_bf16x16(row + g * kGroup + 16);
+    const float amax = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(x0)),
+                                _mm512_reduce_max_ps(_mm512_abs_ps(x1)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    // round to nearest even, as torch.round; the products stay within ±127
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
+    int8_t* out = q.data() + (r * groups + g) * kGroup;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(q1));
+    const float s = amax / 127.0f;
+    scale[r * groups + g] = s;
+    sum[r * groups + g] = s * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  }
+
+  const int8_t* row_group(int64_t r, int64_t g) const {
+    return q.data() + (r * groups + g) * kGroup;
+  }
+};
+
+inline __m512i broadcast4(const int8_t* p) {
+  int32_t four;
+  __builtin_memcpy(&four, p, 4);
+  return _mm512_set1_epi32(four);
+}
+
+// 16 group codes (bytes) times a per-output factor: a group's scales or mins, fp32.
+inline __m512 group_factor(const uint8_t* codes, __m512 factor) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+  return _mm512_mul_ps(factor, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(raw)));
+}
+
+// Σ u·q of one group for 16 outputs and MT rows of x (from m0): exact integers.
+template <bool kNibbles, int MT>
+inline void group_dots(const GroupQuantizedRows& x, int64_t m0, int64_t g, const uint8_t* w,
+                       __m512i* dot) {
+  const int8_t* q[MT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) {
+    q[i] = x.row_group(m0 + i, g);
+    dot[i] = _mm512_setzero_si512();
+  }
+  if constexpr (kNibbles) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const __m512i raw = _mm512_loadu_si512(w + v * 4 * kPanel);
+      const __m512i lo = _mm512_and_si512(raw, low);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+#pragma GCC unroll 8
+      for (int i = 0; i < MT; ++i) {
+        dot[i] = _mm512_dpbusd_epi32(dot[i], lo, broadcast4(q[i] + 4 * v));
+        dot[i] = _mm512_dpbusd_epi32(dot[i], hi, broadcast4(q[i] + 16 + 4 * v));
+      }
+    }
+  } else {
+#pragma GCC unroll 8
+    for (int v = 0; v < 8; ++v) {
+      const __m512i raw = _mm512_loadu_si512(w + v * 4 * kPanel);
+#pragma GCC unroll 8
+      for (int i = 0; i < MT; ++i) dot[i] = _mm512_dpbusd_epi32(dot[i], raw, broadcast4(q[i] + 4 * v));
+    }
+  }
+}
+
+// out[i] = the panel's 16 outputs for rows m0 .. m0 + MT of x.
+template <bool kNibbles, int MT>
+void panel_groups(const GroupQuantizedRows& x, int64_t m0, const BlockWeight& w, int64_t p,
+                  __m512* out) {
+  constexpr int64_t kGroupBytes = (kNibbles ? kGroup / 2 : kGroup) * kPanel;
+  const int64_t groups = x.groups, supers = groups / kGroupsPerSuper;
+  const uint8_t* values = w.values + p * groups * kGroupBytes;
+  const uint8_t* codes = w.codes + p * groups * 2 * kPanel;
+  const float* factors = w.supers + p * supers * 2 * kPanel;
+  __m512 acc[MT];
+  __m512i dot[MT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < supers; ++s) {
+    const __m512 d = _mm512_loadu_ps(factors + s * 2 * kPanel);
+    const __m512 dmin = _mm512_loadu_ps(factors + s * 2 * kPanel + kPanel);
+    for (int64_t g = s * kGroupsPerSuper; g < (s + 1) * kGroupsPerSuper; ++g) {
+      const __m512 scale = group_factor(codes + g * 2 * kPanel, d);
+      const __m512 min = group_factor(codes + g * 2 * kPanel + kPanel, dmin);
+      group_dots<kNibbles, MT>(x, m0, g, values + g * kGroupBytes, dot);
+#pragma GCC unroll 8
+      for (int i = 0; i < MT; ++i) {
+        const int64_t at = (m0 + i) * groups + g;
+        const __m512 scaled = _mm512_mul_ps(scale, _mm512_set1_ps(x.scale[at]));
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), scaled, acc[i]);
+        acc[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(x.sum[at]), acc[i]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) out[i] = acc[i];
+}
+
+using PanelFn = void (*)(const GroupQuantizedRows&, int64_t, const BlockWeight&, int64_t,
+                         __m512*);
+
+template <bool kNibbles>
+PanelFn panel_for(int64_t rows) {
+  static constexpr PanelFn kPanels[] = {
+      panel_groups<kNibbles, 1>, panel_groups<kNibbles, 2>, panel_groups<kNibbles, 3>,
+      panel_groups<kNibbles, 4>, panel_groups<kNibbles, 5>, panel_groups<kNibbles, 6>,
+      panel_groups<kNibbles, 7>, panel_groups<kNibbles, 8>};
+  static_assert(sizeof(kPanels) / sizeof(kPanels[0]) == kMaxRows);
+  return kPanels[rows - 1];
+}
+
+}  // namespace
+
+void block_linear(const bf16* x, int64_t ldx, const BlockWeight& w, const bf16* bias, bf16* y,
+                  int64_t m, int64_t n, int64_t k) {
+  const GroupQuantizedRows rows_q(x, ldx, m, k);
+  at::parallel_for(0, (n + kPanel - 1) / kPanel, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n0 = p * kPanel;
+      const __mmask16 mask = lanes(n - n0);
+      const __m512 b = bias != nullptr ? load_bf16x16(bias + n0, mask) : _mm512_setzero_ps();
+      __m512 out[kMaxRows];
+      // Up to kMaxRows x rows per pass over the panel; later passes find it in L1 or L2.
+      for (int64_t m0 = 0; m0 < m; m0 += kMaxRows) {
+        const int64_t rows = std::min(kMaxRows, m - m0);
+        (w.nibbles ? panel_for<true>(rows) : panel_for<false>(rows))(rows_q, m0, w, p, out);
+        for (int64_t i = 0; i < rows; ++i) {
+          store_bf16x16(y + (m0 + i) * n + n0, mask, _mm512_add_ps(out[i], b));
+        }
+      }
+    }
+  });
+}
+
+}  // namespace semantic

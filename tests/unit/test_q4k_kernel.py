@@ -1,0 +1,124 @@
+"""Our kernel over weights in quantized groups (a GGUF's Q4_K blocks, and the byte form): the
+packed weight holds the file's values bit for bit; the kernel computes x·Wᵀ over them with x
+quantized to int8 per group of 32, as an fp64 reference that quantizes x the same way does, and
+within that quantization's own error of the fp32 product; a row gives the same bits alone and
+batched (rows 1..33); partial panels (N not a multiple of 16) and a bias work; K not in whole
+blocks of 256 is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from semantic.backends.torch.blocks import GroupLinear, GroupWeight, takes
+from semantic.backends.torch.kernels import CpuKernels, cpu_kernels, unavailable_reason
+from semantic.models.q4k import Q4KBlocks, read_q4k
+from tests.unit.test_int8_weights import quantized_x
+from tests.unit.test_q4k import random_q4k
+
+KERNELS = cpu_kernels()
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason=f"no kernels: {unavailable_reason()}")
+SHAPES = [(1, 256), (40, 512), (16, 1536), (257, 768)]  # N: one row, partial panels, whole
+
+
+def ours() -> CpuKernels:
+    assert KERNELS is not None
+    return KERNELS
+
+
+def q4k(n: int, k: int, seed: int = 0) -> Q4KBlocks:
+    return read_q4k(random_q4k(n, k, seed), n, k)
+
+
+def kernel_bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """What the kernel's fp32 sums and bf16 output may differ by from the fp64 reference: a few
+    fp32 roundings of every product's size, and half a bf16 step of the result."""
+    xq = quantized_x(x)
+    size = xq.abs() @ w.double().abs().T
+    return size * 1e-5 + (xq @ w.double().T).abs() * 2.0**-8
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_q4k_weight_holds_the_files_values_bit_for_bit(n, k):
+    blocks = q4k(n, k, seed=n)
+    weight = GroupWeight.from_q4k(blocks)
+    assert weight.nibbles
+    assert torch.equal(weight.rows(torch.arange(n)), torch.from_numpy(blocks.dequantize()))
+    # 4 bits a value, and a byte of codes per group and 8 bytes of d, dmin per 256
+    assert weight.nbytes == -(-n // 16) * 16 * k * (4 + 16 / 32 + 64 / 256) / 8
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
+def test_q4k_kernel_is_the_product_with_x_quantized_per_group(n, k, rows):
+    torch.manual_seed(rows + n)
+    blocks = q4k(n, k, seed=n + k)
+    w = torch.from_numpy(blocks.dequantize())
+    x = torch.randn(rows, k).bfloat16()
+    y = GroupLinear(GroupWeight.from_q4k(blocks), None, ours())(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
+    reference = quantized_x(x) @ w.double().T
+    assert torch.all((y.double() - reference).abs() <= kernel_bound(w, x))
+    # x's quantization moves each value by at most half its group's step: the product by at
+    # most Σ|w| times that, which explains the whole distance to the fp32 product
+    step = x.float().view(rows, -1, 32).abs().amax(-1, keepdim=True) / 127
+    half_steps = (step / 2).expand(-1, -1, 32).reshape(rows, k).double()
+    x_error = half_steps @ w.double().abs().T
+    exact = x.double() @ w.double().T
+    assert torch.all((y.double() - exact).abs() <= x_error + kernel_bound(w, x))
+
+
+@needs_kernels
+def test_a_row_gets_the_same_bits_alone_and_batched():
+    n, k = 40, 768
+    weight = GroupWeight.from_q4k(q4k(n, k, seed=5))
+    bias = torch.randn(n).bfloat16()
+    linear = GroupLinear(weight, bias, ours())
+    x = torch.randn(33, k).bfloat16()
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(33)])
+    for rows in range(1, 34):
+        assert torch.equal(linear(x[:rows]), alone[:rows]), rows
+
+
+@needs_kernels
+def test_the_bias_is_added_once():
+    n, k = 24, 256
+    weight = GroupWeight.from_q4k(q4k(n, k, seed=6))
+    bias = torch.randn(n).bfloat16()
+    x = torch.randn(4, k).bfloat16()
+    with_bias = GroupLinear(weight, bias, ours())(x).float()
+    without = GroupLinear(weight, None, ours())(x).float()
+    assert torch.allclose(with_bias, without + bias.float(), atol=0.1, rtol=2**-7)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_any_weight_in_the_byte_form_is_within_half_its_groups_step(n, k):
+    torch.manual_seed(n)
+    w = torch.randn(n, k) * torch.logspace(-3, 1, k)  # groups of very different sizes
+    w[:, 32:64] = 0.0  # an all-zero group: its code 0
+    weight = GroupWeight.quantize(w)
+    assert not weight.nibbles
+    largest = w.view(n, -1, 32).abs().amax(-1, keepdim=True)
+    step = (largest / 127).expand(-1, -1, 32).reshape(n, k)
+    back = weight.rows(torch.arange(n))
+    # a group's step is rounded up to a multiple of d, the block's largest step / 255
+    d = largest.view(n, -1, 8).amax(-1, keepdim=True) / 127 / 255
+    slack = d.expand(-1, -1, 256).reshape(n, k)
+    assert torch.all((back - w).abs() <= (step + slack) / 2 * (1 + 1e-5))
+    assert torch.equal(back[:, 32:64], torch.zeros(n, 32))
+    x = torch.randn(5, k).bfloat16()
+    y = GroupLinear(weight, None, ours())(x)
+    assert torch.all((y.double() - quantized_x(x) @ back.double().T).abs() <= kernel_bound(back, x))
+
+
+@needs_kernels
+def test_k_not_in_whole_blocks_is_refused():
+    assert takes((64, 512)) and not takes((64, 544)) and not takes((64, 0))
+    weight = GroupWeight.quantize(torch.randn(16, 256))
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        ours().block_linear(
+            torch.randn(1, 288).bfloat16(), weight.values, weight.codes, weight.supers, 16, None
+        )
