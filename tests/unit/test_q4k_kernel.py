@@ -1,9 +1,9 @@
-"""Our kernel over weights in quantized groups (a GGUF's Q4_K blocks, and the byte form): the
-packed weight holds the file's values bit for bit; the kernel computes x·Wᵀ over them with x
-quantized to int8 per group of 32, as an fp64 reference that quantizes x the same way does, and
-within that quantization's own error of the fp32 product; a row gives the same bits alone and
-batched (rows 1..33); partial panels (N not a multiple of 16) and a bias work; K not in whole
-blocks of 256 is refused."""
+"""Our kernel over weights in quantized groups (a GGUF's Q4_K and Q6_K blocks, and the byte
+form): the packed weight holds the file's values bit for bit; the kernel computes x·Wᵀ over
+them with x quantized to int8 per group of 32, as an fp64 reference that quantizes x the same
+way does, and within that quantization's own error of the fp32 product; a row gives the same
+bits alone and batched (rows 1..33); partial panels (N not a multiple of 16) and a bias work;
+K not in whole blocks of 256 is refused."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import torch
 from semantic.backends.torch.blocks import GroupLinear, GroupWeight, takes
 from semantic.backends.torch.kernels import CpuKernels, cpu_kernels, unavailable_reason
 from semantic.models.q4k import Q4KBlocks, read_q4k
+from semantic.models.q6k import Blocks, read_q6k
 from tests.unit.test_int8_weights import quantized_x
 from tests.unit.test_q4k import random_q4k
+from tests.unit.test_q6k import random_q6k
 
 KERNELS = cpu_kernels()
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason=f"no kernels: {unavailable_reason()}")
@@ -30,6 +32,18 @@ def q4k(n: int, k: int, seed: int = 0) -> Q4KBlocks:
     return read_q4k(random_q4k(n, k, seed), n, k)
 
 
+def file_blocks(kind: str, n: int, k: int, seed: int = 0) -> Blocks:
+    if kind == "q4k":
+        return q4k(n, k, seed)
+    return read_q6k(random_q6k(n, k, seed), n, k)
+
+
+def packed(blocks: Blocks) -> GroupWeight:
+    if isinstance(blocks, Q4KBlocks):
+        return GroupWeight.from_q4k(blocks)
+    return GroupWeight.from_q6k(blocks)
+
+
 def kernel_bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """What the kernel's fp32 sums and bf16 output may differ by from the fp64 reference: a few
     fp32 roundings of every product's size, and half a bf16 step of the result."""
@@ -40,24 +54,27 @@ def kernel_bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 @needs_kernels
 @pytest.mark.parametrize(("n", "k"), SHAPES)
-def test_q4k_weight_holds_the_files_values_bit_for_bit(n, k):
-    blocks = q4k(n, k, seed=n)
-    weight = GroupWeight.from_q4k(blocks)
-    assert weight.nibbles
+@pytest.mark.parametrize(("kind", "bits"), [("q4k", 4 + 16 / 32 + 64 / 256), ("q6k", 6.75)])
+def test_a_files_blocks_are_held_bit_for_bit(n, k, kind, bits):
+    blocks = file_blocks(kind, n, k, seed=n)
+    weight = packed(blocks)
+    assert weight.planes == (4 if kind == "q4k" else 6)
     assert torch.equal(weight.rows(torch.arange(n)), torch.from_numpy(blocks.dequantize()))
-    # 4 bits a value, and a byte of codes per group and 8 bytes of d, dmin per 256
-    assert weight.nbytes == -(-n // 16) * 16 * k * (4 + 16 / 32 + 64 / 256) / 8
+    # Q4_K: 4 bits a value, a byte of codes per group and 8 bytes of d, dmin per 256; Q6_K: 6
+    # bits, a byte of sc per 16 and the same 8 bytes
+    assert weight.nbytes == -(-n // 16) * 16 * k * bits / 8
 
 
 @needs_kernels
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
-def test_q4k_kernel_is_the_product_with_x_quantized_per_group(n, k, rows):
+@pytest.mark.parametrize("kind", ["q4k", "q6k"])
+def test_the_kernel_is_the_product_with_x_quantized_per_group(n, k, rows, kind):
     torch.manual_seed(rows + n)
-    blocks = q4k(n, k, seed=n + k)
+    blocks = file_blocks(kind, n, k, seed=n + k)
     w = torch.from_numpy(blocks.dequantize())
     x = torch.randn(rows, k).bfloat16()
-    y = GroupLinear(GroupWeight.from_q4k(blocks), None, ours())(x)
+    y = GroupLinear(packed(blocks), None, ours())(x)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
     reference = quantized_x(x) @ w.double().T
     assert torch.all((y.double() - reference).abs() <= kernel_bound(w, x))
@@ -71,9 +88,13 @@ def test_q4k_kernel_is_the_product_with_x_quantized_per_group(n, k, rows):
 
 
 @needs_kernels
-def test_a_row_gets_the_same_bits_alone_and_batched():
+@pytest.mark.parametrize("kind", ["q4k", "q6k", "bytes"])
+def test_a_row_gets_the_same_bits_alone_and_batched(kind):
     n, k = 40, 768
-    weight = GroupWeight.from_q4k(q4k(n, k, seed=5))
+    if kind == "bytes":
+        weight = GroupWeight.quantize(torch.randn(n, k))
+    else:
+        weight = packed(file_blocks(kind, n, k, seed=5))
     bias = torch.randn(n).bfloat16()
     linear = GroupLinear(weight, bias, ours())
     x = torch.randn(33, k).bfloat16()
@@ -100,7 +121,7 @@ def test_any_weight_in_the_byte_form_is_within_half_its_groups_step(n, k):
     w = torch.randn(n, k) * torch.logspace(-3, 1, k)  # groups of very different sizes
     w[:, 32:64] = 0.0  # an all-zero group: its code 0
     weight = GroupWeight.quantize(w)
-    assert not weight.nibbles
+    assert weight.planes == 8
     largest = w.view(n, -1, 32).abs().amax(-1, keepdim=True)
     step = (largest / 127).expand(-1, -1, 32).reshape(n, k)
     back = weight.rows(torch.arange(n))

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from semantic.backends.torch.kernels import CpuKernels
 from semantic.models.q4k import GROUP, SUPER, Q4KBlocks
+from semantic.models.q6k import Blocks, Q6KBlocks
 
 PANEL = 16  # output rows per panel
 _GROUPS_PER_SUPER = SUPER // GROUP
@@ -56,6 +57,24 @@ class GroupWeight:
         return cls(nibbles.permute(0, 2, 3, 1, 4).contiguous(), codes, supers, n, k)
 
     @classmethod
+    def from_q6k(cls, blocks: Q6KBlocks) -> GroupWeight:
+        """A Q6_K matrix's blocks as they are: u's low nibbles as Q4_K's, its top two bits four
+        to a byte, each half's sc (int8, in `codes`) and d (dmin zero)."""
+        n, k = blocks.shape
+        u = _panel_rows(torch.from_numpy(blocks.u)).view(-1, PANEL, k // GROUP, 2, 4, 4)
+        low = u & 0x0F
+        nibbles = low[:, :, :, 0] | (low[:, :, :, 1] << 4)  # [P, 16, G, 4, 4]
+        top = (u >> 4).view(-1, PANEL, k // GROUP, 2, 4, 4)  # [P, 16, G, h, v, b]
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+        pairs = (top << shifts).sum(4, dtype=torch.uint8)  # [P, 16, G, h, b]: v's in bits 2v
+        planes = torch.cat([nibbles, pairs], 3)  # [P, 16, G, 6, 4]
+        sc = torch.from_numpy(blocks.sc).view(torch.uint8).view(n, -1, 2)
+        codes = _interleaved(sc[..., 0], sc[..., 1])
+        d = torch.from_numpy(blocks.d)
+        supers = _interleaved(d, torch.zeros_like(d))
+        return cls(planes.permute(0, 2, 3, 1, 4).contiguous(), codes, supers, n, k)
+
+    @classmethod
     def quantize(cls, weight: torch.Tensor) -> GroupWeight:
         """Any float weight [N, K] in the byte form (see the module docstring), a slab of
         panels at a time (a slab's temporaries stay in cache: ~10x faster for an LM head)."""
@@ -72,8 +91,9 @@ class GroupWeight:
         return cls(values, codes, supers, n, k)
 
     @property
-    def nibbles(self) -> bool:
-        return self.values.shape[2] == 4
+    def planes(self) -> int:
+        """64-byte planes a group takes: 4 (Q4_K), 6 (Q6_K) or 8 (the byte form)."""
+        return int(self.values.shape[2])
 
     @property
     def nbytes(self) -> int:
@@ -83,12 +103,20 @@ class GroupWeight:
         """Rows `ids` [T] dequantized → [T, K] fp32: scale · u − min, each product rounded once
         (a tied model's embedding lookup; the tests' reference)."""
         panel, lane = ids // PANEL, ids % PANEL
-        values = self.values[panel, :, :, lane]  # [T, G, 4 or 8, 4]
-        if self.nibbles:  # [T, G, 2 (low, high), 4, 4]: inputs 32g + 16·half + 4v + b
-            values = torch.stack([values & 0x0F, values >> 4], 2)
-        u = values.reshape(len(ids), -1, GROUP).float()
-        codes = self.codes[panel, :, :, lane].float()  # [T, G, 2]
+        values = self.values[panel, :, :, lane]  # [T, G, planes, 4]
+        codes = self.codes[panel, :, :, lane]  # [T, G, 2]
         supers = self.supers[panel, :, :, lane].repeat_interleave(_GROUPS_PER_SUPER, 1)
+        if self.planes == 8:
+            u = values.reshape(len(ids), -1, GROUP).float()
+        else:  # [T, G, 2 (low, high), 4, 4]: inputs 32g + 16·half + 4v + b
+            u = torch.stack([values[:, :, :4] & 0x0F, values[:, :, :4] >> 4], 2)
+        if self.planes == 6:  # each half's scale · (u − 32)
+            shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+            top = (values[:, :, 4:, None] >> shifts) & 0x03  # [T, G, h, v, b]
+            u = (u | (top << 4)).float().view(len(ids), -1, 2, GROUP // 2) - 32
+            scale = supers[..., 0, None] * codes.view(torch.int8).float()  # [T, G, 2]
+            return (scale[..., None] * u).flatten(1)
+        u = u.reshape(len(ids), -1, GROUP).float()
         scale, minimum = supers[..., 0] * codes[..., 0], supers[..., 1] * codes[..., 1]
         return (u * scale[..., None] - minimum[..., None]).flatten(1)
 
@@ -150,14 +178,21 @@ class GroupLinear:
         return self.weight.nbytes + bias
 
 
-BlockFactory = Callable[[Q4KBlocks, torch.Tensor | None], GroupLinear]
+BlockFactory = Callable[[Blocks, torch.Tensor | None], GroupLinear]
 
 
 def block_factory(
     device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None, weights: str
 ) -> BlockFactory | None:
-    """How a GGUF's Q4_K matrices compute on their blocks with our kernels (`weights = "gguf"`,
-    bf16 on the CPU), or None where they do not run (then torch's int4 kernel: `int4.py`)."""
+    """How a GGUF's Q4_K and Q6_K matrices compute on their blocks with our kernels (`weights =
+    "gguf"`, bf16 on the CPU), or None where they do not run (then torch's int4 kernel takes
+    the Q4_K ones: `int4.py`)."""
     if weights != "gguf" or kernels is None or device.type != "cpu" or dtype != torch.bfloat16:
         return None
-    return lambda blocks, bias: GroupLinear(GroupWeight.from_q4k(blocks), bias, kernels)
+    return lambda blocks, bias: GroupLinear(_packed(blocks), bias, kernels)
+
+
+def _packed(blocks: Blocks) -> GroupWeight:
+    if isinstance(blocks, Q4KBlocks):
+        return GroupWeight.from_q4k(blocks)
+    return GroupWeight.from_q6k(blocks)

@@ -37,7 +37,7 @@ from semantic.engine.runner import StepToken, step_tokens
 from semantic.errors import ModelLoadFailed
 from semantic.kv_budget import auto_budget_bytes, host_available_bytes, no_page_refusal
 from semantic.models.config import ModelConfig
-from semantic.models.q4k import Q4KBlocks
+from semantic.models.q6k import Blocks
 from semantic.text.grammar import GrammarStates
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class TorchRunner:
     def __init__(
         self,
         config: ModelConfig,
-        weights: Iterable[tuple[str, np.ndarray | Q4KBlocks]],
+        weights: Iterable[tuple[str, np.ndarray | Blocks]],
         *,
         block_tokens: int,
         cache_budget_mb: int | None,

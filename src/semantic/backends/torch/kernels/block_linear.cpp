@@ -1,17 +1,21 @@
-// y = x·wᵀ over a weight kept in quantized groups, as a GGUF's Q4_K blocks hold it: each group of
-// 32 inputs of an output row is `scale · u − min` with u an unsigned integer (4 bits for Q4_K,
-// 8 for the byte form), scale = d · sc and min = dmin · m, d and dmin fp32 per 256 inputs of the
-// row, sc and m one byte each per group (Q4_K's 6-bit codes as the file has them).
+// y = x·wᵀ over a weight kept in quantized groups, as a GGUF's Q4_K and Q6_K blocks hold it.
+// Q4_K and the byte form: each group of 32 inputs of an output row is `scale · u − min` with u
+// unsigned (4 bits, or 8), scale = d · sc and min = dmin · m, d and dmin fp32 per 256 inputs of
+// the row, sc and m one byte each per group (Q4_K's 6-bit codes as the file has them). Q6_K:
+// each 16 inputs are `scale · (u − 32)`, u in 6 bits, scale = d · sc with sc a signed byte.
 //
 // Layout, panels of 16 output rows as the other linears' (small_linear.cpp), per panel p and
 // group g of 32 inputs:
-//   values: nibbles [P][G][4][16][4], 64 bytes for 4 inputs of 16 outputs in their low nibbles
-//           (inputs 32g + 4v + 0..3) and 4 more in their high ones (inputs 32g + 16 + 4v + 0..3);
-//           or bytes [P][G][8][16][4], 64 bytes for inputs 32g + 4v + 0..3 of 16 outputs;
-//   codes:  [P][G][2][16] uint8, the group's sc then m of the 16 outputs;
-//   supers: [P][K/256][2][16] fp32, d then dmin of the 16 outputs.
-// Q4_K is then 4.75 bits a value (the file's 4.5, its fp16 d and dmin widened to fp32), the
-// byte form 8.75.
+//   values: Q4_K: nibbles [P][G][4][16][4], 64 bytes for 4 inputs of 16 outputs in their low
+//           nibbles (inputs 32g + 4v + 0..3) and 4 more in their high ones (32g + 16 + 4v + 0..3);
+//           Q6_K: the same nibbles (u's low four bits) then [2][16][4] bytes of u's top two bits,
+//           input 32g + 16h + 4v + b's in bits 2v, 2v + 1 of byte [h][o][b] ([P][G][6][16][4]);
+//           bytes: [P][G][8][16][4], 64 bytes for inputs 32g + 4v + 0..3 of 16 outputs;
+//   codes:  [P][G][2][16] uint8, the group's sc then m of the 16 outputs (Q6_K: the two
+//           halves' sc, int8);
+//   supers: [P][K/256][2][16] fp32, d then dmin of the 16 outputs (Q6_K: d, then zeros).
+// Q4_K is then 4.75 bits a value (the file's 4.5, its fp16 d and dmin widened to fp32), Q6_K
+// 6.75 (the file's 6.56), the byte form 8.75.
 //
 // x is quantized per row and group of 32 to int8 as it comes in (q = round(x · 127 / the
 // group's largest |x|), the scale s that largest / 127), as small_linear.cpp's int8 path does
@@ -20,8 +24,10 @@
 // instruction) gives the exact integer Σ u·q for 16 outputs; then
 //     y += (Σ u·q) · (scale · s) − min · (s · Σq)
 // in fp32, group after group in the same order whatever the row count, so a row alone and in a
-// batch give the same bits. The nibbles are unpacked in registers (an and, a shift) once per
-// pass over the panel for up to `kMaxRows` rows.
+// batch give the same bits. Q6_K takes each half's Σ (u − 32)·q = Σ u·q − 32·Σq exactly (the
+// dot starts from −32·Σq) and adds it times scale · s. The values are unpacked in registers (an
+// and, a shift; Q6_K's top bits shifted and merged) once per pass over the panel for up to
+// `kMaxRows` rows.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -43,9 +49,10 @@ struct GroupQuantizedRows {
   std::vector<int8_t> q;     // [M][K]
   std::vector<float> scale;  // [M][groups]: the group's largest |x| / 127 (0 for all zeros)
   std::vector<float> sum;    // [M][groups]: scale · Σq, what the min multiplies
+  std::vector<int32_t> offset;  // [M][groups][2]: −32·Σq of each half, where Q6_K's dots start
 
   GroupQuantizedRows(const bf16* x, int64_t ldx, int64_t m, int64_t k)
-      : groups(k / kGroup), q(m * k), scale(m * groups), sum(m * groups) {
+      : groups(k / kGroup), q(m * k), scale(m * groups), sum(m * groups), offset(2 * m * groups) {
     // split among the threads only when there are rows enough to pay for it (prefill)
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
@@ -67,8 +74,11 @@ struct GroupQuantizedRows {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(q0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(q1));
     const float s = amax / 127.0f;
+    const int32_t sum0 = _mm512_reduce_add_epi32(q0), sum1 = _mm512_reduce_add_epi32(q1);
     scale[r * groups + g] = s;
-    sum[r * groups + g] = s * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+    sum[r * groups + g] = s * static_cast<float>(sum0 + sum1);
+    offset[2 * (r * groups + g)] = -32 * sum0;
+    offset[2 * (r * groups + g) + 1] = -32 * sum1;
   }
 
   const int8_t* row_group(int64_t r, int64_t g) const {
@@ -82,23 +92,67 @@ inline __m512i broadcast4(const int8_t* p) {
   return _mm512_set1_epi32(four);
 }
 
-// 16 group codes (bytes) times a per-output factor: a group's scales or mins, fp32.
+enum class Form { kNibbles, kSix, kBytes };  // Q4_K, Q6_K, the byte form
+
+// 16 group codes (bytes, signed for Q6_K) times a per-output factor: a group's scales or mins.
+template <bool kSigned = false>
 inline __m512 group_factor(const uint8_t* codes, __m512 factor) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
-  return _mm512_mul_ps(factor, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(raw)));
+  const __m512i wide = kSigned ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw);
+  return _mm512_mul_ps(factor, _mm512_cvtepi32_ps(wide));
 }
 
-// Σ u·q of one group for 16 outputs and MT rows of x (from m0): exact integers.
-template <bool kNibbles, int MT>
+// Q6_K's top two bits of inputs 4v + 0..3 of a half, from its byte of pairs, at bits 4 and 5.
+template <int V>
+inline __m512i top_bits(__m512i pairs) {
+  const __m512i shifted = V < 2 ? _mm512_slli_epi16(pairs, 4 - 2 * V)
+                                : (V == 2 ? pairs : _mm512_srli_epi16(pairs, 2 * V - 4));
+  return _mm512_and_si512(shifted, _mm512_set1_epi8(0x30));
+}
+
+// (low & 0x0F) | top: the nibble and the two top bits (already at bits 4 and 5 alone).
+inline __m512i merged(__m512i low, __m512i top) {
+  return _mm512_ternarylogic_epi32(low, top, _mm512_set1_epi8(0x0F), 0xE4);  // c ? a : b
+}
+
+template <int V, int MT>
+inline void six_step(const int8_t* const* q, const uint8_t* w, __m512i h0, __m512i h1,
+                     __m512i* dot, __m512i* dot_high) {
+  const __m512i raw = _mm512_loadu_si512(w + V * 4 * kPanel);
+  const __m512i lo = merged(raw, top_bits<V>(h0));
+  const __m512i hi = merged(_mm512_srli_epi16(raw, 4), top_bits<V>(h1));
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) {
+    dot[i] = _mm512_dpbusd_epi32(dot[i], lo, broadcast4(q[i] + 4 * V));
+    dot_high[i] = _mm512_dpbusd_epi32(dot_high[i], hi, broadcast4(q[i] + 16 + 4 * V));
+  }
+}
+
+// Σ u·q of one group for 16 outputs and MT rows of x (from m0): exact integers; for Q6_K each
+// half's Σ (u − 32)·q, the first in `dot`, the second in `dot_high`.
+template <Form F, int MT>
 inline void group_dots(const GroupQuantizedRows& x, int64_t m0, int64_t g, const uint8_t* w,
-                       __m512i* dot) {
+                       __m512i* dot, __m512i* dot_high) {
   const int8_t* q[MT];
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) {
     q[i] = x.row_group(m0 + i, g);
-    dot[i] = _mm512_setzero_si512();
+    if constexpr (F == Form::kSix) {
+      const int32_t* offset = &x.offset[2 * ((m0 + i) * x.groups + g)];
+      dot[i] = _mm512_set1_epi32(offset[0]);
+      dot_high[i] = _mm512_set1_epi32(offset[1]);
+    } else {
+      dot[i] = _mm512_setzero_si512();
+    }
   }
-  if constexpr (kNibbles) {
+  if constexpr (F == Form::kSix) {
+    const __m512i h0 = _mm512_loadu_si512(w + 4 * 4 * kPanel);
+    const __m512i h1 = _mm512_loadu_si512(w + 5 * 4 * kPanel);
+    six_step<0, MT>(q, w, h0, h1, dot, dot_high);
+    six_step<1, MT>(q, w, h0, h1, dot, dot_high);
+    six_step<2, MT>(q, w, h0, h1, dot, dot_high);
+    six_step<3, MT>(q, w, h0, h1, dot, dot_high);
+  } else if constexpr (F == Form::kNibbles) {
     const __m512i low = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
@@ -122,31 +176,44 @@ inline void group_dots(const GroupQuantizedRows& x, int64_t m0, int64_t g, const
 }
 
 // out[i] = the panel's 16 outputs for rows m0 .. m0 + MT of x.
-template <bool kNibbles, int MT>
+template <Form F, int MT>
 void panel_groups(const GroupQuantizedRows& x, int64_t m0, const BlockWeight& w, int64_t p,
                   __m512* out) {
-  constexpr int64_t kGroupBytes = (kNibbles ? kGroup / 2 : kGroup) * kPanel;
+  constexpr int64_t kGroupBytes = (F == Form::kNibbles ? 4 : F == Form::kSix ? 6 : 8) * 4 * kPanel;
   const int64_t groups = x.groups, supers = groups / kGroupsPerSuper;
   const uint8_t* values = w.values + p * groups * kGroupBytes;
   const uint8_t* codes = w.codes + p * groups * 2 * kPanel;
   const float* factors = w.supers + p * supers * 2 * kPanel;
   __m512 acc[MT];
-  __m512i dot[MT];
+  __m512i dot[MT], dot_high[MT];
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t s = 0; s < supers; ++s) {
     const __m512 d = _mm512_loadu_ps(factors + s * 2 * kPanel);
     const __m512 dmin = _mm512_loadu_ps(factors + s * 2 * kPanel + kPanel);
     for (int64_t g = s * kGroupsPerSuper; g < (s + 1) * kGroupsPerSuper; ++g) {
-      const __m512 scale = group_factor(codes + g * 2 * kPanel, d);
-      const __m512 min = group_factor(codes + g * 2 * kPanel + kPanel, dmin);
-      group_dots<kNibbles, MT>(x, m0, g, values + g * kGroupBytes, dot);
+      const uint8_t* code = codes + g * 2 * kPanel;
+      group_dots<F, MT>(x, m0, g, values + g * kGroupBytes, dot, dot_high);
+      if constexpr (F == Form::kSix) {  // a scale per half, no min
+        const __m512 scale = group_factor<true>(code, d);
+        const __m512 scale_high = group_factor<true>(code + kPanel, d);
 #pragma GCC unroll 8
-      for (int i = 0; i < MT; ++i) {
-        const int64_t at = (m0 + i) * groups + g;
-        const __m512 scaled = _mm512_mul_ps(scale, _mm512_set1_ps(x.scale[at]));
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), scaled, acc[i]);
-        acc[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(x.sum[at]), acc[i]);
+        for (int i = 0; i < MT; ++i) {
+          const __m512 s_x = _mm512_set1_ps(x.scale[(m0 + i) * groups + g]);
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_mul_ps(scale, s_x), acc[i]);
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_high[i]),
+                                   _mm512_mul_ps(scale_high, s_x), acc[i]);
+        }
+      } else {
+        const __m512 scale = group_factor(code, d);
+        const __m512 min = group_factor(code + kPanel, dmin);
+#pragma GCC unroll 8
+        for (int i = 0; i < MT; ++i) {
+          const int64_t at = (m0 + i) * groups + g;
+          const __m512 scaled = _mm512_mul_ps(scale, _mm512_set1_ps(x.scale[at]));
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), scaled, acc[i]);
+          acc[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(x.sum[at]), acc[i]);
+        }
       }
     }
   }
@@ -157,14 +224,18 @@ void panel_groups(const GroupQuantizedRows& x, int64_t m0, const BlockWeight& w,
 using PanelFn = void (*)(const GroupQuantizedRows&, int64_t, const BlockWeight&, int64_t,
                          __m512*);
 
-template <bool kNibbles>
+template <Form F>
 PanelFn panel_for(int64_t rows) {
-  static constexpr PanelFn kPanels[] = {
-      panel_groups<kNibbles, 1>, panel_groups<kNibbles, 2>, panel_groups<kNibbles, 3>,
-      panel_groups<kNibbles, 4>, panel_groups<kNibbles, 5>, panel_groups<kNibbles, 6>,
-      panel_groups<kNibbles, 7>, panel_groups<kNibbles, 8>};
+  static constexpr PanelFn kPanels[] = {panel_groups<F, 1>, panel_groups<F, 2>, panel_groups<F, 3>,
+                                        panel_groups<F, 4>, panel_groups<F, 5>, panel_groups<F, 6>,
+                                        panel_groups<F, 7>, panel_groups<F, 8>};
   static_assert(sizeof(kPanels) / sizeof(kPanels[0]) == kMaxRows);
   return kPanels[rows - 1];
+}
+
+PanelFn panel_for(int planes, int64_t rows) {
+  if (planes == 4) return panel_for<Form::kNibbles>(rows);
+  return planes == 6 ? panel_for<Form::kSix>(rows) : panel_for<Form::kBytes>(rows);
 }
 
 }  // namespace
@@ -181,7 +252,7 @@ void block_linear(const bf16* x, int64_t ldx, const BlockWeight& w, const bf16* 
       // Up to kMaxRows x rows per pass over the panel; later passes find it in L1 or L2.
       for (int64_t m0 = 0; m0 < m; m0 += kMaxRows) {
         const int64_t rows = std::min(kMaxRows, m - m0);
-        (w.nibbles ? panel_for<true>(rows) : panel_for<false>(rows))(rows_q, m0, w, p, out);
+        panel_for(w.planes, rows)(rows_q, m0, w, p, out);
         for (int64_t i = 0; i < rows; ++i) {
           store_bf16x16(y + (m0 + i) * n + n0, mask, _mm512_add_ps(out[i], b));
         }
