@@ -69,7 +69,7 @@ def weight_format(options: RunnerOptions, gguf: bool) -> str:
         return "bf16"
     from semantic.backends.torch.runner import auto_weight_format
 
-    return auto_weight_format(options.device, options.dtype, options.kernels)
+    return auto_weight_format(options.device)
 
 
 def default_backend() -> str:

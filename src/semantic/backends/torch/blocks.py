@@ -54,7 +54,7 @@ class GroupWeight:
         nibbles = q[:, :, :, 0] | (q[:, :, :, 1] << 4)  # [P, 16, G, 4, 4]
         codes = _interleaved(torch.from_numpy(blocks.sc), torch.from_numpy(blocks.m))
         supers = _interleaved(torch.from_numpy(blocks.d), torch.from_numpy(blocks.dmin))
-        return cls(nibbles.permute(0, 2, 3, 1, 4).contiguous(), codes, supers, n, k)
+        return cls(_panel_major(nibbles), codes, supers, n, k)
 
     @classmethod
     def from_q6k(cls, blocks: Q6KBlocks) -> GroupWeight:
@@ -72,7 +72,7 @@ class GroupWeight:
         codes = _interleaved(sc[..., 0], sc[..., 1])
         d = torch.from_numpy(blocks.d)
         supers = _interleaved(d, torch.zeros_like(d))
-        return cls(planes.permute(0, 2, 3, 1, 4).contiguous(), codes, supers, n, k)
+        return cls(_panel_major(planes), codes, supers, n, k)
 
     @classmethod
     def quantize(cls, weight: torch.Tensor) -> GroupWeight:
@@ -135,7 +135,15 @@ def _quantized(
     q = (groups / scale.clamp(min=_TINY)).round_().clamp_(-_LEVELS, _LEVELS)
     u = q.add_(128).to(torch.uint8).view(-1, PANEL, groups.shape[1], 8, 4)
     codes = _interleaved(sc.to(torch.uint8), sc.to(torch.uint8))
-    return u.permute(0, 2, 3, 1, 4), codes, _interleaved(d, d * 128)
+    return _panel_major(u.contiguous()), codes, _interleaved(d, d * 128)
+
+
+def _panel_major(planes: torch.Tensor) -> torch.Tensor:
+    """[P, 16, G, planes, 4] uint8 (contiguous) → [P, G, planes, 16, 4]: each 4 bytes moved as
+    one int32, 4x faster than bytewise."""
+    words = planes.view(torch.int32).squeeze(-1)  # [P, 16, G, planes]
+    moved = words.permute(0, 2, 3, 1).contiguous()  # [P, G, planes, 16]
+    return moved.unsqueeze(-1).view(torch.uint8)
 
 
 def _panel_rows(rows: torch.Tensor) -> torch.Tensor:

@@ -478,16 +478,14 @@ def attention_kernels(
     return kernels if reads else None
 
 
-def auto_weight_format(device: str, dtype: str, kernels: bool) -> str:
+def auto_weight_format(device: str) -> str:
     """How a GGUF model's linears store their weights when the settings say "auto": on its own
-    Q4_K blocks ("gguf") on a CPU where our kernels do not run (there the model computes in
-    fp32, and decode reads 4 bits a value instead of 32: docs/benchmark-history.md); else "bf16",
-    as loaded (with our AVX-512 kernels their bf16 and int8 panels may well win; unmeasured)."""
-    where = pick_device(device)
-    if where.type != "cpu":
-        return "bf16"
-    ours = pick_cpu_kernels(kernels, where, pick_dtype(dtype, where))
-    return "gguf" if ours is None else "bf16"
+    Q4_K and Q6_K blocks ("gguf") on the CPU, where decode is bound by the bytes a step reads:
+    with our AVX-512 kernels on our group kernel (2.3x bf16's decode, 1.1-1.3x int8's, at a
+    quarter of int8's logit error), without them Q4_K on torch's int4 kernel beside an fp32
+    model (docs/benchmark-history.md); "bf16", as loaded, on CUDA (torch's CUDA int4 layout is
+    another)."""
+    return "gguf" if pick_device(device).type == "cpu" else "bf16"
 
 
 def pick_kv_dtype(kv_dtype: str, cpu_in_place: bool, dtype: torch.dtype) -> str | None:
