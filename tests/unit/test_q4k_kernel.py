@@ -3,17 +3,26 @@ form): the packed weight holds the file's values bit for bit; the kernel compute
 them with x quantized to int8 per group of 32, as an fp64 reference that quantizes x the same
 way does, and within that quantization's own error of the fp32 product; a row gives the same
 bits alone and batched (rows 1..33); partial panels (N not a multiple of 16) and a bias work;
-K not in whole blocks of 256 is refused."""
+K not in whole blocks of 256 is refused. A `weights = "gguf"` build puts a file's blocks on it,
+and its other matrices in the byte form (or int8 rows where too narrow); without our kernels
+Q4_K stays on torch's int4 kernel."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from semantic.backends.torch.blocks import GroupLinear, GroupWeight, takes
+from semantic.backends.torch.blocks import GroupLinear, GroupWeight, block_factory, takes
+from semantic.backends.torch.int4 import Int4Linear
 from semantic.backends.torch.kernels import CpuKernels, cpu_kernels, unavailable_reason
+from semantic.backends.torch.linear import Int8Linear, linear_factory
+from semantic.backends.torch.models.layers import Build
+from semantic.backends.torch.models.weights import Weights
+from semantic.models.config import ModelConfig
 from semantic.models.q4k import Q4KBlocks, read_q4k
 from semantic.models.q6k import Blocks, read_q6k
+from tests.benchmark_script import load_benchmark
 from tests.unit.test_int8_weights import quantized_x
 from tests.unit.test_q4k import random_q4k
 from tests.unit.test_q6k import random_q6k
@@ -143,3 +152,70 @@ def test_k_not_in_whole_blocks_is_refused():
         ours().block_linear(
             torch.randn(1, 288).bfloat16(), weight.values, weight.codes, weight.supers, 16, None
         )
+
+
+def gguf_build(kernels: CpuKernels | None) -> Build:
+    """A bf16 build of `weights = "gguf"` as the runner makes it, with or without our kernels."""
+    config = ModelConfig(
+        model_type="qwen2",
+        vocab_size=128,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=64,
+    )
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    linear = linear_factory(cpu, bf16, kernels, "gguf")
+    blocks = block_factory(cpu, bf16, kernels, "gguf")
+    return Build(config, bf16, cpu, linear, kernels, "gguf", blocks)
+
+
+@needs_kernels
+def test_a_gguf_computes_its_blocks_on_the_kernel_and_the_rest_in_groups_or_rows():
+    dense = np.random.default_rng(0).standard_normal((32, 256)).astype(np.float32)
+    narrow = np.random.default_rng(1).standard_normal((32, 96)).astype(np.float32)
+    arrays: list[tuple[str, np.ndarray | Blocks]] = [
+        ("q4k", file_blocks("q4k", 40, 256)),
+        ("q6k", file_blocks("q6k", 40, 512)),
+        ("dense", dense),
+        ("narrow", narrow),
+        ("mixed_a", file_blocks("q4k", 32, 256, seed=1)),
+        ("mixed_b", file_blocks("q6k", 32, 256, seed=2)),
+    ]
+    weights = Weights.load(arrays, gguf_build(ours()))
+    planes = {}
+    for name in ("q4k", "q6k", "dense"):
+        linear = weights.linear(weights.take_matrix(name), None)
+        assert isinstance(linear, GroupLinear)
+        planes[name] = linear.weight.planes
+    assert planes == {"q4k": 4, "q6k": 6, "dense": 8}
+    # no multiple of 256 wide: int8 rows; parts of two kinds: dequantized, then 8-bit groups
+    assert isinstance(weights.linear(weights.take_matrix("narrow"), None), Int8Linear)
+    mixed = weights.linear(weights.fused(["mixed_a", "mixed_b"]), None)
+    assert isinstance(mixed, GroupLinear) and mixed.weight.planes == 8
+
+
+def test_without_our_kernels_a_gguf_keeps_q4k_on_torchs_int4_kernel():
+    assert block_factory(torch.device("cpu"), torch.bfloat16, None, "gguf") is None
+    arrays: list[tuple[str, np.ndarray | Blocks]] = [
+        ("q4k", file_blocks("q4k", 32, 256)),
+        ("q6k", file_blocks("q6k", 32, 256)),
+    ]
+    weights = Weights.load(arrays, gguf_build(None))
+    assert isinstance(weights.linear(weights.take_matrix("q4k"), None), Int4Linear)
+    q6k = weights.linear(weights.take_matrix("q6k"), None)  # dequantized, as loaded
+    assert not isinstance(q6k, GroupLinear | Int4Linear)
+
+
+@needs_kernels
+def test_the_benchmarks_formats_compute_the_same_matrix():
+    bench = load_benchmark("group_kernel")
+    x = torch.randn(3, 512).bfloat16()
+    exact = x.float() @ bench.dense(48, 512, 7).T
+    for name in ("bf16", "int8", "q4k"):  # q6k is another matrix: its own blocks
+        y = bench.FORMATS[name](48, 512, 7, ours())(x).float()
+        assert torch.allclose(y, exact, atol=0.05 * float(exact.abs().max())), name
+    assert bench.FORMATS["q6k"](48, 512, 7, ours())(x).shape == (3, 48)
