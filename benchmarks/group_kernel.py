@@ -6,7 +6,10 @@ step's do, not from the cache.
     python benchmarks/group_kernel.py --shape 8960x1536 --rows 1,4,16,64,128,512
 
 Each figure is ms a call, the median and the fastest of `--runs` rounds over the copies; on a
-shared machine read them with the load average printed beside them. Needs our CPU kernels.
+shared machine read them with the load average printed beside them. `--cpu-time` runs one
+thread and counts its CPU time instead of the wall clock: what the kernel costs, untouched by
+other programs taking the core (their share of the memory's bandwidth still counts). Needs our
+CPU kernels.
 """
 
 from __future__ import annotations
@@ -71,16 +74,18 @@ FORMATS: dict[str, Make] = {
 }
 
 
-def timed(linears: list[Linear], x: torch.Tensor, runs: int) -> tuple[float, float]:
+def timed(
+    linears: list[Linear], x: torch.Tensor, runs: int, clock: Callable[[], float]
+) -> tuple[float, float]:
     """ms a call: the median and the fastest round over all copies."""
     for linear in linears:
         linear(x)
     rounds = []
     for _ in range(runs):
-        started = time.perf_counter()
+        started = clock()
         for linear in linears:
             linear(x)
-        rounds.append((time.perf_counter() - started) / len(linears))
+        rounds.append((clock() - started) / len(linears))
     return 1000 * statistics.median(rounds), 1000 * min(rounds)
 
 
@@ -91,13 +96,21 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--copies", type=int, default=4, help="matrices cycled through")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="one thread, its CPU time (not the wall clock)"
+    )
     args = parser.parse_args()
+    clock = time.perf_counter
+    if args.cpu_time:
+        torch.set_num_threads(1)
+        clock = time.thread_time
     kernels = cpu_kernels()
     if kernels is None:
         raise SystemExit(f"our CPU kernels do not run here: {unavailable_reason()}")
     n, k = (int(v) for v in args.shape.split("x"))
     rows = [int(r) for r in args.rows.split(",")]
-    print(f"{n}x{k}, torch {torch.__version__}, {torch.get_num_threads()} threads; ms a call")
+    what = "CPU ms" if args.cpu_time else "ms"
+    print(f"{n}x{k}, torch {torch.__version__}, {torch.get_num_threads()} threads; {what} a call")
     print("| format | " + " | ".join(f"{r} rows" for r in rows) + " | load |")
     print("|---" * (len(rows) + 2) + "|")
     with torch.inference_mode():
@@ -105,7 +118,7 @@ def main() -> None:
             linears = [FORMATS[name](n, k, seed, kernels) for seed in range(args.copies)]
             cells = []
             for r in rows:
-                median, best = timed(linears, torch.randn(r, k).bfloat16(), args.runs)
+                median, best = timed(linears, torch.randn(r, k).bfloat16(), args.runs, clock)
                 cells.append(f"{median:.2f} ({best:.2f})")
             print(f"| {name} | " + " | ".join(cells) + f" | {os.getloadavg()[0]:.1f} |")
 
