@@ -50,18 +50,19 @@ and Q6_K matrices on their own blocks: with our kernels on our group kernel (`bl
 `GroupLinear`: 4.75 and 6.75 bits a value, x quantized per group of 32 as for int8), the file's
 other matrices in that kernel's 8-bit form (`_grouped`), at every row count; without them, Q4_K
 on torch's int4 kernel (`int4.py`) and the rest in bf16 beside an fp32 model (`Bf16StoredLinear`).
-Qwen2.5-Coder-1.5B Q4_K_M on the 2-vCPU Zen 4 (busy, load ~6; `benchmarks/weights_speed.py
+Qwen2.5-Coder-1.5B Q4_K_M on the 2-vCPU Zen 4 (busy, load ~5; `benchmarks/weights_speed.py
 --together --linear-rows 1,4,16`, medians of 3): a decode step reads 997 MiB against int8's
-1,475 and bf16's 2,944, and decodes at the memory wall measured beside it, 9.6 tok/s against
-7.5 and 4.2; every linear of a step (ms):
+1,475 and bf16's 2,944, and decodes at 9.27 tok/s against 6.56 and 3.58; every linear of a
+step (ms):
 
     rows                                   1      4      16
-    bf16 panels                            219    350    883
-    int8 rows                              176    238    555
-    a GGUF's blocks (gguf)                 99     169    468
+    bf16 panels                            258    368    934
+    int8 rows                              137    192    485
+    a GGUF's blocks (gguf)                 93     126    365
 
-A prefill chunk of 512 rows runs ~0.8x int8's speed (the min term and a conversion more per
-group and row), still faster than bf16 unpacked for oneDNN on this CPU without AMX.
+A prefill chunk of 512 rows runs at about int8's speed (0.96x; the kernel has a min term and a
+conversion more per group and row), faster than bf16 unpacked for oneDNN on this CPU without
+AMX (1.46x).
 
 oneDNN builds a kernel for each row count it sees and keeps it (its primitive cache, and
 ideep's beside it): about 0.5 MB per weight shape per row count, so a server that prefilled
