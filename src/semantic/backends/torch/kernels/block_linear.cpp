@@ -117,7 +117,7 @@ inline __m512i merged(__m512i low, __m512i top) {
 }
 
 template <int V, int MT>
-__attribute__((always_inline)) inline void six_step(const int8_t* const* q, const uint8_t* w, __m512i h0, __m512i h1,
+inline void six_step(const int8_t* const* q, const uint8_t* w, __m512i h0, __m512i h1,
                      __m512i* dot, __m512i* dot_high) {
   const __m512i raw = _mm512_loadu_si512(w + V * 4 * kPanel);
   const __m512i lo = merged(raw, top_bits<V>(h0));
@@ -132,7 +132,7 @@ __attribute__((always_inline)) inline void six_step(const int8_t* const* q, cons
 // Σ u·q of one group for 16 outputs and MT rows of x (from m0): exact integers; for Q6_K each
 // half's Σ (u − 32)·q, the first in `dot`, the second in `dot_high`.
 template <Form F, int MT>
-__attribute__((always_inline)) inline void group_dots(const GroupQuantizedRows& x, int64_t m0, int64_t g, const uint8_t* w,
+inline void group_dots(const GroupQuantizedRows& x, int64_t m0, int64_t g, const uint8_t* w,
                        __m512i* dot, __m512i* dot_high) {
   const int8_t* q[MT];
 #pragma GCC unroll 8
