@@ -1,16 +1,18 @@
 """Weights in quantized groups on our AVX-512 kernels (`weights = "gguf"` where they run): a GGUF
-file's Q4_K matrices computed on the 4-bit values and 6-bit codes the file holds, and the file's
-other matrices (Q6_K, or anything dequantized) in the same layout with a byte a value.
+file's Q4_K and Q6_K matrices computed on the values and codes the file holds, and its other
+matrices (Q5_0, Q8_0, ... dequantized) in the same layout with a byte a value.
 
-A group is 32 inputs of one output row, `scale · u − min`, scale = d · sc and min = dmin · m, with
-d and dmin fp32 per 256 inputs of the row and sc, m one byte each per group. A Q4_K block is
-exactly that (u its 4-bit values, sc and m its 6-bit codes: `models/q4k.py`), so the weights are
-the file's, bit for bit, at 4.75 bits a value (its fp16 d and dmin widened). Any other matrix is
-quantized per group to int8 (symmetric: u = q + 128, min = 128 · scale), its group scales
-rounded up to multiples of the row's d = the block's largest scale / 255: 8.75 bits a value, and
-a value within half its own group's step (a Q6_K value requantized moves by at most 1/8 of the
-file's own step). The kernel (`kernels/block_linear.cpp`) quantizes x per group of 32 to int8
-and takes VNNI's byte dot products, a row's result the same alone or batched.
+A Q4_K group is 32 inputs of one output row, `scale · u − min`, scale = d · sc and min = dmin ·
+m, with d and dmin fp32 per 256 inputs of the row and sc, m one byte each per group: the file's
+4-bit values and 6-bit codes (`models/q4k.py`) bit for bit, at 4.75 bits a value (its fp16 d
+and dmin widened). A Q6_K half-group of 16 is `scale · (u − 32)`, scale = d · sc: its 6-bit
+values as low nibbles (laid out as Q4_K's) and top two bits four to a byte, sc (int8) and d
+(`models/q6k.py`), at 6.75 bits. Any other matrix is quantized per group of 32 to int8
+(symmetric: u = q + 128, min = 128 · scale), its group scales rounded up to multiples of the
+row's d = the block's largest scale / 255: 8.75 bits a value, each within half its own group's
+step (a Q4_K or Q6_K value of a fused projection whose parts differ moves by about an eighth of
+the file's own step). The kernel (`kernels/block_linear.cpp`) quantizes x per group of 32 to
+int8 and takes VNNI's byte dot products, a row's result the same alone or batched.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ _SLAB_PANELS = 64  # panels quantized at once: 1024 rows
 
 @dataclass(slots=True, frozen=True)
 class GroupWeight:
-    """A weight [N, K] (K a multiple of 256) in the kernel's layout: `values` uint8 [P, K/32, 4,
-    16, 4] of nibbles (the low nibble input 32g + 4v + b, the high one 16 inputs on) or [P, K/32,
-    8, 16, 4] of bytes (input 32g + 4v + b), P = ceil(N/16); `codes` uint8 [P, K/32, 2, 16]
-    (sc, m); `supers` fp32 [P, K/256, 2, 16] (d, dmin). Padding rows are zero."""
+    """A weight [N, K] (K a multiple of 256) in the kernel's layout, P = ceil(N/16) panels of 16
+    rows: `values` uint8 [P, K/32, planes, 16, 4], 4 planes of nibbles for Q4_K (the low nibble
+    input 32g + 4v + b, the high one 16 inputs on), those and 2 of top bit pairs for Q6_K
+    (input 32g + 16h + 4v + b's in bits 2v of plane 4 + h), or 8 of bytes (input 32g + 4v + b);
+    `codes` uint8 [P, K/32, 2, 16] (sc, m; Q6_K: each half's sc, int8); `supers` fp32 [P,
+    K/256, 2, 16] (d, dmin; Q6_K: d, zeros). Padding rows are zero."""
 
     values: torch.Tensor
     codes: torch.Tensor
