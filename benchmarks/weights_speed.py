@@ -11,6 +11,12 @@ server's `max_batch_tokens` is 512; a returning agent's turn is a chunk of its n
 decodes `--decode` tokens greedily after it: `decode` is the median step's rate, `decode_best`
 the fastest step's (what an idle machine comes near). Figures are medians over `--runs` runs; on
 a shared machine, read them with the load average printed beside them.
+
+The memory wall beside them: `step_mib`, the weights a decode step reads (every layer's linears
+and the LM head; the embedding table's rows aside), `read_gbs`, the rate this process reads a
+1 GiB tensor at (`torch.sum`, median of 5, measured in each run), and `wall`, the decode rate
+that reading alone would allow. `--linear-rows 1,4,16` adds `linears_<rows>`: ms to run every
+linear of a step once on that many rows (median of 5).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 import torch
 
 from semantic.backends import create_runner, with_weights
+from semantic.backends.torch.linear import Linear
 from semantic.backends.torch.runner import TorchRunner
 from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.engine.runner import StepToken
@@ -73,8 +80,68 @@ def timed(runner: TorchRunner, args: argparse.Namespace, chunks: list[int]) -> d
         figures[f"prefill_{chunk}"] = args.prompt / prefill_s
         figures["decode"] = 1 / statistics.median(steps_s)
         figures["decode_best"] = 1 / min(steps_s)
+    step_bytes = _step_bytes(runner)
+    read_gbs = _read_rate()
+    figures |= {"step_mib": step_bytes / 2**20, "read_gbs": read_gbs}
+    figures["wall"] = read_gbs * 1e9 / step_bytes
+    for rows in args.linear_rows:
+        figures[f"linears_{rows}"] = _linears_ms(runner, rows)
     figures["load"] = os.getloadavg()[0]
     return figures
+
+
+def _step_bytes(runner: TorchRunner) -> int:
+    """The weights one decode step reads: every layer's linears and the LM head."""
+    return sum(linear.nbytes for linear in _step_linears(runner))
+
+
+def _step_linears(runner: TorchRunner) -> list[Linear]:
+    model = runner.model
+    linears: list[Linear] = [model.lm_head]
+    for block in model.blocks:
+        linears += [block.attn.qkv, block.attn.o, block.mlp.gate_up, block.mlp.down]  # type: ignore[attr-defined]
+    return linears
+
+
+def _read_rate() -> float:
+    """GB/s this process reads a 1 GiB tensor at: the bandwidth a decode step is bound by."""
+    data = torch.ones(2**28)
+    seconds = []
+    for _ in range(6):
+        started = time.perf_counter()
+        data.sum()
+        seconds.append(time.perf_counter() - started)
+    return data.numel() * data.element_size() / statistics.median(seconds[1:]) / 1e9
+
+
+def _linears_ms(runner: TorchRunner, rows: int) -> float:
+    """ms to run every linear of a decode step once on `rows` rows, median of 5."""
+    inputs: dict[int, torch.Tensor] = {}
+    calls = []
+    for linear in _step_linears(runner):
+        width = _in_features(runner, linear)
+        inputs.setdefault(width, torch.randn(rows, width, dtype=runner.dtype))
+        calls.append((linear, inputs[width]))
+    seconds = []
+    with torch.inference_mode():
+        for _ in range(6):
+            started = time.perf_counter()
+            for linear, x in calls:
+                linear(x)
+            seconds.append(time.perf_counter() - started)
+    return 1000 * statistics.median(seconds[1:])
+
+
+def _in_features(runner: TorchRunner, linear: Linear) -> int:
+    """A step's linear's input width: the hidden size but for the attention output (heads ·
+    head_dim) and the down projection (the MLP's inner width)."""
+    config = runner.model.config
+    for block in runner.model.blocks:
+        if linear is block.attn.o:
+            return config.num_attention_heads * config.head_dim
+        if linear is block.mlp.down:  # type: ignore[attr-defined]
+            return config.intermediate_size
+    return config.hidden_size
 
 
 def _one_run(
@@ -131,11 +198,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="most threads (default: all)")
     parser.add_argument(
+        "--linear-rows", default="", help="row counts to time every linear at, comma-separated"
+    )
+    parser.add_argument(
         "--together", action="store_true", help="all formats in one process, run by run in turn"
     )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child's run
     args = parser.parse_args()
     chunks = [int(c) for c in args.chunks.split(",")]
+    args.linear_rows = [int(r) for r in args.linear_rows.split(",") if r]
     if args.one:
         print(json.dumps(measure(args, args.weights, chunks)))
         return

@@ -141,17 +141,18 @@ def test_a_layer_that_takes_a_tensor_gets_the_blocks_values() -> None:
     np.testing.assert_array_equal(weights.take("w").numpy(), blocks(32).dequantize())
 
 
-@pytest.mark.parametrize(
-    ("ours", "expected"), [(None, "gguf"), (object(), "bf16")], ids=["avx2", "avx512"]
-)
-def test_auto_computes_a_gguf_on_its_blocks_only_where_our_kernels_do_not_run(
-    monkeypatch: pytest.MonkeyPatch, ours: object, expected: str
+@pytest.mark.parametrize("ours", [None, object()], ids=["avx2", "avx512"])
+def test_auto_computes_a_gguf_on_its_blocks_on_any_cpu(
+    monkeypatch: pytest.MonkeyPatch, ours: object
 ) -> None:
     monkeypatch.setattr(runner, "pick_cpu_kernels", lambda *args: ours)
     options = runner_options(Settings(backend="torch", device="cpu"))
-    assert weight_format(options, gguf=True) == expected
+    assert weight_format(options, gguf=True) == "gguf"
     assert weight_format(options, gguf=False) == "bf16"
     assert weight_format(runner_options(Settings(weights="int8")), gguf=True) == "int8"
+    on_cuda = runner_options(Settings(backend="torch", device="cuda"))
+    monkeypatch.setattr(runner, "pick_device", lambda device: torch.device(device))
+    assert weight_format(on_cuda, gguf=True) == "bf16"
 
 
 @pytest.mark.parametrize("rows", [1, 5])

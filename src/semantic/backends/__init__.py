@@ -15,10 +15,10 @@ from semantic.engine.runner import ModelRunner
 from semantic.errors import ModelLoadFailed
 from semantic.models.checkpoint import Checkpoint
 from semantic.models.config import ModelConfig
-from semantic.models.q4k import Q4KBlocks
+from semantic.models.q6k import Blocks
 from semantic.settings.options import RunnerOptions
 
-Tensors = Iterator[tuple[str, np.ndarray | Q4KBlocks]]
+Tensors = Iterator[tuple[str, np.ndarray | Blocks]]
 
 _RUNNERS = {
     "torch": ("semantic.backends.torch.runner", "TorchRunner"),
@@ -29,7 +29,7 @@ _RUNNERS = {
 def create_runner(
     options: RunnerOptions,
     config: ModelConfig,
-    weights: Iterable[tuple[str, np.ndarray | Q4KBlocks]],
+    weights: Iterable[tuple[str, np.ndarray | Blocks]],
     weights_fingerprint: str | None = None,
 ) -> ModelRunner:
     """Build the runner of `options.backend` ("auto" picks this platform's) for a model; its
@@ -69,7 +69,7 @@ def weight_format(options: RunnerOptions, gguf: bool) -> str:
         return "bf16"
     from semantic.backends.torch.runner import auto_weight_format
 
-    return auto_weight_format(options.device, options.dtype, options.kernels)
+    return auto_weight_format(options.device)
 
 
 def default_backend() -> str:

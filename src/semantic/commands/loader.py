@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from semantic.engine.host import EngineHost
     from semantic.models.checkpoint import Checkpoint
     from semantic.models.config import ModelConfig
-    from semantic.models.q4k import Q4KBlocks
+    from semantic.models.q6k import Blocks
     from semantic.models.registry import ModelRegistry, ModelSource
     from semantic.models.served import ServedModel
     from semantic.replicas.engine import ReplicaEngine
@@ -202,8 +202,8 @@ def _default_sampling(settings: Settings, recommended: DefaultSampling | None) -
 
 
 def _logged_weights(
-    tensors: Iterator[tuple[str, np.ndarray | Q4KBlocks]],
-) -> Iterator[tuple[str, np.ndarray | Q4KBlocks]]:
+    tensors: Iterator[tuple[str, np.ndarray | Blocks]],
+) -> Iterator[tuple[str, np.ndarray | Blocks]]:
     """The weights, unchanged; once the backend has taken the last, a log line of how many and
     how long (the terminal's progress bar aside, the one sign of this phase in a log)."""
     started, count = time.perf_counter(), 0

@@ -20,14 +20,14 @@ from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
 from semantic.models.gguf import GGUFFile
 from semantic.models.hf import HFDir
-from semantic.models.q4k import Q4KBlocks
+from semantic.models.q6k import Blocks
 from semantic.text.builtin_templates import builtin_template
 from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
 
 _T = TypeVar("_T")
 Weights = Callable[[], Iterator[tuple[str, np.ndarray]]]
-WeightBlocks = Callable[[], Iterator[tuple[str, np.ndarray | Q4KBlocks]]]
+WeightBlocks = Callable[[], Iterator[tuple[str, np.ndarray | Blocks]]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,9 +37,10 @@ class Checkpoint:
     `weights()` yields `(Hugging Face name, float32 array)` one tensor at a time, so a backend can
     convert each to its own dtype and device before the next is read; each call starts over.
     `fingerprint` names the weights (`models/fingerprint.py`): it tags their KV cache. A GGUF
-    file's `blocks()` yields the same tensors with its Q4_K matrices as their blocks
-    (`Q4KBlocks`) where nothing but a row order changes them, for a backend that computes on
-    them; None where there are none to keep (other quant types, a Hugging Face directory).
+    file's `blocks()` yields the same tensors with its Q4_K (and Q6_K) matrices as their blocks
+    (`Q4KBlocks`, `Q6KBlocks`) where nothing but a row order changes them, for a backend that
+    computes on them; None where there are no Q4_K ones to keep (other quant types, a Hugging
+    Face directory).
     """
 
     config: ModelConfig
@@ -71,7 +72,7 @@ def _load_gguf(path: Path, progress: bool) -> Checkpoint:
     def weights() -> Iterator[tuple[str, np.ndarray]]:
         return _with_progress(gguf.weights(config), gguf.num_tensors, progress)
 
-    def blocks() -> Iterator[tuple[str, np.ndarray | Q4KBlocks]]:
+    def blocks() -> Iterator[tuple[str, np.ndarray | Blocks]]:
         return _with_progress(gguf.weights(config, blocks=True), gguf.num_tensors, progress)
 
     template, origin = _chat_template(gguf.chat_template, tokenizer, config)

@@ -1,5 +1,6 @@
 """Reading a GGUF file: its metadata as a `ModelConfig`, its tensors as Hugging Face-named float32
-(or, where a backend computes on them, Q4_K tensors as their unpacked blocks: `models/q4k.py`).
+(or, where a backend computes on them, Q4_K and Q6_K tensors as their unpacked blocks:
+`models/q4k.py`, `models/q6k.py`).
 
 Quantized tensors are dequantized with the `gguf` package (every type it knows: Q4_K, Q5_0,
 Q6_K, Q8_0, MXFP4, …); llama.cpp's converter renames tensors (per architecture), reorders
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -28,7 +29,8 @@ from semantic.models.families import family_of_gguf, supported_gguf_architecture
 from semantic.models.families.family import GGUFRules
 from semantic.models.fingerprint import WeightsFile, fingerprint
 from semantic.models.gguf_reader import GGUFLayout, TensorInfo
-from semantic.models.q4k import Q4KBlocks, read_q4k
+from semantic.models.q4k import read_q4k
+from semantic.models.q6k import Blocks, read_q6k
 
 # Phi-3's LongRoPE factor lists, kept as tensors: read into the config, not weights.
 _LONGROPE_TENSORS = {
@@ -172,14 +174,15 @@ class GGUFFile:
     @overload
     def weights(
         self, config: ModelConfig, *, blocks: bool
-    ) -> Iterator[tuple[str, np.ndarray | Q4KBlocks]]: ...
+    ) -> Iterator[tuple[str, np.ndarray | Blocks]]: ...
 
     def weights(
         self, config: ModelConfig, *, blocks: bool = False
-    ) -> Iterator[tuple[str, np.ndarray | Q4KBlocks]]:
+    ) -> Iterator[tuple[str, np.ndarray | Blocks]]:
         """Every tensor, dequantized to float32, in Hugging Face's name and layout; with
-        `blocks`, the Q4_K matrices that need no fix-up but a row order come as their blocks
-        (`Q4KBlocks`), in the architectures whose backends take their linears whole."""
+        `blocks`, the Q4_K and Q6_K matrices that need no fix-up but a row order come as their
+        blocks (`Q4KBlocks`, `Q6KBlocks`), in the architectures whose backends take their
+        linears whole."""
         keep = blocks and self._keeps_blocks(config)
         for tensor in self._reader.tensors:
             if tensor.name in _LONGROPE_TENSORS:
@@ -187,10 +190,11 @@ class GGUFFile:
             name = hf_tensor_name(tensor.name, self.rules.tensor_names)
             # GGUF lists dims innermost first; numpy wants them outermost first.
             shape = tuple(reversed(tensor.shape))
-            if keep and _is_q4k_matrix(tensor):
+            read = _BLOCK_READERS.get(tensor.tensor_type) if len(shape) == 2 else None
+            if keep and read is not None:
                 rows, cols = shape
                 unpermute = functools.partial(self._undo_rope_permute, name, config=config)
-                yield name, read_q4k(tensor.data, rows, cols).with_rows(unpermute)
+                yield name, read(tensor.data, rows, cols).with_rows(unpermute)
                 continue
             array = quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
             # A copy we own: F32 tensors come back as read-only views of the memory map.
@@ -252,6 +256,12 @@ class GGUFFile:
         if name.endswith("k_proj.weight"):
             return unpermute_rope_rows(array, config.num_key_value_heads)
         return array
+
+
+_BLOCK_READERS: dict[GGMLQuantizationType, Callable[[np.ndarray, int, int], Blocks]] = {
+    GGMLQuantizationType.Q4_K: read_q4k,
+    GGMLQuantizationType.Q6_K: read_q6k,
+}
 
 
 def _is_q4k_matrix(tensor: TensorInfo) -> bool:

@@ -13,10 +13,11 @@ import numpy as np
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
 from semantic.models.q4k import Q4KBlocks
+from semantic.models.q6k import Blocks, Q6KBlocks
 from semantic.models.rope import rotary_order
 
-# A loaded tensor: floats, or (the torch backend's GGUF loads) Q4_K matrices' blocks.
-Loaded = TypeVar("Loaded", np.ndarray, np.ndarray | Q4KBlocks)
+# A loaded tensor: floats, or (the torch backend's GGUF loads) Q4_K and Q6_K matrices' blocks.
+Loaded = TypeVar("Loaded", np.ndarray, np.ndarray | Blocks)
 
 # The tensors whose rows are q's or k's head dims: projections, their biases, q/k norms.
 _ROTATED = tuple(
@@ -36,8 +37,8 @@ def rotary_rows(
         if order is None or not name.endswith(_ROTATED):
             yield name, array
             continue
-        if isinstance(array, Q4KBlocks):  # the loader keeps blocks of whole-head rope only
-            raise ModelLoadFailed(f"{name}: Q4_K blocks cannot reorder a head's dims")
+        if isinstance(array, Q4KBlocks | Q6KBlocks):  # blocks are kept for whole-head rope only
+            raise ModelLoadFailed(f"{name}: a GGUF's blocks cannot reorder a head's dims")
         heads = array.shape[0] // config.head_dim
         per_head = array.reshape(heads, config.head_dim, *array.shape[1:])
         yield name, per_head[:, order].reshape(array.shape)

@@ -45,6 +45,25 @@ weights is ~0.33 (9% of the logits' spread) where int8 weights with bf16 x gave 
 Without our kernels (CUDA, fp32, no AVX-512 BF16 or VNNI), int8 is `DequantizingLinear`: the
 int8 rows and scales kept, the weight dequantized at every call; the memory saved, not the time.
 
+`weights = "gguf"` (the default for a GGUF with Q4_K matrices on the CPU) computes a file's Q4_K
+and Q6_K matrices on their own blocks: with our kernels on our group kernel (`blocks.py`,
+`GroupLinear`: 4.75 and 6.75 bits a value, x quantized per group of 32 as for int8), the file's
+other matrices in that kernel's 8-bit form (`_grouped`), at every row count; without them, Q4_K
+on torch's int4 kernel (`int4.py`) and the rest in bf16 beside an fp32 model (`Bf16StoredLinear`).
+Qwen2.5-Coder-1.5B Q4_K_M on the 2-vCPU Zen 4 (busy, load ~5; `benchmarks/weights_speed.py
+--together --linear-rows 1,4,16`, medians of 3): a decode step reads 997 MiB against int8's
+1,475 and bf16's 2,944, and decodes at 9.27 tok/s against 6.56 and 3.58; every linear of a
+step (ms):
+
+    rows                                   1      4      16
+    bf16 panels                            258    368    934
+    int8 rows                              137    192    485
+    a GGUF's blocks (gguf)                 93     126    365
+
+A prefill chunk of 512 rows runs at about int8's speed (0.96x; the kernel has a min term and a
+conversion more per group and row), faster than bf16 unpacked for oneDNN on this CPU without
+AMX (1.46x).
+
 oneDNN builds a kernel for each row count it sees and keeps it (its primitive cache, and
 ideep's beside it): about 0.5 MB per weight shape per row count, so a server that prefilled
 chunks of every length up to 512 rows kept growing, ~2.4 MB a request at first
@@ -63,6 +82,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from semantic.backends.torch.blocks import GroupLinear, GroupWeight, takes
 from semantic.backends.torch.int8 import quantize_rows
 from semantic.backends.torch.kernels import CpuKernels, Int8PanelWeight, PanelWeight
 
@@ -291,8 +311,10 @@ class DequantizingLinear:
 
 
 # "bf16": as loaded, in the model dtype; "int8": see above; "gguf": a GGUF file's Q4_K matrices
-# on torch's int4 kernel (`int4.py`, built by `models/weights.py`), every other weight stored in
-# bf16 where the model computes in fp32 (`Bf16StoredLinear`), else as "bf16".
+# on their own blocks (built by `models/weights.py`): with our kernels in bf16, on our group
+# kernel, every other weight in its byte form (`blocks.py`); else on torch's int4 kernel
+# (`int4.py`), every other weight stored in bf16 where the model computes in fp32
+# (`Bf16StoredLinear`), else as "bf16".
 WEIGHT_FORMATS = ("bf16", "int8", "gguf")
 
 
@@ -304,6 +326,8 @@ def linear_factory(
         return _int8_factory(device, dtype, kernels)
     if weights == "gguf" and device.type == "cpu" and dtype == torch.float32:
         return Bf16StoredLinear
+    if weights == "gguf" and device.type == "cpu" and dtype == torch.bfloat16 and kernels:
+        return lambda weight, bias: _grouped(weight, bias, kernels)
     if device.type != "cpu" or dtype != torch.bfloat16:
         return DenseLinear
     if kernels is None:
@@ -320,6 +344,14 @@ def _int8_factory(
     if device.type != "cpu" or dtype != torch.bfloat16 or kernels is None:
         return DequantizingLinear
     return lambda weight, bias: Int8Linear(weight, bias, kernels)
+
+
+def _grouped(weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels) -> Linear:
+    """A GGUF's matrix that is not Q4_K (Q6_K, Q8_0, ... dequantized) beside its Q4_K ones: in
+    8-bit groups on the same kernel where its width allows (`blocks.py`), else in int8 rows."""
+    if takes(weight.shape):
+        return GroupLinear(GroupWeight.quantize(weight), bias, kernels)
+    return Int8Linear(weight, bias, kernels)
 
 
 def _padded_rows(x: torch.Tensor) -> torch.Tensor:

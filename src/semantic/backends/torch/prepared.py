@@ -69,7 +69,7 @@ from semantic.cache.disk.durable import move_to_quarantine
 from semantic.cache.disk.private_folder import private_folder
 from semantic.errors import FolderNotPrivate
 from semantic.models.config import ModelConfig
-from semantic.models.q4k import Q4KBlocks
+from semantic.models.q6k import Blocks
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ _PACKAGE = Path(semantic.__file__).parent
 _SHAPING_SOURCES = ("models", "backends/torch")
 QUARANTINE = "quarantine"  # the folder, beside the prepared files, of those that failed to load
 
-Arrays = Iterable[tuple[str, np.ndarray | Q4KBlocks]]
+Arrays = Iterable[tuple[str, np.ndarray | Blocks]]
 
 
 def _global_name(value: Any) -> tuple[str, str]:

@@ -23,6 +23,7 @@ from semantic.backends.torch.attention import (
     KVPool,
     PrefillChunk,
 )
+from semantic.backends.torch.blocks import block_factory
 from semantic.backends.torch.kernels import CpuKernels, cpu_kernels
 from semantic.backends.torch.linear import WEIGHT_FORMATS, linear_factory
 from semantic.backends.torch.models import build_model
@@ -36,7 +37,7 @@ from semantic.core import KV_QUANTIZED, Batch, BatchItem, CacheSpec
 from semantic.engine.runner import StepToken, step_tokens
 from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
-from semantic.models.q4k import Q4KBlocks
+from semantic.models.q6k import Blocks
 from semantic.text.grammar import GrammarStates
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class TorchRunner:
     def __init__(
         self,
         config: ModelConfig,
-        weights: Iterable[tuple[str, np.ndarray | Q4KBlocks]],
+        weights: Iterable[tuple[str, np.ndarray | Blocks]],
         *,
         block_tokens: int,
         cache_budget_mb: int | None,
@@ -101,7 +102,8 @@ class TorchRunner:
                 f"weights {weight_format!r} are not the torch backend's; known: {known}"
             )
         linear = linear_factory(self.device, self.dtype, cpu, weight_format)
-        build = Build(config, self.dtype, self.device, linear, ours, weight_format)
+        blocks = block_factory(self.device, self.dtype, cpu, weight_format)
+        build = Build(config, self.dtype, self.device, linear, ours, weight_format, blocks)
         with torch.inference_mode():
             # A GGUF's blocks load without a conversion worth keeping: never prepared.
             if not (prepared_dir and weights_fingerprint and cpu) or weight_format == "gguf":
@@ -476,16 +478,15 @@ def attention_kernels(
     return kernels if reads else None
 
 
-def auto_weight_format(device: str, dtype: str, kernels: bool) -> str:
+def auto_weight_format(device: str) -> str:
     """How a GGUF model's linears store their weights when the settings say "auto": on its own
-    Q4_K blocks ("gguf") on a CPU where our kernels do not run (there the model computes in
-    fp32, and decode reads 4 bits a value instead of 32: docs/benchmark-history.md); else "bf16",
-    as loaded (with our AVX-512 kernels their bf16 and int8 panels may well win; unmeasured)."""
-    where = pick_device(device)
-    if where.type != "cpu":
-        return "bf16"
-    ours = pick_cpu_kernels(kernels, where, pick_dtype(dtype, where))
-    return "gguf" if ours is None else "bf16"
+    Q4_K and Q6_K blocks ("gguf") on the CPU, where decode is bound by the bytes a step reads:
+    with our AVX-512 kernels on our group kernel (Qwen2.5-Coder-1.5B: 2.3x bf16's decode and
+    1.3x int8's, its logits 1.7% of their spread from the dequantized file's where int8's are
+    3.0%), without them Q4_K on torch's int4 kernel beside an fp32 model
+    (docs/benchmark-history.md); "bf16", as loaded, on CUDA (torch's CUDA int4 layout is
+    another)."""
+    return "gguf" if pick_device(device).type == "cpu" else "bf16"
 
 
 def pick_kv_dtype(kv_dtype: str, cpu_in_place: bool, dtype: torch.dtype) -> str | None:

@@ -248,6 +248,46 @@ at::Tensor small_linear_int8(const at::Tensor& x, const at::Tensor& packed,
   return y;
 }
 
+// A weight in quantized groups (kernels.h `BlockWeight`), checked against x's K and the outputs
+// n: values [P, K/32, 4 (Q4_K), 6 (Q6_K) or 8 (bytes), 16, 4] uint8, codes [P, K/32, 2, 16] uint8,
+// supers [P, K/256, 2, 16] float32, all contiguous, P = ceil(n/16).
+semantic::BlockWeight block_weight(const at::Tensor& values, const at::Tensor& codes,
+                                   const at::Tensor& supers, int64_t n, int64_t k) {
+  check_cpu(values, "values");
+  check_cpu(codes, "codes");
+  check_cpu(supers, "supers");
+  const int64_t panels = (n + 15) / 16, groups = k / 32;
+  TORCH_CHECK(k % semantic::kBlockSuper == 0, "K must be a multiple of 256, not ", k);
+  TORCH_CHECK(values.scalar_type() == at::kByte && values.is_contiguous() && values.dim() == 5 &&
+                  values.size(0) == panels && values.size(1) == groups &&
+                  (values.size(2) == 4 || values.size(2) == 6 || values.size(2) == 8) &&
+                  values.size(3) == 16 && values.size(4) == 4,
+              "the values must be a contiguous uint8 [ceil(N/16), K/32, 4, 6 or 8, 16, 4]");
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() &&
+                  codes.sizes() == at::IntArrayRef({panels, groups, 2, 16}),
+              "the codes must be a contiguous uint8 [ceil(N/16), K/32, 2, 16]");
+  TORCH_CHECK(supers.scalar_type() == at::kFloat && supers.is_contiguous() &&
+                  supers.sizes() == at::IntArrayRef({panels, k / semantic::kBlockSuper, 2, 16}),
+              "the supers must be a contiguous float32 [ceil(N/16), K/256, 2, 16]");
+  return {values.data_ptr<uint8_t>(), codes.data_ptr<uint8_t>(), supers.data_ptr<float>(),
+          static_cast<int>(values.size(2))};
+}
+
+at::Tensor block_linear(const at::Tensor& x, const at::Tensor& values, const at::Tensor& codes,
+                        const at::Tensor& supers, int64_t n,
+                        const std::optional<at::Tensor>& bias) {
+  check_linear_input(x);
+  const int64_t m = x.size(0), k = x.size(1);
+  const semantic::BlockWeight w = block_weight(values, codes, supers, n, k);
+  const bf16* bias_ptr = bias_of(bias, n);
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m > 0 && n > 0) {
+    semantic::block_linear(static_cast<const bf16*>(x.data_ptr()), x.stride(0), w, bias_ptr,
+                           static_cast<bf16*>(y.data_ptr()), m, n, k);
+  }
+  return y;
+}
+
 void write_kv_int8(const at::Tensor& x, const at::Tensor& slots, at::Tensor& cache,
                    at::Tensor& scales) {
   for (const at::Tensor& t : {x, slots, cache, scales}) check_cpu(t, "input");
@@ -349,6 +389,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "a packed weight back to plain rows, into out");
   m.def("small_linear_int8", &small_linear_int8, nogil(),
         "x @ (weight * scales).T (+ bias) for bf16 rows over an 8-bit weight, x quantized per 32");
+  m.def("block_linear", &block_linear, nogil(),
+        "x @ weight.T (+ bias) for bf16 rows over a weight in quantized groups (Q4_K's)");
   m.def("write_kv_int8", &write_kv_int8, nogil(),
         "a step's K or V rows into an 8-bit pool, quantized per row on the way");
   m.def("rope", &rope, nogil(), "rotary embeddings of a step's heads, as models/rope.py rounds");

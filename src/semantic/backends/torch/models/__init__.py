@@ -17,14 +17,12 @@ from semantic.backends.torch.models.layers import Build, DecoderModel
 from semantic.errors import ModelLoadFailed
 from semantic.models.families import family_of, supported_model_types
 from semantic.models.families.family import BlockShape
-from semantic.models.q4k import Q4KBlocks
+from semantic.models.q6k import Blocks
 
-Builder = Callable[[Build, Iterable[tuple[str, np.ndarray | Q4KBlocks]], BlockShape], DecoderModel]
+Builder = Callable[[Build, Iterable[tuple[str, np.ndarray | Blocks]], BlockShape], DecoderModel]
 
 
-def build_model(
-    build: Build, weights: Iterable[tuple[str, np.ndarray | Q4KBlocks]]
-) -> DecoderModel:
+def build_model(build: Build, weights: Iterable[tuple[str, np.ndarray | Blocks]]) -> DecoderModel:
     """The model of `build.config.model_type`'s family, its weights converted one tensor at a
     time."""
     family = family_of(build.config.model_type)

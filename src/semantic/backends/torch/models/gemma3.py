@@ -27,7 +27,7 @@ from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
 from semantic.errors import ModelLoadFailed
 from semantic.models.families.family import BlockShape
-from semantic.models.q4k import Q4KBlocks
+from semantic.models.q6k import Blocks
 
 
 def gemma_norm(w: Weights, name: str) -> RMSNorm:
@@ -53,7 +53,7 @@ def block(w: Weights, index: int, local_rope: Rope, global_rope: Rope) -> Block:
 
 
 def build(
-    b: Build, arrays: Iterable[tuple[str, np.ndarray | Q4KBlocks]], shape: BlockShape
+    b: Build, arrays: Iterable[tuple[str, np.ndarray | Blocks]], shape: BlockShape
 ) -> DecoderModel:
     config = b.config
     if config.attn_logit_softcapping or config.final_logit_softcapping:

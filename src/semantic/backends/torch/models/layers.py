@@ -22,6 +22,7 @@ from semantic.backends.torch.attention import (
     LayerKV,
     paged_attention,
 )
+from semantic.backends.torch.blocks import BlockFactory
 from semantic.backends.torch.linear import Linear, LinearFactory
 from semantic.backends.torch.models.rope import Rope, apply_rope
 from semantic.errors import ModelLoadFailed
@@ -125,6 +126,7 @@ class Build:
     linear: LinearFactory
     kernels: LayerKernels | None
     weight_format: str = "bf16"  # how `linear` stores a weight: "bf16" (the dtype) or "int8"
+    blocks: BlockFactory | None = None  # a GGUF's Q4_K matrices on our kernels (`blocks.py`)
 
     def tensor(self, array: torch.Tensor) -> torch.Tensor:
         """A loaded fp32 tensor in the model's dtype on its device."""

@@ -25,7 +25,7 @@ from semantic.backends.torch.models.rope import Rope
 from semantic.backends.torch.models.weights import Weights, decoder
 from semantic.models.families.family import BlockShape
 from semantic.models.names import rotary_rows
-from semantic.models.q4k import Q4KBlocks
+from semantic.models.q6k import Blocks
 
 
 def gated_mlp(w: Weights, index: int) -> FeedForward:
@@ -67,7 +67,7 @@ def block(w: Weights, index: int, rope: Rope, shape: BlockShape) -> Block:
 
 
 def build(
-    b: Build, arrays: Iterable[tuple[str, np.ndarray | Q4KBlocks]], shape: BlockShape
+    b: Build, arrays: Iterable[tuple[str, np.ndarray | Blocks]], shape: BlockShape
 ) -> DecoderModel:
     config = b.config
     weights = Weights.load(rotary_rows(arrays, config), b)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
+from semantic.backends.torch.blocks import takes
 from semantic.backends.torch.int4 import Int4Linear, runs_int4
 from semantic.backends.torch.linear import DenseLinear, Linear
 from semantic.backends.torch.models.layers import (
@@ -24,8 +25,9 @@ from semantic.backends.torch.models.layers import (
 )
 from semantic.errors import ModelLoadFailed
 from semantic.models.q4k import Q4KBlocks
+from semantic.models.q6k import Blocks, Q6KBlocks
 
-Matrix = torch.Tensor | Q4KBlocks  # a linear's weight as loaded: converted, or Q4_K blocks
+Matrix = torch.Tensor | Blocks  # a linear's weight as loaded: converted, or Q4_K/Q6_K blocks
 Rename = Callable[[str], str | None]  # a checkpoint name → ours, or None to skip the tensor
 
 
@@ -41,7 +43,7 @@ class Weights:
     @classmethod
     def load(
         cls,
-        arrays: Iterable[tuple[str, np.ndarray | torch.Tensor | Q4KBlocks]],
+        arrays: Iterable[tuple[str, np.ndarray | torch.Tensor | Blocks]],
         build: Build,
         rename: Rename | None = None,
     ) -> Weights:
@@ -50,15 +52,15 @@ class Weights:
             renamed = rename(name) if rename is not None else name
             if renamed is None or renamed.endswith("rotary_emb.inv_freq"):
                 continue
-            if isinstance(array, Q4KBlocks):
+            if isinstance(array, Q4KBlocks | Q6KBlocks):
                 tensors[renamed] = array
             else:
                 tensors[renamed] = build.tensor(_as_tensor(array))
         return cls(tensors, build)
 
     def take(self, name: str) -> torch.Tensor:
-        """A tensor in the model's dtype (a Q4_K matrix's blocks dequantized: a layer that does
-        not compute on blocks reads the values they hold)."""
+        """A tensor in the model's dtype (a matrix's blocks dequantized: a layer that does not
+        compute on blocks reads the values they hold)."""
         return self._dense(self.take_matrix(name))
 
     def take_optional(self, name: str) -> torch.Tensor | None:
@@ -66,7 +68,7 @@ class Weights:
         return None if matrix is None else self._dense(matrix)
 
     def take_matrix(self, name: str) -> Matrix:
-        """A linear's weight as it arrived: a tensor, or a Q4_K matrix's blocks."""
+        """A linear's weight as it arrived: a tensor, or a Q4_K or Q6_K matrix's blocks."""
         matrix = self.take_optional_matrix(name)
         if matrix is None:
             raise ModelLoadFailed(f"checkpoint lacks weight {self.prefix}{name}")
@@ -76,15 +78,19 @@ class Weights:
         return self._tensors.pop(self.prefix + name, None)
 
     def linear(self, weight: Matrix, bias: torch.Tensor | None) -> Linear:
-        """y = x Wᵀ + b as the build stores it; a Q4_K matrix on the int4 kernel where it runs
-        (`int4.py`), else its values dequantized."""
-        if isinstance(weight, Q4KBlocks) and runs_int4(weight, self.build.device):
-            return Int4Linear(weight, bias, self.build.dtype)
+        """y = x Wᵀ + b as the build stores it; a matrix's blocks on our group kernel (Q4_K,
+        Q6_K) or torch's int4 kernel (Q4_K) where either runs (`blocks.py`, `int4.py`), else
+        their values dequantized."""
+        if isinstance(weight, Q4KBlocks | Q6KBlocks):
+            if self.build.blocks is not None and takes(weight.shape):
+                return self.build.blocks(weight, bias)
+            if isinstance(weight, Q4KBlocks) and runs_int4(weight, self.build.device):
+                return Int4Linear(weight, bias, self.build.dtype)
         return self.build.linear(self._dense(weight), bias)
 
     def fused(self, names: list[str]) -> Matrix:
-        """Weights of one input width stacked by rows into one linear's: blocks stay blocks
-        where every part is one, else all are dequantized."""
+        """Weights of one input width stacked by rows into one linear's: Q4_K blocks stay
+        blocks where every part is one, else all are dequantized."""
         parts = [self.take_matrix(name) for name in names]
         blocks = [p for p in parts if isinstance(p, Q4KBlocks)]
         if len(blocks) == len(parts):
@@ -92,7 +98,7 @@ class Weights:
         return torch.cat([self._dense(p) for p in parts])
 
     def _dense(self, matrix: Matrix) -> torch.Tensor:
-        if isinstance(matrix, Q4KBlocks):
+        if isinstance(matrix, Q4KBlocks | Q6KBlocks):
             return self.build.tensor(torch.from_numpy(matrix.dequantize()))
         return matrix
 
@@ -160,6 +166,8 @@ def _table(table: Matrix, build: Build) -> Linear:
     else as loaded."""
     if isinstance(table, Q4KBlocks):
         return Int4Linear(table, None, build.dtype, kernel=False)
+    if isinstance(table, Q6KBlocks):
+        table = build.tensor(torch.from_numpy(table.dequantize()))
     return build.linear(table, None) if build.weight_format == "gguf" else DenseLinear(table, None)
 
 

@@ -1,0 +1,127 @@
+"""One matrix in each of the CPU's weight formats at several row counts: bf16 panels (oneDNN above
+128 rows), int8 rows, and a GGUF's Q4_K and Q6_K blocks on our group kernel (random blocks of
+the given shape). Several copies are cycled so that the weights come from memory, as a decode
+step's do, not from the cache.
+
+    python benchmarks/group_kernel.py --shape 8960x1536 --rows 1,4,16,64,128,512
+
+Each figure is ms a call, the median and the fastest of `--runs` rounds over the copies; on a
+shared machine read them with the load average printed beside them. `--cpu-time` runs one
+thread and counts its CPU time instead of the wall clock: what the kernel costs, untouched by
+other programs taking the core (their share of the memory's bandwidth still counts). Needs our
+CPU kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from semantic.backends.torch.blocks import GroupLinear, GroupWeight
+from semantic.backends.torch.kernels import CpuKernels, cpu_kernels, unavailable_reason
+from semantic.backends.torch.linear import Int8Linear, Linear, PanelLinear, UnpackScratch
+from semantic.models import q4k, q6k
+
+Make = Callable[[int, int, int, CpuKernels], Linear]
+
+
+def random_blocks(n: int, k: int, seed: int, block_bytes: int) -> np.ndarray:
+    """A K-quant tensor's bytes, every bit random but its fp16 d (and dmin): finite, small."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (n * k // q4k.SUPER, block_bytes), dtype=np.uint8)
+    scales = rng.uniform(1e-4, 1e-3, (blocks.shape[0], 2)).astype(np.float16).view(np.uint8)
+    if block_bytes == q4k.BLOCK_BYTES:
+        blocks[:, :4] = scales  # d, dmin first
+    else:
+        blocks[:, -2:] = scales[:, :2]  # Q6_K: d last
+    return blocks.reshape(-1)
+
+
+def q4k_linear(n: int, k: int, seed: int, kernels: CpuKernels) -> Linear:
+    blocks = q4k.read_q4k(random_blocks(n, k, seed, q4k.BLOCK_BYTES), n, k)
+    return GroupLinear(GroupWeight.from_q4k(blocks), None, kernels)
+
+
+def q6k_linear(n: int, k: int, seed: int, kernels: CpuKernels) -> Linear:
+    blocks = q6k.read_q6k(random_blocks(n, k, seed, q6k.BLOCK_BYTES), n, k)
+    return GroupLinear(GroupWeight.from_q6k(blocks), None, kernels)
+
+
+def dense(n: int, k: int, seed: int) -> torch.Tensor:
+    blocks = q4k.read_q4k(random_blocks(n, k, seed, q4k.BLOCK_BYTES), n, k)
+    return torch.from_numpy(blocks.dequantize())
+
+
+def bf16_linear(n: int, k: int, seed: int, kernels: CpuKernels) -> Linear:
+    return PanelLinear(dense(n, k, seed).bfloat16(), None, kernels, UnpackScratch())
+
+
+def int8_linear(n: int, k: int, seed: int, kernels: CpuKernels) -> Linear:
+    return Int8Linear(dense(n, k, seed), None, kernels)
+
+
+FORMATS: dict[str, Make] = {
+    "bf16": bf16_linear,
+    "int8": int8_linear,
+    "q4k": q4k_linear,
+    "q6k": q6k_linear,
+}
+
+
+def timed(
+    linears: list[Linear], x: torch.Tensor, runs: int, clock: Callable[[], float]
+) -> tuple[float, float]:
+    """ms a call: the median and the fastest round over all copies."""
+    for linear in linears:
+        linear(x)
+    rounds = []
+    for _ in range(runs):
+        started = clock()
+        for linear in linears:
+            linear(x)
+        rounds.append((clock() - started) / len(linears))
+    return 1000 * statistics.median(rounds), 1000 * min(rounds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="8960x1536", help="outputs x inputs (inputs in 256s)")
+    parser.add_argument("--rows", default="1,4,16,64,128,512")
+    parser.add_argument("--formats", default=",".join(FORMATS))
+    parser.add_argument("--copies", type=int, default=4, help="matrices cycled through")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="one thread, its CPU time (not the wall clock)"
+    )
+    args = parser.parse_args()
+    clock = time.perf_counter
+    if args.cpu_time:
+        torch.set_num_threads(1)
+        clock = time.thread_time
+    kernels = cpu_kernels()
+    if kernels is None:
+        raise SystemExit(f"our CPU kernels do not run here: {unavailable_reason()}")
+    n, k = (int(v) for v in args.shape.split("x"))
+    rows = [int(r) for r in args.rows.split(",")]
+    what = "CPU ms" if args.cpu_time else "ms"
+    print(f"{n}x{k}, torch {torch.__version__}, {torch.get_num_threads()} threads; {what} a call")
+    print("| format | " + " | ".join(f"{r} rows" for r in rows) + " | load |")
+    print("|---" * (len(rows) + 2) + "|")
+    with torch.inference_mode():
+        for name in args.formats.split(","):
+            linears = [FORMATS[name](n, k, seed, kernels) for seed in range(args.copies)]
+            cells = []
+            for r in rows:
+                median, best = timed(linears, torch.randn(r, k).bfloat16(), args.runs, clock)
+                cells.append(f"{median:.2f} ({best:.2f})")
+            print(f"| {name} | " + " | ".join(cells) + f" | {os.getloadavg()[0]:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

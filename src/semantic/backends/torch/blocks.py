@@ -1,0 +1,210 @@
+"""Weights in quantized groups on our AVX-512 kernels (`weights = "gguf"` where they run): a GGUF
+file's Q4_K and Q6_K matrices computed on the values and codes the file holds, and its other
+matrices (Q5_0, Q8_0, ... dequantized) in the same layout with a byte a value.
+
+A Q4_K group is 32 inputs of one output row, `scale · u − min`, scale = d · sc and min = dmin ·
+m, with d and dmin fp32 per 256 inputs of the row and sc, m one byte each per group: the file's
+4-bit values and 6-bit codes (`models/q4k.py`) bit for bit, at 4.75 bits a value (its fp16 d
+and dmin widened). A Q6_K half-group of 16 is `scale · (u − 32)`, scale = d · sc: its 6-bit
+values as low nibbles (laid out as Q4_K's) and top two bits four to a byte, sc (int8) and d
+(`models/q6k.py`), at 6.75 bits. Any other matrix is quantized per group of 32 to int8
+(symmetric: u = q + 128, min = 128 · scale), its group scales rounded up to multiples of the
+row's d = the block's largest scale / 255: 8.75 bits a value, each within half its own group's
+step (a Q4_K or Q6_K value of a fused projection whose parts differ moves by about an eighth of
+the file's own step). The kernel (`kernels/block_linear.cpp`) quantizes x per group of 32 to
+int8 and takes VNNI's byte dot products, a row's result the same alone or batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from semantic.backends.torch.kernels import CpuKernels
+from semantic.models.q4k import GROUP, SUPER, Q4KBlocks
+from semantic.models.q6k import Blocks, Q6KBlocks
+
+PANEL = 16  # output rows per panel
+_GROUPS_PER_SUPER = SUPER // GROUP
+_LEVELS = 127  # int8 values of the byte form: -127..127
+_CODES = 255  # the byte form's group codes: 1..255 (0 for an all-zero group)
+_TINY = torch.finfo(torch.float32).tiny
+_SLAB_PANELS = 64  # panels quantized at once: 1024 rows
+
+
+@dataclass(slots=True, frozen=True)
+class GroupWeight:
+    """A weight [N, K] (K a multiple of 256) in the kernel's layout, P = ceil(N/16) panels of 16
+    rows: `values` uint8 [P, K/32, planes, 16, 4], 4 planes of nibbles for Q4_K (the low nibble
+    input 32g + 4v + b, the high one 16 inputs on), those and 2 of top bit pairs for Q6_K
+    (input 32g + 16h + 4v + b's in bits 2v of plane 4 + h), or 8 of bytes (input 32g + 4v + b);
+    `codes` uint8 [P, K/32, 2, 16] (sc, m; Q6_K: each half's sc, int8); `supers` fp32 [P,
+    K/256, 2, 16] (d, dmin; Q6_K: d, zeros). Padding rows are zero."""
+
+    values: torch.Tensor
+    codes: torch.Tensor
+    supers: torch.Tensor
+    out_features: int
+    in_features: int
+
+    @classmethod
+    def from_q4k(cls, blocks: Q4KBlocks) -> GroupWeight:
+        """A Q4_K matrix's blocks as they are: nibbles, codes, d and dmin."""
+        n, k = blocks.shape
+        q = _panel_rows(torch.from_numpy(blocks.q)).view(-1, PANEL, k // GROUP, 2, 4, 4)
+        nibbles = q[:, :, :, 0] | (q[:, :, :, 1] << 4)  # [P, 16, G, 4, 4]
+        codes = _interleaved(torch.from_numpy(blocks.sc), torch.from_numpy(blocks.m))
+        supers = _interleaved(torch.from_numpy(blocks.d), torch.from_numpy(blocks.dmin))
+        return cls(_panel_major(nibbles), codes, supers, n, k)
+
+    @classmethod
+    def from_q6k(cls, blocks: Q6KBlocks) -> GroupWeight:
+        """A Q6_K matrix's blocks as they are: u's low nibbles as Q4_K's, its top two bits four
+        to a byte, each half's sc (int8, in `codes`) and d (dmin zero)."""
+        n, k = blocks.shape
+        u = _panel_rows(torch.from_numpy(blocks.u)).view(-1, PANEL, k // GROUP, 2, 4, 4)
+        low = u & 0x0F
+        nibbles = low[:, :, :, 0] | (low[:, :, :, 1] << 4)  # [P, 16, G, 4, 4]
+        top = (u >> 4).view(-1, PANEL, k // GROUP, 2, 4, 4)  # [P, 16, G, h, v, b]
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+        pairs = (top << shifts).sum(4, dtype=torch.uint8)  # [P, 16, G, h, b]: v's in bits 2v
+        planes = torch.cat([nibbles, pairs], 3)  # [P, 16, G, 6, 4]
+        sc = torch.from_numpy(blocks.sc).view(torch.uint8).view(n, -1, 2)
+        codes = _interleaved(sc[..., 0], sc[..., 1])
+        d = torch.from_numpy(blocks.d)
+        supers = _interleaved(d, torch.zeros_like(d))
+        return cls(_panel_major(planes), codes, supers, n, k)
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> GroupWeight:
+        """Any float weight [N, K] in the byte form (see the module docstring), a slab of
+        panels at a time (a slab's temporaries stay in cache: ~10x faster for an LM head)."""
+        n, k = weight.shape
+        rows = _panel_rows(weight)
+        panels = rows.shape[0] // PANEL
+        values = torch.empty(panels, k // GROUP, 8, PANEL, 4, dtype=torch.uint8)
+        codes = torch.empty(panels, k // GROUP, 2, PANEL, dtype=torch.uint8)
+        supers = torch.empty(panels, k // SUPER, 2, PANEL)
+        for start in range(0, panels, _SLAB_PANELS):
+            end = min(panels, start + _SLAB_PANELS)
+            slab = rows[start * PANEL : end * PANEL]
+            values[start:end], codes[start:end], supers[start:end] = _quantized(slab)
+        return cls(values, codes, supers, n, k)
+
+    @property
+    def planes(self) -> int:
+        """64-byte planes a group takes: 4 (Q4_K), 6 (Q6_K) or 8 (the byte form)."""
+        return int(self.values.shape[2])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.values, self.codes, self.supers))
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [T] dequantized → [T, K] fp32: scale · u − min, each product rounded once
+        (a tied model's embedding lookup; the tests' reference)."""
+        panel, lane = ids // PANEL, ids % PANEL
+        values = self.values[panel, :, :, lane]  # [T, G, planes, 4]
+        codes = self.codes[panel, :, :, lane]  # [T, G, 2]
+        supers = self.supers[panel, :, :, lane].repeat_interleave(_GROUPS_PER_SUPER, 1)
+        if self.planes == 8:
+            u = values.reshape(len(ids), -1, GROUP).float()
+        else:  # [T, G, 2 (low, high), 4, 4]: inputs 32g + 16·half + 4v + b
+            u = torch.stack([values[:, :, :4] & 0x0F, values[:, :, :4] >> 4], 2)
+        if self.planes == 6:  # each half's scale · (u − 32)
+            shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+            top = (values[:, :, 4:, None] >> shifts) & 0x03  # [T, G, h, v, b]
+            u = (u | (top << 4)).float().view(len(ids), -1, 2, GROUP // 2) - 32
+            scale = supers[..., 0, None] * codes.view(torch.int8).float()  # [T, G, 2]
+            return (scale[..., None] * u).flatten(1)
+        u = u.reshape(len(ids), -1, GROUP).float()
+        scale, minimum = supers[..., 0] * codes[..., 0], supers[..., 1] * codes[..., 1]
+        return (u * scale[..., None] - minimum[..., None]).flatten(1)
+
+
+def _quantized(
+    rows: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Whole panels' rows [16·p, K] in the byte form: values, codes and supers as laid out."""
+    groups = rows.float().view(rows.shape[0], -1, GROUP)
+    amax = groups.abs().amax(-1)  # [rows, G]
+    d = amax.view(amax.shape[0], -1, _GROUPS_PER_SUPER).amax(-1) / (_LEVELS * _CODES)
+    d_group = d.repeat_interleave(_GROUPS_PER_SUPER, 1)
+    sc = torch.where(d_group > 0, amax / _LEVELS / d_group, 0.0).ceil_().clamp_(0, _CODES)
+    scale = (d_group * sc)[..., None]  # as the kernel computes it, in fp32
+    # An all-zero group has scale 0: its values 0 / tiny, not 0 / 0.
+    q = (groups / scale.clamp(min=_TINY)).round_().clamp_(-_LEVELS, _LEVELS)
+    u = q.add_(128).to(torch.uint8).view(-1, PANEL, groups.shape[1], 8, 4)
+    codes = _interleaved(sc.to(torch.uint8), sc.to(torch.uint8))
+    return _panel_major(u.contiguous()), codes, _interleaved(d, d * 128)
+
+
+def _panel_major(planes: torch.Tensor) -> torch.Tensor:
+    """[P, 16, G, planes, 4] uint8 (contiguous) → [P, G, planes, 16, 4]: each 4 bytes moved as
+    one int32, 4x faster than bytewise."""
+    words = planes.view(torch.int32).squeeze(-1)  # [P, 16, G, planes]
+    moved = words.permute(0, 2, 3, 1).contiguous()  # [P, G, planes, 16]
+    return moved.unsqueeze(-1).view(torch.uint8)
+
+
+def _panel_rows(rows: torch.Tensor) -> torch.Tensor:
+    """[N, ...] with zero rows added up to whole panels."""
+    missing = -rows.shape[0] % PANEL
+    return F.pad(rows, (0, 0, 0, missing)) if missing else rows
+
+
+def _interleaved(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """Two [N, C] arrays of per-row factors → [P, C, 2, 16]: a panel's 16 rows side by side."""
+    pair = torch.stack([_panel_rows(first), _panel_rows(second)])  # [2, Np, C]
+    return pair.view(2, -1, PANEL, pair.shape[-1]).permute(1, 3, 0, 2).contiguous()
+
+
+def takes(shape: tuple[int, ...]) -> bool:
+    """Whether the kernel computes a weight of this [N, K] shape: K in whole blocks of 256."""
+    return shape[1] % SUPER == 0 and shape[1] > 0
+
+
+class GroupLinear:
+    """y = x Wᵀ + b on our kernel over a `GroupWeight`, at every row count; x and y bf16."""
+
+    __slots__ = ("bias", "kernels", "weight")
+
+    def __init__(self, weight: GroupWeight, bias: torch.Tensor | None, kernels: CpuKernels) -> None:
+        self.weight = weight
+        self.bias = bias
+        self.kernels = kernels
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        return self.kernels.block_linear(x, w.values, w.codes, w.supers, w.out_features, self.bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight.rows(ids).bfloat16()
+
+    @property
+    def nbytes(self) -> int:
+        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return self.weight.nbytes + bias
+
+
+BlockFactory = Callable[[Blocks, torch.Tensor | None], GroupLinear]
+
+
+def block_factory(
+    device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None, weights: str
+) -> BlockFactory | None:
+    """How a GGUF's Q4_K and Q6_K matrices compute on their blocks with our kernels (`weights =
+    "gguf"`, bf16 on the CPU), or None where they do not run (then torch's int4 kernel takes
+    the Q4_K ones: `int4.py`)."""
+    if weights != "gguf" or kernels is None or device.type != "cpu" or dtype != torch.bfloat16:
+        return None
+    return lambda blocks, bias: GroupLinear(_packed(blocks), bias, kernels)
+
+
+def _packed(blocks: Blocks) -> GroupWeight:
+    if isinstance(blocks, Q4KBlocks):
+        return GroupWeight.from_q4k(blocks)
+    return GroupWeight.from_q6k(blocks)

@@ -1,0 +1,287 @@
+// y = x·wᵀ over a weight kept in quantized groups, as a GGUF's Q4_K and Q6_K blocks hold it.
+// Q4_K and the byte form: each group of 32 inputs of an output row is `scale · u − min` with u
+// unsigned (4 bits, or 8), scale = d · sc and min = dmin · m, d and dmin fp32 per 256 inputs of
+// the row, sc and m one byte each per group (Q4_K's 6-bit codes as the file has them). Q6_K:
+// each 16 inputs are `scale · (u − 32)`, u in 6 bits, scale = d · sc with sc a signed byte.
+//
+// Layout, panels of 16 output rows as the other linears' (small_linear.cpp), per panel p and
+// group g of 32 inputs:
+//   values: Q4_K: nibbles [P][G][4][16][4], 64 bytes for 4 inputs of 16 outputs in their low
+//           nibbles (inputs 32g + 4v + 0..3) and 4 more in their high ones (32g + 16 + 4v + 0..3);
+//           Q6_K: the same nibbles (u's low four bits) then [2][16][4] bytes of u's top two bits,
+//           input 32g + 16h + 4v + b's in bits 2v, 2v + 1 of byte [h][o][b] ([P][G][6][16][4]);
+//           bytes: [P][G][8][16][4], 64 bytes for inputs 32g + 4v + 0..3 of 16 outputs;
+//   codes:  [P][G][2][16] uint8, the group's sc then m of the 16 outputs (Q6_K: the two
+//           halves' sc, int8);
+//   supers: [P][K/256][2][16] fp32, d then dmin of the 16 outputs (Q6_K: d, then zeros).
+// Q4_K is then 4.75 bits a value (the file's 4.5, its fp16 d and dmin widened to fp32), Q6_K
+// 6.75 (the file's 6.56), the byte form 8.75.
+//
+// x is quantized per row and group of 32 to int8 as it comes in (q = round(x · 127 / the
+// group's largest |x|), the scale s that largest / 127), as small_linear.cpp's int8 path does
+// and as llama.cpp computes its quantized weights. Per group and row, VNNI's byte dot product
+// (vpdpbusd: the weight's unsigned values against x's signed ones, 64 multiply-adds an
+// instruction) gives the exact integer Σ u·q for 16 outputs; then
+//     y += (Σ u·q) · (scale · s) − min · (s · Σq)
+// in fp32, group after group in the same order whatever the row count, so a row alone and in a
+// batch give the same bits. Q6_K takes each half's Σ (u − 32)·q = Σ u·q − 32·Σq exactly (the
+// dot starts from −32·Σq) and adds it times scale · s. The values are unpacked in registers (an
+// and, a shift; Q6_K's top bits shifted and merged) once per pass over the panel for up to
+// `kMaxRows` rows.
+//
+// One 8960×1536 matrix, ms a call, one thread's CPU time on the 2-vCPU Zen 4 (busy; weights from
+// memory; `benchmarks/group_kernel.py --cpu-time`):
+//
+//     rows                       1      4      16     64     128    512
+//     bf16 panels                1.47   2.20   4.79   11.95  22.52  71.32 (oneDNN)
+//     int8 rows (small_linear)   0.87   1.18   2.57   6.03   10.51  41.54
+//     Q4_K (this kernel)         0.45   0.61   1.62   5.94   11.70  47.74
+//     Q6_K (this kernel)         0.66   0.80   2.02   7.34   14.44  56.58
+//
+// Up to 16 rows the bytes read bound it; from 64 the arithmetic does, a min term and a
+// conversion per group and row more than the int8 kernel's.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels.h"
+
+namespace semantic {
+namespace {
+
+constexpr int64_t kPanel = 16;   // output rows per panel
+constexpr int64_t kGroup = 32;   // inputs per scale and min, of the weight and of x
+constexpr int64_t kGroupsPerSuper = kBlockSuper / kGroup;
+constexpr int64_t kMaxRows = 8;  // x rows per pass: their accumulators and dots stay in registers
+constexpr int64_t kPrefetchGroups = 8;  // how far ahead the values are fetched
+
+// x's rows quantized per group of 32 (see the top of the file).
+struct GroupQuantizedRows {
+  int64_t groups;
+  std::vector<int8_t> q;     // [M][K]
+  std::vector<float> scale;  // [M][groups]: the group's largest |x| / 127 (0 for all zeros)
+  std::vector<float> sum;    // [M][groups]: scale · Σq, what the min multiplies
+  std::vector<int32_t> offset;  // [M][groups][2]: −32·Σq of each half, where Q6_K's dots start
+
+  GroupQuantizedRows(const bf16* x, int64_t ldx, int64_t m, int64_t k)
+      : groups(k / kGroup), q(m * k), scale(m * groups), sum(m * groups), offset(2 * m * groups) {
+    // split among the threads only when there are rows enough to pay for it (prefill)
+    at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        for (int64_t g = 0; g < groups; ++g) quantize_group(x + r * ldx, r, g);
+      }
+    });
+  }
+
+  void quantize_group(const bf16* row, int64_t r, int64_t g) {
+    const __m512 x0 = load_bf16x16(row + g * kGroup);
+    const __m512 x1 = load_bf16x16(row + g * kGroup + 16);
+    const float amax = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(x0)),
+                                _mm512_reduce_max_ps(_mm512_abs_ps(x1)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    // round to nearest even, as torch.round; the products stay within ±127
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
+    int8_t* out = q.data() + (r * groups + g) * kGroup;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(q1));
+    const float s = amax / 127.0f;
+    const int32_t sum0 = _mm512_reduce_add_epi32(q0), sum1 = _mm512_reduce_add_epi32(q1);
+    scale[r * groups + g] = s;
+    sum[r * groups + g] = s * static_cast<float>(sum0 + sum1);
+    offset[2 * (r * groups + g)] = -32 * sum0;
+    offset[2 * (r * groups + g) + 1] = -32 * sum1;
+  }
+
+  const int8_t* row_group(int64_t r, int64_t g) const {
+    return q.data() + (r * groups + g) * kGroup;
+  }
+};
+
+inline __m512i broadcast4(const int8_t* p) {
+  int32_t four;
+  __builtin_memcpy(&four, p, 4);
+  return _mm512_set1_epi32(four);
+}
+
+enum class Form { kNibbles, kSix, kBytes };  // Q4_K, Q6_K, the byte form
+
+// 16 group codes (bytes, signed for Q6_K) times a per-output factor: a group's scales or mins.
+template <bool kSigned = false>
+inline __m512 group_factor(const uint8_t* codes, __m512 factor) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+  const __m512i wide = kSigned ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw);
+  return _mm512_mul_ps(factor, _mm512_cvtepi32_ps(wide));
+}
+
+// Q6_K's top two bits of inputs 4v + 0..3 of a half, from its byte of pairs, at bits 4 and 5.
+template <int V>
+inline __m512i top_bits(__m512i pairs) {
+  const __m512i shifted = V < 2 ? _mm512_slli_epi16(pairs, 4 - 2 * V)
+                                : (V == 2 ? pairs : _mm512_srli_epi16(pairs, 2 * V - 4));
+  return _mm512_and_si512(shifted, _mm512_set1_epi8(0x30));
+}
+
+// (low & 0x0F) | top: the nibble and the two top bits (already at bits 4 and 5 alone).
+inline __m512i merged(__m512i low, __m512i top) {
+  return _mm512_ternarylogic_epi32(low, top, _mm512_set1_epi8(0x0F), 0xE4);  // c ? a : b
+}
+
+template <int V, int MT>
+inline void six_step(const int8_t* const* q, const uint8_t* w, __m512i h0, __m512i h1,
+                     __m512i* dot, __m512i* dot_high) {
+  const __m512i raw = _mm512_loadu_si512(w + V * 4 * kPanel);
+  const __m512i lo = merged(raw, top_bits<V>(h0));
+  const __m512i hi = merged(_mm512_srli_epi16(raw, 4), top_bits<V>(h1));
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) {
+    dot[i] = _mm512_dpbusd_epi32(dot[i], lo, broadcast4(q[i] + 4 * V));
+    dot_high[i] = _mm512_dpbusd_epi32(dot_high[i], hi, broadcast4(q[i] + 16 + 4 * V));
+  }
+}
+
+// Σ u·q of one group for 16 outputs and MT rows of x (from m0): exact integers; for Q6_K each
+// half's Σ (u − 32)·q, the first in `dot`, the second in `dot_high`.
+template <Form F, int MT>
+inline void group_dots(const GroupQuantizedRows& x, int64_t m0, int64_t g, const uint8_t* w,
+                       __m512i* dot, __m512i* dot_high) {
+  const int8_t* q[MT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) {
+    q[i] = x.row_group(m0 + i, g);
+    if constexpr (F == Form::kSix) {
+      const int32_t* offset = &x.offset[2 * ((m0 + i) * x.groups + g)];
+      dot[i] = _mm512_set1_epi32(offset[0]);
+      dot_high[i] = _mm512_set1_epi32(offset[1]);
+    } else {
+      dot[i] = _mm512_setzero_si512();
+    }
+  }
+  if constexpr (F == Form::kSix) {
+    const __m512i h0 = _mm512_loadu_si512(w + 4 * 4 * kPanel);
+    const __m512i h1 = _mm512_loadu_si512(w + 5 * 4 * kPanel);
+    six_step<0, MT>(q, w, h0, h1, dot, dot_high);
+    six_step<1, MT>(q, w, h0, h1, dot, dot_high);
+    six_step<2, MT>(q, w, h0, h1, dot, dot_high);
+    six_step<3, MT>(q, w, h0, h1, dot, dot_high);
+  } else if constexpr (F == Form::kNibbles) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const __m512i raw = _mm512_loadu_si512(w + v * 4 * kPanel);
+      const __m512i lo = _mm512_and_si512(raw, low);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+#pragma GCC unroll 8
+      for (int i = 0; i < MT; ++i) {
+        dot[i] = _mm512_dpbusd_epi32(dot[i], lo, broadcast4(q[i] + 4 * v));
+        dot[i] = _mm512_dpbusd_epi32(dot[i], hi, broadcast4(q[i] + 16 + 4 * v));
+      }
+    }
+  } else {
+#pragma GCC unroll 8
+    for (int v = 0; v < 8; ++v) {
+      const __m512i raw = _mm512_loadu_si512(w + v * 4 * kPanel);
+#pragma GCC unroll 8
+      for (int i = 0; i < MT; ++i) dot[i] = _mm512_dpbusd_epi32(dot[i], raw, broadcast4(q[i] + 4 * v));
+    }
+  }
+}
+
+// out[i] = the panel's 16 outputs for rows m0 .. m0 + MT of x.
+template <Form F, int MT>
+void panel_groups(const GroupQuantizedRows& x, int64_t m0, const BlockWeight& w, int64_t p,
+                  __m512* out) {
+  constexpr int64_t kGroupBytes = (F == Form::kNibbles ? 4 : F == Form::kSix ? 6 : 8) * 4 * kPanel;
+  const int64_t groups = x.groups, supers = groups / kGroupsPerSuper;
+  const uint8_t* values = w.values + p * groups * kGroupBytes;
+  const uint8_t* codes = w.codes + p * groups * 2 * kPanel;
+  const float* factors = w.supers + p * supers * 2 * kPanel;
+  __m512 acc[MT];
+  __m512i dot[MT], dot_high[MT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < supers; ++s) {
+    const __m512 d = _mm512_loadu_ps(factors + s * 2 * kPanel);
+    const __m512 dmin = _mm512_loadu_ps(factors + s * 2 * kPanel + kPanel);
+    for (int64_t g = s * kGroupsPerSuper; g < (s + 1) * kGroupsPerSuper; ++g) {
+      const uint8_t* code = codes + g * 2 * kPanel;
+      if constexpr (MT > 1) {
+        // The values a few groups on, asked for now: with a few rows to compute, the
+        // prefetchers alone leave Q6_K's six planes late (2x slower at 4 rows); one row reads
+        // at the memory's rate without (and loses a little with).
+        const uint8_t* ahead = values + (g + kPrefetchGroups) * kGroupBytes;
+#pragma GCC unroll 8
+        for (int64_t line = 0; line < kGroupBytes; line += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
+        }
+      }
+      group_dots<F, MT>(x, m0, g, values + g * kGroupBytes, dot, dot_high);
+      if constexpr (F == Form::kSix) {  // a scale per half, no min
+        const __m512 scale = group_factor<true>(code, d);
+        const __m512 scale_high = group_factor<true>(code + kPanel, d);
+#pragma GCC unroll 8
+        for (int i = 0; i < MT; ++i) {
+          const __m512 s_x = _mm512_set1_ps(x.scale[(m0 + i) * groups + g]);
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_mul_ps(scale, s_x), acc[i]);
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_high[i]),
+                                   _mm512_mul_ps(scale_high, s_x), acc[i]);
+        }
+      } else {
+        const __m512 scale = group_factor(code, d);
+        const __m512 min = group_factor(code + kPanel, dmin);
+#pragma GCC unroll 8
+        for (int i = 0; i < MT; ++i) {
+          const int64_t at = (m0 + i) * groups + g;
+          const __m512 scaled = _mm512_mul_ps(scale, _mm512_set1_ps(x.scale[at]));
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), scaled, acc[i]);
+          acc[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(x.sum[at]), acc[i]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) out[i] = acc[i];
+}
+
+using PanelFn = void (*)(const GroupQuantizedRows&, int64_t, const BlockWeight&, int64_t,
+                         __m512*);
+
+template <Form F>
+PanelFn panel_for(int64_t rows) {
+  static constexpr PanelFn kPanels[] = {panel_groups<F, 1>, panel_groups<F, 2>, panel_groups<F, 3>,
+                                        panel_groups<F, 4>, panel_groups<F, 5>, panel_groups<F, 6>,
+                                        panel_groups<F, 7>, panel_groups<F, 8>};
+  static_assert(sizeof(kPanels) / sizeof(kPanels[0]) == kMaxRows);
+  return kPanels[rows - 1];
+}
+
+PanelFn panel_for(int planes, int64_t rows) {
+  if (planes == 4) return panel_for<Form::kNibbles>(rows);
+  return planes == 6 ? panel_for<Form::kSix>(rows) : panel_for<Form::kBytes>(rows);
+}
+
+}  // namespace
+
+void block_linear(const bf16* x, int64_t ldx, const BlockWeight& w, const bf16* bias, bf16* y,
+                  int64_t m, int64_t n, int64_t k) {
+  const GroupQuantizedRows rows_q(x, ldx, m, k);
+  at::parallel_for(0, (n + kPanel - 1) / kPanel, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n0 = p * kPanel;
+      const __mmask16 mask = lanes(n - n0);
+      const __m512 b = bias != nullptr ? load_bf16x16(bias + n0, mask) : _mm512_setzero_ps();
+      __m512 out[kMaxRows];
+      // Up to kMaxRows x rows per pass over the panel; later passes find it in L1 or L2.
+      for (int64_t m0 = 0; m0 < m; m0 += kMaxRows) {
+        const int64_t rows = std::min(kMaxRows, m - m0);
+        panel_for(w.planes, rows)(rows_q, m0, w, p, out);
+        for (int64_t i = 0; i < rows; ++i) {
+          store_bf16x16(y + (m0 + i) * n + n0, mask, _mm512_add_ps(out[i], b));
+        }
+      }
+    }
+  });
+}
+
+}  // namespace semantic

@@ -1,0 +1,221 @@
+"""Our kernel over weights in quantized groups (a GGUF's Q4_K and Q6_K blocks, and the byte
+form): the packed weight holds the file's values bit for bit; the kernel computes x·Wᵀ over
+them with x quantized to int8 per group of 32, as an fp64 reference that quantizes x the same
+way does, and within that quantization's own error of the fp32 product; a row gives the same
+bits alone and batched (rows 1..33); partial panels (N not a multiple of 16) and a bias work;
+K not in whole blocks of 256 is refused. A `weights = "gguf"` build puts a file's blocks on it,
+and its other matrices in the byte form (or int8 rows where too narrow); without our kernels
+Q4_K stays on torch's int4 kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from semantic.backends.torch.blocks import GroupLinear, GroupWeight, block_factory, takes
+from semantic.backends.torch.int4 import Int4Linear
+from semantic.backends.torch.kernels import CpuKernels, cpu_kernels, unavailable_reason
+from semantic.backends.torch.linear import Int8Linear, linear_factory
+from semantic.backends.torch.models.layers import Build
+from semantic.backends.torch.models.weights import Weights
+from semantic.models.config import ModelConfig
+from semantic.models.q4k import Q4KBlocks, read_q4k
+from semantic.models.q6k import Blocks, read_q6k
+from tests.benchmark_script import load_benchmark
+from tests.unit.test_int8_weights import quantized_x
+from tests.unit.test_q4k import random_q4k
+from tests.unit.test_q6k import random_q6k
+
+KERNELS = cpu_kernels()
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason=f"no kernels: {unavailable_reason()}")
+SHAPES = [(1, 256), (40, 512), (16, 1536), (257, 768)]  # N: one row, partial panels, whole
+
+
+def ours() -> CpuKernels:
+    assert KERNELS is not None
+    return KERNELS
+
+
+def q4k(n: int, k: int, seed: int = 0) -> Q4KBlocks:
+    return read_q4k(random_q4k(n, k, seed), n, k)
+
+
+def file_blocks(kind: str, n: int, k: int, seed: int = 0) -> Blocks:
+    if kind == "q4k":
+        return q4k(n, k, seed)
+    return read_q6k(random_q6k(n, k, seed), n, k)
+
+
+def packed(blocks: Blocks) -> GroupWeight:
+    if isinstance(blocks, Q4KBlocks):
+        return GroupWeight.from_q4k(blocks)
+    return GroupWeight.from_q6k(blocks)
+
+
+def kernel_bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """What the kernel's fp32 sums and bf16 output may differ by from the fp64 reference: a few
+    fp32 roundings of every product's size, and half a bf16 step of the result."""
+    xq = quantized_x(x)
+    size = xq.abs() @ w.double().abs().T
+    return size * 1e-5 + (xq @ w.double().T).abs() * 2.0**-8
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize(("kind", "bits"), [("q4k", 4 + 16 / 32 + 64 / 256), ("q6k", 6.75)])
+def test_a_files_blocks_are_held_bit_for_bit(n, k, kind, bits):
+    blocks = file_blocks(kind, n, k, seed=n)
+    weight = packed(blocks)
+    assert weight.planes == (4 if kind == "q4k" else 6)
+    assert torch.equal(weight.rows(torch.arange(n)), torch.from_numpy(blocks.dequantize()))
+    # Q4_K: 4 bits a value, a byte of codes per group and 8 bytes of d, dmin per 256; Q6_K: 6
+    # bits, a byte of sc per 16 and the same 8 bytes
+    assert weight.nbytes == -(-n // 16) * 16 * k * bits / 8
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
+@pytest.mark.parametrize("kind", ["q4k", "q6k"])
+def test_the_kernel_is_the_product_with_x_quantized_per_group(n, k, rows, kind):
+    torch.manual_seed(rows + n)
+    blocks = file_blocks(kind, n, k, seed=n + k)
+    w = torch.from_numpy(blocks.dequantize())
+    x = torch.randn(rows, k).bfloat16()
+    y = GroupLinear(packed(blocks), None, ours())(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
+    reference = quantized_x(x) @ w.double().T
+    assert torch.all((y.double() - reference).abs() <= kernel_bound(w, x))
+    # x's quantization moves each value by at most half its group's step: the product by at
+    # most Σ|w| times that, which explains the whole distance to the fp32 product
+    step = x.float().view(rows, -1, 32).abs().amax(-1, keepdim=True) / 127
+    half_steps = (step / 2).expand(-1, -1, 32).reshape(rows, k).double()
+    x_error = half_steps @ w.double().abs().T
+    exact = x.double() @ w.double().T
+    assert torch.all((y.double() - exact).abs() <= x_error + kernel_bound(w, x))
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["q4k", "q6k", "bytes"])
+def test_a_row_gets_the_same_bits_alone_and_batched(kind):
+    n, k = 40, 768
+    if kind == "bytes":
+        weight = GroupWeight.quantize(torch.randn(n, k))
+    else:
+        weight = packed(file_blocks(kind, n, k, seed=5))
+    bias = torch.randn(n).bfloat16()
+    linear = GroupLinear(weight, bias, ours())
+    x = torch.randn(33, k).bfloat16()
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(33)])
+    for rows in range(1, 34):
+        assert torch.equal(linear(x[:rows]), alone[:rows]), rows
+
+
+@needs_kernels
+def test_the_bias_is_added_once():
+    n, k = 24, 256
+    weight = GroupWeight.from_q4k(q4k(n, k, seed=6))
+    bias = torch.randn(n).bfloat16()
+    x = torch.randn(4, k).bfloat16()
+    with_bias = GroupLinear(weight, bias, ours())(x).float()
+    without = GroupLinear(weight, None, ours())(x).float()
+    assert torch.allclose(with_bias, without + bias.float(), atol=0.1, rtol=2**-7)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_any_weight_in_the_byte_form_is_within_half_its_groups_step(n, k):
+    torch.manual_seed(n)
+    w = torch.randn(n, k) * torch.logspace(-3, 1, k)  # groups of very different sizes
+    w[:, 32:64] = 0.0  # an all-zero group: its code 0
+    weight = GroupWeight.quantize(w)
+    assert weight.planes == 8
+    largest = w.view(n, -1, 32).abs().amax(-1, keepdim=True)
+    step = (largest / 127).expand(-1, -1, 32).reshape(n, k)
+    back = weight.rows(torch.arange(n))
+    # a group's step is rounded up to a multiple of d, the block's largest step / 255
+    d = largest.view(n, -1, 8).amax(-1, keepdim=True) / 127 / 255
+    slack = d.expand(-1, -1, 256).reshape(n, k)
+    assert torch.all((back - w).abs() <= (step + slack) / 2 * (1 + 1e-5))
+    assert torch.equal(back[:, 32:64], torch.zeros(n, 32))
+    x = torch.randn(5, k).bfloat16()
+    y = GroupLinear(weight, None, ours())(x)
+    assert torch.all((y.double() - quantized_x(x) @ back.double().T).abs() <= kernel_bound(back, x))
+
+
+@needs_kernels
+def test_k_not_in_whole_blocks_is_refused():
+    assert takes((64, 512)) and not takes((64, 544)) and not takes((64, 0))
+    weight = GroupWeight.quantize(torch.randn(16, 256))
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        ours().block_linear(
+            torch.randn(1, 288).bfloat16(), weight.values, weight.codes, weight.supers, 16, None
+        )
+
+
+def gguf_build(kernels: CpuKernels | None) -> Build:
+    """A bf16 build of `weights = "gguf"` as the runner makes it, with or without our kernels."""
+    config = ModelConfig(
+        model_type="qwen2",
+        vocab_size=128,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=64,
+    )
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    linear = linear_factory(cpu, bf16, kernels, "gguf")
+    blocks = block_factory(cpu, bf16, kernels, "gguf")
+    return Build(config, bf16, cpu, linear, kernels, "gguf", blocks)
+
+
+@needs_kernels
+def test_a_gguf_computes_its_blocks_on_the_kernel_and_the_rest_in_groups_or_rows():
+    dense = np.random.default_rng(0).standard_normal((32, 256)).astype(np.float32)
+    narrow = np.random.default_rng(1).standard_normal((32, 96)).astype(np.float32)
+    arrays: list[tuple[str, np.ndarray | Blocks]] = [
+        ("q4k", file_blocks("q4k", 40, 256)),
+        ("q6k", file_blocks("q6k", 40, 512)),
+        ("dense", dense),
+        ("narrow", narrow),
+        ("mixed_a", file_blocks("q4k", 32, 256, seed=1)),
+        ("mixed_b", file_blocks("q6k", 32, 256, seed=2)),
+    ]
+    weights = Weights.load(arrays, gguf_build(ours()))
+    planes = {}
+    for name in ("q4k", "q6k", "dense"):
+        linear = weights.linear(weights.take_matrix(name), None)
+        assert isinstance(linear, GroupLinear)
+        planes[name] = linear.weight.planes
+    assert planes == {"q4k": 4, "q6k": 6, "dense": 8}
+    # no multiple of 256 wide: int8 rows; parts of two kinds: dequantized, then 8-bit groups
+    assert isinstance(weights.linear(weights.take_matrix("narrow"), None), Int8Linear)
+    mixed = weights.linear(weights.fused(["mixed_a", "mixed_b"]), None)
+    assert isinstance(mixed, GroupLinear) and mixed.weight.planes == 8
+
+
+def test_without_our_kernels_a_gguf_keeps_q4k_on_torchs_int4_kernel():
+    assert block_factory(torch.device("cpu"), torch.bfloat16, None, "gguf") is None
+    arrays: list[tuple[str, np.ndarray | Blocks]] = [
+        ("q4k", file_blocks("q4k", 32, 256)),
+        ("q6k", file_blocks("q6k", 32, 256)),
+    ]
+    weights = Weights.load(arrays, gguf_build(None))
+    assert isinstance(weights.linear(weights.take_matrix("q4k"), None), Int4Linear)
+    q6k = weights.linear(weights.take_matrix("q6k"), None)  # dequantized, as loaded
+    assert not isinstance(q6k, GroupLinear | Int4Linear)
+
+
+@needs_kernels
+def test_the_benchmarks_formats_compute_the_same_matrix():
+    bench = load_benchmark("group_kernel")
+    x = torch.randn(3, 512).bfloat16()
+    exact = x.float() @ bench.dense(48, 512, 7).T
+    for name in ("bf16", "int8", "q4k"):  # q6k is another matrix: its own blocks
+        y = bench.FORMATS[name](48, 512, 7, ours())(x).float()
+        assert torch.allclose(y, exact, atol=0.05 * float(exact.abs().max())), name
+    assert bench.FORMATS["q6k"](48, 512, 7, ours())(x).shape == (3, 48)
