@@ -145,19 +145,14 @@ class ChunkedModel:
             )
         if not (target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in paths)):
             self._assemble(paths, target)
-        return ModelSource(
-            self.alias,
-            target,
-            "gguf",
-            self.other_names,
-            self.sampling,
-            self.tool_result_hint,
-            self.tool_arguments,
-        )
+        return self._source(target)
 
     def listed(self, models_dir: Path) -> ModelSource:
         # Not joined here: a listing (`semantic models`, GET /admin/models) never writes.
         target = models_dir / self.filename
+        return self._source(target)
+
+    def _source(self, target: Path) -> ModelSource:
         return ModelSource(
             self.alias,
             target,
