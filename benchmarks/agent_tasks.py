@@ -15,7 +15,7 @@ the definitions of the tools a small model does not need. With `--codex-lean`, C
 served model's metadata from `codex_models.json` beside this file (short instructions of our own,
 its 32K context) and leaves out what a small model does not need (sub-agents, images, goals,
 web search, questions to the user, the list of skills): ~1K tokens where its default is ~8.7K,
-and two tools, `exec_command` and `write_stdin`. Measured on the 1.5B it is five times as
+and two tools, `exec_command` and `write_stdin`. Measured on the 1.5B it is several times as
 fast and finishes fewer tasks (docs/clients.md, "Codex lean"). The server logs at debug level, so
 each turn also records what the model wrote (`replies`) and how many calls were read from it,
 and the made-up tool names it wrote again as calls of offered tools (`renamed`).
