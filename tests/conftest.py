@@ -45,10 +45,9 @@ def smollm2_path() -> Path:
         pytest.skip(str(exc))
 
 
-@pytest.fixture(scope="session")
-def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Hugging Face tokenizer folder (`tokenizer.json`, `tokenizer_config.json`): byte-level
-    BPE trained on a few lines, so multi-byte characters split across tokens."""
+def write_tiny_tokenizer(folder: Path) -> None:
+    """A Hugging Face tokenizer folder (`tokenizer.json`, `tokenizer_config.json`) in `folder`:
+    byte-level BPE trained on a few lines, so multi-byte characters split across tokens."""
     backend = tokenizers.Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -59,10 +58,16 @@ def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         show_progress=False,
     )
     backend.train_from_iterator(_TINY_CORPUS, trainer=trainer)
-    folder = tmp_path_factory.mktemp("tiny_tokenizer")
     backend.save(str(folder / "tokenizer.json"))
     config = {"bos_token": None, "eos_token": "<|im_end|>", "add_bos_token": False}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny tokenizer's folder (`write_tiny_tokenizer`), once a session."""
+    folder = tmp_path_factory.mktemp("tiny_tokenizer")
+    write_tiny_tokenizer(folder)
     return folder
 
 

@@ -23,9 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import tokenizers
 from fastapi.testclient import TestClient
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from semantic.api.app import create_app
 from semantic.engine.wiring import build_engine
@@ -33,7 +31,7 @@ from semantic.settings.options import engine_options
 from semantic.settings.settings import Settings
 from semantic.text.chat import ChatTemplate
 from semantic.text.tokenizer import Tokenizer
-from tests.conftest import _TINY_CORPUS, TINY_SPECIAL_TOKENS
+from tests.conftest import write_tiny_tokenizer
 from tests.qwen25_template import QWEN25_TEMPLATE
 from tests.scripted_runner import ScriptedRunner
 from tests.smollm3_template import SMOLLM3_TEMPLATE
@@ -210,19 +208,7 @@ _VARYING = [
 
 
 def tiny_tokenizer(folder: Path) -> Tokenizer:
-    backend = tokenizers.Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=TINY_SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(_TINY_CORPUS, trainer=trainer)
-    backend.save(str(folder / "tokenizer.json"))
-    config = '{"bos_token": null, "eos_token": "<|im_end|>", "add_bos_token": false}'
-    (folder / "tokenizer_config.json").write_text(config)
+    write_tiny_tokenizer(folder)
     return Tokenizer.from_hf_dir(folder)
 
 
