@@ -10,16 +10,15 @@ from __future__ import annotations
 import statistics
 
 import pytest
-import torch
 
 from semantic.backends.torch.blocks import GroupLinear
 from semantic.backends.torch.kernels import cpu_kernels, unavailable_reason
 from semantic.backends.torch.models.layers import GatedMLP
 from semantic.backends.torch.runner import TorchRunner
-from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.errors import ModelLoadFailed
 from semantic.models.checkpoint import Checkpoint, load_checkpoint
 from semantic.models.registry import ModelRegistry
+from tests.integration.forced_logits import agreement
 
 pytestmark = [
     pytest.mark.integration,
@@ -27,8 +26,6 @@ pytestmark = [
 ]
 
 QUESTIONS = ["Write a Python function that reverses a string.", "What does `git rebase` do?"]
-TOKENS = 12
-GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -57,35 +54,13 @@ def make_runner(checkpoint: Checkpoint, weights: str) -> TorchRunner:
     )
 
 
-def logits_along(
-    runner: TorchRunner, ids: list[int], answer: list[int] | None
-) -> tuple[list[int], list[torch.Tensor]]:
-    """The greedy tokens and the logits after the prompt and after each token that follows it:
-    `answer`'s tokens when given (teacher forcing), else the runner's own (TOKENS of them)."""
-    table, fed, step, tokens, logits = [list(range(16))], 0, ids, [], []
-    for i in range(TOKENS):
-        item = BatchItem(0, step, fed, table, True, GREEDY, i)
-        logits.append(runner.forward_logits(Batch([item]))[0].float())
-        tokens.append(int(logits[-1].argmax()))
-        fed += len(step)
-        step = [answer[i] if answer is not None else tokens[-1]]
-    return tokens, logits
-
-
 def test_the_files_blocks_on_our_kernel_follow_the_dequantized_file(qwen: Checkpoint) -> None:
     dense = make_runner(qwen, "bf16")
     blocks = make_runner(qwen, "gguf")
     mlps = [b.mlp for b in blocks.model.blocks if isinstance(b.mlp, GatedMLP)]
     planes = {mlp.down.weight.planes for mlp in mlps if isinstance(mlp.down, GroupLinear)}
     assert 6 in planes  # the Q6_K down projections on their own blocks (Q4_K_M's half)
-    top1, errors = [], []
-    for question in QUESTIONS:
-        text = qwen.chat_template.render([{"role": "user", "content": question}])
-        ids = qwen.tokenizer.encode(text)
-        answer, base = logits_along(dense, ids, None)
-        forced, ours = logits_along(blocks, ids, answer)
-        errors += [float((o - b).abs().mean() / b.std()) for b, o in zip(base, ours, strict=True)]
-        top1 += [a == f for a, f in zip(answer, forced, strict=True)]
+    top1, errors = agreement(qwen, dense, blocks, QUESTIONS)
     # measured on the 1.5B (benchmarks/quant_accuracy.py, six chat prompts): 99% top-1, mean
     # error 1.8% of the logits' spread; x quantized to int8 per 32 is most of it
     assert statistics.fmean(top1) >= 0.9, top1

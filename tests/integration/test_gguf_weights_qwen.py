@@ -9,21 +9,18 @@ from __future__ import annotations
 import statistics
 
 import pytest
-import torch
 
 from semantic.backends.torch.int4 import Int4Linear
 from semantic.backends.torch.models.layers import GatedMLP
 from semantic.backends.torch.runner import TorchRunner
-from semantic.core import Batch, BatchItem, SamplingParams
 from semantic.errors import ModelLoadFailed
 from semantic.models.checkpoint import Checkpoint, load_checkpoint
 from semantic.models.registry import ModelRegistry
+from tests.integration.forced_logits import agreement
 
 pytestmark = pytest.mark.integration
 
 QUESTIONS = ["Write a Python function that reverses a string.", "What does `git rebase` do?"]
-TOKENS = 12
-GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -51,34 +48,12 @@ def make_runner(checkpoint: Checkpoint, weights: str) -> TorchRunner:
     )
 
 
-def logits_along(
-    runner: TorchRunner, ids: list[int], answer: list[int] | None
-) -> tuple[list[int], list[torch.Tensor]]:
-    """The greedy tokens and the logits after the prompt and after each token that follows it:
-    `answer`'s tokens when given (teacher forcing), else the runner's own (TOKENS of them)."""
-    table, fed, step, tokens, logits = [list(range(16))], 0, ids, [], []
-    for i in range(TOKENS):
-        item = BatchItem(0, step, fed, table, True, GREEDY, i)
-        logits.append(runner.forward_logits(Batch([item]))[0])
-        tokens.append(int(logits[-1].argmax()))
-        fed += len(step)
-        step = [answer[i] if answer is not None else tokens[-1]]
-    return tokens, logits
-
-
 def test_q4k_blocks_follow_the_dequantized_file_on_chat_prompts(qwen: Checkpoint) -> None:
     dense, blocks = make_runner(qwen, "bf16"), make_runner(qwen, "gguf")
     mlps = [b.mlp for b in blocks.model.blocks if isinstance(b.mlp, GatedMLP)]
     int4 = [mlp.down for mlp in mlps if isinstance(mlp.down, Int4Linear)]
     assert len(int4) == 12  # the 0.5B's Q4_K matrices: half its layers' down projections
-    top1, errors = [], []
-    for question in QUESTIONS:
-        text = qwen.chat_template.render([{"role": "user", "content": question}])
-        ids = qwen.tokenizer.encode(text)
-        answer, base = logits_along(dense, ids, None)
-        forced, ours = logits_along(blocks, ids, answer)
-        errors += [float((o - b).abs().mean() / b.std()) for b, o in zip(base, ours, strict=True)]
-        top1 += [a == f for a, f in zip(answer, forced, strict=True)]
+    top1, errors = agreement(qwen, dense, blocks, QUESTIONS)
     # measured: top-1 24 of 24, mean error 0.55% of the logits' spread (its other tensors, Q5_0
     # and Q8_0, in bf16 and x rounded to bf16 at one row)
     assert statistics.fmean(top1) >= 0.9, top1
