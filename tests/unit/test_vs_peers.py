@@ -307,3 +307,18 @@ def test_an_unfinished_venv_is_installed_into_again(tmp_path: Path) -> None:
     with pytest.raises(vs.PeerError, match="build"):
         vs.ensure_venv("peer", venv, {"package": "p"}, install, tmp_path / "pip.log")
     assert not (venv / vs.VENV_STAMP).exists()  # the next run tries again
+
+
+def test_another_model_is_served_under_its_name_with_its_own_targets() -> None:
+    args = vs._parser().parse_args(["--model", "qwen2.5-coder-1.5b"])
+    vllm, llama = vs.make_peers(args)
+    assert vllm.model == llama.model == "qwen2.5-coder-1.5b"
+    assert vllm.model_dir.name == "qwen2.5-coder-1.5b-hf"
+    assert vllm.targets == {"Aggregate output": vs.Target(2, at_most=False)}
+    assert llama.targets["Single-stream decode"] == vs.Target(2.5, at_most=False)
+    assert llama.targets["Aggregate output"] == vs.Target(4, at_most=False)
+    command = vs.semantic_command(9005, Path("/run/cache"), "qwen2.5-coder-1.5b")
+    assert _flags(command[4:])["--model"] == "qwen2.5-coder-1.5b"
+    # SmolLM2, the default, keeps the peers' own targets.
+    default_vllm, _ = vs.make_peers(vs._parser().parse_args([]))
+    assert default_vllm.targets == _vllm_peer().targets
