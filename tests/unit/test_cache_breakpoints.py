@@ -186,17 +186,30 @@ def test_breakpoints_past_the_keys_quota_are_a_403_in_anthropics_shape(
     assert "max_retained_tokens_per_key" in error["message"]
 
 
+class Clock:
+    """The retentions' clock: it moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_a_retention_goes_away_by_itself_once_its_ttl_has_passed(
-    chat_served: ServedModel, tmp_path: Path
+    chat_served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = Clock()
     with running(chat_served, tmp_path, num_blocks=48, max_retention_ttl_s=1.5) as (
         client,
         engine,
         _,
     ):
+        monkeypatch.setattr(engine.agents.retentions, "_clock", clock)
         assert usage_of(client, ask(marked()))["cache_creation_input_tokens"] > 0
-        assert engine.pool.num_held > 0  # the breakpoint's pages
-        deadline = time.monotonic() + 5
+        assert engine.pool.num_held > 0  # the breakpoint's pages, however long that took
+        clock.now = 1.6  # past it: the engine's next sweep (once a second) lets go
+        deadline = time.monotonic() + 60  # only so that a broken sweep fails, not hangs
         while engine.pool.num_held and time.monotonic() < deadline:
             time.sleep(0.05)
         assert engine.pool.num_held == 0 and engine.tiering.protected == frozenset()
