@@ -18,7 +18,7 @@ from semantic.api.anthropic_request import MessagesBody, render_prompt
 from semantic.api.usage import messages_usage
 from semantic.cache.pages.prefix import PrefixCache
 from semantic.models.served import ServedModel
-from tests.unit.fakes import SettledEngine, running
+from tests.unit.fakes import ManualClock, SettledEngine, running
 
 MODEL = "claude-semantic-test"
 BLOCK = 8  # the fake engine's block size
@@ -186,20 +186,10 @@ def test_breakpoints_past_the_keys_quota_are_a_403_in_anthropics_shape(
     assert "max_retained_tokens_per_key" in error["message"]
 
 
-class Clock:
-    """The retentions' clock: it moves only when the test moves it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_retention_goes_away_by_itself_once_its_ttl_has_passed(
     chat_served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(now=0.0)  # the retentions' clock
     with running(chat_served, tmp_path, num_blocks=48, max_retention_ttl_s=1.5) as (
         client,
         engine,
