@@ -156,7 +156,7 @@ def test_client_disconnect_mid_stream_aborts_the_request(server: Server) -> None
         for line in r.iter_lines():
             if '"content":"' in line and '"content":""' not in line:
                 break  # the first token arrived: hang up
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a hang guard: a loaded machine aborts later
     while time.monotonic() < deadline:
         ready = httpx.get(f"{server.url}/health/ready").json()
         if ready["running"] == 0 and ready["waiting"] == 0:

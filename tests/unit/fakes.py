@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from semantic.api.app import create_app
 from semantic.backends.fake import FakeRunner
+from semantic.cache.pages import block_manager
 from semantic.core import Batch
+from semantic.engine import scheduler
 from semantic.engine.engine import Engine
 from semantic.engine.runner import StepToken
 from semantic.engine.wiring import build_parts
@@ -156,3 +160,28 @@ def asgi_scope(path: str, headers: dict[str, str], method: str = "POST") -> dict
         "client": ("127.0.0.1", 50000),
         "server": ("127.0.0.1", 8000),
     }
+
+
+class ManualClock:
+    """A clock that moves only when a test moves it (`now`), for code that decides by the time:
+    call it, or pass it as a `time` module's stand-in (`monotonic`). Tests never sleep past a
+    timeout nor bound how long something took: they move this clock and count what happened."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def scheduler_clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
+    """A `ManualClock` for what the scheduler and admission judge by the time (the queue
+    timeout, a preempted answer's wait, a one-off's patience), starting at the real clock's
+    reading so requests dated by it compare sanely."""
+    clock = ManualClock(time.monotonic())
+    for module in (scheduler, block_manager):
+        monkeypatch.setattr(module, "time", clock)
+    return clock

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import json
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from semantic_bench import workload
 from semantic_bench.cache_counters import CacheCounters, counters_over
 from semantic_bench.cli import add_bench_arguments, options_from_args
 from semantic_bench.conversation import Chat
@@ -29,7 +31,6 @@ from semantic_bench.run import run_bench
 from semantic_bench.server import kv_bytes_per_token, server_block_tokens
 from tests.unit.bench_records import bench_result
 from tests.unit.test_bench_fakeserver import (
-    TOKEN_DELAY_S,
     TOKENS_PER_WORD,
     FakeServer,
     fresh_totals,
@@ -132,14 +133,31 @@ def test_the_longest_gap_is_the_worst_wait_inside_any_answer() -> None:
     assert CrowdRun(Clients.NAMED, None, [], 1.0, None).longest_gap_s is None
 
 
-def test_each_turn_records_the_gaps_between_its_streamed_tokens(fake: FakeServer) -> None:
-    run = _crowd(fake, Clients.NAMED)
+class Ticks:
+    """The stream reader's clock, one second a reading: it reads it once per SSE event, so a
+    gap counts the events between two tokens, whatever the machine's load does to the real
+    time between them."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_each_turn_records_the_gaps_between_its_streamed_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workload, "time", Ticks())
+    spec = dataclasses.replace(SPEC, agents=1)  # one stream at a time reads the clock
+    with running(FakeServer()) as fake:
+        run = _crowd(fake, Clients.NAMED, spec)
     for turn in run.turns:
-        assert len(turn.gaps_s) == SPEC.max_tokens - 1  # one delta per token
-        # The server pauses between tokens. A late read on a busy machine brings several at
-        # once (gaps of ~0, and a longer one before them), so no gap but the longest is sure.
-        assert min(turn.gaps_s) >= 0 and max(turn.gaps_s) >= TOKEN_DELAY_S * 0.9
-    assert run.inter_token.count == len(run.turns) * (SPEC.max_tokens - 1)
+        # One delta per token, each read right after the one before it: no other event
+        # between them, nor the request's own send or its first (role-only) event.
+        assert turn.gaps_s == (1.0,) * (spec.max_tokens - 1)
+    assert run.inter_token.count == len(run.turns) * (spec.max_tokens - 1)
 
 
 def test_ratios_are_none_when_the_server_does_not_report_cached_tokens() -> None:

@@ -175,8 +175,9 @@ def running(server: FakeServer) -> Iterator[FakeServer]:
     runner = uvicorn.Server(config)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not runner.started and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # a hang guard: a loaded machine starts it later
+    while not runner.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.01)
     server.url = f"http://127.0.0.1:{port}"
     try:

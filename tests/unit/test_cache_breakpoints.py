@@ -18,7 +18,7 @@ from semantic.api.anthropic_request import MessagesBody, render_prompt
 from semantic.api.usage import messages_usage
 from semantic.cache.pages.prefix import PrefixCache
 from semantic.models.served import ServedModel
-from tests.unit.fakes import SettledEngine, running
+from tests.unit.fakes import ManualClock, SettledEngine, running
 
 MODEL = "claude-semantic-test"
 BLOCK = 8  # the fake engine's block size
@@ -187,16 +187,19 @@ def test_breakpoints_past_the_keys_quota_are_a_403_in_anthropics_shape(
 
 
 def test_a_retention_goes_away_by_itself_once_its_ttl_has_passed(
-    chat_served: ServedModel, tmp_path: Path
+    chat_served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = ManualClock(now=0.0)  # the retentions' clock
     with running(chat_served, tmp_path, num_blocks=48, max_retention_ttl_s=1.5) as (
         client,
         engine,
         _,
     ):
+        monkeypatch.setattr(engine.agents.retentions, "_clock", clock)
         assert usage_of(client, ask(marked()))["cache_creation_input_tokens"] > 0
-        assert engine.pool.num_held > 0  # the breakpoint's pages
-        deadline = time.monotonic() + 5
+        assert engine.pool.num_held > 0  # the breakpoint's pages, however long that took
+        clock.now = 1.6  # past it: the engine's next sweep (once a second) lets go
+        deadline = time.monotonic() + 60  # only so that a broken sweep fails, not hangs
         while engine.pool.num_held and time.monotonic() < deadline:
             time.sleep(0.05)
         assert engine.pool.num_held == 0 and engine.tiering.protected == frozenset()

@@ -26,7 +26,7 @@ from semantic.engine.engine import Engine
 from semantic.engine.scheduler import ONE_OFF_PASSED_S, PREEMPT_QUANTUM
 from semantic.errors import Overloaded
 from semantic.models.served import ServedModel
-from tests.unit.fakes import make_engine
+from tests.unit.fakes import make_engine, scheduler_clock
 
 BLOCK = 8  # make_engine's block size
 
@@ -517,11 +517,12 @@ def test_a_one_off_request_takes_idle_cached_agent_blocks_when_nothing_runs(
 
 
 def test_a_preempted_answer_that_waits_past_the_queue_timeout_is_overloaded(
-    served: ServedModel, tmp_path: Path
+    served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Newcomers that keep coming, each fitting the room another leaves where the answer they
     # preempted does not, could keep it waiting for ever: past `queue_timeout_s` it is refused as
     # overloaded, as a request never admitted is, instead of hanging until its client gives up.
+    clock = scheduler_clock(monkeypatch)
     engine, _ = make_engine(served, tmp_path, num_blocks=16, queue_timeout_s=0.05)
     answer = submit(engine, "answer", [9] * 60, None, max_tokens=30)
     while sum(len(e.token_ids) for e in answer) < PREEMPT_QUANTUM:
@@ -529,7 +530,7 @@ def test_a_preempted_answer_that_waits_past_the_queue_timeout_is_overloaded(
     newcomers = [submit(engine, f"new-{n}", [20 + n] * 52, None, max_tokens=4) for n in range(2)]
     engine.step()
     assert [seq.request.request_id for seq in engine.scheduler.waiting] == ["answer"]
-    time.sleep(0.1)
+    clock.now += 0.1
     engine.step()
     assert answer[-1].final and isinstance(answer[-1].error, Overloaded)
     assert sum(len(e.token_ids) for e in answer) >= PREEMPT_QUANTUM  # what it had streamed stays

@@ -23,12 +23,12 @@ TAG = model_tag("kill9-model", SPEC, "0f" * 16)
 CHUNK = 1 << 16  # a block file is ~1 MiB: many chunks
 
 # The child writes blocks forever and prints each hash once its write is fsynced and renamed.
-# Its disk is slow: after the first chunk of each block it says "mid" and pauses, so the parent
-# can kill it while a block is half written.
+# After the first chunk of each block it says "mid" and waits for a line on stdin: the parent
+# lets it go on, or kills it there, while the block is half written (by order, not by a pause
+# the parent must beat: a loaded machine cannot make it miss).
 CHILD = """
 import os
 import sys
-import time
 from pathlib import Path
 from semantic.cache.disk.tier import DiskTier
 from semantic.cache.disk.writer import DiskWriter
@@ -37,15 +37,15 @@ from tests.unit.test_disk_kill9 import CHUNK, SPEC, TAG, expected_record
 root, block_hash = Path(sys.argv[1]), int(sys.argv[2])
 real_write = os.write
 
-def slow_write(fd, data):
+def paused_write(fd, data):
     first_chunk = os.lseek(fd, 0, os.SEEK_CUR) == 0
     written = real_write(fd, data[:CHUNK])
     if first_chunk and written < len(data):
         print("mid", flush=True)
-        time.sleep(0.05)
+        sys.stdin.readline()
     return written
 
-os.write = slow_write
+os.write = paused_write
 writer = DiskWriter(DiskTier(root, model_tag=TAG, spec=SPEC, budget_bytes=1 << 40))
 
 def ack(block_hash):
@@ -80,10 +80,11 @@ def _write_until_killed(root: Path, first_hash: int, acks_before_kill: int) -> s
             [sys.executable, "-c", CHILD, str(root), str(first_hash)],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"},
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
-        assert proc.stdout is not None
+        assert proc.stdin is not None and proc.stdout is not None
         acks: set[int] = set()
         try:
             while True:
@@ -93,11 +94,15 @@ def _write_until_killed(root: Path, first_hash: int, acks_before_kill: int) -> s
                     raise AssertionError(f"the writer died early: {stderr.read().decode()[-2000:]}")
                 if line == b"mid\n" and len(acks) >= acks_before_kill:
                     break
-                if line != b"mid\n":
+                if line == b"mid\n":
+                    proc.stdin.write(b"go on\n")
+                    proc.stdin.flush()
+                else:
                     acks.add(int(line, 16))
         finally:  # killed mid-write on purpose, or because this test failed: never left running
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+            proc.stdin.close()
             proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
     return acks

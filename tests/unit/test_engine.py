@@ -19,7 +19,7 @@ from semantic.errors import (
     PoolExhausted,
 )
 from semantic.models.served import ServedModel
-from tests.unit.fakes import CONTEXT, make_engine
+from tests.unit.fakes import CONTEXT, make_engine, scheduler_clock
 
 
 def request(i: int, prompt_len: int = 10, **sampling: object) -> Request:
@@ -107,17 +107,22 @@ def test_a_runner_failure_fails_only_the_requests_in_that_step(
 
 
 def test_a_request_that_waits_past_the_queue_timeout_is_overloaded(
-    served: ServedModel, tmp_path: Path
+    served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = scheduler_clock(monkeypatch)
     engine, _ = make_engine(served, tmp_path, num_blocks=4, queue_timeout_s=0.05)
     hog = request(0, prompt_len=24, max_tokens=10_000, ignore_eos=True)  # holds every block
     waiter = request(1, prompt_len=20)
+    waiter.arrival_time = clock.now
     events: dict[str, list[TokenEvent]] = {"r0": [], "r1": []}
     engine.submit(hog, events["r0"].append)
     engine.step()
     engine.submit(waiter, events["r1"].append)
     engine.step()
-    time.sleep(0.1)
+    clock.now += 0.04
+    engine.step()
+    assert events["r1"] == []  # still waiting, within its time
+    clock.now += 0.02
     engine.step()
     assert isinstance(events["r1"][-1].error, Overloaded)
     engine.abort("r0")
@@ -140,10 +145,11 @@ def test_a_request_whose_wait_ran_out_but_that_fits_now_runs(
 
 
 def test_a_preempted_request_not_resumed_in_time_says_it_was_preempted(
-    served: ServedModel, tmp_path: Path
+    served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A newcomer takes the place of an answer that has had its quantum, and holds the pool
     past the timeout: the answer is refused as preempted, not as never let in."""
+    clock = scheduler_clock(monkeypatch)
     engine, _ = make_engine(served, tmp_path, num_blocks=8, queue_timeout_s=0.05)
     answer = request(0, prompt_len=24, max_tokens=10_000, ignore_eos=True)
     newcomer = request(1, prompt_len=40, max_tokens=10_000, ignore_eos=True)
@@ -154,7 +160,7 @@ def test_a_preempted_request_not_resumed_in_time_says_it_was_preempted(
     engine.submit(newcomer, events["r1"].append)
     engine.step()
     assert engine.scheduler.preemptions == 1 and engine.scheduler.waiting
-    time.sleep(0.1)
+    clock.now += 0.1
     engine.step()
     error = events["r0"][-1].error
     assert isinstance(error, Overloaded) and "preempted" in str(error)
@@ -191,9 +197,8 @@ def test_the_thread_streams_events_and_closing_the_stream_aborts(
         async for _ in endless:
             break
         await endless.aclose()  # type: ignore[attr-defined]
-        for _ in range(100):
-            if engine.stats().running == 0:
-                break
+        deadline = time.monotonic() + 60  # a hang guard: a loaded machine aborts later
+        while engine.stats().running and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         return complete, engine.stats().blocks_held
 

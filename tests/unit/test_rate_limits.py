@@ -15,7 +15,7 @@ import pytest
 from semantic.api import rate_limits
 from semantic.api.rate_limits import RateLimiter
 from semantic.models.served import ServedModel
-from tests.unit.fakes import chat_app
+from tests.unit.fakes import ManualClock, chat_app
 
 pytestmark = pytest.mark.usefixtures("no_outside_settings")
 
@@ -26,19 +26,11 @@ OPENAI = "/v1/chat/completions"
 BODY = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 # -- the bucket ------------------------------------------------------------------------------
 
 
 def test_a_bucket_admits_a_minutes_allowance_at_once_then_the_rate() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     limiter = RateLimiter(3, clock)
     assert [limiter.admit("a") for _ in range(3)] == [0.0, 0.0, 0.0]
     assert limiter.admit("a") == pytest.approx(20.0)  # one request every 60 / 3 s
@@ -50,14 +42,14 @@ def test_a_bucket_admits_a_minutes_allowance_at_once_then_the_rate() -> None:
 
 
 def test_each_name_has_its_own_bucket() -> None:
-    limiter = RateLimiter(1, FakeClock())
+    limiter = RateLimiter(1, ManualClock())
     assert limiter.admit("a") == 0.0
     assert limiter.admit("a") > 0
     assert limiter.admit("b") == 0.0
 
 
 def test_a_bucket_never_holds_more_than_a_minutes_allowance() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     limiter = RateLimiter(2, clock)
     limiter.admit("a")
     clock.now += 3600.0
@@ -68,7 +60,7 @@ def test_refilled_buckets_are_forgotten_once_there_are_many(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(rate_limits, "PRUNE_ABOVE", 3)
-    clock = FakeClock()
+    clock = ManualClock()
     limiter = RateLimiter(60, clock)
     for name in ("a", "b", "c"):
         limiter.admit(name)

@@ -10,16 +10,9 @@ from semantic.cache.agents.retention import Retentions
 from semantic.cache.pages.block_pool import BlockPool
 from semantic.cache.pages.prefix import PrefixCache, root_hash
 from semantic.errors import RetentionLimit
+from tests.unit.fakes import ManualClock
 
 BLOCK = 4
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def cached_prefix(prefix: PrefixCache, tokens: list[int]) -> list[int]:
@@ -35,9 +28,9 @@ def cached_prefix(prefix: PrefixCache, tokens: list[int]) -> list[int]:
 
 def setup(
     num_blocks: int = 16, max_tokens: int = 64, share: float = 0.5
-) -> tuple[Retentions, PrefixCache, Clock]:
+) -> tuple[Retentions, PrefixCache, ManualClock]:
     prefix = PrefixCache(BlockPool(num_blocks), BLOCK, root_hash("retention-test"))
-    clock = Clock()
+    clock = ManualClock()
     return Retentions(prefix, max_tokens, share, clock), prefix, clock
 
 

@@ -31,6 +31,7 @@ from tests.unit.live_server import (
 )
 
 TIMEOUT_S = 0.3
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 PROMPT = [3 + (k * 11) % 390 for k in range(20)]
 
 
@@ -136,7 +137,8 @@ def test_past_max_connections_a_new_connection_gets_503(
                 )
             idle[1].close()
             await idle[1].wait_closed()
-            await asyncio.sleep(0.2)  # the server sees it closed
+            while len(server.server_state.connections) > 1:  # the server sees them closed
+                await asyncio.sleep(0.01)
             async with httpx.AsyncClient() as fourth:
                 statuses.append((await fourth.get(url)).status_code)
         server.should_exit = True
@@ -201,11 +203,23 @@ def test_idle_connections_past_the_limit_leave_liveness_answered_and_are_soon_cl
     liveness probe got 503 meanwhile (520 of them against the default 512, from anyone once
     the server is remote): a probe is answered past the limit, and a connection that sends no
     whole head is closed after the head's timeout (10 s; 1 s here), not `receive_timeout_s`,
-    which frees the places for requests."""
-    monkeypatch.setattr(slow_clients, "HEAD_TIMEOUT_S", 1.0)
+    which frees the places for requests. The places are checked while the head's timeout is
+    an hour, so no slow moment of the machine can close the sockets before the check; then
+    new sockets get 1 s, and the test waits (a hang guard of 30 s) for the server to close
+    them."""
+    monkeypatch.setattr(slow_clients, "HEAD_TIMEOUT_S", 3600.0)
     engine = engine_on(fake_runner(), long_chat_served(tiny_tokenizer), tmp_path, port=0)
     settings = engine.settings.model_copy(update={"max_connections": 4})
     app = create_app(engine, settings)
+
+    async def idle(server: DrainingServer, port: int) -> list[Connection]:
+        before = len(server.server_state.connections)
+        sockets = [await asyncio.open_connection("127.0.0.1", port) for _ in range(6)]
+        for _, writer in sockets:
+            writer.write(b"G")
+        while len(server.server_state.connections) < before + 6:  # the server has them all
+            await asyncio.sleep(0.01)
+        return sockets
 
     async def scenario() -> tuple[list[int], list[bytes]]:
         server = DrainingServer(uvicorn_config(app, settings), app.state.lifecycle, 1)
@@ -214,18 +228,22 @@ def test_idle_connections_past_the_limit_leave_liveness_answered_and_are_soon_cl
             await asyncio.sleep(0.01)
         port = server.servers[0].sockets[0].getsockname()[1]
         base = f"http://127.0.0.1:{port}"
-        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(6)]
-        for _, writer in idle:
-            writer.write(b"G")
-        await asyncio.sleep(0.2)  # the server has them all
+        held = await idle(server, port)
         statuses = []
         async with httpx.AsyncClient() as client:
             statuses.append((await client.get(f"{base}/health/live")).status_code)
             statuses.append((await client.get(f"{base}/v1/models")).status_code)
-        closed = [await asyncio.wait_for(reader.read(), timeout=30) for reader, _ in idle]
+        for _, writer in held:
+            writer.close()
+        protocol = server.config.http_protocol_class
+        monkeypatch.setattr(protocol, "head_timeout_s", 1.0)
+        while server.server_state.connections:  # the server saw them all close
+            await asyncio.sleep(0.01)
+        quiet = await idle(server, port)
+        closed = [await asyncio.wait_for(reader.read(), timeout=30) for reader, _ in quiet]
         async with httpx.AsyncClient() as client:
             statuses.append((await client.get(f"{base}/v1/models")).status_code)
-        for _, writer in idle:
+        for _, writer in quiet:
             writer.close()
         server.should_exit = True
         await asyncio.wait_for(serving, timeout=60)
