@@ -7,13 +7,13 @@ accepted and changes nothing.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 
+from semantic.api import offload
 from semantic.api.auth import caller_of
 from semantic.api.bodies import body_limit
 from semantic.api.seal import Seals
@@ -101,15 +101,17 @@ async def shape_reply(
     tools: ToolUse,
     thinking: Thinking,
     render: Render,
+    body_bytes: int,
 ) -> tuple[list[int], Grammar | None]:
     """What every generation route does before it submits: compile the grammar the reply must
     follow (structured output, or tool calls held to their schemas), which turns thinking off
     unless it leaves free text around the calls; render the prompt with the thinking switch and
     the reply's forced start; and set the reply's reasoning parser on `tools`. Compiling and
-    rendering run on worker threads. Returns the prompt's token ids and the grammar."""
-    grammar = await asyncio.to_thread(output_grammar, model, output, tools)
+    rendering run on worker threads for a request whose body has more than a few KB
+    (api/offload.py). Returns the prompt's token ids and the grammar."""
+    grammar = await offload.run(body_bytes, output_grammar, model, output, tools)
     thinking.constrained = grammar is not None and not grammar.lazy
     reply_start = thinking.prefill + tools.prefill
-    prompt_ids = await asyncio.to_thread(render, reply_start, thinking.template_vars)
+    prompt_ids = await offload.run(body_bytes, render, reply_start, thinking.template_vars)
     tools.think(thinking.parser(model, prompt_ids), thinking.hidden(model))
     return prompt_ids, grammar
