@@ -51,6 +51,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -1207,6 +1208,158 @@ def _timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float,
     return (first or ended) - started, ended - started
 
 
+# -- the gateway's own cost, over a fake replica -----------------------------------------------
+
+
+def fake_replica_cost(model: str, pairs: int, token_interval_ms: float) -> dict[str, Any]:
+    """What semantic adds to a request when the replica costs nothing: a fake vLLM server
+    (tests/unit/fake_vllm.py: token ids in, a fixed answer out at once, one token every
+    `token_interval_ms` when streamed) started on this machine, semantic started over it
+    (`model`'s tokenizer and template), and for a ~300- and a ~1,100-token prompt, whole and
+    streamed, 8 tokens each: `pairs` rounds of the same request straight to the replica (the
+    exact body semantic sent it, read back from the fake) and through semantic (a chat
+    completion), alternating which goes first. The median per-pair difference is what semantic
+    adds; its own CPU time per request (every thread's, from /proc, over its requests in the
+    pairs, less its idle rate) is what it costs, which the machine's load inflates less."""
+    from semantic_bench.server import HOST, SpawnedServer, free_port
+
+    root = Path(__file__).resolve().parent.parent
+    port = free_port()
+    replica_url = f"http://{HOST}:{port}"
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "tests.unit.fake_vllm", "--host", HOST, "--port", str(port),
+         "--token-interval-ms", str(token_interval_ms)],
+        cwd=root, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="semantic-gateway-") as cache:
+        semantic = SpawnedServer.start(
+            model, ["--engine", "vllm", "--vllm-url", replica_url, "--log-level", "warning"],
+            Path(cache),
+        )  # fmt: skip
+        try:
+            semantic.wait_ready(300)
+            _wait_replica_read(semantic.base_url)
+            report: dict[str, Any] = {
+                "model": model,
+                "pairs": pairs,
+                "token_interval_ms": token_interval_ms,
+                "load_before": _loadavg(),
+                "idle_cpu_ms_per_s": round(1000 * _cpu_rate_idle(semantic.process.pid, 10.0), 2),
+            }
+            pids = {"semantic": semantic.process.pid, "replica": fake.pid}
+            urls = {"semantic": semantic.base_url, "replica": replica_url}
+            for label, system in (("prompt_300", SYSTEM), ("prompt_1100", SYSTEM * 4)):
+                for stream in (False, True):
+                    case = f"{label}_{'streamed' if stream else 'whole'}"
+                    report[case] = _fake_pairs(urls, pids, system, stream, pairs, report)
+                    print(case, json.dumps(report[case]), file=sys.stderr, flush=True)
+            report["load_after"] = _loadavg()
+        finally:
+            semantic.stop()
+            fake.terminate()
+            fake.wait(30)
+    return report
+
+
+def _wait_replica_read(url: str, timeout_s: float = 60.0) -> None:
+    """Until semantic has read its replica's model (its first health check)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(r["model"] for r in httpx.get(f"{url}/health/ready", timeout=5).json()["replicas"]):
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"{url}: its replica's model was not read within {timeout_s:.0f} s")
+
+
+def _fake_pairs(
+    urls: dict[str, str],
+    pids: dict[str, int],
+    system: str,
+    stream: bool,
+    pairs: int,
+    report: dict[str, Any],
+) -> dict[str, Any]:
+    """One case's pairs: each target's time to the first token (streamed) and to the whole
+    answer, the median per-pair difference, and each process's CPU per request it served."""
+    chat = {
+        "model": "any", "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": stream,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Count to ten."},
+        ],
+    }  # fmt: skip
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
+    cpu = dict.fromkeys(urls, 0.0)
+    wall = dict.fromkeys(urls, 0.0)
+    with httpx.Client(timeout=60) as client:
+        _fake_timed(client, f"{urls['semantic']}/v1/chat/completions", chat)  # connections open
+        sent = client.get(f"{urls['replica']}/fake/last").json()  # what semantic sent it
+        direct = sent | {"stream": stream}
+        if not stream:
+            direct.pop("stream_options", None)
+        bodies = {
+            "semantic": (f"{urls['semantic']}/v1/chat/completions", chat),
+            "replica": (f"{urls['replica']}/v1/completions", direct),
+        }
+        _fake_timed(client, *bodies["replica"])
+        for i in range(pairs):
+            for name in list(urls) if i % 2 == 0 else list(reversed(urls)):
+                before = _cpu_ns(pids[name])
+                times[name].append(_fake_timed(client, *bodies[name]))
+                cpu[name] += _cpu_ns(pids[name]) - before
+                wall[name] += times[name][-1][1]
+    idle_ns_per_s = report["idle_cpu_ms_per_s"] * 1e6
+    result: dict[str, Any] = {"prompt_tokens": len(sent["prompt"])}
+    for name, seen in times.items():
+        result[name] = {"whole_p50_ms": round(1000 * statistics.median(w for _, w in seen), 2)}
+        if stream:
+            result[name]["ttft_p50_ms"] = round(1000 * statistics.median(t for t, _ in seen), 2)
+        idle = idle_ns_per_s * wall[name] if name == "semantic" else 0.0
+        result[name]["cpu_ms_per_request"] = round((cpu[name] - idle) / 1e6 / pairs, 2)
+    paired = list(zip(times["semantic"], times["replica"], strict=True))
+    result["added_ms"] = {
+        "whole_median": round(1000 * statistics.median(a[1] - b[1] for a, b in paired), 2)
+    }
+    if stream:
+        result["added_ms"]["ttft_median"] = round(
+            1000 * statistics.median(a[0] - b[0] for a, b in paired), 2
+        )
+    return result
+
+
+def _fake_timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float]:
+    """One request: seconds to its first token (a streamed answer's first event that carries
+    one: chat's `delta.content`, the replica's `token_ids`) and to its end."""
+    started = time.perf_counter()
+    first = None
+    with client.stream("POST", url, json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if first is not None or not line.startswith("data:") or "[DONE]" in line:
+                continue
+            for choice in json.loads(line[len("data:") :]).get("choices") or []:
+                if choice.get("token_ids") or (choice.get("delta") or {}).get("content"):
+                    first = time.perf_counter()
+    ended = time.perf_counter()
+    return (first or ended) - started, ended - started
+
+
+def _cpu_ns(pid: int) -> int:
+    """A process's CPU time so far, every thread's, in nanoseconds (each thread's schedstat:
+    exact, where /proc/PID/stat counts whole clock ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def _loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--semantic", default="http://127.0.0.1:8100")
@@ -1231,6 +1384,17 @@ def main() -> None:
     parser.add_argument(
         "--out", default="vllm-path-out", help="--gateway-cost: the bench results go here"
     )
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="--fake-replica: the model whose tokenizer and template semantic renders with",
+    )
+    parser.add_argument(
+        "--token-interval-ms",
+        type=float,
+        default=5.0,
+        help="--fake-replica: between the fake replica's streamed tokens",
+    )
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
     only = parser.add_mutually_exclusive_group()
@@ -1250,6 +1414,12 @@ def main() -> None:
         metavar="VLLM_URL",
         help="only the gateway's cost: the workload and single requests against this replica "
         "alone and through semantic (over it alone), the replica run with VLLM_SERVER_DEV_MODE=1",
+    )
+    only.add_argument(
+        "--fake-replica",
+        action="store_true",
+        help="only semantic's own cost: single requests against a fake replica started here "
+        "and through semantic started over it (no vLLM needed)",
     )
     only.add_argument(
         "--keys-only",
@@ -1296,6 +1466,10 @@ def main() -> None:
             semantic, args.gateway_cost, args.rounds, args.pairs, out, args.semantic_pid
         )
         print(json.dumps(cost, indent=2))
+    elif args.fake_replica:
+        print(
+            json.dumps(fake_replica_cost(args.model, args.pairs, args.token_interval_ms), indent=2)
+        )
     elif args.keys_only:
         if len(args.api_key) < 2:
             parser.error("--keys-only needs two --api-key")
