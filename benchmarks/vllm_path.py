@@ -54,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -1211,17 +1212,21 @@ def _timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float,
 # -- the gateway's own cost, over a fake replica -----------------------------------------------
 
 
-def fake_replica_cost(model: str, pairs: int, token_interval_ms: float) -> dict[str, Any]:
+def fake_replica_cost(
+    model: str, pairs: int, token_interval_ms: float, baseline: str | None = None
+) -> dict[str, Any]:
     """What semantic adds to a request when the replica costs nothing: a fake vLLM server
     (tests/unit/fake_vllm.py: token ids in, a fixed answer out at once, one token every
     `token_interval_ms` when streamed) started on this machine, semantic started over it
     (`model`'s tokenizer and template), and for a ~300- and a ~1,100-token prompt, whole and
     streamed, 8 tokens each: `pairs` rounds of the same request straight to the replica (the
     exact body semantic sent it, read back from the fake) and through semantic (a chat
-    completion), alternating which goes first. The median per-pair difference is what semantic
-    adds; its own CPU time per request (every thread's, from /proc, over its requests in the
-    pairs, less its idle rate) is what it costs, which the machine's load inflates less."""
-    from semantic_bench.server import HOST, SpawnedServer, free_port
+    completion), in an order that turns each round. The median per-round difference is what
+    semantic adds; its own CPU time per request (every thread's, from /proc, over its requests,
+    less its idle rate) is what it costs, which the machine's load inflates less. `baseline`
+    (another checkout's root) runs its semantic too, over the same replica, in the same rounds:
+    a before and after that the load moves alike."""
+    from semantic_bench.server import HOST, free_port
 
     root = Path(__file__).resolve().parent.parent
     port = free_port()
@@ -1231,23 +1236,27 @@ def fake_replica_cost(model: str, pairs: int, token_interval_ms: float) -> dict[
          "--token-interval-ms", str(token_interval_ms)],
         cwd=root, stdout=subprocess.DEVNULL,
     )  # fmt: skip
+    checkouts = {"semantic": None} | ({"baseline": baseline} if baseline else {})
+    servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     with tempfile.TemporaryDirectory(prefix="semantic-gateway-") as cache:
-        semantic = SpawnedServer.start(
-            model, ["--engine", "vllm", "--vllm-url", replica_url, "--log-level", "warning"],
-            Path(cache),
-        )  # fmt: skip
         try:
-            semantic.wait_ready(300)
-            _wait_replica_read(semantic.base_url)
+            for name, checkout in checkouts.items():
+                servers[name] = _gateway(model, replica_url, Path(cache) / name, checkout)
+            for _, url in servers.values():
+                _wait_replica_read(url)
             report: dict[str, Any] = {
                 "model": model,
                 "pairs": pairs,
                 "token_interval_ms": token_interval_ms,
+                "baseline": baseline,
                 "load_before": _loadavg(),
-                "idle_cpu_ms_per_s": round(1000 * _cpu_rate_idle(semantic.process.pid, 10.0), 2),
+                "idle_cpu_ms_per_s": {
+                    name: round(1000 * _cpu_rate_idle(process.pid, 10.0), 2)
+                    for name, (process, _) in servers.items()
+                },
             }
-            pids = {"semantic": semantic.process.pid, "replica": fake.pid}
-            urls = {"semantic": semantic.base_url, "replica": replica_url}
+            pids = {"replica": fake.pid} | {n: p.pid for n, (p, _) in servers.items()}
+            urls = {"replica": replica_url} | {n: url for n, (_, url) in servers.items()}
             for label, system in (("prompt_300", SYSTEM), ("prompt_1100", SYSTEM * 4)):
                 for stream in (False, True):
                     case = f"{label}_{'streamed' if stream else 'whole'}"
@@ -1255,10 +1264,47 @@ def fake_replica_cost(model: str, pairs: int, token_interval_ms: float) -> dict[
                     print(case, json.dumps(report[case]), file=sys.stderr, flush=True)
             report["load_after"] = _loadavg()
         finally:
-            semantic.stop()
+            for process, _ in servers.values():
+                process.terminate()
             fake.terminate()
-            fake.wait(30)
+            for process in [fake, *(p for p, _ in servers.values())]:
+                process.wait(60)
     return report
+
+
+def _gateway(
+    model: str, replica_url: str, cache: Path, checkout: str | None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`semantic serve --engine vllm` over the replica, from this checkout (or `checkout`'s
+    `src`, first on its path), ready; its process and URL."""
+    from semantic_bench.server import HOST, free_port
+
+    port = free_port()
+    env = dict(os.environ)
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [f"{checkout}/src", checkout, *filter(None, [env.get("PYTHONPATH")])]
+        )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "semantic", "serve", "--engine", "vllm", "--vllm-url", replica_url,
+         "--model", model, "--host", HOST, "--port", str(port), "--cache-dir", str(cache),
+         "--log-level", "warning"],
+        env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://{HOST}:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(
+                f"semantic ({checkout or 'this checkout'}) exited: {process.returncode}"
+            )
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.25)
+    raise SystemExit(f"semantic ({checkout or 'this checkout'}) not ready after 300 s")
 
 
 def _wait_replica_read(url: str, timeout_s: float = 60.0) -> None:
@@ -1279,8 +1325,9 @@ def _fake_pairs(
     pairs: int,
     report: dict[str, Any],
 ) -> dict[str, Any]:
-    """One case's pairs: each target's time to the first token (streamed) and to the whole
-    answer, the median per-pair difference, and each process's CPU per request it served."""
+    """One case's rounds: each target's time to the first token (streamed) and to the whole
+    answer, each gateway's median per-round difference from the replica, and each process's
+    CPU per request it served."""
     chat = {
         "model": "any", "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": stream,
         "messages": [
@@ -1288,43 +1335,46 @@ def _fake_pairs(
             {"role": "user", "content": "Count to ten."},
         ],
     }  # fmt: skip
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
-    cpu = dict.fromkeys(urls, 0.0)
-    wall = dict.fromkeys(urls, 0.0)
+    gateways = [name for name in urls if name != "replica"]
     with httpx.Client(timeout=60) as client:
-        _fake_timed(client, f"{urls['semantic']}/v1/chat/completions", chat)  # connections open
-        sent = client.get(f"{urls['replica']}/fake/last").json()  # what semantic sent it
+        for name in gateways:
+            _fake_timed(client, f"{urls[name]}/v1/chat/completions", chat)  # connections open
+        sent = client.get(f"{urls['replica']}/fake/last").json()  # what a gateway sent it
         direct = sent | {"stream": stream}
         if not stream:
             direct.pop("stream_options", None)
-        bodies = {
-            "semantic": (f"{urls['semantic']}/v1/chat/completions", chat),
-            "replica": (f"{urls['replica']}/v1/completions", direct),
+        bodies = {"replica": (f"{urls['replica']}/v1/completions", direct)} | {
+            name: (f"{urls[name]}/v1/chat/completions", chat) for name in gateways
         }
         _fake_timed(client, *bodies["replica"])
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
+        cpu = dict.fromkeys(urls, 0)
+        wall = dict.fromkeys(urls, 0.0)
+        names = list(urls)
         for i in range(pairs):
-            for name in list(urls) if i % 2 == 0 else list(reversed(urls)):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
                 before = _cpu_ns(pids[name])
                 times[name].append(_fake_timed(client, *bodies[name]))
                 cpu[name] += _cpu_ns(pids[name]) - before
                 wall[name] += times[name][-1][1]
-    idle_ns_per_s = report["idle_cpu_ms_per_s"] * 1e6
     result: dict[str, Any] = {"prompt_tokens": len(sent["prompt"])}
     for name, seen in times.items():
         result[name] = {"whole_p50_ms": round(1000 * statistics.median(w for _, w in seen), 2)}
         if stream:
             result[name]["ttft_p50_ms"] = round(1000 * statistics.median(t for t, _ in seen), 2)
-        idle = idle_ns_per_s * wall[name] if name == "semantic" else 0.0
+        idle = report["idle_cpu_ms_per_s"].get(name, 0.0) * 1e6 * wall[name]
         result[name]["cpu_ms_per_request"] = round((cpu[name] - idle) / 1e6 / pairs, 2)
-    paired = list(zip(times["semantic"], times["replica"], strict=True))
-    result["added_ms"] = {
-        "whole_median": round(1000 * statistics.median(a[1] - b[1] for a, b in paired), 2)
-    }
-    if stream:
-        result["added_ms"]["ttft_median"] = round(
-            1000 * statistics.median(a[0] - b[0] for a, b in paired), 2
-        )
+    for name in gateways:
+        rounds = list(zip(times[name], times["replica"], strict=True))
+        added = {"whole_median": _median_ms(a[1] - b[1] for a, b in rounds)}
+        if stream:
+            added["ttft_median"] = _median_ms(a[0] - b[0] for a, b in rounds)
+        result[name]["added_ms"] = added
     return result
+
+
+def _median_ms(seconds: Iterable[float]) -> float:
+    return round(1000 * statistics.median(seconds), 2)
 
 
 def _fake_timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float]:
@@ -1388,6 +1438,12 @@ def main() -> None:
         "--model",
         default="smollm2-135m",
         help="--fake-replica: the model whose tokenizer and template semantic renders with",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="--fake-replica: another checkout's root (a commit to compare with), whose semantic "
+        "runs beside this one's, the requests interleaved",
     )
     parser.add_argument(
         "--token-interval-ms",
@@ -1467,9 +1523,8 @@ def main() -> None:
         )
         print(json.dumps(cost, indent=2))
     elif args.fake_replica:
-        print(
-            json.dumps(fake_replica_cost(args.model, args.pairs, args.token_interval_ms), indent=2)
-        )
+        cost = fake_replica_cost(args.model, args.pairs, args.token_interval_ms, args.baseline)
+        print(json.dumps(cost, indent=2))
     elif args.keys_only:
         if len(args.api_key) < 2:
             parser.error("--keys-only needs two --api-key")
