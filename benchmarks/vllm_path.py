@@ -40,6 +40,11 @@ checks, each alone:
   and through semantic, `--rounds` times in swapped order, the replica's prefix cache reset
   before each; then `--pairs` single requests to each, alternating: what semantic adds to a
   request's time to first token and to its whole answer.
+- `--fake-replica` (no vLLM, nothing started beforehand: `--semantic` is not used): semantic's
+  own cost. A fake replica (tests/unit/fake_vllm.py) and semantic over it, both started here;
+  `--pairs` rounds of the same request straight to the fake and through semantic, a ~300- and
+  a ~1,100-token prompt, whole and streamed: the median added time and semantic's CPU a
+  request. `--baseline CHECKOUT` runs that checkout's semantic beside, in the same rounds.
 """
 
 from __future__ import annotations
