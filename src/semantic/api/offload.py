@@ -1,5 +1,5 @@
 """Where a request's own CPU work runs (its body parsed and bounded, its prompt rendered and
-tokenized, its grammar compiled): a large request's on a worker thread, so that the event loop
+tokenized): a large request's on a worker thread, so that the event loop
 keeps every other stream flowing meanwhile (a body of many MB takes a tenth of a second to
 parse, a prompt of 18,000 tokens 30 ms to tokenize); a small request's inline, since the hop to
 a thread and back costs more than the work. A hop wakes a worker, hands it the GIL and wakes
