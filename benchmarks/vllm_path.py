@@ -40,6 +40,11 @@ checks, each alone:
   and through semantic, `--rounds` times in swapped order, the replica's prefix cache reset
   before each; then `--pairs` single requests to each, alternating: what semantic adds to a
   request's time to first token and to its whole answer.
+- `--fake-replica` (no vLLM, nothing started beforehand: `--semantic` is not used): semantic's
+  own cost. A fake replica (tests/unit/fake_vllm.py) and semantic over it, both started here;
+  `--pairs` rounds of the same request straight to the fake and through semantic, a ~300- and
+  a ~1,100-token prompt, whole and streamed: the median added time and semantic's CPU a
+  request. `--baseline CHECKOUT` runs that checkout's semantic beside, in the same rounds.
 """
 
 from __future__ import annotations
@@ -51,8 +56,10 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -1207,6 +1214,207 @@ def _timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float,
     return (first or ended) - started, ended - started
 
 
+# -- the gateway's own cost, over a fake replica -----------------------------------------------
+
+
+def fake_replica_cost(
+    model: str, pairs: int, token_interval_ms: float, baseline: str | None = None
+) -> dict[str, Any]:
+    """What semantic adds to a request when the replica costs nothing: a fake vLLM server
+    (tests/unit/fake_vllm.py: token ids in, a fixed answer out at once, one token every
+    `token_interval_ms` when streamed) started on this machine, semantic started over it
+    (`model`'s tokenizer and template), and for a ~300- and a ~1,100-token prompt, whole and
+    streamed, 8 tokens each: `pairs` rounds of the same request straight to the replica (the
+    exact body semantic sent it, read back from the fake) and through semantic (a chat
+    completion), in an order that turns each round. The median per-round difference is what
+    semantic adds; its own CPU time per request (every thread's, from /proc, over its requests,
+    less its idle rate) is what it costs, which the machine's load inflates less. `baseline`
+    (another checkout's root) runs its semantic too, over the same replica, in the same rounds:
+    a before and after that the load moves alike."""
+    from semantic_bench.server import HOST, free_port
+
+    root = Path(__file__).resolve().parent.parent
+    port = free_port()
+    replica_url = f"http://{HOST}:{port}"
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "tests.unit.fake_vllm", "--host", HOST, "--port", str(port),
+         "--token-interval-ms", str(token_interval_ms)],
+        cwd=root, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    checkouts = {"semantic": None} | ({"baseline": baseline} if baseline else {})
+    servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    with tempfile.TemporaryDirectory(prefix="semantic-gateway-") as cache:
+        try:
+            for name, checkout in checkouts.items():
+                servers[name] = _gateway(model, replica_url, Path(cache) / name, checkout)
+            for _, url in servers.values():
+                _wait_replica_read(url)
+            report: dict[str, Any] = {
+                "model": model,
+                "pairs": pairs,
+                "token_interval_ms": token_interval_ms,
+                "baseline": baseline,
+                "load_before": _loadavg(),
+                "idle_cpu_ms_per_s": {
+                    name: round(1000 * _cpu_rate_idle(process.pid, 10.0), 2)
+                    for name, (process, _) in servers.items()
+                },
+            }
+            pids = {"replica": fake.pid} | {n: p.pid for n, (p, _) in servers.items()}
+            urls = {"replica": replica_url} | {n: url for n, (_, url) in servers.items()}
+            for label, system in (("prompt_300", SYSTEM), ("prompt_1100", SYSTEM * 4)):
+                for stream in (False, True):
+                    case = f"{label}_{'streamed' if stream else 'whole'}"
+                    report[case] = _fake_pairs(urls, pids, system, stream, pairs, report)
+                    print(case, json.dumps(report[case]), file=sys.stderr, flush=True)
+            report["load_after"] = _loadavg()
+        finally:
+            for process, _ in servers.values():
+                process.terminate()
+            fake.terminate()
+            for process in [fake, *(p for p, _ in servers.values())]:
+                process.wait(60)
+    return report
+
+
+def _gateway(
+    model: str, replica_url: str, cache: Path, checkout: str | None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`semantic serve --engine vllm` over the replica, from this checkout (or `checkout`'s
+    `src`, first on its path), ready; its process and URL."""
+    from semantic_bench.server import HOST, free_port
+
+    port = free_port()
+    env = dict(os.environ)
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [f"{checkout}/src", checkout, *filter(None, [env.get("PYTHONPATH")])]
+        )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "semantic", "serve", "--engine", "vllm", "--vllm-url", replica_url,
+         "--model", model, "--host", HOST, "--port", str(port), "--cache-dir", str(cache),
+         "--log-level", "warning"],
+        env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://{HOST}:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(
+                f"semantic ({checkout or 'this checkout'}) exited: {process.returncode}"
+            )
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.25)
+    raise SystemExit(f"semantic ({checkout or 'this checkout'}) not ready after 300 s")
+
+
+def _wait_replica_read(url: str, timeout_s: float = 60.0) -> None:
+    """Until semantic has read its replica's model (its first health check)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(r["model"] for r in httpx.get(f"{url}/health/ready", timeout=5).json()["replicas"]):
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"{url}: its replica's model was not read within {timeout_s:.0f} s")
+
+
+def _fake_pairs(
+    urls: dict[str, str],
+    pids: dict[str, int],
+    system: str,
+    stream: bool,
+    pairs: int,
+    report: dict[str, Any],
+) -> dict[str, Any]:
+    """One case's rounds: each target's time to the first token (streamed) and to the whole
+    answer, each gateway's median per-round difference from the replica, and each process's
+    CPU per request it served."""
+    chat = {
+        "model": "any", "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": stream,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Count to ten."},
+        ],
+    }  # fmt: skip
+    gateways = [name for name in urls if name != "replica"]
+    with httpx.Client(timeout=60) as client:
+        for name in gateways:
+            _fake_timed(client, f"{urls[name]}/v1/chat/completions", chat)  # connections open
+        sent = client.get(f"{urls['replica']}/fake/last").json()  # what a gateway sent it
+        direct = sent | {"stream": stream}
+        if not stream:
+            direct.pop("stream_options", None)
+        bodies = {"replica": (f"{urls['replica']}/v1/completions", direct)} | {
+            name: (f"{urls[name]}/v1/chat/completions", chat) for name in gateways
+        }
+        _fake_timed(client, *bodies["replica"])
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
+        cpu = dict.fromkeys(urls, 0)
+        wall = dict.fromkeys(urls, 0.0)
+        names = list(urls)
+        for i in range(pairs):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                before = _cpu_ns(pids[name])
+                times[name].append(_fake_timed(client, *bodies[name]))
+                cpu[name] += _cpu_ns(pids[name]) - before
+                wall[name] += times[name][-1][1]
+    result: dict[str, Any] = {"prompt_tokens": len(sent["prompt"])}
+    for name, seen in times.items():
+        result[name] = {"whole_p50_ms": round(1000 * statistics.median(w for _, w in seen), 2)}
+        if stream:
+            result[name]["ttft_p50_ms"] = round(1000 * statistics.median(t for t, _ in seen), 2)
+        idle = report["idle_cpu_ms_per_s"].get(name, 0.0) * 1e6 * wall[name]
+        result[name]["cpu_ms_per_request"] = round((cpu[name] - idle) / 1e6 / pairs, 2)
+    for name in gateways:
+        rounds = list(zip(times[name], times["replica"], strict=True))
+        added = {"whole_median": _median_ms(a[1] - b[1] for a, b in rounds)}
+        if stream:
+            added["ttft_median"] = _median_ms(a[0] - b[0] for a, b in rounds)
+        result[name]["added_ms"] = added
+    return result
+
+
+def _median_ms(seconds: Iterable[float]) -> float:
+    return round(1000 * statistics.median(seconds), 2)
+
+
+def _fake_timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float]:
+    """One request: seconds to its first token (a streamed answer's first event that carries
+    one: chat's `delta.content`, the replica's `token_ids`) and to its end."""
+    started = time.perf_counter()
+    first = None
+    with client.stream("POST", url, json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if first is not None or not line.startswith("data:") or "[DONE]" in line:
+                continue
+            for choice in json.loads(line[len("data:") :]).get("choices") or []:
+                if choice.get("token_ids") or (choice.get("delta") or {}).get("content"):
+                    first = time.perf_counter()
+    ended = time.perf_counter()
+    return (first or ended) - started, ended - started
+
+
+def _cpu_ns(pid: int) -> int:
+    """A process's CPU time so far, every thread's, in nanoseconds (each thread's schedstat:
+    exact, where /proc/PID/stat counts whole clock ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def _loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--semantic", default="http://127.0.0.1:8100")
@@ -1231,6 +1439,23 @@ def main() -> None:
     parser.add_argument(
         "--out", default="vllm-path-out", help="--gateway-cost: the bench results go here"
     )
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="--fake-replica: the model whose tokenizer and template semantic renders with",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="--fake-replica: another checkout's root (a commit to compare with), whose semantic "
+        "runs beside this one's, the requests interleaved",
+    )
+    parser.add_argument(
+        "--token-interval-ms",
+        type=float,
+        default=5.0,
+        help="--fake-replica: between the fake replica's streamed tokens",
+    )
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
     only = parser.add_mutually_exclusive_group()
@@ -1250,6 +1475,12 @@ def main() -> None:
         metavar="VLLM_URL",
         help="only the gateway's cost: the workload and single requests against this replica "
         "alone and through semantic (over it alone), the replica run with VLLM_SERVER_DEV_MODE=1",
+    )
+    only.add_argument(
+        "--fake-replica",
+        action="store_true",
+        help="only semantic's own cost: single requests against a fake replica started here "
+        "and through semantic started over it (no vLLM needed)",
     )
     only.add_argument(
         "--keys-only",
@@ -1295,6 +1526,9 @@ def main() -> None:
         cost = gateway_cost(
             semantic, args.gateway_cost, args.rounds, args.pairs, out, args.semantic_pid
         )
+        print(json.dumps(cost, indent=2))
+    elif args.fake_replica:
+        cost = fake_replica_cost(args.model, args.pairs, args.token_interval_ms, args.baseline)
         print(json.dumps(cost, indent=2))
     elif args.keys_only:
         if len(args.api_key) < 2:

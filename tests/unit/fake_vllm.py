@@ -8,10 +8,16 @@ checks that it names one constraint, as vLLM does, and records it with the body)
 `cached_tokens` is the prompt's longest prefix the replica has seen before under the same
 `cache_salt`, as vLLM's prefix cache reports it (by token, where vLLM counts whole blocks:
 enough to tell a hit from a miss).
+
+Run as a program, one replica is a real HTTP server (`python -m tests.unit.fake_vllm --port N`)
+that answers at once: what a gateway in front of it costs is then all that a request's time
+holds beyond the server's own (`benchmarks/vllm_path.py --fake-replica`).
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -48,6 +54,12 @@ class FakeReplica:
     received: list[dict[str, Any]] = field(default_factory=list)
     seen: dict[str | None, list[list[int]]] = field(default_factory=dict)  # salt → prompts
     hits: list[int] = field(default_factory=list)  # each prompt's cached tokens
+    queried: int = 0  # prompt tokens asked for, repeats included
+    # False for a long-running replica: no bodies kept, and each distinct prompt seen once
+    # (so the prefix match stays as quick on the thousandth request as on the first).
+    record: bool = True
+    token_interval_s: float = 0.0  # between a streamed answer's tokens
+    last: dict[str, Any] | None = None  # the latest completion request's body, for `/fake/last`
 
     def app(self) -> Starlette:
         return Starlette(
@@ -56,6 +68,7 @@ class FakeReplica:
                 Route("/v1/models", self._models),
                 Route("/metrics", self._metrics),
                 Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/fake/last", self._last),
             ]
         )
 
@@ -66,10 +79,14 @@ class FakeReplica:
         model = {"id": self.model_id, "object": "model", "max_model_len": self.max_model_len}
         return JSONResponse({"object": "list", "data": [model]})
 
+    async def _last(self, request: Request) -> Response:
+        """Not vLLM's: the body of the latest completion request, so a benchmark can send the
+        replica exactly what a gateway sent it."""
+        return JSONResponse(self.last)
+
     async def _metrics(self, request: Request) -> Response:
         """vLLM's own counters, in its names and labels: the prefix cache's queried and hit
         prompt tokens (by token here), the requests running and waiting."""
-        prompts = [p for seen in self.seen.values() for p in seen]
         hits = sum(self.hits)
         labels = f'{{engine="0",model_name="{self.model_id}"}}'
         lines = [
@@ -78,7 +95,7 @@ class FakeReplica:
             f"vllm:num_requests_waiting{labels} {float(self.waiting)}",
             f"vllm:kv_cache_usage_perc{labels} 0.25",
             "# TYPE vllm:prefix_cache_queries counter",
-            f"vllm:prefix_cache_queries_total{labels} {float(sum(map(len, prompts)))}",
+            f"vllm:prefix_cache_queries_total{labels} {float(self.queried)}",
             f"vllm:prefix_cache_queries_created{labels} 1.7e9",
             f"vllm:prefix_cache_hits_total{labels} {float(hits)}",
         ]
@@ -86,7 +103,9 @@ class FakeReplica:
 
     async def _completions(self, request: Request) -> Response:
         body = await request.json()
-        self.received.append(body)
+        self.last = body
+        if self.record:
+            self.received.append(body)
         if self.refuse is not None:
             error = {"message": "the replica says no", "type": "BadRequestError", "code": 400}
             return JSONResponse({"error": error}, status_code=self.refuse)
@@ -102,9 +121,12 @@ class FakeReplica:
             error = {"message": f"maximum context length is {self.max_model_len}", "code": 400}
             return JSONResponse({"error": error}, status_code=400)
         assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
-        cached = max((common_prefix(prompt, old) for old in self.seen.get(salt, [])), default=0)
-        self.seen.setdefault(salt, []).append(prompt)
+        seen = self.seen.setdefault(salt, [])
+        cached = max((common_prefix(prompt, old) for old in seen), default=0)
+        if self.record or cached < len(prompt):
+            seen.append(prompt)
         self.hits.append(cached)
+        self.queried += len(prompt)
         reply = self.reply[: body.get("max_tokens", len(self.reply))]
         usage = {
             "prompt_tokens": len(prompt),
@@ -114,9 +136,17 @@ class FakeReplica:
         }
         finish = "stop" if len(reply) == len(self.reply) else "length"
         if not body.get("stream"):
-            choice = {"index": 0, "text": "", "token_ids": reply, "finish_reason": finish}
+            await asyncio.sleep(self.token_interval_s * (len(reply) - 1))
+            choice = {
+                "index": 0,
+                "text": "",
+                "token_ids": reply,
+                "prompt_token_ids": prompt,
+                "finish_reason": finish,
+            }
             return JSONResponse({"object": "text_completion", "choices": [choice], "usage": usage})
-        return StreamingResponse(_sse(reply, finish, usage), media_type="text/event-stream")
+        events = _sse(prompt, reply, finish, usage, self.token_interval_s)
+        return StreamingResponse(events, media_type="text/event-stream")
 
 
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
@@ -132,17 +162,27 @@ def _one_constraint(structured: Any) -> bool:
     )
 
 
-async def _sse(reply: list[int], finish: str, usage: dict[str, Any]) -> AsyncIterator[str]:
+async def _sse(
+    prompt: list[int], reply: list[int], finish: str, usage: dict[str, Any], interval_s: float
+) -> AsyncIterator[str]:
+    """vLLM's stream with `return_token_ids`: a chunk a token, `interval_s` apart (a decode
+    step), the first carrying the prompt's ids back too; then the usage, then `[DONE]`."""
+    head = {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake"}
     for i, token in enumerate(reply):
+        if i and interval_s:
+            await asyncio.sleep(interval_s)
         last = i == len(reply) - 1
         choice = {
             "index": 0,
             "text": "",
-            "token_ids": [token],
+            "logprobs": None,
             "finish_reason": finish if last else None,
+            "stop_reason": None,
+            "prompt_token_ids": None if i else prompt,
+            "token_ids": [token],
         }
-        yield f"data: {json.dumps({'choices': [choice], 'usage': None})}\n\n"
-    yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+        yield f"data: {json.dumps(head | {'choices': [choice], 'usage': None})}\n\n"
+    yield f"data: {json.dumps(head | {'choices': [], 'usage': usage})}\n\n"
     yield "data: [DONE]\n\n"
 
 
@@ -183,3 +223,34 @@ class _Cut(httpx.AsyncByteStream):
         for part in self.parts:
             yield part
         raise httpx.ReadError("connection reset by peer")
+
+
+def main() -> None:
+    """Serve one replica until killed: `reply` is `--reply-tokens` ids counting up from
+    `--first-token` (SmolLM2's ordinary words, by default), then its end token."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8121)
+    parser.add_argument("--model-id", default="served-by-vllm")
+    parser.add_argument("--reply-tokens", type=int, default=16)
+    parser.add_argument("--first-token", type=int, default=1000)
+    parser.add_argument("--end-token", type=int, default=2)  # SmolLM2's <|im_end|>
+    parser.add_argument(
+        "--token-interval-ms", type=float, default=0.0, help="between a streamed answer's tokens"
+    )
+    args = parser.parse_args()
+    reply = [*range(args.first_token, args.first_token + args.reply_tokens), args.end_token]
+    replica = FakeReplica(
+        f"http://{args.host}:{args.port}",
+        reply,
+        model_id=args.model_id,
+        record=False,
+        token_interval_s=args.token_interval_ms / 1000,
+    )
+    uvicorn.run(replica.app(), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

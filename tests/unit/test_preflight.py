@@ -3,6 +3,7 @@ one sentence that says what to do, and never reaches the load."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 import os
@@ -147,3 +148,26 @@ def test_the_checks_hold_the_folder_and_the_port_until_the_server_is_done(
     FolderLock.acquire(cache_root(tmp_path)).release()
     with pytest.raises(httpx.ConnectError):
         httpx.get(url)
+
+
+def test_the_servers_connections_send_at_once_without_waiting_for_acks(tmp_path: Path) -> None:
+    """asyncio turns Nagle's algorithm off only on connections accepted from a TCP socket; with
+    it on, a response's body waited for the client's delayed ACK of its head (40 ms)."""
+
+    async def accepted_nodelay(listener: socket.socket) -> int:
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            sock = writer.get_extra_info("socket")
+            accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(connected, sock=listener)
+        async with server:
+            _, writer = await asyncio.open_connection(*listener.getsockname()[:2])
+            nodelay = await asyncio.wait_for(accepted, 10)
+            writer.close()
+        return nodelay
+
+    with preflight.listening(Settings(port=0, cache_dir=tmp_path)) as listener:
+        assert asyncio.run(accepted_nodelay(listener)) != 0

@@ -6,17 +6,19 @@ serve answering 501 in their protocol's shape."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import llguidance
 import openai
 import pytest
@@ -27,7 +29,7 @@ from semantic.api.app import create_app
 from semantic.core import Request, SamplingParams
 from semantic.models.served import ServedModel
 from semantic.observability import VLLM_METRICS
-from semantic.replicas.client import _samples, completion_body
+from semantic.replicas.client import _chunks, _samples, completion_body
 from semantic.replicas.engine import ReplicaEngine
 from semantic.replicas.router import Router, routing_key
 from semantic.server_key import ServerKey
@@ -752,3 +754,31 @@ def test_a_replicas_metrics_are_read_by_name_summed_over_their_labels() -> None:
     )
     names = {n: n.split(":")[1] for n in VLLM_METRICS}
     assert _samples(text, names) == {"num_requests_waiting": 5.0, "prefix_cache_hits_total": 40.0}
+
+
+class _Parts(httpx.AsyncByteStream):
+    """A response body in the given parts, remembering how many were read."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+        self.read = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            self.read += 1
+            yield part
+
+
+def test_a_stream_is_read_to_its_end_its_events_whole_however_it_was_split() -> None:
+    """Events split across reads come whole, and what follows `[DONE]` (the end of the chunked
+    body) is read too, so the connection goes back to the pool instead of being closed."""
+    first = {"choices": [{"index": 0, "token_ids": [7, 8], "finish_reason": None}]}
+    last = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    sse = f"data: {json.dumps(first)}\n\ndata: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode()
+    stream = _Parts([sse[:9], sse[9:40], sse[40:-8], sse[-8:], b""])
+
+    async def chunks() -> list[dict[str, Any]]:
+        return [chunk async for chunk in _chunks(httpx.Response(200, stream=stream))]
+
+    assert asyncio.run(chunks()) == [first, last]
+    assert stream.read == len(stream.parts)

@@ -418,7 +418,8 @@ async def count_tokens(request: Request) -> dict[str, int]:
     tools, thinking = tool_use_of(model, body), thinking_of(model, body)
     git_status = first_git_status(request, body, keep=False)  # a count keeps nothing
     render = partial(render_prompt, model, body, seals=seals_of(request), git_status=git_status)
-    prompt_ids, _ = await shape_reply(model, body.output(), tools, thinking, render)
+    body_bytes = len(await request.body())
+    prompt_ids, _ = await shape_reply(model, body.output(), tools, thinking, render, body_bytes)
     return {"input_tokens": len(prompt_ids)}
 
 

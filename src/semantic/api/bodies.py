@@ -8,7 +8,6 @@ it through `read_body` instead, and routes that read their body by hand through 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -20,7 +19,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from semantic.api import errors
+from semantic.api import errors, offload
 from semantic.errors import InvalidRequest
 from semantic.text import client_json
 
@@ -98,11 +97,12 @@ class _LimitedRequest(Request):
     async def json(self) -> Any:
         """The body's JSON, its nesting bounded (text/client_json.py); a 400 for anything else.
         (FastAPI lets an HTTPException through as it is, where another error becomes a 400
-        that does not say what is wrong.) Parsed on a worker thread: a body of many MB takes
-        a tenth of a second to read."""
+        that does not say what is wrong.) A large body is parsed on a worker thread
+        (api/offload.py)."""
         if not hasattr(self, "_json"):
+            body = await self.body()
             try:
-                self._json = await asyncio.to_thread(client_json.loads, await self.body())
+                self._json = await offload.run(len(body), client_json.loads, body)
             except client_json.NotJson as exc:
                 raise HTTPException(400, f"the request body {exc}") from None
         return self._json

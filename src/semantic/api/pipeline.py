@@ -204,8 +204,9 @@ async def start(request: Request, engine: EnginePort, chat: ChatRequest) -> Repl
     answer is the API's."""
     trail = Trail.of(engine, chat.logprobs)
     model = engine.model
+    body_bytes = len(await request.body())
     prompt_ids, grammar = await shape_reply(
-        model, chat.output, chat.tools, chat.thinking, chat.render
+        model, chat.output, chat.tools, chat.thinking, chat.render, body_bytes
     )
     sampling = partial(_sampling, chat, model, grammar)
     breakpoints = chat.breakpoints(len(prompt_ids))
@@ -234,7 +235,7 @@ def render_messages(
 ) -> list[int]:
     """The prompt of chat-template `messages` and `tools` (OpenAI's function shape), ending
     with `reply_start` (a forced reply's start), `template_vars` the template's switches
-    (thinking): what `ChatRequest.render` is for the OpenAI APIs. Tokenized on the worker
-    thread `shape_reply` runs it on: a long prompt must not stall the event loop."""
+    (thinking): what `ChatRequest.render` is for the OpenAI APIs. Tokenized where `shape_reply`
+    runs it: a long prompt's on a worker thread, so that it does not stall the event loop."""
     text = model.chat_template.render(messages, tools=tools, **(template_vars or {}))
     return model.tokenizer.encode(text + reply_start)

@@ -13,11 +13,11 @@ tokenizing is; under it, the tokenizer decides.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import Request
 
+from semantic.api import offload
 from semantic.api.bodies import LimitedBodyRoute
 from semantic.api.gate import engine_of
 from semantic.errors import PromptPastContext
@@ -44,9 +44,10 @@ class PromptRoute(LimitedBodyRoute):
         # One token of the sequence is left to answer with (max_prompt_tokens is the
         # tokenizer's to apply: counting a prompt past it is no error).
         limit = engine_of(request).max_seq_tokens - 1
-        # Python over every value of the body, on a worker thread: the event loop gets the GIL
-        # back every few milliseconds.
-        await asyncio.to_thread(check_size, await request.json(), limit, param)
+        # Python over every value of the body, a large one's on a worker thread: the event
+        # loop gets the GIL back every few milliseconds.
+        body = await request.body()
+        await offload.run(len(body), check_size, await request.json(), limit, param)
 
 
 def check_size(body: Any, limit: int, param: str) -> None:

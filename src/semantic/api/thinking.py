@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import Request
 
+from semantic.api import offload
 from semantic.api.auth import caller_of
 from semantic.api.bodies import body_limit
 from semantic.api.seal import Seals
@@ -101,15 +102,20 @@ async def shape_reply(
     tools: ToolUse,
     thinking: Thinking,
     render: Render,
+    body_bytes: int,
 ) -> tuple[list[int], Grammar | None]:
     """What every generation route does before it submits: compile the grammar the reply must
     follow (structured output, or tool calls held to their schemas), which turns thinking off
     unless it leaves free text around the calls; render the prompt with the thinking switch and
-    the reply's forced start; and set the reply's reasoning parser on `tools`. Compiling and
-    rendering run on worker threads. Returns the prompt's token ids and the grammar."""
-    grammar = await asyncio.to_thread(output_grammar, model, output, tools)
+    the reply's forced start; and set the reply's reasoning parser on `tools`. A grammar is
+    compiled on a worker thread whatever the body's size (a new schema takes milliseconds, the
+    model's first one more than a second); the prompt is rendered on one for a body of more than
+    a few KB (api/offload.py). Returns the prompt's token ids and the grammar."""
+    grammar = None
+    if tools.active or (output is not None and output.kind != "text"):  # else free text
+        grammar = await asyncio.to_thread(output_grammar, model, output, tools)
     thinking.constrained = grammar is not None and not grammar.lazy
     reply_start = thinking.prefill + tools.prefill
-    prompt_ids = await asyncio.to_thread(render, reply_start, thinking.template_vars)
+    prompt_ids = await offload.run(body_bytes, render, reply_start, thinking.template_vars)
     tools.think(thinking.parser(model, prompt_ids), thinking.hidden(model))
     return prompt_ids, grammar

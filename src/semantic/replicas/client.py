@@ -144,21 +144,44 @@ class ReplicaClient:
 
 
 async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The SSE `data:` payloads of a completion stream, up to `[DONE]`."""
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
+    """The SSE `data:` payloads of a completion stream, up to `[DONE]`. The body is read to
+    its end even so: a response closed before then closes its connection too, and the next
+    request would open (and the replica accept) another."""
+    done = False
+    async for line in _lines(response):
+        if done or not line.startswith(b"data:"):
             continue
-        data = line[len("data:") :].strip()
-        if data == "[DONE]":
-            return
-        chunk = json.loads(data)
-        if "error" in chunk or chunk.get("object") == "error":
-            # vLLM sends its 200 before it validates: a refusal (a grammar its backend rejects:
-            # code 400) comes as the stream's first event, with the status it would have had.
-            error = chunk.get("error", chunk)
-            code = error.get("code") if isinstance(error, dict) else None
-            raise refusal(code if isinstance(code, int) else 500, _message(data))
-        yield chunk
+        data = line[len(b"data:") :].strip()
+        if data == b"[DONE]":
+            done = True
+            continue
+        yield _chunk(data)
+
+
+async def _lines(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body's lines, split from its bytes (vLLM's stream is UTF-8 JSON, an event a line):
+    httpx's own `aiter_lines` decodes the text and splits it in two more layers, which a
+    token's chunk would pass through before it is parsed."""
+    rest = b""
+    async for part in response.aiter_bytes():
+        lines = (rest + part).split(b"\n")
+        rest = lines.pop()  # an unfinished line, completed by the next part
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
+
+
+def _chunk(data: bytes) -> dict[str, Any]:
+    """One event's payload, or the refusal it reports."""
+    chunk: dict[str, Any] = json.loads(data)
+    if "error" in chunk or chunk.get("object") == "error":
+        # vLLM sends its 200 before it validates: a refusal (a grammar its backend rejects:
+        # code 400) comes as the stream's first event, with the status it would have had.
+        error = chunk.get("error", chunk)
+        code = error.get("code") if isinstance(error, dict) else None
+        raise refusal(code if isinstance(code, int) else 500, _message(data))
+    return chunk
 
 
 def _samples(text: str, names: dict[str, str]) -> dict[str, float]:

@@ -81,6 +81,8 @@ class StopMatcher:
         """(text safe to emit now, the stop string matched by this delta or None)."""
         if self.matched is not None:
             return "", None  # generation is over; later text is discarded
+        if not self.stops:
+            return delta, None  # nothing to hold back: no per-character walk for every token
         for char in delta:
             self._held.append(char)
             self._state = self._automaton.step(self._state, char)
