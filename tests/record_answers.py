@@ -9,8 +9,8 @@ Every request runs through the whole app over a scripted runner (tests/scripted_
 the replies are given, so tool calls and thinking come out as they would from a model), with
 the tiny tokenizer under Qwen2.5's template (tools) and SmolLM3's (thinking). Ids, times,
 seals and what the background writer has written by then, which differ from run to run, are
-replaced by placeholders; everything else is byte for
-byte what the client got (status, content type, cache-miss header, body).
+replaced by placeholders; everything else is byte for byte what the client got (status,
+content type, cache-miss header, body).
 """
 
 from __future__ import annotations
