@@ -7,9 +7,10 @@ change no behaviour can be shown to change none: run it before and after, and di
 
 Every request runs through the whole app over a scripted runner (tests/scripted_runner.py:
 the replies are given, so tool calls and thinking come out as they would from a model), with
-the tiny tokenizer under Qwen2.5's template (tools) and SmolLM3's (thinking). Ids, times and
-seals, which differ on every run, are replaced by placeholders; everything else is byte for
-byte what the client got (status, content type, cache-miss header, body).
+the tiny tokenizer under Qwen2.5's template (tools) and SmolLM3's (thinking). Ids, times,
+seals and what the background writer has written by then, which differ from run to run, are
+replaced by placeholders; everything else is byte for byte what the client got (status,
+content type, cache-miss header, body).
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ R_TOOLS = [
 ]
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 LONG = [{"role": "user", "content": "word " * 3000}]
+AGENT_CHAT = {
+    "model": "g",
+    "session_id": "rec-chat",
+    "messages": [
+        *ASK,
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "Sure?"},
+    ],
+}
 JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}
 
 # (name, path, body, the scripted reply or None for none)
@@ -175,6 +185,21 @@ CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
         {"model": "r", "input": "Hi", "max_output_tokens": 5000},
         None,
     ),
+    # Named agents, through the agents store: created on first sight by a chat request (its
+    # second turn finds the first's blocks), by the agent API, forked, persisted.
+    ("chat named agent", "/v1/chat/completions", {**AGENT_CHAT, "messages": ASK}, "Sunny."),
+    ("chat named agent again", "/v1/chat/completions", AGENT_CHAT, "It is."),
+    (
+        "completion named agent",
+        "/v1/completions",
+        {"model": "g", "prompt": "The weather in Paris is", "session_id": "rec-text"},
+        " sunny.",
+    ),
+    ("agent create", "/v1/agents", {"agent_id": "rec", "system": "Be brief."}, None),
+    ("agent generate", "/v1/agents/rec/generate", {"message": "Weather?"}, "Sunny."),
+    ("agent fork", "/v1/agents/rec/fork", {"agent_id": "rec-fork"}, None),
+    ("agent fork generate", "/v1/agents/rec-fork/generate", {"message": "And now?"}, "Rain."),
+    ("agent persist", "/v1/agents/rec/persist", {}, None),
 ]
 THINKING: list[tuple[str, str, dict[str, Any], str | None]] = [
     (
@@ -204,6 +229,9 @@ _VARYING = [
     ),
     (re.compile(r'"(created|created_at)":\s*\d+'), r'"\1":T'),
     (re.compile(r'"(signature|encrypted_content)":\s*"[^"]+"'), r'"\1":"SEAL"'),
+    (re.compile(r'"(last_used)":\s*[0-9.e+-]+'), r'"\1":T'),
+    # What the background writer has put on disk by then (the write-behind of each turn).
+    (re.compile(r'"(bytes_on_disk|blocks_written)":\s*\d+'), r'"\1":W'),
 ]
 
 

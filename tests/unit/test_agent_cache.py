@@ -312,7 +312,7 @@ def test_sharer_counts_keep_only_hashes_an_agent_still_uses(
     engine, _ = make_engine(served, tmp_path)
     conversation(engine, "alice", 3)  # each turn replaces alice's partial tail
     conversation(engine, "bob", 2)
-    sharers = engine.agents._sharers
+    sharers = engine.agents.registry._sharers  # the counts themselves: none left behind
     in_use = {h for agent in engine.agents.by_key.values() for h in agent.hashes}
     assert set(sharers) == in_use and all(count > 0 for count in sharers.values())
     engine.agents.delete(AgentKey("alice"))

@@ -119,13 +119,13 @@ def test_a_fork_is_one_more_sharer_of_each_block_and_delete_keeps_the_others(
     parent = store.by_key[AgentKey("parent")]
     child = store.fork(AgentKey("parent"), AgentKey("child"))
     assert child.conversation == TALK and child.hashes == parent.hashes
-    assert all(store._sharers[h] == 2 for h in parent.hashes)
+    assert all(store.registry.sharers(h) == 2 for h in parent.hashes)
     with pytest.raises(Conflict):
         store.fork(AgentKey("parent"), AgentKey("child"))
     with pytest.raises(NotFound):
         store.fork(AgentKey("nobody"), AgentKey("other"))
     assert store.delete(AgentKey("parent"))
-    assert all(store._sharers[h] == 1 for h in child.hashes)
+    assert all(store.registry.sharers(h) == 1 for h in child.hashes)
     assert all(engine.pool.lookup(h) is not None for h in child.hashes)
     engine.pool.check_integrity()
     engine.prefix.check_integrity()

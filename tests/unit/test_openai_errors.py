@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from semantic.api import completions as completions_api
 from semantic.api import openai as openai_api
 from semantic.api.app import create_app
 from semantic.engine.engine import Engine
@@ -772,7 +773,7 @@ def test_a_fault_after_the_200_is_an_error_chunk_that_keeps_its_internals_to_the
     def bug(usage: object) -> None:
         raise RuntimeError("secret detail in /srv/semantic/internals.py")
 
-    monkeypatch.setattr(openai_api, "chat_usage", bug)
+    monkeypatch.setattr(openai_api if path == CHAT else completions_api, "chat_usage", bug)
     good = GOOD if path == CHAT else GOOD_LEGACY
     body = {**good, "stream": True, "stream_options": {"include_usage": True}}
     with caplog.at_level(logging.ERROR):

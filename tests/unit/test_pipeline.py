@@ -57,9 +57,13 @@ def _imports(module: str) -> set[str]:
 @pytest.mark.parametrize(
     ("adapter", "others"),
     [
-        ("responses", ("anthropic", "anthropic_request", "openai")),
-        ("anthropic", ("openai", "responses", "responses_request")),
-        ("openai", ("anthropic", "anthropic_request", "responses", "responses_request")),
+        ("responses", ("anthropic", "anthropic_request", "openai", "completions")),
+        ("anthropic", ("openai", "completions", "responses", "responses_request")),
+        (
+            "openai",
+            ("completions", "anthropic", "anthropic_request", "responses", "responses_request"),
+        ),
+        ("completions", ("openai", "anthropic", "anthropic_request", "responses")),
     ],
 )
 def test_an_api_adapter_imports_no_other_apis_dialect(

@@ -20,6 +20,7 @@ from semantic.api import (
     agents,
     anthropic,
     auth,
+    completions,
     docs_pages,
     errors,
     gate,
@@ -115,6 +116,7 @@ def create_app(engine: EnginePort | EngineHost, settings: Settings) -> FastAPI:
     # Outermost: every message to the client goes through it, the others' included.
     app.add_middleware(SendTimeout, timeout_s=settings.send_timeout_s)
     app.include_router(openai.router)
+    app.include_router(completions.router)
     app.include_router(models.router)
     app.include_router(anthropic.router)
     app.include_router(responses.router)

@@ -1,33 +1,32 @@
-"""OpenAI Chat Completions, legacy Completions and Models: body → `Request` → engine events →
-JSON or SSE chunks.
+"""OpenAI Chat Completions (`/v1/chat/completions`), one dialect of the chat pipeline: the body
+parsed into a `ChatRequest`, the pipeline's events rendered back as JSON or SSE chunks.
 
-Translation only: no engine state, no SSE bytes (those live in streaming.py).
+Translation only: no engine state, no SSE bytes (those live in streaming.py). What it shares
+with the legacy Completions is in `openai_fields.py`; the legacy API itself, `completions.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
-from typing import Annotated, Any, Literal, cast
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import ConfigDict, Field
 
 from semantic.api import pipeline
-from semantic.api.agents import named_agent
-from semantic.api.errors import error_payload
 from semantic.api.limits import OutputBudget
-from semantic.api.logprobs import (
-    MAX_LEGACY_LOGPROBS,
-    MAX_TOP_LOGPROBS,
-    Trail,
-    chat_logprobs,
-    legacy_json,
-    requires_logprobs,
+from semantic.api.logprobs import MAX_TOP_LOGPROBS, Trail, chat_logprobs, requires_logprobs
+from semantic.api.openai_fields import (
+    GENERATION_RESPONSES,
+    GenerationFields,
+    OpenAIBody,
+    error_chunk,
+    finish_reason_json,
+    sampling_of,
 )
 from semantic.api.openai_tools import (
     CHOICE_NEEDS_TOOLS,
@@ -38,27 +37,15 @@ from semantic.api.openai_tools import (
     tool_calls_json,
     tool_use_of,
 )
-from semantic.api.openapi import STREAMED_OR_JSON, error_responses
 from semantic.api.pipeline import ChatRequest, Sampling, render_messages
 from semantic.api.prompt_bounds import PromptRoute
 from semantic.api.prompt_cache import PromptCacheRetention, prompt_cache_agent, retention_of
-from semantic.api.streaming import (
-    DONE,
-    KEEP_ALIVE,
-    data_event,
-    prefill_comments,
-    whole_answer,
-)
+from semantic.api.streaming import DONE, data_event, prefill_comments
 from semantic.api.structured_output import ResponseFormat
 from semantic.api.thinking import Thinking
 from semantic.api.tool_use import Reasoning, ReasoningDelta, ReplyEvent, ToolUse, whole_reply
 from semantic.api.usage import chat_usage
-from semantic.core import (
-    AGENT_ID_PATTERN,
-    FinishReason,
-    TokenEvent,
-    TokenLogprob,
-)
+from semantic.core import TokenEvent, TokenLogprob
 from semantic.errors import InvalidRequest
 from semantic.models.served import ServedModel
 from semantic.settings.settings import Settings
@@ -69,32 +56,24 @@ from semantic.text.tools import TextDelta
 
 router = APIRouter(route_class=PromptRoute)
 
-# What the generation routes answer, for the OpenAPI document.
-GENERATION_RESPONSES = {200: STREAMED_OR_JSON, **error_responses("openai", 400, 404, 413, 500, 503)}
 
-
-class _Body(BaseModel):
-    # Accept generously (unknown fields are ignored), but no silent type coercion.
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-
-class ContentPart(_Body):
+class ContentPart(OpenAIBody):
     type: str
     text: str | None = None
 
 
-class FunctionCall(_Body):
+class FunctionCall(OpenAIBody):
     name: str
     arguments: str
 
 
-class ToolCall(_Body):
+class ToolCall(OpenAIBody):
     id: str | None = None
     type: str = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Body):
+class ChatMessage(OpenAIBody):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -103,37 +82,6 @@ class ChatMessage(_Body):
     # A thinking model's reasoning, sent back (vLLM's and llama.cpp's name, and the older one).
     reasoning_content: str | None = None
     reasoning: str | None = None
-
-
-class StreamOptions(_Body):
-    include_usage: bool = False
-
-
-_STOP = {"type": "string", "minLength": 1}
-_STOPS = {"anyOf": [_STOP, {"type": "array", "items": _STOP}, {"type": "null"}], "default": None}
-
-
-class GenerationFields(_Body):
-    """What the chat and the legacy completions bodies share: the model, streaming, the output
-    budget, sampling, and the extensions."""
-
-    model: str = Field(min_length=1)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    # Left out, each is the served model's recommendation (`ServedModel.sampling`).
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1, description="0 or -1 is off.")
-    repetition_penalty: float | None = Field(None, gt=0, le=2, description="1 is off.")
-    seed: int | None = None
-    # An empty stop string would end every answer before its first token (`sampling_of`).
-    stop: Annotated[str | list[str] | None, WithJsonSchema(_STOPS)] = None
-    n: int = Field(1, ge=1, json_schema_extra={"maximum": 1})  # others: a 400 of our own
-    # Extensions that benchmarks and agent clients rely on (vLLM spells them the same way).
-    ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
-    session_id: str | None = Field(None, pattern=AGENT_ID_PATTERN)
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -198,27 +146,6 @@ def _template_tool_call(call: ToolCall) -> dict[str, Any]:
     return template_tool_call(call.id, call.function.name, arguments)
 
 
-def sampling_of(body: GenerationFields) -> Sampling:
-    """The sampling fields both bodies share; an empty stop string is a 400."""
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if any(not stop for stop in stops):
-        raise InvalidRequest("stop: a stop sequence may not be empty", param="stop")
-    return Sampling(
-        body.temperature,
-        body.top_p,
-        None if body.top_k is None else max(body.top_k, 0),
-        body.repetition_penalty,
-        body.seed,
-        body.min_tokens,
-        tuple(stops),
-        body.ignore_eos,
-    )
-
-
-def finish_reason_json(reason: FinishReason | None) -> str:
-    return "length" if reason is FinishReason.LENGTH else "stop"
-
-
 @router.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     if body.n != 1:
@@ -233,13 +160,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     completion = _Completion(
         f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, reply.trail
     )
-    include_usage = body.stream_options is not None and body.stream_options.include_usage
     return await reply.submitted.respond(
         request,
         body.stream,
-        partial(completion.chunks, reply.parsed, chat.tools, include_usage),
+        partial(completion.chunks, reply.parsed, chat.tools, body.include_usage),
         partial(completion.collect, reply.parsed, chat.tools),
-        _error_chunk,
+        error_chunk,
         prefill_comments(reply.submitted.progress),
     )
 
@@ -320,7 +246,7 @@ class _Completion:
         yield self._delta({"role": "assistant", "content": ""})
         async for tool_events, event in parsed:
             if event.error is not None:
-                yield data_event(error_payload(event.error))
+                yield error_chunk(event.error)
                 return
             for tool_event in tool_events:
                 if isinstance(tool_event, ReasoningDelta):
@@ -366,178 +292,3 @@ class _Completion:
 
 def _finish_reason(final: TokenEvent, tools: ToolUse) -> str:
     return "tool_calls" if tools.called(final) else finish_reason_json(final.finish_reason)
-
-
-# -- legacy completions: raw text in, text out, no chat template ----------
-
-LEGACY_MAX_TOKENS = 16  # the legacy API's default when a request gives no max_tokens
-
-# One prompt: text or token ids, alone or as a list of one. What the document says of it is
-# what `completion_prompt` and the engine check by hand (with their own messages): not empty,
-# one prompt, ids from 0 (and within the served model's vocabulary, which no schema knows).
-_TEXT = {"type": "string", "minLength": 1}
-_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-_ONE = {"minItems": 1, "maxItems": 1}
-Prompt = Annotated[
-    str | list[int] | list[str] | list[list[int]],
-    WithJsonSchema(
-        {
-            "anyOf": [
-                _TEXT,
-                _IDS,
-                {"type": "array", "items": _TEXT, **_ONE},
-                {"type": "array", "items": _IDS, **_ONE},
-            ]
-        }
-    ),
-]
-
-
-class CompletionRequest(GenerationFields):
-    prompt: Prompt
-    echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS)
-    # Accepted at their neutral values only (`refuse_unsupported`).
-    best_of: int | None = Field(None, ge=1, json_schema_extra={"maximum": 1})
-    suffix: str | None = Field(None, json_schema_extra={"maxLength": 0})
-
-    # The prompt's log probabilities are not computed: no `logprobs` with `echo`.
-    model_config = ConfigDict(
-        json_schema_extra={
-            "if": {"properties": {"logprobs": {"type": "integer"}}, "required": ["logprobs"]},
-            "then": {"properties": {"echo": {"const": False}}},
-        }
-    )
-
-
-def refuse_unsupported(body: CompletionRequest) -> None:
-    """A 400 that names the first field asking for something this server does not do."""
-    refused = [
-        ("n", body.n != 1, "only n=1 is supported"),
-        ("best_of", body.best_of not in (None, 1), "only best_of=1 is supported"),
-        (
-            "logprobs",
-            body.logprobs is not None and body.echo,
-            "logprobs with echo (the prompt's log probabilities) are not supported",
-        ),
-        ("suffix", bool(body.suffix), "suffix is not supported"),
-    ]
-    for param, asked, message in refused:
-        if asked:
-            raise InvalidRequest(message, param=param)
-
-
-def completion_prompt(model: ServedModel, prompt: Prompt) -> tuple[list[int], str]:
-    """The prompt's token ids and its text (what `echo` puts before the answer). Text is
-    tokenized as is, after BOS where the model expects one on raw text; token ids are taken
-    as they are, once checked against the vocabulary."""
-    single = _single_prompt(prompt)
-    if isinstance(single, str):
-        ids = model.tokenizer.encode(single)
-        bos = model.tokenizer.bos_token_id
-        return ([bos, *ids] if model.tokenizer.add_bos and bos is not None else ids), single
-    vocab = model.config.vocab_size
-    outside = next((token for token in single if not 0 <= token < vocab), None)
-    if outside is not None:
-        raise InvalidRequest(
-            f"prompt: token id {outside} is outside the vocabulary (0 to {vocab - 1})",
-            param="prompt",
-        )
-    return single, model.tokenizer.decode(single)
-
-
-def _single_prompt(prompt: Prompt) -> str | list[int]:
-    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
-        return cast("str | list[int]", prompt)
-    batch = cast("list[str] | list[list[int]]", prompt)
-    if len(batch) > 1:
-        raise InvalidRequest("prompt: only one prompt per request is supported", param="prompt")
-    return batch[0]
-
-
-@router.post("/v1/completions", responses=GENERATION_RESPONSES)
-async def completions(body: CompletionRequest, request: Request) -> Response:
-    refuse_unsupported(body)
-    agent = named_agent(request.headers, body.session_id, param="session_id")
-    sampling = sampling_of(body)
-    engine = pipeline.admit(request, body.model, 0, 0, sampling, agent)
-    trail = Trail.of(engine, body.logprobs)
-    prompt_ids, prompt_text = await asyncio.to_thread(completion_prompt, engine.model, body.prompt)
-    budget = OutputBudget(body.max_tokens, LEGACY_MAX_TOKENS, prompt_param="prompt")
-    params = partial(sampling.params, engine.model.sampling, logprobs=body.logprobs)
-    submitted = await pipeline.submit(request, engine, prompt_ids, budget, params, agent)
-    echo = prompt_text if body.echo else ""
-    completion = _TextCompletion(int(time.time()), body.model, echo, trail)
-    followed = trail.follow(submitted.events)
-    include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return await submitted.respond(
-        request,
-        body.stream,
-        partial(completion.chunks, followed, include_usage),
-        partial(completion.collect, followed),
-        _error_chunk,
-        KEEP_ALIVE,
-    )
-
-
-def _error_chunk(exc: Exception) -> str:
-    return data_event(error_payload(exc))
-
-
-class _TextCompletion:
-    """One legacy completion's identity, shared by its chunks or its single JSON body. `echo`
-    is the text that goes before the answer: the prompt's, or "" without `echo`. `trail` holds
-    its tokens' log probabilities: each chunk carries those that came since the last one."""
-
-    def __init__(self, created: int, model: str, echo: str, trail: Trail) -> None:
-        self.id, self.created, self.model = f"cmpl-{uuid.uuid4().hex}", created, model
-        self.echo, self.trail = echo, trail
-        self._offset = len(echo)  # where the next token's text starts in the choice's text
-
-    def _body(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            **extra,
-        }
-
-    def _choice(
-        self,
-        text: str,
-        finish_reason: str | None = None,
-        logprobs: list[TokenLogprob] | None = None,
-    ) -> dict[str, Any]:
-        shown = None
-        if self.trail.asked and logprobs is not None:
-            shown = legacy_json(self.trail.tokenizer, logprobs, self._offset)
-            self._offset += sum(map(len, shown["tokens"]))
-        return {"text": text, "index": 0, "logprobs": shown, "finish_reason": finish_reason}
-
-    async def chunks(
-        self, events: AsyncIterator[TokenEvent], include_usage: bool
-    ) -> AsyncIterator[str]:
-        if self.echo:
-            yield data_event(self._body([self._choice(self.echo)]))
-        async for event in events:
-            if event.error is not None:
-                yield _error_chunk(event.error)
-                return
-            finish = (
-                None if event.finish_reason is None else finish_reason_json(event.finish_reason)
-            )
-            if event.text or finish is not None:
-                choice = self._choice(event.text, finish, self.trail.take())
-                yield data_event(self._body([choice]))
-            if finish is not None and include_usage and event.usage is not None:
-                yield data_event(self._body([], usage=chat_usage(event.usage)))
-        yield DONE
-
-    async def collect(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
-        text, final = await whole_answer(events)
-        assert final.usage is not None
-        reason = finish_reason_json(final.finish_reason)
-        choice = self._choice(self.echo + text, reason, self.trail.all)
-        return self._body([choice], usage=chat_usage(final.usage))

@@ -64,5 +64,5 @@ def build_parts(runner: ModelRunner, model: ServedModel, options: EngineOptions)
         speculative_tokens=options.speculative_tokens if drafting(runner) else 0,
         context_tokens=model.context_length,
     )
-    write_behind = WriteBehind(agents, tiering)
+    write_behind = WriteBehind(prefix, agents.registry, agents.records, tiering)
     return EngineParts(pool, prefix, tiering, agents, write_behind, scheduler)

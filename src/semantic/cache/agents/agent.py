@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from semantic.cache.agents.conversation import Conversation
 from semantic.cache.agents.stats import AgentStats
+from semantic.cache.pages.prefix import PrefixCache
 from semantic.core import AgentKey
 
 
@@ -24,7 +25,7 @@ class Agent:
     conversation: Conversation | None = None
     turn: str | None = None
     # How many of `block_hashes`, from the first, it found cached rather than computed (another
-    # conversation's, a system prompt others use): `Agents.delete` leaves them to their users.
+    # conversation's, a system prompt others use): `Lifecycle.delete` leaves them to their users.
     found_blocks: int = 0
 
     @property
@@ -43,3 +44,8 @@ class Agent:
     def computed(self) -> list[int]:
         """The blocks of its history it computed itself: all but those it found cached."""
         return self.hashes[self.found_blocks :]
+
+
+def history_pages(prefix: PrefixCache, agent: Agent) -> list[tuple[int, int]]:
+    """(key, page) of the pool pages the agent's next turn reads."""
+    return prefix.history_pages(agent.hashes, agent.num_tokens)

@@ -1,14 +1,19 @@
-"""Persisting agents: the writes `Agents.start_persist` queued, waited for on any thread, then
-the manifests of the agents whose blocks all reached the disk; and what a persist or an
-eviction did."""
+"""Persisting and evicting agents on request: the writes of their hot pages queued on the
+engine thread (`Persister.start`), waited for on any thread, then the manifests of the agents
+whose blocks all reached the disk; pages freed from memory once on disk (`Persister.evict`);
+and what a persist or an eviction did."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from semantic.cache.agents.agent import Agent
-from semantic.cache.disk.tiering import PendingWrites
+from semantic.cache.agents.agent import Agent, history_pages
+from semantic.cache.agents.records import AgentRecords
+from semantic.cache.agents.registry import AgentRegistry
+from semantic.cache.disk.tiering import PendingWrites, Tiering
+from semantic.cache.pages.prefix import PrefixCache, split_key
+from semantic.core import AgentKey
 from semantic.errors import PersistFailed
 
 
@@ -27,9 +32,9 @@ class EvictResult:
 
 
 class PendingPersist:
-    """Writes queued by `Agents.start_persist`; `wait` returns once they are durable (or failed)
+    """Writes queued by `Persister.start`; `wait` returns once they are durable (or failed)
     and the manifests of the agents whose blocks all made it are written (`save_manifest`:
-    `Agents.save_manifest`, False for an agent deleted meanwhile)."""
+    `AgentRecords.save`, False for an agent deleted meanwhile)."""
 
     def __init__(
         self,
@@ -57,3 +62,54 @@ class PendingPersist:
             return self.save_manifest(agent)
         except PersistFailed:
             return False  # logged; the agent counts as not durable
+
+
+class Persister:
+    """Persist and evict, on the engine thread (they read the pool)."""
+
+    def __init__(
+        self,
+        prefix: PrefixCache,
+        tiering: Tiering,
+        registry: AgentRegistry,
+        records: AgentRecords,
+    ) -> None:
+        self.prefix = prefix
+        self.tiering = tiering
+        self.registry = registry
+        self.records = records
+
+    def start(self, keys: Iterable[AgentKey] | None = None) -> PendingPersist:
+        """Queue writes of the named agents' hot pages (every hashed page worth keeping when
+        None) that are not on disk yet. `PendingPersist.wait` then waits for durability on any
+        thread and writes the manifests."""
+        everything = keys is None
+        agents = list(self.registry) if everything else self._known(keys or ())
+        pages = (
+            dict(self.prefix.hot_pages())
+            if everything
+            else {key: page for a in agents for key, page in history_pages(self.prefix, a)}
+        )
+        hot = []
+        for key, page in pages.items():
+            content = self.prefix.content(split_key(key)[0])
+            if content is not None:
+                hot.append((page, key, *content, self.prefix.marks_history_end(key)))
+        return PendingPersist(agents, self.tiering.start_persist(hot), self.records.save)
+
+    def evict(self, keys: Iterable[AgentKey] | None = None) -> int:
+        """Free the pool pages of the named agents (of every page when None) that are on disk
+        and that neither a running request nor a pin holds; returns how many. Persist first:
+        a page not on disk stays, so an eviction never loses a cache."""
+        if keys is None:
+            pages = [key for key, _ in self.prefix.hot_pages()]
+        else:
+            agents = self._known(keys)
+            pages = [k for agent in agents for h in agent.hashes for k in self.prefix.keys(h)]
+        evicted = sum(self.prefix.discard(k) for k in pages if self.tiering.on_disk(k))
+        self.tiering.count_evicted_on_request(evicted)
+        return evicted
+
+    def _known(self, keys: Iterable[AgentKey]) -> list[Agent]:
+        """The agents of `keys` that there are (an unknown key names nothing to write)."""
+        return [agent for key in keys if (agent := self.registry.get(key)) is not None]

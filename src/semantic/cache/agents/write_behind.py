@@ -13,9 +13,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from semantic.cache.agents.agent import Agent
-from semantic.cache.agents.store import Agents
+from semantic.cache.agents.records import AgentRecords
+from semantic.cache.agents.registry import AgentRegistry
 from semantic.cache.disk.tiering import HotBlock, Tiering
-from semantic.cache.pages.prefix import split_key
+from semantic.cache.pages.prefix import PrefixCache, split_key
 from semantic.core import AgentKey, History
 from semantic.errors import PersistFailed
 
@@ -64,14 +65,18 @@ class WriteBehind:
 
     def __init__(
         self,
-        agents: Agents,
+        prefix: PrefixCache,
+        registry: AgentRegistry,
+        records: AgentRecords,
         tiering: Tiering,
         *,
         max_queued_bytes: int = MAX_QUEUED_BYTES,
         step_bytes: int = STEP_BYTES,
         max_waiting: int = MAX_WAITING,
     ) -> None:
-        self.agents = agents
+        self.prefix = prefix
+        self.registry = registry
+        self.records = records
         self.tiering = tiering
         self.max_queued_bytes = max_queued_bytes
         self.step_bytes = step_bytes
@@ -88,14 +93,14 @@ class WriteBehind:
     def turn_ended(self, agent: Agent) -> None:
         """A named agent's turn ended and its history is the agent's: queue it (on the engine
         thread)."""
-        keys = self.agents.prefix.history_keys(agent.hashes, agent.num_tokens)
+        keys = self.prefix.history_keys(agent.hashes, agent.num_tokens)
         earlier = self._waiting.pop(agent.key, None)
         replaced = [] if earlier is None else earlier.replaced
         tail = self._tails.pop(agent.key, None)
-        if tail is not None and tail not in agent.hashes and not self.agents.names(tail):
+        if tail is not None and tail not in agent.hashes and not self.registry.names(tail):
             replaced.append(tail)
-            for key in self.agents.prefix.keys(tail):  # a cached page, else evicted it is
-                self.agents.prefix.discard(key)  # written again: its tokens begin the new tail
+            for key in self.prefix.keys(tail):  # a cached page, else evicted it is
+                self.prefix.discard(key)  # written again: its tokens begin the new tail
         if agent.tail_hash is not None:
             self._tails[agent.key] = agent.tail_hash
             if len(self._tails) > 4 * self.max_waiting:
@@ -133,7 +138,7 @@ class WriteBehind:
     def _hot(self, key: int) -> HotBlock | None:
         """The page to write for `key`: None when the disk has it (with its mark) or has it
         queued, or when the pool has it no more (evicted, and so written, or discarded)."""
-        prefix = self.agents.prefix
+        prefix = self.prefix
         page = prefix.pool.lookup(key)
         content = prefix.content(split_key(key)[0])
         ends_history = prefix.marks_history_end(key)
@@ -156,7 +161,7 @@ class WriteBehind:
         ended (its own, and an earlier turn's or an eviction's of a page it names), the turn is
         durable. The tails it replaced count as gone from now on (`DiskWriter.delete_behind`:
         one computed again meanwhile is written again, after their deletion)."""
-        replaced = [key for tail in turn.replaced for key in self.agents.prefix.keys(tail)]
+        replaced = [key for tail in turn.replaced for key in self.prefix.keys(tail)]
         if replaced:
             self.tiering.writer.delete_behind(replaced, lambda keys: self._drop_tails(turn, keys))
         self.tiering.writer.after(lambda: self._durable(turn))
@@ -174,4 +179,4 @@ class WriteBehind:
             return
         if turn.agent.conversation is None:
             with contextlib.suppress(PersistFailed):  # logged; its last manifest stays
-                self.agents.save_manifest(turn.agent, history=turn.history)
+                self.records.save(turn.agent, history=turn.history)
