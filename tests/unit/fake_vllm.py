@@ -194,17 +194,24 @@ async def _failed(code: int, message: str) -> AsyncIterator[str]:
 
 
 class FakeNetwork(httpx.AsyncBaseTransport):
-    """The replicas by URL; a replica in `dead` refuses connections (a killed server)."""
+    """The replicas by URL; a replica in `dead` refuses connections (a killed server), one in
+    `busy` lets its `/health` time out (a live server whose event loop is taken)."""
 
     def __init__(self, replicas: list[FakeReplica]) -> None:
         self.replicas = {replica.url: replica for replica in replicas}
         self.dead: set[str] = set()
+        self.busy: set[str] = set()
+        self.health_checks: dict[str, int] = {url: 0 for url in self.replicas}
         self._transports = {r.url: httpx.ASGITransport(app=r.app()) for r in replicas}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = f"{request.url.scheme}://{request.url.netloc.decode()}"
         if url in self.dead or url not in self._transports:
             raise httpx.ConnectError(f"connection refused: {url}", request=request)
+        if request.url.path == "/health":
+            self.health_checks[url] += 1
+            if url in self.busy:
+                raise httpx.ReadTimeout(f"no answer from {url}", request=request)
         response = await self._transports[url].handle_async_request(request)
         cut_after = self.replicas[url].cut_after
         if cut_after is None or request.url.path != "/v1/completions":

@@ -29,9 +29,9 @@ from semantic.api.app import create_app
 from semantic.core import Request, SamplingParams
 from semantic.models.served import ServedModel
 from semantic.observability import VLLM_METRICS
-from semantic.replicas.client import _chunks, _samples, completion_body
+from semantic.replicas.client import SLOW_CHECKS_TOLERATED, _chunks, _samples, completion_body
 from semantic.replicas.engine import ReplicaEngine
-from semantic.replicas.router import Router, routing_key
+from semantic.replicas.router import NoReplica, Router, routing_key
 from semantic.server_key import ServerKey
 from semantic.settings.settings import Settings
 from semantic.text.grammar import CallShape, Opening, ToolCallForm
@@ -65,6 +65,8 @@ def replicas_app(
         transport=network,
     )
     with TestClient(create_app(engine, config)) as client:
+        wait_until(lambda: engine.alive)  # each replica's first check
+        wait_until(lambda: all(r.healthy for r in engine.router.replicas))
         yield client, engine, network
 
 
@@ -358,6 +360,8 @@ def test_health_is_503_when_every_replica_is_down(chat_served: ServedModel, tmp_
 
 def test_load_spills_to_the_least_loaded_replica_past_the_threshold() -> None:
     router = Router(["http://a", "http://b", "http://c"], spill_in_flight=2)
+    for replica in router.replicas:
+        router.mark(replica, True)
     home = router.route("k")
     router.route("k")
     spilled = router.route("k")  # the home has 2 in flight: the next goes elsewhere
@@ -782,3 +786,41 @@ def test_a_stream_is_read_to_its_end_its_events_whole_however_it_was_split() -> 
 
     assert asyncio.run(chunks()) == [first, last]
     assert stream.read == len(stream.parts)
+
+
+def test_a_replica_whose_health_check_only_times_out_stays_for_a_few_checks(
+    chat_served: ServedModel, tmp_path: Path
+) -> None:
+    """A busy replica (vLLM answers /health on the loop that compiles a grammar) keeps its
+    agents for a few slow checks in a row; past that it is taken out like a dead one, and it
+    joins again once it answers."""
+    network = FakeNetwork([FakeReplica("http://replica-0:8000", [1])])
+    router = Router(list(network.replicas), spill_in_flight=2)
+    engine = ReplicaEngine(
+        chat_served, router, ServerKey(tmp_path), health_interval_s=3600, transport=network
+    )
+    (replica,) = router.replicas
+
+    async def checks() -> list[bool]:
+        engine.start()  # its watcher's first round, then an hour's sleep: the checks are ours
+        await asyncio.sleep(0)
+        await engine._check(replica)
+        states = [replica.healthy]
+        network.busy.add(replica.url)
+        for _ in range(SLOW_CHECKS_TOLERATED):
+            await engine._check(replica)
+            states.append(replica.healthy)
+        network.busy.discard(replica.url)
+        await engine._check(replica)
+        states.append(replica.healthy)
+        engine.stop()
+        return states
+
+    states = asyncio.run(checks())
+    assert states == [True] + [True] * (SLOW_CHECKS_TOLERATED - 1) + [False, True]
+
+
+def test_a_replica_joins_the_routing_once_its_model_and_length_are_read() -> None:
+    router = Router(["http://a"], spill_in_flight=2)
+    with pytest.raises(NoReplica):
+        router.route("k")  # not yet checked: its --max-model-len is unknown

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -19,7 +19,14 @@ from semantic.core import GrammarSource, Request
 from semantic.errors import EngineFailure, InvalidRequest, Overloaded, SemanticError, Unavailable
 from semantic.replicas.router import Replica
 
+Health = Literal["up", "slow", "down"]
+
 HEALTH_TIMEOUT_S = 2.0
+# A check may time out on a replica that is alive but busy: vLLM's API server answers /health
+# on the same event loop that compiles a grammar or tokenizes a long prompt, and on a small CPU
+# machine that can take seconds. A replica is taken out after this many timeouts in a row;
+# one that refuses the connection or answers an error is out at once.
+SLOW_CHECKS_TOLERATED = 3
 SCRAPE_TIMEOUT_S = 2.0  # within the 5 s /metrics gives the engine's reading
 CONNECT_TIMEOUT_S = 3.0
 # A prefill can take minutes on a CPU replica: between two chunks a stream may be silent long.
@@ -92,13 +99,16 @@ class ReplicaClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def healthy(self, replica: Replica) -> bool:
-        """Whether `/health` answers 200 within `HEALTH_TIMEOUT_S`."""
+    async def health(self, replica: Replica) -> Health:
+        """ "up" when `/health` answers 200 within `HEALTH_TIMEOUT_S`; "slow" when it does not
+        answer in that time; "down" when the connection fails or the answer is an error."""
         try:
             response = await self._http.get(f"{replica.url}/health", timeout=HEALTH_TIMEOUT_S)
+        except httpx.TimeoutException:
+            return "slow"
         except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+            return "down"
+        return "up" if response.status_code == 200 else "down"
 
     async def read_model(self, replica: Replica) -> str:
         """Set the replica's `model_id`, the name it serves its model under (vLLM refuses any

@@ -7,7 +7,9 @@ cache namespace, keyed by the server's secret), and the replica's token ids come
 our own detokenizer and stop matcher, so the text, stop strings and finish reasons read as
 they do on our engine. A replica that cannot be reached is taken out and the request retried
 on the next one; one that fails `/health` is taken out until it answers again, its agents
-moving to their next replica.
+moving to their next replica (one whose `/health` only times out, as a busy replica's may, after
+a few checks in a row). A replica joins the routing once its `/health` and `/v1/models` have
+answered, so every prompt is checked against the length it takes.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from semantic.errors import (
 )
 from semantic.models.served import ServedModel
 from semantic.observability import VLLM_METRICS, EngineMetrics, ReplicaReading, ReplicasReading
-from semantic.replicas.client import ReplicaClient, ReplicaDown, completion_body
+from semantic.replicas.client import (
+    SLOW_CHECKS_TOLERATED,
+    ReplicaClient,
+    ReplicaDown,
+    completion_body,
+)
 from semantic.replicas.router import NoReplica, Replica, Router, routing_key
 from semantic.server_key import ServerKey
 from semantic.text.detokenizer import IncrementalDetokenizer, StopMatcher
@@ -369,7 +376,14 @@ class ReplicaEngine:
         client = self._client
         if client is None:
             return
-        healthy = await client.healthy(replica)
+        health = await client.health(replica)
+        if health == "slow" and replica.healthy:
+            replica.slow_checks += 1
+            if replica.slow_checks < SLOW_CHECKS_TOLERATED:
+                log.info("vLLM replica %s is slow to answer /health: busy, kept", replica.url)
+                return
+        replica.slow_checks = 0
+        healthy = health == "up"
         if healthy and replica.model_id is None:
             try:
                 await client.read_model(replica)
@@ -377,9 +391,9 @@ class ReplicaEngine:
                 healthy = False
                 log.warning("vLLM replica %s: %s", replica.url, exc)
         if not healthy:
-            self._take_out(replica, "failed its health check")
+            self._take_out(replica, f"its health check: {health}")
         elif self.router.mark(replica, True):
-            log.info("vLLM replica %s is healthy: its agents route to it again", replica.url)
+            log.info("vLLM replica %s is healthy: its agents route to it", replica.url)
 
     def _take_out(self, replica: Replica, why: str) -> None:
         replica.model_id = None  # read again when it is back: it may serve under another name

@@ -26,10 +26,15 @@ ROUTE_PREFIX_TOKENS = 256
 class Replica:
     """One vLLM server. `in_flight` counts the requests routed to it that have not ended;
     `model_id` is the name it serves the model under and `max_model_len` the longest sequence
-    it takes (its /v1/models, its `--max-model-len`), once it has answered."""
+    it takes (its /v1/models, its `--max-model-len`), once it has answered. It is out of the
+    routing (`healthy` False) until its first health check and its /v1/models have answered:
+    until then its length is unknown, and a prompt checked against the model's own context
+    could be one the replica refuses. `slow_checks` counts its health checks in a row that
+    timed out (a busy replica's, which stays in the routing for a while)."""
 
     url: str
-    healthy: bool = True
+    healthy: bool = False
+    slow_checks: int = 0
     in_flight: int = 0
     routed: int = 0  # requests ever routed here
     spilled: int = 0  # of those, requests whose home was saturated
