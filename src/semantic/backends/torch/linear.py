@@ -82,7 +82,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from semantic.backends.torch.blocks import GroupLinear, GroupWeight, takes
+from semantic.backends.torch.blocks import GroupLinear, grouped, takes
 from semantic.backends.torch.int8 import quantize_rows
 from semantic.backends.torch.kernels import CpuKernels, Int8PanelWeight, PanelWeight
 
@@ -347,10 +347,11 @@ def _int8_factory(
 
 
 def _grouped(weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels) -> Linear:
-    """A GGUF's matrix that is not Q4_K (Q6_K, Q8_0, ... dequantized) beside its Q4_K ones: in
-    8-bit groups on the same kernel where its width allows (`blocks.py`), else in int8 rows."""
+    """A GGUF's matrix not on its own blocks (a float one, or a fused one of two kinds,
+    dequantized) beside its block ones: in 8-bit groups on the same kernel where its width
+    allows (`blocks.grouped`), else in int8 rows."""
     if takes(weight.shape):
-        return GroupLinear(GroupWeight.quantize(weight), bias, kernels)
+        return GroupLinear(grouped(weight), bias, kernels)
     return Int8Linear(weight, bias, kernels)
 
 
