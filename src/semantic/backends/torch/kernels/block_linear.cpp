@@ -57,7 +57,19 @@
 // The per-32 types take each group's Σ (u − offset)·q exactly (the dot starts from −offset·Σq)
 // and add it times d · s, then (the `_1` types) m · (s · Σq): the byte form's arithmetic with
 // an fp16 conversion of d (and m) per group in place of its codes' two. Q5's fifth bits are
-// shifted to bit 4 and merged into the nibbles as Q6_K's top bits are.
+// shifted to bit 4 and merged into the nibbles as Q6_K's top bits are. The 0.5B coder's fused
+// gate-up, 9728×896, the same measure (load 8-10):
+//
+//     rows                       1      4      16     64     512
+//     bf16 panels                0.81   1.16   2.90   7.72   46.43 (oneDNN)
+//     int8 rows (small_linear)   0.36   0.38   1.37   3.76   26.55
+//     Q4_0                       0.21   0.28   0.92   3.44   27.53
+//     Q4_1                       0.24   0.29   1.02   3.77   30.18
+//     Q5_0                       0.29   0.33   1.02   3.80   30.33
+//     Q8_0                       0.47   0.59   1.30   3.89   28.46
+//
+// Q8_0 reads 6% more than int8 rows (a d per group); fetching ahead at one row as well made it
+// slower still (the LM head's 151936×896: 7.7 against 5.9 ms).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
