@@ -318,8 +318,8 @@ def test_a_recommendation_takes_only_values_in_range() -> None:
 
 
 def test_a_gguf_without_q4k_matrices_keeps_its_q8_0_blocks(tiny_gguf: Path) -> None:
-    """Its matrices are Q8_0: kept as blocks, none Q4_K (so `weights = "auto"` computes on them
-    only where our kernels do: `auto_weight_format`), each the values the file holds."""
+    """Its matrices are Q8_0: kept as blocks, none Q4_K (so `weights = "auto"` keeps the
+    weights as loaded: `auto_weight_format`), each the values the file holds."""
     checkpoint = load_checkpoint(tiny_gguf, progress=False)
     assert checkpoint.blocks is not None and not checkpoint.q4k_blocks
     dense = dict(checkpoint.weights())

@@ -64,7 +64,7 @@ def with_weights(options: RunnerOptions, checkpoint: Checkpoint) -> tuple[Runner
 def weight_format(options: RunnerOptions, gguf: bool, q4k: bool = True) -> str:
     """`options.weights`, "auto" resolved for a checkpoint (`gguf`: a GGUF file with blocks to
     keep, `q4k`: some of them Q4_K) on this machine: the torch backend's choice for such a
-    file, "bf16" (as loaded) otherwise."""
+    file (`auto_weight_format`), "bf16" (as loaded) otherwise."""
     if options.weights != "auto":
         return options.weights
     name = default_backend() if options.backend == "auto" else options.backend
