@@ -1,9 +1,10 @@
 """One matrix in each of the CPU's weight formats at several row counts: bf16 panels (oneDNN above
-128 rows), int8 rows, and a GGUF's Q4_K and Q6_K blocks on our group kernel (random blocks of
-the given shape). Several copies are cycled so that the weights come from memory, as a decode
-step's do, not from the cache.
+128 rows), int8 rows, and a GGUF's Q4_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks on our
+group kernel (random blocks of the given shape). Several copies are cycled so that the weights
+come from memory, as a decode step's do, not from the cache.
 
     python benchmarks/group_kernel.py --shape 8960x1536 --rows 1,4,16,64,128,512
+    python benchmarks/group_kernel.py --shape 9728x896 --formats int8,q5_0,q8_0
 
 Each figure is ms a call, the median and the fastest of `--runs` rounds over the copies; on a
 shared machine read them with the load average printed beside them. `--cpu-time` runs one
@@ -23,10 +24,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from semantic.backends.torch.blocks import GroupLinear, GroupWeight
+from semantic.backends.torch.blocks import FlatWeight, GroupLinear, GroupWeight
 from semantic.backends.torch.kernels import CpuKernels, cpu_kernels, unavailable_reason
 from semantic.backends.torch.linear import Int8Linear, Linear, PanelLinear, UnpackScratch
-from semantic.models import q4k, q6k
+from semantic.models import q4k, q6k, q32
 
 Make = Callable[[int, int, int, CpuKernels], Linear]
 
@@ -53,7 +54,32 @@ def q6k_linear(n: int, k: int, seed: int, kernels: CpuKernels) -> Linear:
     return GroupLinear(GroupWeight.from_q6k(blocks), None, kernels)
 
 
+# bytes a block of 32 and where its fp16 factors lie (d, then m for the `_1` types)
+Q32_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
+
+
+def random_q32(kind: str, n: int, k: int, seed: int) -> q32.Q32Blocks:
+    """A per-32 tensor's blocks, every bit random but its fp16 d (and m): finite, small."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (n * k // q32.GROUP, Q32_BLOCK_BYTES[kind]), dtype=np.uint8)
+    factors = 2 if kind.endswith("_1") else 1
+    scales = rng.uniform(-1e-3, 1e-3, (blocks.shape[0], factors)).astype(np.float16)
+    blocks[:, : 2 * factors] = scales.view(np.uint8)
+    return q32.READERS[kind](blocks.reshape(-1), n, k)
+
+
+def q32_format(kind: str) -> Make:
+    def make(n: int, k: int, seed: int, kernels: CpuKernels) -> Linear:
+        return GroupLinear(FlatWeight.from_blocks(random_q32(kind, n, k, seed)), None, kernels)
+
+    return make
+
+
 def dense(n: int, k: int, seed: int) -> torch.Tensor:
+    """The Q4_K matrix of `q4k_linear` dequantized, or, where K is no multiple of 256, a Q8_0
+    one's."""
+    if k % q4k.SUPER:
+        return torch.from_numpy(random_q32("Q8_0", n, k, seed).dequantize())
     blocks = q4k.read_q4k(random_blocks(n, k, seed, q4k.BLOCK_BYTES), n, k)
     return torch.from_numpy(blocks.dequantize())
 
@@ -71,6 +97,7 @@ FORMATS: dict[str, Make] = {
     "int8": int8_linear,
     "q4k": q4k_linear,
     "q6k": q6k_linear,
+    **{kind.lower(): q32_format(kind) for kind in Q32_BLOCK_BYTES},
 }
 
 
@@ -91,7 +118,9 @@ def timed(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="8960x1536", help="outputs x inputs (inputs in 256s)")
+    parser.add_argument(
+        "--shape", default="8960x1536", help="outputs x inputs (in 256s for q4k, q6k; else 32s)"
+    )
     parser.add_argument("--rows", default="1,4,16,64,128,512")
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--copies", type=int, default=4, help="matrices cycled through")

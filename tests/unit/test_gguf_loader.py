@@ -17,6 +17,7 @@ from semantic.core import DefaultSampling
 from semantic.errors import ModelLoadFailed
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.gguf import GGUFFile, hf_tensor_name
+from semantic.models.q32 import Q32Blocks
 from semantic.text.tokenizer import Tokenizer
 
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 64, 4, 2, 96, 400
@@ -316,6 +317,13 @@ def test_a_recommendation_takes_only_values_in_range() -> None:
     )
 
 
-def test_a_gguf_without_q4k_matrices_has_no_blocks_to_keep(tiny_gguf: Path) -> None:
-    """Its tensors are Q8_0: `weights = "auto"` then keeps the weights as loaded."""
-    assert load_checkpoint(tiny_gguf, progress=False).blocks is None
+def test_a_gguf_without_q4k_matrices_keeps_its_q8_0_blocks(tiny_gguf: Path) -> None:
+    """Its matrices are Q8_0: kept as blocks, none Q4_K (so `weights = "auto"` keeps the
+    weights as loaded: `auto_weight_format`), each the values the file holds."""
+    checkpoint = load_checkpoint(tiny_gguf, progress=False)
+    assert checkpoint.blocks is not None and not checkpoint.q4k_blocks
+    dense = dict(checkpoint.weights())
+    kept = [(name, t) for name, t in checkpoint.blocks() if isinstance(t, Q32Blocks)]
+    assert kept and all(t.bits == 8 for _, t in kept)
+    for name, blocks in kept:
+        np.testing.assert_array_equal(blocks.dequantize(), dense[name])

@@ -4,8 +4,8 @@ them with x quantized to int8 per group of 32, as an fp64 reference that quantiz
 way does, and within that quantization's own error of the fp32 product; a row gives the same
 bits alone and batched (rows 1..33); partial panels (N not a multiple of 16) and a bias work;
 K not in whole blocks of 256 is refused. A `weights = "gguf"` build puts a file's blocks on it,
-and its other matrices in the byte form (or int8 rows where too narrow); without our kernels
-Q4_K stays on torch's int4 kernel."""
+and its other matrices in the byte form (Q8_0's where K is no multiple of 256, int8 rows where
+not even of 32); without our kernels Q4_K stays on torch's int4 kernel."""
 
 from __future__ import annotations
 
@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from semantic.backends.torch.blocks import GroupLinear, GroupWeight, block_factory, takes
+from semantic.backends.torch.blocks import (
+    FlatWeight,
+    GroupLinear,
+    GroupWeight,
+    block_factory,
+    takes,
+)
 from semantic.backends.torch.int4 import Int4Linear
 from semantic.backends.torch.kernels import CpuKernels, cpu_kernels, unavailable_reason
 from semantic.backends.torch.linear import Int8Linear, linear_factory
@@ -21,7 +27,7 @@ from semantic.backends.torch.models.layers import Build
 from semantic.backends.torch.models.weights import Weights
 from semantic.models.config import ModelConfig
 from semantic.models.q4k import Q4KBlocks, read_q4k
-from semantic.models.q6k import Blocks, read_q6k
+from semantic.models.q6k import Blocks, Q6KBlocks, read_q6k
 from tests.benchmark_script import load_benchmark
 from tests.unit.test_int8_weights import quantized_x
 from tests.unit.test_q4k import random_q4k
@@ -50,6 +56,7 @@ def file_blocks(kind: str, n: int, k: int, seed: int = 0) -> Blocks:
 def packed(blocks: Blocks) -> GroupWeight:
     if isinstance(blocks, Q4KBlocks):
         return GroupWeight.from_q4k(blocks)
+    assert isinstance(blocks, Q6KBlocks)
     return GroupWeight.from_q6k(blocks)
 
 
@@ -146,7 +153,8 @@ def test_any_weight_in_the_byte_form_is_within_half_its_groups_step(n, k):
 
 @needs_kernels
 def test_k_not_in_whole_blocks_is_refused():
-    assert takes((64, 512)) and not takes((64, 544)) and not takes((64, 0))
+    # a float weight in groups of 32 goes to the byte form in 256s, else to Q8_0's (test_q32_kernel)
+    assert takes((64, 512)) and takes((64, 544)) and not takes((64, 100)) and not takes((64, 0))
     weight = GroupWeight.quantize(torch.randn(16, 256))
     with pytest.raises(RuntimeError, match="multiple of 256"):
         ours().block_linear(
@@ -177,11 +185,13 @@ def gguf_build(kernels: CpuKernels | None) -> Build:
 def test_a_gguf_computes_its_blocks_on_the_kernel_and_the_rest_in_groups_or_rows():
     dense = np.random.default_rng(0).standard_normal((32, 256)).astype(np.float32)
     narrow = np.random.default_rng(1).standard_normal((32, 96)).astype(np.float32)
+    odd = np.random.default_rng(1).standard_normal((32, 100)).astype(np.float32)
     arrays: list[tuple[str, np.ndarray | Blocks]] = [
         ("q4k", file_blocks("q4k", 40, 256)),
         ("q6k", file_blocks("q6k", 40, 512)),
         ("dense", dense),
         ("narrow", narrow),
+        ("odd", odd),
         ("mixed_a", file_blocks("q4k", 32, 256, seed=1)),
         ("mixed_b", file_blocks("q6k", 32, 256, seed=2)),
     ]
@@ -192,8 +202,11 @@ def test_a_gguf_computes_its_blocks_on_the_kernel_and_the_rest_in_groups_or_rows
         assert isinstance(linear, GroupLinear)
         planes[name] = linear.weight.planes
     assert planes == {"q4k": 4, "q6k": 6, "dense": 8}
-    # no multiple of 256 wide: int8 rows; parts of two kinds: dequantized, then 8-bit groups
-    assert isinstance(weights.linear(weights.take_matrix("narrow"), None), Int8Linear)
+    # no multiple of 256 wide: Q8_0's form; not in groups of 32: int8 rows; parts of two
+    # kinds: dequantized, then 8-bit groups
+    narrow_linear = weights.linear(weights.take_matrix("narrow"), None)
+    assert isinstance(narrow_linear, GroupLinear) and isinstance(narrow_linear.weight, FlatWeight)
+    assert isinstance(weights.linear(weights.take_matrix("odd"), None), Int8Linear)
     mixed = weights.linear(weights.fused(["mixed_a", "mixed_b"]), None)
     assert isinstance(mixed, GroupLinear) and mixed.weight.planes == 8
 

@@ -51,17 +51,20 @@ def create_runner(
 
 def with_weights(options: RunnerOptions, checkpoint: Checkpoint) -> tuple[RunnerOptions, Tensors]:
     """`options` with their weight format resolved for `checkpoint` (`weight_format`), and the
-    checkpoint's tensors as that format reads them: Q4_K blocks kept for "gguf"."""
-    resolved = replace(options, weights=weight_format(options, checkpoint.blocks is not None))
+    checkpoint's tensors as that format reads them: a GGUF's blocks kept for "gguf"."""
+    blocks = checkpoint.blocks is not None
+    resolved = replace(
+        options, weights=weight_format(options, blocks, q4k=blocks and checkpoint.q4k_blocks)
+    )
     if resolved.weights == "gguf" and checkpoint.blocks is not None:
         return resolved, checkpoint.blocks()
     return resolved, checkpoint.weights()
 
 
-def weight_format(options: RunnerOptions, gguf: bool) -> str:
-    """`options.weights`, "auto" resolved for a checkpoint (`gguf`: a GGUF file with Q4_K
-    blocks to keep) on this machine: the torch backend's choice for such a file, "bf16" (as
-    loaded) otherwise."""
+def weight_format(options: RunnerOptions, gguf: bool, q4k: bool = True) -> str:
+    """`options.weights`, "auto" resolved for a checkpoint (`gguf`: a GGUF file with blocks to
+    keep, `q4k`: some of them Q4_K) on this machine: the torch backend's choice for such a
+    file (`auto_weight_format`), "bf16" (as loaded) otherwise."""
     if options.weights != "auto":
         return options.weights
     name = default_backend() if options.backend == "auto" else options.backend
@@ -69,7 +72,7 @@ def weight_format(options: RunnerOptions, gguf: bool) -> str:
         return "bf16"
     from semantic.backends.torch.runner import auto_weight_format
 
-    return auto_weight_format(options.device)
+    return auto_weight_format(options.device, q4k)
 
 
 def default_backend() -> str:

@@ -1,6 +1,6 @@
 """Reading a GGUF file: its metadata as a `ModelConfig`, its tensors as Hugging Face-named float32
-(or, where a backend computes on them, Q4_K and Q6_K tensors as their unpacked blocks:
-`models/q4k.py`, `models/q6k.py`).
+(or, where a backend computes on them, Q4_K, Q6_K and the per-32 types' tensors as their unpacked
+blocks: `models/q4k.py`, `models/q6k.py`, `models/q32.py`).
 
 Quantized tensors are dequantized with the `gguf` package (every type it knows: Q4_K, Q5_0,
 Q6_K, Q8_0, MXFP4, …); llama.cpp's converter renames tensors (per architecture), reorders
@@ -31,6 +31,7 @@ from semantic.models.fingerprint import WeightsFile, fingerprint
 from semantic.models.gguf_reader import GGUFLayout, TensorInfo
 from semantic.models.q4k import read_q4k
 from semantic.models.q6k import Blocks, read_q6k
+from semantic.models.q32 import READERS as Q32_READERS
 
 # Phi-3's LongRoPE factor lists, kept as tensors: read into the config, not weights.
 _LONGROPE_TENSORS = {
@@ -180,8 +181,9 @@ class GGUFFile:
         self, config: ModelConfig, *, blocks: bool = False
     ) -> Iterator[tuple[str, np.ndarray | Blocks]]:
         """Every tensor, dequantized to float32, in Hugging Face's name and layout; with
-        `blocks`, the Q4_K and Q6_K matrices that need no fix-up but a row order come as their
-        blocks (`Q4KBlocks`, `Q6KBlocks`), in the architectures whose backends take their
+        `blocks`, the matrices in a block type a backend computes on (Q4_K, Q6_K, Q4_0, Q4_1,
+        Q5_0, Q5_1, Q8_0) that need no fix-up but a row order come as their blocks
+        (`Q4KBlocks`, `Q6KBlocks`, `Q32Blocks`), in the architectures whose backends take their
         linears whole."""
         keep = blocks and self._keeps_blocks(config)
         for tensor in self._reader.tensors:
@@ -204,8 +206,12 @@ class GGUFFile:
             yield name, self._undo_rope_permute(name, array, config)
 
     def has_blocks(self, config: ModelConfig) -> bool:
-        """Whether `weights(blocks=True)` yields any Q4_K blocks."""
-        return self._keeps_blocks(config) and any(map(_is_q4k_matrix, self._reader.tensors))
+        """Whether `weights(blocks=True)` yields any blocks."""
+        return self._keeps_blocks(config) and any(map(_is_block_matrix, self._reader.tensors))
+
+    def has_q4k(self) -> bool:
+        """Whether the file holds any Q4_K matrix (a Q4_K_M file, say)."""
+        return any(map(_is_q4k_matrix, self._reader.tensors))
 
     def _keeps_blocks(self, config: ModelConfig) -> bool:
         # Rope over whole heads: no head's dims are reordered (`names.rotary_rows`).
@@ -261,7 +267,12 @@ class GGUFFile:
 _BLOCK_READERS: dict[GGMLQuantizationType, Callable[[np.ndarray, int, int], Blocks]] = {
     GGMLQuantizationType.Q4_K: read_q4k,
     GGMLQuantizationType.Q6_K: read_q6k,
+    **{GGMLQuantizationType[name]: read for name, read in Q32_READERS.items()},
 }
+
+
+def _is_block_matrix(tensor: TensorInfo) -> bool:
+    return tensor.tensor_type in _BLOCK_READERS and len(tensor.shape) == 2
 
 
 def _is_q4k_matrix(tensor: TensorInfo) -> bool:

@@ -14,6 +14,7 @@ from semantic.errors import ModelLoadFailed
 from semantic.models.config import ModelConfig
 from semantic.models.q4k import Q4KBlocks
 from semantic.models.q6k import Blocks, Q6KBlocks
+from semantic.models.q32 import Q32Blocks
 from semantic.models.rope import rotary_order
 
 # A loaded tensor: floats, or (the torch backend's GGUF loads) Q4_K and Q6_K matrices' blocks.
@@ -37,7 +38,7 @@ def rotary_rows(
         if order is None or not name.endswith(_ROTATED):
             yield name, array
             continue
-        if isinstance(array, Q4KBlocks | Q6KBlocks):  # blocks are kept for whole-head rope only
+        if isinstance(array, Q4KBlocks | Q6KBlocks | Q32Blocks):  # kept for whole-head rope only
             raise ModelLoadFailed(f"{name}: a GGUF's blocks cannot reorder a head's dims")
         heads = array.shape[0] // config.head_dim
         per_head = array.reshape(heads, config.head_dim, *array.shape[1:])

@@ -1,6 +1,6 @@
 """A Q6_K tensor as its blocks hold it, unpacked but not dequantized (the torch backend's group
-kernel computes on them: `backends/torch/blocks.py`), and `Blocks`, either kind of block a GGUF
-file hands a backend that computes on them.
+kernel computes on them: `backends/torch/blocks.py`), and `Blocks`, any kind of block a GGUF
+file hands a backend that computes on them (the K-quants' and the per-32 ones: `q32.py`).
 
 A Q6_K block is 256 values of one row in 210 bytes: 128 bytes of low nibbles `ql`, 64 of high
 two-bit pairs `qh`, sixteen int8 scales `sc` (one per 16 values) and an fp16 `d`; a value is
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from semantic.models.q4k import SUPER, Q4KBlocks, RowReorder
+from semantic.models.q32 import Q32Blocks
 
 HALF = 16  # values sharing one scale
 BLOCK_BYTES = 210
@@ -48,7 +49,8 @@ class Q6KBlocks:
         return Q6KBlocks(reorder(self.u), reorder(self.d), reorder(self.sc))
 
 
-Blocks = Q4KBlocks | Q6KBlocks  # the blocks a GGUF hands a backend that computes on them
+# the blocks a GGUF hands a backend that computes on them
+Blocks = Q4KBlocks | Q6KBlocks | Q32Blocks
 
 
 def read_q6k(data: np.ndarray, rows: int, cols: int) -> Q6KBlocks:

@@ -1,6 +1,6 @@
 """Weights in quantized groups on our AVX-512 kernels (`weights = "gguf"` where they run): a GGUF
-file's Q4_K and Q6_K matrices computed on the values and codes the file holds, and its other
-matrices (Q5_0, Q8_0, ... dequantized) in the same layout with a byte a value.
+file's Q4_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices computed on the values and factors
+the file holds, and any other matrix in one of those layouts with a byte a value.
 
 A Q4_K group is 32 inputs of one output row, `scale · u − min`, scale = d · sc and min = dmin ·
 m, with d and dmin fp32 per 256 inputs of the row and sc, m one byte each per group: the file's
@@ -11,8 +11,15 @@ values as low nibbles (laid out as Q4_K's) and top two bits four to a byte, sc (
 (symmetric: u = q + 128, min = 128 · scale), its group scales rounded up to multiples of the
 row's d = the block's largest scale / 255: 8.75 bits a value, each within half its own group's
 step (a Q4_K or Q6_K value of a fused projection whose parts differ moves by about an eighth of
-the file's own step). The kernel (`kernels/block_linear.cpp`) quantizes x per group of 32 to
-int8 and takes VNNI's byte dot products, a row's result the same alone or batched.
+the file's own step).
+
+The per-32 types (`models/q32.py`: `d · (u − offset) + m` per group of 32, d and m fp16 of the
+group's own) keep their values in the same planes, 4 of nibbles, 5 (those and a plane of fifth
+bits: input 32g + 4v + b's in bit v, input 32g + 16 + 4v + b's in bit 4 + v) or 8 of bytes, and
+their fp16 d (and m) beside them (`FlatWeight`): the file's own 4.5 to 8.5 bits a value, any K
+a multiple of 32. A float matrix whose K is no multiple of 256 takes Q8_0's form (`FlatWeight.
+quantize`). The kernel (`kernels/block_linear.cpp`) quantizes x per group of 32 to int8 and
+takes VNNI's byte dot products, a row's result the same alone or batched.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch.nn.functional as F
 from semantic.backends.torch.kernels import CpuKernels
 from semantic.models.q4k import GROUP, SUPER, Q4KBlocks
 from semantic.models.q6k import Blocks, Q6KBlocks
+from semantic.models.q32 import Q32Blocks
 
 PANEL = 16  # output rows per panel
 _GROUPS_PER_SUPER = SUPER // GROUP
@@ -33,6 +41,7 @@ _LEVELS = 127  # int8 values of the byte form: -127..127
 _CODES = 255  # the byte form's group codes: 1..255 (0 for an all-zero group)
 _TINY = torch.finfo(torch.float32).tiny
 _SLAB_PANELS = 64  # panels quantized at once: 1024 rows
+_BYTE_OFFSET = 128  # the byte form's u = q + 128
 
 
 @dataclass(slots=True, frozen=True)
@@ -125,6 +134,94 @@ class GroupWeight:
         return (u * scale[..., None] - minimum[..., None]).flatten(1)
 
 
+@dataclass(slots=True, frozen=True)
+class FlatWeight:
+    """A weight [N, K] (K a multiple of 32) in per-32 blocks in the kernel's layout, P =
+    ceil(N/16) panels of 16 rows: `values` uint8 [P, K/32, planes, 16, 4], 4 planes of nibbles
+    (as Q4_K's), 5 (those and the fifth bits, see the module docstring) or 8 of bytes;
+    `factors` float16 [P, K/32, 1 or 2, 16], each group's d (then m). value = d · (u − offset)
+    + m. Padding rows are zero."""
+
+    values: torch.Tensor
+    factors: torch.Tensor
+    offset: int
+    out_features: int
+    in_features: int
+
+    @classmethod
+    def from_blocks(cls, blocks: Q32Blocks) -> FlatWeight:
+        """A per-32 matrix's blocks as they are: its values, d and m."""
+        n, k = blocks.shape
+        u = _panel_rows(torch.from_numpy(blocks.u))
+        if blocks.bits == 8:
+            planes = u.view(-1, PANEL, k // GROUP, 8, 4)
+        else:
+            planes = _nibble_planes(u, k, fifth=blocks.bits == 5)
+        d = torch.from_numpy(blocks.d)
+        factors = [d] if blocks.m is None else [d, torch.from_numpy(blocks.m)]
+        return cls(_panel_major(planes), _stacked(factors), blocks.offset, n, k)
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> FlatWeight:
+        """Any float weight [N, K] as Q8_0 holds one: per group of 32, d = the largest |w| /
+        127 in fp16, each value rounded to its nearest multiple of d."""
+        n, k = weight.shape
+        groups = _panel_rows(weight.float()).view(-1, k // GROUP, GROUP)
+        d = (groups.abs().amax(-1) / _LEVELS).half()
+        step = d.float().clamp(min=_TINY)[..., None]
+        q = (groups / step).round_().clamp_(-_LEVELS, _LEVELS).add_(_BYTE_OFFSET)
+        planes = q.to(torch.uint8).view(-1, PANEL, k // GROUP, 8, 4)
+        return cls(_panel_major(planes), _stacked([d[:n]]), _BYTE_OFFSET, n, k)
+
+    @property
+    def planes(self) -> int:
+        """64-byte planes a group takes: 4 (Q4_0, Q4_1), 5 (Q5_0, Q5_1) or 8 (Q8_0)."""
+        return int(self.values.shape[2])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.values, self.factors))
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [T] dequantized → [T, K] fp32, as `Q32Blocks.dequantize` computes them
+        (a tied model's embedding lookup; the tests' reference)."""
+        panel, lane = ids // PANEL, ids % PANEL
+        values = self.values[panel, :, :, lane]  # [T, G, planes, 4]
+        factors = self.factors[panel, :, :, lane].float()  # [T, G, 1 or 2]
+        if self.planes == 8:
+            u = values.reshape(len(ids), -1, GROUP)
+        else:  # [T, G, 2 (low, high), 4, 4]: inputs 32g + 16·half + 4v + b
+            u = torch.stack([values[:, :, :4] & 0x0F, values[:, :, :4] >> 4], 2)
+        if self.planes == 5:
+            shifts = torch.arange(8, dtype=torch.uint8).view(2, 4, 1)  # [half, v, 1]
+            bits = values[:, :, 4, None, None, :]  # [T, G, 1, 1, 4 (b)]
+            u = u | (((bits >> shifts) & 1) << 4)
+        u = u.reshape(len(ids), -1, GROUP).float() - self.offset
+        values_f = factors[..., 0, None] * u
+        if self.factors.shape[2] == 2:
+            values_f = values_f + factors[..., 1, None]
+        return values_f.flatten(1)
+
+
+def _nibble_planes(u: torch.Tensor, k: int, *, fifth: bool) -> torch.Tensor:
+    """[16·P, K] values in 4 or 5 bits → [P, 16, G, 4 or 5, 4]: the low four bits as Q4_K's
+    nibbles, then (`fifth`) a plane of their fifth bits, bit v (low half) or 4 + v (high)."""
+    q = u.view(-1, PANEL, k // GROUP, 2, 4, 4)  # [P, 16, G, half, v, b]
+    low = q & 0x0F
+    nibbles = low[:, :, :, 0] | (low[:, :, :, 1] << 4)  # [P, 16, G, 4, 4]
+    if not fifth:
+        return nibbles
+    shifts = torch.arange(8, dtype=torch.uint8).view(2, 4, 1)
+    bits = ((q >> 4) << shifts).sum((3, 4), dtype=torch.uint8)  # [P, 16, G, 4 (b)]
+    return torch.cat([nibbles, bits[:, :, :, None]], 3)
+
+
+def _stacked(factors: list[torch.Tensor]) -> torch.Tensor:
+    """[N, G] float16 arrays → [P, G, len, 16]: a panel's 16 rows side by side."""
+    pair = torch.stack([_panel_rows(f) for f in factors])  # [F, Np, G]
+    return pair.view(len(factors), -1, PANEL, pair.shape[-1]).permute(1, 3, 0, 2).contiguous()
+
+
 def _quantized(
     rows: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -163,8 +260,17 @@ def _interleaved(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
 
 
 def takes(shape: tuple[int, ...]) -> bool:
-    """Whether the kernel computes a weight of this [N, K] shape: K in whole blocks of 256."""
-    return shape[1] % SUPER == 0 and shape[1] > 0
+    """Whether the kernel computes a float weight of this [N, K] shape: K in whole groups of 32
+    (in the byte form where in whole blocks of 256, else in Q8_0's)."""
+    return shape[1] % GROUP == 0 and shape[1] > 0
+
+
+def grouped(weight: torch.Tensor) -> GroupWeight | FlatWeight:
+    """A float weight [N, K] (`takes`) in the byte form, or Q8_0's where K is no multiple of 256
+    (the byte form's d is per 256)."""
+    if weight.shape[1] % SUPER == 0:
+        return GroupWeight.quantize(weight)
+    return FlatWeight.quantize(weight)
 
 
 class GroupLinear:
@@ -172,14 +278,19 @@ class GroupLinear:
 
     __slots__ = ("bias", "kernels", "weight")
 
-    def __init__(self, weight: GroupWeight, bias: torch.Tensor | None, kernels: CpuKernels) -> None:
+    def __init__(
+        self, weight: GroupWeight | FlatWeight, bias: torch.Tensor | None, kernels: CpuKernels
+    ) -> None:
         self.weight = weight
         self.bias = bias
         self.kernels = kernels
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        return self.kernels.block_linear(x, w.values, w.codes, w.supers, w.out_features, self.bias)
+        n, bias = w.out_features, self.bias
+        if isinstance(w, FlatWeight):
+            return self.kernels.flat_linear(x, w.values, w.factors, w.offset, n, bias)
+        return self.kernels.block_linear(x, w.values, w.codes, w.supers, n, bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weight.rows(ids).bfloat16()
@@ -196,7 +307,7 @@ BlockFactory = Callable[[Blocks, torch.Tensor | None], GroupLinear]
 def block_factory(
     device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None, weights: str
 ) -> BlockFactory | None:
-    """How a GGUF's Q4_K and Q6_K matrices compute on their blocks with our kernels (`weights =
+    """How a GGUF's block matrices compute on their blocks with our kernels (`weights =
     "gguf"`, bf16 on the CPU), or None where they do not run (then torch's int4 kernel takes
     the Q4_K ones: `int4.py`)."""
     if weights != "gguf" or kernels is None or device.type != "cpu" or dtype != torch.bfloat16:
@@ -204,7 +315,9 @@ def block_factory(
     return lambda blocks, bias: GroupLinear(_packed(blocks), bias, kernels)
 
 
-def _packed(blocks: Blocks) -> GroupWeight:
+def _packed(blocks: Blocks) -> GroupWeight | FlatWeight:
     if isinstance(blocks, Q4KBlocks):
         return GroupWeight.from_q4k(blocks)
-    return GroupWeight.from_q6k(blocks)
+    if isinstance(blocks, Q6KBlocks):
+        return GroupWeight.from_q6k(blocks)
+    return FlatWeight.from_blocks(blocks)

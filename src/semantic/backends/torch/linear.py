@@ -45,11 +45,12 @@ weights is ~0.33 (9% of the logits' spread) where int8 weights with bf16 x gave 
 Without our kernels (CUDA, fp32, no AVX-512 BF16 or VNNI), int8 is `DequantizingLinear`: the
 int8 rows and scales kept, the weight dequantized at every call; the memory saved, not the time.
 
-`weights = "gguf"` (the default for a GGUF with Q4_K matrices on the CPU) computes a file's Q4_K
-and Q6_K matrices on their own blocks: with our kernels on our group kernel (`blocks.py`,
-`GroupLinear`: 4.75 and 6.75 bits a value, x quantized per group of 32 as for int8), the file's
-other matrices in that kernel's 8-bit form (`_grouped`), at every row count; without them, Q4_K
-on torch's int4 kernel (`int4.py`) and the rest in bf16 beside an fp32 model (`Bf16StoredLinear`).
+`weights = "gguf"` (the default for a GGUF on the CPU) computes a file's quantized matrices on
+their own blocks: with our kernels Q4_K, Q6_K and the per-32 types (Q4_0 .. Q8_0) on our group
+kernel (`blocks.py`, `GroupLinear`: 4.5 to 8.5 bits a value, x quantized per group of 32 as for
+int8), the file's other matrices in that kernel's 8-bit forms (`_grouped`), at every row count;
+without them, Q4_K on torch's int4 kernel (`int4.py`) and the rest in bf16 beside an fp32 model
+(`Bf16StoredLinear`).
 Qwen2.5-Coder-1.5B Q4_K_M on the 2-vCPU Zen 4 (busy, load ~5; `benchmarks/weights_speed.py
 --together --linear-rows 1,4,16`, medians of 3): a decode step reads 997 MiB against int8's
 1,475 and bf16's 2,944, and decodes at 9.27 tok/s against 6.56 and 3.58; every linear of a
@@ -82,7 +83,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from semantic.backends.torch.blocks import GroupLinear, GroupWeight, takes
+from semantic.backends.torch.blocks import GroupLinear, grouped, takes
 from semantic.backends.torch.int8 import quantize_rows
 from semantic.backends.torch.kernels import CpuKernels, Int8PanelWeight, PanelWeight
 
@@ -347,10 +348,11 @@ def _int8_factory(
 
 
 def _grouped(weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels) -> Linear:
-    """A GGUF's matrix that is not Q4_K (Q6_K, Q8_0, ... dequantized) beside its Q4_K ones: in
-    8-bit groups on the same kernel where its width allows (`blocks.py`), else in int8 rows."""
+    """A GGUF's matrix not on its own blocks (a float one, or a fused one of two kinds,
+    dequantized) beside its block ones: in 8-bit groups on the same kernel where its width
+    allows (`blocks.grouped`), else in int8 rows."""
     if takes(weight.shape):
-        return GroupLinear(GroupWeight.quantize(weight), bias, kernels)
+        return GroupLinear(grouped(weight), bias, kernels)
     return Int8Linear(weight, bias, kernels)
 
 

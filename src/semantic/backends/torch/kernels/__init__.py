@@ -1,8 +1,8 @@
 """The torch backend's own CPU kernels: paged decode and prefill attention read in place, the
 small-row linear over weights packed in 16-row panels (bf16 `PanelWeight`, or int8 with a scale
 per row, `Int8PanelWeight`, against x quantized per block), the linear over weights in quantized
-groups (a GGUF's Q4_K blocks as the file holds them: `blocks.py`), the 8-bit KV cache's write,
-and the small per-layer ops of a step: RMSNorm, rope and SwiGLU's middle.
+groups (a GGUF's Q4_K .. Q8_0 blocks as the file holds them: `blocks.py`), the 8-bit KV cache's
+write, and the small per-layer ops of a step: RMSNorm, rope and SwiGLU's middle.
 
 A C++ extension (AVX-512 with BF16 and VNNI dot products), built once per sources, compiler
 flags, torch build and Python into a folder of the user cache named by their digest, never by a
@@ -170,6 +170,21 @@ class CpuKernels:
         (`blocks.GroupWeight`: a GGUF's Q4_K blocks or the byte form), x quantized to int8 per
         group of 32 (block_linear.cpp)."""
         out: torch.Tensor = self._module.block_linear(x, values, codes, supers, out_features, bias)
+        return out
+
+    def flat_linear(
+        self,
+        x: torch.Tensor,
+        values: torch.Tensor,
+        factors: torch.Tensor,
+        offset: int,
+        out_features: int,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """x: [M, K] bf16 → x @ W.T + bias: [M, N] bf16, W in per-32 blocks (`blocks.FlatWeight`:
+        a GGUF's Q4_0 .. Q8_0, `d · (u − offset) + m` per group), x quantized as for
+        `block_linear`."""
+        out: torch.Tensor = self._module.flat_linear(x, values, factors, offset, out_features, bias)
         return out
 
     def write_kv_int8(

@@ -288,6 +288,42 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& values, const at:
   return y;
 }
 
+// A weight in per-32 blocks (kernels.h `FlatWeight`), checked against x's K and the outputs n:
+// values [P, K/32, 4, 5 or 8, 16, 4] uint8, factors [P, K/32, 1 or 2, 16] float16, contiguous.
+semantic::FlatWeight flat_weight(const at::Tensor& values, const at::Tensor& factors,
+                                 int64_t offset, int64_t n, int64_t k) {
+  check_cpu(values, "values");
+  check_cpu(factors, "factors");
+  const int64_t panels = (n + 15) / 16, groups = k / 32;
+  TORCH_CHECK(k % 32 == 0, "K must be a multiple of 32, not ", k);
+  TORCH_CHECK(values.scalar_type() == at::kByte && values.is_contiguous() && values.dim() == 5 &&
+                  values.size(0) == panels && values.size(1) == groups &&
+                  (values.size(2) == 4 || values.size(2) == 5 || values.size(2) == 8) &&
+                  values.size(3) == 16 && values.size(4) == 4,
+              "the values must be a contiguous uint8 [ceil(N/16), K/32, 4, 5 or 8, 16, 4]");
+  TORCH_CHECK(factors.scalar_type() == at::kHalf && factors.is_contiguous() &&
+                  factors.dim() == 4 && factors.size(0) == panels && factors.size(1) == groups &&
+                  (factors.size(2) == 1 || factors.size(2) == 2) && factors.size(3) == 16,
+              "the factors must be a contiguous float16 [ceil(N/16), K/32, 1 or 2, 16]");
+  TORCH_CHECK(offset >= 0 && offset <= 128, "the offset must be in 0..128");
+  return {values.data_ptr<uint8_t>(), static_cast<const uint16_t*>(factors.data_ptr()),
+          static_cast<int>(values.size(2)), static_cast<int32_t>(offset), factors.size(2) == 2};
+}
+
+at::Tensor flat_linear(const at::Tensor& x, const at::Tensor& values, const at::Tensor& factors,
+                       int64_t offset, int64_t n, const std::optional<at::Tensor>& bias) {
+  check_linear_input(x);
+  const int64_t m = x.size(0), k = x.size(1);
+  const semantic::FlatWeight w = flat_weight(values, factors, offset, n, k);
+  const bf16* bias_ptr = bias_of(bias, n);
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m > 0 && n > 0) {
+    semantic::flat_linear(static_cast<const bf16*>(x.data_ptr()), x.stride(0), w, bias_ptr,
+                          static_cast<bf16*>(y.data_ptr()), m, n, k);
+  }
+  return y;
+}
+
 void write_kv_int8(const at::Tensor& x, const at::Tensor& slots, at::Tensor& cache,
                    at::Tensor& scales) {
   for (const at::Tensor& t : {x, slots, cache, scales}) check_cpu(t, "input");
@@ -391,6 +427,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ (weight * scales).T (+ bias) for bf16 rows over an 8-bit weight, x quantized per 32");
   m.def("block_linear", &block_linear, nogil(),
         "x @ weight.T (+ bias) for bf16 rows over a weight in quantized groups (Q4_K's)");
+  m.def("flat_linear", &flat_linear, nogil(),
+        "x @ weight.T (+ bias) for bf16 rows over a weight in per-32 blocks (Q4_0 .. Q8_0)");
   m.def("write_kv_int8", &write_kv_int8, nogil(),
         "a step's K or V rows into an 8-bit pool, quantized per row on the way");
   m.def("rope", &rope, nogil(), "rotary embeddings of a step's heads, as models/rope.py rounds");

@@ -1,4 +1,5 @@
-// y = x·wᵀ over a weight kept in quantized groups, as a GGUF's Q4_K and Q6_K blocks hold it.
+// y = x·wᵀ over a weight kept in quantized groups, as a GGUF's Q4_K, Q6_K and per-32 blocks
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) hold it.
 // Q4_K and the byte form: each group of 32 inputs of an output row is `scale · u − min` with u
 // unsigned (4 bits, or 8), scale = d · sc and min = dmin · m, d and dmin fp32 per 256 inputs of
 // the row, sc and m one byte each per group (Q4_K's 6-bit codes as the file has them). Q6_K:
@@ -16,6 +17,18 @@
 //   supers: [P][K/256][2][16] fp32, d then dmin of the 16 outputs (Q6_K: d, then zeros).
 // Q4_K is then 4.75 bits a value (the file's 4.5, its fp16 d and dmin widened to fp32), Q6_K
 // 6.75 (the file's 6.56), the byte form 8.75.
+//
+// The per-32 types (`FlatWeight`): each group of 32 inputs is `d · (u − offset) + m`, d and m
+// fp16 of the group's own (m in the `_1` types only; offset 8 for Q4_0, 16 for Q5_0, 128 for
+// Q8_0 stored as u = q + 128, 0 for the `_1` types), with no super-blocks, so K is any multiple
+// of 32 (the 0.5B coder's 896, SmolLM2's 576):
+//   values:  Q4_0, Q4_1: the nibbles as Q4_K's; Q5_0, Q5_1: those and one plane [16][4] of
+//            fifth bits, input 32g + 4v + b's in bit v of byte [o][b], input 32g + 16 + 4v + b's
+//            in bit 4 + v; Q8_0: the bytes as the byte form's ([P][G][4, 5 or 8][16][4]);
+//   factors: [P][G][1 or 2][16] fp16, d then m of the 16 outputs.
+// That is the file's own size: 4.5, 5, 5.5, 6 and 8.5 bits a value. The fp16 factors are widened
+// in registers (vcvtph2ps: one instruction for 16); keeping them fp32 would read 0.5-1 bit a
+// value more for nothing, since every fp16 is exact in fp32.
 //
 // x is quantized per row and group of 32 to int8 as it comes in (q = round(x · 127 / the
 // group's largest |x|), the scale s that largest / 127), as small_linear.cpp's int8 path does
@@ -40,6 +53,23 @@
 //
 // Up to 16 rows the bytes read bound it; from 64 the arithmetic does, a min term and a
 // conversion per group and row more than the int8 kernel's.
+//
+// The per-32 types take each group's Σ (u − offset)·q exactly (the dot starts from −offset·Σq)
+// and add it times d · s, then (the `_1` types) m · (s · Σq): the byte form's arithmetic with
+// an fp16 conversion of d (and m) per group in place of its codes' two. Q5's fifth bits are
+// shifted to bit 4 and merged into the nibbles as Q6_K's top bits are. The 0.5B coder's fused
+// gate-up, 9728×896, the same measure (load 8-10):
+//
+//     rows                       1      4      16     64     512
+//     bf16 panels                0.81   1.16   2.90   7.72   46.43 (oneDNN)
+//     int8 rows (small_linear)   0.36   0.38   1.37   3.76   26.55
+//     Q4_0                       0.21   0.28   0.92   3.44   27.53
+//     Q4_1                       0.24   0.29   1.02   3.77   30.18
+//     Q5_0                       0.29   0.33   1.02   3.80   30.33
+//     Q8_0                       0.47   0.59   1.30   3.89   28.46
+//
+// Q8_0 reads 6% more than int8 rows (a d per group); fetching ahead at one row as well made it
+// slower still (the LM head's 151936×896: 7.7 against 5.9 ms).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -63,9 +93,15 @@ struct GroupQuantizedRows {
   std::vector<float> scale;  // [M][groups]: the group's largest |x| / 127 (0 for all zeros)
   std::vector<float> sum;    // [M][groups]: scale · Σq, what the min multiplies
   std::vector<int32_t> offset;  // [M][groups][2]: −32·Σq of each half, where Q6_K's dots start
+  std::vector<int32_t> qsum;    // [M][groups]: Σq, what a per-32 block's offset multiplies
 
   GroupQuantizedRows(const bf16* x, int64_t ldx, int64_t m, int64_t k)
-      : groups(k / kGroup), q(m * k), scale(m * groups), sum(m * groups), offset(2 * m * groups) {
+      : groups(k / kGroup),
+        q(m * k),
+        scale(m * groups),
+        sum(m * groups),
+        offset(2 * m * groups),
+        qsum(m * groups) {
     // split among the threads only when there are rows enough to pay for it (prefill)
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
@@ -92,6 +128,7 @@ struct GroupQuantizedRows {
     sum[r * groups + g] = s * static_cast<float>(sum0 + sum1);
     offset[2 * (r * groups + g)] = -32 * sum0;
     offset[2 * (r * groups + g) + 1] = -32 * sum1;
+    qsum[r * groups + g] = sum0 + sum1;
   }
 
   const int8_t* row_group(int64_t r, int64_t g) const {
@@ -105,7 +142,12 @@ inline __m512i broadcast4(const int8_t* p) {
   return _mm512_set1_epi32(four);
 }
 
-enum class Form { kNibbles, kSix, kBytes };  // Q4_K, Q6_K, the byte form
+// Q4_K (and Q4_0, Q4_1), Q6_K, the byte form (and Q8_0), Q5_0 and Q5_1
+enum class Form { kNibbles, kSix, kBytes, kFive };
+
+constexpr int planes_of(Form f) {
+  return f == Form::kNibbles ? 4 : f == Form::kSix ? 6 : f == Form::kFive ? 5 : 8;
+}
 
 // 16 group codes (bytes, signed for Q6_K) times a per-output factor: a group's scales or mins.
 template <bool kSigned = false>
@@ -141,21 +183,45 @@ inline void six_step(const int8_t* const* q, const uint8_t* w, __m512i h0, __m51
   }
 }
 
-// Σ u·q of one group for 16 outputs and MT rows of x (from m0): exact integers; for Q6_K each
-// half's Σ (u − 32)·q, the first in `dot`, the second in `dot_high`.
+// Q5's fifth bits of inputs 4v + 0..3 (low) and 16 + 4v + 0..3 (high) of a group, from their
+// byte (bits v and 4 + v), at bit 4 alone: a 16-bit shift never brings the other byte's bits to
+// bit 4 of this one.
+template <int V>
+inline __m512i fifth_low(__m512i bits) {
+  return _mm512_and_si512(_mm512_slli_epi16(bits, 4 - V), _mm512_set1_epi8(0x10));
+}
+template <int V>
+inline __m512i fifth_high(__m512i bits) {
+  return _mm512_and_si512(_mm512_srli_epi16(bits, V), _mm512_set1_epi8(0x10));
+}
+
+template <int V, int MT>
+inline void five_step(const int8_t* const* q, const uint8_t* w, __m512i bits, __m512i* dot) {
+  const __m512i raw = _mm512_loadu_si512(w + V * 4 * kPanel);
+  const __m512i lo = merged(raw, fifth_low<V>(bits));
+  const __m512i hi = merged(_mm512_srli_epi16(raw, 4), fifth_high<V>(bits));
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) {
+    dot[i] = _mm512_dpbusd_epi32(dot[i], lo, broadcast4(q[i] + 4 * V));
+    dot[i] = _mm512_dpbusd_epi32(dot[i], hi, broadcast4(q[i] + 16 + 4 * V));
+  }
+}
+
+// Σ (u − offset)·q of one group for 16 outputs and MT rows of x (from m0): exact integers; for
+// Q6_K each half's Σ (u − 32)·q, the first in `dot`, the second in `dot_high`.
 template <Form F, int MT>
 inline void group_dots(const GroupQuantizedRows& x, int64_t m0, int64_t g, const uint8_t* w,
-                       __m512i* dot, __m512i* dot_high) {
+                       __m512i* dot, __m512i* dot_high, int32_t offset = 0) {
   const int8_t* q[MT];
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) {
     q[i] = x.row_group(m0 + i, g);
     if constexpr (F == Form::kSix) {
-      const int32_t* offset = &x.offset[2 * ((m0 + i) * x.groups + g)];
-      dot[i] = _mm512_set1_epi32(offset[0]);
-      dot_high[i] = _mm512_set1_epi32(offset[1]);
-    } else {
-      dot[i] = _mm512_setzero_si512();
+      const int32_t* halves = &x.offset[2 * ((m0 + i) * x.groups + g)];
+      dot[i] = _mm512_set1_epi32(halves[0]);
+      dot_high[i] = _mm512_set1_epi32(halves[1]);
+    } else {  // −offset·Σq: a per-32 block's Σ (u − offset)·q
+      dot[i] = _mm512_set1_epi32(-offset * x.qsum[(m0 + i) * x.groups + g]);
     }
   }
   if constexpr (F == Form::kSix) {
@@ -165,6 +231,12 @@ inline void group_dots(const GroupQuantizedRows& x, int64_t m0, int64_t g, const
     six_step<1, MT>(q, w, h0, h1, dot, dot_high);
     six_step<2, MT>(q, w, h0, h1, dot, dot_high);
     six_step<3, MT>(q, w, h0, h1, dot, dot_high);
+  } else if constexpr (F == Form::kFive) {
+    const __m512i bits = _mm512_loadu_si512(w + 4 * 4 * kPanel);
+    five_step<0, MT>(q, w, bits, dot);
+    five_step<1, MT>(q, w, bits, dot);
+    five_step<2, MT>(q, w, bits, dot);
+    five_step<3, MT>(q, w, bits, dot);
   } else if constexpr (F == Form::kNibbles) {
     const __m512i low = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
@@ -188,11 +260,26 @@ inline void group_dots(const GroupQuantizedRows& x, int64_t m0, int64_t g, const
   }
 }
 
+// The values a few groups on, asked for now: with a few rows to compute, the prefetchers alone
+// leave Q6_K's six planes late (2x slower at 4 rows); one row reads at the memory's rate without
+// (and loses a little with).
+template <Form F, int MT>
+inline void fetch_ahead(const uint8_t* group) {
+  if constexpr (MT > 1) {
+    constexpr int64_t kGroupBytes = planes_of(F) * 4 * kPanel;
+    const uint8_t* ahead = group + kPrefetchGroups * kGroupBytes;
+#pragma GCC unroll 8
+    for (int64_t line = 0; line < kGroupBytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
+    }
+  }
+}
+
 // out[i] = the panel's 16 outputs for rows m0 .. m0 + MT of x.
 template <Form F, int MT>
 void panel_groups(const GroupQuantizedRows& x, int64_t m0, const BlockWeight& w, int64_t p,
                   __m512* out) {
-  constexpr int64_t kGroupBytes = (F == Form::kNibbles ? 4 : F == Form::kSix ? 6 : 8) * 4 * kPanel;
+  constexpr int64_t kGroupBytes = planes_of(F) * 4 * kPanel;
   const int64_t groups = x.groups, supers = groups / kGroupsPerSuper;
   const uint8_t* values = w.values + p * groups * kGroupBytes;
   const uint8_t* codes = w.codes + p * groups * 2 * kPanel;
@@ -206,16 +293,7 @@ void panel_groups(const GroupQuantizedRows& x, int64_t m0, const BlockWeight& w,
     const __m512 dmin = _mm512_loadu_ps(factors + s * 2 * kPanel + kPanel);
     for (int64_t g = s * kGroupsPerSuper; g < (s + 1) * kGroupsPerSuper; ++g) {
       const uint8_t* code = codes + g * 2 * kPanel;
-      if constexpr (MT > 1) {
-        // The values a few groups on, asked for now: with a few rows to compute, the
-        // prefetchers alone leave Q6_K's six planes late (2x slower at 4 rows); one row reads
-        // at the memory's rate without (and loses a little with).
-        const uint8_t* ahead = values + (g + kPrefetchGroups) * kGroupBytes;
-#pragma GCC unroll 8
-        for (int64_t line = 0; line < kGroupBytes; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
-        }
-      }
+      fetch_ahead<F, MT>(values + g * kGroupBytes);
       group_dots<F, MT>(x, m0, g, values + g * kGroupBytes, dot, dot_high);
       if constexpr (F == Form::kSix) {  // a scale per half, no min
         const __m512 scale = group_factor<true>(code, d);
@@ -244,27 +322,86 @@ void panel_groups(const GroupQuantizedRows& x, int64_t m0, const BlockWeight& w,
   for (int i = 0; i < MT; ++i) out[i] = acc[i];
 }
 
-using PanelFn = void (*)(const GroupQuantizedRows&, int64_t, const BlockWeight&, int64_t,
-                         __m512*);
+// The same over per-32 blocks (Q4_0 .. Q8_0): each group `d · (u − offset) + m`, d and m fp16
+// per output. Σ (u − offset)·q is exact (the dot starts from −offset · Σq), then
+//     y += (Σ (u − offset)·q) · (d · s) + m · (s · Σq)
+template <Form F, bool kAffine, int MT>
+void panel_flat(const GroupQuantizedRows& x, int64_t m0, const FlatWeight& w, int64_t p,
+                __m512* out) {
+  constexpr int64_t kGroupBytes = planes_of(F) * 4 * kPanel;
+  constexpr int64_t kFactors = kAffine ? 2 : 1;
+  const int64_t groups = x.groups;
+  const uint8_t* values = w.values + p * groups * kGroupBytes;
+  const uint16_t* factors = w.factors + p * groups * kFactors * kPanel;
+  __m512 acc[MT];
+  __m512i dot[MT], unused[MT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    fetch_ahead<F, MT>(values + g * kGroupBytes);
+    group_dots<F, MT>(x, m0, g, values + g * kGroupBytes, dot, unused, w.offset);
+    const uint16_t* factor = factors + g * kFactors * kPanel;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(factor)));
+#pragma GCC unroll 8
+    for (int i = 0; i < MT; ++i) {
+      const __m512 scaled = _mm512_mul_ps(d, _mm512_set1_ps(x.scale[(m0 + i) * groups + g]));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), scaled, acc[i]);
+    }
+    if constexpr (kAffine) {
+      const __m512 m = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(factor + kPanel)));
+#pragma GCC unroll 8
+      for (int i = 0; i < MT; ++i) {
+        acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sum[(m0 + i) * groups + g]), acc[i]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) out[i] = acc[i];
+}
+
+template <typename W>
+using PanelFn = void (*)(const GroupQuantizedRows&, int64_t, const W&, int64_t, __m512*);
 
 template <Form F>
-PanelFn panel_for(int64_t rows) {
-  static constexpr PanelFn kPanels[] = {panel_groups<F, 1>, panel_groups<F, 2>, panel_groups<F, 3>,
-                                        panel_groups<F, 4>, panel_groups<F, 5>, panel_groups<F, 6>,
-                                        panel_groups<F, 7>, panel_groups<F, 8>};
+PanelFn<BlockWeight> panel_for(int64_t rows) {
+  static constexpr PanelFn<BlockWeight> kPanels[] = {
+      panel_groups<F, 1>, panel_groups<F, 2>, panel_groups<F, 3>, panel_groups<F, 4>,
+      panel_groups<F, 5>, panel_groups<F, 6>, panel_groups<F, 7>, panel_groups<F, 8>};
   static_assert(sizeof(kPanels) / sizeof(kPanels[0]) == kMaxRows);
   return kPanels[rows - 1];
 }
 
-PanelFn panel_for(int planes, int64_t rows) {
-  if (planes == 4) return panel_for<Form::kNibbles>(rows);
-  return planes == 6 ? panel_for<Form::kSix>(rows) : panel_for<Form::kBytes>(rows);
+PanelFn<BlockWeight> panel_for(const BlockWeight& w, int64_t rows) {
+  if (w.planes == 4) return panel_for<Form::kNibbles>(rows);
+  return w.planes == 6 ? panel_for<Form::kSix>(rows) : panel_for<Form::kBytes>(rows);
 }
 
-}  // namespace
+template <Form F, bool kAffine>
+PanelFn<FlatWeight> flat_panel_for(int64_t rows) {
+  static constexpr PanelFn<FlatWeight> kPanels[] = {
+      panel_flat<F, kAffine, 1>, panel_flat<F, kAffine, 2>, panel_flat<F, kAffine, 3>,
+      panel_flat<F, kAffine, 4>, panel_flat<F, kAffine, 5>, panel_flat<F, kAffine, 6>,
+      panel_flat<F, kAffine, 7>, panel_flat<F, kAffine, 8>};
+  static_assert(sizeof(kPanels) / sizeof(kPanels[0]) == kMaxRows);
+  return kPanels[rows - 1];
+}
 
-void block_linear(const bf16* x, int64_t ldx, const BlockWeight& w, const bf16* bias, bf16* y,
-                  int64_t m, int64_t n, int64_t k) {
+template <Form F>
+PanelFn<FlatWeight> flat_panel_for(bool affine, int64_t rows) {
+  return affine ? flat_panel_for<F, true>(rows) : flat_panel_for<F, false>(rows);
+}
+
+PanelFn<FlatWeight> panel_for(const FlatWeight& w, int64_t rows) {
+  if (w.planes == 4) return flat_panel_for<Form::kNibbles>(w.affine, rows);
+  return w.planes == 5 ? flat_panel_for<Form::kFive>(w.affine, rows)
+                       : flat_panel_for<Form::kBytes>(w.affine, rows);
+}
+
+// y = x·wᵀ + bias, panel after panel split among the threads.
+template <typename W>
+void linear_over(const bf16* x, int64_t ldx, const W& w, const bf16* bias, bf16* y, int64_t m,
+                 int64_t n, int64_t k) {
   const GroupQuantizedRows rows_q(x, ldx, m, k);
   at::parallel_for(0, (n + kPanel - 1) / kPanel, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
@@ -275,13 +412,25 @@ void block_linear(const bf16* x, int64_t ldx, const BlockWeight& w, const bf16* 
       // Up to kMaxRows x rows per pass over the panel; later passes find it in L1 or L2.
       for (int64_t m0 = 0; m0 < m; m0 += kMaxRows) {
         const int64_t rows = std::min(kMaxRows, m - m0);
-        panel_for(w.planes, rows)(rows_q, m0, w, p, out);
+        panel_for(w, rows)(rows_q, m0, w, p, out);
         for (int64_t i = 0; i < rows; ++i) {
           store_bf16x16(y + (m0 + i) * n + n0, mask, _mm512_add_ps(out[i], b));
         }
       }
     }
   });
+}
+
+}  // namespace
+
+void block_linear(const bf16* x, int64_t ldx, const BlockWeight& w, const bf16* bias, bf16* y,
+                  int64_t m, int64_t n, int64_t k) {
+  linear_over(x, ldx, w, bias, y, m, n, k);
+}
+
+void flat_linear(const bf16* x, int64_t ldx, const FlatWeight& w, const bf16* bias, bf16* y,
+                 int64_t m, int64_t n, int64_t k) {
+  linear_over(x, ldx, w, bias, y, m, n, k);
 }
 
 }  // namespace semantic

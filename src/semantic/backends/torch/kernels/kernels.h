@@ -89,6 +89,18 @@ struct BlockWeight {
 void block_linear(const bf16* x, int64_t ldx, const BlockWeight& w, const bf16* bias, bf16* y,
                   int64_t m, int64_t n, int64_t k);
 
+// The same over a GGUF's per-32 blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): each group of 32 inputs
+// of an output is `d · (u − offset) + m`, d and m fp16 of its own; K is a multiple of 32.
+struct FlatWeight {
+  const uint8_t* values;    // [P][K/32][planes][16][4]: planes 4 (nibbles), 5 (Q5) or 8 (bytes)
+  const uint16_t* factors;  // [P][K/32][1 or 2][16] fp16: d, then m where `affine`
+  int planes;
+  int32_t offset;  // 8 (Q4_0), 16 (Q5_0), 128 (bytes, Q8_0's u = q + 128) or 0 (affine)
+  bool affine;
+};
+void flat_linear(const bf16* x, int64_t ldx, const FlatWeight& w, const bf16* bias, bf16* y,
+                 int64_t m, int64_t n, int64_t k);
+
 // A step's K or V for an 8-bit pool: [tokens, kv_heads, head_dim] bf16 rows (head_dim a
 // multiple of 16), each written quantized to the pool row of its slot and KV head.
 struct KvRows {

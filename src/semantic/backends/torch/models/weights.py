@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
-from semantic.backends.torch.blocks import takes
 from semantic.backends.torch.int4 import Int4Linear, runs_int4
 from semantic.backends.torch.linear import DenseLinear, Linear
 from semantic.backends.torch.models.layers import (
@@ -26,8 +25,9 @@ from semantic.backends.torch.models.layers import (
 from semantic.errors import ModelLoadFailed
 from semantic.models.q4k import Q4KBlocks
 from semantic.models.q6k import Blocks, Q6KBlocks
+from semantic.models.q32 import Q32Blocks
 
-Matrix = torch.Tensor | Blocks  # a linear's weight as loaded: converted, or Q4_K/Q6_K blocks
+Matrix = torch.Tensor | Blocks  # a linear's weight as loaded: converted, or a GGUF's blocks
 Rename = Callable[[str], str | None]  # a checkpoint name → ours, or None to skip the tensor
 
 
@@ -52,7 +52,7 @@ class Weights:
             renamed = rename(name) if rename is not None else name
             if renamed is None or renamed.endswith("rotary_emb.inv_freq"):
                 continue
-            if isinstance(array, Q4KBlocks | Q6KBlocks):
+            if isinstance(array, Q4KBlocks | Q6KBlocks | Q32Blocks):
                 tensors[renamed] = array
             else:
                 tensors[renamed] = build.tensor(_as_tensor(array))
@@ -68,7 +68,7 @@ class Weights:
         return None if matrix is None else self._dense(matrix)
 
     def take_matrix(self, name: str) -> Matrix:
-        """A linear's weight as it arrived: a tensor, or a Q4_K or Q6_K matrix's blocks."""
+        """A linear's weight as it arrived: a tensor, or a matrix's blocks."""
         matrix = self.take_optional_matrix(name)
         if matrix is None:
             raise ModelLoadFailed(f"checkpoint lacks weight {self.prefix}{name}")
@@ -78,11 +78,11 @@ class Weights:
         return self._tensors.pop(self.prefix + name, None)
 
     def linear(self, weight: Matrix, bias: torch.Tensor | None) -> Linear:
-        """y = x Wᵀ + b as the build stores it; a matrix's blocks on our group kernel (Q4_K,
-        Q6_K) or torch's int4 kernel (Q4_K) where either runs (`blocks.py`, `int4.py`), else
-        their values dequantized."""
-        if isinstance(weight, Q4KBlocks | Q6KBlocks):
-            if self.build.blocks is not None and takes(weight.shape):
+        """y = x Wᵀ + b as the build stores it; a matrix's blocks on our group kernel (every
+        block type) or torch's int4 kernel (Q4_K) where either runs (`blocks.py`, `int4.py`),
+        else their values dequantized."""
+        if isinstance(weight, Q4KBlocks | Q6KBlocks | Q32Blocks):
+            if self.build.blocks is not None:  # a file's blocks: K in whole ones
                 return self.build.blocks(weight, bias)
             if isinstance(weight, Q4KBlocks) and runs_int4(weight, self.build.device):
                 return Int4Linear(weight, bias, self.build.dtype)
@@ -90,15 +90,18 @@ class Weights:
 
     def fused(self, names: list[str]) -> Matrix:
         """Weights of one input width stacked by rows into one linear's: Q4_K blocks stay
-        blocks where every part is one, else all are dequantized."""
+        blocks where every part is one, per-32 blocks where `Q32Blocks.concat` keeps them (the
+        symmetric types widened to 8 bits), else all are dequantized."""
         parts = [self.take_matrix(name) for name in names]
-        blocks = [p for p in parts if isinstance(p, Q4KBlocks)]
-        if len(blocks) == len(parts):
-            return Q4KBlocks.concat(blocks)
-        return torch.cat([self._dense(p) for p in parts])
+        q4k = [p for p in parts if isinstance(p, Q4KBlocks)]
+        if len(q4k) == len(parts):
+            return Q4KBlocks.concat(q4k)
+        q32 = [p for p in parts if isinstance(p, Q32Blocks)]
+        kept = Q32Blocks.concat(q32) if len(q32) == len(parts) else None
+        return kept if kept is not None else torch.cat([self._dense(p) for p in parts])
 
     def _dense(self, matrix: Matrix) -> torch.Tensor:
-        if isinstance(matrix, Q4KBlocks | Q6KBlocks):
+        if isinstance(matrix, Q4KBlocks | Q6KBlocks | Q32Blocks):
             return self.build.tensor(torch.from_numpy(matrix.dequantize()))
         return matrix
 
@@ -162,10 +165,14 @@ def embedding_and_head(weights: Weights) -> tuple[Linear, Linear]:
 
 def _table(table: Matrix, build: Build) -> Linear:
     """An untied embedding table, only its rows read: a Q4_K table stays 4-bit (no copy for
-    the kernel), any other of a GGUF computed on its blocks as its other weights are stored,
-    else as loaded."""
+    the kernel), a per-32 one on its own blocks where our group kernel runs, any other of a
+    GGUF computed on its blocks as its other weights are stored, else as loaded."""
     if isinstance(table, Q4KBlocks):
         return Int4Linear(table, None, build.dtype, kernel=False)
+    if isinstance(table, Q32Blocks) and build.blocks is not None:
+        return build.blocks(table, None)
+    if isinstance(table, Q32Blocks):
+        table = build.tensor(torch.from_numpy(table.dequantize()))
     if isinstance(table, Q6KBlocks):
         table = build.tensor(torch.from_numpy(table.dequantize()))
     return build.linear(table, None) if build.weight_format == "gguf" else DenseLinear(table, None)
