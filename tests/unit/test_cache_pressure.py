@@ -217,14 +217,17 @@ def one_off_ahead_of_a_turn(
 ) -> tuple[Engine, Events, Events, Events]:
     """Agents' histories fill most of the pool and one agent keeps decoding; then a one-off that
     needs their room (having waited `waited_s`) and, behind it, another agent's turn that fits.
-    Returns the engine and the three requests' events, after one step."""
+    Returns the engine and the three requests' events, after one step; the scheduler's clock
+    stands still from then on (a loaded machine's steps never make the one-off patient)."""
     engine, _ = make_engine(served, tmp_path, num_blocks=24)
     run_at_once(engine, {f"agent-{a}": system_prompt(a) for a in range(3)}, named=True)
     busy = submit(engine, "busy", [*system_prompt(0), 50, 51], "agent-0", max_tokens=30)
     engine.step()
     side: list[TokenEvent] = []
     one_off = [3 + (k * 13) % 380 for k in range(18 * BLOCK)]
-    arrived = time.monotonic() - waited_s
+    now = time.monotonic()
+    engine.scheduler.clock = lambda: now
+    arrived = now - waited_s
     engine.submit(Request("side", one_off, SamplingParams(temperature=0.0, max_tokens=6),
                           arrival_time=arrived), side.append)  # fmt: skip
     turn = submit(engine, "turn", [*system_prompt(1), 60, 61], "agent-1")
@@ -235,8 +238,8 @@ def one_off_ahead_of_a_turn(
 def test_a_one_off_waiting_for_agents_room_does_not_hold_up_an_agents_turn_behind_it(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    # A side request never evicts a working agent, so the one-off waits; the agent's turn behind
-    # it used to wait with it until nothing ran at all.
+    # A side request leaves working agents' pages alone for its first second, so the one-off
+    # waits; the agent's turn behind it used to wait with it until nothing ran at all.
     engine, busy, side, turn = one_off_ahead_of_a_turn(served, tmp_path, waited_s=0.0)
     assert [seq.request.request_id for seq in engine.scheduler.waiting] == ["side"]
     first: dict[str, int] = {}
@@ -248,7 +251,8 @@ def test_a_one_off_waiting_for_agents_room_does_not_hold_up_an_agents_turn_behin
         if busy[-1:] and busy[-1].usage is not None:
             break
     assert "turn" in first and "side" not in first, "the agent's turn waited behind the one-off"
-    engine.run_until_idle()  # the one-off, once nothing runs (after ONE_OFF_PATIENCE_S)
+    engine.scheduler.clock = time.monotonic
+    engine.run_until_idle()  # the one-off, once it has waited ONE_OFF_PATIENCE_S
     for events in (busy, side, turn):
         result(events)
 

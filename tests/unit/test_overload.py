@@ -11,7 +11,7 @@ import itertools
 from collections import defaultdict
 from pathlib import Path
 
-from semantic.cache.pages.block_manager import ONE_OFF_YIELDS_S
+from semantic.cache.pages.block_manager import ONE_OFF_PATIENCE_S
 from semantic.cache.pages.block_pool import TIER_WORKING_AGENT
 from semantic.core import Request, SamplingParams, Sequence, TokenEvent
 from semantic.engine.engine import Engine
@@ -222,7 +222,7 @@ def test_a_one_off_takes_agents_cached_pages_once_it_has_waited_while_others_run
     side = send(engine, clock, "side", side_prompt, max_tokens=2)
     engine.step()
     assert waiting(engine) == ["side"], "a fresh one-off took a working agent's pages"
-    clock.now = ONE_OFF_YIELDS_S
+    clock.now = ONE_OFF_PATIENCE_S
     engine.step()
     assert not waiting(engine), "the one-off still waits while the agents' pages sit idle"
     while not done(side):

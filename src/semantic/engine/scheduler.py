@@ -112,7 +112,7 @@ class Scheduler:
     Eviction tiers: a sequence's blocks are cached at the working-agent tier when it belongs to
     an agent — named, or a conversation without a name, known by its prompt extending a history
     whole — and at the one-off tier otherwise. A one-off request is admitted only into free
-    blocks and cached blocks of one-off requests and idle agents for its first seconds, so a
+    blocks and cached blocks of one-off requests and idle agents for its first second, so a
     burst of side requests does not evict a working agent's cache; after that it may take them
     (they go to disk first), so agents' turns never keep it waiting
     (`cache/pages/block_manager.py`).

@@ -23,12 +23,10 @@ from semantic.cache.pages.block_pool import (
 from semantic.cache.pages.prefix import PrefixCache, PrefixMatch, page_key
 from semantic.core import BlockTable, Restore, Sequence, first_read_block
 
-# How long a one-off request leaves agents' cached pages alone: while nothing runs, and while
-# other requests run. After that it may take them like any request (they go to disk first), so
-# the server never idles while a one-off waits for a cache no one is using, and agents' turns
-# that keep coming never keep it waiting until its queue timeout.
+# How long a one-off request leaves agents' cached pages alone. After that it may take them like
+# any request (they go to disk first): the server never idles while a one-off waits for a cache
+# no one is using, and agents' turns that keep coming never keep it waiting until its timeout.
 ONE_OFF_PATIENCE_S = 1.0
-ONE_OFF_YIELDS_S = 5.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -116,10 +114,8 @@ class BlockManager:
         match = self.prefix.match(seq.token_ids, self.root(seq))
         tier = seq.cache_tier if seq.first_scheduled_time is not None else tier_of(seq, match)
         # A one-off may not reclaim agents' pages — unless it was preempted (finishing what was
-        # started beats keeping a cache), or it has waited `ONE_OFF_PATIENCE_S` while nothing ran
-        # (`headroom` is one per running sequence) or `ONE_OFF_YIELDS_S` while others did.
-        patience = ONE_OFF_YIELDS_S if headroom > 0 else ONE_OFF_PATIENCE_S
-        patient = self.clock() - seq.request.arrival_time < patience
+        # started beats keeping a cache), or it has waited `ONE_OFF_PATIENCE_S`.
+        patient = self.clock() - seq.request.arrival_time < ONE_OFF_PATIENCE_S
         one_off = tier == TIER_ONE_OFF and not seq.started and patient
         max_tier = TIER_IDLE_AGENT if one_off else TOP_TIER
         # Cached pages we are about to reuse cannot also be reclaimed for the rest (a held
