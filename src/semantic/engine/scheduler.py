@@ -274,8 +274,8 @@ class Scheduler:
 
     def expired(self, timeout_s: float, now: float | None = None) -> list[Sequence]:
         """Waiting sequences that have waited `timeout_s` for room: never admitted since they
-        arrived, or not resumed since they were preempted (newcomers that keep coming, each
-        fitting where it does not, could keep a preempted sequence waiting for ever)."""
+        arrived, or not resumed since they were preempted. Nobody passes them for long
+        (`_passable`), so this is the answer of a machine too slow for its load."""
         now = self.clock() if now is None else now
         return [seq for seq in self.waiting if now - _waiting_since(seq) > timeout_s]
 
