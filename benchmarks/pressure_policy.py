@@ -9,9 +9,10 @@ files, on a reader thread) take the share of a step they take with a real model.
     python benchmarks/pressure_policy.py [--agents 16] [--turns 4] [--step-ms 30]
 
 It prints, for a pool that holds every agent and for one that holds 1/1.5 of them, with
-newcomers allowed to preempt (the policy) and without: time to first token in steps (warm turns
-p50/p95, cold p50), tokens prefilled ÷ new on warm turns, blocks restored from disk and
-preemptions.
+newcomers allowed to take the place of answers that had their quantum (the rule before
+2026-11-29, `scheduler_policy.py`'s `_TimeToFirstTokenFirst`) and with the scheduler as it is (a
+streaming answer keeps its place): time to first token in steps (warm turns p50/p95, cold p50),
+tokens prefilled ÷ new on warm turns, blocks restored from disk and preemptions.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scheduler_policy import _TimeToFirstTokenFirst
 from semantic.backends.fake import FakeRunner
 from semantic.core import Batch, Request, SamplingParams, TokenEvent
-from semantic.engine import scheduler
 from semantic.engine.engine import Engine
 from semantic.engine.runner import StepToken
+from semantic.engine.scheduler import Scheduler
 from semantic.engine.wiring import build_engine
 from semantic.models.checkpoint import load_checkpoint
 from semantic.models.registry import ModelRegistry
@@ -40,7 +42,6 @@ BLOCK_TOKENS = 16
 SYSTEM_TOKENS = 128
 USER_TOKENS = 8
 ANSWER_TOKENS = 16
-NO_PREEMPTION = 10**9  # a quantum no sequence reaches
 
 
 class _SlowRunner(FakeRunner):
@@ -68,13 +69,27 @@ class _Turn:
 
 
 def run(
-    served: ServedModel, blocks: int, agents: int, turns: int, step_s: float
+    served: ServedModel,
+    blocks: int,
+    agents: int,
+    turns: int,
+    step_s: float,
+    policy: type[Scheduler] = Scheduler,
 ) -> dict[str, float]:
     runner = _SlowRunner(step_s, num_blocks=blocks, block_tokens=BLOCK_TOKENS, vocab_size=8000,
                          first_token_id=100)  # fmt: skip
     with tempfile.TemporaryDirectory() as cache:
         settings = Settings(cache_dir=Path(cache), max_batch_tokens=64, batch_window_ms=0)
         engine = build_engine(runner, served, engine_options(settings))
+        old = engine.scheduler
+        engine.scheduler = policy(
+            old.prefix,
+            block_tokens=BLOCK_TOKENS,
+            max_running=settings.max_running,
+            max_batch_tokens=settings.max_batch_tokens,
+            end_token_ids=old.end_token_ids,
+            named=old.named,
+        )
         done = _drive(engine, agents, turns)
         restored, preemptions = engine.tiering.traffic.restored, engine.scheduler.preemptions
         engine.stop()
@@ -151,9 +166,9 @@ def main() -> None:
     need = args.agents * -(-final // BLOCK_TOKENS)
     print(f"{args.agents} agents × {args.turns} turns; every history needs {need} blocks")
     for pool, blocks in (("holds all", 3 * need), ("1/1.5 of all", int(need / 1.5))):
-        for policy, quantum in (("newcomers preempt", 8), ("no preemption", NO_PREEMPTION)):
-            scheduler.PREEMPT_QUANTUM = quantum
-            result = run(served, blocks, args.agents, args.turns, args.step_ms / 1000)
+        policies = (("newcomers preempt (before)", _TimeToFirstTokenFirst), ("as it is", Scheduler))
+        for policy, scheduler in policies:
+            result = run(served, blocks, args.agents, args.turns, args.step_ms / 1000, scheduler)
             cells = ", ".join(
                 f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()
             )

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from semantic.backends.fake import FakeRunner
-from semantic.cache.pages.block_manager import Fit
+from semantic.cache.pages.block_manager import BlockManager, Fit
 from semantic.cache.pages.prefix import PrefixCache, PrefixMatch
 from semantic.core import (
     Batch,
@@ -107,6 +107,110 @@ class _TimedRunner(FakeRunner):
 # -- the policies: the scheduler as it is, and what it was measured against ------------------
 
 
+class _OneOffsWaitForNothingRunning(BlockManager):
+    """A one-off may take agents' cached pages only once nothing runs (before 2026-11-29)."""
+
+    def fit(self, seq: Sequence, headroom: int) -> Fit:
+        if not headroom:
+            return super().fit(seq, headroom)
+        clock = self.clock
+        self.clock = lambda: seq.request.arrival_time  # never patient long enough
+        try:
+            return super().fit(seq, headroom)
+        finally:
+            self.clock = clock
+
+
+class _TimeToFirstTokenFirst(Scheduler):
+    """The admission rule before 2026-11-29 (docs/design.md): while the line is stuck for room,
+    the first request that has not started goes ahead of it, taking the place of running
+    sequences that have streamed `QUANTUM` tokens since they last started, those with the most
+    left to do first; a one-off waiting for agents' room is passed for its first 5 s and then
+    waits until nothing runs."""
+
+    QUANTUM = 8
+    PASSED_S = 5.0
+
+    def __init__(self, prefix: PrefixCache, **options: Any) -> None:
+        super().__init__(prefix, **options)
+        self.blocks = _OneOffsWaitForNothingRunning(
+            prefix, options["block_tokens"], options["max_batch_tokens"], self.clock
+        )
+        self.outputs_at_start: dict[int, int] = {}
+
+    def schedule(self) -> Batch:
+        self._admit_newcomers()
+        return super().schedule()
+
+    def _admit_next(self) -> Sequence | None:
+        if len(self.running) + len(self.restoring) >= self.max_running:
+            return None
+        for seq in self.waiting:
+            fit = self._fit(seq)
+            if fit.lacking <= 0:
+                self.waiting.remove(seq)
+                self._admit(seq, fit)
+                return seq
+            passable = self.clock() - seq.request.arrival_time < self.PASSED_S
+            if not (fit.kept_from_agents and passable):
+                return None
+        return None
+
+    def _admit_newcomers(self) -> None:
+        while self.waiting and self._fit(self.waiting[0]).lacking > 0:
+            if len(self.running) + len(self.restoring) >= self.max_running:
+                return
+            newcomer = next((seq for seq in self.waiting if not seq.started), None)
+            if newcomer is None:
+                return
+            fit = self._fit(newcomer)
+            if fit.lacking > 0:
+                if not self._preempt_for(fit):
+                    return
+                fit = self._fit(newcomer)
+                if fit.lacking > 0:
+                    return
+            self.waiting.remove(newcomer)
+            self._admit(newcomer, fit)
+
+    def _preempt_for(self, fit: Fit) -> bool:
+        victims, room = [], 0
+        left = lambda seq: seq.request.sampling.max_tokens - seq.num_output_tokens  # noqa: E731
+        for seq in sorted(self._preemptible(), key=left, reverse=True):
+            if room >= fit.lacking:
+                break
+            victims.append(seq)
+            room += self._freed_by(seq, fit) + self.blocks.pages_per_block
+        if room < fit.lacking:
+            return False
+        for seq in victims:
+            self._preempt(seq)
+        return True
+
+    def _preemptible(self) -> list[Sequence]:
+        return [
+            seq
+            for seq in self.running
+            if seq.num_output_tokens - self.outputs_at_start.get(seq.seq_id, 0) >= self.QUANTUM
+        ]
+
+    def _freed_by(self, seq: Sequence, fit: Fit) -> int:
+        """Pages preempting `seq` would make available to `fit`: those only it holds, when it
+        caches at a tier `fit` may reclaim, but those `fit` reuses."""
+        if seq.cache_tier > fit.max_tier:
+            return 0
+        reused = set(fit.match.in_memory)
+        pages = (p for table in seq.block_tables for p in table.pages if p not in reused)
+        return sum(self.pool.refcount(p) == 1 for p in pages)
+
+    def _start(self, seq: Sequence, cached_tokens: int, disk_tokens: int) -> None:
+        self.outputs_at_start[seq.seq_id] = seq.num_output_tokens
+        super()._start(seq, cached_tokens, disk_tokens)
+
+    def _victim(self) -> Sequence:
+        return self.running[-1]
+
+
 class _Capped(Scheduler):
     """Prompt tokens beside decodes capped at `cap` (None: whatever the step has left)."""
 
@@ -156,7 +260,7 @@ class _FairQueuing(_Capped):
         return chunks
 
 
-class _Before(Scheduler):
+class _Before(_TimeToFirstTokenFirst):
     """The scheduler before this policy: decodes, then prompts in the order they were admitted
     (admitting more only while the step has room), each step filled to `max_batch_tokens`."""
 
@@ -191,7 +295,7 @@ POLICIES: dict[str, type[Scheduler]] = {
 }
 
 
-class _SmallestJobFirst(Scheduler):
+class _SmallestJobFirst(_TimeToFirstTokenFirst):
     """Shortest job first, for admission (tried 2026-11-27, not kept: docs/design.md). A job is
     its uncached prompt and its answer, in decode steps (`PROMPT_TOKENS_PER_STEP` prompt tokens
     a step). The line is taken smallest job first, unless newer ones were admitted ahead of one
@@ -271,19 +375,21 @@ class _SmallestJobFirst(Scheduler):
         return None
 
 
-class _NoNewcomerPreempts(Scheduler):
-    """No newcomer takes a streaming answer's place (tried 2026-11-29, not kept:
-    docs/design.md): a request that does not fit waits for room, and only a decode that finds
-    the pool dry preempts."""
+class _OneOffsKeptFromAgents(Scheduler):
+    """A streaming answer keeps its place, but a one-off still takes no agent's cached page
+    while anything runs (tried 2026-11-29, not kept: docs/design.md)."""
 
-    def _preemptible(self) -> list[Sequence]:
-        return []
+    def __init__(self, prefix: PrefixCache, **options: Any) -> None:
+        super().__init__(prefix, **options)
+        self.blocks = _OneOffsWaitForNothingRunning(
+            prefix, options["block_tokens"], options["max_batch_tokens"], self.clock
+        )
 
 
 ADMISSION_POLICIES: dict[str, type[Scheduler]] = {
-    "**time to first token first (the policy)**": Scheduler,
-    "smallest job first": _SmallestJobFirst,
-    "no newcomer takes a streaming answer's place": _NoNewcomerPreempts,
+    "time to first token first (before)": _TimeToFirstTokenFirst,
+    "a streaming answer keeps its place, one-offs kept from agents' pages": _OneOffsKeptFromAgents,
+    "**a streaming answer keeps its place (the policy)**": Scheduler,
 }
 
 
@@ -334,6 +440,7 @@ def run(
             max_running=settings.max_running,
             max_batch_tokens=settings.max_batch_tokens,
             end_token_ids=old.end_token_ids,
+            clock=lambda: clock.now,
         )
         # Reads from disk on the engine thread: they land before the next step, every run alike,
         # each block costing `--read-ms`.
@@ -449,7 +556,9 @@ def _drive(engine: Engine, clock: Clock, stagger_s: float, args: argparse.Namesp
                     due.append((agent, turn + 1))
 
         sampling = SamplingParams(temperature=0.0, max_tokens=args.answer_tokens, ignore_eos=True)
-        engine.submit(Request(f"{agent}-{turn}", prompt, sampling, f"agent-{agent}"), sink)
+        name = None if args.anonymous else f"agent-{agent}"
+        request = Request(f"{agent}-{turn}", prompt, sampling, name, arrival_time=clock.now)
+        engine.submit(request, sink)
 
     idle_steps = 0
     while due or first_turns or engine.scheduler.has_work:
@@ -531,6 +640,9 @@ def main() -> None:
     )
     parser.add_argument("--read-ms", type=float, default=0.0, help="a block read from disk")
     parser.add_argument("--pool-mb", type=int, help="one scenario: everyone at once, this pool")
+    parser.add_argument(
+        "--anonymous", action="store_true", help="no agent ids: first turns are one-offs"
+    )
     parser.add_argument(
         "--trace", action="store_true", help="print each run's preemptions and longest waits"
     )

@@ -499,12 +499,13 @@ def run(opts: Options) -> dict[str, Any]:
             report = asyncio.run(soak(opts, server.base_url, server.process.pid))
         except BaseException:
             print(server.log_tail(), file=sys.stderr)
-            raise
-        finally:
             server.stop()
+            raise
+        tail = server.log_tail()  # before `stop`, which closes the log
+        server.stop()
         report["server_exit_code"] = server.process.returncode
         if failed(report):
-            print(server.log_tail(), file=sys.stderr)
+            print(tail, file=sys.stderr)
         return report
 
 

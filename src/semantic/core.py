@@ -451,7 +451,6 @@ class Sequence:
     first_token_time: float | None = None  # time.monotonic() when its first output token came
     restore: Restore | None = None  # what it waits for while RESTORING
     started: bool = False  # has run at least once (its cached-token counts are final)
-    outputs_at_start: int = 0  # output tokens it had when it last started running
     preempted_at: float | None = None  # time.monotonic() when it was last taken out to wait
     num_disk_tokens: int = 0  # of `num_cached_tokens`, those read back from disk
     cache_tier: int = 0  # the eviction tier its blocks are cached at when released

@@ -1,8 +1,8 @@
 """The agent cache under concurrent pressure, through the engine and the fake runner: more agents
 at once than the pool holds restore their warm turns from disk instead of recomputing them; a
-restore that cannot fit waits; preempted sequences resume from their cache; a newcomer gets its
-first token by taking the room of a sequence that had its quantum; conversations without a name
-rank as working agents. The fake runner computes each token from the context it reads back
+restore that cannot fit waits; preempted sequences resume from their cache; a one-off that waits
+for agents' room lets their turns pass for a while; conversations without a name rank as working
+agents. The fake runner computes each token from the context it reads back
 through the block tables, so a wrong restore changes outputs."""
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ from semantic.cache.pages.block_pool import (
 from semantic.cache.pages.prefix import page_key
 from semantic.core import AgentKey, Request, SamplingParams, TokenEvent, Usage
 from semantic.engine.engine import Engine
-from semantic.engine.scheduler import ONE_OFF_PASSED_S, PREEMPT_QUANTUM
-from semantic.errors import Overloaded
+from semantic.engine.scheduler import PASSED_FOR_S
 from semantic.models.served import ServedModel
-from tests.unit.fakes import make_engine, scheduler_clock
+from tests.unit.fakes import make_engine
 
 BLOCK = 8  # make_engine's block size
 
@@ -175,47 +174,6 @@ def test_a_preempted_sequence_resumes_from_its_cache_with_the_tokens_it_gets_alo
     assert engine.pool.num_held == 0
 
 
-def test_a_newcomer_takes_the_room_of_a_sequence_that_had_its_quantum(
-    served: ServedModel, tmp_path: Path
-) -> None:
-    engine, runner = make_engine(served, tmp_path, num_blocks=16)
-    long = submit(engine, "long", [9] * 90, None, max_tokens=30)  # 12 of 16 blocks, growing
-    while len(runner.steps) < 4 + PREEMPT_QUANTUM:  # its prefill, then a quantum of decodes
-        engine.step()
-    late = submit(engine, "late", [4] * 40, None, max_tokens=3)
-    engine.run_until_idle()
-    late_first = next(
-        i for i, b in enumerate(runner.steps) if any(it.sample and it.seq_id == 1 for it in b.items)
-    )
-    long_last = max(i for i, b in enumerate(runner.steps) if any(it.seq_id == 0 for it in b.items))
-    assert late_first < long_last, "the newcomer waited for the long sequence to finish"
-    assert engine.scheduler.preemptions == 1
-    assert result(late)[0] == alone(served, tmp_path / "late", [4] * 40, 3)
-    assert result(long)[0] == alone(served, tmp_path / "long", [9] * 90, 30)
-
-
-def test_a_newcomer_that_shares_a_prefix_only_its_victim_held_never_breaks_the_step(
-    served: ServedModel, tmp_path: Path
-) -> None:
-    """Preempting a running sequence frees the pages only it held, but those of them the
-    newcomer reuses are no room for its other blocks: counted as room, they let a newcomer be
-    admitted into too few pages, and the step's allocation failed every request in flight."""
-    engine, _ = make_engine(served, tmp_path, num_blocks=12)
-    shared = [3 + k for k in range(2 * BLOCK)]  # a system prompt: two blocks
-    first = submit(engine, "first", [*shared, *(50 + k for k in range(20))], None, max_tokens=50)
-    other = submit(engine, "other", [100 + k for k in range(24)], None, max_tokens=30)
-    for _ in range(10):  # both prefilled, and a quantum of decodes each
-        engine.step()
-    prompt = [*shared, *(200 + k for k in range(48))]
-    newcomer = submit(engine, "newcomer", prompt, None, max_tokens=4)
-    engine.run_until_idle()
-    engine.pool.check_integrity()
-    assert result(newcomer)[0] == alone(served, tmp_path / "newcomer", prompt, 4)
-    assert result(first)[1].completion_tokens == 50
-    assert result(other)[1].completion_tokens == 30
-    assert engine.scheduler.preemptions > 0  # the newcomer took a running sequence's room
-
-
 def test_a_running_sequences_growth_takes_an_idle_agents_blocks_before_a_waiting_agents(
     served: ServedModel, tmp_path: Path
 ) -> None:
@@ -259,14 +217,17 @@ def one_off_ahead_of_a_turn(
 ) -> tuple[Engine, Events, Events, Events]:
     """Agents' histories fill most of the pool and one agent keeps decoding; then a one-off that
     needs their room (having waited `waited_s`) and, behind it, another agent's turn that fits.
-    Returns the engine and the three requests' events, after one step."""
+    Returns the engine and the three requests' events, after one step; the scheduler's clock
+    stands still from then on (a loaded machine's steps never make the one-off patient)."""
     engine, _ = make_engine(served, tmp_path, num_blocks=24)
     run_at_once(engine, {f"agent-{a}": system_prompt(a) for a in range(3)}, named=True)
     busy = submit(engine, "busy", [*system_prompt(0), 50, 51], "agent-0", max_tokens=30)
     engine.step()
     side: list[TokenEvent] = []
     one_off = [3 + (k * 13) % 380 for k in range(18 * BLOCK)]
-    arrived = time.monotonic() - waited_s
+    now = time.monotonic()
+    engine.scheduler.clock = lambda: now
+    arrived = now - waited_s
     engine.submit(Request("side", one_off, SamplingParams(temperature=0.0, max_tokens=6),
                           arrival_time=arrived), side.append)  # fmt: skip
     turn = submit(engine, "turn", [*system_prompt(1), 60, 61], "agent-1")
@@ -277,8 +238,8 @@ def one_off_ahead_of_a_turn(
 def test_a_one_off_waiting_for_agents_room_does_not_hold_up_an_agents_turn_behind_it(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    # A side request never evicts a working agent, so the one-off waits; the agent's turn behind
-    # it used to wait with it until nothing ran at all.
+    # A side request leaves working agents' pages alone for its first second, so the one-off
+    # waits; the agent's turn behind it used to wait with it until nothing ran at all.
     engine, busy, side, turn = one_off_ahead_of_a_turn(served, tmp_path, waited_s=0.0)
     assert [seq.request.request_id for seq in engine.scheduler.waiting] == ["side"]
     first: dict[str, int] = {}
@@ -290,7 +251,8 @@ def test_a_one_off_waiting_for_agents_room_does_not_hold_up_an_agents_turn_behin
         if busy[-1:] and busy[-1].usage is not None:
             break
     assert "turn" in first and "side" not in first, "the agent's turn waited behind the one-off"
-    engine.run_until_idle()  # the one-off, once nothing runs (after ONE_OFF_PATIENCE_S)
+    engine.scheduler.clock = time.monotonic
+    engine.run_until_idle()  # the one-off, once it has waited ONE_OFF_PATIENCE_S
     for events in (busy, side, turn):
         result(events)
 
@@ -298,7 +260,7 @@ def test_a_one_off_waiting_for_agents_room_does_not_hold_up_an_agents_turn_behin
 def test_a_one_off_passed_for_long_enough_holds_the_line_again_and_is_not_starved(
     served: ServedModel, tmp_path: Path
 ) -> None:
-    engine, busy, side, turn = one_off_ahead_of_a_turn(served, tmp_path, ONE_OFF_PASSED_S)
+    engine, busy, side, turn = one_off_ahead_of_a_turn(served, tmp_path, PASSED_FOR_S)
     assert [seq.request.request_id for seq in engine.scheduler.waiting] == ["side", "turn"]
     engine.run_until_idle()
     for events in (busy, side, turn):
@@ -514,28 +476,3 @@ def test_a_one_off_request_takes_idle_cached_agent_blocks_when_nothing_runs(
     one_off = [3 + (k * 13) % 380 for k in range(20 * BLOCK)]
     ((out, usage),) = run_at_once(engine, {"side": one_off}, named=False).values()
     assert len(out) == 6 and usage.prompt_tokens == len(one_off)
-
-
-def test_a_preempted_answer_that_waits_past_the_queue_timeout_is_overloaded(
-    served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Newcomers that keep coming, each fitting the room another leaves where the answer they
-    # preempted does not, could keep it waiting for ever: past `queue_timeout_s` it is refused as
-    # overloaded, as a request never admitted is, instead of hanging until its client gives up.
-    clock = scheduler_clock(monkeypatch)
-    engine, _ = make_engine(served, tmp_path, num_blocks=16, queue_timeout_s=0.05)
-    answer = submit(engine, "answer", [9] * 60, None, max_tokens=30)
-    while sum(len(e.token_ids) for e in answer) < PREEMPT_QUANTUM:
-        engine.step()
-    newcomers = [submit(engine, f"new-{n}", [20 + n] * 52, None, max_tokens=4) for n in range(2)]
-    engine.step()
-    assert [seq.request.request_id for seq in engine.scheduler.waiting] == ["answer"]
-    clock.now += 0.1
-    engine.step()
-    assert answer[-1].final and isinstance(answer[-1].error, Overloaded)
-    assert sum(len(e.token_ids) for e in answer) >= PREEMPT_QUANTUM  # what it had streamed stays
-    engine.run_until_idle()
-    for events in newcomers:
-        result(events)
-    engine.pool.check_integrity()
-    assert engine.pool.num_held == 0

@@ -145,27 +145,28 @@ def test_a_request_whose_wait_ran_out_but_that_fits_now_runs(
 
 
 def test_a_preempted_request_not_resumed_in_time_says_it_was_preempted(
-    served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served: ServedModel, tmp_path: Path
 ) -> None:
-    """A newcomer takes the place of an answer that has had its quantum, and holds the pool
-    past the timeout: the answer is refused as preempted, not as never let in."""
-    clock = scheduler_clock(monkeypatch)
-    engine, _ = make_engine(served, tmp_path, num_blocks=8, queue_timeout_s=0.05)
-    answer = request(0, prompt_len=24, max_tokens=10_000, ignore_eos=True)
-    newcomer = request(1, prompt_len=40, max_tokens=10_000, ignore_eos=True)
+    """Two answers outgrow the pool together: a decode that finds it dry takes the newer out,
+    and the older holds the pool past the timeout (on the scheduler's clock): the newer is
+    refused as preempted, not as never let in."""
+    engine, _ = make_engine(served, tmp_path, num_blocks=8, queue_timeout_s=1.0)
+    now = [0.0]
+    engine.scheduler.clock = lambda: now[0]
+    older, newer = (request(i, prompt_len=16, max_tokens=10_000, ignore_eos=True) for i in (0, 1))
     events: dict[str, list[TokenEvent]] = {"r0": [], "r1": []}
-    engine.submit(answer, events["r0"].append)
-    while len(events["r0"]) < 10:  # past its quantum
+    for r in (older, newer):
+        r.arrival_time = 0.0
+        engine.submit(r, events[r.request_id].append)
+    while not engine.scheduler.preemptions:
         engine.step()
-    engine.submit(newcomer, events["r1"].append)
+    assert [seq.request.request_id for seq in engine.scheduler.waiting] == ["r1"]
+    now[0] = 1.5
     engine.step()
-    assert engine.scheduler.preemptions == 1 and engine.scheduler.waiting
-    clock.now += 0.1
-    engine.step()
-    error = events["r0"][-1].error
+    error = events["r1"][-1].error
     assert isinstance(error, Overloaded) and "preempted" in str(error)
-    engine.abort("r1")
     engine.run_until_idle()
+    assert events["r0"][-1].error is None
     assert engine.pool.num_held == 0
 
 

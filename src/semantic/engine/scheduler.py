@@ -25,16 +25,14 @@ from semantic.core import (
 )
 from semantic.engine.drafts import propose
 
-# Tokens a sequence produces after it starts (or resumes) before a newcomer may preempt it:
-# bounds how often one sequence can be swapped out.
-PREEMPT_QUANTUM = 8
 # The share of `max_batch_tokens` a step that also decodes may spend on prompts: a decode then
 # waits for one such chunk at most (256 tokens at the default 512: ~0.25 s of SmolLM2 on two
 # CPU cores, against ~0.5 s for a whole step), while a prompt alone still gets whole steps.
 PREFILL_SHARE_WHILE_DECODING = 0.5
-# How long requests behind a one-off that waits for room only agents hold may go ahead of it:
-# after that the line waits with it, and it runs once nothing else does (never starved).
-ONE_OFF_PASSED_S = 5.0
+# How long requests that fit may go ahead of a request that waits for room (a warm turn's few
+# blocks past a cold prompt's many): after that the line waits with it, so a stream of turns
+# that fit never starves it. An answer that was preempted is never passed.
+PASSED_FOR_S = 5.0
 # Shorter prompts go first, but newer ones may overtake a waiting prompt by at most this many
 # times its remaining length: then it goes first with half the budget or more, so a stream of
 # short prompts never starves it and it never holds them all back.
@@ -51,6 +49,18 @@ def _waiting_since(seq: Sequence) -> float:
     # Back in line, never preempted, after a restore failed its checks: it is first in line and
     # is never refused for the wait.
     return seq.preempted_at if seq.preempted_at is not None else math.inf
+
+
+def _passable(seq: Sequence, now: float) -> bool:
+    """Whether requests that fit may go ahead of `seq`, which lacks room: never an answer that
+    has streamed tokens (preempted when a decode found the pool dry, it resumes first), and a
+    request only for its first `PASSED_FOR_S`."""
+    return not seq.num_output_tokens and now - seq.request.arrival_time < PASSED_FOR_S
+
+
+def _monotonic() -> float:
+    """`time.monotonic()`, looked up at each call (a test may stand in for `time`)."""
+    return time.monotonic()
 
 
 def _no_agent(block_hash: int) -> bool:
@@ -75,31 +85,37 @@ class Scheduler:
     times what it has left: the oldest such goes first, with at least half the prompt budget.
     Why this policy: docs/design.md.
 
-    Admission takes waiting sequences in order (a one-off that waits for room only agents hold
-    lets the requests behind it pass for `ONE_OFF_PASSED_S`), each once pages for its whole
-    prompt are available (then prefill chunks never need room: a sliding layer group's pages are
-    reserved for its window and a chunk, and each chunk trades the pages its window left for new
-    ones, `cache/pages/block_manager.py`), keeping one block of headroom per running sequence so
-    admitting does not force the next decode to preempt. All that fit are admitted before the
-    step's chunks are chosen, so a short prompt can go first. Admission reuses the longest
-    cached prefix of the prompt (`cache/pages/prefix.py`), wherever it is: pool blocks are shared (a
-    partial one copied), and blocks only the disk has are restored into the sequence's fresh
-    blocks — the sequence waits RESTORING (holding its blocks, so the restore can never fail for
-    room) while the engine reads them, then runs as if they had never left. A restore that
-    cannot fit waits in line; it is never recomputed for lack of room.
+    Admission takes waiting sequences in order (one that lacks room lets those behind it that
+    fit pass for its first `PASSED_FOR_S`, never once it has streamed tokens), each once pages
+    for its whole prompt are available (then prefill chunks never need room: a sliding layer
+    group's pages are reserved for its window and a chunk, and each chunk trades the pages its
+    window left for new ones, `cache/pages/block_manager.py`), keeping one block of headroom per
+    running sequence so admitting does not force the next decode to preempt. All that fit are
+    admitted before the step's chunks are chosen, so a short prompt can go first. Admission
+    reuses the longest cached prefix of the prompt (`cache/pages/prefix.py`), wherever it is:
+    pool blocks are shared (a partial one copied), and blocks only the disk has are restored
+    into the sequence's fresh blocks — the sequence waits RESTORING (holding its blocks, so the
+    restore can never fail for room) while the engine reads them, then runs as if they had
+    never left. A restore that cannot fit waits in line; it is never recomputed for lack of
+    room.
 
-    A decode that needs a new block and finds none preempts the most recently admitted running
-    sequence: its full blocks and its partial last block stay cached (and go to disk if the
-    pool reclaims them), and it waits, first in line, to resume from them with the tokens it
-    would have had. Full blocks are hashed as soon as they are computed, so concurrent requests
-    share them; a finished sequence leaves its partial last block cached too, unless it ended
-    in an error (a failed step may have left garbage there).
+    Nothing is preempted to admit anyone: a newcomer that lacks room waits for it, so an answer
+    that has started streaming is never stopped for a newcomer (docs/design.md, "A streaming
+    answer keeps its place"). Only a decode that needs a new block and finds none preempts:
+    the newest running sequence that has not streamed a token yet, else the newest. Its full
+    blocks and its partial last block stay cached (and go to disk if the pool reclaims them),
+    and it waits, first in line, to resume from them with the tokens it would have had. Full
+    blocks are hashed as soon as they are computed, so concurrent requests share them; a
+    finished sequence leaves its partial last block cached too, unless it ended in an error (a
+    failed step may have left garbage there).
 
     Eviction tiers: a sequence's blocks are cached at the working-agent tier when it belongs to
     an agent — named, or a conversation without a name, known by its prompt extending a history
     whole — and at the one-off tier otherwise. A one-off request is admitted only into free
-    blocks and cached blocks of one-off requests and idle agents, so a burst of side requests
-    never evicts a working agent's cache.
+    blocks and cached blocks of one-off requests and idle agents for its first second, so a
+    burst of side requests does not evict a working agent's cache; after that it may take them
+    (they go to disk first), so agents' turns never keep it waiting
+    (`cache/pages/block_manager.py`).
 
     Speculative decoding (`speculative_tokens` > 0): while at most `DRAFT_UP_TO_DECODES`
     sequences decode, each one past its min_tokens gets a draft from its own context
@@ -124,13 +140,18 @@ class Scheduler:
         named: Callable[[int], bool] = _no_agent,
         speculative_tokens: int = 0,
         context_tokens: int | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.prefix = prefix
+        # Seconds on the clock that requests' `arrival_time` is on (a virtual one in tests and
+        # simulations).
+        self.clock = clock or _monotonic
         # Whether an agent's history names a block: the agents store then keeps its pages as its
         # windows need (`finish`).
         self.named = named
         self.pool = prefix.pool
-        self.blocks = BlockManager(prefix, block_tokens, max_batch_tokens)
+        # on the scheduler's clock, whatever it is set to later
+        self.blocks = BlockManager(prefix, block_tokens, max_batch_tokens, lambda: self.clock())
         self.max_running = max_running
         self.max_batch_tokens = max_batch_tokens
         self.end_token_ids = tuple(end_token_ids)
@@ -163,7 +184,6 @@ class Scheduler:
 
     def schedule(self) -> Batch:
         self.blocks.release_copy_sources()
-        self._admit_newcomers()
         while self._admit_next() is not None:
             pass
         decoding = self._grow_decodes()
@@ -254,9 +274,9 @@ class Scheduler:
 
     def expired(self, timeout_s: float, now: float | None = None) -> list[Sequence]:
         """Waiting sequences that have waited `timeout_s` for room: never admitted since they
-        arrived, or not resumed since they were preempted (newcomers that keep coming, each
-        fitting where it does not, could keep a preempted sequence waiting for ever)."""
-        now = time.monotonic() if now is None else now
+        arrived, or not resumed since they were preempted. Nobody passes them for long
+        (`_passable`), so this is the answer of a machine too slow for its load."""
+        now = self.clock() if now is None else now
         return [seq for seq in self.waiting if now - _waiting_since(seq) > timeout_s]
 
     def _pending(self, seq: Sequence) -> int:
@@ -320,18 +340,26 @@ class Scheduler:
 
     def _grow_decodes(self) -> list[Sequence]:
         """Running sequences with exactly one token to compute, each given room for it;
-        preempts the newest sequences when the pool runs dry."""
+        preempts others when the pool runs dry (`_victim`)."""
         decodes = []
         for seq in list(self.running):
             if seq.status is not SequenceStatus.RUNNING or self._pending(seq) != 1:
                 continue
             while not self.blocks.grow(seq, len(seq.token_ids)):
-                self._preempt(self.running[-1])
+                self._preempt(self._victim())
                 if seq.status is not SequenceStatus.RUNNING:
                     break
             if seq.status is SequenceStatus.RUNNING:
                 decodes.append(seq)
-        return decodes
+        # a sequence given its room earlier in this loop may have been a later one's victim
+        return [seq for seq in decodes if seq.status is SequenceStatus.RUNNING]
+
+    def _victim(self) -> Sequence:
+        """The running sequence to take out when a decode finds the pool dry: the newest that
+        has not streamed a token yet (a prompt waits a little longer for its first token, and no
+        answer stops mid-stream), else the newest."""
+        silent = [seq for seq in self.running if not seq.num_output_tokens]
+        return (silent or self.running)[-1]
 
     def _drafts(self, decoding: list[Sequence]) -> dict[int, list[int]]:
         """Each decoding sequence's draft this step, by seq id: while few decode, for those whose
@@ -378,21 +406,19 @@ class Scheduler:
         return self.blocks.fit(seq, headroom=len(self.running))
 
     def _admit_next(self) -> Sequence | None:
-        """Admit the first waiting sequence if its prompt fits. A one-off waiting for room that
-        only agents' pages could make does not hold up the requests behind it for its first
-        `ONE_OFF_PASSED_S`: an agent's turn that fits goes ahead (a one-off ahead of it would
-        otherwise keep it waiting until nothing ran at all)."""
+        """Admit the first waiting sequence that fits, in order: one that lacks room lets those
+        behind it go ahead only while it is `_passable`, so that nobody waits behind a request
+        for long while room it cannot use goes unused, and nobody is passed for ever."""
         if len(self.running) + len(self.restoring) >= self.max_running:
             return None
-        now = time.monotonic()
+        now = self.clock()
         for seq in self.waiting:
             fit = self._fit(seq)
             if fit.lacking <= 0:
                 self.waiting.remove(seq)
                 self._admit(seq, fit)
                 return seq
-            passable = now - seq.request.arrival_time < ONE_OFF_PASSED_S
-            if not (fit.kept_from_agents and passable):
+            if not _passable(seq, now):
                 return None
         return None
 
@@ -400,7 +426,7 @@ class Scheduler:
         """Give `seq` its blocks; it runs now, or once the blocks only the disk has are in."""
         restore = self.blocks.admit(seq, fit)
         if seq.first_scheduled_time is None:
-            seq.first_scheduled_time = time.monotonic()
+            seq.first_scheduled_time = self.clock()
             seq.cache_tier = fit.tier
         if not seq.started:
             seq.missing_hash = fit.match.missing
@@ -414,59 +440,12 @@ class Scheduler:
             self.restoring.append(seq)
             self._to_restore.append(seq)
 
-    def _admit_newcomers(self) -> None:
-        """Time to first token first: while the line is stuck for room, requests that have not
-        produced a token yet go ahead of it, each taking the place of running sequences that
-        have had their quantum (`PREEMPT_QUANTUM` tokens since they last started) when it must,
-        those with the most left to do first. The preempted keep everything they computed
-        cached, and resume from it first in line. Nothing is preempted unless that makes enough
-        room for the newcomer."""
-        while self.waiting and self._fit(self.waiting[0]).lacking > 0:
-            if len(self.running) + len(self.restoring) >= self.max_running:
-                return
-            newcomer = next((seq for seq in self.waiting if not seq.started), None)
-            if newcomer is None:
-                return
-            fit = self._fit(newcomer)
-            if fit.lacking > 0:
-                if not self._preempt_for(fit):
-                    return
-                fit = self._fit(newcomer)
-                if fit.lacking > 0:  # never admitted short of pages: the step would fail
-                    return
-            self.waiting.remove(newcomer)
-            self._admit(newcomer, fit)
-
-    def _preempt_for(self, fit: Fit) -> bool:
-        """Preempt running sequences until `fit` would fit; False (preempting none) when all
-        that may be preempted would not make room enough."""
-        victims, room = [], 0
-        for seq in sorted(self._preemptible(), key=_work_left, reverse=True):
-            if room >= fit.lacking:
-                break
-            victims.append(seq)
-            # its own pages, and its headroom block's
-            room += self.blocks.freed_by(seq, fit) + self.blocks.pages_per_block
-        if room < fit.lacking:
-            return False
-        for seq in victims:
-            self._preempt(seq)
-        return True
-
-    def _preemptible(self) -> list[Sequence]:
-        return [
-            seq
-            for seq in self.running
-            if seq.num_output_tokens - seq.outputs_at_start >= PREEMPT_QUANTUM
-        ]
-
     def _start(self, seq: Sequence, cached_tokens: int, disk_tokens: int) -> None:
         """Run a sequence; the first time, its prompt's reused tokens are what its usage says
         came from the cache (a resume after preemption reuses what it computed itself)."""
         if not seq.started:
             seq.started = True
             seq.num_cached_tokens, seq.num_disk_tokens = cached_tokens, disk_tokens
-        seq.outputs_at_start = seq.num_output_tokens
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
@@ -474,7 +453,7 @@ class Scheduler:
         """Take a running sequence out, keeping everything it computed cached (its partial last
         block too), so it resumes from the cache — memory, or disk if the pool needs the room."""
         self.preemptions += 1
-        seq.preempted_at = time.monotonic()
+        seq.preempted_at = self.clock()
         self.running.remove(seq)
         self.blocks.cache_tail(seq)
         self.blocks.release(seq)

@@ -23,7 +23,9 @@ from semantic.cache.pages.block_pool import (
 from semantic.cache.pages.prefix import PrefixCache, PrefixMatch, page_key
 from semantic.core import BlockTable, Restore, Sequence, first_read_block
 
-# How long a one-off request waits, while nothing runs, before it may take agents' cached pages.
+# How long a one-off request leaves agents' cached pages alone. After that it may take them like
+# any request (they go to disk first): the server never idles while a one-off waits for a cache
+# no one is using, and agents' turns that keep coming never keep it waiting until its timeout.
 ONE_OFF_PATIENCE_S = 1.0
 
 
@@ -61,8 +63,17 @@ class BlockManager:
     exactly once.
     """
 
-    def __init__(self, prefix: PrefixCache, block_tokens: int, max_chunk_tokens: int) -> None:
+    def __init__(
+        self,
+        prefix: PrefixCache,
+        block_tokens: int,
+        max_chunk_tokens: int,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.prefix = prefix
+        # the clock of requests' `arrival_time` (by default `time.monotonic`, looked up at each
+        # call: a test may stand in for `time`)
+        self.clock = clock or (lambda: time.monotonic())
         self.pool = prefix.pool
         self.block_tokens = block_tokens
         self.windows = prefix.windows
@@ -103,10 +114,8 @@ class BlockManager:
         match = self.prefix.match(seq.token_ids, self.root(seq))
         tier = seq.cache_tier if seq.first_scheduled_time is not None else tier_of(seq, match)
         # A one-off may not reclaim agents' pages — unless it was preempted (finishing what was
-        # started beats keeping a cache, and it could otherwise wait for ever), or it has waited
-        # `ONE_OFF_PATIENCE_S` while nothing ran (`headroom` is one per running sequence): the
-        # server never idles long while a request waits for pages no one is using.
-        patient = headroom > 0 or time.monotonic() - seq.request.arrival_time < ONE_OFF_PATIENCE_S
+        # started beats keeping a cache), or it has waited `ONE_OFF_PATIENCE_S`.
+        patient = self.clock() - seq.request.arrival_time < ONE_OFF_PATIENCE_S
         one_off = tier == TIER_ONE_OFF and not seq.started and patient
         max_tier = TIER_IDLE_AGENT if one_off else TOP_TIER
         # Cached pages we are about to reuse cannot also be reclaimed for the rest (a held
@@ -219,16 +228,6 @@ class BlockManager:
                 page = None if named(block_hash) else self.pool.lookup(page_key(block_hash, group))
                 if page is not None:
                     self.pool.retier(page, TIER_OUT_OF_WINDOW)  # only a cached page moves
-
-    def freed_by(self, seq: Sequence, fit: Fit) -> int:
-        """Pages releasing `seq` would make available to the admission `fit`: those only it
-        holds, when it caches at the tier `fit` may reclaim or below, but those `fit` reuses,
-        which are no room for its other blocks."""
-        if seq.cache_tier > fit.max_tier:
-            return 0
-        reused = set(fit.match.in_memory)
-        pages = (p for table in seq.block_tables for p in table.pages if p not in reused)
-        return sum(self.pool.refcount(p) == 1 for p in pages)
 
     def index_restored(self, seq: Sequence, restore: Restore, count: int) -> None:
         """Index the full blocks' pages of `restore` that arrived (its first `count`), so others
