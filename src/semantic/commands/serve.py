@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -47,7 +50,19 @@ def run(args: argparse.Namespace) -> int:
         # On SIGTERM/SIGINT: drain (503 to new requests, running ones get
         # shutdown_timeout_s), persist every hot cache, exit 0.
         serve(app, settings, checked.listener, _ready_line(checked, host, started))
+    _exit_at_once()
     return 0
+
+
+def _exit_at_once() -> None:
+    """End the process now that the drain is over, every cache is persisted and the cache
+    folder is unlocked, without the interpreter's teardown: MLX's C++ runtime can abort in it
+    ("terminate called without an active exception", SIGABRT) after a clean stop, and there is
+    nothing left for it to do but flush what was logged."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _ready_line(checked: Checked, host: EngineHost, started: float) -> str:
