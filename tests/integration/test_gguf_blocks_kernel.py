@@ -40,7 +40,7 @@ def qwen() -> Checkpoint:
 
 
 def make_runner(checkpoint: Checkpoint, weights: str) -> TorchRunner:
-    assert checkpoint.blocks is not None  # it has Q4_K matrices to keep
+    assert checkpoint.blocks is not None  # it has the file's blocks to keep
     tensors = checkpoint.blocks() if weights == "gguf" else checkpoint.weights()
     return TorchRunner(
         checkpoint.config,

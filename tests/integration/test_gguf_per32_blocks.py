@@ -16,9 +16,10 @@ from semantic.backends.torch.blocks import FlatWeight, GroupLinear
 from semantic.backends.torch.kernels import cpu_kernels, unavailable_reason
 from semantic.backends.torch.runner import TorchRunner
 from semantic.errors import ModelLoadFailed
-from semantic.models.checkpoint import Checkpoint, load_checkpoint
+from semantic.models.checkpoint import load_checkpoint
 from semantic.models.registry import ModelRegistry
 from tests.integration.forced_logits import agreement
+from tests.integration.test_gguf_blocks_kernel import make_runner
 
 pytestmark = [
     pytest.mark.integration,
@@ -33,21 +34,6 @@ QUESTIONS = ["Write a Python function that reverses a string.", "What does `git 
 # weights' 9.8%); the 0.5B 95.8% and 1.8%
 TOP1_SMOLLM2, ERROR_SMOLLM2 = 0.85, 0.10
 TOP1_05B, ERROR_05B = 0.9, 0.05
-
-
-def make_runner(checkpoint: Checkpoint, weights: str) -> TorchRunner:
-    assert checkpoint.blocks is not None  # per-32 blocks to keep
-    tensors = checkpoint.blocks() if weights == "gguf" else checkpoint.weights()
-    return TorchRunner(
-        checkpoint.config,
-        tensors,
-        block_tokens=16,
-        cache_budget_mb=64,
-        dtype="bfloat16",
-        device="cpu",
-        kernels=True,
-        weight_format=weights,
-    )
 
 
 def planes(runner: TorchRunner) -> dict[str, set[int]]:
