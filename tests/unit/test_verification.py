@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
+from semantic.backends.torch.kernels import cpu_kernels, unavailable_reason
 from semantic.backends.torch.runner import TorchRunner
 from semantic.backends.torch.sampling import sample
 from semantic.backends.torch.verification import sample_or_verify, verify
@@ -312,3 +314,31 @@ def test_the_torch_runner_verifies_a_draft_beside_a_plain_decode_as_decoding_one
         2, [truth[0][0], *whole], len(prompts[0]), [table], True, GREEDY, 1, draft_token_ids=whole
     )
     assert runner.run(Batch([drafted])) == [truth[0][1:7]]
+
+
+def decode_logits(runner: TorchRunner, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The logits decoding `tokens` after `prompt` gives, one token a step ([len(tokens), V])."""
+    table = list(range(16))
+    runner.run(Batch([BatchItem(0, prompt, 0, [table], True, GREEDY, 0)]))
+    rows = []
+    for n, token in enumerate(tokens):
+        item = BatchItem(0, [token], len(prompt) + n, [table], True, GREEDY, n + 1)
+        rows.append(runner.forward_logits(Batch([item])))
+    return torch.cat(rows)
+
+
+@pytest.mark.skipif(cpu_kernels() is None, reason=f"no CPU kernels: {unavailable_reason()}")
+def test_a_draft_is_verified_with_the_very_logits_decoding_one_token_a_step_gives() -> None:
+    # bf16 on our kernels with an 8-bit pool, as a CPU server runs: a draft's logits must be
+    # bit for bit a plain decode's, or a near tie can flip a greedy token.
+    config, weights = tiny_llama(tied=True, vocab_size=300)
+    runner = TorchRunner(config, weights, block_tokens=4, cache_budget_mb=4, dtype="bfloat16")
+    assert runner.cache_spec.kv_dtype == "int8"
+    prompt = [(7 * i + 3) % 300 for i in range(37)]
+    tokens = [5, 81, 17, 240, 9, 33]
+    plain = decode_logits(runner, prompt, tokens)
+    table = list(range(16, 32))
+    runner.run(Batch([BatchItem(1, prompt, 0, [table], True, GREEDY, 0)]))
+    draft = tuple(tokens[1:])
+    drafted = BatchItem(1, tokens, len(prompt), [table], True, GREEDY, 1, draft_token_ids=draft)
+    assert torch.equal(runner.forward_logits(Batch([drafted])), plain)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -184,11 +184,16 @@ class TorchRunner:
         self.grammars.release(seq_id)
 
     def forward_logits(self, batch: Batch) -> torch.Tensor:
-        """Like `run` but return fp32 logits [N, V] of the sample=True items, in batch order."""
+        """Like `run` but return fp32 logits [N, V] of the sample=True items, in batch order
+        (an item with a draft: a row at its decode token and at each draft token)."""
         self._copy_blocks(batch.copies)
-        logits, _, index = self._sampled_logits(batch)
-        order = sorted(range(len(index)), key=index.__getitem__)
-        return logits[order]
+        logits, items, index = self._sampled_logits(batch)
+        starts = itertools.accumulate((1 + len(item.draft_token_ids) for item in items), initial=0)
+        rows = {
+            i: range(start, start + 1 + len(item.draft_token_ids))
+            for i, start, item in zip(index, starts, items, strict=False)
+        }
+        return logits[[row for i in sorted(rows) for row in rows[i]]]
 
     def _sampled_logits(self, batch: Batch) -> tuple[torch.Tensor, list[BatchItem], list[int]]:
         """fp32 logits of the items to sample, those items and their batch indices: a batch of
@@ -272,17 +277,20 @@ class _StepBuilder:
 
     def build(self, batch: Batch) -> StepInputs:
         items = batch.items
-        decodes = [i for i, item in enumerate(items) if len(item.token_ids) == 1]
-        chunks = [i for i, item in enumerate(items) if len(item.token_ids) > 1]
-        order = [items[i] for i in decodes + chunks]
-        ids, positions, slots = self._layout(order)
+        decodes = [i for i, item in enumerate(items) if _decodes(item)]
+        chunks = [i for i, item in enumerate(items) if not _decodes(item)]
+        # A draft is verified as decodes of its tokens, one a position: each then attends as
+        # plain decoding's would (a chunk's attention rounds otherwise), so its logits are bit
+        # for bit those of decoding one token a step, and a greedy row's tokens are theirs.
+        singles = [single for i in decodes for single in _one_a_position(items[i])]
+        ids, positions, slots = self._layout(singles + [items[i] for i in chunks])
         flat = torch.tensor([ids, positions, *slots], dtype=torch.int64).to(self.device)
         offsets = list(itertools.accumulate((len(items[i].token_ids) for i in chunks), initial=0))
-        offsets = [len(decodes) + offset for offset in offsets]
+        offsets = [len(singles) + offset for offset in offsets]
         views = [
             GroupView(
                 flat[2 + group],
-                self._decode_group([items[i] for i in decodes], group) if decodes else None,
+                self._decode_group(singles, group) if decodes else None,
                 [
                     self._prefill_chunk(items[i], offset, group)
                     for i, offset in zip(chunks, offsets, strict=False)
@@ -290,8 +298,9 @@ class _StepBuilder:
             )
             for group in range(len(self.windows))
         ]
-        # Each item's last token: decodes are rows 0..B-1, chunks end before the next offset.
-        ends = list(range(len(decodes))) + [offset - 1 for offset in offsets[1:]]
+        # Each item's last token: decodes' rows come first, chunks end before the next offset.
+        decode_ends = itertools.accumulate(len(items[i].token_ids) for i in decodes)
+        ends = [end - 1 for end in decode_ends] + [offset - 1 for offset in offsets[1:]]
         sampled = [
             (end, i) for end, i in zip(ends, decodes + chunks, strict=True) if items[i].sample
         ]
@@ -411,6 +420,21 @@ class _StepBuilder:
         key_pos = torch.arange(first_key if start > 0 else 0, total, device=self.device)[None]
         mask = (key_pos <= query_pos) & (key_pos > query_pos - window)
         return PrefillChunk(offset, n, start, block_ids, mask, first_key if start > 0 else 0)
+
+
+def _decodes(item: BatchItem) -> bool:
+    """Whether `item` is a decode (a draft's too) rather than a prompt's chunk."""
+    return len(item.token_ids) == 1 or bool(item.draft_token_ids)
+
+
+def _one_a_position(item: BatchItem) -> list[BatchItem]:
+    """A decode with a draft as one decode a token, at its positions (a plain decode as is)."""
+    if not item.draft_token_ids:
+        return [item]
+    return [
+        replace(item, token_ids=[token], start_pos=item.start_pos + n, draft_token_ids=())
+        for n, token in enumerate(item.token_ids)
+    ]
 
 
 @dataclass(slots=True, frozen=True)
