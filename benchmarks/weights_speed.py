@@ -17,6 +17,12 @@ and the LM head; the embedding table's rows aside), `read_gbs`, the rate this pr
 1 GiB tensor at (`torch.sum`, median of 5, measured in each run), and `wall`, the decode rate
 that reading alone would allow. `--linear-rows 1,4,16` adds `linears_<rows>`: ms to run every
 linear of a step once on that many rows (median of 5).
+
+The matrix units' rate beside them: `matmul_gflops`, what a plain torch bf16 matrix product
+(oneDNN: AMX tiles where the CPU has them) reaches on one layer's linear shapes at the largest
+chunk's rows, and `prefill_share`, the largest chunk's prefill in useful GFLOP/s (every layer's
+linears, 2 · N · K a token, and its causal attention, 4 · heads · head_dim a key seen) as a
+share of it: above 1 where 8-bit arithmetic outruns bf16.
 """
 
 from __future__ import annotations
@@ -80,6 +86,9 @@ def timed(runner: TorchRunner, args: argparse.Namespace, chunks: list[int]) -> d
         figures[f"prefill_{chunk}"] = args.prompt / prefill_s
         figures["decode"] = 1 / statistics.median(steps_s)
         figures["decode_best"] = 1 / min(steps_s)
+    matmul = _matmul_gflops(runner, max(chunks))
+    prefill = _prefill_gflops(runner, args.prompt, figures[f"prefill_{max(chunks)}"])
+    figures |= {"matmul_gflops": matmul, "prefill_share": prefill / matmul}
     step_bytes = _step_bytes(runner)
     read_gbs = _read_rate()
     figures |= {"step_mib": step_bytes / 2**20, "read_gbs": read_gbs}
@@ -101,6 +110,45 @@ def _step_linears(runner: TorchRunner) -> list[Linear]:
     for block in model.blocks:
         linears += [block.attn.qkv, block.attn.o, block.mlp.gate_up, block.mlp.down]  # type: ignore[attr-defined]
     return linears
+
+
+def _layer_shapes(runner: TorchRunner) -> list[tuple[int, int]]:
+    """(out, in) features of one layer's linears."""
+    block = runner.model.blocks[0]
+    linears = [block.attn.qkv, block.attn.o, block.mlp.gate_up, block.mlp.down]  # type: ignore[attr-defined]
+    shapes = []
+    with torch.inference_mode():
+        for linear in linears:
+            width = _in_features(runner, linear)
+            shapes.append((linear(torch.zeros(1, width, dtype=runner.dtype)).shape[-1], width))
+    return shapes
+
+
+def _matmul_gflops(runner: TorchRunner, rows: int) -> float:
+    """GFLOP/s of torch's bf16 matrix product on one layer's linear shapes, `rows` rows, median
+    of 5: what the machine's matrix units give a plain program."""
+    pairs = [
+        (torch.randn(rows, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16).t())
+        for n, k in _layer_shapes(runner)
+    ]
+    flops = sum(2 * rows * w.shape[0] * w.shape[1] for _, w in pairs)
+    seconds = []
+    with torch.inference_mode():
+        for _ in range(6):
+            started = time.perf_counter()
+            for x, w in pairs:
+                torch.matmul(x, w)
+            seconds.append(time.perf_counter() - started)
+    return flops / statistics.median(seconds[1:]) / 1e9
+
+
+def _prefill_gflops(runner: TorchRunner, prompt: int, rate: float) -> float:
+    """The useful GFLOP/s of a prefill at `rate` tokens/s: each layer's linears, and causal
+    attention over half the prompt's keys on average (the LM head runs on one row only)."""
+    config, layers = runner.model.config, len(runner.model.blocks)
+    linears = sum(2 * n * k for n, k in _layer_shapes(runner)) * layers
+    attention = 4 * config.num_attention_heads * config.head_dim * prompt / 2 * layers
+    return rate * (linears + attention) / 1e9
 
 
 def _read_rate() -> float:

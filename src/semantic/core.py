@@ -456,6 +456,7 @@ class Sequence:
     cache_tier: int = 0  # the eviction tier its blocks are cached at when released
     missing_hash: int | None = None  # on arrival, the first full block of its prompt not cached
     cache_miss: CacheMiss | None = None  # on arrival, where and why its prompt missed the cache
+    draft_limit: int | None = None  # the longest draft it may have next (None: none verified yet)
 
     @property
     def num_output_tokens(self) -> int:

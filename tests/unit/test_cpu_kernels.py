@@ -19,6 +19,7 @@ from torch.utils import cpp_extension
 from semantic.backends.torch import kernels as kernels_module
 from semantic.backends.torch.attention import GatherScratch, LayerAttention, LayerKV, PrefillChunk
 from semantic.backends.torch.attention import prefill_attention as stock_prefill_attention
+from semantic.backends.torch.int8 import quantize_rows
 from semantic.backends.torch.kernels import PanelWeight, cpu_kernels, unavailable_reason
 from semantic.backends.torch.linear import Linear, OneDnnLinear, PanelLinear, UnpackScratch
 from semantic.backends.torch.models.rope import Rope, apply_rope
@@ -498,3 +499,31 @@ def test_a_build_says_that_it_builds_and_how_long_it_took(
     assert re.search(
         r"building the semantic CPU kernels into .*\n.*built .* in \d+\.\d s", caplog.text
     )
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("int8", [False, True])
+def test_paged_decode_gives_a_sequence_the_same_bits_alone_and_in_any_batch(dtype, int8):
+    # A verified draft's tokens are decodes of one batch: each must get exactly the output it
+    # gets alone, whatever else decodes beside it.
+    blocks, block_tokens, heads, kv_heads, dim = 12, 64, 12, 2, 128
+    k, v = (
+        torch.randn(blocks, block_tokens, kv_heads, dim),
+        torch.randn(blocks, block_tokens, kv_heads, dim),
+    )
+    scales: tuple[torch.Tensor | None, ...] = (None, None)
+    if int8:
+        (k, k_scales), (v, v_scales) = quantize_rows(k), quantize_rows(v)
+        scales = (k_scales, v_scales)
+    else:
+        k, v = k.to(dtype), v.to(dtype)
+    lengths = torch.tensor([700, 31, 701, 702, 5, 750, 703, 704, 300])
+    q = torch.randn(len(lengths), heads, dim).to(dtype)
+    tables = torch.arange(blocks).repeat(len(lengths), 1)
+    together = KERNELS.decode_attention(q, k, v, tables, lengths, 0.088, None, None, *scales)
+    for i in range(len(lengths)):
+        alone = KERNELS.decode_attention(
+            q[i : i + 1], k, v, tables[i : i + 1], lengths[i : i + 1], 0.088, None, None, *scales
+        )
+        assert torch.equal(alone, together[i : i + 1])

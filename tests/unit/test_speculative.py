@@ -4,12 +4,14 @@ token, cache no rejected token, and stop, end and length cut inside an accepted 
 from __future__ import annotations
 
 import itertools
+import statistics
 from pathlib import Path
 
 from semantic.backends.fake import FakeRunner
 from semantic.cache.pages.block_pool import BlockPool
 from semantic.cache.pages.prefix import PrefixCache, root_hash, split_key
 from semantic.core import BatchItem, FinishReason, Request, SamplingParams, Sequence, TokenEvent
+from semantic.engine.drafts import next_limit
 from semantic.engine.engine import Engine
 from semantic.engine.scheduler import DRAFT_UP_TO_DECODES, Scheduler
 from semantic.models.served import ServedModel
@@ -96,6 +98,17 @@ def test_greedy_output_is_the_same_with_drafts_mostly_rejected(
     assert drafted_steps(runner) > 10
     drafted = engine.metrics.draft_tokens._value.get()
     assert 0 < engine.metrics.draft_accepted_tokens._value.get() < drafted / 2
+    # Drafts that miss get shorter: each is one past the run the last one got right (with the
+    # longest draft every time they averaged 3.25 tokens here).
+    lengths = [len(item.draft_token_ids) for item in drafted_items(runner)]
+    assert statistics.mean(lengths) < 2
+
+
+def test_a_draft_limit_doubles_after_a_draft_taken_whole_and_shrinks_after_a_miss() -> None:
+    assert next_limit(2, 2, 2, 8) == 4
+    assert next_limit(8, 3, 3, 8) == 8  # a short draft taken whole: the limit stays
+    assert next_limit(8, 8, 0, 8) == 1
+    assert next_limit(8, 8, 5, 8) == 6
 
 
 def test_drafts_wait_while_many_sequences_decode(served: ServedModel, tmp_path: Path) -> None:

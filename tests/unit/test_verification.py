@@ -337,8 +337,11 @@ def test_a_draft_is_verified_with_the_very_logits_decoding_one_token_a_step_give
     prompt = [(7 * i + 3) % 300 for i in range(37)]
     tokens = [5, 81, 17, 240, 9, 33]
     plain = decode_logits(runner, prompt, tokens)
-    table = list(range(16, 32))
-    runner.run(Batch([BatchItem(1, prompt, 0, [table], True, GREEDY, 0)]))
-    draft = tuple(tokens[1:])
-    drafted = BatchItem(1, tokens, len(prompt), [table], True, GREEDY, 1, draft_token_ids=draft)
-    assert torch.equal(runner.forward_logits(Batch([drafted])), plain)
+    for seq, drafted in enumerate((2, 5), start=1):  # odd and even row counts
+        table = list(range(16 * seq, 16 * seq + 16))
+        runner.run(Batch([BatchItem(seq, prompt, 0, [table], True, GREEDY, 0)]))
+        draft = tuple(tokens[1 : 1 + drafted])
+        item = BatchItem(
+            seq, [tokens[0], *draft], len(prompt), [table], True, GREEDY, 1, draft_token_ids=draft
+        )
+        assert torch.equal(runner.forward_logits(Batch([item])), plain[: 1 + drafted])

@@ -23,7 +23,7 @@ from semantic.core import (
     StepToken,
     TokenLogprob,
 )
-from semantic.engine.drafts import propose
+from semantic.engine.drafts import next_limit, propose
 
 # The share of `max_batch_tokens` a step that also decodes may spend on prompts: a decode then
 # waits for one such chunk at most (256 tokens at the default 512: ~0.25 s of SmolLM2 on two
@@ -120,7 +120,8 @@ class Scheduler:
     Speculative decoding (`speculative_tokens` > 0): while at most `DRAFT_UP_TO_DECODES`
     sequences decode, each one past its min_tokens gets a draft from its own context
     (`engine/drafts.py`) appended to its decode token, with pages for the draft's positions
-    when the pool has them (else no draft: a draft never preempts). The runner returns the
+    when the pool has them (else no draft: a draft never preempts), as long as its drafts have
+    earned (`drafts.next_limit`: shorter after a miss). The runner returns the
     draft tokens it accepts and one more; `update` counts K/V only for what was accepted, so a
     rejected token's K/V is never hashed or cached, and is overwritten by a later step.
 
@@ -239,6 +240,10 @@ class Scheduler:
             # A draft's K/V counts once its tokens are accepted (`accept`).
             seq.num_computed_tokens += len(item.token_ids) - len(item.draft_token_ids)
             self.blocks.hash_full_blocks(seq)
+            if item.draft_token_ids and isinstance(token, list):
+                longest = self.speculative_tokens
+                limit, drafted = seq.draft_limit or longest, len(item.draft_token_ids)
+                seq.draft_limit = next_limit(limit, drafted, len(token) - 1, longest)
             if token is not None:
                 run = token if isinstance(token, list) else [_token_id(token)]
                 seq.token_ids.append(run[0])
@@ -376,10 +381,10 @@ class Scheduler:
     def _draft_room(self, seq: Sequence) -> int:
         """The longest draft `seq` may have: none while its end tokens are suppressed (before
         min_tokens: so no draft position ever is), nor while it asks for log probabilities;
-        else up to `speculative_tokens`, leaving room for the token after it within its
-        max_tokens and the longest a sequence may be, and the drafting decodes within
-        `max_batch_tokens` (a sliding group's pages are reserved for a window and a chunk of at
-        most that)."""
+        else up to its `draft_limit` (at first `speculative_tokens`), leaving room for the token
+        after it within its max_tokens and the longest a sequence may be, and the drafting
+        decodes within `max_batch_tokens` (a sliding group's pages are reserved for a window and
+        a chunk of at most that)."""
         if seq.num_output_tokens < seq.request.sampling.min_tokens:
             return 0
         if seq.request.sampling.logprobs is not None:  # a verified draft has no log probabilities
@@ -388,7 +393,7 @@ class Scheduler:
         if self.max_seq_tokens is not None:
             left = min(left, self.max_seq_tokens - len(seq.token_ids))
         in_step = self.max_batch_tokens // DRAFT_UP_TO_DECODES - 1
-        return min(self.speculative_tokens, in_step, left - 1)
+        return min(seq.draft_limit or self.speculative_tokens, in_step, left - 1)
 
     def _add_chunk(self, items: list[BatchItem], seq: Sequence, budget: int) -> int:
         """Add a chunk of `seq`'s prompt to the step; returns its tokens. Its sliding groups

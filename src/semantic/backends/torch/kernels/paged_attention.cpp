@@ -1,8 +1,9 @@
 // Paged decode attention on AVX-512: each sequence's single query token against its K/V blocks,
 // read in place through the block table (no gather copy).
 //
-// Work items are (sequence, span of its tokens), sized for ~8 items per thread and taken from a
-// shared counter, so one long sequence also uses every core. An item makes two passes:
+// Work items are (sequence, span of its tokens), ~8 spans a sequence (sized by its own length
+// alone, so its output has the same bits in any batch), taken from a shared counter, so one long
+// sequence also uses every core. An item makes two passes:
 //   scores  each token's K row (all KV heads, contiguous) is loaded once for all the query
 //           heads of each KV head (GQA): bf16 dot products with vdpbf16ps, fp32 sums reduced 16
 //           tokens at a time; meanwhile the span's V rows are prefetched into L2;
@@ -384,17 +385,23 @@ int64_t first_key(const DecodeProblem& p, int64_t b) {
   return p.window > 0 ? std::max<int64_t>(0, p.context_lens[b] - p.window) : 0;
 }
 
-// Spans short enough that there are ~8 items per thread, so the cores finish together.
+// Each sequence's keys in ~kSpansPerSequence spans, sized by its own length alone: never by the
+// batch's or the thread count, so a sequence's output is bit for bit the same whatever decodes
+// beside it (a draft's tokens, verified as decodes of one batch, get exactly the logits plain
+// decoding gives them), and one long sequence alone still keeps every core busy.
+constexpr int64_t kSpansPerSequence = 8;
+constexpr int64_t kMinSpan = 32;
+
 std::vector<Span> plan_spans(const DecodeProblem& p, int64_t max_span,
                              std::vector<int64_t>& first_span) {
-  int64_t total = 0;
-  for (int64_t b = 0; b < p.batch; ++b) total += p.context_lens[b] - first_key(p, b);
-  const int64_t target_items = 8 * at::get_num_threads();
-  const int64_t len = std::clamp<int64_t>((total / target_items + 15) / 16 * 16, 16, max_span);
   std::vector<Span> spans;
   first_span.assign(p.batch + 1, 0);
   for (int64_t b = 0; b < p.batch; ++b) {
     first_span[b] = static_cast<int64_t>(spans.size());
+    const int64_t keys = p.context_lens[b] - first_key(p, b);
+    const int64_t len =
+        std::clamp<int64_t>((keys / kSpansPerSequence + 15) / 16 * 16,
+                            std::min(kMinSpan, max_span), max_span);
     for (int64_t start = first_key(p, b); start < p.context_lens[b]; start += len) {
       spans.push_back({b, start, std::min(start + len, p.context_lens[b])});
     }
