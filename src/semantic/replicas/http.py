@@ -255,10 +255,10 @@ class HttpClient:
                 except OSError as exc:
                     raise Unanswered(f"the connection failed as the request went: {exc!r}") from exc
                 status, headers = await _head(connection.reader)
+            return Response(connection, status, headers, self._read_timeout)
         except BaseException:
             connection.close()
             raise
-        return Response(connection, status, headers, self._read_timeout)
 
     def _origin(self, base_url: str) -> _Origin:
         origin = self._origins.get(base_url)
