@@ -834,3 +834,37 @@ def test_a_replica_joins_the_routing_once_its_model_and_length_are_read() -> Non
     router = Router(["http://a"], spill_in_flight=2)
     with pytest.raises(NoReplica):
         router.route("k")  # not yet checked: its --max-model-len is unknown
+
+
+@pytest.mark.parametrize("how", ["closed", "aborted"])
+def test_a_request_left_mid_answer_closes_the_replicas_stream(
+    chat_served: ServedModel, tmp_path: Path, how: str
+) -> None:
+    """A client gone mid-answer (its stream closed) or a request aborted: the replica's stream
+    is closed before its end (vLLM aborts the request on that), and the engine keeps no task."""
+    slow = FakeReplica("http://replica-0:8000", list(range(100, 400)), token_interval_s=0.01)
+    network = FakeNetwork([slow])
+    router = Router(list(network.replicas), spill_in_flight=2)
+    engine = ReplicaEngine(
+        chat_served, router, ServerKey(tmp_path), health_interval_s=3600, opener=network.open
+    )
+    sampling = SamplingParams(max_tokens=300, ignore_eos=True)
+
+    async def leave() -> int:
+        engine.start()
+        await engine._check(router.replicas[0])  # healthy, its model read
+        events = engine.stream(Request("r1", [1, 2, 3], sampling))
+        first = await anext(events)
+        if how == "aborted":
+            engine.abort("r1")
+            while not (await anext(events)).final:
+                pass
+        await events.aclose()  # type: ignore[attr-defined]
+        running = len(engine._tasks)
+        engine.stop()
+        return len(first.token_ids) + running
+
+    with network:
+        assert asyncio.run(leave()) == 1  # one token read, no task left
+        wait_until(lambda: slow.abandoned == 1)
+    assert len(slow.received) == 1
