@@ -43,8 +43,9 @@ checks, each alone:
 - `--fake-replica` (no vLLM, nothing started beforehand: `--semantic` is not used): semantic's
   own cost. A fake replica (tests/unit/fake_vllm.py) and semantic over it, both started here;
   `--pairs` rounds of the same request straight to the fake and through semantic, a ~300- and
-  a ~1,100-token prompt, whole and streamed: the median added time and semantic's CPU a
-  request. `--baseline CHECKOUT` runs that checkout's semantic beside, in the same rounds.
+  a ~1,100-token prompt, whole and streamed (`--answer-tokens`, 8 by default): the median added
+  time and semantic's CPU a request. `--baseline CHECKOUT` runs that checkout's semantic beside,
+  in the same rounds.
 """
 
 from __future__ import annotations
@@ -1218,14 +1219,18 @@ def _timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float,
 
 
 def fake_replica_cost(
-    model: str, pairs: int, token_interval_ms: float, baseline: str | None = None
+    model: str,
+    pairs: int,
+    token_interval_ms: float,
+    baseline: str | None = None,
+    answer_tokens: int = 8,
 ) -> dict[str, Any]:
     """What semantic adds to a request when the replica costs nothing: a fake vLLM server
     (tests/unit/fake_vllm.py: token ids in, a fixed answer out at once, one token every
     `token_interval_ms` when streamed) started on this machine, semantic started over it
     (`model`'s tokenizer and template), and for a ~300- and a ~1,100-token prompt, whole and
-    streamed, 8 tokens each: `pairs` rounds of the same request straight to the replica (the
-    exact body semantic sent it, read back from the fake) and through semantic (a chat
+    streamed, `answer_tokens` tokens each: `pairs` rounds of the same request straight to the
+    replica (the exact body semantic sent it, read back from the fake) and through semantic (a chat
     completion), in an order that turns each round. The median per-round difference is what
     semantic adds; its own CPU time per request (every thread's, from /proc, over its requests,
     less its idle rate) is what it costs, which the machine's load inflates less. `baseline`
@@ -1238,7 +1243,8 @@ def fake_replica_cost(
     replica_url = f"http://{HOST}:{port}"
     fake = subprocess.Popen(
         [sys.executable, "-m", "tests.unit.fake_vllm", "--host", HOST, "--port", str(port),
-         "--token-interval-ms", str(token_interval_ms)],
+         "--token-interval-ms", str(token_interval_ms),
+         "--reply-tokens", str(max(16, answer_tokens))],
         cwd=root, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     checkouts = {"semantic": None} | ({"baseline": baseline} if baseline else {})
@@ -1253,6 +1259,7 @@ def fake_replica_cost(
                 "model": model,
                 "pairs": pairs,
                 "token_interval_ms": token_interval_ms,
+                "answer_tokens": answer_tokens,
                 "baseline": baseline,
                 "load_before": _loadavg(),
                 "idle_cpu_ms_per_s": {
@@ -1265,7 +1272,9 @@ def fake_replica_cost(
             for label, system in (("prompt_300", SYSTEM), ("prompt_1100", SYSTEM * 4)):
                 for stream in (False, True):
                     case = f"{label}_{'streamed' if stream else 'whole'}"
-                    report[case] = _fake_pairs(urls, pids, system, stream, pairs, report)
+                    report[case] = _fake_pairs(
+                        urls, pids, system, stream, pairs, report, answer_tokens
+                    )
                     print(case, json.dumps(report[case]), file=sys.stderr, flush=True)
             report["load_after"] = _loadavg()
         finally:
@@ -1329,12 +1338,14 @@ def _fake_pairs(
     stream: bool,
     pairs: int,
     report: dict[str, Any],
+    answer_tokens: int,
 ) -> dict[str, Any]:
     """One case's rounds: each target's time to the first token (streamed) and to the whole
     answer, each gateway's median per-round difference from the replica, and each process's
     CPU per request it served."""
     chat = {
-        "model": "any", "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": stream,
+        "model": "any", "max_tokens": answer_tokens, "temperature": 0, "ignore_eos": True,
+        "stream": stream,
         "messages": [
             {"role": "system", "content": system},
             {"role": "user", "content": "Count to ten."},
@@ -1451,6 +1462,12 @@ def main() -> None:
         "runs beside this one's, the requests interleaved",
     )
     parser.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=8,
+        help="--fake-replica: the answer's tokens (the fake replica's, and max_tokens)",
+    )
+    parser.add_argument(
         "--token-interval-ms",
         type=float,
         default=5.0,
@@ -1528,7 +1545,9 @@ def main() -> None:
         )
         print(json.dumps(cost, indent=2))
     elif args.fake_replica:
-        cost = fake_replica_cost(args.model, args.pairs, args.token_interval_ms, args.baseline)
+        cost = fake_replica_cost(
+            args.model, args.pairs, args.token_interval_ms, args.baseline, args.answer_tokens
+        )
         print(json.dumps(cost, indent=2))
     elif args.keys_only:
         if len(args.api_key) < 2:

@@ -1,7 +1,9 @@
 """Fake vLLM replicas for the engine over vLLM: the few routes of vLLM's OpenAI-compatible
 server that engine uses (`/health`, `/v1/models`, `/metrics`, `/v1/completions` with token-id
 prompts, streamed and not), each replica recording what it received, and a network of them
-that a test can cut a replica out of (its connections are refused, as a dead server's are).
+that a test can kill a replica in (its connections reset, new ones refused, as a dead
+server's are). Each replica of a network is a real HTTP server on the loopback, so semantic's
+own HTTP client is what the tests exercise.
 
 The answer is a fixed list of token ids, whatever `structured_outputs` asks (the replica only
 checks that it names one constraint, as vLLM does, and records it with the body);
@@ -18,18 +20,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
+import socket
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from semantic.cache.pages.prefix import common_prefix
+from semantic.replicas.http import MAX_HEAD_BYTES
 
 
 @dataclass
@@ -39,8 +45,10 @@ class FakeReplica:
     `fail_first` (code, message) begins a streamed answer's 200 with an error event instead,
     as vLLM does for a request it refuses or fails once it has streamed (a grammar its backend
     rejects: 400; one it cannot compile: 500, "Internal server error"); `cut_after` drops a
-    streamed answer's connection after that many of its events. `max_model_len` is what its
-    /v1/models says, and the longest sequence it takes (a longer one is refused, 400)."""
+    streamed answer's connection after that many of its events; `endless` streams one line
+    without end instead of an answer. `max_model_len` is what its /v1/models says, and the
+    longest sequence it takes (a longer one is refused, 400). `abandoned` counts the streams
+    whose client left before their end (vLLM aborts those requests)."""
 
     url: str
     reply: list[int]
@@ -50,6 +58,8 @@ class FakeReplica:
     fail_first: tuple[int, str] | None = None
     max_model_len: int = 8192
     cut_after: int | None = None
+    endless: bool = False
+    abandoned: int = 0
     waiting: int = 0  # what its /metrics says vLLM's queue holds
     received: list[dict[str, Any]] = field(default_factory=list)
     seen: dict[str | None, list[list[int]]] = field(default_factory=dict)  # salt → prompts
@@ -116,6 +126,8 @@ class FakeReplica:
             return JSONResponse({"error": error}, status_code=400)
         if body.get("stream") and self.fail_first is not None:
             return StreamingResponse(_failed(*self.fail_first), media_type="text/event-stream")
+        if body.get("stream") and self.endless:
+            return self._stream(_endless())
         prompt, salt = body["prompt"], body.get("cache_salt")
         if len(prompt) + body.get("max_tokens", 0) > self.max_model_len:
             error = {"message": f"maximum context length is {self.max_model_len}", "code": 400}
@@ -145,8 +157,19 @@ class FakeReplica:
                 "finish_reason": finish,
             }
             return JSONResponse({"object": "text_completion", "choices": [choice], "usage": usage})
-        events = _sse(prompt, reply, finish, usage, self.token_interval_s)
-        return StreamingResponse(events, media_type="text/event-stream")
+        return self._stream(_sse(prompt, reply, finish, usage, self.token_interval_s))
+
+    def _stream(self, events: AsyncIterator[str]) -> StreamingResponse:
+        async def counted() -> AsyncIterator[str]:
+            ended = False
+            try:
+                async for event in events:
+                    yield event
+                ended = True
+            finally:
+                self.abandoned += not ended
+
+        return StreamingResponse(counted(), media_type="text/event-stream")
 
 
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
@@ -186,6 +209,14 @@ async def _sse(
     yield "data: [DONE]\n\n"
 
 
+async def _endless() -> AsyncIterator[str]:
+    """A stream whose one line never ends (a broken or hostile server)."""
+    yield "data: "
+    while True:
+        yield "x" * 65536
+        await asyncio.sleep(0)
+
+
 async def _failed(code: int, message: str) -> AsyncIterator[str]:
     """vLLM's stream of a request it fails once its 200 is sent: one error event, then done."""
     error = {"message": message, "type": "BadRequestError", "param": None, "code": code}
@@ -193,43 +224,109 @@ async def _failed(code: int, message: str) -> AsyncIterator[str]:
     yield "data: [DONE]\n\n"
 
 
-class FakeNetwork(httpx.AsyncBaseTransport):
-    """The replicas by URL; a replica in `dead` refuses connections (a killed server), one in
-    `busy` lets its `/health` time out (a live server whose event loop is taken)."""
+class FakeNetwork:
+    """The replicas by URL, each served on the loopback (uvicorn, on a thread of the network's
+    own), reached through `open` (the engine's `opener`), which maps a replica's URL to its
+    server. `kill` resets a replica's connections and refuses new ones (a killed server); a
+    replica in `busy` lets its `/health` wait (a live server whose event loop is taken).
+    `connections` counts the connections opened to each. Close it (or use it in `with`)."""
 
     def __init__(self, replicas: list[FakeReplica]) -> None:
         self.replicas = {replica.url: replica for replica in replicas}
         self.dead: set[str] = set()
         self.busy: set[str] = set()
-        self.health_checks: dict[str, int] = {url: 0 for url in self.replicas}
-        self._transports = {r.url: httpx.ASGITransport(app=r.app()) for r in replicas}
+        self.health_checks: dict[str, int] = dict.fromkeys(self.replicas, 0)
+        self.connections: dict[str, int] = dict.fromkeys(self.replicas, 0)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._servers: dict[str, uvicorn.Server] = {}
+        self._serving: list[concurrent.futures.Future[None]] = []
+        self._ports: dict[str, int] = {}
+        for url in self.replicas:
+            self._serve(url)
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = f"{request.url.scheme}://{request.url.netloc.decode()}"
-        if url in self.dead or url not in self._transports:
-            raise httpx.ConnectError(f"connection refused: {url}", request=request)
-        if request.url.path == "/health":
-            self.health_checks[url] += 1
-            if url in self.busy:
-                raise httpx.ReadTimeout(f"no answer from {url}", request=request)
-        response = await self._transports[url].handle_async_request(request)
-        cut_after = self.replicas[url].cut_after
-        if cut_after is None or request.url.path != "/v1/completions":
-            return response
-        events = (await response.aread()).split(b"\n\n")[:cut_after]
-        return httpx.Response(200, stream=_Cut([event + b"\n\n" for event in events]))
+    def __enter__(self) -> FakeNetwork:
+        return self
 
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-class _Cut(httpx.AsyncByteStream):
-    """A response body that breaks off after `parts`, as a killed server's does."""
+    async def open(
+        self, host: str, port: int, tls: bool
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        url = f"http://{host}:{port}"
+        if url in self.dead or url not in self._ports:
+            raise ConnectionRefusedError(f"connection refused: {url}")
+        self.connections[url] += 1
+        return await asyncio.open_connection("127.0.0.1", self._ports[url], limit=MAX_HEAD_BYTES)
 
-    def __init__(self, parts: list[bytes]) -> None:
-        self.parts = parts
+    def kill(self, url: str) -> None:
+        """The replica at `url` dies: its open connections reset, new ones refused."""
+        self.dead.add(url)
+        state = self._servers[url].server_state
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for part in self.parts:
-            yield part
-        raise httpx.ReadError("connection reset by peer")
+        async def reset() -> None:
+            for connection in list(state.connections):
+                connection.transport.abort()
+
+        asyncio.run_coroutine_threadsafe(reset(), self._loop).result(10)
+
+    def close(self) -> None:
+        for server in self._servers.values():
+            server.should_exit = server.force_exit = True
+        for url in list(self._servers):
+            self.kill(url)
+        for serving in self._serving:
+            serving.result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def _serve(self, url: str) -> None:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        self._ports[url] = listener.getsockname()[1]
+        config = uvicorn.Config(
+            self._app(url), http="h11", lifespan="off", log_config=None, access_log=False
+        )
+        server = self._servers[url] = uvicorn.Server(config)
+        serving = asyncio.run_coroutine_threadsafe(server.serve(sockets=[listener]), self._loop)
+        self._serving.append(serving)
+        for _ in range(1000):
+            if server.started:
+                return
+            threading.Event().wait(0.01)
+        raise RuntimeError(f"the fake replica {url} did not start")
+
+    def _app(self, url: str) -> Any:
+        """The replica's app, with the network's doings: `/health` counted and held while the
+        replica is busy; a completion's connection dropped after `cut_after` events."""
+        replica = self.replicas[url]
+        app = replica.app()
+
+        async def served(scope: Any, receive: Any, send: Any) -> None:
+            path = scope.get("path")
+            if path == "/health":
+                self.health_checks[url] += 1
+                while url in self.busy:
+                    await asyncio.sleep(0.01)
+            cut_after = replica.cut_after if path == "/v1/completions" else None
+            if cut_after is None:
+                return await app(scope, receive, send)
+            sent = 0
+
+            async def cut(message: Any) -> None:
+                nonlocal sent
+                if message["type"] == "http.response.body":
+                    if sent == cut_after:
+                        raise ConnectionResetError("killed mid-answer")  # uvicorn drops it
+                    sent += 1
+                await send(message)
+
+            await app(scope, receive, cut)
+
+        return served
 
 
 def main() -> None:

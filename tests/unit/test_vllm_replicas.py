@@ -12,13 +12,12 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
 import llguidance
 import openai
 import pytest
@@ -29,6 +28,7 @@ from semantic.api.app import create_app
 from semantic.core import Request, SamplingParams
 from semantic.models.served import ServedModel
 from semantic.observability import VLLM_METRICS
+from semantic.replicas import client as client_module
 from semantic.replicas.client import SLOW_CHECKS_TOLERATED, _chunks, _samples, completion_body
 from semantic.replicas.engine import ReplicaEngine
 from semantic.replicas.router import NoReplica, Router, routing_key
@@ -52,7 +52,15 @@ def replicas_app(
 ) -> Iterator[tuple[TestClient, ReplicaEngine, FakeNetwork]]:
     """semantic's app over `count` fake replicas, each answering `ANSWER`."""
     reply = [*served.tokenizer.encode(ANSWER), min(served.tokenizer.eos_token_ids)]
-    network = FakeNetwork([FakeReplica(f"http://replica-{i}:8000", reply) for i in range(count)])
+    replicas = [FakeReplica(f"http://replica-{i}:8000", reply) for i in range(count)]
+    with FakeNetwork(replicas) as network, _app_over(served, cache_dir, network, settings) as app:
+        yield app
+
+
+@contextmanager
+def _app_over(
+    served: ServedModel, cache_dir: Path, network: FakeNetwork, settings: dict[str, Any]
+) -> Iterator[tuple[TestClient, ReplicaEngine, FakeNetwork]]:
     config = Settings(
         engine="vllm", vllm_url=list(network.replicas), cache_dir=cache_dir, **settings
     )
@@ -62,7 +70,7 @@ def replicas_app(
         ServerKey(cache_dir),
         share_across_keys=config.share_cache_across_keys,
         health_interval_s=0.02,
-        transport=network,
+        opener=network.open,
     )
     with TestClient(create_app(engine, config)) as client:
         wait_until(lambda: engine.alive)  # each replica's first check
@@ -256,7 +264,7 @@ def test_a_replica_that_goes_down_mid_run_moves_only_its_own_agents(
             chat(client, agent, messages=conversation(agent, 0))
         first = {agent: urls[0] for agent, urls in served_where(chat_served, network).items()}
         victim = first[agents[0]]
-        network.dead.add(victim)  # killed: connections refused, /health unanswered
+        network.kill(victim)  # killed: connections refused, /health unanswered
         for turn in (1, 2):  # the first request to it is retried on the next replica
             for agent in agents:
                 chat(client, agent, messages=conversation(agent, turn))
@@ -319,7 +327,7 @@ def test_a_stream_cut_off_by_a_killed_replica_ends_in_its_protocols_error_and_th
         network.replicas[home].cut_after = 2  # two tokens, then the replica is killed
         request = {"model": "m", "max_tokens": 8, "messages": USER} | agent_field
         cut = client.post(route, json=request | {"stream": True})
-        network.dead.add(home)
+        network.kill(home)
         next_turn = client.post(route, json=request)
     assert cut.status_code == 200  # the 200 went with the first bytes: the error is an event
     last = json.loads(cut.text.strip().split("\n")[-1].removeprefix("data:"))
@@ -698,10 +706,10 @@ def test_metrics_count_requests_tokens_and_each_replicas_health_and_load(
         )
         network.replicas[home].waiting = 3
         samples = scrape(client)
-        network.dead.add(other)
+        network.kill(other)
         wait_until(lambda: not _replica(engine, other).healthy)
         after = scrape(client)
-        network.dead.add(home)
+        network.kill(home)
         wait_until(lambda: not engine.alive)
         down = scrape(client)
     assert (
@@ -760,14 +768,14 @@ def test_a_replicas_metrics_are_read_by_name_summed_over_their_labels() -> None:
     assert _samples(text, names) == {"num_requests_waiting": 5.0, "prefix_cache_hits_total": 40.0}
 
 
-class _Parts(httpx.AsyncByteStream):
+class _Parts:
     """A response body in the given parts, remembering how many were read."""
 
     def __init__(self, parts: list[bytes]) -> None:
         self.parts = parts
         self.read = 0
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def body(self) -> AsyncGenerator[bytes, None]:
         for part in self.parts:
             self.read += 1
             yield part
@@ -782,22 +790,23 @@ def test_a_stream_is_read_to_its_end_its_events_whole_however_it_was_split() -> 
     stream = _Parts([sse[:9], sse[9:40], sse[40:-8], sse[-8:], b""])
 
     async def chunks() -> list[dict[str, Any]]:
-        return [chunk async for chunk in _chunks(httpx.Response(200, stream=stream))]
+        return [chunk async for chunk in _chunks(stream.body())]
 
     assert asyncio.run(chunks()) == [first, last]
     assert stream.read == len(stream.parts)
 
 
 def test_a_replica_whose_health_check_only_times_out_stays_for_a_few_checks(
-    chat_served: ServedModel, tmp_path: Path
+    chat_served: ServedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A busy replica (vLLM answers /health on the loop that compiles a grammar) keeps its
     agents for a few slow checks in a row; past that it is taken out like a dead one, and it
     joins again once it answers."""
+    monkeypatch.setattr(client_module, "HEALTH_TIMEOUT_S", 0.1)  # a slow check's wait
     network = FakeNetwork([FakeReplica("http://replica-0:8000", [1])])
     router = Router(list(network.replicas), spill_in_flight=2)
     engine = ReplicaEngine(
-        chat_served, router, ServerKey(tmp_path), health_interval_s=3600, transport=network
+        chat_served, router, ServerKey(tmp_path), health_interval_s=3600, opener=network.open
     )
     (replica,) = router.replicas
 
@@ -816,7 +825,8 @@ def test_a_replica_whose_health_check_only_times_out_stays_for_a_few_checks(
         engine.stop()
         return states
 
-    states = asyncio.run(checks())
+    with network:
+        states = asyncio.run(checks())
     assert states == [True] + [True] * (SLOW_CHECKS_TOLERATED - 1) + [False, True]
 
 
@@ -824,3 +834,37 @@ def test_a_replica_joins_the_routing_once_its_model_and_length_are_read() -> Non
     router = Router(["http://a"], spill_in_flight=2)
     with pytest.raises(NoReplica):
         router.route("k")  # not yet checked: its --max-model-len is unknown
+
+
+@pytest.mark.parametrize("how", ["closed", "aborted"])
+def test_a_request_left_mid_answer_closes_the_replicas_stream(
+    chat_served: ServedModel, tmp_path: Path, how: str
+) -> None:
+    """A client gone mid-answer (its stream closed) or a request aborted: the replica's stream
+    is closed before its end (vLLM aborts the request on that), and the engine keeps no task."""
+    slow = FakeReplica("http://replica-0:8000", list(range(100, 400)), token_interval_s=0.01)
+    network = FakeNetwork([slow])
+    router = Router(list(network.replicas), spill_in_flight=2)
+    engine = ReplicaEngine(
+        chat_served, router, ServerKey(tmp_path), health_interval_s=3600, opener=network.open
+    )
+    sampling = SamplingParams(max_tokens=300, ignore_eos=True)
+
+    async def leave() -> int:
+        engine.start()
+        await engine._check(router.replicas[0])  # healthy, its model read
+        events = engine.stream(Request("r1", [1, 2, 3], sampling))
+        first = await anext(events)
+        if how == "aborted":
+            engine.abort("r1")
+            while not (await anext(events)).final:
+                pass
+        await events.aclose()  # type: ignore[attr-defined]
+        running = len(engine._tasks)
+        engine.stop()
+        return len(first.token_ids) + running
+
+    with network:
+        assert asyncio.run(leave()) == 1  # one token read, no task left
+        wait_until(lambda: slow.abandoned == 1)
+    assert len(slow.received) == 1

@@ -112,28 +112,85 @@ async def with_keep_alive(
     """Pass `events` through, inserting `keep_alive` (the protocol's heartbeat: `KEEP_ALIVE` or
     `PING`, or a function that makes one, with the prefill's progress) whenever none came for
     `interval_s` (a long prefill must not look like a dead connection). Closing this closes
-    `events`."""
-    pending: asyncio.Task[str] | None = None
+    `events`.
+
+    `events` are read by a task of their own into a queue, and a timer looks at the silence
+    once an interval: a wait with a timeout (a task and a timer) for every event cost more
+    than a streamed token's whole framing."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[str | _Mark] = asyncio.Queue()
+    reader = loop.create_task(_read_into(events, queue))
+    silence = _Silence(loop, queue, interval_s)
     try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(events))
-            done, _ = await asyncio.wait({pending}, timeout=interval_s)
-            if not done:
-                yield keep_alive if isinstance(keep_alive, str) else keep_alive()
-                continue
-            try:
-                event = pending.result()
-            except StopAsyncIteration:
+            item = await queue.get()
+            if isinstance(item, str):
+                silence.broken()
+                yield item
+            elif item is _BEAT:
+                if queue.empty():  # nothing else to send
+                    silence.broken()
+                    yield keep_alive if isinstance(keep_alive, str) else keep_alive()
+            elif isinstance(item, _Failed):
+                raise item.error
+            else:
                 return
-            pending = None
-            yield event
     finally:
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await pending
+        silence.cancel()
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
         await close_iterator(events)
+
+
+class _Mark:
+    """What `with_keep_alive`'s queue holds besides events."""
+
+
+_BEAT, _END = _Mark(), _Mark()
+
+
+class _Failed(_Mark):
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+async def _read_into(events: AsyncIterator[str], queue: asyncio.Queue[str | _Mark]) -> None:
+    try:
+        async for event in events:
+            queue.put_nowait(event)
+    except BaseException as exc:  # the reader's to raise, after the events before it
+        queue.put_nowait(_Failed(exc))
+        if not isinstance(exc, Exception):
+            raise  # this task's own cancellation
+    else:
+        queue.put_nowait(_END)
+
+
+class _Silence:
+    """A heartbeat into `queue` when nothing was sent for `interval_s`: one timer, moved on
+    only when it fires (not armed again for every event)."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | _Mark], interval_s: float
+    ) -> None:
+        self._loop, self._queue, self._interval_s = loop, queue, interval_s
+        self._since = loop.time()
+        self._timer = loop.call_at(self._since + interval_s, self._check)
+
+    def broken(self) -> None:
+        self._since = self._loop.time()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if now - self._since >= self._interval_s:
+            if self._queue.empty():
+                self._queue.put_nowait(_BEAT)
+            self._since = now
+        self._timer = self._loop.call_at(self._since + self._interval_s, self._check)
 
 
 def sse_response(

@@ -1,5 +1,6 @@
 """The HTTP side of one vLLM replica: its `/health`, its model's name, and `/v1/completions`
-streamed, with our request mapped onto vLLM's fields and vLLM's errors onto ours.
+streamed, with our request mapped onto vLLM's fields and vLLM's errors onto ours (the HTTP
+itself is `http.py`'s).
 
 The prompt goes as token ids (`prompt: [int, …]`), never as text or chat messages: vLLM then
 computes exactly the tokens our chat template rendered, so a conversation's next turn begins
@@ -8,15 +9,15 @@ with the same ids as its last one, which is what vLLM's prefix cache matches on.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, Literal
-
-import httpx
 
 from semantic.core import GrammarSource, Request
 from semantic.errors import EngineFailure, InvalidRequest, Overloaded, SemanticError, Unavailable
+from semantic.replicas.http import HttpClient, HttpError, Opener, open_tcp
 from semantic.replicas.router import Replica
 
 Health = Literal["up", "slow", "down"]
@@ -31,6 +32,10 @@ SCRAPE_TIMEOUT_S = 2.0  # within the 5 s /metrics gives the engine's reading
 CONNECT_TIMEOUT_S = 3.0
 # A prefill can take minutes on a CPU replica: between two chunks a stream may be silent long.
 READ_TIMEOUT_S = 600.0
+# The longest SSE line a replica's stream may hold: its first event repeats the prompt's ids
+# (~7 bytes a token, so ~1 MB for 128k tokens); a replica sending more without a line's end is
+# broken, and its request fails rather than this process growing.
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 class ReplicaDown(Exception):
@@ -89,36 +94,35 @@ def structured_outputs(source: GrammarSource) -> dict[str, Any]:
 
 
 class ReplicaClient:
-    """Talks to the replicas over one pooled HTTP client. `transport` stands in for the
-    network in tests (an ASGI app)."""
+    """Talks to the replicas, each over its own pool of kept connections. `opener` stands in
+    for the network in tests."""
 
-    def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-        self._http = httpx.AsyncClient(transport=transport, timeout=timeout)
+    def __init__(self, opener: Opener = open_tcp) -> None:
+        self._http = HttpClient(CONNECT_TIMEOUT_S, READ_TIMEOUT_S, opener)
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
     async def health(self, replica: Replica) -> Health:
         """ "up" when `/health` answers 200 within `HEALTH_TIMEOUT_S`; "slow" when it does not
         answer in that time; "down" when the connection fails or the answer is an error."""
         try:
-            response = await self._http.get(f"{replica.url}/health", timeout=HEALTH_TIMEOUT_S)
-        except httpx.TimeoutException:
+            status, _ = await self._get(replica, "/health", HEALTH_TIMEOUT_S)
+        except TimeoutError:
             return "slow"
-        except httpx.HTTPError:
+        except HttpError:
             return "down"
-        return "up" if response.status_code == 200 else "down"
+        return "up" if status == 200 else "down"
 
     async def read_model(self, replica: Replica) -> str:
         """Set the replica's `model_id`, the name it serves its model under (vLLM refuses any
         other), and its `max_model_len`, the longest sequence it takes (vLLM refuses a longer
         one), from its /v1/models. Returns the name."""
         try:
-            response = await self._http.get(f"{replica.url}/v1/models", timeout=HEALTH_TIMEOUT_S)
-            models = (response.json().get("data") or []) if response.status_code == 200 else []
+            status, raw = await self._get(replica, "/v1/models", HEALTH_TIMEOUT_S)
+            models = (json.loads(raw).get("data") or []) if status == 200 else []
             model_id, length = str(models[0]["id"]), models[0].get("max_model_len")
-        except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError) as exc:
+        except (HttpError, TimeoutError, ValueError, LookupError, TypeError, AttributeError) as exc:
             raise ReplicaDown(f"{replica.url}/v1/models names no model: {exc!r}") from exc
         replica.model_id = model_id
         replica.max_model_len = length if isinstance(length, int) and length > 0 else None
@@ -128,12 +132,18 @@ class ReplicaClient:
         """The replica's own /metrics samples named in `names` (vLLM's name → ours), each
         summed over its labels; empty when it does not answer within `SCRAPE_TIMEOUT_S`."""
         try:
-            response = await self._http.get(f"{replica.url}/metrics", timeout=SCRAPE_TIMEOUT_S)
-        except httpx.HTTPError:
+            status, raw = await self._get(replica, "/metrics", SCRAPE_TIMEOUT_S)
+        except (HttpError, TimeoutError):
             return {}
-        if response.status_code != 200:
+        if status != 200:
             return {}
-        return _samples(response.text, names)
+        return _samples(raw.decode("utf-8", "replace"), names)
+
+    async def _get(self, replica: Replica, path: str, timeout_s: float) -> tuple[int, bytes]:
+        """A GET's status and body, all of it within `timeout_s` (else `TimeoutError`)."""
+        async with asyncio.timeout(timeout_s):
+            async with self._http.request("GET", replica.url, path) as response:
+                return response.status, await response.read()
 
     @asynccontextmanager
     async def completions(
@@ -141,43 +151,48 @@ class ReplicaClient:
     ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
         """Start a streamed completion on `replica`: its chunks, parsed. `ReplicaDown` when the
         connection fails (before the answer, or during it); a `SemanticError` for a refusal
-        (4xx/5xx) or an error the replica reports mid-stream."""
-        url = f"{replica.url}/v1/completions"
+        (4xx/5xx) or an error the replica reports mid-stream. Leaving early closes the
+        connection, and vLLM aborts the request on that."""
+        payload = json.dumps(body, separators=(",", ":")).encode()
         try:
-            async with self._http.stream("POST", url, json=body) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    raise refusal(response.status_code, _message(response.content))
-                yield _chunks(response)
-        except httpx.TransportError as exc:
+            request = self._http.request("POST", replica.url, "/v1/completions", payload)
+            async with request as response:
+                if response.status != 200:
+                    raise refusal(response.status, _message(await response.read()))
+                async with aclosing(_chunks(response.parts())) as chunks:  # even if left early
+                    yield chunks
+        except (HttpError, TimeoutError) as exc:
             raise ReplicaDown(f"{replica.url}: {exc}") from exc
 
 
-async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The SSE `data:` payloads of a completion stream, up to `[DONE]`. The body is read to
-    its end even so: a response closed before then closes its connection too, and the next
-    request would open (and the replica accept) another."""
+async def _chunks(body: AsyncGenerator[bytes, None]) -> AsyncGenerator[dict[str, Any], None]:
+    """The SSE `data:` payloads of a completion stream's body, up to `[DONE]`. The body is
+    read to its end even so: a response left before then closes its connection too, and the
+    next request would open (and the replica accept) another."""
     done = False
-    async for line in _lines(response):
-        if done or not line.startswith(b"data:"):
-            continue
-        data = line[len(b"data:") :].strip()
-        if data == b"[DONE]":
-            done = True
-            continue
-        yield _chunk(data)
+    async with aclosing(_lines(body)) as lines:
+        async for line in lines:
+            if done or not line.startswith(b"data:"):
+                continue
+            data = line[len(b"data:") :].strip()
+            if data == b"[DONE]":
+                done = True
+                continue
+            yield _chunk(data)
 
 
-async def _lines(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The body's lines, split from its bytes (vLLM's stream is UTF-8 JSON, an event a line):
-    httpx's own `aiter_lines` decodes the text and splits it in two more layers, which a
-    token's chunk would pass through before it is parsed."""
+async def _lines(parts: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """The body's lines, split from its bytes (vLLM's stream is UTF-8 JSON, an event a line,
+    each event a chunk of its own), none longer than `MAX_LINE_BYTES`."""
     rest = b""
-    async for part in response.aiter_bytes():
-        lines = (rest + part).split(b"\n")
-        rest = lines.pop()  # an unfinished line, completed by the next part
-        for line in lines:
-            yield line
+    async with aclosing(parts):
+        async for part in parts:
+            lines = (rest + part if rest else part).split(b"\n")
+            rest = lines.pop()  # an unfinished line, completed by the next part
+            if len(rest) > MAX_LINE_BYTES:
+                raise HttpError(f"a line of the stream over {MAX_LINE_BYTES} bytes")
+            for line in lines:
+                yield line
     if rest:
         yield rest
 

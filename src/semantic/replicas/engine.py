@@ -21,8 +21,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from semantic.core import FinishReason, Request, TokenEvent, Usage
 from semantic.engine.port import Capabilities
 from semantic.errors import (
@@ -40,6 +38,7 @@ from semantic.replicas.client import (
     ReplicaDown,
     completion_body,
 )
+from semantic.replicas.http import Opener, open_tcp
 from semantic.replicas.router import NoReplica, Replica, Router, routing_key
 from semantic.server_key import ServerKey
 from semantic.text.detokenizer import IncrementalDetokenizer, StopMatcher
@@ -98,7 +97,7 @@ class ReplicaEngine:
         *,
         share_across_keys: bool = False,
         health_interval_s: float = 5.0,
-        transport: httpx.AsyncBaseTransport | None = None,
+        opener: Opener = open_tcp,
     ) -> None:
         self.model = model
         self.router = router
@@ -106,7 +105,7 @@ class ReplicaEngine:
         self._server_key = server_key
         self._share_across_keys = share_across_keys
         self._health_interval_s = health_interval_s
-        self._transport = transport
+        self._opener = opener  # the network, or a test's stand-in
         self._client: ReplicaClient | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -119,7 +118,7 @@ class ReplicaEngine:
     def start(self) -> None:
         if self._client is not None:
             raise RuntimeError("an engine starts once")
-        self._client = ReplicaClient(self._transport)
+        self._client = ReplicaClient(self._opener)
         self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     def stop(self, timeout: float = 60.0) -> None:
