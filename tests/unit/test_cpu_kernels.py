@@ -507,6 +507,7 @@ def test_a_build_says_that_it_builds_and_how_long_it_took(
 def test_paged_decode_gives_a_sequence_the_same_bits_alone_and_in_any_batch(dtype, int8):
     # A verified draft's tokens are decodes of one batch: each must get exactly the output it
     # gets alone, whatever else decodes beside it.
+    assert KERNELS is not None
     blocks, block_tokens, heads, kv_heads, dim = 12, 64, 12, 2, 128
     k, v = (
         torch.randn(blocks, block_tokens, kv_heads, dim),
