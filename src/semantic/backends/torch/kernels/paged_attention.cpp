@@ -1,7 +1,7 @@
 // Paged decode attention on AVX-512: each sequence's single query token against its K/V blocks,
 // read in place through the block table (no gather copy).
 //
-// Work items are (sequence, span of its tokens), ~8 spans a sequence (sized by its own length
+// Work items are (sequence, span of its tokens), ~16 spans a sequence (sized by its own length
 // alone, so its output has the same bits in any batch), taken from a shared counter, so one long
 // sequence also uses every core. An item makes two passes:
 //   scores  each token's K row (all KV heads, contiguous) is loaded once for all the query
@@ -389,8 +389,8 @@ int64_t first_key(const DecodeProblem& p, int64_t b) {
 // batch's or the thread count, so a sequence's output is bit for bit the same whatever decodes
 // beside it (a draft's tokens, verified as decodes of one batch, get exactly the logits plain
 // decoding gives them), and one long sequence alone still keeps every core busy.
-constexpr int64_t kSpansPerSequence = 8;
-constexpr int64_t kMinSpan = 32;
+constexpr int64_t kSpansPerSequence = 16;
+constexpr int64_t kMinSpan = 16;
 
 std::vector<Span> plan_spans(const DecodeProblem& p, int64_t max_span,
                              std::vector<int64_t>& first_span) {
