@@ -1,15 +1,18 @@
 """Decode attention alone, bf16 K/V against int8 K/V with per-row scales: our CPU kernel over one
-layer of SmolLM2's shape (9 query heads, 3 KV heads, head_dim 64, blocks of 256), for 1 and 8
-sequences at several context lengths, the two interleaved; each call reads K/V cold from memory
+layer of SmolLM2's shape (9 query heads, 3 KV heads, head_dim 64, blocks of 256) or
+Qwen2.5-Coder-1.5B's (12, 2, 128), for 1 and 8 sequences at several context lengths, the two
+interleaved; each call reads K/V cold from memory
 (layers of pools larger than the caches together, walked in turn), as in a real step of 30
 layers. Reports each kind's fastest run (on a shared machine the least disturbed) and median.
 
     python benchmarks/kv_decode_kernel.py [--contexts 1000,4000,10000] [--runs 15]
+    python benchmarks/kv_decode_kernel.py --shape qwen2.5-coder-1.5b --contexts 2771,16000
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -18,14 +21,18 @@ import torch
 from semantic.backends.torch.int8 import quantize_rows
 from semantic.backends.torch.kernels import cpu_kernels
 
-HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 256
+BLOCK = 256
+# query heads, KV heads, head_dim, softmax scale
+SHAPES = {"smollm2-135m": (9, 3, 64, 0.125), "qwen2.5-coder-1.5b": (12, 2, 128, 0.088)}
 COLD_BYTES = 96 * 2**20  # bf16 K/V of the layers walked in turn: well past the L3 cache
 
 
-def pools(batch: int, context: int) -> tuple[list[tuple[torch.Tensor, ...]], torch.Tensor]:
+def pools(
+    batch: int, context: int, kv_heads: int, dim: int
+) -> tuple[list[tuple[torch.Tensor, ...]], torch.Tensor]:
     per_seq = -(-context // BLOCK)
-    shape = (batch * per_seq, BLOCK, KV_HEADS, DIM)
-    count = min(64, max(4, COLD_BYTES // (4 * batch * per_seq * BLOCK * KV_HEADS * DIM)))
+    shape = (batch * per_seq, BLOCK, kv_heads, dim)
+    count = min(64, max(4, COLD_BYTES // (4 * batch * per_seq * BLOCK * kv_heads * dim)))
     layers: list[tuple[torch.Tensor, ...]] = []
     for _ in range(count):
         k, v = torch.randn(shape), torch.randn(shape)
@@ -39,26 +46,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", default="1000,4000,10000")
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
     args = parser.parse_args()
+    heads, kv_heads, dim, scale = SHAPES[args.shape]
     kernels = cpu_kernels()
     if kernels is None:
         raise SystemExit("needs our CPU kernels")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; µs per layer")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} threads, {args.shape}, load {load}; µs per layer")
     for context in (int(c) for c in args.contexts.split(",")):
         for batch in (1, 8):
-            layers, tables = pools(batch, context)
+            layers, tables = pools(batch, context, kv_heads, dim)
             lens = torch.full((batch,), context, dtype=torch.int64)
-            q = torch.randn(batch, HEADS, DIM).bfloat16()
+            q = torch.randn(batch, heads, dim).bfloat16()
             times: dict[str, list[float]] = {"bf16": [], "int8": []}
             for _ in range(args.runs):  # interleaved: both see the same noise
                 for kind in times:
                     start = time.perf_counter()
                     for k, v, k8, v8, ks, vs in layers:
                         if kind == "bf16":
-                            kernels.decode_attention(q, k, v, tables, lens, 0.125)
+                            kernels.decode_attention(q, k, v, tables, lens, scale)
                         else:
                             kernels.decode_attention(
-                                q, k8, v8, tables, lens, 0.125, None, None, ks, vs
+                                q, k8, v8, tables, lens, scale, None, None, ks, vs
                             )
                     times[kind].append((time.perf_counter() - start) / len(layers) * 1e6)
             fast = {kind: min(runs) for kind, runs in times.items()}

@@ -10,12 +10,30 @@
 //   values  softmax weights (fp32; rounded to bf16 pairs for bf16 values) times V, from L2:
 //           two tokens per vdpbf16ps; meanwhile the K of the thread's next item is prefetched.
 // So memory streams during both passes. Spans of a sequence are then merged by their max and
-// sum (online softmax). An 8-bit cache (int8 rows, a bf16 scale per row) is read the same way
-// at half the bytes: each KV head's 16 key rows are widened to fp32 once for its G query heads
-// (fp32 dot products with the query converted once), the key's scale multiplies its score, and
-// in the values pass a value's scale multiplies its (fp32) weight. Measured: 8 sequences x 1,000 tokens, 30 layers, 2 cores: 8.9 ms with
+// sum (online softmax). Measured: 8 sequences x 1,000 tokens, 30 layers, 2 cores: 8.9 ms with
 // the next-item prefetch, 10.5 without, 11-12 one tile at a time (flash-decoding style), 12+
 // with items per KV head (strided rows).
+//
+// An 8-bit cache (int8 rows, a bf16 scale per row) is read in place at half the bytes and
+// weighed in integers (VNNI), with no row widened to fp32:
+//   scores  the query is held in 15 bits per head, as two int8 halves (q16 = 256 · hi + lo); each
+//           KV head's 16 key rows are flipped to unsigned (k + 128, vpdpbusd's unsigned side)
+//           and transposed once for its G query heads, 4 bytes of a key per lane, so vpdpbusd
+//           with 4 bytes of a query half broadcast accumulates the 16 keys' exact dot products
+//           side by side (no horizontal sums); 128 · Σq comes off, then the query's scale, the
+//           key's and the softmax scale multiply;
+//   values  each head's weights times the value rows' scales are quantized over the span to 15
+//           bits; two tokens' rows widened to int16 and interleaved, vpdpwssd with the pair of
+//           their weights: exact int32 sums, times the weights' scale.
+// Its error is the cache's own: against fp32 attention over the dequantized rows, on average
+// ~1e-4 of the output's size (the 15-bit query and weights), where the cache's rounding of K/V
+// moves it by 1-2e-2. An int8 query (llama.cpp's q8 against a q8_0 cache) was ~10% faster, but
+// its own error was as large as the cache's, the total 15-60% larger on average and up to 2x at
+// the worst.
+// Measured on Qwen2.5-Coder-1.5B's shape (12 query heads, 2 KV heads, head_dim 128), 2 cores
+// under load ~3, K/V cold, µs per layer: one sequence of 2,771 keys 140 (284 with each row
+// widened to fp32 for fp32 FMAs before; a bf16 cache 216), of 16,000 keys 693 (1,581; 1,104);
+// eight sequences 1,182 and 5,814 (2,260 and 12,585).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -151,14 +169,111 @@ void span_scores(const T* q, int64_t q_stride_h, const Layout& l, RowWalk<T> key
   }
 }
 
-// An 8-bit cache's scores: for each KV head, its 16 key rows are widened to fp32 once (in L1)
-// for all G query heads; q is fp32 [H][D]; each key's scale joins the softmax scale after the
-// sums, so a score is (q · k_int) · k_scale · scale.
+// Every query of an 8-bit cache in 15 bits per head, q ≈ q16 · scale (q16 within ±127 · 256),
+// held as two int8 halves q16 = 256 · hi + lo (hi in ±127, lo in -128..127) for vpdpbusd, each
+// head's D bytes zero-padded to whole 64-byte vectors. The keys are flipped to unsigned (k + 128)
+// for vpdpbusd, so 128 · Σhi and 128 · Σlo come off the halves' dot products (`bias`).
+struct QueriesI8 {
+  std::vector<int8_t> hi, lo;  // [B][H][padded D]
+  std::vector<float> scales;   // [B][H]
+  std::vector<int32_t> bias;   // [B][H][2]: hi's, lo's
+};
+
+constexpr float kQueryLevels = 127.0f * 256.0f;
+
 template <int D>
-void span_scores_i8(const float* q, const Layout& l, RowWalk<int8_t> keys, const bf16* k_scales,
-                    RowPrefetch<int8_t> values, int64_t n, float scale, float* s) {
-  alignas(64) float k32[16 * D];
+constexpr int64_t padded_i8() {
+  return (D + 63) / 64 * 64;
+}
+
+template <typename T, int D>
+QueriesI8 queries_i8(const DecodeProblem& p) {
+  constexpr int64_t W = padded_i8<D>();
+  const int64_t rows = p.batch * p.heads;
+  QueriesI8 q{std::vector<int8_t>(rows * W, 0), std::vector<int8_t>(rows * W, 0),
+              std::vector<float>(rows), std::vector<int32_t>(rows * 2)};
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const T* src = static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+      const int64_t row = b * p.heads + h;
+      __m512 x[D / 16];
+      __m512 top = _mm512_setzero_ps();
+      for (int c = 0; c < D / 16; ++c) {
+        x[c] = load_x16(src + 16 * c);
+        top = _mm512_max_ps(top, _mm512_abs_ps(x[c]));
+      }
+      const float amax = _mm512_reduce_max_ps(top);
+      const __m512 inv = _mm512_set1_ps(amax > 0.0f ? kQueryLevels / amax : 0.0f);
+      __m512i sum_hi = _mm512_setzero_si512(), sum_lo = _mm512_setzero_si512();
+      for (int c = 0; c < D / 16; ++c) {
+        const __m512i q16 = _mm512_cvtps_epi32(_mm512_mul_ps(x[c], inv));  // nearest, even on ties
+        const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(q16, _mm512_set1_epi32(128)), 8);
+        const __m512i lo = _mm512_sub_epi32(q16, _mm512_slli_epi32(hi, 8));
+        sum_hi = _mm512_add_epi32(sum_hi, hi);
+        sum_lo = _mm512_add_epi32(sum_lo, lo);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(&q.hi[row * W + 16 * c]),
+                         _mm512_cvtepi32_epi8(hi));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(&q.lo[row * W + 16 * c]),
+                         _mm512_cvtepi32_epi8(lo));
+      }
+      q.scales[row] = amax / kQueryLevels;
+      q.bias[2 * row] = 128 * _mm512_reduce_add_epi32(sum_hi);
+      q.bias[2 * row + 1] = 128 * _mm512_reduce_add_epi32(sum_lo);
+    }
+  }
+  return q;
+}
+
+// 64 bytes of an int8 row (its D bytes, zero-padded, where D < 64).
+template <int D>
+inline __m512i load_i8x64(const int8_t* row, int c) {
+  if constexpr (D < 64) return _mm512_maskz_loadu_epi8((1ull << D) - 1, row);
+  return _mm512_loadu_si512(row + 64 * c);
+}
+
+// 16 x 16 int32 transposed in registers: lane j of r[i] goes to lane i of r[j].
+inline void transpose16_epi32(__m512i* r) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: a0 b0 a1 b1 | a2 b2 a3 b3
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + k], per 128-bit lane L: element 4L + k of rows 4i..4i+3
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // gather lane L of u[k], u[4 + k], u[8 + k], u[12 + k]
+    const __m512i v = _mm512_shuffle_i32x4(u[k], u[4 + k], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i w = _mm512_shuffle_i32x4(u[k], u[4 + k], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i w2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], _MM_SHUFFLE(3, 1, 3, 1));
+    r[k] = _mm512_shuffle_i32x4(v, v2, _MM_SHUFFLE(2, 0, 2, 0));
+    r[8 + k] = _mm512_shuffle_i32x4(v, v2, _MM_SHUFFLE(3, 1, 3, 1));
+    r[4 + k] = _mm512_shuffle_i32x4(w, w2, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + k] = _mm512_shuffle_i32x4(w, w2, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// Query heads whose scores one pass over a KV head's transposed keys computes: two int32
+// accumulators each (q's halves).
+constexpr int kScoreHeads = 6;
+
+// An 8-bit cache's scores, in integers: for each KV head, its 16 key rows are flipped to
+// unsigned (k + 128, an xor of the sign bit) and transposed once, in L1, for its G query heads,
+// so that lane i of column j holds bytes 4j..4j+3 of key i; vpdpbusd multiplies a column with
+// four bytes of a query half broadcast, and the 16 lanes are the 16 keys' exact dot products
+// (no horizontal sums). A score is (256 · (hi · k) + lo · k) · q_scale · k_scale · scale.
+template <int D>
+void span_scores_i8(const QueriesI8& q, int64_t first_row, const Layout& l,
+                    RowWalk<int8_t> keys, const bf16* k_scales, RowPrefetch<int8_t> values,
+                    int64_t n, float scale, float* s) {
+  constexpr int C = padded_i8<D>() / 64, J = D / 4;  // 64-byte chunks; columns with data
+  constexpr int64_t W = padded_i8<D>();
+  alignas(64) __m512i cols[C * 16];
   alignas(64) float key_scale[16];
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t count = std::min<int64_t>(16, n - t0);
     int64_t slots[16];
@@ -168,18 +283,48 @@ void span_scores_i8(const float* q, const Layout& l, RowWalk<int8_t> keys, const
     }
     for (int64_t i = count; i < 16; ++i) slots[i] = slots[0];  // padding, never stored
     for (int64_t h = 0; h < l.kv_heads; ++h) {
+      for (int c = 0; c < C; ++c) {
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i) {
+          const int8_t* row = keys.base + slots[i] * l.row_stride + h * D;
+          r[i] = _mm512_xor_si512(load_i8x64<D>(row, c), sign);
+        }
+        transpose16_epi32(r);
+        for (int j = 0; j < 16; ++j) cols[16 * c + j] = r[j];
+      }
       for (int i = 0; i < 16; ++i) {
-        const int8_t* row = keys.base + slots[i] * l.row_stride + h * D;
-        for (int c = 0; c < D / 16; ++c) _mm512_store_ps(k32 + i * D + 16 * c, load_i8x16(row + 16 * c));
         key_scale[i] = bf16_to_float(k_scales[slots[i] * l.kv_heads + h]) * scale;
       }
       const __m512 scale_v = _mm512_load_ps(key_scale);
-      for (int64_t g = 0; g < l.group; ++g) {
-        const int64_t head = h * l.group + g;
-        __m512 partial[16];
-        for (int i = 0; i < 16; ++i) partial[i] = dot<D>(q + head * D, k32 + i * D);
-        _mm512_mask_storeu_ps(s + head * l.span_stride + t0, first_lanes(count),
-                              _mm512_mul_ps(hsum16(partial), scale_v));
+      for (int64_t g0 = 0; g0 < l.group; g0 += kScoreHeads) {
+        const int heads = static_cast<int>(std::min<int64_t>(kScoreHeads, l.group - g0));
+        const int64_t head0 = h * l.group + g0;
+        const int8_t* hi = q.hi.data() + (first_row + head0) * W;
+        const int8_t* lo = q.lo.data() + (first_row + head0) * W;
+        __m512i acc_hi[kScoreHeads], acc_lo[kScoreHeads];
+        for (int g = 0; g < kScoreHeads; ++g) acc_hi[g] = acc_lo[g] = _mm512_setzero_si512();
+        for (int j = 0; j < J; ++j) {
+          const __m512i col = cols[j];
+          for (int g = 0; g < kScoreHeads; ++g) {
+            if (g >= heads) break;
+            int32_t qh, ql;
+            __builtin_memcpy(&qh, hi + g * W + 4 * j, 4);
+            __builtin_memcpy(&ql, lo + g * W + 4 * j, 4);
+            acc_hi[g] = _mm512_dpbusd_epi32(acc_hi[g], col, _mm512_set1_epi32(qh));
+            acc_lo[g] = _mm512_dpbusd_epi32(acc_lo[g], col, _mm512_set1_epi32(ql));
+          }
+        }
+        for (int g = 0; g < heads; ++g) {
+          const int64_t row = first_row + head0 + g;
+          const __m512 dot_hi = _mm512_cvtepi32_ps(
+              _mm512_sub_epi32(acc_hi[g], _mm512_set1_epi32(q.bias[2 * row])));
+          const __m512 dot_lo = _mm512_cvtepi32_ps(
+              _mm512_sub_epi32(acc_lo[g], _mm512_set1_epi32(q.bias[2 * row + 1])));
+          const __m512 dot = _mm512_fmadd_ps(dot_hi, _mm512_set1_ps(256.0f), dot_lo);
+          const __m512 sc =
+              _mm512_mul_ps(dot, _mm512_mul_ps(scale_v, _mm512_set1_ps(q.scales[row])));
+          _mm512_mask_storeu_ps(s + (head0 + g) * l.span_stride + t0, first_lanes(count), sc);
+        }
       }
     }
   }
@@ -242,32 +387,118 @@ void span_values(int heads, int64_t stride, RowWalk<float> values, int64_t n, co
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + g * D + 16 * c, o[g][c]);
 }
 
-// int8 values (an 8-bit cache): each value row widened to fp32 once for the pass's heads, its
-// scale folded into each head's weight; `scales` is the value scales of this KV head, a row's at
-// slot · kv_heads.
+// The sums of interleaved pairs of rows back in order: lo lane 4L + j holds element 8L + j of
+// 32-element chunk c, hi lane 4L + j element 8L + 4 + j (a D % 32 == 16 row's last chunk is half).
+template <int D>
+inline void store_pair_lanes(float* row, int c, __m512 lo, __m512 hi) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  float* out = row + 32 * c;
+  _mm512_storeu_ps(out, _mm512_permutex2var_ps(lo, first, hi));
+  if (D % 32 == 0 || c < (D + 31) / 32 - 1) {
+    _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(lo, second, hi));
+  }
+}
+
+// An 8-bit cache's weights: each query head's softmax weights times each token's value scale,
+// quantized over the span to 15 bits (w ≈ w16 · w_scale, w_scale = max w / 32767) as int16
+// pairs in `w16` (padded with a zero to an even count). `vscale` holds the span's value scales of
+// their KV head. With at most kMaxSpan tokens a head's int32 sums cannot overflow.
+static_assert(kMaxSpan * 32767LL * 128 < (1LL << 31));
+
+void span_weights_i16(int heads, int64_t stride, int64_t n, const float* p, const float* vscale,
+                      int16_t* w16, float* w_scale) {
+  for (int g = 0; g < heads; ++g, p += stride, w16 += stride) {
+    __m512 top = _mm512_setzero_ps();
+    for (int64_t t0 = 0; t0 < n; t0 += 16) {
+      const __mmask16 mask = first_lanes(n - t0);
+      top = _mm512_max_ps(top, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, p + t0),
+                                             _mm512_maskz_loadu_ps(mask, vscale + t0)));
+    }
+    const float wmax = _mm512_reduce_max_ps(top);
+    const __m512 inv = _mm512_set1_ps(wmax > 0.0f ? 32767.0f / wmax : 0.0f);
+    for (int64_t t0 = 0; t0 < n; t0 += 16) {
+      const __mmask16 mask = first_lanes(n - t0);
+      const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, p + t0),
+                                     _mm512_maskz_loadu_ps(mask, vscale + t0));
+      const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(w, inv));
+      _mm256_mask_storeu_epi16(w16 + t0, mask, _mm512_cvtsepi32_epi16(q));
+    }
+    if (n % 2 != 0) w16[n] = 0;
+    w_scale[g] = wmax / 32767.0f;
+  }
+}
+
+// 32 int8 of a value row widened to int16 (its first 16 only in a D % 32 == 16 row's last chunk).
+template <int D>
+inline __m512i load_i8x32_as_i16(const int8_t* row, int c) {
+  if (D % 32 != 0 && c == (D + 31) / 32 - 1) {
+    return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(0xFFFF, row + 32 * c));
+  }
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c)));
+}
+
+// int8 values (an 8-bit cache), in integers: two tokens at a time, their rows widened to int16
+// and interleaved element by element (as bf16 rows are below) are pairs that vpdpwssd weighs
+// with the pair of their 15-bit weights, 32 exact multiply-adds an instruction; the int32 sums
+// times the heads' weight scales are the fp32 accumulators. The rows are walked once per CB
+// chunks of 32 elements, so that NG heads' accumulators stay in registers (NG · CB · 2 <= 24).
+template <int D>
+constexpr int chunks_per_pass_i8() {
+  return D >= 64 ? 2 : 1;
+}
+
+template <int D>
+constexpr int heads_per_pass_i8() {
+  return 12 / chunks_per_pass_i8<D>();
+}
+
 template <int D, int NG>
-void span_values_i8(int heads, int64_t stride, RowWalk<int8_t> values, const bf16* scales,
-                    int64_t kv_heads, int64_t n, const float* p, RowPrefetch<int8_t>& ahead,
+void span_values_i8(int heads, int64_t stride, const RowWalk<int8_t>& values, int64_t n,
+                    const int16_t* w16, const float* w_scale, RowPrefetch<int8_t>& ahead,
                     float* acc) {
-  constexpr int C = D / 16;
-  __m512 o[NG][C];
-  for (int g = 0; g < NG; ++g)
-    for (int c = 0; c < C; ++c) o[g][c] = _mm512_setzero_ps();
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t slot = values.next_slot();
-    const int8_t* row = values.base + slot * values.row_stride;
-    ahead.next();
-    const float value_scale = bf16_to_float(scales[slot * kv_heads]);
-    __m512 v[C];
-    for (int c = 0; c < C; ++c) v[c] = load_i8x16(row + 16 * c);
-    for (int g = 0; g < NG; ++g) {
-      if (g >= heads) break;
-      const __m512 w = _mm512_set1_ps(p[g * stride + t] * value_scale);
-      for (int c = 0; c < C; ++c) o[g][c] = _mm512_fmadd_ps(w, v[c], o[g][c]);
+  constexpr int C = (D + 31) / 32, CB = chunks_per_pass_i8<D>();
+  static_assert(C % CB == 0 && NG * CB * 2 <= 24);
+  for (int c0 = 0; c0 < C; c0 += CB) {
+    RowWalk<int8_t> rows = values;
+    __m512i lo[NG][CB], hi[NG][CB];
+    for (int g = 0; g < NG; ++g)
+      for (int c = 0; c < CB; ++c) lo[g][c] = hi[g][c] = _mm512_setzero_si512();
+    for (int64_t t = 0; t < n; t += 2) {
+      const int8_t* a = rows.next();
+      const int8_t* b = t + 1 < n ? rows.next() : nullptr;
+      if (c0 == 0) {
+        ahead.next();
+        ahead.next();
+      }
+      __m512i vlo[CB], vhi[CB];
+      for (int c = 0; c < CB; ++c) {
+        const __m512i va = load_i8x32_as_i16<D>(a, c0 + c);
+        const __m512i vb =
+            b != nullptr ? load_i8x32_as_i16<D>(b, c0 + c) : _mm512_setzero_si512();
+        vlo[c] = _mm512_unpacklo_epi16(va, vb);
+        vhi[c] = _mm512_unpackhi_epi16(va, vb);
+      }
+      for (int g = 0; g < NG; ++g) {
+        if (g >= heads) break;
+        uint32_t pair;
+        __builtin_memcpy(&pair, w16 + g * stride + t, 4);
+        const __m512i w = _mm512_set1_epi32(static_cast<int>(pair));
+        for (int c = 0; c < CB; ++c) {
+          lo[g][c] = _mm512_dpwssd_epi32(lo[g][c], vlo[c], w);
+          hi[g][c] = _mm512_dpwssd_epi32(hi[g][c], vhi[c], w);
+        }
+      }
+    }
+    for (int g = 0; g < heads; ++g) {
+      const __m512 ws = _mm512_set1_ps(w_scale[g]);
+      for (int c = 0; c < CB; ++c) {
+        store_pair_lanes<D>(acc + g * D, c0 + c, _mm512_mul_ps(_mm512_cvtepi32_ps(lo[g][c]), ws),
+                            _mm512_mul_ps(_mm512_cvtepi32_ps(hi[g][c]), ws));
+      }
     }
   }
-  for (int g = 0; g < heads; ++g)
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + g * D + 16 * c, o[g][c]);
 }
 
 // bf16: two tokens at a time. Their V rows interleaved element by element (unpacklo/hi) are
@@ -304,30 +535,19 @@ void span_values(int heads, int64_t stride, RowWalk<bf16> values, int64_t n, con
       }
     }
   }
-  // lo lane 4L + j holds element 8L + j of its chunk, hi lane 4L + j element 8L + 4 + j.
-  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i second =
-      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  for (int g = 0; g < heads; ++g) {
-    for (int c = 0; c < C; ++c) {
-      float* out = acc + g * D + 32 * c;
-      _mm512_storeu_ps(out, _mm512_permutex2var_ps(lo[g][c], first, hi[g][c]));
-      if (D % 32 == 0 || c < C - 1) {
-        _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(lo[g][c], second, hi[g][c]));
-      }
-    }
-  }
+  for (int g = 0; g < heads; ++g)
+    for (int c = 0; c < C; ++c) store_pair_lanes<D>(acc + g * D, c, lo[g][c], hi[g][c]);
 }
 
 // One work item: every head of one sequence over one span; acc [H][D], ml [H][2]. Memory is
 // kept busy throughout: the scores pass streams the span's K and prefetches its V into L2,
 // the values pass (from L2) prefetches the K of the item this thread takes next. KV is the
-// caches' type: T, or int8_t for an 8-bit cache (then q32 holds every query in fp32, [B][H][D]).
+// caches' type: T, or int8_t for an 8-bit cache (then q8 holds every query in int8).
 template <typename T, typename KV, int D>
 void attend_span(const DecodeProblem& p, const Layout& l, const Span& span, const Span* next,
-                 const float* q32, float* acc, float* ml) {
-  constexpr int NG = heads_per_pass<D>();
+                 const QueriesI8& q8, float* acc, float* ml) {
   constexpr bool quantized = std::is_same_v<KV, int8_t>;
+  constexpr int NG = quantized ? heads_per_pass_i8<D>() : heads_per_pass<D>();
   const int64_t n = span.end - span.start;
   const KV* k = static_cast<const KV*>(p.k_cache);
   const KV* v = static_cast<const KV*>(p.v_cache);
@@ -339,45 +559,39 @@ void attend_span(const DecodeProblem& p, const Layout& l, const Span& span, cons
   alignas(64) bf16 pb[kScoreFloats + 16];
   const RowPrefetch<KV> values_ahead{walk(v, span), n, l.row_stride};
   if constexpr (quantized) {
-    span_scores_i8<D>(q32 + span.seq * p.heads * D, l, walk(k, span), p.k_scales, values_ahead,
-                      n, p.scale, s);
+    span_scores_i8<D>(q8, span.seq * p.heads, l, walk(k, span), p.k_scales, values_ahead, n,
+                      p.scale, s);
   } else {
     const T* q = static_cast<const T*>(p.q) + span.seq * p.q_stride_b;
     span_scores<T, D>(q, p.q_stride_h, l, walk(k, span), values_ahead, n, p.scale, s);
   }
-  // int8 values are weighed in fp32, like fp32 ones.
+  // int8 values take fp32 weights, quantized below with the values' scales.
   span_softmax<std::conditional_t<quantized, float, T>>(l.heads, l.span_stride, n, s, pb, ml);
   RowPrefetch<KV> ahead{walk(k, next != nullptr ? *next : span),
                         next != nullptr ? next->end - next->start : 0, l.row_stride};
+  alignas(64) float vscale[kMaxSpan];
   for (int64_t h = 0; h < l.kv_heads; ++h) {
+    if constexpr (quantized) {
+      RowWalk<bf16> scales(p.v_scales + h, p.block_tables + span.seq * p.table_stride,
+                           p.block_tokens, l.kv_heads, span.start);
+      for (int64_t t = 0; t < n; ++t) vscale[t] = bf16_to_float(*scales.next());
+    }
     for (int64_t g0 = 0; g0 < l.group; g0 += NG) {
       const int64_t head = h * l.group + g0;
       const int heads = static_cast<int>(std::min<int64_t>(NG, l.group - g0));
       const int64_t offset = head * l.span_stride;
       if constexpr (quantized) {
-        span_values_i8<D, NG>(heads, l.span_stride, walk(v + h * D, span), p.v_scales + h,
-                              l.kv_heads, n, s + offset, ahead, acc + head * D);
+        int16_t* w16 = reinterpret_cast<int16_t*>(pb) + offset;
+        float w_scale[NG];
+        span_weights_i16(heads, l.span_stride, n, s + offset, vscale, w16, w_scale);
+        span_values_i8<D, NG>(heads, l.span_stride, walk(v + h * D, span), n, w16, w_scale,
+                              ahead, acc + head * D);
       } else {
         span_values<D, NG>(heads, l.span_stride, walk(v + h * D, span), n, s + offset,
                            pb + offset, ahead, acc + head * D);
       }
     }
   }
-}
-
-// Every query in fp32, [B][H][D] contiguous: an 8-bit cache's dot products are fp32.
-template <typename T, int D>
-std::vector<float> queries_f32(const DecodeProblem& p) {
-  std::vector<float> q32(p.batch * p.heads * D);
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t h = 0; h < p.heads; ++h) {
-      const T* src = static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-      for (int c = 0; c < D / 16; ++c) {
-        _mm512_storeu_ps(&q32[(b * p.heads + h) * D + 16 * c], load_x16(src + 16 * c));
-      }
-    }
-  }
-  return q32;
 }
 
 // The first key sequence b reads: its window's first on a sliding layer, else its first.
@@ -452,15 +666,14 @@ void paged_decode(const DecodeProblem& p) {
   const std::vector<Span> spans = plan_spans(p, max_span, first_span);
   const int64_t items = static_cast<int64_t>(spans.size());
   std::vector<float> acc(items * p.heads * D), ml(items * p.heads * 2);
-  const std::vector<float> q32 =
-      std::is_same_v<KV, int8_t> ? queries_f32<T, D>(p) : std::vector<float>();
+  const QueriesI8 q8 = std::is_same_v<KV, int8_t> ? queries_i8<T, D>(p) : QueriesI8{};
   std::atomic<int64_t> next{0};
   // One task per thread, each taking items off the counter until none are left.
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (int64_t i = next.fetch_add(1); i < items;) {
       const int64_t j = next.fetch_add(1);  // taken now, so its K streams in during item i
       const Span* following = j < items ? &spans[j] : nullptr;
-      attend_span<T, KV, D>(p, l, spans[i], following, q32.data(), &acc[i * p.heads * D],
+      attend_span<T, KV, D>(p, l, spans[i], following, q8, &acc[i * p.heads * D],
                             &ml[i * p.heads * 2]);
       i = j;
     }
