@@ -121,25 +121,24 @@ def test_a_replica_that_drops_the_connection_mid_answer_is_down() -> None:
 )
 def test_a_refusal_is_our_error_for_its_status(status: int, error: type[Exception]) -> None:
     with FakeNetwork([FakeReplica(URL, REPLY, refuse=status)]) as network:
-
-        async def refused(client: ReplicaClient, replica: Replica) -> str:
-            with pytest.raises(error) as raised:
-                await tokens(client, replica)
-            return str(raised.value)
-
-        assert "the replica says no" in run_with(network, refused)
+        assert "the replica says no" in refusal(network, error)
 
 
 def test_an_error_event_that_begins_the_stream_is_read_as_its_status() -> None:
     replica = FakeReplica(URL, REPLY, fail_first=(400, "grammar rejected"))
     with FakeNetwork([replica]) as network:
+        assert "grammar rejected" in refusal(network, InvalidRequest)
 
-        async def refused(client: ReplicaClient, replica: Replica) -> str:
-            with pytest.raises(InvalidRequest) as raised:
-                await tokens(client, replica)
-            return str(raised.value)
 
-        assert "grammar rejected" in run_with(network, refused)
+def refusal(network: FakeNetwork, error: type[Exception]) -> str:
+    """What the error a request's tokens raise says (`error` or a subclass of it)."""
+
+    async def refused(client: ReplicaClient, replica: Replica) -> str:
+        with pytest.raises(error) as raised:
+            await tokens(client, replica)
+        return str(raised.value)
+
+    return run_with(network, refused)
 
 
 def test_a_client_that_leaves_mid_answer_closes_the_replicas_stream() -> None:
