@@ -19,7 +19,7 @@ from semantic.backends.torch.kernels import CpuKernels, cpu_kernels, unavailable
 from semantic.backends.torch.models.weights import Weights
 from semantic.models.q32 import READERS, Q32Blocks
 from tests.unit.test_int8_weights import quantized_x
-from tests.unit.test_q4k_kernel import gguf_build, kernel_bound
+from tests.unit.test_q4k_kernel import assert_rows_alone_as_batched, gguf_build, kernel_bound
 from tests.unit.test_q32 import KINDS, random_q32
 
 KERNELS = cpu_kernels()
@@ -74,12 +74,7 @@ def test_a_row_gets_the_same_bits_alone_and_batched(kind):
         weight = FlatWeight.quantize(torch.randn(n, k))
     else:
         weight = FlatWeight.from_blocks(file_blocks(kind, n, k, seed=5)[0])
-    bias = torch.randn(n).bfloat16()
-    linear = GroupLinear(weight, bias, ours())
-    x = torch.randn(33, k).bfloat16()
-    alone = torch.cat([linear(x[i : i + 1]) for i in range(33)])
-    for rows in range(1, 34):
-        assert torch.equal(linear(x[:rows]), alone[:rows]), rows
+    assert_rows_alone_as_batched(GroupLinear(weight, torch.randn(n).bfloat16(), ours()), k)
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q5_0"])

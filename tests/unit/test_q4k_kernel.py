@@ -111,8 +111,11 @@ def test_a_row_gets_the_same_bits_alone_and_batched(kind):
         weight = GroupWeight.quantize(torch.randn(n, k))
     else:
         weight = packed(file_blocks(kind, n, k, seed=5))
-    bias = torch.randn(n).bfloat16()
-    linear = GroupLinear(weight, bias, ours())
+    assert_rows_alone_as_batched(GroupLinear(weight, torch.randn(n).bfloat16(), ours()), k)
+
+
+def assert_rows_alone_as_batched(linear: GroupLinear, k: int) -> None:
+    """Each of 33 rows gets the same bits from `linear` alone and in every batch of 1-33."""
     x = torch.randn(33, k).bfloat16()
     alone = torch.cat([linear(x[i : i + 1]) for i in range(33)])
     for rows in range(1, 34):

@@ -25,10 +25,10 @@ def next_limit(limit: int, drafted: int, accepted: int, longest: int) -> int:
     """The longest draft a sequence may have next (`limit` now), after one of `drafted` tokens
     was verified with `accepted` of them taken: twice as long after a draft taken whole (up to
     `longest`), one past the run it got right after a miss. A verification costs a row for
-    every draft token whether or not it is taken (on two CPU cores, nine rows of the 1.5B coder
-    cost about four steps at 2,800 tokens of context), so a sequence whose drafts miss soon
-    drafts a token or two and loses little, and one copying a file is back at the longest
-    within a few steps."""
+    every draft token whether or not it is taken (on two CPU cores, nine rows cost several
+    steps at a few thousand tokens of context: each row attends alone), so a sequence whose
+    drafts miss soon drafts a token or two and loses little, and one copying a file is back at
+    the longest within a few steps."""
     if accepted == drafted:
         return min(longest, 2 * limit)
     return accepted + 1
