@@ -1,7 +1,7 @@
 """One matrix in each of the CPU's weight formats at several row counts: bf16 panels (oneDNN above
-128 rows), int8 rows, and a GGUF's Q4_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks on our
-group kernel (random blocks of the given shape). Several copies are cycled so that the weights
-come from memory, as a decode step's do, not from the cache.
+128 rows), int8 rows, and a GGUF's Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks on
+our group kernel (random blocks of the given shape). Several copies are cycled so that the
+weights come from memory, as a decode step's do, not from the cache.
 
     python benchmarks/group_kernel.py --shape 8960x1536 --rows 1,4,16,64,128,512
     python benchmarks/group_kernel.py --shape 9728x896 --formats int8,q5_0,q8_0
@@ -37,7 +37,7 @@ def random_blocks(n: int, k: int, seed: int, block_bytes: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, (n * k // q4k.SUPER, block_bytes), dtype=np.uint8)
     scales = rng.uniform(1e-4, 1e-3, (blocks.shape[0], 2)).astype(np.float16).view(np.uint8)
-    if block_bytes == q4k.BLOCK_BYTES:
+    if block_bytes in (q4k.BLOCK_BYTES, q4k.Q5K_BLOCK_BYTES):
         blocks[:, :4] = scales  # d, dmin first
     else:
         blocks[:, -2:] = scales[:, :2]  # Q6_K: d last
@@ -46,6 +46,11 @@ def random_blocks(n: int, k: int, seed: int, block_bytes: int) -> np.ndarray:
 
 def q4k_linear(n: int, k: int, seed: int, kernels: CpuKernels) -> Linear:
     blocks = q4k.read_q4k(random_blocks(n, k, seed, q4k.BLOCK_BYTES), n, k)
+    return GroupLinear(GroupWeight.from_q4k(blocks), None, kernels)
+
+
+def q5k_linear(n: int, k: int, seed: int, kernels: CpuKernels) -> Linear:
+    blocks = q4k.read_q5k(random_blocks(n, k, seed, q4k.Q5K_BLOCK_BYTES), n, k)
     return GroupLinear(GroupWeight.from_q4k(blocks), None, kernels)
 
 
@@ -96,6 +101,7 @@ FORMATS: dict[str, Make] = {
     "bf16": bf16_linear,
     "int8": int8_linear,
     "q4k": q4k_linear,
+    "q5k": q5k_linear,
     "q6k": q6k_linear,
     **{kind.lower(): q32_format(kind) for kind in Q32_BLOCK_BYTES},
 }

@@ -56,7 +56,7 @@ def test_smollm2s_q4_1_blocks_on_our_kernel_follow_the_dequantized_file(
     smollm2_path: Path,
 ) -> None:
     checkpoint = load_checkpoint(smollm2_path, progress=False)
-    assert not checkpoint.q4k_blocks
+    assert not checkpoint.k_blocks
     blocks = make_runner(checkpoint, "gguf")
     # every projection in Q4_1 (the fused QKV and gate-up too), the tied head in Q8_0
     expected = {"qkv": {4}, "o": {4}, "gate_up": {4}, "down": {4}, "lm_head": {8}}

@@ -19,6 +19,8 @@ from semantic.models.checkpoint import load_checkpoint
 from semantic.models.gguf import GGUFFile, hf_tensor_name
 from semantic.models.q32 import Q32Blocks
 from semantic.text.tokenizer import Tokenizer
+from tests.unit.test_q4k import random_q4k, random_q5k
+from tests.unit.test_q6k import random_q6k
 
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 64, 4, 2, 96, 400
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
@@ -317,11 +319,28 @@ def test_a_recommendation_takes_only_values_in_range() -> None:
     )
 
 
+def test_a_q4k_or_q5k_matrix_makes_a_file_one_of_k_blocks(tmp_path: Path) -> None:
+    """Q4_K or Q5_K matrices (a Q4_K_M or Q5_K_M file) make `weights = "auto"` compute on the
+    blocks; Q6_K ones alone (with per-32 ones, as in any K-quant file) do not."""
+    kinds = {
+        GGMLQuantizationType.Q4_K: random_q4k,
+        GGMLQuantizationType.Q5_K: random_q5k,
+        GGMLQuantizationType.Q6_K: random_q6k,
+    }
+    for kind, random_blocks in kinds.items():
+        path = tmp_path / f"{kind.name}.gguf"
+        writer = GGUFWriter(path, "llama")
+        matrix = random_blocks(16, 256, 0).reshape(16, -1)  # a row's bytes
+        writer.add_tensor("blk.0.ffn_down.weight", matrix, raw_dtype=kind)
+        finish(writer)
+        assert GGUFFile(path).has_k_blocks() == (kind != GGMLQuantizationType.Q6_K), kind
+
+
 def test_a_gguf_without_q4k_matrices_keeps_its_q8_0_blocks(tiny_gguf: Path) -> None:
     """Its matrices are Q8_0: kept as blocks, none Q4_K (so `weights = "auto"` keeps the
     weights as loaded: `auto_weight_format`), each the values the file holds."""
     checkpoint = load_checkpoint(tiny_gguf, progress=False)
-    assert checkpoint.blocks is not None and not checkpoint.q4k_blocks
+    assert checkpoint.blocks is not None and not checkpoint.k_blocks
     dense = dict(checkpoint.weights())
     kept = [(name, t) for name, t in checkpoint.blocks() if isinstance(t, Q32Blocks)]
     assert kept and all(t.bits == 8 for _, t in kept)

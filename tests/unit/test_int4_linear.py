@@ -150,7 +150,7 @@ def test_auto_computes_a_gguf_on_its_blocks_on_any_cpu(
     assert weight_format(options, gguf=True) == "gguf"
     assert weight_format(options, gguf=False) == "bf16"
     # a file without Q4_K (SmolLM2's Q4_1): as loaded, unless asked (its answers move)
-    assert weight_format(options, gguf=True, q4k=False) == "bf16"
+    assert weight_format(options, gguf=True, k_blocks=False) == "bf16"
     assert weight_format(runner_options(Settings(weights="int8")), gguf=True) == "int8"
     on_cuda = runner_options(Settings(backend="torch", device="cuda"))
     monkeypatch.setattr(runner, "pick_device", lambda device: torch.device(device))

@@ -1,11 +1,11 @@
-"""Our kernel over weights in quantized groups (a GGUF's Q4_K and Q6_K blocks, and the byte
+"""Our kernel over weights in quantized groups (a GGUF's Q4_K, Q5_K and Q6_K blocks, and the byte
 form): the packed weight holds the file's values bit for bit; the kernel computes x·Wᵀ over
 them with x quantized to int8 per group of 32, as an fp64 reference that quantizes x the same
 way does, and within that quantization's own error of the fp32 product; a row gives the same
 bits alone and batched (rows 1..33); partial panels (N not a multiple of 16) and a bias work;
 K not in whole blocks of 256 is refused. A `weights = "gguf"` build puts a file's blocks on it,
 and its other matrices in the byte form (Q8_0's where K is no multiple of 256, int8 rows where
-not even of 32); without our kernels Q4_K stays on torch's int4 kernel."""
+not even of 32); without our kernels Q4_K stays on torch's int4 kernel (a Q5_K does not)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ from semantic.backends.torch.linear import Int8Linear, linear_factory
 from semantic.backends.torch.models.layers import Build
 from semantic.backends.torch.models.weights import Weights
 from semantic.models.config import ModelConfig
-from semantic.models.q4k import Q4KBlocks, read_q4k
+from semantic.models.q4k import Q4KBlocks, read_q4k, read_q5k
 from semantic.models.q6k import Blocks, Q6KBlocks, read_q6k
 from tests.benchmark_script import load_benchmark
 from tests.unit.test_int8_weights import quantized_x
-from tests.unit.test_q4k import random_q4k
+from tests.unit.test_q4k import random_q4k, random_q5k
 from tests.unit.test_q6k import random_q6k
 
 KERNELS = cpu_kernels()
@@ -50,6 +50,8 @@ def q4k(n: int, k: int, seed: int = 0) -> Q4KBlocks:
 def file_blocks(kind: str, n: int, k: int, seed: int = 0) -> Blocks:
     if kind == "q4k":
         return q4k(n, k, seed)
+    if kind == "q5k":
+        return read_q5k(random_q5k(n, k, seed), n, k)
     return read_q6k(random_q6k(n, k, seed), n, k)
 
 
@@ -70,21 +72,23 @@ def kernel_bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 @needs_kernels
 @pytest.mark.parametrize(("n", "k"), SHAPES)
-@pytest.mark.parametrize(("kind", "bits"), [("q4k", 4 + 16 / 32 + 64 / 256), ("q6k", 6.75)])
+@pytest.mark.parametrize(
+    ("kind", "bits"), [("q4k", 4 + 16 / 32 + 64 / 256), ("q5k", 5.75), ("q6k", 6.75)]
+)
 def test_a_files_blocks_are_held_bit_for_bit(n, k, kind, bits):
     blocks = file_blocks(kind, n, k, seed=n)
     weight = packed(blocks)
-    assert weight.planes == (4 if kind == "q4k" else 6)
+    assert weight.planes == {"q4k": 4, "q5k": 5, "q6k": 6}[kind]
     assert torch.equal(weight.rows(torch.arange(n)), torch.from_numpy(blocks.dequantize()))
-    # Q4_K: 4 bits a value, a byte of codes per group and 8 bytes of d, dmin per 256; Q6_K: 6
-    # bits, a byte of sc per 16 and the same 8 bytes
+    # Q4_K: 4 bits a value, a byte of codes per group and 8 bytes of d, dmin per 256; Q5_K: a
+    # bit more a value; Q6_K: 6 bits, a byte of sc per 16 and the same 8 bytes
     assert weight.nbytes == -(-n // 16) * 16 * k * bits / 8
 
 
 @needs_kernels
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
-@pytest.mark.parametrize("kind", ["q4k", "q6k"])
+@pytest.mark.parametrize("kind", ["q4k", "q5k", "q6k"])
 def test_the_kernel_is_the_product_with_x_quantized_per_group(n, k, rows, kind):
     torch.manual_seed(rows + n)
     blocks = file_blocks(kind, n, k, seed=n + k)
@@ -104,7 +108,7 @@ def test_the_kernel_is_the_product_with_x_quantized_per_group(n, k, rows, kind):
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", ["q4k", "q6k", "bytes"])
+@pytest.mark.parametrize("kind", ["q4k", "q5k", "q6k", "bytes"])
 def test_a_row_gets_the_same_bits_alone_and_batched(kind):
     n, k = 40, 768
     if kind == "bytes":
@@ -191,20 +195,23 @@ def test_a_gguf_computes_its_blocks_on_the_kernel_and_the_rest_in_groups_or_rows
     odd = np.random.default_rng(1).standard_normal((32, 100)).astype(np.float32)
     arrays: list[tuple[str, np.ndarray | Blocks]] = [
         ("q4k", file_blocks("q4k", 40, 256)),
+        ("q5k", file_blocks("q5k", 40, 256)),
         ("q6k", file_blocks("q6k", 40, 512)),
         ("dense", dense),
         ("narrow", narrow),
         ("odd", odd),
         ("mixed_a", file_blocks("q4k", 32, 256, seed=1)),
         ("mixed_b", file_blocks("q6k", 32, 256, seed=2)),
+        ("mixed_c", file_blocks("q4k", 32, 256, seed=3)),
+        ("mixed_d", file_blocks("q5k", 32, 256, seed=4)),
     ]
     weights = Weights.load(arrays, gguf_build(ours()))
     planes = {}
-    for name in ("q4k", "q6k", "dense"):
+    for name in ("q4k", "q5k", "q6k", "dense"):
         linear = weights.linear(weights.take_matrix(name), None)
         assert isinstance(linear, GroupLinear)
         planes[name] = linear.weight.planes
-    assert planes == {"q4k": 4, "q6k": 6, "dense": 8}
+    assert planes == {"q4k": 4, "q5k": 5, "q6k": 6, "dense": 8}
     # no multiple of 256 wide: Q8_0's form; not in groups of 32: int8 rows; parts of two
     # kinds: dequantized, then 8-bit groups
     narrow_linear = weights.linear(weights.take_matrix("narrow"), None)
@@ -212,18 +219,22 @@ def test_a_gguf_computes_its_blocks_on_the_kernel_and_the_rest_in_groups_or_rows
     assert isinstance(weights.linear(weights.take_matrix("odd"), None), Int8Linear)
     mixed = weights.linear(weights.fused(["mixed_a", "mixed_b"]), None)
     assert isinstance(mixed, GroupLinear) and mixed.weight.planes == 8
+    four_and_five = weights.linear(weights.fused(["mixed_c", "mixed_d"]), None)
+    assert isinstance(four_and_five, GroupLinear) and four_and_five.weight.planes == 8
 
 
 def test_without_our_kernels_a_gguf_keeps_q4k_on_torchs_int4_kernel():
     assert block_factory(torch.device("cpu"), torch.bfloat16, None, "gguf") is None
     arrays: list[tuple[str, np.ndarray | Blocks]] = [
         ("q4k", file_blocks("q4k", 32, 256)),
+        ("q5k", file_blocks("q5k", 32, 256)),
         ("q6k", file_blocks("q6k", 32, 256)),
     ]
     weights = Weights.load(arrays, gguf_build(None))
     assert isinstance(weights.linear(weights.take_matrix("q4k"), None), Int4Linear)
-    q6k = weights.linear(weights.take_matrix("q6k"), None)  # dequantized, as loaded
-    assert not isinstance(q6k, GroupLinear | Int4Linear)
+    for name in ("q5k", "q6k"):  # dequantized, as loaded: torch's int4 takes 4 bits only
+        linear = weights.linear(weights.take_matrix(name), None)
+        assert not isinstance(linear, GroupLinear | Int4Linear), name
 
 
 @needs_kernels
@@ -231,7 +242,8 @@ def test_the_benchmarks_formats_compute_the_same_matrix():
     bench = load_benchmark("group_kernel")
     x = torch.randn(3, 512).bfloat16()
     exact = x.float() @ bench.dense(48, 512, 7).T
-    for name in ("bf16", "int8", "q4k"):  # q6k is another matrix: its own blocks
+    for name in ("bf16", "int8", "q4k"):  # q5k, q6k are other matrices: their own blocks
         y = bench.FORMATS[name](48, 512, 7, ours())(x).float()
         assert torch.allclose(y, exact, atol=0.05 * float(exact.abs().max())), name
-    assert bench.FORMATS["q6k"](48, 512, 7, ours())(x).shape == (3, 48)
+    for name in ("q5k", "q6k"):
+        assert bench.FORMATS[name](48, 512, 7, ours())(x).shape == (3, 48)

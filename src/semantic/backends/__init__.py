@@ -54,17 +54,17 @@ def with_weights(options: RunnerOptions, checkpoint: Checkpoint) -> tuple[Runner
     checkpoint's tensors as that format reads them: a GGUF's blocks kept for "gguf"."""
     blocks = checkpoint.blocks is not None
     resolved = replace(
-        options, weights=weight_format(options, blocks, q4k=blocks and checkpoint.q4k_blocks)
+        options, weights=weight_format(options, blocks, k_blocks=blocks and checkpoint.k_blocks)
     )
     if resolved.weights == "gguf" and checkpoint.blocks is not None:
         return resolved, checkpoint.blocks()
     return resolved, checkpoint.weights()
 
 
-def weight_format(options: RunnerOptions, gguf: bool, q4k: bool = True) -> str:
+def weight_format(options: RunnerOptions, gguf: bool, k_blocks: bool = True) -> str:
     """`options.weights`, "auto" resolved for a checkpoint (`gguf`: a GGUF file with blocks to
-    keep, `q4k`: some of them Q4_K) on this machine: the torch backend's choice for such a
-    file (`auto_weight_format`), "bf16" (as loaded) otherwise."""
+    keep, `k_blocks`: some of them Q4_K or Q5_K) on this machine: the torch backend's choice for
+    such a file (`auto_weight_format`), "bf16" (as loaded) otherwise."""
     if options.weights != "auto":
         return options.weights
     name = default_backend() if options.backend == "auto" else options.backend
@@ -72,7 +72,7 @@ def weight_format(options: RunnerOptions, gguf: bool, q4k: bool = True) -> str:
         return "bf16"
     from semantic.backends.torch.runner import auto_weight_format
 
-    return auto_weight_format(options.device, q4k)
+    return auto_weight_format(options.device, k_blocks)
 
 
 def default_backend() -> str:

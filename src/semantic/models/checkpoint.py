@@ -38,10 +38,11 @@ class Checkpoint:
     convert each to its own dtype and device before the next is read; each call starts over.
     `fingerprint` names the weights (`models/fingerprint.py`): it tags their KV cache. A GGUF
     file's `blocks()` yields the same tensors with its matrices in a block type a backend
-    computes on (Q4_K, Q6_K, Q4_0 .. Q8_0) as their blocks (`Q4KBlocks`, `Q6KBlocks`,
+    computes on (Q4_K, Q5_K, Q6_K, Q4_0 .. Q8_0) as their blocks (`Q4KBlocks`, `Q6KBlocks`,
     `Q32Blocks`) where nothing but a row order changes them; None where there are none to keep
-    (float tensors only, a Hugging Face directory). `q4k_blocks`: some of them are Q4_K, which
-    torch's int4 kernel computes on too (where ours do not run).
+    (float tensors only, a Hugging Face directory). `k_blocks`: some of them are Q4_K or Q5_K,
+    which make "auto" weights "gguf" (Q4_K torch's int4 kernel computes on too, where ours do
+    not run).
     """
 
     config: ModelConfig
@@ -53,7 +54,7 @@ class Checkpoint:
     template_origin: str = "file"  # "file", or "built-in <name>" when the file has none
     blocks: WeightBlocks | None = None
     sampling: DefaultSampling | None = None  # what the files recommend, if they do
-    q4k_blocks: bool = False
+    k_blocks: bool = False
 
 
 def load_checkpoint(path: Path, *, progress: bool) -> Checkpoint:
@@ -80,9 +81,18 @@ def _load_gguf(path: Path, progress: bool) -> Checkpoint:
     template, origin = _chat_template(gguf.chat_template, tokenizer, config)
     fingerprint = gguf.fingerprint()
     kept = blocks if gguf.has_blocks(config) else None
-    q4k = kept is not None and gguf.has_q4k()
+    k_blocks = kept is not None and gguf.has_k_blocks()
     return Checkpoint(
-        config, tokenizer, template, path, fingerprint, weights, origin, kept, gguf.sampling, q4k
+        config,
+        tokenizer,
+        template,
+        path,
+        fingerprint,
+        weights,
+        origin,
+        kept,
+        gguf.sampling,
+        k_blocks,
     )
 
 

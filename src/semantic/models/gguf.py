@@ -29,7 +29,7 @@ from semantic.models.families import family_of_gguf, supported_gguf_architecture
 from semantic.models.families.family import GGUFRules
 from semantic.models.fingerprint import WeightsFile, fingerprint
 from semantic.models.gguf_reader import GGUFLayout, TensorInfo
-from semantic.models.q4k import read_q4k
+from semantic.models.q4k import read_q4k, read_q5k
 from semantic.models.q6k import Blocks, read_q6k
 from semantic.models.q32 import READERS as Q32_READERS
 
@@ -181,8 +181,8 @@ class GGUFFile:
         self, config: ModelConfig, *, blocks: bool = False
     ) -> Iterator[tuple[str, np.ndarray | Blocks]]:
         """Every tensor, dequantized to float32, in Hugging Face's name and layout; with
-        `blocks`, the matrices in a block type a backend computes on (Q4_K, Q6_K, Q4_0, Q4_1,
-        Q5_0, Q5_1, Q8_0) that need no fix-up but a row order come as their blocks
+        `blocks`, the matrices in a block type a backend computes on (Q4_K, Q5_K, Q6_K, Q4_0,
+        Q4_1, Q5_0, Q5_1, Q8_0) that need no fix-up but a row order come as their blocks
         (`Q4KBlocks`, `Q6KBlocks`, `Q32Blocks`), in the architectures whose backends take their
         linears whole."""
         keep = blocks and self._keeps_blocks(config)
@@ -209,9 +209,9 @@ class GGUFFile:
         """Whether `weights(blocks=True)` yields any blocks."""
         return self._keeps_blocks(config) and any(map(_is_block_matrix, self._reader.tensors))
 
-    def has_q4k(self) -> bool:
-        """Whether the file holds any Q4_K matrix (a Q4_K_M file, say)."""
-        return any(map(_is_q4k_matrix, self._reader.tensors))
+    def has_k_blocks(self) -> bool:
+        """Whether the file holds any Q4_K or Q5_K matrix (a Q4_K_M or Q5_K_M file, say)."""
+        return any(map(_is_k_matrix, self._reader.tensors))
 
     def _keeps_blocks(self, config: ModelConfig) -> bool:
         # Rope over whole heads: no head's dims are reordered (`names.rotary_rows`).
@@ -266,17 +266,22 @@ class GGUFFile:
 
 _BLOCK_READERS: dict[GGMLQuantizationType, Callable[[np.ndarray, int, int], Blocks]] = {
     GGMLQuantizationType.Q4_K: read_q4k,
+    GGMLQuantizationType.Q5_K: read_q5k,
     GGMLQuantizationType.Q6_K: read_q6k,
     **{GGMLQuantizationType[name]: read for name, read in Q32_READERS.items()},
 }
+
+
+# a scale and a min per group of 32 (`Q4KBlocks`): what makes "auto" weights "gguf"
+_K_TYPES = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K)
 
 
 def _is_block_matrix(tensor: TensorInfo) -> bool:
     return tensor.tensor_type in _BLOCK_READERS and len(tensor.shape) == 2
 
 
-def _is_q4k_matrix(tensor: TensorInfo) -> bool:
-    return tensor.tensor_type == GGMLQuantizationType.Q4_K and len(tensor.shape) == 2
+def _is_k_matrix(tensor: TensorInfo) -> bool:
+    return tensor.tensor_type in _K_TYPES and len(tensor.shape) == 2
 
 
 def hf_tensor_name(gguf_name: str, family_names: Mapping[str, str] | None = None) -> str:

@@ -1,18 +1,21 @@
-"""A Q4_K tensor as its blocks hold it, unpacked but not dequantized: what a backend that computes
-on 4-bit groups (the torch backend's `weights = "gguf"`) takes from a GGUF file.
+"""A Q4_K or Q5_K tensor as its blocks hold it, unpacked but not dequantized: what a backend that
+computes on the K-quants' groups (the torch backend's `weights = "gguf"`) takes from a GGUF file.
 
 A Q4_K block is 256 values of one row in 144 bytes: fp16 `d` and `dmin`, twelve bytes of 6-bit
 scales `sc` and mins `m` for its eight 32-value groups, then 128 bytes of 4-bit values `q`; a value
-is `d·sc·q − dmin·m` (llama.cpp's `dequantize_row_q4_K`, the `gguf` package's `Q4_K`). Unpacked,
-each block keeps `d` and `dmin` in fp32 and each group its codes `sc` and `m`; a group's `scale =
-d·sc` and `min = dmin·m` are exact in fp32 (11 significant bits times 6), so `dequantize()` gives
-the `gguf` package's floats bit for bit. Our AVX-512 kernel reads the codes as the file holds them
-(`backends/torch/blocks.py`); torch's int4 kernel takes the fp32 scales and mins.
+is `d·sc·q − dmin·m` (llama.cpp's `dequantize_row_q4_K`, the `gguf` package's `Q4_K`). A Q5_K block
+is the same with a fifth bit to each value, in 176 bytes: `d`, `dmin`, the twelve bytes of codes,
+32 bytes of fifth bits (value j of group g in bit g of byte j), then the 128 bytes of low nibbles
+laid out as Q4_K's (`dequantize_row_q5_K`). Unpacked, each block keeps `d` and `dmin` in fp32 and
+each group its codes `sc` and `m`; a group's `scale = d·sc` and `min = dmin·m` are exact in fp32
+(11 significant bits times 6), so `dequantize()` gives the `gguf` package's floats bit for bit.
+Our AVX-512 kernel reads the codes as the file holds them (`backends/torch/blocks.py`); torch's
+int4 kernel takes a Q4_K's fp32 scales and mins.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,22 +23,26 @@ import numpy as np
 GROUP = 32  # values sharing one scale and min
 SUPER = 256  # values per block
 BLOCK_BYTES = 144
+Q5K_BLOCK_BYTES = 176
 _SCALE_BYTES = 12
+_FIFTH_BYTES = 32
 
 RowReorder = Callable[[np.ndarray], np.ndarray]  # a rows-first array → its rows reordered
 
 
 @dataclass(slots=True, frozen=True)
 class Q4KBlocks:
-    """A [rows, cols] Q4_K tensor: `q` [rows, cols] uint8 in 0..15; `d` and `dmin` [rows,
-    cols / 256] float32, a block's; `sc` and `m` [rows, cols / 32] uint8 in 0..63, a group's
-    codes. value = scale · q − min per 32-value group of a row, scale = d · sc, min = dmin · m."""
+    """A [rows, cols] Q4_K tensor (or Q5_K: `bits` 5): `q` [rows, cols] uint8 in 0..15 (0..31);
+    `d` and `dmin` [rows, cols / 256] float32, a block's; `sc` and `m` [rows, cols / 32] uint8
+    in 0..63, a group's codes. value = scale · q − min per 32-value group of a row, scale = d ·
+    sc, min = dmin · m."""
 
     q: np.ndarray
     d: np.ndarray
     dmin: np.ndarray
     sc: np.ndarray
     m: np.ndarray
+    bits: int = 4
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -62,16 +69,24 @@ class Q4KBlocks:
     def with_rows(self, reorder: RowReorder) -> Q4KBlocks:
         """The same values with rows reordered (a Q/K permutation undone): a group never
         crosses rows, so its scale and min move with it."""
-        return Q4KBlocks(*(reorder(a) for a in self._arrays()))
+        return self._of(reorder(a) for a in self._arrays())
 
     @staticmethod
-    def concat(parts: list[Q4KBlocks]) -> Q4KBlocks:
-        """Tensors of one width stacked by rows (a fused QKV or gate-up projection)."""
+    def concat(parts: list[Q4KBlocks]) -> Q4KBlocks | None:
+        """Tensors of one width stacked by rows (a fused QKV or gate-up projection), or None
+        where they differ in bits (a Q4_K and a Q5_K: to be dequantized)."""
+        if len({p.bits for p in parts}) > 1:
+            return None
         columns = zip(*(p._arrays() for p in parts), strict=True)
-        return Q4KBlocks(*(np.concatenate(arrays) for arrays in columns))
+        return parts[0]._of(np.concatenate(arrays) for arrays in columns)
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
         return self.q, self.d, self.dmin, self.sc, self.m
+
+    def _of(self, arrays: Iterable[np.ndarray]) -> Q4KBlocks:
+        """Other arrays (in `_arrays`' order) of this one's kind."""
+        q, d, dmin, sc, m = arrays
+        return Q4KBlocks(q, d, dmin, sc, m, self.bits)
 
 
 def _per_group(per_block: np.ndarray, codes: np.ndarray) -> np.ndarray:
@@ -82,14 +97,39 @@ def _per_group(per_block: np.ndarray, codes: np.ndarray) -> np.ndarray:
 def read_q4k(data: np.ndarray, rows: int, cols: int) -> Q4KBlocks:
     """A Q4_K tensor's bytes (uint8, `rows · cols / 256` blocks) unpacked."""
     blocks = np.asarray(data, dtype=np.uint8).reshape(rows * cols // SUPER, BLOCK_BYTES)
+    q = _nibbles(blocks[:, 4 + _SCALE_BYTES :])
+    return _unpacked(blocks, q, rows, cols, bits=4)
+
+
+def read_q5k(data: np.ndarray, rows: int, cols: int) -> Q4KBlocks:
+    """A Q5_K tensor's bytes (uint8, `rows · cols / 256` blocks) unpacked."""
+    blocks = np.asarray(data, dtype=np.uint8).reshape(rows * cols // SUPER, Q5K_BLOCK_BYTES)
+    fifth_at = 4 + _SCALE_BYTES
+    q = _nibbles(blocks[:, fifth_at + _FIFTH_BYTES :])  # [B, 8 groups, 32]
+    fifth = blocks[:, None, fifth_at : fifth_at + _FIFTH_BYTES]  # [B, 1, 32]: bit g for group g
+    groups = np.arange(SUPER // GROUP, dtype=np.uint8).reshape(1, -1, 1)
+    q |= ((fifth >> groups) & np.uint8(1)) << np.uint8(4)
+    return _unpacked(blocks, q, rows, cols, bits=5)
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """[B, 128] bytes → [B, 8, 32] values: each 32 bytes hold two groups, the first in the low
+    nibbles, the next in the high."""
+    pairs = packed.reshape(-1, SUPER // 64, 1, GROUP)
+    q = (pairs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & np.uint8(0x0F)
+    return q.reshape(-1, SUPER // GROUP, GROUP)
+
+
+def _unpacked(blocks: np.ndarray, q: np.ndarray, rows: int, cols: int, bits: int) -> Q4KBlocks:
+    """The blocks' d, dmin and codes (their first 16 bytes, as Q4_K and Q5_K lay them out) with
+    their values `q` [B, 8, 32]."""
     d = blocks[:, 0:2].view(np.float16).astype(np.float32).reshape(rows, cols // SUPER)
     dmin = blocks[:, 2:4].view(np.float16).astype(np.float32).reshape(rows, cols // SUPER)
     sc, m = _scales_and_mins(blocks[:, 4 : 4 + _SCALE_BYTES])  # [B, 8] each
-    # Each 32 bytes hold two groups: the first in the low nibbles, the next in the high.
-    packed = blocks[:, 4 + _SCALE_BYTES :].reshape(-1, SUPER // 64, 1, GROUP)
-    q = (packed >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & np.uint8(0x0F)
     groups = (rows, cols // GROUP)
-    return Q4KBlocks(q.reshape(rows, cols), d, dmin, sc.reshape(groups), m.reshape(groups))
+    return Q4KBlocks(
+        q.reshape(rows, cols), d, dmin, sc.reshape(groups), m.reshape(groups), bits=bits
+    )
 
 
 def _scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

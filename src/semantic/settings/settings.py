@@ -209,10 +209,10 @@ class Settings(BaseSettings):
         description="How the linear layers store their weights: bf16 (the dtype, as loaded), "
         "int8 (a scale per output row; half the bytes a decode step reads), int4 (the mlx "
         "backend only: MLX's 4-bit groups, a quarter of the bytes), or gguf (the torch "
-        "backend on a CPU: a GGUF file's Q4_K matrices, and with our AVX-512 kernels its Q6_K "
-        "ones, computed on their own groups, other tensors in 8-bit groups or as loaded); "
-        "auto: gguf for a GGUF model with Q4_K matrices on the torch backend on a CPU, else "
-        "bf16.",
+        "backend on a CPU: a GGUF file's Q4_K matrices, and with our AVX-512 kernels its Q5_K, "
+        "Q6_K and per-32 ones, computed on their own groups, other tensors in 8-bit groups or "
+        "as loaded); auto: gguf for a GGUF model with Q4_K or Q5_K matrices on the torch "
+        "backend on a CPU, else bf16.",
     )
     cpu_kernels: bool = Field(
         True,

@@ -1,11 +1,12 @@
 """Weights in quantized groups on our AVX-512 kernels (`weights = "gguf"` where they run): a GGUF
-file's Q4_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices computed on the values and factors
-the file holds, and any other matrix in one of those layouts with a byte a value.
+file's Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices computed on the values and
+factors the file holds, and any other matrix in one of those layouts with a byte a value.
 
 A Q4_K group is 32 inputs of one output row, `scale · u − min`, scale = d · sc and min = dmin ·
 m, with d and dmin fp32 per 256 inputs of the row and sc, m one byte each per group: the file's
 4-bit values and 6-bit codes (`models/q4k.py`) bit for bit, at 4.75 bits a value (its fp16 d
-and dmin widened). A Q6_K half-group of 16 is `scale · (u − 32)`, scale = d · sc: its 6-bit
+and dmin widened); a Q5_K group the same with a plane of fifth bits as the per-32 Q5 types'
+(below), at 5.75 bits. A Q6_K half-group of 16 is `scale · (u − 32)`, scale = d · sc: its 6-bit
 values as low nibbles (laid out as Q4_K's) and top two bits four to a byte, sc (int8) and d
 (`models/q6k.py`), at 6.75 bits. Any other matrix is quantized per group of 32 to int8
 (symmetric: u = q + 128, min = 128 · scale), its group scales rounded up to multiples of the
@@ -48,8 +49,9 @@ _BYTE_OFFSET = 128  # the byte form's u = q + 128
 class GroupWeight:
     """A weight [N, K] (K a multiple of 256) in the kernel's layout, P = ceil(N/16) panels of 16
     rows: `values` uint8 [P, K/32, planes, 16, 4], 4 planes of nibbles for Q4_K (the low nibble
-    input 32g + 4v + b, the high one 16 inputs on), those and 2 of top bit pairs for Q6_K
-    (input 32g + 16h + 4v + b's in bits 2v of plane 4 + h), or 8 of bytes (input 32g + 4v + b);
+    input 32g + 4v + b, the high one 16 inputs on), those and one of fifth bits for Q5_K (as
+    `FlatWeight`'s Q5), those and 2 of top bit pairs for Q6_K (input 32g + 16h + 4v + b's in
+    bits 2v of plane 4 + h), or 8 of bytes (input 32g + 4v + b);
     `codes` uint8 [P, K/32, 2, 16] (sc, m; Q6_K: each half's sc, int8); `supers` fp32 [P,
     K/256, 2, 16] (d, dmin; Q6_K: d, zeros). Padding rows are zero."""
 
@@ -61,13 +63,14 @@ class GroupWeight:
 
     @classmethod
     def from_q4k(cls, blocks: Q4KBlocks) -> GroupWeight:
-        """A Q4_K matrix's blocks as they are: nibbles, codes, d and dmin."""
+        """A Q4_K (or Q5_K) matrix's blocks as they are: nibbles (and fifth bits), codes, d and
+        dmin."""
         n, k = blocks.shape
-        q = _panel_rows(torch.from_numpy(blocks.q)).view(-1, PANEL, k // GROUP, 2, 4, 4)
-        nibbles = q[:, :, :, 0] | (q[:, :, :, 1] << 4)  # [P, 16, G, 4, 4]
+        q = _panel_rows(torch.from_numpy(blocks.q))
+        planes = _nibble_planes(q, k, fifth=blocks.bits == 5)
         codes = _interleaved(torch.from_numpy(blocks.sc), torch.from_numpy(blocks.m))
         supers = _interleaved(torch.from_numpy(blocks.d), torch.from_numpy(blocks.dmin))
-        return cls(_panel_major(nibbles), codes, supers, n, k)
+        return cls(_panel_major(planes), codes, supers, n, k)
 
     @classmethod
     def from_q6k(cls, blocks: Q6KBlocks) -> GroupWeight:
@@ -105,7 +108,7 @@ class GroupWeight:
 
     @property
     def planes(self) -> int:
-        """64-byte planes a group takes: 4 (Q4_K), 6 (Q6_K) or 8 (the byte form)."""
+        """64-byte planes a group takes: 4 (Q4_K), 5 (Q5_K), 6 (Q6_K) or 8 (the byte form)."""
         return int(self.values.shape[2])
 
     @property
@@ -119,14 +122,12 @@ class GroupWeight:
         values = self.values[panel, :, :, lane]  # [T, G, planes, 4]
         codes = self.codes[panel, :, :, lane]  # [T, G, 2]
         supers = self.supers[panel, :, :, lane].repeat_interleave(_GROUPS_PER_SUPER, 1)
-        if self.planes == 8:
-            u = values.reshape(len(ids), -1, GROUP).float()
-        else:  # [T, G, 2 (low, high), 4, 4]: inputs 32g + 16·half + 4v + b
-            u = torch.stack([values[:, :, :4] & 0x0F, values[:, :, :4] >> 4], 2)
+        u = _unpacked_values(values)
         if self.planes == 6:  # each half's scale · (u − 32)
             shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
             top = (values[:, :, 4:, None] >> shifts) & 0x03  # [T, G, h, v, b]
-            u = (u | (top << 4)).float().view(len(ids), -1, 2, GROUP // 2) - 32
+            u = (u.view(*top.shape[:2], 2, 4, 4) | (top << 4)).float()
+            u = u.view(len(ids), -1, 2, GROUP // 2) - 32
             scale = supers[..., 0, None] * codes.view(torch.int8).float()  # [T, G, 2]
             return (scale[..., None] * u).flatten(1)
         u = u.reshape(len(ids), -1, GROUP).float()
@@ -188,19 +189,27 @@ class FlatWeight:
         panel, lane = ids // PANEL, ids % PANEL
         values = self.values[panel, :, :, lane]  # [T, G, planes, 4]
         factors = self.factors[panel, :, :, lane].float()  # [T, G, 1 or 2]
-        if self.planes == 8:
-            u = values.reshape(len(ids), -1, GROUP)
-        else:  # [T, G, 2 (low, high), 4, 4]: inputs 32g + 16·half + 4v + b
-            u = torch.stack([values[:, :, :4] & 0x0F, values[:, :, :4] >> 4], 2)
-        if self.planes == 5:
-            shifts = torch.arange(8, dtype=torch.uint8).view(2, 4, 1)  # [half, v, 1]
-            bits = values[:, :, 4, None, None, :]  # [T, G, 1, 1, 4 (b)]
-            u = u | (((bits >> shifts) & 1) << 4)
-        u = u.reshape(len(ids), -1, GROUP).float() - self.offset
+        u = _unpacked_values(values).reshape(len(ids), -1, GROUP).float() - self.offset
         values_f = factors[..., 0, None] * u
         if self.factors.shape[2] == 2:
             values_f = values_f + factors[..., 1, None]
         return values_f.flatten(1)
+
+
+def _unpacked_values(values: torch.Tensor) -> torch.Tensor:
+    """A row's group planes [T, G, planes, 4] → its values u [T, G, 32] uint8 in input order:
+    the bytes (8 planes), or the nibbles' low four bits and, with 5 planes, the fifth bit (6
+    planes: Q6_K's low four bits only, its top bits are the caller's)."""
+    rows, groups = values.shape[:2]
+    if values.shape[2] == 8:
+        return values.reshape(rows, groups, GROUP)
+    # [T, G, 2 (low, high), 4, 4]: inputs 32g + 16·half + 4v + b
+    u = torch.stack([values[:, :, :4] & 0x0F, values[:, :, :4] >> 4], 2)
+    if values.shape[2] == 5:
+        shifts = torch.arange(8, dtype=torch.uint8).view(2, 4, 1)  # [half, v, 1]
+        bits = values[:, :, 4, None, None, :]  # [T, G, 1, 1, 4 (b)]
+        u = u | (((bits >> shifts) & 1) << 4)
+    return u.reshape(rows, groups, GROUP)
 
 
 def _nibble_planes(u: torch.Tensor, k: int, *, fifth: bool) -> torch.Tensor:

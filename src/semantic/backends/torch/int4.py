@@ -118,7 +118,9 @@ def _pack(q: torch.Tensor) -> torch.Tensor:
 
 
 def runs_int4(blocks: Q4KBlocks, device: torch.device) -> bool:
-    """Whether this matrix computes on torch's CPU int4 kernel here: on the CPU, in a shape the
-    kernel takes (rows in 16s, inputs in 64s: two halves of whole groups)."""
+    """Whether this matrix computes on torch's CPU int4 kernel here: a Q4_K (not a Q5_K's five
+    bits) on the CPU, in a shape the kernel takes (rows in 16s, inputs in 64s: two halves of
+    whole groups)."""
     rows, cols = blocks.shape
-    return device.type == "cpu" and rows % 16 == 0 and cols % (2 * GROUP) == 0
+    shaped = rows % 16 == 0 and cols % (2 * GROUP) == 0
+    return blocks.bits == 4 and device.type == "cpu" and shaped

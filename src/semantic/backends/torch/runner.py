@@ -502,18 +502,19 @@ def attention_kernels(
     return kernels if reads else None
 
 
-def auto_weight_format(device: str, q4k: bool = True) -> str:
+def auto_weight_format(device: str, k_blocks: bool = True) -> str:
     """How a GGUF model's linears store their weights when the settings say "auto": on its own
     blocks ("gguf") on the CPU, where decode is bound by the bytes a step reads; "bf16", as
     loaded, on CUDA (torch's CUDA int4 layout is another). With our AVX-512 kernels every
     block type runs on our group kernel (Qwen2.5-Coder-1.5B: 2.3x bf16's decode and 1.3x
     int8's, its logits 1.7% of their spread from the dequantized file's where int8's are 3.0%;
     the 0.5B's Q5_0/Q8_0 as well), without them Q4_K on torch's int4 kernel beside an fp32
-    model (docs/benchmark-history.md). Only for a file with Q4_K matrices (`q4k`): SmolLM2's
-    Q4_1 file on its blocks decodes 2.25x faster, but its logits move by 7% of their spread
-    (x quantized to int8, as int8 weights' 9.8%), enough to flip the README's own question at a
-    near tie into a wrong answer, so it keeps "bf16" unless asked for "gguf"."""
-    return "gguf" if q4k and pick_device(device).type == "cpu" else "bf16"
+    model (docs/benchmark-history.md). Only for a file with Q4_K or Q5_K matrices (`k_blocks`:
+    a Q4_K_M or Q5_K_M file, say): SmolLM2's Q4_1 file on its blocks decodes 2.25x faster, but
+    its logits move by 7% of their spread (x quantized to int8, as int8 weights' 9.8%), enough
+    to flip the README's own question at a near tie into a wrong answer, so it keeps "bf16"
+    unless asked for "gguf"."""
+    return "gguf" if k_blocks and pick_device(device).type == "cpu" else "bf16"
 
 
 def pick_kv_dtype(kv_dtype: str, cpu_in_place: bool, dtype: torch.dtype) -> str | None:

@@ -1,14 +1,15 @@
-// y = x·wᵀ over a weight kept in quantized groups, as a GGUF's Q4_K, Q6_K and per-32 blocks
-// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) hold it.
-// Q4_K and the byte form: each group of 32 inputs of an output row is `scale · u − min` with u
-// unsigned (4 bits, or 8), scale = d · sc and min = dmin · m, d and dmin fp32 per 256 inputs of
-// the row, sc and m one byte each per group (Q4_K's 6-bit codes as the file has them). Q6_K:
-// each 16 inputs are `scale · (u − 32)`, u in 6 bits, scale = d · sc with sc a signed byte.
+// y = x·wᵀ over a weight kept in quantized groups, as a GGUF's Q4_K, Q5_K, Q6_K and per-32
+// blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) hold it.
+// Q4_K, Q5_K and the byte form: each group of 32 inputs of an output row is `scale · u − min`
+// with u unsigned (4 bits, 5, or 8), scale = d · sc and min = dmin · m, d and dmin fp32 per 256
+// inputs of the row, sc and m one byte each per group (the 6-bit codes as the file has them).
+// Q6_K: each 16 inputs are `scale · (u − 32)`, u in 6 bits, scale = d · sc with sc a signed byte.
 //
 // Layout, panels of 16 output rows as the other linears' (small_linear.cpp), per panel p and
 // group g of 32 inputs:
 //   values: Q4_K: nibbles [P][G][4][16][4], 64 bytes for 4 inputs of 16 outputs in their low
 //           nibbles (inputs 32g + 4v + 0..3) and 4 more in their high ones (32g + 16 + 4v + 0..3);
+//           Q5_K: those and a plane of fifth bits, as the per-32 Q5 types' below;
 //           Q6_K: the same nibbles (u's low four bits) then [2][16][4] bytes of u's top two bits,
 //           input 32g + 16h + 4v + b's in bits 2v, 2v + 1 of byte [h][o][b] ([P][G][6][16][4]);
 //           bytes: [P][G][8][16][4], 64 bytes for inputs 32g + 4v + 0..3 of 16 outputs;
@@ -373,8 +374,12 @@ PanelFn<BlockWeight> panel_for(int64_t rows) {
 }
 
 PanelFn<BlockWeight> panel_for(const BlockWeight& w, int64_t rows) {
-  if (w.planes == 4) return panel_for<Form::kNibbles>(rows);
-  return w.planes == 6 ? panel_for<Form::kSix>(rows) : panel_for<Form::kBytes>(rows);
+  switch (w.planes) {
+    case 4: return panel_for<Form::kNibbles>(rows);
+    case 5: return panel_for<Form::kFive>(rows);
+    case 6: return panel_for<Form::kSix>(rows);
+    default: return panel_for<Form::kBytes>(rows);
+  }
 }
 
 template <Form F, bool kAffine>

@@ -79,7 +79,7 @@ class Weights:
 
     def linear(self, weight: Matrix, bias: torch.Tensor | None) -> Linear:
         """y = x Wᵀ + b as the build stores it; a matrix's blocks on our group kernel (every
-        block type) or torch's int4 kernel (Q4_K) where either runs (`blocks.py`, `int4.py`),
+        block type) or torch's int4 kernel (Q4_K only) where either runs (`blocks.py`, `int4.py`),
         else their values dequantized."""
         if isinstance(weight, Q4KBlocks | Q6KBlocks | Q32Blocks):
             if self.build.blocks is not None:  # a file's blocks: K in whole ones
@@ -89,15 +89,17 @@ class Weights:
         return self.build.linear(self._dense(weight), bias)
 
     def fused(self, names: list[str]) -> Matrix:
-        """Weights of one input width stacked by rows into one linear's: Q4_K blocks stay
-        blocks where every part is one, per-32 blocks where `Q32Blocks.concat` keeps them (the
-        symmetric types widened to 8 bits), else all are dequantized."""
+        """Weights of one input width stacked by rows into one linear's: Q4_K (or Q5_K) blocks
+        stay blocks where every part is one of the same, per-32 blocks where `Q32Blocks.concat`
+        keeps them (the symmetric types widened to 8 bits), else all are dequantized."""
         parts = [self.take_matrix(name) for name in names]
         q4k = [p for p in parts if isinstance(p, Q4KBlocks)]
-        if len(q4k) == len(parts):
-            return Q4KBlocks.concat(q4k)
         q32 = [p for p in parts if isinstance(p, Q32Blocks)]
-        kept = Q32Blocks.concat(q32) if len(q32) == len(parts) else None
+        kept: Matrix | None = None
+        if len(q4k) == len(parts):
+            kept = Q4KBlocks.concat(q4k)
+        elif len(q32) == len(parts):
+            kept = Q32Blocks.concat(q32)
         return kept if kept is not None else torch.cat([self._dense(p) for p in parts])
 
     def _dense(self, matrix: Matrix) -> torch.Tensor:
@@ -165,13 +167,13 @@ def embedding_and_head(weights: Weights) -> tuple[Linear, Linear]:
 
 def _table(table: Matrix, build: Build) -> Linear:
     """An untied embedding table, only its rows read: a Q4_K table stays 4-bit (no copy for
-    the kernel), a per-32 one on its own blocks where our group kernel runs, any other of a
-    GGUF computed on its blocks as its other weights are stored, else as loaded."""
-    if isinstance(table, Q4KBlocks):
+    the kernel), a Q5_K or per-32 one on its own blocks where our group kernel runs, any other
+    of a GGUF computed on its blocks as its other weights are stored, else as loaded."""
+    if isinstance(table, Q4KBlocks) and table.bits == 4:
         return Int4Linear(table, None, build.dtype, kernel=False)
-    if isinstance(table, Q32Blocks) and build.blocks is not None:
+    if isinstance(table, Q4KBlocks | Q32Blocks) and build.blocks is not None:
         return build.blocks(table, None)
-    if isinstance(table, Q32Blocks):
+    if isinstance(table, Q4KBlocks | Q32Blocks):
         table = build.tensor(torch.from_numpy(table.dequantize()))
     if isinstance(table, Q6KBlocks):
         table = build.tensor(torch.from_numpy(table.dequantize()))
