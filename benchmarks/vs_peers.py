@@ -78,7 +78,7 @@ import httpx
 
 from semantic.models.registry import SMOLLM2_135M, ModelRegistry
 from semantic.settings.settings import default_cache_dir
-from semantic_bench.machine import Machine
+from semantic_bench.machine import Machine, memory_read_gbs
 from semantic_bench.server import HOST, free_port
 from semantic_bench.workload import DecodeResult, TurnResult, WorkloadResult
 
@@ -556,11 +556,13 @@ class Figures:
 
 @dataclass(slots=True, frozen=True)
 class ServerRun:
-    """One server's run: its bench figures, seconds from spawn to ready, and peak memory."""
+    """One server's run: its bench figures, seconds from spawn to ready, peak memory, and the
+    rate the machine's memory read at just before its bench (what bounds its decode)."""
 
     figures: Figures
     ready_s: float
     memory: MemoryPeak
+    read_gbs: float | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -596,6 +598,7 @@ METRICS = (
     Metric("Time to ready (spawn → healthy)", "s", lambda run: run.ready_s),
     Metric("Peak RSS, all server processes", "MiB", lambda run: run.memory.rss_bytes / 2**20),
     Metric("Peak PSS, all server processes", "MiB", lambda run: run.memory.pss_bytes / 2**20),
+    Metric("Memory read rate, before its bench", "GB/s", lambda run: run.read_gbs),
 )  # fmt: skip
 
 
@@ -692,7 +695,9 @@ def report(setup: Setup, peers: Sequence[PeerRun], semantic: ServerRun) -> str:
         "wall time; single-stream decode = one request alone, tokens after the first ÷ time "
         "from first to last, the median of three. Time to ready: from spawning the server to "
         f"its first 200 ({health}, `/health/ready` for semantic). Memory: the highest total "
-        f"over the server's process group, sampled every {MEMORY_SAMPLE_S:g} s."
+        f"over the server's process group, sampled every {MEMORY_SAMPLE_S:g} s. Memory read "
+        "rate: a 1 GiB tensor summed just before the server's bench, which bounds its decode "
+        "(a step reads every weight once); on a shared machine it moves between runs."
     )
     table = markdown_table([peer.label for peer in peers], rows(peers, semantic))
     return f"{heading}\n\n{table}\n{notes}\n"
@@ -821,14 +826,16 @@ def measure(server: Server, workload: Workload, out: Path, model: str) -> Server
     with running(server):
         print(f"{server.name}: starting (log: {server.log})")
         ready_s = server.wait_ready(READY_TIMEOUT_S)
-        print(f"{server.name}: ready after {ready_s:.1f} s; running the bench")
+        read_gbs = memory_read_gbs()
+        print(f"{server.name}: ready after {ready_s:.1f} s; memory reads {read_gbs:.1f} GB/s; "
+              "running the bench")  # fmt: skip
         json_path = out / f"{server.name}-bench.json"
         command = bench_command(server.base_url, workload, json_path, model)
         if subprocess.run(command, check=False).returncode != 0:
             raise PeerError(f"semantic bench against {server.name} failed (its output is above)")
     figures = Figures.from_bench_json(json.loads(json_path.read_text()))
     print(f"{server.name}: peak RSS {server.memory.rss_bytes / 2**20:,.0f} MiB")
-    return ServerRun(figures, ready_s, server.memory)
+    return ServerRun(figures, ready_s, server.memory, read_gbs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -47,6 +47,7 @@ from semantic.models.checkpoint import load_checkpoint
 from semantic.models.registry import ModelRegistry
 from semantic.settings.options import runner_options
 from semantic.settings.settings import Settings
+from semantic_bench.machine import memory_read_gbs
 
 GREEDY = SamplingParams(temperature=0.0)
 BLOCK_TOKENS = 256
@@ -90,7 +91,7 @@ def timed(runner: TorchRunner, args: argparse.Namespace, chunks: list[int]) -> d
     prefill = _prefill_gflops(runner, args.prompt, figures[f"prefill_{max(chunks)}"])
     figures |= {"matmul_gflops": matmul, "prefill_share": prefill / matmul}
     step_bytes = _step_bytes(runner)
-    read_gbs = _read_rate()
+    read_gbs = memory_read_gbs()
     figures |= {"step_mib": step_bytes / 2**20, "read_gbs": read_gbs}
     figures["wall"] = read_gbs * 1e9 / step_bytes
     for rows in args.linear_rows:
@@ -149,17 +150,6 @@ def _prefill_gflops(runner: TorchRunner, prompt: int, rate: float) -> float:
     linears = sum(2 * n * k for n, k in _layer_shapes(runner)) * layers
     attention = 4 * config.num_attention_heads * config.head_dim * prompt / 2 * layers
     return rate * (linears + attention) / 1e9
-
-
-def _read_rate() -> float:
-    """GB/s this process reads a 1 GiB tensor at: the bandwidth a decode step is bound by."""
-    data = torch.ones(2**28)
-    seconds = []
-    for _ in range(6):
-        started = time.perf_counter()
-        data.sum()
-        seconds.append(time.perf_counter() - started)
-    return data.numel() * data.element_size() / statistics.median(seconds[1:]) / 1e9
 
 
 def _linears_ms(runner: TorchRunner, rows: int) -> float:

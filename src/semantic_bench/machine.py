@@ -1,10 +1,13 @@
-"""The machine a bench run measured, as its report names it: CPU model, cores, OS and torch."""
+"""The machine a bench run measured, as its report names it: CPU model, cores, OS and torch; and
+the rate its memory reads at now, which bounds a decode step (`memory_read_gbs`)."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
 import platform
+import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,22 @@ class Machine:
     def __str__(self) -> str:
         torch = f"torch {self.torch}" if self.torch else "no torch"
         return f"{self.cpu}, {self.cores} cores, {self.system}, {torch}"
+
+
+def memory_read_gbs() -> float:
+    """GB/s this process reads a 1 GiB tensor at, the median of 5 reads: the bandwidth a decode
+    step, which reads every weight once, is bound by. On a shared machine it moves with the
+    neighbours' load (by a third within minutes on the 2-vCPU test machine), so a run that
+    compares decode speeds measures it beside each. Imports torch (seconds)."""
+    import torch  # only here: naming the machine needs no torch
+
+    data = torch.ones(2**28)
+    seconds = []
+    for _ in range(6):
+        started = time.perf_counter()
+        data.sum()
+        seconds.append(time.perf_counter() - started)
+    return data.numel() * data.element_size() / statistics.median(seconds[1:]) / 1e9
 
 
 def _cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:

@@ -41,9 +41,9 @@ def _bench_json(decode_s: float, cold_s: float, warm_s: float, wall_s: float) ->
     return parsed
 
 
-def _run(bench: dict[str, Any], ready_s: float, rss_mib: int) -> Any:
+def _run(bench: dict[str, Any], ready_s: float, rss_mib: int, read_gbs: float | None = None) -> Any:
     memory = vs.MemoryPeak(rss_bytes=rss_mib * 2**20, pss_bytes=rss_mib * 2**19)
-    return vs.ServerRun(vs.Figures.from_bench_json(bench), ready_s, memory)
+    return vs.ServerRun(vs.Figures.from_bench_json(bench), ready_s, memory, read_gbs)
 
 
 def _vllm_peer() -> Any:
@@ -59,8 +59,8 @@ def _peer_run(peer: Any, description: str, run: Any) -> Any:
 
 
 def test_the_table_puts_each_figure_beside_its_ratio_and_target() -> None:
-    vllm = _run(_bench_json(decode_s=4.0, cold_s=3.0, warm_s=0.2, wall_s=40.0), 95.0, 4400)
-    ours = _run(_bench_json(decode_s=1.0, cold_s=1.0, warm_s=0.1, wall_s=10.0), 2.5, 1100)
+    vllm = _run(_bench_json(decode_s=4.0, cold_s=3.0, warm_s=0.2, wall_s=40.0), 95.0, 4400, 40.0)
+    ours = _run(_bench_json(decode_s=1.0, cold_s=1.0, warm_s=0.1, wall_s=10.0), 2.5, 1100, 50.0)
     peer = _peer_run(_vllm_peer(), "vLLM 0.32.0 (CPU build)", vllm)
     setup = vs.Setup("AMD EPYC, 2 cores", vs.Workload(), "2026-01-02T03:04:05+00:00")
     text = vs.report(setup, [peer], ours)
@@ -83,6 +83,7 @@ def test_the_table_puts_each_figure_beside_its_ratio_and_target() -> None:
         "| Time to ready (spawn → healthy) (s) | 95.000 | 2.500 | 0.03× | — |  |",
         "| Peak RSS, all server processes (MiB) | 4,400 | 1,100 | 0.25× | — |  |",
         "| Peak PSS, all server processes (MiB) | 2,200 | 550 | 0.25× | — |  |",
+        "| Memory read rate, before its bench (GB/s) | 40.0 | 50.0 | 1.25× | — |  |",
     ]
 
 
