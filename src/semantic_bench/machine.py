@@ -31,8 +31,8 @@ class Machine:
 def memory_read_gbs() -> float:
     """GB/s this process reads a 1 GiB tensor at, the median of 5 reads: the bandwidth a decode
     step, which reads every weight once, is bound by. On a shared machine it moves with the
-    neighbours' load (by a third within minutes on the 2-vCPU test machine), so a run that
-    compares decode speeds measures it beside each. Imports torch (seconds)."""
+    neighbours' load (from 34 to 64 GB/s within minutes on the 2-vCPU test machine), so a run
+    that compares decode speeds measures it beside each. Imports torch (seconds)."""
     import torch  # only here: naming the machine needs no torch
 
     data = torch.ones(2**28)

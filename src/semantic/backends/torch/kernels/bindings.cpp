@@ -249,8 +249,8 @@ at::Tensor small_linear_int8(const at::Tensor& x, const at::Tensor& packed,
 }
 
 // A weight in quantized groups (kernels.h `BlockWeight`), checked against x's K and the outputs
-// n: values [P, K/32, 4 (Q4_K), 5 (Q5_K), 6 (Q6_K) or 8 (bytes), 16, 4] uint8, codes [P, K/32, 2, 16] uint8,
-// supers [P, K/256, 2, 16] float32, all contiguous, P = ceil(n/16).
+// n: values [P, K/32, 4 (Q4_K), 5 (Q5_K), 6 (Q6_K) or 8 (bytes), 16, 4] uint8, codes [P, K/32,
+// 2, 16] uint8, supers [P, K/256, 2, 16] float32, all contiguous, P = ceil(n/16).
 semantic::BlockWeight block_weight(const at::Tensor& values, const at::Tensor& codes,
                                    const at::Tensor& supers, int64_t n, int64_t k) {
   check_cpu(values, "values");
@@ -258,9 +258,10 @@ semantic::BlockWeight block_weight(const at::Tensor& values, const at::Tensor& c
   check_cpu(supers, "supers");
   const int64_t panels = (n + 15) / 16, groups = k / 32;
   TORCH_CHECK(k % semantic::kBlockSuper == 0, "K must be a multiple of 256, not ", k);
+  const int64_t planes = values.dim() == 5 ? values.size(2) : 0;
   TORCH_CHECK(values.scalar_type() == at::kByte && values.is_contiguous() && values.dim() == 5 &&
                   values.size(0) == panels && values.size(1) == groups &&
-                  values.size(2) >= 4 && values.size(2) <= 8 && values.size(2) != 7 &&
+                  (planes == 4 || planes == 5 || planes == 6 || planes == 8) &&
                   values.size(3) == 16 && values.size(4) == 4,
               "the values must be a contiguous uint8 [ceil(N/16), K/32, 4, 5, 6 or 8, 16, 4]");
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() &&

@@ -173,9 +173,7 @@ def _table(table: Matrix, build: Build) -> Linear:
         return Int4Linear(table, None, build.dtype, kernel=False)
     if isinstance(table, Q4KBlocks | Q32Blocks) and build.blocks is not None:
         return build.blocks(table, None)
-    if isinstance(table, Q4KBlocks | Q32Blocks):
-        table = build.tensor(torch.from_numpy(table.dequantize()))
-    if isinstance(table, Q6KBlocks):
+    if isinstance(table, Q4KBlocks | Q6KBlocks | Q32Blocks):
         table = build.tensor(torch.from_numpy(table.dequantize()))
     return build.linear(table, None) if build.weight_format == "gguf" else DenseLinear(table, None)
 
