@@ -169,6 +169,16 @@ def test_k_not_in_whole_blocks_is_refused():
         )
 
 
+@needs_kernels
+def test_a_group_of_planes_no_form_has_is_refused():
+    weight = GroupWeight.quantize(torch.randn(16, 256))  # 8 planes of bytes
+    x = torch.randn(1, 256).bfloat16()
+    for planes in (3, 7):
+        values = weight.values[:, :, :planes].contiguous()
+        with pytest.raises(RuntimeError, match="4, 5, 6 or 8"):
+            ours().block_linear(x, values, weight.codes, weight.supers, 16, None)
+
+
 def gguf_build(kernels: CpuKernels | None) -> Build:
     """A bf16 build of `weights = "gguf"` as the runner makes it, with or without our kernels."""
     config = ModelConfig(
