@@ -1,7 +1,8 @@
 """Our kernel over weights in quantized groups (a GGUF's Q4_K, Q5_K and Q6_K blocks, and the byte
 form): the packed weight holds the file's values bit for bit; the kernel computes x·Wᵀ over
-them with x quantized to int8 per group of 32, as an fp64 reference that quantizes x the same
-way does, and within that quantization's own error of the fp32 product; a row gives the same
+them with x quantized to int8 a step per super-block of 256, halved for small groups, as an
+fp64 reference that quantizes x the same way does, and within that quantization's own error of
+the fp32 product; a row gives the same
 bits alone and batched (rows 1..33); partial panels (N not a multiple of 16) and a bias work;
 K not in whole blocks of 256 is refused. A `weights = "gguf"` build puts a file's blocks on it,
 and its other matrices in the byte form (Q8_0's where K is no multiple of 256, int8 rows where
@@ -29,7 +30,6 @@ from semantic.models.config import ModelConfig
 from semantic.models.q4k import Q4KBlocks, read_q4k, read_q5k
 from semantic.models.q6k import Blocks, Q6KBlocks, read_q6k
 from tests.benchmark_script import load_benchmark
-from tests.unit.test_int8_weights import quantized_x
 from tests.unit.test_q4k import random_q4k, random_q5k
 from tests.unit.test_q6k import random_q6k
 
@@ -62,10 +62,38 @@ def packed(blocks: Blocks) -> GroupWeight:
     return GroupWeight.from_q6k(blocks)
 
 
-def kernel_bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """What the kernel's fp32 sums and bf16 output may differ by from the fp64 reference: a few
-    fp32 roundings of every product's size, and half a bf16 step of the result."""
-    xq = quantized_x(x)
+def x_steps(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K]'s quantization as the kernel does it, per value (fp32): its super-block's
+    127 / largest |x|, and the times its group of 32's step halves from largest / 127: while the
+    group's own largest still fits in ±127 of the halved step, 3 times at most."""
+    m, k = x.shape
+    groups = x.float().view(m, -1, 8, 32).abs().amax(-1, keepdim=True)
+    largest = groups.amax(-2, keepdim=True)
+    # a true division: `127.0 / tensor` is torch's reciprocal times 127, which rounds apart
+    unit = torch.where(largest > 0, torch.full_like(largest, 127.0) / largest, 0.0)
+    halved = sum((groups * 2.0**h <= largest).float() for h in (1, 2, 3))
+    return (
+        unit.expand(-1, -1, 8, 32).reshape(m, k),
+        torch.as_tensor(halved).expand(-1, -1, -1, 32).reshape(m, k),
+    )
+
+
+def x_step(x: torch.Tensor) -> torch.Tensor:
+    unit, halved = x_steps(x)
+    return torch.where(unit > 0, 1 / unit.double(), 0.0) / 2.0**halved
+
+
+def quantized_x(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the kernel sees it, fp64: q = round(x / its step), times the step."""
+    unit, halved = x_steps(x)
+    q = (x.float() * (unit * 2.0**halved)).round()
+    return q.double() * x_step(x)
+
+
+def kernel_bound(w: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+    """What the kernel's fp32 sums and bf16 output may differ by from the fp64 reference over x
+    as quantized, `xq`: a few fp32 roundings of every product's size, and half a bf16 step of
+    the result."""
     size = xq.abs() @ w.double().abs().T
     return size * 1e-5 + (xq @ w.double().T).abs() * 2.0**-8
 
@@ -97,14 +125,33 @@ def test_the_kernel_is_the_product_with_x_quantized_per_group(n, k, rows, kind):
     y = GroupLinear(packed(blocks), None, ours())(x)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
     reference = quantized_x(x) @ w.double().T
-    assert torch.all((y.double() - reference).abs() <= kernel_bound(w, x))
-    # x's quantization moves each value by at most half its group's step: the product by at
-    # most Σ|w| times that, which explains the whole distance to the fp32 product
-    step = x.float().view(rows, -1, 32).abs().amax(-1, keepdim=True) / 127
-    half_steps = (step / 2).expand(-1, -1, 32).reshape(rows, k).double()
-    x_error = half_steps @ w.double().abs().T
+    assert torch.all((y.double() - reference).abs() <= kernel_bound(w, quantized_x(x)))
+    # x's quantization moves each value by at most half its step: the product by at most Σ|w|
+    # times that, which explains the whole distance to the fp32 product
+    x_error = (x_step(x) / 2) @ w.double().abs().T
     exact = x.double() @ w.double().T
-    assert torch.all((y.double() - exact).abs() <= x_error + kernel_bound(w, x))
+    assert torch.all((y.double() - exact).abs() <= x_error + kernel_bound(w, quantized_x(x)))
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["q4k", "q5k", "q6k"])
+def test_a_group_of_small_values_keeps_a_finer_step(kind):
+    n, k = 32, 512
+    blocks = file_blocks(kind, n, k, seed=7)
+    w = torch.from_numpy(blocks.dequantize())
+    torch.manual_seed(7)
+    # groups 1/2, 1/4, 1/8 and 1/100 of the super-block's largest: steps halved 1, 2, 3 and 3
+    sizes = torch.tensor([1.0, 0.45, 0.2, 0.1, 0.01, 1.0, 0.0, 0.3]).repeat(2)
+    x = (torch.rand(4, k) * 2 - 1) * sizes.repeat_interleave(32)
+    x[:, 0] = 1.0  # each super-block's largest
+    x[:, 256] = -1.0
+    x = x.bfloat16()
+    _, halved = x_steps(x)
+    assert set(halved[0, ::32].tolist()) == {0.0, 1.0, 2.0, 3.0}
+    y = GroupLinear(packed(blocks), None, ours())(x)
+    assert torch.all(
+        (y.double() - quantized_x(x) @ w.double().T).abs() <= kernel_bound(w, quantized_x(x))
+    )
 
 
 @needs_kernels
@@ -155,7 +202,9 @@ def test_any_weight_in_the_byte_form_is_within_half_its_groups_step(n, k):
     assert torch.equal(back[:, 32:64], torch.zeros(n, 32))
     x = torch.randn(5, k).bfloat16()
     y = GroupLinear(weight, None, ours())(x)
-    assert torch.all((y.double() - quantized_x(x) @ back.double().T).abs() <= kernel_bound(back, x))
+    assert torch.all(
+        (y.double() - quantized_x(x) @ back.double().T).abs() <= kernel_bound(back, quantized_x(x))
+    )
 
 
 @needs_kernels

@@ -31,20 +31,32 @@
 // in registers (vcvtph2ps: one instruction for 16); keeping them fp32 would read 0.5-1 bit a
 // value more for nothing, since every fp16 is exact in fp32.
 //
-// x is quantized per row and group of 32 to int8 as it comes in (q = round(x · 127 / the
-// group's largest |x|), the scale s that largest / 127), as small_linear.cpp's int8 path does
-// and as llama.cpp computes its quantized weights. Per group and row, VNNI's byte dot product
-// (vpdpbusd: the weight's unsigned values against x's signed ones, 64 multiply-adds an
-// instruction) gives the exact integer Σ u·q for 16 outputs; then
-//     y += (Σ u·q) · (scale · s) − min · (s · Σq)
-// in fp32, group after group in the same order whatever the row count, so a row alone and in a
-// batch give the same bits. Q6_K takes each half's Σ (u − 32)·q = Σ u·q − 32·Σq exactly (the
-// dot starts from −32·Σq) and adds it times scale · s. The values are unpacked in registers (an
-// and, a shift; Q6_K's top bits shifted and merged) once per pass over the panel for up to
-// `kMaxRows` rows.
+// x is quantized to int8 per row as it comes in, and VNNI's byte dot product (vpdpbusd: the
+// weight's unsigned values against x's signed ones, 64 multiply-adds an instruction) gives the
+// exact integer Σ u·q of a group for 16 outputs.
+//
+// For the K-quants x takes one step per super-block of 256 inputs, as llama.cpp's Q8_K does, so
+// that a group's dot needs no factor of x's own: s = the super-block's largest |x| / 127 / 8,
+// and each group's q = round(x / (s · 2^shift)), its step halved (shift lowered from 3) while
+// its values still fit in ±127, so a group of small values keeps up to 8x the resolution of one
+// step for the whole super-block. Per group and row
+//     part += (Σ u·q · 2^shift) · scale        (an integer shift, then one FMA)
+// and per super-block
+//     part −= dmin · Σ m · (Σq · 2^shift)      (int16 pairs: a vpdpwssd per two groups)
+//     y += part · s
+// The multiply units do the dots and the FMAs alike (an FMA costs the time of a vpdpbusd on Zen
+// 4), so a group's 8 dots per row carry 1 FMA more, where a step per group of x carried 3 (the
+// scale times s, the FMA, the min's): 1.07-1.12x at prefill's row counts, measured. Its logits
+// move 1.97% of their spread from the dequantized model on the 1.5B coder, against 1.75% with a
+// step per group of 32 and 3.01% with one per super-block alone (llama.cpp's). Q6_K takes each
+// half's Σ (u − 32)·q = Σ u·q − 32·Σq exactly (the dot starts from −32·Σq), shifted and times
+// its scale, a half at a time (both halves' dots at once spill registers at 8 rows: 0.8x).
+// Everything runs group after group in the same order whatever the row count, so a row alone
+// and in a batch give the same bits. The values are unpacked in registers (an and, a shift;
+// Q6_K's top bits shifted and merged) once per pass over the panel for up to `kMaxRows` rows.
 //
 // One 8960×1536 matrix, ms a call, one thread's CPU time on the 2-vCPU Zen 4 (busy; weights from
-// memory; `benchmarks/group_kernel.py --cpu-time`):
+// memory; `benchmarks/group_kernel.py --cpu-time`; before x's step per super-block):
 //
 //     rows                       1      4      16     64     128    512
 //     bf16 panels                1.47   2.20   4.79   11.95  22.52  71.32 (oneDNN)
@@ -52,10 +64,11 @@
 //     Q4_K (this kernel)         0.45   0.61   1.62   5.94   11.70  47.74
 //     Q6_K (this kernel)         0.66   0.80   2.02   7.34   14.44  56.58
 //
-// Up to 16 rows the bytes read bound it; from 64 the arithmetic does, a min term and a
-// conversion per group and row more than the int8 kernel's.
+// Up to 16 rows the bytes read bound it; from 64 the arithmetic does.
 //
-// The per-32 types take each group's Σ (u − offset)·q exactly (the dot starts from −offset·Σq)
+// The per-32 types keep a step per group of 32 for x (q = round(x · 127 / the group's largest
+// |x|), s that largest / 127, as small_linear.cpp's int8 path): their d is per group anyway.
+// They take each group's Σ (u − offset)·q exactly (the dot starts from −offset·Σq)
 // and add it times d · s, then (the `_1` types) m · (s · Σq): the byte form's arithmetic with
 // an fp16 conversion of d (and m) per group in place of its codes' two. Q5's fifth bits are
 // shifted to bit 4 and merged into the nibbles as Q6_K's top bits are. The 0.5B coder's fused
@@ -74,6 +87,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -87,21 +101,19 @@ constexpr int64_t kGroupsPerSuper = kBlockSuper / kGroup;
 constexpr int64_t kMaxRows = 8;  // x rows per pass: their accumulators and dots stay in registers
 constexpr int64_t kPrefetchGroups = 8;  // how far ahead the values are fetched
 
-// x's rows quantized per group of 32 (see the top of the file).
+// x's rows quantized per group of 32, for the per-32 blocks (see the top of the file).
 struct GroupQuantizedRows {
   int64_t groups;
   std::vector<int8_t> q;     // [M][K]
   std::vector<float> scale;  // [M][groups]: the group's largest |x| / 127 (0 for all zeros)
-  std::vector<float> sum;    // [M][groups]: scale · Σq, what the min multiplies
-  std::vector<int32_t> offset;  // [M][groups][2]: −32·Σq of each half, where Q6_K's dots start
-  std::vector<int32_t> qsum;    // [M][groups]: Σq, what a per-32 block's offset multiplies
+  std::vector<float> sum;    // [M][groups]: scale · Σq, what the `_1` types' m multiplies
+  std::vector<int32_t> qsum;  // [M][groups]: Σq, what a per-32 block's offset multiplies
 
   GroupQuantizedRows(const bf16* x, int64_t ldx, int64_t m, int64_t k)
       : groups(k / kGroup),
         q(m * k),
         scale(m * groups),
         sum(m * groups),
-        offset(2 * m * groups),
         qsum(m * groups) {
     // split among the threads only when there are rows enough to pay for it (prefill)
     at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
@@ -127,9 +139,80 @@ struct GroupQuantizedRows {
     const int32_t sum0 = _mm512_reduce_add_epi32(q0), sum1 = _mm512_reduce_add_epi32(q1);
     scale[r * groups + g] = s;
     sum[r * groups + g] = s * static_cast<float>(sum0 + sum1);
-    offset[2 * (r * groups + g)] = -32 * sum0;
-    offset[2 * (r * groups + g) + 1] = -32 * sum1;
     qsum[r * groups + g] = sum0 + sum1;
+  }
+
+  const int8_t* row_group(int64_t r, int64_t g) const {
+    return q.data() + (r * groups + g) * kGroup;
+  }
+};
+
+// x's rows quantized per super-block of 256 inputs, for the K-quants (Q4_K, Q5_K, Q6_K and the
+// byte form): one scale a super-block, so a group's integer dot needs no scale of x's own.
+// How many times a group's step may halve the super-block's: 2^3 · Σq and 2^3 · Σu·q stay
+// within an int16 and an fp32's exact integers.
+constexpr int kFinest = 3;
+
+// x's rows quantized for the K-quants (see the top of the file): a step per super-block of 256
+// inputs, halved up to kFinest times for a group whose values are that much smaller.
+struct SuperQuantizedRows {
+  int64_t groups, supers;
+  std::vector<int8_t> q;           // [M][K]
+  std::vector<float> step;         // [M][supers]: the super-block's largest |x| / 127 / 2^kFinest
+  std::vector<int32_t> shift;      // [M][groups]: kFinest − the times the group's step halved
+  std::vector<int32_t> offset;     // [M][groups][2]: −32·Σq of each half, where Q6_K's dots start
+  std::vector<int32_t> sum_pairs;  // [M][groups / 2]: Σq · 2^shift of groups 2j, 2j + 1, int16s
+
+  SuperQuantizedRows(const bf16* x, int64_t ldx, int64_t m, int64_t k)
+      : groups(k / kGroup),
+        supers(k / kBlockSuper),
+        q(m * k),
+        step(m * supers),
+        shift(m * groups),
+        offset(2 * m * groups),
+        sum_pairs(m * groups / 2) {
+    at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        for (int64_t s = 0; s < supers; ++s) quantize_super(x + r * ldx, r, s);
+      }
+    });
+  }
+
+  void quantize_super(const bf16* row, int64_t r, int64_t s) {
+    float amax[kGroupsPerSuper];
+    float largest = 0.0f;
+    for (int64_t j = 0; j < kGroupsPerSuper; ++j) {
+      const bf16* group = row + (s * kGroupsPerSuper + j) * kGroup;
+      amax[j] = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(load_bf16x16(group))),
+                         _mm512_reduce_max_ps(_mm512_abs_ps(load_bf16x16(group + 16))));
+      largest = std::max(largest, amax[j]);
+    }
+    const float unit = largest > 0.0f ? 127.0f / largest : 0.0f;
+    step[r * supers + s] = largest / 127.0f / static_cast<float>(1 << kFinest);
+    int32_t sums[kGroupsPerSuper];
+    for (int64_t j = 0; j < kGroupsPerSuper; ++j) {
+      const int64_t g = s * kGroupsPerSuper + j;
+      int halved = 0;
+      while (halved < kFinest && amax[j] * static_cast<float>(2 << halved) <= largest) ++halved;
+      // an exact power of two times the unit; round to nearest even, as torch.round: |q| ≤ 127
+      const __m512 inv = _mm512_set1_ps(unit * static_cast<float>(1 << halved));
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(load_bf16x16(row + g * kGroup), inv));
+      const __m512i q1 =
+          _mm512_cvtps_epi32(_mm512_mul_ps(load_bf16x16(row + g * kGroup + 16), inv));
+      int8_t* out = q.data() + (r * groups + g) * kGroup;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(q1));
+      const int32_t sum0 = _mm512_reduce_add_epi32(q0), sum1 = _mm512_reduce_add_epi32(q1);
+      shift[r * groups + g] = kFinest - halved;
+      offset[2 * (r * groups + g)] = -32 * sum0;
+      offset[2 * (r * groups + g) + 1] = -32 * sum1;
+      sums[j] = (sum0 + sum1) * (1 << (kFinest - halved));
+    }
+    for (int64_t j = 0; j < kGroupsPerSuper; j += 2) {
+      sum_pairs[(r * groups + s * kGroupsPerSuper + j) / 2] =
+          static_cast<int32_t>((static_cast<uint32_t>(sums[j + 1]) << 16) |
+                               (static_cast<uint32_t>(sums[j]) & 0xFFFFu));
+    }
   }
 
   const int8_t* row_group(int64_t r, int64_t g) const {
@@ -171,17 +254,32 @@ inline __m512i merged(__m512i low, __m512i top) {
   return _mm512_ternarylogic_epi32(low, top, _mm512_set1_epi8(0x0F), 0xE4);  // c ? a : b
 }
 
-template <int V, int MT>
-inline void six_step(const int8_t* const* q, const uint8_t* w, __m512i h0, __m512i h1,
-                     __m512i* dot, __m512i* dot_high) {
+template <int H, int V, int MT>
+inline void six_step(const int8_t* const* q, const uint8_t* w, __m512i pairs, __m512i* dot) {
   const __m512i raw = _mm512_loadu_si512(w + V * 4 * kPanel);
-  const __m512i lo = merged(raw, top_bits<V>(h0));
-  const __m512i hi = merged(_mm512_srli_epi16(raw, 4), top_bits<V>(h1));
+  const __m512i value = merged(H == 0 ? raw : _mm512_srli_epi16(raw, 4), top_bits<V>(pairs));
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) {
-    dot[i] = _mm512_dpbusd_epi32(dot[i], lo, broadcast4(q[i] + 4 * V));
-    dot_high[i] = _mm512_dpbusd_epi32(dot_high[i], hi, broadcast4(q[i] + 16 + 4 * V));
+    dot[i] = _mm512_dpbusd_epi32(dot[i], value, broadcast4(q[i] + 4 * V));
   }
+}
+
+// Σ (u − 32)·q of half H of a group (inputs 16H .. 16H + 15) for 16 outputs and MT rows of x:
+// the dot starts from −32·Σq, exact. A half at a time, so that one dot a row is live.
+template <int H, int MT>
+inline void six_half(const SuperQuantizedRows& x, int64_t m0, int64_t g, const uint8_t* w,
+                     __m512i* dot) {
+  const __m512i pairs = _mm512_loadu_si512(w + (4 + H) * 4 * kPanel);
+  const int8_t* q[MT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) {
+    q[i] = x.row_group(m0 + i, g) + 16 * H;
+    dot[i] = _mm512_set1_epi32(x.offset[2 * ((m0 + i) * x.groups + g) + H]);
+  }
+  six_step<H, 0, MT>(q, w, pairs, dot);
+  six_step<H, 1, MT>(q, w, pairs, dot);
+  six_step<H, 2, MT>(q, w, pairs, dot);
+  six_step<H, 3, MT>(q, w, pairs, dot);
 }
 
 // Q5's fifth bits of inputs 4v + 0..3 (low) and 16 + 4v + 0..3 (high) of a group, from their
@@ -208,31 +306,22 @@ inline void five_step(const int8_t* const* q, const uint8_t* w, __m512i bits, __
   }
 }
 
-// Σ (u − offset)·q of one group for 16 outputs and MT rows of x (from m0): exact integers; for
-// Q6_K each half's Σ (u − 32)·q, the first in `dot`, the second in `dot_high`.
-template <Form F, int MT>
-inline void group_dots(const GroupQuantizedRows& x, int64_t m0, int64_t g, const uint8_t* w,
-                       __m512i* dot, __m512i* dot_high, int32_t offset = 0) {
+// Σ (u − offset)·q of one group for 16 outputs and MT rows of x (from m0): exact integers.
+template <Form F, int MT, typename Rows>
+inline void group_dots(const Rows& x, int64_t m0, int64_t g, const uint8_t* w, __m512i* dot,
+                       int32_t offset = 0) {
   const int8_t* q[MT];
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) {
     q[i] = x.row_group(m0 + i, g);
-    if constexpr (F == Form::kSix) {
-      const int32_t* halves = &x.offset[2 * ((m0 + i) * x.groups + g)];
-      dot[i] = _mm512_set1_epi32(halves[0]);
-      dot_high[i] = _mm512_set1_epi32(halves[1]);
-    } else {  // −offset·Σq: a per-32 block's Σ (u − offset)·q
+    if constexpr (std::is_same_v<Rows, GroupQuantizedRows>) {
+      // −offset·Σq: a per-32 block's Σ (u − offset)·q
       dot[i] = _mm512_set1_epi32(-offset * x.qsum[(m0 + i) * x.groups + g]);
+    } else {
+      dot[i] = _mm512_setzero_si512();
     }
   }
-  if constexpr (F == Form::kSix) {
-    const __m512i h0 = _mm512_loadu_si512(w + 4 * 4 * kPanel);
-    const __m512i h1 = _mm512_loadu_si512(w + 5 * 4 * kPanel);
-    six_step<0, MT>(q, w, h0, h1, dot, dot_high);
-    six_step<1, MT>(q, w, h0, h1, dot, dot_high);
-    six_step<2, MT>(q, w, h0, h1, dot, dot_high);
-    six_step<3, MT>(q, w, h0, h1, dot, dot_high);
-  } else if constexpr (F == Form::kFive) {
+  if constexpr (F == Form::kFive) {
     const __m512i bits = _mm512_loadu_si512(w + 4 * 4 * kPanel);
     five_step<0, MT>(q, w, bits, dot);
     five_step<1, MT>(q, w, bits, dot);
@@ -276,47 +365,81 @@ inline void fetch_ahead(const uint8_t* group) {
   }
 }
 
+// Groups 2j and 2j + 1's min codes of 16 outputs as int16 pairs: what Σq's pairs multiply.
+inline __m512i min_pair(const uint8_t* codes, int64_t g) {
+  const __m512i first = _mm512_cvtepu8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + g * 2 * kPanel + kPanel)));
+  const __m512i second = _mm512_cvtepu8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + (g + 1) * 2 * kPanel + kPanel)));
+  return _mm512_or_si512(first, _mm512_slli_epi32(second, 16));
+}
+
+// part[i] += dot[i] · 2^shift · scale: a group's (or half's) dots at the super-block's step.
+template <int MT>
+inline void add_scaled(const SuperQuantizedRows& x, int64_t m0, int64_t g, const __m512i* dot,
+                       __m512 scale, __m512* part) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) {
+    const __m512i exact =
+        _mm512_sllv_epi32(dot[i], _mm512_set1_epi32(x.shift[(m0 + i) * x.groups + g]));
+    part[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, part[i]);
+  }
+}
+
 // out[i] = the panel's 16 outputs for rows m0 .. m0 + MT of x.
 template <Form F, int MT>
-void panel_groups(const GroupQuantizedRows& x, int64_t m0, const BlockWeight& w, int64_t p,
+void panel_groups(const SuperQuantizedRows& x, int64_t m0, const BlockWeight& w, int64_t p,
                   __m512* out) {
   constexpr int64_t kGroupBytes = planes_of(F) * 4 * kPanel;
-  const int64_t groups = x.groups, supers = groups / kGroupsPerSuper;
+  const int64_t groups = x.groups, supers = x.supers;
   const uint8_t* values = w.values + p * groups * kGroupBytes;
   const uint8_t* codes = w.codes + p * groups * 2 * kPanel;
   const float* factors = w.supers + p * supers * 2 * kPanel;
-  __m512 acc[MT];
-  __m512i dot[MT], dot_high[MT];
+  __m512 acc[MT], part[MT];
+  __m512i dot[MT];
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t s = 0; s < supers; ++s) {
     const __m512 d = _mm512_loadu_ps(factors + s * 2 * kPanel);
-    const __m512 dmin = _mm512_loadu_ps(factors + s * 2 * kPanel + kPanel);
+#pragma GCC unroll 8
+    for (int i = 0; i < MT; ++i) part[i] = _mm512_setzero_ps();
     for (int64_t g = s * kGroupsPerSuper; g < (s + 1) * kGroupsPerSuper; ++g) {
       const uint8_t* code = codes + g * 2 * kPanel;
       fetch_ahead<F, MT>(values + g * kGroupBytes);
-      group_dots<F, MT>(x, m0, g, values + g * kGroupBytes, dot, dot_high);
       if constexpr (F == Form::kSix) {  // a scale per half, no min
-        const __m512 scale = group_factor<true>(code, d);
-        const __m512 scale_high = group_factor<true>(code + kPanel, d);
-#pragma GCC unroll 8
-        for (int i = 0; i < MT; ++i) {
-          const __m512 s_x = _mm512_set1_ps(x.scale[(m0 + i) * groups + g]);
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_mul_ps(scale, s_x), acc[i]);
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_high[i]),
-                                   _mm512_mul_ps(scale_high, s_x), acc[i]);
-        }
+        const uint8_t* group = values + g * kGroupBytes;
+        six_half<0, MT>(x, m0, g, group, dot);
+        add_scaled<MT>(x, m0, g, dot, group_factor<true>(code, d), part);
+        six_half<1, MT>(x, m0, g, group, dot);
+        add_scaled<MT>(x, m0, g, dot, group_factor<true>(code + kPanel, d), part);
       } else {
-        const __m512 scale = group_factor(code, d);
-        const __m512 min = group_factor(code + kPanel, dmin);
+        group_dots<F, MT>(x, m0, g, values + g * kGroupBytes, dot);
+        add_scaled<MT>(x, m0, g, dot, group_factor(code, d), part);
+      }
+    }
+    if constexpr (F != Form::kSix) {  // − dmin · Σ m·Σq, in integers two groups at a time
+      const __m512 dmin = _mm512_loadu_ps(factors + s * 2 * kPanel + kPanel);
+      __m512i mins[MT];
+#pragma GCC unroll 8
+      for (int i = 0; i < MT; ++i) mins[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < kGroupsPerSuper; j += 2) {
+        const int64_t g = s * kGroupsPerSuper + j;
+        const __m512i pair = min_pair(codes, g);
 #pragma GCC unroll 8
         for (int i = 0; i < MT; ++i) {
-          const int64_t at = (m0 + i) * groups + g;
-          const __m512 scaled = _mm512_mul_ps(scale, _mm512_set1_ps(x.scale[at]));
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), scaled, acc[i]);
-          acc[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(x.sum[at]), acc[i]);
+          const int32_t sums = x.sum_pairs[((m0 + i) * groups + g) / 2];
+          mins[i] = _mm512_dpwssd_epi32(mins[i], pair, _mm512_set1_epi32(sums));
         }
       }
+#pragma GCC unroll 8
+      for (int i = 0; i < MT; ++i) {
+        part[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins[i]), dmin, part[i]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MT; ++i) {
+      acc[i] = _mm512_fmadd_ps(part[i], _mm512_set1_ps(x.step[(m0 + i) * supers + s]), acc[i]);
     }
   }
 #pragma GCC unroll 8
@@ -335,12 +458,12 @@ void panel_flat(const GroupQuantizedRows& x, int64_t m0, const FlatWeight& w, in
   const uint8_t* values = w.values + p * groups * kGroupBytes;
   const uint16_t* factors = w.factors + p * groups * kFactors * kPanel;
   __m512 acc[MT];
-  __m512i dot[MT], unused[MT];
+  __m512i dot[MT];
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     fetch_ahead<F, MT>(values + g * kGroupBytes);
-    group_dots<F, MT>(x, m0, g, values + g * kGroupBytes, dot, unused, w.offset);
+    group_dots<F, MT>(x, m0, g, values + g * kGroupBytes, dot, w.offset);
     const uint16_t* factor = factors + g * kFactors * kPanel;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(factor)));
 #pragma GCC unroll 8
@@ -361,8 +484,13 @@ void panel_flat(const GroupQuantizedRows& x, int64_t m0, const FlatWeight& w, in
   for (int i = 0; i < MT; ++i) out[i] = acc[i];
 }
 
+// x quantized as a weight's kind needs it: per super-block for the K-quants, per group else.
 template <typename W>
-using PanelFn = void (*)(const GroupQuantizedRows&, int64_t, const W&, int64_t, __m512*);
+using RowsFor =
+    std::conditional_t<std::is_same_v<W, BlockWeight>, SuperQuantizedRows, GroupQuantizedRows>;
+
+template <typename W>
+using PanelFn = void (*)(const RowsFor<W>&, int64_t, const W&, int64_t, __m512*);
 
 template <Form F>
 PanelFn<BlockWeight> panel_for(int64_t rows) {
@@ -407,7 +535,7 @@ PanelFn<FlatWeight> panel_for(const FlatWeight& w, int64_t rows) {
 template <typename W>
 void linear_over(const bf16* x, int64_t ldx, const W& w, const bf16* bias, bf16* y, int64_t m,
                  int64_t n, int64_t k) {
-  const GroupQuantizedRows rows_q(x, ldx, m, k);
+  const RowsFor<W> rows_q(x, ldx, m, k);
   at::parallel_for(0, (n + kPanel - 1) / kPanel, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n0 = p * kPanel;
