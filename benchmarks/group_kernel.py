@@ -7,7 +7,15 @@ weights come from memory, as a decode step's do, not from the cache.
     python benchmarks/group_kernel.py --shape 9728x896 --formats int8,q5_0,q8_0
 
 Each figure is ms a call, the median and the fastest of `--runs` rounds over the copies; on a
-shared machine read them with the load average printed beside them. `--cpu-time` runs one
+shared machine read them with the load average printed beside them.
+
+    python benchmarks/group_kernel.py --library A.so --library B.so --formats q4k,q6k
+
+compares builds of the kernels (each a `semantic_cpu_kernels.so`, e.g. one from before a change
+and one from after it: the path `cpu_kernels()._module.__file__` names): every round runs each
+library in a process of its own, in turn, and the table gives each one's median ms a call. One
+process cannot hold two: Python's second load of an extension of the same name returns the
+first. `--cpu-time` runs one
 thread and counts its CPU time instead of the wall clock: what the kernel costs, untouched by
 other programs taking the core (their share of the memory's bandwidth still counts). Needs our
 CPU kernels.
@@ -16,16 +24,20 @@ CPU kernels.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from semantic.backends.torch.blocks import FlatWeight, GroupLinear, GroupWeight
-from semantic.backends.torch.kernels import CpuKernels, cpu_kernels, unavailable_reason
+from semantic.backends.torch.kernels import CpuKernels, _import, cpu_kernels, unavailable_reason
 from semantic.backends.torch.linear import Int8Linear, Linear, PanelLinear, UnpackScratch
 from semantic.models import q4k, q6k, q32
 
@@ -122,6 +134,26 @@ def timed(
     return 1000 * statistics.median(rounds), 1000 * min(rounds)
 
 
+def compare(libraries: list[str], forwarded: list[str], runs: int) -> None:
+    """Each library's median ms a call over `runs` rounds, each round every library in turn in
+    a process of its own (`--json` runs of this script, one round each)."""
+    cells: dict[str, dict[str, list[float]]] = {library: {} for library in libraries}
+    for _ in range(runs):
+        for library in libraries:
+            command = [sys.executable, __file__, *forwarded, "--runs", "1", "--json"]
+            out = subprocess.run(
+                [*command, "--library", library], capture_output=True, text=True, check=True
+            )
+            for key, ms in json.loads(out.stdout.splitlines()[-1]).items():
+                cells[library].setdefault(key, []).append(ms)
+    print(f"median ms a call of {runs} rounds, each library in a process of its own, in turn")
+    print("| matrix | " + " | ".join(Path(library).name for library in libraries) + " |")
+    print("|---" * (len(libraries) + 1) + "|")
+    for key in cells[libraries[0]]:
+        medians = [statistics.median(cells[library][key]) for library in libraries]
+        print(f"| {key} | " + " | ".join(f"{ms:.3f}" for ms in medians) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -134,28 +166,45 @@ def main() -> None:
     parser.add_argument(
         "--cpu-time", action="store_true", help="one thread, its CPU time (not the wall clock)"
     )
+    parser.add_argument(
+        "--library", action="append", default=[], help="a kernels build to compare (repeatable)"
+    )
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if len(args.library) > 1:
+        forwarded = ["--shape", args.shape, "--rows", args.rows, "--formats", args.formats]
+        forwarded += ["--copies", str(args.copies)] + (["--cpu-time"] if args.cpu_time else [])
+        compare(args.library, forwarded, args.runs)
+        return
     clock = time.perf_counter
     if args.cpu_time:
         torch.set_num_threads(1)
         clock = time.thread_time
-    kernels = cpu_kernels()
+    kernels = CpuKernels(_import(Path(args.library[0]))) if args.library else cpu_kernels()
     if kernels is None:
         raise SystemExit(f"our CPU kernels do not run here: {unavailable_reason()}")
     n, k = (int(v) for v in args.shape.split("x"))
     rows = [int(r) for r in args.rows.split(",")]
     what = "CPU ms" if args.cpu_time else "ms"
-    print(f"{n}x{k}, torch {torch.__version__}, {torch.get_num_threads()} threads; {what} a call")
-    print("| format | " + " | ".join(f"{r} rows" for r in rows) + " | load |")
-    print("|---" * (len(rows) + 2) + "|")
+    if not args.json:
+        print(
+            f"{n}x{k}, torch {torch.__version__}, {torch.get_num_threads()} threads; {what} a call"
+        )
+        print("| format | " + " | ".join(f"{r} rows" for r in rows) + " | load |")
+        print("|---" * (len(rows) + 2) + "|")
+    medians: dict[str, float] = {}
     with torch.inference_mode():
         for name in args.formats.split(","):
             linears = [FORMATS[name](n, k, seed, kernels) for seed in range(args.copies)]
             cells = []
             for r in rows:
                 median, best = timed(linears, torch.randn(r, k).bfloat16(), args.runs, clock)
+                medians[f"{name} {n}x{k}, {r} rows"] = median
                 cells.append(f"{median:.2f} ({best:.2f})")
-            print(f"| {name} | " + " | ".join(cells) + f" | {os.getloadavg()[0]:.1f} |")
+            if not args.json:
+                print(f"| {name} | " + " | ".join(cells) + f" | {os.getloadavg()[0]:.1f} |")
+    if args.json:
+        print(json.dumps(medians))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ not even of 32); without our kernels Q4_K stays on torch's int4 kernel (a Q5_K d
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -306,3 +310,15 @@ def test_the_benchmarks_formats_compute_the_same_matrix():
         assert torch.allclose(y, exact, atol=0.05 * float(exact.abs().max())), name
     for name in ("q5k", "q6k"):
         assert bench.FORMATS[name](48, 512, 7, ours())(x).shape == (3, 48)
+
+
+@needs_kernels
+def test_the_benchmark_compares_builds_each_in_a_process_of_its_own():
+    library = str(ours()._module.__file__)
+    script = Path(__file__).parents[2] / "benchmarks" / "group_kernel.py"
+    command = [sys.executable, str(script), "--library", library, "--library", library]
+    command += ["--shape", "32x256", "--formats", "q4k", "--rows", "1,3", "--runs", "1"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| q4k 32x256")]
+    assert [row.split(" | ")[0] for row in rows] == ["| q4k 32x256, 1 rows", "| q4k 32x256, 3 rows"]
+    assert all(float(cell) > 0 for row in rows for cell in row.strip(" |").split(" | ")[1:])
