@@ -7,7 +7,10 @@ weights come from memory, as a decode step's do, not from the cache.
     python benchmarks/group_kernel.py --shape 9728x896 --formats int8,q5_0,q8_0
 
 Each figure is ms a call, the median and the fastest of `--runs` rounds over the copies; on a
-shared machine read them with the load average printed beside them.
+shared machine read them with the load average printed beside them. `--cpu-time` runs one
+thread and counts its CPU time instead of the wall clock: what the kernel costs, untouched by
+other programs taking the core (their share of the memory's bandwidth still counts). Needs our
+CPU kernels.
 
     python benchmarks/group_kernel.py --library A.so --library B.so --formats q4k,q6k
 
@@ -15,10 +18,7 @@ compares builds of the kernels (each a `semantic_cpu_kernels.so`, e.g. one from 
 and one from after it: the path `cpu_kernels()._module.__file__` names): every round runs each
 library in a process of its own, in turn, and the table gives each one's median ms a call. One
 process cannot hold two: Python's second load of an extension of the same name returns the
-first. `--cpu-time` runs one
-thread and counts its CPU time instead of the wall clock: what the kernel costs, untouched by
-other programs taking the core (their share of the memory's bandwidth still counts). Needs our
-CPU kernels.
+first.
 """
 
 from __future__ import annotations
