@@ -19,8 +19,9 @@ group's own) keep their values in the same planes, 4 of nibbles, 5 (those and a 
 bits: input 32g + 4v + b's in bit v, input 32g + 16 + 4v + b's in bit 4 + v) or 8 of bytes, and
 their fp16 d (and m) beside them (`FlatWeight`): the file's own 4.5 to 8.5 bits a value, any K
 a multiple of 32. A float matrix whose K is no multiple of 256 takes Q8_0's form (`FlatWeight.
-quantize`). The kernel (`kernels/block_linear.cpp`) quantizes x per group of 32 to int8 and
-takes VNNI's byte dot products, a row's result the same alone or batched.
+quantize`). The kernel (`kernels/block_linear.cpp`) quantizes x to int8 (a step per 256 inputs
+for the K-quants and the byte form, finer for small groups of 32; per group of 32 for the
+per-32 types) and takes VNNI's byte dot products, a row's result the same alone or batched.
 """
 
 from __future__ import annotations

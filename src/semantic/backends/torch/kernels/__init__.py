@@ -167,8 +167,8 @@ class CpuKernels:
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
         """x: [M, K] bf16 → x @ W.T + bias: [M, N] bf16, W in quantized groups of 32 inputs
-        (`blocks.GroupWeight`: a GGUF's Q4_K blocks or the byte form), x quantized to int8 per
-        group of 32 (block_linear.cpp)."""
+        (`blocks.GroupWeight`: a GGUF's Q4_K, Q5_K or Q6_K blocks or the byte form), x quantized
+        to int8 a step per 256 inputs, finer for small groups of 32 (block_linear.cpp)."""
         out: torch.Tensor = self._module.block_linear(x, values, codes, supers, out_features, bias)
         return out
 

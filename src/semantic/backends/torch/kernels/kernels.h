@@ -77,8 +77,8 @@ void small_linear_int8(const bf16* x, int64_t ldx, const uint8_t* w, const float
 
 // The same over a weight in quantized groups of 32 inputs, as a GGUF's Q4_K or Q5_K blocks
 // (`scale · u − min`, u in 4 or 5 bits, or in 8: the byte form) or Q6_K blocks (`scale · (u − 32)` per 16, u in
-// 6 bits) hold them, in 16-row panels (block_linear.cpp); x is quantized to int8 per group of
-// 32. K is a multiple of kBlockSuper.
+// 6 bits) hold them, in 16-row panels (block_linear.cpp); x is quantized to int8 a step per
+// kBlockSuper inputs, finer for small groups of 32. K is a multiple of kBlockSuper.
 constexpr int64_t kBlockSuper = 256;  // inputs per d and dmin
 struct BlockWeight {
   const uint8_t* values;  // [P][K/32][planes][16][4]: 4 (Q4_K), 5 (Q5_K), 6 (Q6_K), 8 (bytes)
