@@ -220,12 +220,10 @@ struct SuperQuantizedRows {
   }
 };
 
-// acc + the byte dot products of w with the 4 signed bytes at p, broadcast to every lane inside
-// the instruction ({1to16}): GCC does not fold the broadcast from the intrinsics, and the
-// separate broadcasts cost 2-7% of the kernel's time (measured).
-inline __m512i dot4(__m512i acc, __m512i w, const int8_t* p) {
-  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
-  return acc;
+inline __m512i broadcast4(const int8_t* p) {
+  int32_t four;
+  __builtin_memcpy(&four, p, 4);
+  return _mm512_set1_epi32(four);
 }
 
 // Q4_K (and Q4_0, Q4_1), Q6_K, the byte form (and Q8_0), Q5_0 and Q5_1
@@ -262,7 +260,7 @@ inline void six_step(const int8_t* const* q, const uint8_t* w, __m512i pairs, __
   const __m512i value = merged(H == 0 ? raw : _mm512_srli_epi16(raw, 4), top_bits<V>(pairs));
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) {
-    dot[i] = dot4(dot[i], value, q[i] + 4 * V);
+    dot[i] = _mm512_dpbusd_epi32(dot[i], value, broadcast4(q[i] + 4 * V));
   }
 }
 
@@ -303,8 +301,8 @@ inline void five_step(const int8_t* const* q, const uint8_t* w, __m512i bits, __
   const __m512i hi = merged(_mm512_srli_epi16(raw, 4), fifth_high<V>(bits));
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) {
-    dot[i] = dot4(dot[i], lo, q[i] + 4 * V);
-    dot[i] = dot4(dot[i], hi, q[i] + 16 + 4 * V);
+    dot[i] = _mm512_dpbusd_epi32(dot[i], lo, broadcast4(q[i] + 4 * V));
+    dot[i] = _mm512_dpbusd_epi32(dot[i], hi, broadcast4(q[i] + 16 + 4 * V));
   }
 }
 
@@ -338,8 +336,8 @@ inline void group_dots(const Rows& x, int64_t m0, int64_t g, const uint8_t* w, _
       const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
 #pragma GCC unroll 8
       for (int i = 0; i < MT; ++i) {
-        dot[i] = dot4(dot[i], lo, q[i] + 4 * v);
-        dot[i] = dot4(dot[i], hi, q[i] + 16 + 4 * v);
+        dot[i] = _mm512_dpbusd_epi32(dot[i], lo, broadcast4(q[i] + 4 * v));
+        dot[i] = _mm512_dpbusd_epi32(dot[i], hi, broadcast4(q[i] + 16 + 4 * v));
       }
     }
   } else {
@@ -347,7 +345,7 @@ inline void group_dots(const Rows& x, int64_t m0, int64_t g, const uint8_t* w, _
     for (int v = 0; v < 8; ++v) {
       const __m512i raw = _mm512_loadu_si512(w + v * 4 * kPanel);
 #pragma GCC unroll 8
-      for (int i = 0; i < MT; ++i) dot[i] = dot4(dot[i], raw, q[i] + 4 * v);
+      for (int i = 0; i < MT; ++i) dot[i] = _mm512_dpbusd_epi32(dot[i], raw, broadcast4(q[i] + 4 * v));
     }
   }
 }
