@@ -1,12 +1,12 @@
 """Our kernel over weights in quantized groups (a GGUF's Q4_K, Q5_K and Q6_K blocks, and the byte
-form): the packed weight holds the file's values bit for bit; the kernel computes x·Wᵀ over
-them with x quantized to int8 a step per super-block of 256, halved for small groups, as an
-fp64 reference that quantizes x the same way does, and within that quantization's own error of
-the fp32 product; a row gives the same
-bits alone and batched (rows 1..33); partial panels (N not a multiple of 16) and a bias work;
-K not in whole blocks of 256 is refused. A `weights = "gguf"` build puts a file's blocks on it,
-and its other matrices in the byte form (Q8_0's where K is no multiple of 256, int8 rows where
-not even of 32); without our kernels Q4_K stays on torch's int4 kernel (a Q5_K does not)."""
+form): the packed weight holds the file's values bit for bit; the kernel computes x·Wᵀ over them
+with x quantized to int8 a step per super-block of 256, halved for small groups, as an fp64
+reference that quantizes x the same way does, and within that quantization's own error of the fp32
+product; a row gives the same bits alone and batched (rows 1..33); partial panels (N not a multiple
+of 16) and a bias work; K not in whole blocks of 256 is refused. A `weights = "gguf"` build puts a
+file's blocks on it, and its other matrices in the byte form (Q8_0's where K is no multiple of 256,
+int8 rows where not even of 32); without our kernels Q4_K stays on torch's int4 kernel (a Q5_K does
+not)."""
 
 from __future__ import annotations
 
@@ -128,13 +128,13 @@ def test_the_kernel_is_the_product_with_x_quantized_per_group(n, k, rows, kind):
     x = torch.randn(rows, k).bfloat16()
     y = GroupLinear(packed(blocks), None, ours())(x)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
-    reference = quantized_x(x) @ w.double().T
-    assert torch.all((y.double() - reference).abs() <= kernel_bound(w, quantized_x(x)))
+    xq = quantized_x(x)
+    assert torch.all((y.double() - xq @ w.double().T).abs() <= kernel_bound(w, xq))
     # x's quantization moves each value by at most half its step: the product by at most Σ|w|
     # times that, which explains the whole distance to the fp32 product
     x_error = (x_step(x) / 2) @ w.double().abs().T
     exact = x.double() @ w.double().T
-    assert torch.all((y.double() - exact).abs() <= x_error + kernel_bound(w, quantized_x(x)))
+    assert torch.all((y.double() - exact).abs() <= x_error + kernel_bound(w, xq))
 
 
 @needs_kernels
@@ -144,7 +144,8 @@ def test_a_group_of_small_values_keeps_a_finer_step(kind):
     blocks = file_blocks(kind, n, k, seed=7)
     w = torch.from_numpy(blocks.dequantize())
     torch.manual_seed(7)
-    # groups 1/2, 1/4, 1/8 and 1/100 of the super-block's largest: steps halved 1, 2, 3 and 3
+    # groups of under 1/2, 1/4, 1/8 and 1/100 of the super-block's largest: steps halved 1, 2,
+    # 3 and 3 times
     sizes = torch.tensor([1.0, 0.45, 0.2, 0.1, 0.01, 1.0, 0.0, 0.3]).repeat(2)
     x = (torch.rand(4, k) * 2 - 1) * sizes.repeat_interleave(32)
     x[:, 0] = 1.0  # each super-block's largest
@@ -153,9 +154,8 @@ def test_a_group_of_small_values_keeps_a_finer_step(kind):
     _, halved = x_steps(x)
     assert set(halved[0, ::32].tolist()) == {0.0, 1.0, 2.0, 3.0}
     y = GroupLinear(packed(blocks), None, ours())(x)
-    assert torch.all(
-        (y.double() - quantized_x(x) @ w.double().T).abs() <= kernel_bound(w, quantized_x(x))
-    )
+    xq = quantized_x(x)
+    assert torch.all((y.double() - xq @ w.double().T).abs() <= kernel_bound(w, xq))
 
 
 @needs_kernels
@@ -206,9 +206,8 @@ def test_any_weight_in_the_byte_form_is_within_half_its_groups_step(n, k):
     assert torch.equal(back[:, 32:64], torch.zeros(n, 32))
     x = torch.randn(5, k).bfloat16()
     y = GroupLinear(weight, None, ours())(x)
-    assert torch.all(
-        (y.double() - quantized_x(x) @ back.double().T).abs() <= kernel_bound(back, quantized_x(x))
-    )
+    xq = quantized_x(x)
+    assert torch.all((y.double() - xq @ back.double().T).abs() <= kernel_bound(back, xq))
 
 
 @needs_kernels

@@ -88,6 +88,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
@@ -100,6 +101,23 @@ constexpr int64_t kGroup = 32;   // inputs per scale and min, of the weight and 
 constexpr int64_t kGroupsPerSuper = kBlockSuper / kGroup;
 constexpr int64_t kMaxRows = 8;  // x rows per pass: their accumulators and dots stay in registers
 constexpr int64_t kPrefetchGroups = 8;  // how far ahead the values are fetched
+
+// The largest |x| of a group of 32.
+inline float group_largest(const bf16* group) {
+  return std::max(_mm512_reduce_max_ps(_mm512_abs_ps(load_bf16x16(group))),
+                  _mm512_reduce_max_ps(_mm512_abs_ps(load_bf16x16(group + 16))));
+}
+
+// A group of 32 to int8, q = round(x · inv) (to nearest even, as torch.round; the caller's inv
+// keeps |q| ≤ 127), into `out`; returns each half's Σq.
+inline std::pair<int32_t, int32_t> quantize_group_to(const bf16* group, float inv, int8_t* out) {
+  const __m512 by = _mm512_set1_ps(inv);
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(load_bf16x16(group), by));
+  const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(load_bf16x16(group + 16), by));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(q1));
+  return {_mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1)};
+}
 
 // x's rows quantized per group of 32, for the per-32 blocks (see the top of the file).
 struct GroupQuantizedRows {
@@ -124,19 +142,11 @@ struct GroupQuantizedRows {
   }
 
   void quantize_group(const bf16* row, int64_t r, int64_t g) {
-    const __m512 x0 = load_bf16x16(row + g * kGroup);
-    const __m512 x1 = load_bf16x16(row + g * kGroup + 16);
-    const float amax = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(x0)),
-                                _mm512_reduce_max_ps(_mm512_abs_ps(x1)));
-    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    // round to nearest even, as torch.round; the products stay within ±127
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv));
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
-    int8_t* out = q.data() + (r * groups + g) * kGroup;
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(q1));
+    const float amax = group_largest(row + g * kGroup);
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const auto [sum0, sum1] =
+        quantize_group_to(row + g * kGroup, inv, q.data() + (r * groups + g) * kGroup);
     const float s = amax / 127.0f;
-    const int32_t sum0 = _mm512_reduce_add_epi32(q0), sum1 = _mm512_reduce_add_epi32(q1);
     scale[r * groups + g] = s;
     sum[r * groups + g] = s * static_cast<float>(sum0 + sum1);
     qsum[r * groups + g] = sum0 + sum1;
@@ -147,8 +157,6 @@ struct GroupQuantizedRows {
   }
 };
 
-// x's rows quantized per super-block of 256 inputs, for the K-quants (Q4_K, Q5_K, Q6_K and the
-// byte form): one scale a super-block, so a group's integer dot needs no scale of x's own.
 // How many times a group's step may halve the super-block's: 2^3 · Σq and 2^3 · Σu·q stay
 // within an int16 and an fp32's exact integers.
 constexpr int kFinest = 3;
@@ -182,9 +190,7 @@ struct SuperQuantizedRows {
     float amax[kGroupsPerSuper];
     float largest = 0.0f;
     for (int64_t j = 0; j < kGroupsPerSuper; ++j) {
-      const bf16* group = row + (s * kGroupsPerSuper + j) * kGroup;
-      amax[j] = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(load_bf16x16(group))),
-                         _mm512_reduce_max_ps(_mm512_abs_ps(load_bf16x16(group + 16))));
+      amax[j] = group_largest(row + (s * kGroupsPerSuper + j) * kGroup);
       largest = std::max(largest, amax[j]);
     }
     const float unit = largest > 0.0f ? 127.0f / largest : 0.0f;
@@ -194,15 +200,10 @@ struct SuperQuantizedRows {
       const int64_t g = s * kGroupsPerSuper + j;
       int halved = 0;
       while (halved < kFinest && amax[j] * static_cast<float>(2 << halved) <= largest) ++halved;
-      // an exact power of two times the unit; round to nearest even, as torch.round: |q| ≤ 127
-      const __m512 inv = _mm512_set1_ps(unit * static_cast<float>(1 << halved));
-      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(load_bf16x16(row + g * kGroup), inv));
-      const __m512i q1 =
-          _mm512_cvtps_epi32(_mm512_mul_ps(load_bf16x16(row + g * kGroup + 16), inv));
-      int8_t* out = q.data() + (r * groups + g) * kGroup;
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(q0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(q1));
-      const int32_t sum0 = _mm512_reduce_add_epi32(q0), sum1 = _mm512_reduce_add_epi32(q1);
+      // the unit times an exact power of two: |q| ≤ 127 while the group fits
+      const auto [sum0, sum1] =
+          quantize_group_to(row + g * kGroup, unit * static_cast<float>(1 << halved),
+                            q.data() + (r * groups + g) * kGroup);
       shift[r * groups + g] = kFinest - halved;
       offset[2 * (r * groups + g)] = -32 * sum0;
       offset[2 * (r * groups + g) + 1] = -32 * sum1;
