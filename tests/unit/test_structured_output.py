@@ -264,6 +264,25 @@ def test_a_call_of_a_tool_not_offered_is_written_again_as_a_call_of_an_offered_o
     assert answer["usage"]["output_tokens"] == len(again) - len(first) + written_again
 
 
+def test_a_call_is_not_written_again_as_a_tool_that_shares_only_its_first_word(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A made-up `forecast_weather` is held to `forecast` alone, not `forecast_tides` too:
+    the model would begin the name with `forecast` again, and the grammar finish `_tides`."""
+    forms: list[Any] = []
+    compile_calls = server.served.grammars.tool_calls
+    monkeypatch.setattr(
+        server.served.grammars, "tool_calls", lambda form: forms.append(form) or compile_calls(form)
+    )
+    tides = {"name": "forecast_tides", "description": "Tides", "input_schema": WEATHER}
+    server.say(MADE_UP.replace('"weather"', '"forecast_weather"'), RENAMED)
+    body = {"model": "m", "max_tokens": 200, "messages": ASK, "tools": [FORECAST, tides]}
+    answer = server.client.post("/v1/messages", json=body).json()
+    assert [block.get("name") for block in answer["content"]] == [None, "forecast"]
+    (renamed,) = [form for form in forms if form.forced_bare]
+    assert [shape.lead for shape in renamed.forced] == ['forecast", "arguments": ']
+
+
 def test_a_streamed_renamed_call_sends_its_text_once(server: Server) -> None:
     server.say(MADE_UP, RENAMED)
     body = {"model": "m", "messages": ASK, "tools": [OPENAI_FORECAST], "stream": True}

@@ -33,6 +33,7 @@ from semantic.text.tools import (
     TextDelta,
     ToolCallParser,
     ToolEvent,
+    renaming_targets,
 )
 from semantic.text.xml_arguments import typed_value
 from tests.qwen3_coder_template import QWEN3_CODER_TEMPLATE
@@ -575,6 +576,38 @@ def test_renaming_holds_a_made_up_call_whose_arguments_are_no_object(arguments: 
     assert misnamed is not None and misnamed.name == "out.txt"
     assert text[misnamed.at :].startswith(f'out.txt", "arguments": {arguments[0]}')
     assert misnamed.after_name == '", "arguments": '
+
+
+# The tools Claude Code and Codex offer a local model (some of them).
+CLAUDE_CODE_TOOLS = ["Bash", "BashOutput", "Read", "ReadMcpResourceTool", "ListMcpResourcesTool",
+                     "Edit", "Write", "WebFetch", "WebSearch", "TaskGet"]  # fmt: skip
+CODEX_TOOLS = ["exec_command", "write_stdin", "update_plan", "apply_patch", "create_goal"]
+
+
+@pytest.mark.parametrize(
+    ("made_up", "offered", "left_out"),
+    [
+        ("create_file", CODEX_TOOLS, {"create_goal"}),  # Codex 0.171 on the 1.5B, 2026-11-29
+        ("write_file", CODEX_TOOLS, {"write_stdin"}),
+        ("update_file", CODEX_TOOLS, {"update_plan"}),
+        ("execute_command", CODEX_TOOLS, set()),  # no word in common at the start
+        ("read_file", CLAUDE_CODE_TOOLS, {"ReadMcpResourceTool"}),
+        ("list_files", CLAUDE_CODE_TOOLS, {"ListMcpResourcesTool"}),
+        ("bash_command", CLAUDE_CODE_TOOLS, {"BashOutput"}),
+        ("web_search", CLAUDE_CODE_TOOLS, {"WebFetch"}),
+        ("read", ["read_file", "read_url"], set()),  # names that only add words stay
+        ("ReadFiles", ["read_file", "read_url"], {"read_url"}),  # case, spelling and plural
+        ("create_file", ["create_goal"], set()),  # rather than none
+    ],
+)
+def test_renaming_leaves_out_tools_that_share_only_the_made_up_names_first_word(
+    made_up: str, offered: list[str], left_out: set[str]
+) -> None:
+    """Held to the offered names, the model begins the name again as it began the made-up one:
+    a tool that shares that word and then parts would be finished by the grammar."""
+    targets = renaming_targets(made_up, offered)
+    assert set(offered) - set(targets) == left_out
+    assert targets == [name for name in offered if name in targets]  # in their order
 
 
 def test_without_renaming_a_made_up_call_is_text_whatever_its_arguments() -> None:

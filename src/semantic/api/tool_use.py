@@ -33,6 +33,7 @@ from semantic.text.tools import (
     TextDelta,
     ToolCallParser,
     ToolEvent,
+    renaming_targets,
 )
 
 log = logging.getLogger(__name__)
@@ -278,7 +279,8 @@ class ToolUse:
             return False
         again = text[len(kept_text) :]  # written again, before the name
         shapes = self._leading(
-            self.tools, lambda name: again + json.dumps(name)[1:-1] + misnamed.after_name
+            renaming_targets(misnamed.name, self.tools),
+            lambda name: again + json.dumps(name)[1:-1] + misnamed.after_name,
         )
         openings = self._openings() if self.choice.parallel else ()
         form = ToolCallForm(r"\s*\}", forced=shapes, openings=openings, forced_bare=True)

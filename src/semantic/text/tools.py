@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -77,6 +78,31 @@ class MisnamedCall:
     at: int
     after_name: str
     held_from: int = 0
+
+
+def renaming_targets(made_up: str, offered: Sequence[str]) -> list[str]:
+    """The offered tools a call of the tool `made_up` may be written again as: all but those
+    that begin with the made-up name's first word and then part from it, each name having a
+    word the other lacks (`create_goal` for `create_file`, `write_stdin` for `write_file`).
+    Held to the offered names, the model writes again the word it began the made-up name with,
+    and the grammar would finish it as that other tool, whatever the model meant. A name that
+    only adds words or drops them stays (`Read` for `read_file`, `read_file` for `read`).
+    Where that leaves none, all of them."""
+    words = _name_words(made_up)
+
+    def parts(name: str) -> bool:
+        theirs = _name_words(name)
+        mine, other = set(words), set(theirs)
+        return theirs[:1] == words[:1] and bool(mine - other) and bool(other - mine)
+
+    return [name for name in offered if not parts(name)] or list(offered)
+
+
+def _name_words(name: str) -> list[str]:
+    """A tool name's words, lower case and singular: `list_files`, `ListFiles` and `list-file`
+    all give list, file."""
+    words = re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+", name)
+    return [word.lower().removesuffix("s") if len(word) > 3 else word.lower() for word in words]
 
 
 class CallReader(Protocol):
