@@ -14,11 +14,8 @@ CPU kernels.
 
     python benchmarks/group_kernel.py --library A.so --library B.so --formats q4k,q6k
 
-compares builds of the kernels (each a `semantic_cpu_kernels.so`, e.g. one from before a change
-and one from after it: the path `cpu_kernels()._module.__file__` names): every round runs each
-library in a process of its own, in turn, and the table gives each one's median ms a call. One
-process cannot hold two: Python's second load of an extension of the same name returns the
-first.
+compares builds of the kernels (`kernel_builds.py`): every round runs each library in a process
+of its own, in turn, and the table gives each one's median ms a call.
 """
 
 from __future__ import annotations
@@ -27,8 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kernel_builds import compare
 from semantic.backends.torch.blocks import FlatWeight, GroupLinear, GroupWeight
 from semantic.backends.torch.kernels import CpuKernels, _import, cpu_kernels, unavailable_reason
 from semantic.backends.torch.linear import Int8Linear, Linear, PanelLinear, UnpackScratch
@@ -134,26 +130,6 @@ def timed(
     return 1000 * statistics.median(rounds), 1000 * min(rounds)
 
 
-def compare(libraries: list[str], forwarded: list[str], runs: int) -> None:
-    """Each library's median ms a call over `runs` rounds, each round every library in turn in
-    a process of its own (`--json` runs of this script, one round each)."""
-    cells: dict[str, dict[str, list[float]]] = {library: {} for library in libraries}
-    for _ in range(runs):
-        for library in libraries:
-            command = [sys.executable, __file__, *forwarded, "--runs", "1", "--json"]
-            out = subprocess.run(
-                [*command, "--library", library], capture_output=True, text=True, check=True
-            )
-            for key, ms in json.loads(out.stdout.splitlines()[-1]).items():
-                cells[library].setdefault(key, []).append(ms)
-    print(f"median ms a call of {runs} rounds, each library in a process of its own, in turn")
-    print("| matrix | " + " | ".join(Path(library).name for library in libraries) + " |")
-    print("|---" * (len(libraries) + 1) + "|")
-    for key in cells[libraries[0]]:
-        medians = [statistics.median(cells[library][key]) for library in libraries]
-        print(f"| {key} | " + " | ".join(f"{ms:.3f}" for ms in medians) + " |")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -173,8 +149,9 @@ def main() -> None:
     args = parser.parse_args()
     if len(args.library) > 1:
         forwarded = ["--shape", args.shape, "--rows", args.rows, "--formats", args.formats]
-        forwarded += ["--copies", str(args.copies)] + (["--cpu-time"] if args.cpu_time else [])
-        compare(args.library, forwarded, args.runs)
+        forwarded += ["--copies", str(args.copies), "--runs", "1"]
+        forwarded += ["--cpu-time"] if args.cpu_time else []
+        compare(__file__, args.library, forwarded, args.runs, "ms a call")
         return
     clock = time.perf_counter
     if args.cpu_time:

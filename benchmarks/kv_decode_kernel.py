@@ -7,19 +7,26 @@ layers. Reports each kind's fastest run (on a shared machine the least disturbed
 
     python benchmarks/kv_decode_kernel.py [--contexts 1000,4000,10000] [--runs 15]
     python benchmarks/kv_decode_kernel.py --shape qwen2.5-coder-1.5b --contexts 2771,16000
+    python benchmarks/kv_decode_kernel.py --library A.so --library B.so --runs 5 --rounds 11
+
+The last compares builds of the kernels (`kernel_builds.py`): each round runs each library in a
+process of its own, in turn, and the table gives each one's median of the rounds' fastest.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
+from kernel_builds import compare
 from semantic.backends.torch.int8 import quantize_rows
-from semantic.backends.torch.kernels import cpu_kernels
+from semantic.backends.torch.kernels import CpuKernels, _import, cpu_kernels
 
 BLOCK = 256
 # query heads, KV heads, head_dim, softmax scale
@@ -47,14 +54,27 @@ def main() -> None:
     parser.add_argument("--contexts", default="1000,4000,10000")
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    parser.add_argument(
+        "--library", action="append", default=[], help="a kernels build to compare (repeatable)"
+    )
+    parser.add_argument("--rounds", type=int, default=11, help="of each library, in turn")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if len(args.library) > 1:
+        forwarded = ["--contexts", args.contexts, "--runs", str(args.runs), "--shape", args.shape]
+        compare(__file__, args.library, forwarded, args.rounds, "µs a layer (fastest of its runs)")
+        return
     heads, kv_heads, dim, scale = SHAPES[args.shape]
-    kernels = cpu_kernels()
+    kernels = CpuKernels(_import(Path(args.library[0]))) if args.library else cpu_kernels()
     if kernels is None:
         raise SystemExit("needs our CPU kernels")
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     threads = torch.get_num_threads()
-    print(f"torch {torch.__version__}, {threads} threads, {args.shape}, load {load}; µs per layer")
+    if not args.json:
+        print(
+            f"torch {torch.__version__}, {threads} threads, {args.shape}, load {load}; µs a layer"
+        )
+    fastest: dict[str, float] = {}
     for context in (int(c) for c in args.contexts.split(",")):
         for batch in (1, 8):
             layers, tables = pools(batch, context, kv_heads, dim)
@@ -74,11 +94,17 @@ def main() -> None:
                     times[kind].append((time.perf_counter() - start) / len(layers) * 1e6)
             fast = {kind: min(runs) for kind, runs in times.items()}
             mid = {kind: statistics.median(runs) for kind, runs in times.items()}
+            for kind, figure in fast.items():
+                fastest[f"{kind}, {context} keys, {batch} sequences"] = figure
+            if args.json:
+                continue
             print(
                 f"context {context:6d}, {batch} sequences: fastest bf16 {fast['bf16']:7.0f} µs, "
                 f"int8 {fast['int8']:7.0f} µs, int8/bf16 {fast['int8'] / fast['bf16']:.2f}; "
                 f"median {mid['bf16']:.0f} / {mid['int8']:.0f} µs"
             )
+    if args.json:
+        print(json.dumps(fastest))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ size and pages, and a tiny model run with an int8 pool on both paths."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,6 +100,20 @@ def kernel_queries(q: torch.Tensor) -> torch.Tensor:
 
 
 @needs_kernels
+def test_the_decode_benchmark_compares_builds_each_in_a_process_of_its_own():
+    assert KERNELS is not None
+    library = str(KERNELS._module.__file__)
+    script = Path(__file__).parents[2] / "benchmarks" / "kv_decode_kernel.py"
+    command = [sys.executable, str(script), "--library", library, "--library", library]
+    command += ["--contexts", "40", "--runs", "1", "--rounds", "1"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    rows = [line.strip(" |").split(" | ") for line in out.splitlines() if "keys" in line]
+    cases = [f"{kind}, 40 keys, {n} sequences" for n in (1, 8) for kind in ("bf16", "int8")]
+    assert [row[0] for row in rows] == cases
+    assert all(float(cell) > 0 for row in rows for cell in row[1:])
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "window", "with_sinks"),
@@ -106,6 +123,8 @@ def kernel_queries(q: torch.Tensor) -> torch.Tensor:
         (8, 2, 128, None, True),
         (2, 1, 16, 5, False),
         (14, 2, 64, None, False),  # the 0.5B coder's: 7 query heads a KV head, passes of 6 and 1
+        (12, 2, 128, None, False),  # the 1.5B coder's: 6 heads a KV head, a chunk a values walk
+        (4, 1, 256, 40, False),  # Gemma 3's: 4 heads, two chunks a values walk
     ],
 )
 def test_int8_paged_decode_equals_attention_over_the_dequantized_rows(

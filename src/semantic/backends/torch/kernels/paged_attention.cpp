@@ -35,7 +35,10 @@
 // widened to fp32 for fp32 FMAs before; a bf16 cache 216), of 16,000 keys 693 (1,581; 1,104);
 // eight sequences 1,182 and 5,814 (2,260 and 12,585). Fixing each pass's head count at compile
 // time (`with_count`) then took a bf16 cache's 20-30% off on that shape and an 8-bit cache's
-// 7-18% on SmolLM2's (9 query heads, 3 KV heads, 64), within noise of no change on the coder's.
+// 7-18% on SmolLM2's (9 query heads, 3 KV heads, 64), within noise of no change on the coder's,
+// whose value pass still kept its accumulators on the stack: walking its values once a chunk
+// of 32 elements, with the next item's K fetched a little in every walk, took 15-20% off the
+// 8-bit cache there (2-5% on SmolLM2's).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -457,23 +460,22 @@ inline __m512i load_i8x32_as_i16(const int8_t* row, int c) {
 // and interleaved element by element (as bf16 rows are below) are pairs that vpdpwssd weighs
 // with the pair of their 15-bit weights, 32 exact multiply-adds an instruction; the int32 sums
 // times the heads' weight scales are the fp32 accumulators. The rows are walked once per CB
-// chunks of 32 elements, so that NG heads' accumulators stay in registers (NG · CB · 2 <= 24).
-template <int D>
-constexpr int chunks_per_pass_i8() {
-  return D >= 64 ? 2 : 1;
-}
+// chunks of 32 elements, two where NG heads' accumulators (two a chunk) fit in 16 registers,
+// else one: with 24 (two chunks of 6 heads) GCC kept most of them on the stack, a store and a
+// load around each multiply-add. The next item's K is fetched a little in every walk.
+constexpr int kValueHeads = 8;
 
-template <int D>
-constexpr int heads_per_pass_i8() {
-  return 12 / chunks_per_pass_i8<D>();
+template <int D, int NG>
+constexpr int chunks_per_walk() {
+  return (D + 31) / 32 % 2 == 0 && NG * 4 <= 16 ? 2 : 1;
 }
 
 template <int D, int NG>
 void span_values_i8(int64_t stride, const RowWalk<int8_t>& values, int64_t n,
                     const int16_t* w16, const float* w_scale, RowPrefetch<int8_t>& ahead,
                     float* acc) {
-  constexpr int C = (D + 31) / 32, CB = chunks_per_pass_i8<D>();
-  static_assert(C % CB == 0 && NG * CB * 2 <= 24);
+  constexpr int C = (D + 31) / 32, CB = chunks_per_walk<D, NG>(), walks = C / CB;
+  static_assert(NG <= kValueHeads);
   for (int c0 = 0; c0 < C; c0 += CB) {
     RowWalk<int8_t> rows = values;
     __m512i lo[NG][CB], hi[NG][CB];
@@ -482,7 +484,7 @@ void span_values_i8(int64_t stride, const RowWalk<int8_t>& values, int64_t n,
     for (int64_t t = 0; t < n; t += 2) {
       const int8_t* a = rows.next();
       const int8_t* b = t + 1 < n ? rows.next() : nullptr;
-      if (c0 == 0) {
+      if ((t / 2) % walks == c0 / CB) {
         ahead.next();
         ahead.next();
       }
@@ -562,7 +564,7 @@ __attribute__((flatten)) void attend_span(const DecodeProblem& p, const Layout& 
                                           const Span& span, const Span* next, const QueriesI8& q8,
                                           float* acc, float* ml) {
   constexpr bool quantized = std::is_same_v<KV, int8_t>;
-  constexpr int NG = quantized ? heads_per_pass_i8<D>() : heads_per_pass<D>();
+  constexpr int NG = quantized ? kValueHeads : heads_per_pass<D>();
   const int64_t n = span.end - span.start;
   const KV* k = static_cast<const KV*>(p.k_cache);
   const KV* v = static_cast<const KV*>(p.v_cache);
