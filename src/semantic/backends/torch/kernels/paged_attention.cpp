@@ -37,8 +37,8 @@
 // time (`with_count`) then took a bf16 cache's 20-30% off on that shape and an 8-bit cache's
 // 7-18% on SmolLM2's (9 query heads, 3 KV heads, 64), within noise of no change on the coder's,
 // whose value pass still kept its accumulators on the stack: walking its values once a chunk
-// of 32 elements, with the next item's K fetched a little in every walk, took 15-20% off the
-// 8-bit cache there (2-5% on SmolLM2's).
+// of 32 elements, with the next item's K fetched a little in every walk, took 13-20% off the
+// 8-bit cache there (SmolLM2's the same).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -463,7 +463,7 @@ inline __m512i load_i8x32_as_i16(const int8_t* row, int c) {
 // chunks of 32 elements, two where NG heads' accumulators (two a chunk) fit in 16 registers,
 // else one: with 24 (two chunks of 6 heads) GCC kept most of them on the stack, a store and a
 // load around each multiply-add. The next item's K is fetched a little in every walk.
-constexpr int kValueHeads = 8;
+constexpr int kValueHeads = 8;  // heads a pass at most: 16 accumulators at a chunk a walk
 
 template <int D, int NG>
 constexpr int chunks_per_walk() {
