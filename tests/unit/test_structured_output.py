@@ -271,9 +271,12 @@ def test_a_call_is_not_written_again_as_a_tool_that_shares_only_its_first_word(
     the model would begin the name with `forecast` again, and the grammar finish `_tides`."""
     forms: list[Any] = []
     compile_calls = server.served.grammars.tool_calls
-    monkeypatch.setattr(
-        server.served.grammars, "tool_calls", lambda form: forms.append(form) or compile_calls(form)
-    )
+
+    def recorded(form: Any) -> Any:
+        forms.append(form)
+        return compile_calls(form)
+
+    monkeypatch.setattr(server.served.grammars, "tool_calls", recorded)
     tides = {"name": "forecast_tides", "description": "Tides", "input_schema": WEATHER}
     server.say(MADE_UP.replace('"weather"', '"forecast_weather"'), RENAMED)
     body = {"model": "m", "max_tokens": 200, "messages": ASK, "tools": [FORECAST, tides]}
