@@ -359,12 +359,16 @@ MADE_UP_RESULT = "<tool_response>\nIt is 21 degrees in Paris.\n</tool_response>"
 CALLED = '<tool_call>\n{"name": "forecast", "arguments": {"unit": "C", "days": 2}}\n</tool_call>'
 
 
-def test_a_reply_that_opens_with_a_made_up_result_is_written_again_as_a_call(
-    server: Server,
+TOOLS_WRITTEN_BACK = '<tools>\n{"type": "function", "function": {"name": "forecast"}}\n</tools>'
+
+
+@pytest.mark.parametrize("made_up", [MADE_UP_RESULT, TOOLS_WRITTEN_BACK])
+def test_a_reply_that_opens_with_made_up_text_is_written_again_as_a_call(
+    server: Server, made_up: str
 ) -> None:
-    """The model answered for a call it never made; the reply goes back to its start and
-    becomes a call of an offered tool, which the client sees alone."""
-    server.say(MADE_UP_RESULT, CALLED)
+    """The model answered for a call it never made, or wrote its prompt's tools back; the reply
+    goes back to its start and becomes a call of an offered tool, which the client sees alone."""
+    server.say(made_up, CALLED)
     body = {"model": "m", "max_tokens": 200, "messages": ASK, "tools": [FORECAST]}
     answer = server.client.post("/v1/messages", json=body).json()
     assert answer["content"] == [

@@ -638,27 +638,32 @@ def test_a_released_misnamed_call_is_text_and_parsing_goes_on() -> None:
 
 
 MADE_UP_RESULT = "<tool_response>\nThe file copy.txt has been created.\n</tool_response>"
+# Codex 0.171's create task on the 1.5B, 2026-11-30: its prompt's tools written back
+TOOLS_WRITTEN_BACK = '<tools>\n{"type": "function", "function": {"name": "write_stdin"}}'
 
 
 @pytest.mark.parametrize("before", ["", "\n  "])
-def test_renaming_holds_a_reply_that_opens_with_a_made_up_result(before: str) -> None:
-    """The model wrote what a tool would have answered instead of calling it: held from the
-    reply's start (whitespace included), and text when the output ends."""
+@pytest.mark.parametrize("made_up", [MADE_UP_RESULT, TOOLS_WRITTEN_BACK])
+def test_renaming_holds_a_reply_that_opens_with_made_up_text(before: str, made_up: str) -> None:
+    """The model wrote what a tool would have answered instead of calling it, or the tools'
+    definitions from its prompt: held from the reply's start (whitespace included), and text
+    when the output ends."""
     parser = HermesParser(TOOLS)
     parser.renaming = True
-    text = before + MADE_UP_RESULT
+    text = before + made_up
     assert [event for char in text for event in parser.feed(char)] == []
     assert parser.skipped == 0
     assert outcome(parser.finish()) == [("text", text)]
 
 
-@pytest.mark.parametrize("text", [f"Done. {MADE_UP_RESULT}", f"{WEATHER} {MADE_UP_RESULT}"])
-def test_a_result_after_text_or_a_call_is_not_held(text: str) -> None:
+@pytest.mark.parametrize("made_up", [MADE_UP_RESULT, TOOLS_WRITTEN_BACK])
+@pytest.mark.parametrize("before", ["Done. ", f"{WEATHER} "])
+def test_made_up_text_after_text_or_a_call_is_not_held(before: str, made_up: str) -> None:
     parser = HermesParser(TOOLS)
     parser.renaming = True
-    events = [*parser.feed(text), *parser.finish()]
+    events = [*parser.feed(before + made_up), *parser.finish()]
     kind, last = outcome(events)[-1][:2]
-    assert parser.skipped is None and kind == "text" and last.endswith(MADE_UP_RESULT)
+    assert parser.skipped is None and kind == "text" and last.endswith(made_up)
 
 
 def test_without_renaming_a_made_up_result_is_text() -> None:

@@ -186,7 +186,8 @@ class ToolUse:
         prefill's come with the first). Without `parallel`, after the first call the reply is
         stopped, and the text that still arrives is dropped. A call of a tool that was not
         offered is written again, held to the offered ones, where the reply can be taken back
-        (`_renamed`); so is a reply that opens with a made-up result (`_called_instead`)."""
+        (`_renamed`); so is a reply that opens with made-up text, a result or the tools'
+        definitions (`_called_instead`)."""
         self._parser = self._new_parser(reply)
         parsed: list[ReplyEvent] = list(self._parser.feed(self.prefill))
         self._written = [(self.prefill, 0)]
@@ -229,8 +230,8 @@ class ToolUse:
         return parser
 
     async def _written_again(self, reply: ReplyStream) -> bool:
-        """Whether the reply was taken back, for a call of a tool not offered or a made-up
-        result the parser holds."""
+        """Whether the reply was taken back, for a call of a tool not offered or made-up text
+        the parser holds."""
         misnamed, skipped = self._parser.misnamed, self._parser.skipped
         if misnamed is not None:
             return await self._renamed(reply, misnamed)
@@ -239,9 +240,10 @@ class ToolUse:
         return False
 
     async def _called_instead(self, reply: ReplyStream, held_from: int) -> bool:
-        """The reply opened with the text a tool's result comes in (`<tool_response>`): the
-        model answered for a call it never made (a small model's "The file has been created"
-        with no file). Take it back to where that began and write a call there instead, of an
+        """The reply opened with tags the assistant's turn never holds: a tool's result's
+        (`<tool_response>`: the model answered for a call it never made, a small model's "The
+        file has been created" with no file) or the tools' definitions' (`<tools>`: it wrote its
+        prompt back). Take it back to where that began and write a call there instead, of an
         offered tool, held to its schema; False where it cannot be taken back."""
         text = "".join(text for text, _ in self._written)[:held_from]
         kept, kept_text = self._kept_tokens(reply.output, text, held_from)
@@ -252,7 +254,7 @@ class ToolUse:
             self._format.CLOSER, forced=self._shapes(self.tools, ""), openings=openings
         )
         grammar = await asyncio.to_thread(self._model.grammars.tool_calls, form)
-        log.debug("made-up result written again as a call", extra={"kept": kept})
+        log.debug("made-up text written again as a call", extra={"kept": kept})
         await self._rewind(reply, kept, kept_text, grammar)
         return True
 

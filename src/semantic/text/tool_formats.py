@@ -43,7 +43,7 @@ class HermesParser(ToolCallParser):
     MARKERS = ("<tool_call>", "</tool_call>", _FENCE, "{")
     CLOSER = "}\n</tool_call>"
     TRIGGER = "<tool_call>"
-    RESULT = "<tool_response>"
+    MADE_UP = ("<tool_response>", "<tools>")  # a tool's result; the tools' definitions
 
     def __init__(
         self, tools: Iterable[str], schemas: Mapping[str, dict[str, Any]] | None = None

@@ -272,15 +272,17 @@ class ToolCallParser:
     With `renaming` set, a JSON call of a tool that was not offered is not turned back into
     text at its name: once its arguments open, the parser stops there, holding it, and says so
     in `misnamed` (the reply can then be written again from the name on, held to the offered
-    tools: api/tool_use.py). Likewise a reply that opens with `RESULT`, the text the family's
-    template puts a tool's result in: the model wrote what a call would have answered instead
-    of making it, and `skipped` says where the text held back begins (the reply can be written
-    again from there as a call). Fed nothing more, `finish` makes either text after all."""
+    tools: api/tool_use.py). Likewise a reply that opens with one of `MADE_UP`, the tags the
+    family's template puts text in that the assistant's turn never holds: a tool's result (the
+    model wrote what a call would have answered instead of making it) or the tools' definitions
+    (it wrote its prompt back). `skipped` says where the text held back begins (the reply can
+    be written again from there as a call). Fed nothing more, `finish` makes either text after
+    all."""
 
     MARKERS: tuple[str, ...] = ()
     CLOSER = ""
     TRIGGER: str | None = None
-    RESULT: str | None = None
+    MADE_UP: tuple[str, ...] = ()
     JSON_ARGUMENTS = True
     SEPARATORS = WHITESPACE  # what may sit between calls, dropped
 
@@ -303,7 +305,7 @@ class ToolCallParser:
         self._spoke = False  # some text was emitted
         self.renaming = False
         self.misnamed: MisnamedCall | None = None
-        self.skipped: int | None = None  # where the held text of a made-up result begins
+        self.skipped: int | None = None  # where the held made-up text begins
         self._fed = 0  # characters fed so far
 
     @classmethod
@@ -347,12 +349,12 @@ class ToolCallParser:
         # A marker holds no whitespace, so one that ends here, or starts and is not over yet,
         # lies within the held marker start and this character.
         tail = self._partial + char
-        markers = self._markers() + self._result_marker()
+        markers = self._markers() + self._made_up_markers()
         marker = next((m for m in markers if tail.endswith(m)), None)
         if marker is not None:
             self._hold(tail[: len(tail) - len(marker)])
             self._call_text, self._space, self._partial = self._space, [], ""
-            if marker == self.RESULT:
+            if marker in self.MADE_UP:
                 self._skip_call(marker)
             else:
                 self._on_marker(marker)
@@ -361,14 +363,14 @@ class ToolCallParser:
         self._hold(tail[: len(tail) - keep])
         self._partial = tail[len(tail) - keep :]
 
-    def _result_marker(self) -> tuple[str, ...]:
-        """`RESULT`, where it would open the reply: nothing but whitespace before it."""
+    def _made_up_markers(self) -> tuple[str, ...]:
+        """`MADE_UP`, where it would open the reply: nothing but whitespace before it."""
         opens = self.renaming and not self._spoke and self.calls == 0
-        return (self.RESULT,) if self.RESULT is not None and opens else ()
+        return self.MADE_UP if opens else ()
 
     def _skip_call(self, marker: str) -> None:
-        """The reply opened with a made-up result: hold it, and everything after it, until
-        `release` (or `finish`, as text)."""
+        """The reply opened with made-up text (a result, the tools' definitions): hold it, and
+        everything after it, until `release` (or `finish`, as text)."""
         self._call_text.append(marker)
         self.skipped = self._fed - len("".join(self._call_text))
         self._step = self._call_text.append
