@@ -221,12 +221,6 @@ struct SuperQuantizedRows {
   }
 };
 
-inline __m512i broadcast4(const int8_t* p) {
-  int32_t four;
-  __builtin_memcpy(&four, p, 4);
-  return _mm512_set1_epi32(four);
-}
-
 // Q4_K (and Q4_0, Q4_1), Q6_K, the byte form (and Q8_0), Q5_0 and Q5_1
 enum class Form { kNibbles, kSix, kBytes, kFive };
 
@@ -261,7 +255,7 @@ inline void six_step(const int8_t* const* q, const uint8_t* w, __m512i pairs, __
   const __m512i value = merged(H == 0 ? raw : _mm512_srli_epi16(raw, 4), top_bits<V>(pairs));
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) {
-    dot[i] = _mm512_dpbusd_epi32(dot[i], value, broadcast4(q[i] + 4 * V));
+    dot[i] = dot_broadcast(dot[i], value, q[i] + 4 * V);
   }
 }
 
@@ -302,8 +296,8 @@ inline void five_step(const int8_t* const* q, const uint8_t* w, __m512i bits, __
   const __m512i hi = merged(_mm512_srli_epi16(raw, 4), fifth_high<V>(bits));
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) {
-    dot[i] = _mm512_dpbusd_epi32(dot[i], lo, broadcast4(q[i] + 4 * V));
-    dot[i] = _mm512_dpbusd_epi32(dot[i], hi, broadcast4(q[i] + 16 + 4 * V));
+    dot[i] = dot_broadcast(dot[i], lo, q[i] + 4 * V);
+    dot[i] = dot_broadcast(dot[i], hi, q[i] + 16 + 4 * V);
   }
 }
 
@@ -337,8 +331,8 @@ inline void group_dots(const Rows& x, int64_t m0, int64_t g, const uint8_t* w, _
       const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
 #pragma GCC unroll 8
       for (int i = 0; i < MT; ++i) {
-        dot[i] = _mm512_dpbusd_epi32(dot[i], lo, broadcast4(q[i] + 4 * v));
-        dot[i] = _mm512_dpbusd_epi32(dot[i], hi, broadcast4(q[i] + 16 + 4 * v));
+        dot[i] = dot_broadcast(dot[i], lo, q[i] + 4 * v);
+        dot[i] = dot_broadcast(dot[i], hi, q[i] + 16 + 4 * v);
       }
     }
   } else {
@@ -346,7 +340,7 @@ inline void group_dots(const Rows& x, int64_t m0, int64_t g, const uint8_t* w, _
     for (int v = 0; v < 8; ++v) {
       const __m512i raw = _mm512_loadu_si512(w + v * 4 * kPanel);
 #pragma GCC unroll 8
-      for (int i = 0; i < MT; ++i) dot[i] = _mm512_dpbusd_epi32(dot[i], raw, broadcast4(q[i] + 4 * v));
+      for (int i = 0; i < MT; ++i) dot[i] = dot_broadcast(dot[i], raw, q[i] + 4 * v);
     }
   }
 }

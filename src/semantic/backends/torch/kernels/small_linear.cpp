@@ -151,12 +151,6 @@ struct QuantizedRows {
   }
 };
 
-inline __m512i broadcast4(const int8_t* p) {
-  int32_t four;
-  __builtin_memcpy(&four, p, 4);
-  return _mm512_set1_epi32(four);
-}
-
 // out[i] = the panel's 16 outputs for rows m0 .. m0 + MT of x, before the weight's scales: per
 // block an exact integer dot product (vpdpbusd, 64 multiply-adds an instruction, twice
 // vdpbf16ps's), times the row's block scale, summed in fp32 in block order, so a row's result
@@ -177,7 +171,7 @@ void panel_int8(const QuantizedRows& x, int64_t m0, const uint8_t* w, __m512* ou
       const __m512i wv = _mm512_loadu_si512(w + (b * kSteps + s) * 4 * kPanel);
 #pragma GCC unroll 16
       for (int i = 0; i < MT; ++i) {
-        dot[i] = _mm512_dpbusd_epi32(dot[i], wv, broadcast4(q + i * stride + 4 * s));
+        dot[i] = dot_broadcast(dot[i], wv, q + i * stride + 4 * s);
       }
     }
 #pragma GCC unroll 16
