@@ -71,7 +71,7 @@ inline void store_x16(bf16* p, __m512 v) {
 // dot + the 16 lanes' byte dot products (vpdpbusd: u's unsigned bytes, 4 a lane, against the
 // signed 4 bytes at q, the same for every lane), q broadcast from memory by the instruction
 // itself ({1to16}): GCC loads set1's broadcast into a register of its own first, an instruction
-// more for every dot product (4 and 8 rows of a K-quant 7-10% slower, measured).
+// more for every dot product (up to 10% slower a call at a few rows, measured).
 inline __m512i dot_broadcast(__m512i dot, __m512i u, const int8_t* q) {
   asm("vpdpbusd %2%{1to16%}, %1, %0"
       : "+v"(dot)
