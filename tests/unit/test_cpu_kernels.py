@@ -98,7 +98,7 @@ def test_onednn_sees_rows_padded_to_16_and_each_row_gets_its_answer(kind, monkey
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# (14, 2, 64): the 0.5B coder's, 7 query heads a KV head: a pass of 6 heads, then one of 1
+# (14, 2, 64): the 0.5B coder's, 7 query heads a KV head: one value pass of 7 (of 8 at most)
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 64), (8, 2, 128), (14, 2, 64)]
 )

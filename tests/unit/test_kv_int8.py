@@ -122,7 +122,7 @@ def test_the_decode_benchmark_compares_builds_each_in_a_process_of_its_own():
         (4, 4, 32, 40, True),
         (8, 2, 128, None, True),
         (2, 1, 16, 5, False),
-        (14, 2, 64, None, False),  # the 0.5B coder's: 7 query heads a KV head, passes of 6 and 1
+        (14, 2, 64, None, False),  # the 0.5B coder's: 7 heads a KV head, scores in 6 and 1
         (12, 2, 128, None, False),  # the 1.5B coder's: 6 heads a KV head, a chunk a values walk
         (4, 1, 256, 40, False),  # Gemma 3's: 4 heads, two chunks a values walk
     ],

@@ -89,10 +89,11 @@ def renaming_targets(made_up: str, offered: Sequence[str]) -> list[str]:
     only adds words or drops them stays (`Read` for `read_file`, `read_file` for `read`).
     Where that leaves none, all of them."""
     words = _name_words(made_up)
+    mine = set(words)
 
     def parts(name: str) -> bool:
         theirs = _name_words(name)
-        mine, other = set(words), set(theirs)
+        other = set(theirs)
         return theirs[:1] == words[:1] and bool(mine - other) and bool(other - mine)
 
     return [name for name in offered if not parts(name)] or list(offered)

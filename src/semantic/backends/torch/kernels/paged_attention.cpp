@@ -324,11 +324,8 @@ void span_scores_i8(const QueriesI8& q, int64_t first_row, const Layout& l,
           for (int j = 0; j < J; ++j) {
             const __m512i col = cols[j];
             for (int g = 0; g < G; ++g) {
-              int32_t qh, ql;
-              __builtin_memcpy(&qh, hi + g * W + 4 * j, 4);
-              __builtin_memcpy(&ql, lo + g * W + 4 * j, 4);
-              acc_hi[g] = _mm512_dpbusd_epi32(acc_hi[g], col, _mm512_set1_epi32(qh));
-              acc_lo[g] = _mm512_dpbusd_epi32(acc_lo[g], col, _mm512_set1_epi32(ql));
+              acc_hi[g] = dot_broadcast(acc_hi[g], col, hi + g * W + 4 * j);
+              acc_lo[g] = dot_broadcast(acc_lo[g], col, lo + g * W + 4 * j);
             }
           }
           for (int g = 0; g < G; ++g) {
