@@ -38,7 +38,8 @@
 // 7-18% on SmolLM2's (9 query heads, 3 KV heads, 64), within noise of no change on the coder's,
 // whose value pass still kept its accumulators on the stack: walking its values once a chunk
 // of 32 elements, with the next item's K fetched a little in every walk, took 13-20% off the
-// 8-bit cache there (SmolLM2's the same).
+// 8-bit cache there (SmolLM2's the same); looking the rows' slots up once a span and taking
+// the weights through the instruction's own broadcast, 6-12% more (SmolLM2's within noise).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -459,7 +460,10 @@ inline __m512i load_i8x32_as_i16(const int8_t* row, int c) {
 // times the heads' weight scales are the fp32 accumulators. The rows are walked once per CB
 // chunks of 32 elements, two where NG heads' accumulators (two a chunk) fit in 16 registers,
 // else one: with 24 (two chunks of 6 heads) GCC kept most of them on the stack, a store and a
-// load around each multiply-add. The next item's K is fetched a little in every walk.
+// load around each multiply-add. The next item's K is fetched a little in every walk. The rows'
+// pool slots are looked up once a span (`slots`), not again in every walk; a pair of weights
+// that serves one chunk's two multiply-adds is broadcast by each instruction (as the scores
+// pass's query bytes), one that serves two chunks' four is loaded once into a register.
 constexpr int kValueHeads = 8;  // heads a pass at most: 16 accumulators at a chunk a walk
 
 template <int D, int NG>
@@ -468,19 +472,19 @@ constexpr int chunks_per_walk() {
 }
 
 template <int D, int NG>
-void span_values_i8(int64_t stride, const RowWalk<int8_t>& values, int64_t n,
-                    const int16_t* w16, const float* w_scale, RowPrefetch<int8_t>& ahead,
-                    float* acc) {
+void span_values_i8(int64_t stride, const int8_t* base, const int64_t* slots, int64_t row_stride,
+                    int64_t n, const int16_t* w16, const float* w_scale,
+                    RowPrefetch<int8_t>& ahead, float* acc) {
   constexpr int C = (D + 31) / 32, CB = chunks_per_walk<D, NG>(), walks = C / CB;
   static_assert(NG <= kValueHeads);
   for (int c0 = 0; c0 < C; c0 += CB) {
-    RowWalk<int8_t> rows = values;
     __m512i lo[NG][CB], hi[NG][CB];
     for (int g = 0; g < NG; ++g)
       for (int c = 0; c < CB; ++c) lo[g][c] = hi[g][c] = _mm512_setzero_si512();
     for (int64_t t = 0; t < n; t += 2) {
-      const int8_t* a = rows.next();
-      const int8_t* b = t + 1 < n ? rows.next() : nullptr;
+      // an odd span's last pair: its second token (the first again) has the weight 0
+      const int8_t* a = base + slots[t] * row_stride;
+      const int8_t* b = base + slots[t + 1 < n ? t + 1 : t] * row_stride;
       if ((t / 2) % walks == c0 / CB) {
         ahead.next();
         ahead.next();
@@ -488,18 +492,23 @@ void span_values_i8(int64_t stride, const RowWalk<int8_t>& values, int64_t n,
       __m512i vlo[CB], vhi[CB];
       for (int c = 0; c < CB; ++c) {
         const __m512i va = load_i8x32_as_i16<D>(a, c0 + c);
-        const __m512i vb =
-            b != nullptr ? load_i8x32_as_i16<D>(b, c0 + c) : _mm512_setzero_si512();
+        const __m512i vb = load_i8x32_as_i16<D>(b, c0 + c);
         vlo[c] = _mm512_unpacklo_epi16(va, vb);
         vhi[c] = _mm512_unpackhi_epi16(va, vb);
       }
       for (int g = 0; g < NG; ++g) {
-        uint32_t pair;
-        __builtin_memcpy(&pair, w16 + g * stride + t, 4);
-        const __m512i w = _mm512_set1_epi32(static_cast<int>(pair));
-        for (int c = 0; c < CB; ++c) {
-          lo[g][c] = _mm512_dpwssd_epi32(lo[g][c], vlo[c], w);
-          hi[g][c] = _mm512_dpwssd_epi32(hi[g][c], vhi[c], w);
+        const int16_t* w = w16 + g * stride + t;
+        if constexpr (CB == 1) {  // two uses: broadcast by each instruction
+          lo[g][0] = pair_dot_broadcast(lo[g][0], vlo[0], w);
+          hi[g][0] = pair_dot_broadcast(hi[g][0], vhi[0], w);
+        } else {  // four: one register
+          uint32_t pair;
+          __builtin_memcpy(&pair, w, 4);
+          const __m512i wv = _mm512_set1_epi32(static_cast<int>(pair));
+          for (int c = 0; c < CB; ++c) {
+            lo[g][c] = _mm512_dpwssd_epi32(lo[g][c], vlo[c], wv);
+            hi[g][c] = _mm512_dpwssd_epi32(hi[g][c], vhi[c], wv);
+          }
         }
       }
     }
@@ -584,11 +593,16 @@ __attribute__((flatten)) void attend_span(const DecodeProblem& p, const Layout& 
   RowPrefetch<KV> ahead{walk(k, next != nullptr ? *next : span),
                         next != nullptr ? next->end - next->start : 0, l.row_stride};
   alignas(64) float vscale[kMaxSpan];
+  int64_t slots[kMaxSpan];  // the span's pool slots, walked once for every KV head and chunk
+  if constexpr (quantized) {
+    RowWalk<KV> rows = walk(v, span);
+    for (int64_t t = 0; t < n; ++t) slots[t] = rows.next_slot();
+  }
   for (int64_t h = 0; h < l.kv_heads; ++h) {
     if constexpr (quantized) {
-      RowWalk<bf16> scales(p.v_scales + h, p.block_tables + span.seq * p.table_stride,
-                           p.block_tokens, l.kv_heads, span.start);
-      for (int64_t t = 0; t < n; ++t) vscale[t] = bf16_to_float(*scales.next());
+      for (int64_t t = 0; t < n; ++t) {
+        vscale[t] = bf16_to_float(p.v_scales[slots[t] * l.kv_heads + h]);
+      }
     }
     for (int64_t g0 = 0; g0 < l.group; g0 += NG) {
       const int64_t head = h * l.group + g0;
@@ -599,8 +613,9 @@ __attribute__((flatten)) void attend_span(const DecodeProblem& p, const Layout& 
         float w_scale[NG];
         span_weights_i16(heads, l.span_stride, n, s + offset, vscale, w16, w_scale);
         with_count<NG>(heads, [&](auto fixed) {
-          span_values_i8<D, decltype(fixed)::value>(l.span_stride, walk(v + h * D, span), n,
-                                                    w16, w_scale, ahead, acc + head * D);
+          span_values_i8<D, decltype(fixed)::value>(l.span_stride, v + h * D, slots,
+                                                    l.row_stride, n, w16, w_scale, ahead,
+                                                    acc + head * D);
         });
       } else {
         with_count<NG>(heads, [&](auto fixed) {

@@ -79,6 +79,15 @@ inline __m512i dot_broadcast(__m512i dot, __m512i u, const int8_t* q) {
   return dot;
 }
 
+// dot + the 16 lanes' int16 pair dot products (vpdpwssd: v's pairs against the pair at w, the
+// same for every lane), w broadcast from memory by the instruction itself, as dot_broadcast's.
+inline __m512i pair_dot_broadcast(__m512i dot, __m512i v, const int16_t* w) {
+  asm("vpdpwssd %2%{1to16%}, %1, %0"
+      : "+v"(dot)
+      : "v"(v), "m"(*reinterpret_cast<const int32_t*>(w)));
+  return dot;
+}
+
 // exp(x) for x <= 0 (scores minus their max); -inf and anything below -87 give 0.
 inline __m512 exp_nonpositive(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.0f);
