@@ -70,7 +70,10 @@ def load(args: argparse.Namespace, weights: str) -> tuple[TorchRunner, str]:
     """A runner of `weights` ("auto" resolved: the second item)."""
     checkpoint = load_checkpoint(ModelRegistry().resolve(args.model).path, progress=False)
     settings = Settings(
-        weights=weights, cache_budget_mb=256, prepared_weights=False, threads=args.threads
+        weights=weights,
+        cache_budget_mb=args.cache_mb,
+        prepared_weights=False,
+        threads=args.threads,
     )
     options, tensors = with_weights(runner_options(settings), checkpoint)
     runner = create_runner(options, checkpoint.config, tensors)
@@ -236,6 +239,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="most threads (default: all)")
     parser.add_argument(
+        "--cache-mb", type=int, default=256, help="the KV pool: enough for the prompt's tokens"
+    )
+    parser.add_argument(
         "--linear-rows", default="", help="row counts to time every linear at, comma-separated"
     )
     parser.add_argument(
@@ -259,7 +265,10 @@ def main() -> None:
     for _ in range(args.runs):
         for weights in args.weights.split(","):
             child = [sys.executable, __file__, *sys.argv[1:], "--one", "--weights", weights]
-            out = subprocess.run(child, check=True, capture_output=True, text=True).stdout
+            done = subprocess.run(child, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"the {weights} run failed:\n{done.stderr[-2000:]}")
+            out = done.stdout
             runs.setdefault(weights, []).append(json.loads(out.strip().splitlines()[-1]))
     report(args.model, runs)
 
