@@ -284,8 +284,8 @@ constexpr int kScoreHeads = 6;
 // four bytes of a query half broadcast, and the 16 lanes are the 16 keys' exact dot products
 // (no horizontal sums). A score is (256 · (hi · k) + lo · k) · q_scale · k_scale · scale.
 template <int D>
-void span_scores_i8(const QueriesI8& q, int64_t first_row, const Layout& l,
-                    RowWalk<int8_t> keys, const bf16* k_scales, RowPrefetch<int8_t> values,
+void span_scores_i8(const QueriesI8& q, int64_t first_row, const Layout& l, const int8_t* keys,
+                    const int64_t* span_slots, const bf16* k_scales, RowPrefetch<int8_t> values,
                     int64_t n, float scale, float* s) {
   constexpr int C = padded_i8<D>() / 64, J = D / 4;  // 64-byte chunks; columns with data
   constexpr int64_t W = padded_i8<D>();
@@ -296,7 +296,7 @@ void span_scores_i8(const QueriesI8& q, int64_t first_row, const Layout& l,
     const int64_t count = std::min<int64_t>(16, n - t0);
     int64_t slots[16];
     for (int64_t i = 0; i < count; ++i) {
-      slots[i] = keys.next_slot();
+      slots[i] = span_slots[t0 + i];
       values.next();
     }
     for (int64_t i = count; i < 16; ++i) slots[i] = slots[0];  // padding, never stored
@@ -304,7 +304,7 @@ void span_scores_i8(const QueriesI8& q, int64_t first_row, const Layout& l,
       for (int c = 0; c < C; ++c) {
         __m512i r[16];
         for (int i = 0; i < 16; ++i) {
-          const int8_t* row = keys.base + slots[i] * l.row_stride + h * D;
+          const int8_t* row = keys + slots[i] * l.row_stride + h * D;
           r[i] = _mm512_xor_si512(load_i8x64<D>(row, c), sign);
         }
         transpose16_epi32(r);
@@ -462,7 +462,7 @@ inline __m512i load_i8x32_as_i16(const int8_t* row, int c) {
 // chunks of 32 elements, two where NG heads' accumulators (two a chunk) fit in 16 registers,
 // else one: with 24 (two chunks of 6 heads) GCC kept most of them on the stack, a store and a
 // load around each multiply-add. The next item's K is fetched a little in every walk. The rows'
-// pool slots are looked up once a span (`slots`), not again in every walk; a pair of weights
+// pool slots come looked up once a span (`slots`), not again in every walk; a pair of weights
 // that serves one chunk's two multiply-adds is broadcast by each instruction (as the scores
 // pass's query bytes), one that serves two chunks' four is loaded once into a register.
 constexpr int kValueHeads = 8;  // heads a pass at most: 16 accumulators at a chunk a walk
@@ -582,9 +582,14 @@ __attribute__((flatten)) void attend_span(const DecodeProblem& p, const Layout& 
   alignas(64) float s[kScoreFloats];
   alignas(64) bf16 pb[kScoreFloats + 16];
   const RowPrefetch<KV> values_ahead{walk(v, span), n, l.row_stride};
+  // An 8-bit cache's span: its pool slots (K's and V's alike) looked up once for both passes,
+  // every KV head and chunk.
+  int64_t slots[kMaxSpan];
   if constexpr (quantized) {
-    span_scores_i8<D>(q8, span.seq * p.heads, l, walk(k, span), p.k_scales, values_ahead, n,
-                      p.scale, s);
+    RowWalk<KV> rows = walk(k, span);
+    for (int64_t t = 0; t < n; ++t) slots[t] = rows.next_slot();
+    span_scores_i8<D>(q8, span.seq * p.heads, l, k, slots, p.k_scales, values_ahead, n, p.scale,
+                      s);
   } else {
     const T* q = static_cast<const T*>(p.q) + span.seq * p.q_stride_b;
     span_scores<T, D>(q, p.q_stride_h, l, walk(k, span), values_ahead, n, p.scale, s);
@@ -594,11 +599,6 @@ __attribute__((flatten)) void attend_span(const DecodeProblem& p, const Layout& 
   RowPrefetch<KV> ahead{walk(k, next != nullptr ? *next : span),
                         next != nullptr ? next->end - next->start : 0, l.row_stride};
   alignas(64) float vscale[kMaxSpan];
-  int64_t slots[kMaxSpan];  // the span's pool slots, walked once for every KV head and chunk
-  if constexpr (quantized) {
-    RowWalk<KV> rows = walk(v, span);
-    for (int64_t t = 0; t < n; ++t) slots[t] = rows.next_slot();
-  }
   for (int64_t h = 0; h < l.kv_heads; ++h) {
     if constexpr (quantized) {
       for (int64_t t = 0; t < n; ++t) {
